@@ -1,0 +1,1 @@
+"""The Streaming Controller daemon: pipeline, controllers, placement, public API and CLI."""

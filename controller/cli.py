@@ -1,0 +1,32 @@
+"""The `sc` command line: one argparse tree; each command group registers its own parser.
+
+Owns argument parsing and exit codes only; the work is done by the modules it calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from controller.placement import cli as placement_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sc",
+        description="Streaming Controller: the control plane of a Fluvio-style streaming cluster.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    placement_cli.register(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

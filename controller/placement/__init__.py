@@ -1,0 +1,1 @@
+"""Replica placement: every strategy of the seeds, purely computational, no I/O."""
