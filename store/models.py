@@ -1,0 +1,391 @@
+"""The four cluster objects (SPU, SPU group, Topic, Partition): pydantic spec/status models.
+
+JSON is camelCase and round-trips exactly; every model is immutable (copy with
+``model_copy(update=...)``). Validation only, no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Annotated, Any, ClassVar, Literal, Self
+
+import pydantic
+from pydantic import Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+NAME_MAX_LENGTH = 63
+_NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+_PARTITION_NAME = re.compile(r"^(?P<topic>.+)-(?P<index>0|[1-9][0-9]*)$")
+_PLUGIN_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+PLACEMENT_STRATEGIES = ("computed", "kafka", "least-loaded", "multi-level", "policies")
+
+# Largest partition count one topic may ask for; a typo like 1e9 partitions must not
+# make the SC build a billion-entry replica map.
+MAX_PARTITIONS = 100_000
+MAX_REPLICATION_FACTOR = 128
+
+
+def validate_name(name: str, what: str = "name") -> str:
+    """Object names: at most 63 characters of a-z, 0-9 and '-', not starting or ending with '-'."""
+    if not isinstance(name, str):
+        raise ValueError(f"{what} must be a string, got {name!r}")
+    if len(name) > NAME_MAX_LENGTH:
+        raise ValueError(
+            f"{what} {name!r} is {len(name)} characters long; at most {NAME_MAX_LENGTH} are allowed"
+        )
+    if not _NAME_PATTERN.match(name):
+        raise ValueError(
+            f"{what} {name!r} is invalid: use only lowercase letters, digits and '-', "
+            "and do not start or end with '-'"
+        )
+    return name
+
+
+class Model(pydantic.BaseModel):
+    """Base of every object model: camelCase JSON, unknown fields rejected, immutable."""
+
+    model_config = pydantic.ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+    )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# ---------------------------------------------------------------------------- SPU
+
+
+class SpuType(str, enum.Enum):
+    CUSTOM = "Custom"
+    MANAGED = "Managed"
+
+
+class SpuResolution(str, enum.Enum):
+    INIT = "Init"
+    ONLINE = "Online"
+    OFFLINE = "Offline"
+
+
+class Endpoint(Model):
+    host: Annotated[str, Field(min_length=1, max_length=253)]
+    port: Annotated[int, Field(ge=1, le=65535)]
+
+    @field_validator("host")
+    @classmethod
+    def _host_has_no_spaces(cls, host: str) -> str:
+        if any(char.isspace() for char in host):
+            raise ValueError(f"host {host!r} must not contain whitespace")
+        return host
+
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class SpuSpec(Model):
+    id: Annotated[int, Field(ge=0, le=2**31 - 1)]
+    spu_type: SpuType = SpuType.CUSTOM
+    rack: str | None = None
+    public_endpoint: Endpoint
+    private_endpoint: Endpoint
+
+    @field_validator("rack")
+    @classmethod
+    def _rack_is_label_or_path(cls, rack: str | None) -> str | None:
+        if rack is None:
+            return None
+        if not rack or rack.strip() != rack:
+            raise ValueError(f"rack {rack!r} must be non-empty with no leading or trailing spaces")
+        if rack.startswith("/"):
+            levels = rack.split("/")[1:]
+            if any(level == "" for level in levels):
+                raise ValueError(
+                    f"rack path {rack!r} has an empty level; write it as /dc1/r1 (no trailing or double '/')"
+                )
+        return rack
+
+
+class SpuStatus(Model):
+    resolution: SpuResolution = SpuResolution.INIT
+
+
+# ---------------------------------------------------------------------------- SPU group
+
+
+class SpuGroupResolution(str, enum.Enum):
+    INIT = "Init"
+    INVALID = "Invalid"
+    RESERVED = "Reserved"
+
+
+class StorageConfig(Model):
+    log_dir: str = "/tmp/fluvio"
+    size: Annotated[str, Field(pattern=r"^[1-9][0-9]*(Ki|Mi|Gi|Ti)?$")] = "1Gi"
+
+
+class SpuGroupSpec(Model):
+    replicas: Annotated[int, Field(ge=0, le=10_000)]
+    min_id: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    rack: str | None = None
+    storage: StorageConfig = StorageConfig()
+
+    @model_validator(mode="after")
+    def _ids_fit(self) -> Self:
+        last_id = self.min_id + self.replicas - 1
+        if last_id > 2**31 - 1:
+            raise ValueError(
+                f"minId {self.min_id} with {self.replicas} replicas would need id {last_id}, "
+                f"above the largest SPU id {2**31 - 1}"
+            )
+        return self
+
+
+class SpuGroupStatus(Model):
+    resolution: SpuGroupResolution = SpuGroupResolution.INIT
+    reason: str = ""
+
+
+# ---------------------------------------------------------------------------- Topic
+
+
+class TopicResolution(str, enum.Enum):
+    INIT = "Init"
+    PENDING = "Pending"
+    INSUFFICIENT_RESOURCES = "InsufficientResources"
+    INVALID_CONFIG = "InvalidConfig"
+    PROVISIONED = "Provisioned"
+    DELETING = "Deleting"
+
+
+class PartitionAssignment(Model):
+    id: Annotated[int, Field(ge=0)]
+    replicas: list[Annotated[int, Field(ge=0)]]
+
+
+class PlacementSpec(Model):
+    strategy: str = "computed"
+    policies: str | None = None
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, strategy: str) -> str:
+        if strategy in PLACEMENT_STRATEGIES or _PLUGIN_REFERENCE.match(strategy):
+            return strategy
+        raise ValueError(
+            f"placement strategy {strategy!r} is unknown: use one of "
+            f"{', '.join(PLACEMENT_STRATEGIES)}, or a plug-in written as module:Class"
+        )
+
+
+class TopicSpec(Model):
+    """Either computed (partitions + replicationFactor) or manual (replicaAssignment)."""
+
+    partitions: Annotated[int, Field(ge=1, le=MAX_PARTITIONS)] | None = None
+    replication_factor: Annotated[int, Field(ge=1, le=MAX_REPLICATION_FACTOR)] | None = None
+    ignore_rack_assignment: bool = False
+    placement: PlacementSpec | None = None
+    replica_assignment: list[PartitionAssignment] | None = None
+
+    @model_validator(mode="after")
+    def _one_mode(self) -> Self:
+        if self.replica_assignment is not None:
+            computed_fields = [
+                name
+                for name, value in (
+                    ("partitions", self.partitions),
+                    ("replicationFactor", self.replication_factor),
+                    ("placement", self.placement),
+                )
+                if value is not None
+            ]
+            if computed_fields:
+                raise ValueError(
+                    "a topic is either computed or manual: replicaAssignment cannot be combined with "
+                    + ", ".join(computed_fields)
+                )
+            if not self.replica_assignment:
+                raise ValueError("replicaAssignment must list at least one partition")
+            return self
+        missing = [
+            name
+            for name, value in (
+                ("partitions", self.partitions),
+                ("replicationFactor", self.replication_factor),
+            )
+            if value is None
+        ]
+        if missing:
+            raise ValueError(
+                f"a computed topic needs {' and '.join(missing)} (or give replicaAssignment instead)"
+            )
+        return self
+
+    @property
+    def is_manual(self) -> bool:
+        return self.replica_assignment is not None
+
+    def partition_count(self) -> int:
+        if self.replica_assignment is not None:
+            return len(self.replica_assignment)
+        assert self.partitions is not None
+        return self.partitions
+
+
+class TopicStatus(Model):
+    resolution: TopicResolution = TopicResolution.INIT
+    replica_map: dict[int, list[int]] = Field(default_factory=dict)
+    reason: str = ""
+
+
+# ---------------------------------------------------------------------------- Partition
+
+
+class PartitionResolution(str, enum.Enum):
+    OFFLINE = "Offline"
+    ONLINE = "Online"
+    LEADER_OFFLINE = "LeaderOffline"
+
+
+class ReplicaStatus(Model):
+    spu: Annotated[int, Field(ge=0)]
+    hw: Annotated[int, Field(ge=-1)] = -1
+    leo: Annotated[int, Field(ge=-1)] = -1
+
+
+class PartitionSpec(Model):
+    leader: Annotated[int, Field(ge=0)]
+    replicas: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+    @model_validator(mode="after")
+    def _leader_is_a_replica(self) -> Self:
+        if len(set(self.replicas)) != len(self.replicas):
+            raise ValueError(f"replicas {self.replicas} list an SPU more than once")
+        if self.leader not in self.replicas:
+            raise ValueError(f"leader {self.leader} is not one of the replicas {self.replicas}")
+        return self
+
+
+class PartitionStatus(Model):
+    resolution: PartitionResolution = PartitionResolution.OFFLINE
+    leader: ReplicaStatus | None = None
+    replicas: list[ReplicaStatus] = Field(default_factory=list)
+    lrs: Annotated[int, Field(ge=0)] = 0
+
+
+def partition_name(topic: str, index: int) -> str:
+    return f"{topic}-{index}"
+
+
+def split_partition_name(name: str) -> tuple[str, int]:
+    """``orders-7`` -> (``orders``, 7). Raises ValueError naming the value if malformed."""
+    match = _PARTITION_NAME.match(name)
+    if not match:
+        raise ValueError(f"partition name {name!r} is not of the form <topic>-<index>")
+    return match["topic"], int(match["index"])
+
+
+# ---------------------------------------------------------------------------- objects
+
+
+class ClusterObject(Model):
+    """``{"name", "spec", "status"}``; subclasses fix the spec and status types."""
+
+    kind: ClassVar[str]
+    name: str
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        return validate_name(name)
+
+    @property
+    def key(self) -> str:
+        return object_key(self.kind, self.name)
+
+
+class Spu(ClusterObject):
+    kind: ClassVar[str] = "spus"
+    spec: SpuSpec
+    status: SpuStatus = SpuStatus()
+
+
+class SpuGroup(ClusterObject):
+    kind: ClassVar[str] = "spu-groups"
+    spec: SpuGroupSpec
+    status: SpuGroupStatus = SpuGroupStatus()
+
+
+class Topic(ClusterObject):
+    kind: ClassVar[str] = "topics"
+    spec: TopicSpec
+    status: TopicStatus = TopicStatus()
+
+
+class Partition(ClusterObject):
+    kind: ClassVar[str] = "partitions"
+    spec: PartitionSpec
+    status: PartitionStatus = PartitionStatus()
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, name: str) -> str:
+        topic, _ = split_partition_name(name)
+        validate_name(topic, "partition's topic name")
+        return name
+
+    @property
+    def topic(self) -> str:
+        return split_partition_name(self.name)[0]
+
+    @property
+    def index(self) -> int:
+        return split_partition_name(self.name)[1]
+
+
+KINDS: dict[str, type[ClusterObject]] = {
+    model.kind: model for model in (Spu, SpuGroup, Topic, Partition)
+}
+KindName = Literal["spus", "spu-groups", "topics", "partitions"]
+
+
+def object_key(kind: str, name: str) -> str:
+    """The object's key relative to the store prefix: ``topics/orders``."""
+    return f"{kind}/{name}"
+
+
+def model_for_kind(kind: str) -> type[ClusterObject]:
+    try:
+        return KINDS[kind]
+    except KeyError:
+        raise ValueError(f"unknown kind {kind!r}: use one of {', '.join(KINDS)}") from None
+
+
+def encode(obj: ClusterObject) -> bytes:
+    """The value stored in the KV store: the object's canonical camelCase JSON."""
+    return obj.model_dump_json(by_alias=True, exclude_none=True).encode()
+
+
+def decode(kind: str, value: bytes) -> ClusterObject:
+    return model_for_kind(kind).model_validate_json(value)
+
+
+def describe_validation_error(error: pydantic.ValidationError) -> str:
+    """One line per problem, each naming the field (camelCase path) and the offending value."""
+    lines = []
+    for problem in error.errors(include_url=False):
+        location = ".".join(str(part) for part in problem["loc"]) or "(object)"
+        message = problem["msg"].removeprefix("Value error, ")
+        if problem["type"] in ("missing",):
+            lines.append(f"{location}: field required")
+        elif problem["type"] == "extra_forbidden":
+            lines.append(f"{location}: unknown field (value {problem['input']!r})")
+        elif problem["type"] == "value_error" and not problem["loc"]:
+            lines.append(message)
+        else:
+            lines.append(f"{location}: {message} (got {problem['input']!r})")
+    return "; ".join(lines)

@@ -1,0 +1,251 @@
+"""Object models: camelCase round trip, every validation rule, messages naming field and value."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pydantic
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from store import models
+
+SPU = {
+    "name": "spu-5001",
+    "spec": {
+        "id": 5001,
+        "spuType": "Custom",
+        "rack": "/dc1/r2",
+        "publicEndpoint": {"host": "10.0.0.1", "port": 9005},
+        "privateEndpoint": {"host": "10.0.0.1", "port": 9006},
+    },
+    "status": {"resolution": "Online"},
+}
+SPU_GROUP = {
+    "name": "main",
+    "spec": {"replicas": 3, "minId": 11, "rack": "zone-a", "storage": {"logDir": "/var/fluvio", "size": "2Gi"}},
+    "status": {"resolution": "Invalid", "reason": "id 12 is taken by SPU custom-12"},
+}
+TOPIC = {
+    "name": "orders",
+    "spec": {
+        "partitions": 6,
+        "replicationFactor": 3,
+        "ignoreRackAssignment": False,
+        "placement": {"strategy": "policies", "policies": "node=exclusive"},
+    },
+    "status": {"resolution": "Provisioned", "replicaMap": {"0": [0, 1, 2], "1": [1, 2, 0]}, "reason": ""},
+}
+MANUAL_TOPIC = {
+    "name": "custom-topic",
+    "spec": {"ignoreRackAssignment": False, "replicaAssignment": [{"id": 0, "replicas": [0, 1, 2]}, {"id": 1, "replicas": [1, 2, 0]}]},
+    "status": {"resolution": "Init", "replicaMap": {}, "reason": ""},
+}
+PARTITION = {
+    "name": "orders-7",
+    "spec": {"leader": 101, "replicas": [101, 102]},
+    "status": {
+        "resolution": "Online",
+        "leader": {"spu": 101, "hw": 10, "leo": 12},
+        "replicas": [{"spu": 102, "hw": 10, "leo": 11}],
+        "lrs": 1,
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "document"),
+    [(models.Spu, SPU), (models.SpuGroup, SPU_GROUP), (models.Topic, TOPIC), (models.Topic, MANUAL_TOPIC), (models.Partition, PARTITION)],
+)
+def test_camel_case_round_trip_is_exact(model: type[models.ClusterObject], document: dict[str, Any]) -> None:
+    obj = model.model_validate(document)
+    assert json.loads(models.encode(obj)) == document
+    assert models.decode(model.kind, models.encode(obj)) == obj
+    assert obj.to_json_dict() == document
+
+
+def test_defaults_are_filled_in_canonical_form() -> None:
+    topic = models.Topic.model_validate({"name": "t", "spec": {"partitions": 1, "replicationFactor": 1}})
+    assert topic.to_json_dict() == {
+        "name": "t",
+        "spec": {"partitions": 1, "replicationFactor": 1, "ignoreRackAssignment": False},
+        "status": {"resolution": "Init", "replicaMap": {}, "reason": ""},
+    }
+    assert topic.key == "topics/t"
+
+
+def error_of(model: type[pydantic.BaseModel], document: dict[str, Any]) -> str:
+    with pytest.raises(pydantic.ValidationError) as raised:
+        model.model_validate(document)
+    return models.describe_validation_error(raised.value)
+
+
+def with_spec(document: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return {**document, "spec": {**document["spec"], **changes}}
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("Orders", "name: name 'Orders' is invalid: use only lowercase letters, digits and '-', and do not start or end with '-' (got 'Orders')"),
+        ("-orders", "name: name '-orders' is invalid"),
+        ("orders-", "name: name 'orders-' is invalid"),
+        ("or_ders", "name: name 'or_ders' is invalid"),
+        ("", "name: name '' is invalid"),
+        ("a" * 64, f"name: name '{'a' * 64}' is 64 characters long; at most 63 are allowed"),
+    ],
+)
+def test_topic_names(name: str, message: str) -> None:
+    assert error_of(models.Topic, {**TOPIC, "name": name}).startswith(message)
+
+
+def test_longest_valid_topic_name() -> None:
+    assert models.Topic.model_validate({**TOPIC, "name": "a" * 63}).name == "a" * 63
+
+
+@pytest.mark.parametrize(
+    ("spec_changes", "message"),
+    [
+        ({"partitions": 0}, "spec.partitions: Input should be greater than or equal to 1 (got 0)"),
+        ({"partitions": 100_001}, "spec.partitions: Input should be less than or equal to 100000 (got 100001)"),
+        ({"replicationFactor": 0}, "spec.replicationFactor: Input should be greater than or equal to 1 (got 0)"),
+        ({"partitions": "many"}, "spec.partitions: Input should be a valid integer, unable to parse string as an integer (got 'many')"),
+        ({"replicationfactor": 2}, "spec.replicationfactor: unknown field (value 2)"),
+        ({"placement": {"strategy": "random"}}, "spec.placement.strategy: placement strategy 'random' is unknown"),
+        ({"replicaAssignment": [{"id": 0, "replicas": [1]}]}, "spec: a topic is either computed or manual: replicaAssignment cannot be combined with partitions, replicationFactor, placement"),
+    ],
+)
+def test_topic_spec_rules(spec_changes: dict[str, Any], message: str) -> None:
+    assert error_of(models.Topic, with_spec(TOPIC, **spec_changes)).startswith(message)
+
+
+def test_topic_spec_needs_a_mode() -> None:
+    assert error_of(models.Topic, {"name": "t", "spec": {"partitions": 2}}).startswith(
+        "spec: a computed topic needs replicationFactor (or give replicaAssignment instead)"
+    )
+    assert error_of(models.Topic, {"name": "t", "spec": {}}).startswith(
+        "spec: a computed topic needs partitions and replicationFactor"
+    )
+    assert error_of(models.Topic, {"name": "t", "spec": {"replicaAssignment": []}}).startswith(
+        "spec: replicaAssignment must list at least one partition"
+    )
+    assert error_of(models.Topic, {"name": "t", "spec": {"replicaAssignment": [{"id": -1, "replicas": [0]}]}}).startswith(
+        "spec.replicaAssignment.0.id: Input should be greater than or equal to 0 (got -1)"
+    )
+
+
+def test_plugin_strategy_reference() -> None:
+    topic = models.Topic.model_validate(with_spec(TOPIC, placement={"strategy": "my_pkg.placers:Zoned"}))
+    assert topic.spec.placement is not None and topic.spec.placement.strategy == "my_pkg.placers:Zoned"
+
+
+@pytest.mark.parametrize(
+    ("spec_changes", "message"),
+    [
+        ({"id": -1}, "spec.id: Input should be greater than or equal to 0 (got -1)"),
+        ({"spuType": "Virtual"}, "spec.spuType: Input should be 'Custom' or 'Managed' (got 'Virtual')"),
+        ({"publicEndpoint": {"host": "h", "port": 0}}, "spec.publicEndpoint.port: Input should be greater than or equal to 1 (got 0)"),
+        ({"privateEndpoint": {"host": "", "port": 9006}}, "spec.privateEndpoint.host: String should have at least 1 character (got '')"),
+        ({"rack": "/dc1//r1"}, "spec.rack: rack path '/dc1//r1' has an empty level"),
+        ({"rack": " a"}, "spec.rack: rack ' a' must be non-empty"),
+    ],
+)
+def test_spu_spec_rules(spec_changes: dict[str, Any], message: str) -> None:
+    assert error_of(models.Spu, with_spec(SPU, **spec_changes)).startswith(message)
+
+
+def test_spu_requires_endpoints() -> None:
+    document = {"name": "s", "spec": {"id": 1}}
+    assert error_of(models.Spu, document) == "spec.publicEndpoint: field required; spec.privateEndpoint: field required"
+
+
+@pytest.mark.parametrize(
+    ("spec_changes", "message"),
+    [
+        ({"replicas": -1}, "spec.replicas: Input should be greater than or equal to 0 (got -1)"),
+        ({"minId": -5}, "spec.minId: Input should be greater than or equal to 0 (got -5)"),
+        ({"minId": 2**31 - 2, "replicas": 3}, "spec: minId 2147483646 with 3 replicas would need id 2147483648"),
+        ({"storage": {"size": "lots"}}, "spec.storage.size: String should match pattern"),
+    ],
+)
+def test_spu_group_spec_rules(spec_changes: dict[str, Any], message: str) -> None:
+    assert error_of(models.SpuGroup, with_spec(SPU_GROUP, **spec_changes)).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("document_changes", "message"),
+    [
+        ({"spec": {"leader": 3, "replicas": [1, 2]}}, "spec: leader 3 is not one of the replicas [1, 2]"),
+        ({"spec": {"leader": 1, "replicas": [1, 1]}}, "spec: replicas [1, 1] list an SPU more than once"),
+        ({"spec": {"leader": 1, "replicas": []}}, "spec.replicas: List should have at least 1 item after validation, not 0 (got [])"),
+        ({"name": "orders"}, "name: partition name 'orders' is not of the form <topic>-<index>"),
+        ({"name": "Orders-1"}, "name: partition's topic name 'Orders' is invalid"),
+        ({"name": "orders-01"}, "name: partition name 'orders-01' is not of the form <topic>-<index>"),
+        ({"status": {"resolution": "Online", "lrs": -1}}, "status.lrs: Input should be greater than or equal to 0 (got -1)"),
+        ({"status": {"resolution": "Gone"}}, "status.resolution: Input should be 'Offline', 'Online' or 'LeaderOffline' (got 'Gone')"),
+    ],
+)
+def test_partition_rules(document_changes: dict[str, Any], message: str) -> None:
+    assert error_of(models.Partition, {**PARTITION, **document_changes}).startswith(message)
+
+
+def test_partition_name_parts() -> None:
+    partition = models.Partition.model_validate({**PARTITION, "name": "my-topic-12"})
+    assert (partition.topic, partition.index) == ("my-topic", 12)
+    assert models.partition_name("my-topic", 12) == "my-topic-12"
+
+
+def test_unknown_kind_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown kind 'widgets': use one of spus, spu-groups, topics, partitions"):
+        models.model_for_kind("widgets")
+
+
+def test_models_are_immutable() -> None:
+    topic = models.Topic.model_validate(TOPIC)
+    with pytest.raises(pydantic.ValidationError):
+        topic.name = "other"  # type: ignore[misc]
+    changed = topic.model_copy(update={"status": models.TopicStatus(resolution=models.TopicResolution.PENDING)})
+    assert (topic.status.resolution, changed.status.resolution) == ("Provisioned", "Pending")
+
+
+names = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)
+replica_lists = st.lists(st.integers(0, 10_000), min_size=1, max_size=5, unique=True)
+
+
+@given(
+    name=names,
+    replicas=replica_lists,
+    hw=st.integers(-1, 2**40),
+    resolution=st.sampled_from(list(models.PartitionResolution)),
+)
+def test_partition_round_trip_property(name: str, replicas: list[int], hw: int, resolution: models.PartitionResolution) -> None:
+    partition = models.Partition(
+        name=models.partition_name(name, len(replicas)),
+        spec=models.PartitionSpec(leader=replicas[-1], replicas=replicas),
+        status=models.PartitionStatus(
+            resolution=resolution,
+            leader=models.ReplicaStatus(spu=replicas[-1], hw=hw, leo=hw),
+            replicas=[models.ReplicaStatus(spu=spu) for spu in replicas[:-1]],
+            lrs=len(replicas) - 1,
+        ),
+    )
+    assert models.decode("partitions", models.encode(partition)) == partition
+
+
+@given(
+    name=names,
+    partitions=st.integers(1, 1000),
+    replication_factor=st.integers(1, 10),
+    replica_map=st.dictionaries(st.integers(0, 1000), replica_lists, max_size=5),
+)
+def test_topic_round_trip_property(name: str, partitions: int, replication_factor: int, replica_map: dict[int, list[int]]) -> None:
+    topic = models.Topic(
+        name=name,
+        spec=models.TopicSpec(partitions=partitions, replication_factor=replication_factor),
+        status=models.TopicStatus(resolution=models.TopicResolution.PROVISIONED, replica_map=replica_map),
+    )
+    encoded = models.encode(topic)
+    assert models.decode("topics", encoded) == topic
+    assert models.encode(models.decode("topics", encoded)) == encoded
