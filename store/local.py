@@ -1,0 +1,266 @@
+"""The local store: the SC's read-only mirror of the KV store, one table per kind.
+
+Each object carries separate spec and status epochs; applying an unchanged object changes no
+epoch and wakes nobody; a full resync fences listeners so they re-read everything. Only the
+Reader writes here (synchronously, on the event loop); controllers read snapshots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import types
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+from store import models
+
+# Deleted names remembered for listeners that have not read the delete yet. A listener older
+# than the oldest forgotten tombstone gets the full set instead of a delta.
+DEFAULT_TOMBSTONE_LIMIT = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    obj: models.ClusterObject
+    mod_revision: int
+    spec_epoch: int
+    status_epoch: int
+
+    @property
+    def name(self) -> str:
+        return self.obj.name
+
+    @property
+    def last_epoch(self) -> int:
+        return max(self.spec_epoch, self.status_epoch)
+
+
+class Part(enum.Flag):
+    SPEC = enum.auto()
+    STATUS = enum.auto()
+    ALL = SPEC | STATUS
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What a listener has not seen yet.
+
+    ``full`` is True when the listener was behind a resync fence (or too far behind to be
+    given a delta): ``updated`` is then every object and ``deleted`` is empty.
+    """
+
+    full: bool
+    updated: list[Entry]
+    deleted: list[str]
+    epoch: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.full and not self.updated and not self.deleted
+
+
+class KindStore:
+    """The mirror of one kind; see the module docstring."""
+
+    def __init__(self, kind: str, tombstone_limit: int = DEFAULT_TOMBSTONE_LIMIT) -> None:
+        self.kind = kind
+        self.epoch = 0
+        self.fence = 0
+        self.revision = 0  # the KV revision this table reflects
+        self.synced = False
+        # Insertion order = order of last change, so deltas are read from the end.
+        self._entries: dict[str, Entry] = {}
+        self._tombstones: dict[str, int] = {}
+        self._tombstone_limit = tombstone_limit
+        self._forgotten_up_to = 0
+        self._listeners: set[Listener] = set()
+        self.view: Mapping[str, Entry] = types.MappingProxyType(self._entries)
+
+    # ------------------------------------------------------------------ reads
+
+    def get(self, name: str) -> Entry | None:
+        return self._entries.get(name)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(list(self._entries.values()))
+
+    def objects(self) -> list[models.ClusterObject]:
+        return [entry.obj for entry in self._entries.values()]
+
+    # ------------------------------------------------------------------ writes (Reader only)
+
+    def apply(self, obj: models.ClusterObject, mod_revision: int) -> Part | None:
+        """Store ``obj``; returns the parts that changed (None if nothing did)."""
+        if obj.kind != self.kind:
+            raise ValueError(f"cannot apply a {obj.kind} object to the {self.kind} store")
+        self.revision = max(self.revision, mod_revision)
+        current = self._entries.get(obj.name)
+        if current is None:
+            changed = Part.ALL
+        else:
+            changed = Part(0)
+            if current.obj.spec != obj.spec:  # type: ignore[attr-defined]
+                changed |= Part.SPEC
+            if current.obj.status != obj.status:  # type: ignore[attr-defined]
+                changed |= Part.STATUS
+        if not changed:
+            if current is not None and current.mod_revision != mod_revision:
+                # Same content written again: remember the revision (CAS needs it), wake nobody.
+                self._entries[obj.name] = Entry(obj, mod_revision, current.spec_epoch, current.status_epoch)
+            return None
+        self.epoch += 1
+        spec_epoch = self.epoch if Part.SPEC in changed or current is None else current.spec_epoch
+        status_epoch = self.epoch if Part.STATUS in changed or current is None else current.status_epoch
+        self._entries.pop(obj.name, None)
+        self._entries[obj.name] = Entry(obj, mod_revision, spec_epoch, status_epoch)
+        self._tombstones.pop(obj.name, None)
+        self._notify(changed)
+        return changed
+
+    def delete(self, name: str, revision: int = 0) -> bool:
+        self.revision = max(self.revision, revision)
+        if self._entries.pop(name, None) is None:
+            return False
+        self.epoch += 1
+        self._tombstones.pop(name, None)
+        self._tombstones[name] = self.epoch
+        while len(self._tombstones) > self._tombstone_limit:
+            oldest = next(iter(self._tombstones))
+            self._forgotten_up_to = self._tombstones.pop(oldest)
+        self._notify(Part.ALL)
+        return True
+
+    def resync(self, objects: Iterable[tuple[models.ClusterObject, int]], revision: int) -> None:
+        """Replace the whole table with a fresh listing; fences every listener."""
+        self.epoch += 1
+        self.fence = self.epoch
+        fresh = {obj.name: (obj, mod_revision) for obj, mod_revision in objects}
+        for name in [name for name in self._entries if name not in fresh]:
+            del self._entries[name]
+        for name, (obj, mod_revision) in fresh.items():
+            current = self._entries.get(name)
+            if current is not None and current.obj == obj:
+                self._entries[name] = Entry(obj, mod_revision, current.spec_epoch, current.status_epoch)
+            else:
+                self._entries.pop(name, None)
+                self._entries[name] = Entry(obj, mod_revision, self.epoch, self.epoch)
+        # Behind a fence everybody gets the full set, so the tombstones are not needed.
+        self._tombstones.clear()
+        self._forgotten_up_to = self.epoch
+        self.revision = revision
+        self.synced = True
+        self._notify(Part.ALL)
+
+    # ------------------------------------------------------------------ listeners
+
+    def listener(self, part: Part = Part.ALL) -> Listener:
+        """A listener that starts behind everything (its first ``changes()`` is the full set)."""
+        listener = Listener(self, part)
+        self._listeners.add(listener)
+        return listener
+
+    def changes_since(self, epoch: int, part: Part) -> Changes:
+        if epoch < self.fence or epoch < self._forgotten_up_to:
+            return Changes(True, list(self._entries.values()), [], self.epoch)
+        updated = []
+        for entry in reversed(self._entries.values()):
+            if entry.last_epoch <= epoch:
+                break
+            if (Part.SPEC in part and entry.spec_epoch > epoch) or (
+                Part.STATUS in part and entry.status_epoch > epoch
+            ):
+                updated.append(entry)
+        updated.reverse()
+        deleted = []
+        for name, deleted_at in reversed(self._tombstones.items()):
+            if deleted_at <= epoch:
+                break
+            deleted.append(name)
+        deleted.reverse()
+        return Changes(False, updated, deleted, self.epoch)
+
+    def _notify(self, changed: Part) -> None:
+        for listener in self._listeners:
+            if listener.part & changed:
+                listener._wake.set()
+
+    def _remove_listener(self, listener: Listener) -> None:
+        self._listeners.discard(listener)
+
+
+class Listener:
+    """Waits for changes of one kind (spec, status or both) and hands them out once."""
+
+    def __init__(self, store: KindStore, part: Part) -> None:
+        self.store = store
+        self.part = part
+        self.epoch = -1  # behind everything: the first read is the full set
+        self._wake = asyncio.Event()
+        self._wake.set()
+
+    def has_changes(self) -> bool:
+        return not self.store.changes_since(self.epoch, self.part).empty
+
+    def changes(self) -> Changes:
+        """Everything this listener has not seen; marks it seen."""
+        self._wake.clear()
+        changes = self.store.changes_since(self.epoch, self.part)
+        self.epoch = changes.epoch
+        return changes
+
+    async def wait(self) -> None:
+        """Return once there is something this listener has not seen (at once if there is)."""
+        while True:
+            await self._wake.wait()
+            if self.has_changes():
+                return
+            self._wake.clear()
+
+    def close(self) -> None:
+        self.store._remove_listener(self)
+
+
+class Snapshot:
+    """A consistent view of every kind for one decision.
+
+    Valid until the caller next awaits (the Reader applies events only between awaits), which is
+    exactly the life of a pure controller call. Entries are immutable.
+    """
+
+    def __init__(self, tables: Mapping[str, KindStore]) -> None:
+        self._views = {kind: table.view for kind, table in tables.items()}
+        self.epochs = {kind: table.epoch for kind, table in tables.items()}
+
+    def entries(self, kind: str) -> Mapping[str, Entry]:
+        return self._views[kind]
+
+    def get(self, kind: str, name: str) -> models.ClusterObject | None:
+        entry = self._views[kind].get(name)
+        return None if entry is None else entry.obj
+
+    def objects(self, kind: str) -> list[models.ClusterObject]:
+        return [entry.obj for entry in self._views[kind].values()]
+
+
+class LocalStore:
+    """One KindStore per kind of object."""
+
+    def __init__(self, tombstone_limit: int = DEFAULT_TOMBSTONE_LIMIT) -> None:
+        self.tables = {kind: KindStore(kind, tombstone_limit) for kind in models.KINDS}
+
+    def __getitem__(self, kind: str) -> KindStore:
+        try:
+            return self.tables[kind]
+        except KeyError:
+            raise ValueError(f"unknown kind {kind!r}: use one of {', '.join(self.tables)}") from None
+
+    @property
+    def synced(self) -> bool:
+        return all(table.synced for table in self.tables.values())
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.tables)

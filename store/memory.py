@@ -1,0 +1,167 @@
+"""In-memory KV backend with etcd's revision, compare-and-swap, compaction and watch semantics.
+
+For ephemeral runs (`sc run --store memory`) and fast tests; it passes the same contract suite as
+etcd. State lives in this process only; nothing here touches the disk or the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from store import kv
+
+
+@dataclass(slots=True)
+class _Record:
+    value: bytes
+    create_revision: int
+    mod_revision: int
+
+
+class MemoryStore(kv.KVStore):
+    def __init__(self, prefix: str = kv.DEFAULT_PREFIX) -> None:
+        self.prefix = prefix
+        self._data: dict[str, _Record] = {}
+        self._sorted_keys: list[str] = []
+        self._revision = 1  # etcd starts an empty cluster at revision 1
+        self._compact_revision = 0
+        # Every change since the last compaction, in revision order (one revision may hold
+        # several events when a transaction wrote several keys).
+        self._history: list[kv.WatchEvent] = []
+        self._changed = asyncio.Condition()
+        self._closed = False
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, key: str) -> kv.KeyValue | None:
+        self._check_open()
+        record = self._data.get(key)
+        return None if record is None else self._key_value(key, record)
+
+    async def list(self, prefix: str) -> kv.ListResult:
+        self._check_open()
+        start = bisect.bisect_left(self._sorted_keys, prefix)
+        items = []
+        for key in self._sorted_keys[start:]:
+            if not key.startswith(prefix):
+                break
+            items.append(self._key_value(key, self._data[key]))
+        return kv.ListResult(items=items, revision=self._revision)
+
+    async def revision(self) -> int:
+        self._check_open()
+        return self._revision
+
+    # ------------------------------------------------------------------ writes
+
+    async def create(self, key: str, value: bytes) -> int:
+        existing = self._data.get(key)
+        if existing is not None:
+            raise kv.AlreadyExists(key, existing.mod_revision)
+        return await self.txn([kv.Compare(key, 0)], [kv.Put(key, value)])
+
+    async def update(self, key: str, value: bytes, mod_revision: int) -> int:
+        if key not in self._data:
+            raise kv.NotFound(key)
+        return await self.txn([kv.Compare(key, mod_revision)], [kv.Put(key, value)])
+
+    async def delete(self, key: str, mod_revision: int | None = None) -> int:
+        record = self._data.get(key)
+        if record is None:
+            raise kv.NotFound(key)
+        expected = record.mod_revision if mod_revision is None else mod_revision
+        return await self.txn([kv.Compare(key, expected)], [kv.Delete(key)])
+
+    async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
+        self._check_open()
+        if len(operations) > kv.MAX_TXN_OPS:
+            raise ValueError(
+                f"a transaction holds at most {kv.MAX_TXN_OPS} operations, got {len(operations)}"
+            )
+        for compare in compares:
+            record = self._data.get(compare.key)
+            actual = 0 if record is None else record.mod_revision
+            if actual != compare.mod_revision:
+                raise kv.Conflict(compare.key, compare.mod_revision, actual)
+        keys = [operation.key for operation in operations]
+        if len(set(keys)) != len(keys):
+            raise ValueError("a transaction may not write the same key twice")
+        effective = [
+            operation
+            for operation in operations
+            if isinstance(operation, kv.Put) or operation.key in self._data
+        ]
+        if not effective:
+            return self._revision
+        self._revision += 1
+        revision = self._revision
+        for operation in effective:
+            if isinstance(operation, kv.Put):
+                record = self._data.get(operation.key)
+                if record is None:
+                    self._data[operation.key] = _Record(operation.value, revision, revision)
+                    bisect.insort(self._sorted_keys, operation.key)
+                else:
+                    record.value = operation.value
+                    record.mod_revision = revision
+                self._history.append(kv.WatchEvent(kv.EventType.PUT, operation.key, operation.value, revision))
+            else:
+                del self._data[operation.key]
+                del self._sorted_keys[bisect.bisect_left(self._sorted_keys, operation.key)]
+                self._history.append(kv.WatchEvent(kv.EventType.DELETE, operation.key, None, revision))
+        async with self._changed:
+            self._changed.notify_all()
+        return revision
+
+    async def compact(self, revision: int) -> None:
+        self._check_open()
+        if revision > self._revision:
+            raise ValueError(
+                f"cannot compact at revision {revision}: the store is only at revision {self._revision}"
+            )
+        if revision <= self._compact_revision:
+            return
+        self._compact_revision = revision
+        # Keep the events of `revision` itself and later: watching from `revision` still works.
+        first_kept = bisect.bisect_left(self._history, revision, key=lambda event: event.revision)
+        del self._history[:first_kept]
+
+    # ------------------------------------------------------------------ watch
+
+    async def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
+        self._check_open()
+        next_revision = from_revision if from_revision > 0 else self._revision + 1
+        while not self._closed:
+            if next_revision < self._compact_revision:
+                raise kv.Compacted(next_revision, self._compact_revision)
+            start = bisect.bisect_left(self._history, next_revision, key=lambda event: event.revision)
+            pending = self._history[start:]
+            for event in pending:
+                if event.key.startswith(prefix):
+                    yield event
+                # Advance per event: if the consumer is slow and a compaction happens while it
+                # holds this generator suspended, the next loop checks from the right place.
+                next_revision = event.revision + 1
+            if pending:
+                continue
+            async with self._changed:
+                if self._revision < next_revision and not self._closed:
+                    await self._changed.wait()
+
+    async def close(self) -> None:
+        self._closed = True
+        async with self._changed:
+            self._changed.notify_all()
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise kv.Unavailable("the memory store is closed")
+
+    @staticmethod
+    def _key_value(key: str, record: _Record) -> kv.KeyValue:
+        return kv.KeyValue(key, record.value, record.mod_revision, record.create_revision)

@@ -1,0 +1,41 @@
+"""Shared fixtures: the KV backends the contract suite runs against, and a task-leak guard."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from store import kv, memory
+
+pytest_plugins = ["tests.fixtures.etcd"]
+
+
+@pytest.fixture
+async def memory_store() -> AsyncIterator[kv.KVStore]:
+    store = memory.MemoryStore()
+    yield store
+    await store.close()
+
+
+@pytest.fixture(params=["memory_store", pytest.param("etcd_store", marks=pytest.mark.etcd)])
+def kv_store(request: pytest.FixtureRequest) -> kv.KVStore:
+    """The same contract runs against the memory backend and a real etcd."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(autouse=True)
+async def no_leaked_tasks() -> AsyncIterator[None]:
+    """Fail a test that leaves tasks running on its loop (kopf's habit)."""
+    before = asyncio.all_tasks()
+    yield
+    await asyncio.sleep(0)
+    leaked = [
+        task
+        for task in asyncio.all_tasks() - before
+        if not task.done() and task is not asyncio.current_task()
+    ]
+    for task in leaked:
+        task.cancel()
+    assert not leaked, f"test left tasks running: {leaked}"

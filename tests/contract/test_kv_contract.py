@@ -1,0 +1,223 @@
+"""The KV contract, run against the memory backend AND a real etcd (the `kv_store` fixture).
+
+Revisions are compared relative to each other: on etcd the tests share one server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from store import kv
+
+PUT, DELETE = kv.EventType.PUT, kv.EventType.DELETE
+
+
+async def take(events: AsyncIterator[kv.WatchEvent], count: int, timeout: float = 10.0) -> list[kv.WatchEvent]:
+    taken: list[kv.WatchEvent] = []
+    if count == 0:
+        return taken
+    async with asyncio.timeout(timeout):
+        async for event in events:
+            taken.append(event)
+            if len(taken) == count:
+                break
+    return taken
+
+
+def summary(events: list[kv.WatchEvent]) -> list[tuple[str, str, bytes | None]]:
+    return [(event.type.value, event.key, event.value) for event in events]
+
+
+async def test_get_absent_key_is_none(kv_store: kv.KVStore) -> None:
+    assert await kv_store.get("topics/absent") is None
+
+
+async def test_create_then_get(kv_store: kv.KVStore) -> None:
+    revision = await kv_store.create("topics/a", b"one")
+    assert await kv_store.get("topics/a") == kv.KeyValue("topics/a", b"one", revision, revision)
+    assert await kv_store.revision() == revision
+
+
+async def test_create_fails_if_the_key_exists(kv_store: kv.KVStore) -> None:
+    revision = await kv_store.create("topics/a", b"one")
+    with pytest.raises(kv.AlreadyExists) as raised:
+        await kv_store.create("topics/a", b"two")
+    assert (raised.value.key, raised.value.mod_revision) == ("topics/a", revision)
+    assert "topics/a" in str(raised.value)
+    assert (await kv_store.get("topics/a")).value == b"one"  # type: ignore[union-attr]
+
+
+async def test_update_is_compare_and_swap_on_the_mod_revision(kv_store: kv.KVStore) -> None:
+    first = await kv_store.create("topics/a", b"one")
+    second = await kv_store.update("topics/a", b"two", first)
+    assert second > first
+    with pytest.raises(kv.Conflict) as raised:
+        await kv_store.update("topics/a", b"stale", first)
+    assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/a", first, second)
+    assert await kv_store.get("topics/a") == kv.KeyValue("topics/a", b"two", second, first)
+
+
+async def test_update_of_an_absent_key_is_not_found(kv_store: kv.KVStore) -> None:
+    with pytest.raises(kv.NotFound) as raised:
+        await kv_store.update("topics/absent", b"x", 5)
+    assert raised.value.key == "topics/absent"
+    assert await kv_store.get("topics/absent") is None
+
+
+async def test_delete_with_and_without_revision(kv_store: kv.KVStore) -> None:
+    first = await kv_store.create("topics/a", b"one")
+    second = await kv_store.update("topics/a", b"two", first)
+    with pytest.raises(kv.Conflict):
+        await kv_store.delete("topics/a", first)
+    assert (await kv_store.get("topics/a")).value == b"two"  # type: ignore[union-attr]
+    deleted_at = await kv_store.delete("topics/a", second)
+    assert deleted_at > second
+    assert await kv_store.get("topics/a") is None
+    with pytest.raises(kv.NotFound):
+        await kv_store.delete("topics/a")
+    await kv_store.create("topics/b", b"x")
+    await kv_store.delete("topics/b")
+    assert await kv_store.get("topics/b") is None
+
+
+async def test_list_by_prefix_is_sorted_and_bounded(kv_store: kv.KVStore) -> None:
+    for key in ["topics/b", "topics/a", "topicsx/c", "spus/z", "topics/c"]:
+        await kv_store.create(key, key.encode())
+    listed = await kv_store.list("topics/")
+    assert [item.key for item in listed.items] == ["topics/a", "topics/b", "topics/c"]
+    assert [item.value for item in listed.items] == [b"topics/a", b"topics/b", b"topics/c"]
+    assert listed.revision == await kv_store.revision()
+    assert (await kv_store.list("partitions/")).items == []
+
+
+async def test_transaction_applies_everything_at_one_revision(kv_store: kv.KVStore) -> None:
+    existing = await kv_store.create("topics/t", b"v1")
+    await kv_store.create("partitions/old", b"gone soon")
+    revision = await kv_store.txn(
+        [kv.Compare("topics/t", existing), kv.Compare("partitions/t-0", 0)],
+        [
+            kv.Put("topics/t", b"v2"),
+            kv.Put("partitions/t-0", b"p0"),
+            kv.Put("partitions/t-1", b"p1"),
+            kv.Delete("partitions/old"),
+        ],
+    )
+    assert (await kv_store.get("topics/t")) == kv.KeyValue("topics/t", b"v2", revision, existing)
+    assert (await kv_store.get("partitions/t-0")) == kv.KeyValue("partitions/t-0", b"p0", revision, revision)
+    assert (await kv_store.get("partitions/t-1")).mod_revision == revision  # type: ignore[union-attr]
+    assert await kv_store.get("partitions/old") is None
+    assert await kv_store.revision() == revision
+
+
+async def test_transaction_is_all_or_nothing(kv_store: kv.KVStore) -> None:
+    existing = await kv_store.create("topics/t", b"v1")
+    moved = await kv_store.update("topics/t", b"v2", existing)
+    before = await kv_store.revision()
+    with pytest.raises(kv.Conflict) as raised:
+        await kv_store.txn(
+            [kv.Compare("partitions/t-0", 0), kv.Compare("topics/t", existing)],
+            [kv.Put("topics/t", b"v3"), kv.Put("partitions/t-0", b"p0")],
+        )
+    assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/t", existing, moved)
+    assert await kv_store.revision() == before
+    assert await kv_store.get("partitions/t-0") is None
+    assert (await kv_store.get("topics/t")).value == b"v2"  # type: ignore[union-attr]
+
+
+async def test_transaction_create_if_absent_guard(kv_store: kv.KVStore) -> None:
+    await kv_store.txn([kv.Compare("topics/n", 0)], [kv.Put("topics/n", b"first")])
+    with pytest.raises(kv.Conflict) as raised:
+        await kv_store.txn([kv.Compare("topics/n", 0)], [kv.Put("topics/n", b"second")])
+    assert raised.value.expected == 0 and raised.value.actual > 0
+    assert (await kv_store.get("topics/n")).value == b"first"  # type: ignore[union-attr]
+
+
+async def test_watch_delivers_every_event_in_revision_order_from_a_past_revision(kv_store: kv.KVStore) -> None:
+    start = await kv_store.create("topics/a", b"1")
+    second = await kv_store.update("topics/a", b"2", start)
+    await kv_store.create("spus/ignored", b"not under the prefix")
+    multi = await kv_store.txn([], [kv.Put("topics/b", b"b1"), kv.Put("topics/c", b"c1")])
+    deleted = await kv_store.delete("topics/a")
+    async with contextlib.aclosing(kv_store.watch("topics/", start)) as events:
+        past = await take(events, 5)
+        assert summary(past) == [
+            ("PUT", "topics/a", b"1"),
+            ("PUT", "topics/a", b"2"),
+            ("PUT", "topics/b", b"b1"),
+            ("PUT", "topics/c", b"c1"),
+            ("DELETE", "topics/a", None),
+        ]
+        assert [event.revision for event in past] == [start, second, multi, multi, deleted]
+        # Then live events, still in order.
+        live_writes = [await kv_store.create(f"topics/live-{index}", b"x") for index in range(20)]
+        live = await take(events, 20)
+        assert [event.revision for event in live] == live_writes
+        assert [event.key for event in live] == [f"topics/live-{index}" for index in range(20)]
+
+
+async def test_watch_from_the_middle_of_history(kv_store: kv.KVStore) -> None:
+    revisions = [await kv_store.create(f"topics/k{index}", b"x") for index in range(6)]
+    async with contextlib.aclosing(kv_store.watch("topics/", revisions[3])) as events:
+        assert [event.key for event in await take(events, 3)] == ["topics/k3", "topics/k4", "topics/k5"]
+
+
+async def test_watch_of_compacted_history_raises_compacted(kv_store: kv.KVStore) -> None:
+    first = await kv_store.create("topics/a", b"1")
+    await kv_store.update("topics/a", b"2", first)
+    kept = await kv_store.create("topics/b", b"x")
+    await kv_store.compact(kept)
+    with pytest.raises(kv.Compacted) as raised:
+        async with contextlib.aclosing(kv_store.watch("topics/", first)) as events:
+            await take(events, 1)
+    assert raised.value.requested == first
+    assert raised.value.revision == kept
+    # The compaction revision itself is still available.
+    async with contextlib.aclosing(kv_store.watch("topics/", kept)) as events:
+        assert summary(await take(events, 1)) == [("PUT", "topics/b", b"x")]
+    await kv_store.compact(first)  # compacting an older revision again is harmless
+
+
+async def test_concurrent_writers_never_lose_an_update(kv_store: kv.KVStore) -> None:
+    await kv_store.create("counter/value", b"0")
+
+    async def increment(times: int) -> int:
+        conflicts = 0
+        for _ in range(times):
+            while True:
+                current = await kv_store.get("counter/value")
+                assert current is not None
+                try:
+                    await kv_store.update("counter/value", str(int(current.value) + 1).encode(), current.mod_revision)
+                    break
+                except kv.Conflict:
+                    conflicts += 1
+        return conflicts
+
+    await asyncio.gather(*(increment(15) for _ in range(8)))
+    final = await kv_store.get("counter/value")
+    assert final is not None and final.value == b"120"
+
+
+async def test_many_watchers_see_the_same_sequence(kv_store: kv.KVStore) -> None:
+    start = await kv_store.revision() + 1
+    watchers = [kv_store.watch("topics/", start) for _ in range(3)]
+    try:
+        readers = [asyncio.ensure_future(take(watcher, 10)) for watcher in watchers]
+        for index in range(10):
+            await kv_store.create(f"topics/w{index}", str(index).encode())
+        results = await asyncio.gather(*readers)
+        expected = [f"topics/w{index}" for index in range(10)]
+        assert [[event.key for event in result] for result in results] == [expected] * 3
+    finally:
+        for watcher in watchers:
+            await watcher.aclose()
+
+
+async def test_transaction_limit_is_enforced(kv_store: kv.KVStore) -> None:
+    operations = [kv.Put(f"topics/t{index}", b"x") for index in range(kv.MAX_TXN_OPS)]
+    await kv_store.txn([], operations)
+    assert len((await kv_store.list("topics/")).items) == kv.MAX_TXN_OPS

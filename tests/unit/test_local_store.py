@@ -1,0 +1,153 @@
+"""Local store: exact epochs, idempotent apply, deletes, resync fences, listener wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from store import local, models
+
+
+def topic(name: str, partitions: int = 1, resolution: str = "Init") -> models.Topic:
+    return models.Topic.model_validate(
+        {"name": name, "spec": {"partitions": partitions, "replicationFactor": 1}, "status": {"resolution": resolution}}
+    )
+
+
+def epochs(table: local.KindStore) -> dict[str, tuple[int, int]]:
+    return {entry.name: (entry.spec_epoch, entry.status_epoch) for entry in table}
+
+
+def test_exact_epochs_after_apply_apply_again_delete_and_resync() -> None:
+    table = local.KindStore("topics")
+    assert table.apply(topic("a"), 10) == local.Part.ALL
+    assert (table.epoch, epochs(table)) == (1, {"a": (1, 1)})
+
+    assert table.apply(topic("a"), 10) is None  # same object again: nothing changes
+    assert (table.epoch, epochs(table)) == (1, {"a": (1, 1)})
+
+    assert table.apply(topic("a", resolution="Pending"), 11) == local.Part.STATUS
+    assert (table.epoch, epochs(table)) == (2, {"a": (1, 2)})
+
+    assert table.apply(topic("a", partitions=2, resolution="Pending"), 12) == local.Part.SPEC
+    assert (table.epoch, epochs(table)) == (3, {"a": (3, 2)})
+
+    table.apply(topic("b"), 13)
+    assert table.delete("a", 14) is True
+    assert table.delete("a", 14) is False  # deleting twice is a no-op
+    assert (table.epoch, epochs(table)) == (5, {"b": (4, 4)})
+
+    table.resync([(topic("b"), 13), (topic("c"), 15)], revision=15)
+    assert (table.epoch, table.fence, epochs(table)) == (6, 6, {"b": (4, 4), "c": (6, 6)})
+    assert table.revision == 15 and table.synced
+
+
+def test_same_content_with_a_new_revision_keeps_epochs_but_records_the_revision() -> None:
+    table = local.KindStore("topics")
+    table.apply(topic("a"), 10)
+    assert table.apply(topic("a"), 17) is None
+    entry = table.get("a")
+    assert entry is not None and (entry.mod_revision, entry.spec_epoch, entry.status_epoch) == (17, 1, 1)
+
+
+def test_apply_of_the_wrong_kind_is_refused() -> None:
+    table = local.KindStore("spus")
+    with pytest.raises(ValueError, match="cannot apply a topics object to the spus store"):
+        table.apply(topic("a"), 1)
+
+
+def test_listener_gets_full_set_first_then_deltas() -> None:
+    table = local.KindStore("topics")
+    table.apply(topic("a"), 1)
+    table.apply(topic("b"), 2)
+    listener = table.listener()
+    first = listener.changes()
+    assert (first.full, [entry.name for entry in first.updated], first.deleted) == (True, ["a", "b"], [])
+    assert listener.changes().empty
+
+    table.apply(topic("a", resolution="Pending"), 3)
+    table.delete("b", 4)
+    table.apply(topic("c"), 5)
+    delta = listener.changes()
+    assert (delta.full, [entry.name for entry in delta.updated], delta.deleted) == (False, ["a", "c"], ["b"])
+    assert listener.changes().empty
+
+
+def test_spec_only_and_status_only_listeners() -> None:
+    table = local.KindStore("topics")
+    table.apply(topic("a"), 1)
+    spec_listener = table.listener(local.Part.SPEC)
+    status_listener = table.listener(local.Part.STATUS)
+    spec_listener.changes()
+    status_listener.changes()
+
+    table.apply(topic("a", resolution="Pending"), 2)  # status only
+    assert not spec_listener.has_changes()
+    assert [entry.name for entry in status_listener.changes().updated] == ["a"]
+
+    table.apply(topic("a", partitions=3, resolution="Pending"), 3)  # spec only
+    assert [entry.name for entry in spec_listener.changes().updated] == ["a"]
+    assert status_listener.changes().empty
+
+
+def test_resync_fences_listeners_that_then_get_the_full_set() -> None:
+    table = local.KindStore("topics")
+    table.apply(topic("a"), 1)
+    listener = table.listener()
+    listener.changes()
+    table.resync([(topic("a"), 1), (topic("z"), 7)], revision=7)
+    after = listener.changes()
+    assert (after.full, [entry.name for entry in after.updated]) == (True, ["a", "z"])
+    assert listener.changes().empty
+
+
+def test_a_listener_older_than_forgotten_tombstones_gets_the_full_set() -> None:
+    table = local.KindStore("topics", tombstone_limit=2)
+    for name in "abcd":
+        table.apply(topic(name), 1)
+    listener = table.listener()
+    listener.changes()
+    for name in "abc":
+        table.delete(name, 2)
+    changes = listener.changes()
+    assert (changes.full, [entry.name for entry in changes.updated]) == (True, ["d"])
+
+
+async def test_listener_wakes_on_a_change_and_not_on_a_repeat() -> None:
+    table = local.KindStore("topics")
+    listener = table.listener(local.Part.SPEC)
+    listener.changes()
+    waiter = asyncio.ensure_future(listener.wait())
+    await asyncio.sleep(0)
+    assert not waiter.done()
+
+    table.apply(topic("a"), 1)
+    await asyncio.wait_for(waiter, 1)
+    listener.changes()
+
+    waiter = asyncio.ensure_future(listener.wait())
+    table.apply(topic("a"), 1)  # no change
+    table.apply(topic("a", resolution="Pending"), 2)  # status change: a spec listener sleeps on
+    await asyncio.sleep(0.01)
+    assert not waiter.done()
+    table.delete("a", 3)
+    await asyncio.wait_for(waiter, 1)
+    assert listener.changes().deleted == ["a"]
+    listener.close()
+
+
+def test_snapshot_reads_every_kind() -> None:
+    store = local.LocalStore()
+    store["topics"].apply(topic("a"), 1)
+    snapshot = store.snapshot()
+    assert snapshot.get("topics", "a") == topic("a")
+    assert snapshot.get("spus", "a") is None
+    assert [obj.name for obj in snapshot.objects("topics")] == ["a"]
+    assert snapshot.epochs == {"spus": 0, "spu-groups": 0, "topics": 1, "partitions": 0}
+    assert not store.synced
+    for table in store.tables.values():
+        table.resync([], revision=1)
+    assert store.synced
+    with pytest.raises(ValueError, match="unknown kind 'widgets'"):
+        store["widgets"]
