@@ -231,9 +231,14 @@ class Snapshot:
     exactly the life of a pure controller call. Entries are immutable.
     """
 
-    def __init__(self, tables: Mapping[str, KindStore]) -> None:
+    def __init__(self, tables: Mapping[str, KindStore], meta: MetaTable | None = None) -> None:
         self._views = {kind: table.view for kind, table in tables.items()}
         self.epochs = {kind: table.epoch for kind, table in tables.items()}
+        self._meta = meta.values if meta is not None else {}
+
+    def meta(self, key: str) -> tuple[bytes, int] | None:
+        """A cluster-internal key's (value, mod revision), or None if absent."""
+        return self._meta.get(key)
 
     def entries(self, kind: str) -> Mapping[str, Entry]:
         return self._views[kind]
@@ -251,6 +256,7 @@ class LocalStore:
 
     def __init__(self, tombstone_limit: int = DEFAULT_TOMBSTONE_LIMIT) -> None:
         self.tables = {kind: KindStore(kind, tombstone_limit) for kind in models.KINDS}
+        self.meta = MetaTable()
 
     def __getitem__(self, kind: str) -> KindStore:
         try:
@@ -260,7 +266,32 @@ class LocalStore:
 
     @property
     def synced(self) -> bool:
-        return all(table.synced for table in self.tables.values())
+        return self.meta.synced and all(table.synced for table in self.tables.values())
 
     def snapshot(self) -> Snapshot:
-        return Snapshot(self.tables)
+        return Snapshot(self.tables, self.meta)
+
+
+class MetaTable:
+    """Cluster-internal keys (``meta/...``), such as the placement start-index chain.
+
+    Not objects: no epochs and no listeners; controllers read them from the snapshot.
+    """
+
+    def __init__(self) -> None:
+        self.values: dict[str, tuple[bytes, int]] = {}
+        self.revision = 0
+        self.synced = False
+
+    def apply(self, key: str, value: bytes, mod_revision: int) -> None:
+        self.values[key] = (value, mod_revision)
+        self.revision = max(self.revision, mod_revision)
+
+    def delete(self, key: str, revision: int) -> None:
+        self.values.pop(key, None)
+        self.revision = max(self.revision, revision)
+
+    def resync(self, items: Iterable[tuple[str, bytes, int]], revision: int) -> None:
+        self.values = {key: (value, mod_revision) for key, value, mod_revision in items}
+        self.revision = revision
+        self.synced = True
