@@ -43,11 +43,16 @@ class Action:
     # The KV revision of the state the decision was made from (for the history / audits).
     cause_revision: int = 0
     objects: tuple[models.ClusterObject, ...] = field(default=(), compare=False)
+    # The work-queue key (at most one action in flight per key); defaults to the object's key.
+    queue_key: str = ""
 
     @property
     def key(self) -> str:
-        """The work-queue key: at most one write in flight per primary object."""
-        return models.object_key(self.kind, self.name)
+        return self.queue_key or models.object_key(self.kind, self.name)
+
+    @property
+    def write_keys(self) -> tuple[str, ...]:
+        return tuple(write.key for write in self.writes)
 
 
 def create(obj: models.ClusterObject, reason: str, cause_revision: int = 0) -> Action:
@@ -90,18 +95,36 @@ def delete(kind: str, name: str, mod_revision: int | None, reason: str, cause_re
     )
 
 
-def provision(
-    topic: models.Topic,
-    topic_revision: int,
-    extra_writes: Sequence[Write],
-    partitions: Sequence[models.Partition],
-    reason: str,
-) -> Action:
-    """The topic's new status, the placement chain key and the partitions that fit, atomically."""
-    writes = [Write(topic.key, models.encode(topic), topic_revision), *extra_writes]
-    writes += [Write(partition.key, models.encode(partition), 0) for partition in partitions]
+@dataclass(frozen=True, slots=True)
+class TopicProvision:
+    topic: models.Topic  # with its new status
+    topic_revision: int
+    partitions: tuple[models.Partition, ...]  # those that fit in this transaction
+    reason: str
+
+
+def provision(chain_key: str, chain_value: bytes, chain_revision: int, topics: Sequence[TopicProvision]) -> Action:
+    """Topic statuses, the placement chain key and the partitions that fit, in one transaction.
+
+    Queued under the chain key, so provisioning is serialised and the chain never forks.
+    """
+    writes = [Write(chain_key, chain_value, chain_revision)]
+    objects: list[models.ClusterObject] = []
+    for item in topics:
+        writes.append(Write(item.topic.key, models.encode(item.topic), item.topic_revision))
+        writes += [Write(partition.key, models.encode(partition), 0) for partition in item.partitions]
+        objects += [item.topic, *item.partitions]
     if len(writes) > kv.MAX_TXN_OPS:
         raise ValueError(f"a provision action holds at most {kv.MAX_TXN_OPS} writes, got {len(writes)}")
+    names = ",".join(item.topic.name for item in topics)
+    reasons = "; ".join(f"{item.topic.name}: {item.reason}" for item in topics)
     return Action(
-        topic.kind, topic.name, Verb.PROVISION, reason, tuple(writes), topic_revision, (topic, *partitions)
+        "topics",
+        names,
+        Verb.PROVISION,
+        reasons,
+        tuple(writes),
+        max(item.topic_revision for item in topics),
+        tuple(objects),
+        queue_key=chain_key,
     )

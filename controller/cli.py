@@ -9,6 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from controller import run_cli
 from controller.placement import cli as placement_cli
 
 
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Streaming Controller: the control plane of a Fluvio-style streaming cluster.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run_cli.register(commands)
     placement_cli.register(commands)
     return parser
 

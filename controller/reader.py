@@ -93,12 +93,12 @@ class Reader:
                 log.warning("store unavailable, relisting after a pause", prefix=prefix, error=str(unavailable))
                 await asyncio.sleep(self.retry_delay)
 
-    def _decode_all(self, kind: str, items: list[kv.KeyValue]) -> list[tuple[models.ClusterObject, int]]:
+    def _decode_all(self, kind: str, items: list[kv.KeyValue]) -> list[tuple[models.ClusterObject, int, int]]:
         decoded = []
         for item in items:
             obj = self._decode(kind, item.key, item.value)
             if obj is not None:
-                decoded.append((obj, item.mod_revision))
+                decoded.append((obj, item.mod_revision, item.create_revision))
         return decoded
 
     def _decode(self, kind: str, key: str, value: bytes) -> models.ClusterObject | None:

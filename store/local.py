@@ -26,6 +26,7 @@ class Entry:
     mod_revision: int
     spec_epoch: int
     status_epoch: int
+    create_revision: int = 0
 
     @property
     def name(self) -> str:
@@ -94,7 +95,11 @@ class KindStore:
     # ------------------------------------------------------------------ writes (Reader only)
 
     def apply(self, obj: models.ClusterObject, mod_revision: int) -> Part | None:
-        """Store ``obj``; returns the parts that changed (None if nothing did)."""
+        """Store ``obj``; returns the parts that changed (None if nothing did).
+
+        A PUT for a name we do not hold is its creation (a re-creation comes after a delete),
+        so the create revision is known without the backend reporting it.
+        """
         if obj.kind != self.kind:
             raise ValueError(f"cannot apply a {obj.kind} object to the {self.kind} store")
         self.revision = max(self.revision, mod_revision)
@@ -110,13 +115,16 @@ class KindStore:
         if not changed:
             if current is not None and current.mod_revision != mod_revision:
                 # Same content written again: remember the revision (CAS needs it), wake nobody.
-                self._entries[obj.name] = Entry(obj, mod_revision, current.spec_epoch, current.status_epoch)
+                self._entries[obj.name] = Entry(
+                    obj, mod_revision, current.spec_epoch, current.status_epoch, current.create_revision
+                )
             return None
         self.epoch += 1
         spec_epoch = self.epoch if Part.SPEC in changed or current is None else current.spec_epoch
         status_epoch = self.epoch if Part.STATUS in changed or current is None else current.status_epoch
+        create_revision = mod_revision if current is None else current.create_revision
         self._entries.pop(obj.name, None)
-        self._entries[obj.name] = Entry(obj, mod_revision, spec_epoch, status_epoch)
+        self._entries[obj.name] = Entry(obj, mod_revision, spec_epoch, status_epoch, create_revision)
         self._tombstones.pop(obj.name, None)
         self._notify(changed)
         return changed
@@ -134,20 +142,23 @@ class KindStore:
         self._notify(Part.ALL)
         return True
 
-    def resync(self, objects: Iterable[tuple[models.ClusterObject, int]], revision: int) -> None:
-        """Replace the whole table with a fresh listing; fences every listener."""
+    def resync(self, objects: Iterable[tuple[models.ClusterObject, int, int]], revision: int) -> None:
+        """Replace the whole table with a fresh listing of (object, mod revision, create revision).
+
+        Fences every listener.
+        """
         self.epoch += 1
         self.fence = self.epoch
-        fresh = {obj.name: (obj, mod_revision) for obj, mod_revision in objects}
+        fresh = {obj.name: (obj, mod_revision, create_revision) for obj, mod_revision, create_revision in objects}
         for name in [name for name in self._entries if name not in fresh]:
             del self._entries[name]
-        for name, (obj, mod_revision) in fresh.items():
+        for name, (obj, mod_revision, create_revision) in fresh.items():
             current = self._entries.get(name)
             if current is not None and current.obj == obj:
-                self._entries[name] = Entry(obj, mod_revision, current.spec_epoch, current.status_epoch)
+                self._entries[name] = Entry(obj, mod_revision, current.spec_epoch, current.status_epoch, create_revision)
             else:
                 self._entries.pop(name, None)
-                self._entries[name] = Entry(obj, mod_revision, self.epoch, self.epoch)
+                self._entries[name] = Entry(obj, mod_revision, self.epoch, self.epoch, create_revision)
         # Behind a fence everybody gets the full set, so the tombstones are not needed.
         self._tombstones.clear()
         self._forgotten_up_to = self.epoch
@@ -234,6 +245,9 @@ class Snapshot:
     def __init__(self, tables: Mapping[str, KindStore], meta: MetaTable | None = None) -> None:
         self._views = {kind: table.view for kind, table in tables.items()}
         self.epochs = {kind: table.epoch for kind, table in tables.items()}
+        # The KV revision each kind reflects: judge a cross-kind relation only when the other
+        # kind's view is at least as new as the object in question (readers run per kind).
+        self.revisions = {kind: table.revision for kind, table in tables.items()}
         self._meta = meta.values if meta is not None else {}
 
     def meta(self, key: str) -> tuple[bytes, int] | None:

@@ -129,10 +129,19 @@ class StorageConfig(Model):
 
 
 class SpuGroupSpec(Model):
+    """Managed SPUs ``<group>-0 .. <group>-(replicas-1)`` with ids ``minId ..``.
+
+    SPU id N of the group listens on ``host``, ports ``publicPortBase + N`` and
+    ``privatePortBase + N`` (unique per host because ids are unique).
+    """
+
     replicas: Annotated[int, Field(ge=0, le=10_000)]
     min_id: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
     rack: str | None = None
     storage: StorageConfig = StorageConfig()
+    host: Annotated[str, Field(min_length=1, max_length=253)] = "127.0.0.1"
+    public_port_base: Annotated[int, Field(ge=1, le=65535)] = 10000
+    private_port_base: Annotated[int, Field(ge=1, le=65535)] = 30000
 
     @model_validator(mode="after")
     def _ids_fit(self) -> Self:
@@ -142,6 +151,12 @@ class SpuGroupSpec(Model):
                 f"minId {self.min_id} with {self.replicas} replicas would need id {last_id}, "
                 f"above the largest SPU id {2**31 - 1}"
             )
+        if self.replicas:
+            for field_name, base in (("publicPortBase", self.public_port_base), ("privatePortBase", self.private_port_base)):
+                if base + last_id > 65535:
+                    raise ValueError(
+                        f"{field_name} {base} + SPU id {last_id} = {base + last_id} is above the largest port 65535"
+                    )
         return self
 
 

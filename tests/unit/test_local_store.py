@@ -38,7 +38,7 @@ def test_exact_epochs_after_apply_apply_again_delete_and_resync() -> None:
     assert table.delete("a", 14) is False  # deleting twice is a no-op
     assert (table.epoch, epochs(table)) == (5, {"b": (4, 4)})
 
-    table.resync([(topic("b"), 13), (topic("c"), 15)], revision=15)
+    table.resync([(topic("b"), 13, 13), (topic("c"), 15, 15)], revision=15)
     assert (table.epoch, table.fence, epochs(table)) == (6, 6, {"b": (4, 4), "c": (6, 6)})
     assert table.revision == 15 and table.synced
 
@@ -96,7 +96,7 @@ def test_resync_fences_listeners_that_then_get_the_full_set() -> None:
     table.apply(topic("a"), 1)
     listener = table.listener()
     listener.changes()
-    table.resync([(topic("a"), 1), (topic("z"), 7)], revision=7)
+    table.resync([(topic("a"), 1, 1), (topic("z"), 7, 7)], revision=7)
     after = listener.changes()
     assert (after.full, [entry.name for entry in after.updated]) == (True, ["a", "z"])
     assert listener.changes().empty
@@ -148,6 +148,8 @@ def test_snapshot_reads_every_kind() -> None:
     assert not store.synced
     for table in store.tables.values():
         table.resync([], revision=1)
+    assert not store.synced  # the meta keys are not listed yet
+    store.meta.resync([], revision=1)
     assert store.synced
     with pytest.raises(ValueError, match="unknown kind 'widgets'"):
         store["widgets"]

@@ -25,7 +25,7 @@ SPU = {
 }
 SPU_GROUP = {
     "name": "main",
-    "spec": {"replicas": 3, "minId": 11, "rack": "zone-a", "storage": {"logDir": "/var/fluvio", "size": "2Gi"}},
+    "spec": {"replicas": 3, "minId": 11, "rack": "zone-a", "storage": {"logDir": "/var/fluvio", "size": "2Gi"}, "host": "127.0.0.1", "publicPortBase": 10000, "privatePortBase": 30000},
     "status": {"resolution": "Invalid", "reason": "id 12 is taken by SPU custom-12"},
 }
 TOPIC = {

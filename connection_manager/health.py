@@ -1,0 +1,48 @@
+"""The health view: which SPUs are connected right now, as the connection manager sees them.
+
+In memory only (never written to the KV store here); the SPU controller turns it into SPU
+resolutions. Listeners are told about every change.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+
+class Health(str, enum.Enum):
+    ONLINE = "online"  # connected now
+    OFFLINE = "offline"  # was connected since this SC started, and is not any more
+    UNKNOWN = "unknown"  # has not connected since this SC started
+
+
+@dataclass(frozen=True, slots=True)
+class HealthRecord:
+    state: Health
+    since: float  # loop time of the last change
+
+
+class HealthView:
+    def __init__(self, started_at: float) -> None:
+        self.started_at = started_at
+        self._records: dict[int, HealthRecord] = {}
+        self._listeners: list[Callable[[int, Health], None]] = []
+
+    def subscribe(self, listener: Callable[[int, Health], None]) -> None:
+        self._listeners.append(listener)
+
+    def set(self, spu_id: int, state: Health, now: float) -> None:
+        current = self._records.get(spu_id)
+        if current is not None and current.state is state:
+            return
+        self._records[spu_id] = HealthRecord(state, now)
+        for listener in self._listeners:
+            listener(spu_id, state)
+
+    def get(self, spu_id: int) -> Health:
+        record = self._records.get(spu_id)
+        return Health.UNKNOWN if record is None else record.state
+
+    def snapshot(self) -> Mapping[int, HealthRecord]:
+        return dict(self._records)

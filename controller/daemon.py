@@ -1,0 +1,112 @@
+"""`sc run`: the SC daemon. Opens the store (embedded etcd, external etcd or memory), runs the
+pipeline and the public API, and shuts down in order on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from connection_manager import health as health_module
+from controller import api, config, context as context_module, metrics, pipeline
+from store import embedded_etcd, etcd, kv, local, memory
+
+log = structlog.get_logger(__name__)
+
+
+class Daemon:
+    def __init__(self, settings: config.Settings) -> None:
+        self.settings = settings
+        self.etcd_server: embedded_etcd.EmbeddedEtcd | None = None
+        self.context: context_module.Context | None = None
+        self.pipeline: pipeline.Pipeline | None = None
+        self.public_port: int | None = None
+        self._runner: web.AppRunner | None = None
+        self._supervisor: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        try:
+            kv_store = await self._open_store()
+            loop = asyncio.get_running_loop()
+            self.context = context_module.Context(
+                settings=self.settings,
+                kv_store=kv_store,
+                local_store=local.LocalStore(),
+                metrics=metrics.Metrics(),
+            )
+            self.context.metrics.watch_local_store(self.context.local_store)
+            health = health_module.HealthView(started_at=loop.time())
+            self.pipeline = pipeline.Pipeline(self.context, health)
+            # The API answers /healthz with 503 until the pipeline has synced.
+            self._runner = web.AppRunner(api.build_app(self.context), access_log=None)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.settings.bind_host, self.settings.public_port)
+            await site.start()
+            self.public_port = _bound_port(self._runner, self.settings.public_port)
+            log.info("public API listening", host=self.settings.bind_host, port=self.public_port)
+            await self.pipeline.start()
+            log.info("SC ready", public_port=self.public_port, store=self.settings.store.value)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _open_store(self) -> kv.KVStore:
+        settings = self.settings
+        if settings.store is config.StoreKind.MEMORY:
+            log.warning("using the in-memory store: nothing survives a restart")
+            return memory.MemoryStore(settings.key_prefix)
+        endpoints = settings.etcd_endpoints
+        if not endpoints:
+            data_dir = Path(settings.data_dir)
+            data_dir.mkdir(parents=True, exist_ok=True)
+            self.etcd_server = embedded_etcd.EmbeddedEtcd(
+                data_dir,
+                client_port=settings.embedded_etcd_client_port,
+                peer_port=settings.embedded_etcd_peer_port,
+            )
+            await self.etcd_server.start_async()
+            self._supervisor = asyncio.create_task(self.etcd_server.supervise(), name="etcd-supervisor")
+            endpoints = self.etcd_server.endpoints
+            log.info("embedded etcd started", data_dir=str(data_dir), endpoints=endpoints)
+        return await etcd.EtcdStore.open(endpoints, settings.key_prefix, settings.etcd_request_timeout)
+
+    async def stop(self) -> None:
+        if self.pipeline is not None:
+            await self.pipeline.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self.context is not None:
+            await self.context.kv_store.close()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+        if self.etcd_server is not None:
+            await asyncio.to_thread(self.etcd_server.stop)
+            self.etcd_server = None
+
+    async def run_until_signalled(self) -> None:
+        loop = asyncio.get_running_loop()
+        stopping = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stopping.set)
+        await self.start()
+        try:
+            await stopping.wait()
+            log.info("stopping: draining actions, closing connections")
+        finally:
+            await self.stop()
+            log.info("stopped")
+
+
+def _bound_port(runner: web.AppRunner, configured: int) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return configured

@@ -1,0 +1,252 @@
+"""The action dispatcher and the KV updater: the only code that writes controller decisions.
+
+A work queue keyed by object: one action in flight per key, a newer action replaces the queued
+one, `Conflict` hands the key back to its controller, `Unavailable` backs off per key. Ready
+actions with disjoint keys are batched into one etcd transaction (at most 128 operations).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from controller import actions, metrics as metrics_module
+from store import kv
+
+log = structlog.get_logger(__name__)
+
+
+class Outcome(str, enum.Enum):
+    APPLIED = "applied"
+    CONFLICT = "conflict"
+    UNAVAILABLE = "unavailable"
+    FAILED = "failed"  # terminal: the action is malformed (a bug); logged, not retried
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    action: actions.Action
+    outcome: Outcome
+    revision: int = 0  # APPLIED: the commit revision; CONFLICT: the key's actual revision
+    detail: str = ""
+
+
+ResultHook = Callable[[Result], None]
+
+
+class KvUpdater:
+    """Turns a batch of actions into one compare-and-swap transaction."""
+
+    def __init__(self, kv_store: kv.KVStore, metrics: metrics_module.Metrics) -> None:
+        self.kv_store = kv_store
+        self.metrics = metrics
+
+    async def apply(self, batch: Sequence[actions.Action]) -> int:
+        compares: list[kv.Compare] = []
+        operations: list[kv.Operation] = []
+        for action in batch:
+            for write in action.writes:
+                if write.expected_revision is not None:
+                    compares.append(kv.Compare(write.key, write.expected_revision))
+                operations.append(kv.Delete(write.key) if write.value is None else kv.Put(write.key, write.value))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            return await self.kv_store.txn(compares, operations)
+        except kv.StoreError:
+            self.metrics.etcd_errors.labels("txn").inc()
+            raise
+        finally:
+            self.metrics.etcd_request_seconds.observe(loop.time() - started)
+
+
+class ActionDispatcher:
+    def __init__(
+        self,
+        updater: KvUpdater,
+        metrics: metrics_module.Metrics,
+        max_batches_in_flight: int = 8,
+        max_batch_writes: int = kv.MAX_TXN_OPS,
+        initial_backoff: float = 0.1,
+        max_backoff: float = 5.0,
+    ) -> None:
+        self.updater = updater
+        self.metrics = metrics
+        self.max_batches_in_flight = max_batches_in_flight
+        self.max_batch_writes = max_batch_writes
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self._queued: dict[str, actions.Action] = {}
+        self._in_flight_keys: set[str] = set()
+        self._in_flight_writes: set[str] = set()
+        self._not_before: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        # Keys whose action failed inside a shared batch: retried alone to find the culprit.
+        self._isolated: set[str] = set()
+        self._hooks: list[ResultHook] = []
+        self._wake = asyncio.Event()
+        self._batches: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------------ for controllers
+
+    def on_result(self, hook: ResultHook) -> None:
+        self._hooks.append(hook)
+
+    def submit(self, action: actions.Action) -> None:
+        """Queue ``action``; replaces a queued (not in-flight) action for the same key."""
+        if len(action.writes) > self.max_batch_writes:
+            raise ValueError(f"action {action.key} has {len(action.writes)} writes, above {self.max_batch_writes}")
+        self._queued.pop(action.key, None)
+        self._queued[action.key] = action
+        self._idle.clear()
+        self.metrics.action_queue_depth.set(len(self._queued))
+        self._wake.set()
+
+    def busy(self, key: str) -> bool:
+        """True while an action for ``key`` is queued or being written."""
+        return key in self._queued or key in self._in_flight_keys
+
+    def writing(self, key: str) -> bool:
+        """True while some in-flight or queued action writes ``key`` (not only as its queue key)."""
+        return key in self._in_flight_writes or any(key in action.write_keys for action in self._queued.values())
+
+    @property
+    def depth(self) -> int:
+        return len(self._queued)
+
+    async def drained(self) -> None:
+        """Wait until nothing is queued or in flight (used by a graceful shutdown)."""
+        await self._idle.wait()
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                self._wake.clear()
+                now = loop.time()
+                while len(self._batches) < self.max_batches_in_flight:
+                    batch = self._take_batch(now)
+                    if not batch:
+                        break
+                    task = asyncio.create_task(self._write(batch))
+                    self._batches.add(task)
+                    task.add_done_callback(self._batches.discard)
+                self._update_idle()
+                delay = self._next_retry_delay(now)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), delay)
+                except TimeoutError:
+                    pass
+        finally:
+            for task in list(self._batches):
+                task.cancel()
+            await asyncio.gather(*self._batches, return_exceptions=True)
+
+    def _take_batch(self, now: float) -> list[actions.Action]:
+        batch: list[actions.Action] = []
+        batch_keys: set[str] = set()
+        writes = 0
+        for key, action in list(self._queued.items()):
+            if key in self._in_flight_keys or self._not_before.get(key, 0.0) > now:
+                continue
+            action_writes = set(action.write_keys)
+            if action_writes & (batch_keys | self._in_flight_writes):
+                continue
+            if key in self._isolated:
+                if batch:
+                    continue
+                batch.append(action)
+                batch_keys |= action_writes
+                break
+            if writes + len(action.writes) > self.max_batch_writes:
+                break
+            batch.append(action)
+            batch_keys |= action_writes
+            writes += len(action.writes)
+        for action in batch:
+            del self._queued[action.key]
+            self._in_flight_keys.add(action.key)
+        self._in_flight_writes |= batch_keys
+        self.metrics.action_queue_depth.set(len(self._queued))
+        return batch
+
+    def _next_retry_delay(self, now: float) -> float | None:
+        waiting = [self._not_before.get(key, 0.0) for key in self._queued if key not in self._in_flight_keys]
+        if not waiting or len(self._batches) >= self.max_batches_in_flight:
+            return None
+        return max(0.0, min(waiting) - now)
+
+    def _update_idle(self) -> None:
+        if not self._queued and not self._in_flight_keys:
+            self._idle.set()
+        else:
+            self._idle.clear()
+
+    async def _write(self, batch: list[actions.Action]) -> None:
+        results: list[Result] = []
+        try:
+            revision = await self.updater.apply(batch)
+            results = [Result(action, Outcome.APPLIED, revision) for action in batch]
+        except kv.Conflict as conflict:
+            # One compare lost: its action goes back to its controller; the others were not
+            # applied (all or nothing) and are retried at once unless something newer is queued.
+            for action in batch:
+                if conflict.key in action.write_keys:
+                    results.append(Result(action, Outcome.CONFLICT, conflict.actual, str(conflict)))
+                else:
+                    self._requeue(action)
+        except kv.Unavailable as unavailable:
+            for action in batch:
+                self._requeue(action, backoff=True)
+            results = [Result(action, Outcome.UNAVAILABLE, 0, str(unavailable)) for action in batch]
+        except (kv.StoreError, ValueError) as error:
+            if len(batch) > 1:
+                # Find the culprit: a bad action must not drop the whole batch.
+                for action in batch:
+                    self._requeue(action, isolate=True)
+            else:
+                results = [Result(batch[0], Outcome.FAILED, 0, str(error))]
+                log.error("action failed", key=batch[0].key, verb=batch[0].verb.value, error=str(error))
+        finally:
+            for action in batch:
+                self._in_flight_keys.discard(action.key)
+                if len(batch) == 1:
+                    self._isolated.discard(action.key)
+            for action in batch:
+                self._in_flight_writes.difference_update(action.write_keys)
+            for result in results:
+                self._report(result)
+            self._wake.set()
+
+    def _requeue(self, action: actions.Action, backoff: bool = False, isolate: bool = False) -> None:
+        if action.key in self._queued:
+            return  # a newer decision for this key is already waiting
+        self._queued[action.key] = action
+        if backoff:
+            failures = self._failures.get(action.key, 0) + 1
+            self._failures[action.key] = failures
+            delay = min(self.max_backoff, self.initial_backoff * 2 ** (failures - 1))
+            self._not_before[action.key] = asyncio.get_running_loop().time() + delay
+        if isolate:
+            self._isolated.add(action.key)
+
+    def _report(self, result: Result) -> None:
+        action = result.action
+        if result.outcome is not Outcome.UNAVAILABLE:
+            self._failures.pop(action.key, None)
+            self._not_before.pop(action.key, None)
+        self.metrics.actions.labels(action.kind, action.verb.value, result.outcome.value).inc()
+        if result.outcome is Outcome.APPLIED:
+            log.info("action applied", key=action.key, verb=action.verb.value, reason=action.reason, revision=result.revision)
+        elif result.outcome is Outcome.CONFLICT:
+            log.debug("action conflict", key=action.key, verb=action.verb.value, detail=result.detail)
+        for hook in self._hooks:
+            hook(result)

@@ -1,0 +1,111 @@
+"""The level-triggered loop around a pure controller: wake, snapshot, decide, submit.
+
+A wake-up only says "something changed"; the controller recomputes from the current snapshot.
+Expectations keep it from re-deciding from a store that has not yet seen its own last write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+
+import structlog
+
+from controller import actions, dispatcher as dispatcher_module, metrics as metrics_module
+from store import local
+
+log = structlog.get_logger(__name__)
+
+# A controller: (snapshot, what changed per kind since its last pass) -> actions.
+Decide = Callable[[local.Snapshot, Mapping[str, local.Changes]], Sequence[actions.Action]]
+
+
+class ControllerLoop:
+    def __init__(
+        self,
+        name: str,
+        decide: Decide,
+        listens_to: Mapping[str, local.Part],
+        local_store: local.LocalStore,
+        dispatcher: dispatcher_module.ActionDispatcher,
+        metrics: metrics_module.Metrics,
+        resync_interval: float = 60.0,
+    ) -> None:
+        self.name = name
+        self.decide = decide
+        self.local_store = local_store
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.resync_interval = resync_interval
+        self.listeners = {kind: local_store[kind].listener(part) for kind, part in listens_to.items()}
+        # Write key -> the revision the local store must reach before we decide on that key again.
+        self._expected: dict[str, int] = {}
+        self._submitted: set[str] = set()
+        self._kick = asyncio.Event()
+        self._kick.set()
+        self.passes = 0
+        dispatcher.on_result(self._on_result)
+
+    def kick(self) -> None:
+        """Recompute on the next turn (an outside change the listeners cannot see)."""
+        self._kick.set()
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self._wait()
+                self.run_pass()
+        finally:
+            for listener in self.listeners.values():
+                listener.close()
+
+    def run_pass(self) -> None:
+        """One decision: everything between here and the submits runs without awaiting."""
+        self._kick.clear()
+        changes = {kind: listener.changes() for kind, listener in self.listeners.items()}
+        self._forget_caught_up()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        decided = self.decide(self.local_store.snapshot(), changes)
+        self.passes += 1
+        self.metrics.reconcile_passes.labels(self.name).inc()
+        self.metrics.reconcile_seconds.labels(self.name).observe(loop.time() - started)
+        for action in decided:
+            if any(key in self._expected or self.dispatcher.writing(key) for key in action.write_keys):
+                continue  # decided from a store behind our own write: we are woken again later
+            self._submitted.add(action.key)
+            self.dispatcher.submit(action)
+
+    async def _wait(self) -> None:
+        waiters = [asyncio.ensure_future(listener.wait()) for listener in self.listeners.values()]
+        waiters.append(asyncio.ensure_future(self._kick.wait()))
+        try:
+            await asyncio.wait(waiters, timeout=self.resync_interval, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+    def _on_result(self, result: dispatcher_module.Result) -> None:
+        action = result.action
+        if action.key not in self._submitted:
+            return
+        self._submitted.discard(action.key)
+        if result.outcome is dispatcher_module.Outcome.APPLIED:
+            for key in action.write_keys:
+                self._expected[key] = max(self._expected.get(key, 0), result.revision)
+        elif result.outcome is dispatcher_module.Outcome.CONFLICT and result.revision:
+            for key in action.write_keys:
+                self._expected[key] = max(self._expected.get(key, 0), result.revision)
+        self.kick()
+
+    def _forget_caught_up(self) -> None:
+        for key, revision in list(self._expected.items()):
+            if self._store_revision(key) >= revision:
+                del self._expected[key]
+
+    def _store_revision(self, key: str) -> int:
+        kind = key.split("/", 1)[0]
+        if kind == "meta":
+            return self.local_store.meta.revision
+        return self.local_store[kind].revision

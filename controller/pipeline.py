@@ -1,0 +1,98 @@
+"""The reconcile pipeline: Reader -> local store -> controllers -> action dispatcher -> KV updater.
+
+Owns the tasks and their order: controllers start only once every kind is synced, and a
+stop drains the action queue (bounded) before the Reader and the store go away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+
+import structlog
+
+from connection_manager import health as health_module
+from controller import context as context_module
+from controller import dispatcher as dispatcher_module
+from controller import loop as loop_module
+from controller import reader as reader_module
+from controller import spu, spu_group, topic
+from store import local
+
+log = structlog.get_logger(__name__)
+
+SPEC, STATUS, ALL = local.Part.SPEC, local.Part.STATUS, local.Part.ALL
+
+
+class Pipeline:
+    def __init__(self, context: context_module.Context, health: health_module.HealthView) -> None:
+        self.context = context
+        self.health = health
+        settings = context.settings
+        self.reader = reader_module.Reader(context.kv_store, context.local_store, context.metrics)
+        self.dispatcher = dispatcher_module.ActionDispatcher(
+            dispatcher_module.KvUpdater(context.kv_store, context.metrics), context.metrics
+        )
+        self.loops = [
+            self._loop("topic", topic.decide, {"topics": ALL, "spus": ALL, "partitions": SPEC}),
+            self._loop("spu-group", spu_group.decide, {"spu-groups": SPEC, "spus": SPEC}),
+            self._loop("spu", self._decide_spus, {"spus": ALL}),
+        ]
+        self._spu_loop = self.loops[-1]
+        health.subscribe(lambda spu_id, state: self._spu_loop.kick())
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop_tasks: list[asyncio.Task[None]] = []
+
+    def _loop(self, name: str, decide: loop_module.Decide, listens_to: Mapping[str, local.Part]) -> loop_module.ControllerLoop:
+        return loop_module.ControllerLoop(
+            name,
+            decide,
+            listens_to,
+            self.context.local_store,
+            self.dispatcher,
+            self.context.metrics,
+            self.context.settings.resync_interval,
+        )
+
+    def _decide_spus(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
+        now = asyncio.get_running_loop().time()
+        grace = self.context.settings.spu_offline_grace
+        return spu.decide(snapshot, self.health.snapshot(), now, self.health.started_at, grace)
+
+    async def start(self, sync_timeout: float | None = None) -> None:
+        """Start reading; return once every kind is synced and the controllers run."""
+        self._tasks.append(asyncio.create_task(self.reader.run(), name="reader"))
+        self._tasks.append(asyncio.create_task(self.dispatcher.run(), name="action-dispatcher"))
+        synced = asyncio.ensure_future(self.reader.synced.wait())
+        done, _ = await asyncio.wait([synced, self._tasks[0]], timeout=sync_timeout, return_when=asyncio.FIRST_COMPLETED)
+        if synced not in done:
+            synced.cancel()
+            if self._tasks[0] in done:
+                self._tasks[0].result()  # the reader failed: raise its error
+            raise TimeoutError(f"the local store did not sync within {sync_timeout} s")
+        for controller in self.loops:
+            self._loop_tasks.append(asyncio.create_task(controller.run(), name=f"controller-{controller.name}"))
+        grace = self.context.settings.spu_offline_grace
+        self._tasks.append(asyncio.create_task(self._grace_kick(grace), name="spu-grace"))
+        self.context.synced.set()
+        log.info("pipeline started", objects={kind: len(table) for kind, table in self.context.local_store.tables.items()})
+
+    async def _grace_kick(self, grace: float) -> None:
+        # SPUs recorded Online that never reconnect turn Offline when the grace period ends.
+        await asyncio.sleep(max(0.0, self.health.started_at + grace - asyncio.get_running_loop().time()))
+        self._spu_loop.kick()
+
+    async def stop(self, drain_timeout: float = 10.0) -> None:
+        for task in self._loop_tasks:
+            task.cancel()
+        await asyncio.gather(*self._loop_tasks, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.dispatcher.drained(), drain_timeout)
+        if self.dispatcher.depth:
+            log.warning("stopping with actions still queued", queued=self.dispatcher.depth)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._loop_tasks.clear()

@@ -1,0 +1,59 @@
+"""`sc run`: parse the daemon's flags into Settings and run it until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+import pydantic
+
+from controller import config, daemon, logs
+from store import embedded_etcd, kv
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    run = commands.add_parser(
+        "run",
+        help="run the SC daemon",
+        description="Run the SC. With no --etcd-endpoints it starts and supervises its own etcd under --data-dir.",
+    )
+    run.add_argument("--config", type=Path, help="TOML config file (keys as the settings, e.g. public_port = 9003)")
+    run.add_argument("--bind-host", help="address the public port binds to (default 0.0.0.0)")
+    run.add_argument("--public-port", type=int, help="public API port (default 9003)")
+    run.add_argument("--private-port", type=int, help="private SPU port (default 9004)")
+    run.add_argument("--store", choices=[kind.value for kind in config.StoreKind], help="etcd (default) or memory")
+    run.add_argument("--etcd-endpoints", help="comma-separated http://host:port of an existing etcd cluster")
+    run.add_argument("--key-prefix", help="key prefix of this cluster's objects in etcd (default /sc/)")
+    run.add_argument("--data-dir", type=Path, help="where the embedded etcd keeps its data (default ./sc-data)")
+    run.add_argument("--embedded-etcd-client-port", type=int, help="embedded etcd client port (default 12379)")
+    run.add_argument("--embedded-etcd-peer-port", type=int, help="embedded etcd peer port (default 12380)")
+    run.add_argument("--resync-interval", type=float, help="seconds between full controller resyncs (default 60)")
+    run.add_argument("--spu-offline-grace", type=float, help="seconds an SPU recorded Online may take to reconnect after an SC start (default 30)")
+    run.add_argument("--log-format", choices=[fmt.value for fmt in config.LogFormat], help="auto (default), console or json")
+    run.add_argument("--log-level", help="debug, info (default), warning or error")
+    run.set_defaults(handler=handle_run)
+
+
+def handle_run(args: argparse.Namespace) -> int:
+    overrides = {
+        name: getattr(args, name)
+        for name in (
+            "bind_host", "public_port", "private_port", "store", "etcd_endpoints", "key_prefix", "data_dir",
+            "embedded_etcd_client_port", "embedded_etcd_peer_port", "resync_interval", "spu_offline_grace",
+            "log_format", "log_level",
+        )
+    }
+    try:
+        settings = config.load(args.config, **overrides)
+        logs.configure(settings.log_format, settings.log_level)
+    except (pydantic.ValidationError, ValueError) as error:
+        print(f"error: invalid configuration: {error}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(daemon.Daemon(settings).run_until_signalled())
+    except (embedded_etcd.EtcdError, kv.Unavailable, OSError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return 0

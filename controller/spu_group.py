@@ -1,0 +1,114 @@
+"""SPU-group controller decisions: a group owns managed SPUs ``<group>-<i>`` with ids minId+i.
+
+Purely computational, no I/O. A colliding id range makes the group Invalid and creates
+nothing; scaling down deletes the highest ids; deleting the group deletes its SPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller import actions
+from store import local, models
+
+RESERVED, INVALID = models.SpuGroupResolution.RESERVED, models.SpuGroupResolution.INVALID
+
+
+def desired_spus(group: models.SpuGroup) -> list[models.Spu]:
+    spec = group.spec
+    spus = []
+    for index in range(spec.replicas):
+        spu_id = spec.min_id + index
+        spus.append(
+            models.Spu(
+                name=managed_spu_name(group.name, index),
+                spec=models.SpuSpec(
+                    id=spu_id,
+                    spu_type=models.SpuType.MANAGED,
+                    rack=spec.rack,
+                    public_endpoint=models.Endpoint(host=spec.host, port=spec.public_port_base + spu_id),
+                    private_endpoint=models.Endpoint(host=spec.host, port=spec.private_port_base + spu_id),
+                ),
+            )
+        )
+    return spus
+
+
+def managed_spu_name(group: str, index: int) -> str:
+    return f"{group}-{index}"
+
+
+def owning_group(spu: models.Spu) -> str | None:
+    """The group a managed SPU belongs to (from its name), None for custom SPUs."""
+    if spu.spec.spu_type is not models.SpuType.MANAGED:
+        return None
+    group, _, index = spu.name.rpartition("-")
+    return group if group and index.isdigit() else None
+
+
+def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes] | None = None) -> list[actions.Action]:
+    spus: Mapping[str, local.Entry] = snapshot.entries("spus")
+    groups: Mapping[str, local.Entry] = snapshot.entries("spu-groups")
+    decided: list[actions.Action] = []
+    for entry in groups.values():
+        decided += _reconcile_group(entry, spus)
+    # SPUs of deleted groups, and SPUs above a group's replica count (scale down).
+    for entry in spus.values():
+        spu: models.Spu = entry.obj  # type: ignore[assignment]
+        group_name = owning_group(spu)
+        if group_name is None:
+            continue
+        group_entry = groups.get(group_name)
+        if group_entry is None:
+            decided.append(actions.delete("spus", spu.name, entry.mod_revision, f"SPU group {group_name} was deleted"))
+            continue
+        group: models.SpuGroup = group_entry.obj  # type: ignore[assignment]
+        index = int(spu.name.rpartition("-")[2])
+        if group.status.resolution is RESERVED and index >= group.spec.replicas:
+            decided.append(
+                actions.delete(
+                    "spus", spu.name, entry.mod_revision, f"SPU group {group.name} scaled down to {group.spec.replicas}"
+                )
+            )
+    return decided
+
+
+def _reconcile_group(entry: local.Entry, spus: Mapping[str, local.Entry]) -> list[actions.Action]:
+    group: models.SpuGroup = entry.obj  # type: ignore[assignment]
+    wanted = desired_spus(group)
+    wanted_names = {spu.name for spu in wanted}
+    wanted_ids = {spu.spec.id: spu.name for spu in wanted}
+    collisions = []
+    for other_entry in spus.values():
+        other: models.Spu = other_entry.obj  # type: ignore[assignment]
+        if owning_group(other) == group.name:
+            continue
+        if other.spec.id in wanted_ids:
+            collisions.append(f"SPU id {other.spec.id} is already used by SPU {other.name}")
+        elif other.name in wanted_names:
+            collisions.append(f"SPU name {other.name} is already used by SPU id {other.spec.id}")
+    if collisions:
+        reason = f"id range {group.spec.min_id}..{group.spec.min_id + group.spec.replicas - 1} collides: " + "; ".join(
+            collisions
+        )
+        return _status(entry, INVALID, reason)
+    decided = _status(entry, RESERVED, "")
+    if group.status.resolution is not RESERVED:
+        return decided  # SPUs are created once the range is reserved
+    for spu in wanted:
+        current = spus.get(spu.name)
+        if current is None:
+            decided.append(actions.create(spu, f"SPU group {group.name} has {group.spec.replicas} replicas"))
+        elif current.obj.spec != spu.spec:  # type: ignore[attr-defined]
+            decided.append(
+                actions.update_spec(current.obj, spu.spec, current.mod_revision, f"SPU group {group.name} changed")
+            )
+    return decided
+
+
+def _status(entry: local.Entry, resolution: models.SpuGroupResolution, reason: str) -> list[actions.Action]:
+    group: models.SpuGroup = entry.obj  # type: ignore[assignment]
+    status = models.SpuGroupStatus(resolution=resolution, reason=reason)
+    if group.status == status:
+        return []
+    return [actions.update_status(group, status, entry.mod_revision, reason or f"SPU group {resolution.value}")]

@@ -1,0 +1,292 @@
+"""Topic controller decisions: Init -> Pending -> Provisioned, partitions, the start-index chain.
+
+Purely computational, no I/O: one snapshot in, actions out. Placement runs here (the library
+is pure too). Partitions are created exactly once (create-if-absent) and orphans are deleted,
+so a crash anywhere converges to exactly the partitions of each topic's replica map.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from controller import actions, placement
+from store import kv, local, models
+
+CHAIN_KEY = "meta/placement-start-index"
+INIT = models.TopicResolution.INIT
+PENDING = models.TopicResolution.PENDING
+INSUFFICIENT = models.TopicResolution.INSUFFICIENT_RESOURCES
+INVALID = models.TopicResolution.INVALID_CONFIG
+PROVISIONED = models.TopicResolution.PROVISIONED
+
+# Writes one provision transaction may carry: the chain key plus topic statuses and partitions.
+PROVISION_WRITES = kv.MAX_TXN_OPS
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    start_index: int
+    mod_revision: int  # 0: the key does not exist yet
+
+    def encode(self, start_index: int) -> bytes:
+        return json.dumps({"nextStartIndex": start_index}).encode()
+
+
+def read_chain(snapshot: local.Snapshot) -> Chain:
+    stored = snapshot.meta(CHAIN_KEY)
+    if stored is None:
+        return Chain(0, 0)
+    value, mod_revision = stored
+    try:
+        start_index = int(json.loads(value)["nextStartIndex"])
+    except (ValueError, KeyError, TypeError):
+        start_index = 0  # a hand-edited, unreadable chain restarts at 0 rather than stalling
+    return Chain(start_index, mod_revision)
+
+
+def spu_infos(snapshot: local.Snapshot) -> list[placement.SpuInfo]:
+    """Every registered SPU, online or not, in id order (placement picks only the online)."""
+    infos = [
+        placement.SpuInfo(
+            id=entry.obj.spec.id,  # type: ignore[attr-defined]
+            rack=entry.obj.spec.rack,  # type: ignore[attr-defined]
+            online=entry.obj.status.resolution is models.SpuResolution.ONLINE,  # type: ignore[attr-defined]
+        )
+        for entry in snapshot.entries("spus").values()
+    ]
+    return sorted(infos, key=lambda info: info.id)
+
+
+def current_map(topic: models.Topic) -> list[list[int]]:
+    """The topic's existing partitions in index order (an unbroken prefix 0..n-1)."""
+    replica_map = topic.status.replica_map
+    rows = []
+    for index in range(len(replica_map)):
+        if index not in replica_map:
+            break
+        rows.append(list(replica_map[index]))
+    return rows
+
+
+def placement_request(
+    topic: models.Topic,
+    spus: list[placement.SpuInfo],
+    start_index: int,
+    existing: Iterable[tuple[str, int, list[int]]],
+) -> placement.PlacementRequest:
+    spec = topic.spec
+    registered = [spu.id for spu in spus]
+    if spec.replica_assignment is not None:
+        return placement.PlacementRequest(
+            spus=spus,
+            strategy="manual",
+            replica_assignment=[(row.id, list(row.replicas)) for row in spec.replica_assignment],
+            registered_spu_ids=registered,
+            current_replica_map=current_map(topic),
+        )
+    strategy = spec.placement.strategy if spec.placement is not None else "computed"
+    plugin = strategy if ":" in strategy else None
+    return placement.PlacementRequest(
+        spus=spus,
+        partitions=spec.partitions or 0,
+        replication_factor=spec.replication_factor or 0,
+        strategy="computed" if plugin else strategy,
+        plugin=plugin,
+        start_index=start_index,
+        ignore_rack_assignment=spec.ignore_rack_assignment,
+        policies=spec.placement.policies if spec.placement is not None else None,
+        existing=list(existing),
+        current_replica_map=current_map(topic),
+        registered_spu_ids=registered,
+    )
+
+
+def validate(topic: models.Topic, spus: list[placement.SpuInfo]) -> str | None:
+    """Configuration problems that no cluster change can fix (None when valid)."""
+    spec = topic.spec
+    try:
+        if spec.replica_assignment is not None:
+            placement.validate_manual(
+                [(row.id, list(row.replicas)) for row in spec.replica_assignment], [spu.id for spu in spus]
+            )
+        elif spec.placement is not None and spec.placement.policies:
+            placement.parse_policies(spec.placement.policies)
+    except placement.PlacementError as error:
+        return error.message
+    return None
+
+
+def dry_run(snapshot: local.Snapshot, topic: models.Topic) -> placement.PlacementResult:
+    """The placement ``topic`` would get now, without deciding anything (the API's dryRun)."""
+    spus = spu_infos(snapshot)
+    problem = validate(topic, spus)
+    if problem is not None:
+        raise placement.InvalidConfig(problem)
+    return placement.compute(placement_request(topic, spus, read_chain(snapshot).start_index, _assignment(snapshot)))
+
+
+def _assignment(snapshot: local.Snapshot) -> list[tuple[str, int, list[int]]]:
+    return [
+        (entry.obj.topic, entry.obj.index, list(entry.obj.spec.replicas))  # type: ignore[attr-defined]
+        for entry in snapshot.entries("partitions").values()
+    ]
+
+
+def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes] | None = None) -> list[actions.Action]:
+    topics: Mapping[str, local.Entry] = snapshot.entries("topics")
+    partitions: Mapping[str, local.Entry] = snapshot.entries("partitions")
+    spus = spu_infos(snapshot)
+    chain = read_chain(snapshot)
+    cursor = chain.start_index
+    existing = _assignment(snapshot)
+    decided: list[actions.Action] = []
+    provisions: list[actions.TopicProvision] = []
+    room = PROVISION_WRITES - 1  # the chain key takes one write
+    placed_now: set[str] = set()
+
+    for entry in sorted(topics.values(), key=lambda entry: entry.mod_revision):
+        topic: models.Topic = entry.obj  # type: ignore[assignment]
+        resolution = topic.status.resolution
+        if resolution in (INIT, INVALID):
+            decided += _validated(entry, spus)
+            continue
+        wants_more = resolution is PROVISIONED and not topic.spec.is_manual and (
+            (topic.spec.partitions or 0) > len(current_map(topic))
+        )
+        if resolution not in (PENDING, INSUFFICIENT) and not wants_more:
+            continue
+        if room < 2:
+            continue  # no room for the status and a partition: a later pass, after the echo
+        try:
+            result = placement.compute(placement_request(topic, spus, cursor, existing))
+        except placement.PlacementError as error:
+            target = INSUFFICIENT if isinstance(error, placement.InsufficientResources) else INVALID
+            decided += _status(entry, target, error.message, keep_map=True)
+            continue
+        kept = len(current_map(topic))
+        replica_map = {index: list(replicas) for index, replicas in enumerate(result.replica_map)}
+        provisioned = topic.model_copy(
+            update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason="")}
+        )
+        new_partitions = [
+            _partition(topic.name, index, replicas)
+            for index, replicas in enumerate(result.replica_map)
+            if index >= kept and models.partition_name(topic.name, index) not in partitions
+        ]
+        fitting = new_partitions[: max(0, room - 1)]
+        room -= 1 + len(fitting)
+        reason = (
+            f"placed partitions {kept}..{len(result.replica_map) - 1} on {len({s for r in result.replica_map for s in r})} SPUs"
+            if kept
+            else f"placed {len(result.replica_map)} partitions x {len(result.replica_map[0])} replicas"
+        )
+        provisions.append(actions.TopicProvision(provisioned, entry.mod_revision, tuple(fitting), reason))
+        placed_now.add(topic.name)
+        existing += [(topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept]
+        cursor = result.next_start_index
+
+    if provisions:
+        decided.append(actions.provision(CHAIN_KEY, chain.encode(cursor), chain.mod_revision, provisions))
+    decided += _partition_actions(topics, partitions, placed_now, snapshot.revisions)
+    return decided
+
+
+def _validated(entry: local.Entry, spus: list[placement.SpuInfo]) -> list[actions.Action]:
+    topic: models.Topic = entry.obj  # type: ignore[assignment]
+    problem = validate(topic, spus)
+    if problem is not None:
+        return _status(entry, INVALID, problem)
+    if topic.status.resolution is INVALID:
+        # The configuration is valid now; if placement still rejects it the same way (for
+        # example partial racks), stay put instead of flapping through Pending.
+        try:
+            placement.compute(placement_request(topic, spus, 0, []))
+        except placement.InvalidConfig as error:
+            if error.message == topic.status.reason:
+                return []
+        except placement.PlacementError:
+            pass
+    return _status(entry, PENDING, "configuration is valid")
+
+
+def _status(
+    entry: local.Entry, resolution: models.TopicResolution, reason: str, keep_map: bool = False
+) -> list[actions.Action]:
+    topic: models.Topic = entry.obj  # type: ignore[assignment]
+    status = models.TopicStatus(
+        resolution=resolution,
+        replica_map=topic.status.replica_map if keep_map else {},
+        reason="" if resolution is PENDING else reason,
+    )
+    if topic.status == status:
+        return []
+    return [actions.update_status(topic, status, entry.mod_revision, f"{resolution.value}: {reason}")]
+
+
+def _partition(topic: str, index: int, replicas: list[int]) -> models.Partition:
+    return models.Partition(
+        name=models.partition_name(topic, index),
+        spec=models.PartitionSpec(leader=replicas[0], replicas=list(replicas)),
+    )
+
+
+def _partition_actions(
+    topics: Mapping[str, local.Entry],
+    partitions: Mapping[str, local.Entry],
+    placed_now: set[str],
+    revisions: Mapping[str, int],
+) -> list[actions.Action]:
+    """Create missing partitions of provisioned topics; delete partitions no topic maps.
+
+    Each kind has its own reader, so a partition may show up before the topic status written
+    in the same transaction: a partition is judged only once the topics view has caught up
+    with the partition's creation, and a topic's partitions only once the partitions view has
+    caught up with the topic's last write.
+    """
+    decided: list[actions.Action] = []
+    for entry in partitions.values():
+        partition: models.Partition = entry.obj  # type: ignore[assignment]
+        if entry.create_revision > revisions["topics"]:
+            continue
+        topic_entry = topics.get(partition.topic)
+        if topic_entry is None:
+            decided.append(
+                actions.delete("partitions", partition.name, entry.mod_revision, f"topic {partition.topic} was deleted")
+            )
+            continue
+        replica_map = topic_entry.obj.status.replica_map  # type: ignore[attr-defined]
+        wanted = replica_map.get(partition.index)
+        if partition.topic in placed_now:
+            continue
+        if wanted is None:
+            decided.append(
+                actions.delete(
+                    "partitions",
+                    partition.name,
+                    entry.mod_revision,
+                    f"topic {partition.topic} has no partition {partition.index} in its replica map",
+                )
+            )
+        elif list(wanted) != list(partition.spec.replicas):
+            decided.append(
+                actions.delete(
+                    "partitions",
+                    partition.name,
+                    entry.mod_revision,
+                    f"replicas {partition.spec.replicas} differ from the topic's replica map {wanted}",
+                )
+            )
+    for entry in topics.values():
+        topic: models.Topic = entry.obj  # type: ignore[assignment]
+        if topic.name in placed_now or topic.status.resolution not in (PROVISIONED, INSUFFICIENT):
+            continue
+        if entry.mod_revision > revisions["partitions"]:
+            continue
+        for index, replicas in topic.status.replica_map.items():
+            if models.partition_name(topic.name, index) not in partitions:
+                decided.append(
+                    actions.create(_partition(topic.name, index, list(replicas)), f"partition {index} of topic {topic.name}")
+                )
+    return decided

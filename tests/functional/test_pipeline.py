@@ -1,0 +1,348 @@
+"""The whole reconcile pipeline on a real store: Reader, controllers, dispatcher, KV updater.
+
+Runs on the memory backend and on a real etcd; every result is read back from the KV store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from connection_manager import health as health_module
+from controller import config, context as context_module, metrics, pipeline, topic as topic_controller
+from store import kv, local, models
+
+
+class Cluster:
+    def __init__(self, kv_store: kv.KVStore) -> None:
+        self.kv_store = kv_store
+        loop = asyncio.get_running_loop()
+        self.health = health_module.HealthView(started_at=loop.time())
+        self.context = context_module.Context(
+            settings=config.Settings(resync_interval=5.0, spu_offline_grace=60.0),
+            kv_store=kv_store,
+            local_store=local.LocalStore(),
+            metrics=metrics.Metrics(),
+        )
+        self.pipeline = pipeline.Pipeline(self.context, self.health)
+
+    async def add_spu(self, spu_id: int, rack: str | None = None, online: bool = True) -> None:
+        spu = models.Spu(
+            name=f"spu-{spu_id}",
+            spec=models.SpuSpec(
+                id=spu_id,
+                rack=rack,
+                public_endpoint=models.Endpoint(host="127.0.0.1", port=9005),
+                private_endpoint=models.Endpoint(host="127.0.0.1", port=9006),
+            ),
+        )
+        await self.kv_store.create(spu.key, models.encode(spu))
+        if online:
+            self.set_online(spu_id)
+
+    def set_online(self, spu_id: int, online: bool = True) -> None:
+        state = health_module.Health.ONLINE if online else health_module.Health.OFFLINE
+        self.health.set(spu_id, state, asyncio.get_running_loop().time())
+
+    async def create(self, obj: models.ClusterObject) -> None:
+        await self.kv_store.create(obj.key, models.encode(obj))
+
+    async def read(self, kind: str, name: str) -> models.ClusterObject | None:
+        stored = await self.kv_store.get(models.object_key(kind, name))
+        return None if stored is None else models.decode(kind, stored.value)
+
+    async def read_all(self, kind: str) -> dict[str, models.ClusterObject]:
+        listed = await self.kv_store.list(f"{kind}/")
+        return {(obj := models.decode(kind, item.value)).name: obj for item in listed.items}
+
+    async def eventually(self, check: Callable[[], object], timeout: float = 10.0) -> None:
+        """Poll the KV store (not the local store) until ``check`` passes."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                result = check()
+                if asyncio.iscoroutine(result):
+                    result = await result
+                return
+            except AssertionError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+            await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+async def cluster(kv_store: kv.KVStore) -> AsyncIterator[Cluster]:
+    running = Cluster(kv_store)
+    await running.pipeline.start(sync_timeout=10)
+    yield running
+    await running.pipeline.stop()
+
+
+def computed_topic(name: str, partitions: int, replication_factor: int, **spec: object) -> models.Topic:
+    return models.Topic.model_validate(
+        {"name": name, "spec": {"partitions": partitions, "replicationFactor": replication_factor, **spec}}
+    )
+
+
+async def provisioned(cluster: Cluster, name: str) -> models.Topic:
+    async def check() -> None:
+        topic = await cluster.read("topics", name)
+        assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED, topic
+        partitions = await cluster.read_all("partitions")
+        mine = {p.index: p.spec.replicas for p in partitions.values() if p.topic == name}
+        assert mine == topic.status.replica_map
+
+    await cluster.eventually(check)
+    topic = await cluster.read("topics", name)
+    assert isinstance(topic, models.Topic)
+    return topic
+
+
+async def test_topic_is_provisioned_with_the_seed_assignment_and_its_partitions(cluster: Cluster) -> None:
+    for spu_id in range(5):
+        await cluster.add_spu(spu_id)
+    await cluster.eventually(lambda: _all_online(cluster, 5))
+    await cluster.create(computed_topic("orders", 16, 3))
+    topic = await provisioned(cluster, "orders")
+    # The seed's 5-SPU, 16-partition table.
+    assert topic.status.replica_map[5] == [0, 2, 3]
+    assert topic.status.replica_map[9] == [4, 1, 2]
+    assert topic.status.replica_map[15] == [0, 1, 2]
+    partition = await cluster.read("partitions", "orders-9")
+    assert isinstance(partition, models.Partition)
+    assert (partition.spec.leader, partition.spec.replicas) == (4, [4, 1, 2])
+    assert partition.status.resolution is models.PartitionResolution.OFFLINE
+    chain = await cluster.kv_store.get(topic_controller.CHAIN_KEY)
+    assert chain is not None and json.loads(chain.value) == {"nextStartIndex": 16}
+
+
+async def _all_online(cluster: Cluster, count: int) -> None:
+    spus = await cluster.read_all("spus")
+    assert len(spus) == count
+    assert all(spu.status.resolution is models.SpuResolution.ONLINE for spu in spus.values()), spus
+
+
+async def test_start_index_chains_across_topics(cluster: Cluster) -> None:
+    for spu_id in range(5):
+        await cluster.add_spu(spu_id)
+    await cluster.eventually(lambda: _all_online(cluster, 5))
+    await cluster.create(computed_topic("first", 9, 3))
+    await provisioned(cluster, "first")
+    await cluster.create(computed_topic("second", 2, 3))
+    second = await provisioned(cluster, "second")
+    # The seed's chaining example: a run that starts at index 9 gives partition 0 = [4, 1, 2].
+    assert second.status.replica_map[0] == [4, 1, 2]
+
+
+async def test_insufficient_spus_then_an_spu_comes_online(cluster: Cluster) -> None:
+    await cluster.add_spu(0)
+    await cluster.add_spu(1)
+    await cluster.create(computed_topic("events", 2, 3))
+
+    async def insufficient() -> None:
+        topic = await cluster.read("topics", "events")
+        assert topic is not None and topic.status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES
+        assert "1 more" in topic.status.reason, topic.status.reason
+
+    await cluster.eventually(insufficient)
+    assert await cluster.read_all("partitions") == {}
+    await cluster.add_spu(2, online=False)
+    await asyncio.sleep(0.2)
+    assert (await cluster.read("topics", "events")).status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES  # type: ignore[union-attr]
+    cluster.set_online(2)
+    topic = await provisioned(cluster, "events")
+    assert topic.status.replica_map == {0: [0, 1, 2], 1: [1, 2, 0]}
+
+
+async def test_invalid_manual_assignment_and_valid_manual_topic(cluster: Cluster) -> None:
+    for spu_id in range(3):
+        await cluster.add_spu(spu_id)
+    await cluster.create(
+        models.Topic.model_validate(
+            {"name": "bad", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}, {"id": 2, "replicas": [1, 2]}]}}
+        )
+    )
+    await cluster.create(
+        models.Topic.model_validate(
+            {"name": "manual", "spec": {"replicaAssignment": [{"id": 0, "replicas": [2, 0]}, {"id": 1, "replicas": [1, 2]}]}}
+        )
+    )
+
+    async def invalid() -> None:
+        topic = await cluster.read("topics", "bad")
+        assert topic is not None and topic.status.resolution is models.TopicResolution.INVALID_CONFIG
+        assert "2" in topic.status.reason
+
+    await cluster.eventually(invalid)
+    manual = await provisioned(cluster, "manual")
+    assert manual.status.replica_map == {0: [2, 0], 1: [1, 2]}
+
+
+async def test_add_partitions_keeps_existing_ones(cluster: Cluster) -> None:
+    for spu_id in range(4):
+        await cluster.add_spu(spu_id)
+    await cluster.eventually(lambda: _all_online(cluster, 4))
+    await cluster.create(computed_topic("grow", 3, 2))
+    before = await provisioned(cluster, "grow")
+    stored = await cluster.kv_store.get("topics/grow")
+    assert stored is not None
+    grown = before.model_copy(update={"spec": before.spec.model_copy(update={"partitions": 6})})
+    await cluster.kv_store.update("topics/grow", models.encode(grown), stored.mod_revision)
+
+    async def six() -> None:
+        topic = await cluster.read("topics", "grow")
+        assert topic is not None and len(topic.status.replica_map) == 6
+
+    await cluster.eventually(six)
+    after = await provisioned(cluster, "grow")
+    assert {index: after.status.replica_map[index] for index in range(3)} == before.status.replica_map
+
+
+async def test_deleting_a_topic_deletes_its_partitions(cluster: Cluster) -> None:
+    for spu_id in range(3):
+        await cluster.add_spu(spu_id)
+    await cluster.eventually(lambda: _all_online(cluster, 3))
+    await cluster.create(computed_topic("doomed", 4, 2))
+    await cluster.create(computed_topic("kept", 2, 2))
+    await provisioned(cluster, "doomed")
+    await provisioned(cluster, "kept")
+    await cluster.kv_store.delete("topics/doomed")
+
+    async def gone() -> None:
+        names = sorted(await cluster.read_all("partitions"))
+        assert names == ["kept-0", "kept-1"]
+
+    await cluster.eventually(gone)
+
+
+async def test_spu_group_reserves_creates_scales_and_deletes(cluster: Cluster) -> None:
+    await cluster.add_spu(12, online=False)  # collides with the group's range 11..13
+    group = models.SpuGroup.model_validate({"name": "main", "spec": {"replicas": 3, "minId": 11, "rack": "zone-a"}})
+    await cluster.create(group)
+
+    async def invalid() -> None:
+        stored = await cluster.read("spu-groups", "main")
+        assert stored is not None and stored.status.resolution is models.SpuGroupResolution.INVALID
+        assert stored.status.reason == "id range 11..13 collides: SPU id 12 is already used by SPU spu-12"
+
+    await cluster.eventually(invalid)
+    assert sorted(await cluster.read_all("spus")) == ["spu-12"]
+
+    stored = await cluster.kv_store.get("spu-groups/main")
+    moved = group.model_copy(update={"spec": group.spec.model_copy(update={"min_id": 20})})
+    await cluster.kv_store.update("spu-groups/main", models.encode(moved), stored.mod_revision)  # type: ignore[union-attr]
+
+    async def reserved() -> None:
+        spus = await cluster.read_all("spus")
+        assert sorted(spus) == ["main-0", "main-1", "main-2", "spu-12"]
+        assert [spus[f"main-{i}"].spec.id for i in range(3)] == [20, 21, 22]
+        assert all(spus[f"main-{i}"].spec.rack == "zone-a" for i in range(3))
+        assert all(spus[f"main-{i}"].spec.spu_type is models.SpuType.MANAGED for i in range(3))
+        assert (await cluster.read("spu-groups", "main")).status.resolution is models.SpuGroupResolution.RESERVED  # type: ignore[union-attr]
+
+    await cluster.eventually(reserved)
+
+    async def scale(replicas: int, expected: list[str]) -> None:
+        current = await cluster.kv_store.get("spu-groups/main")
+        obj = models.decode("spu-groups", current.value)  # type: ignore[union-attr]
+        await cluster.kv_store.update(
+            "spu-groups/main",
+            models.encode(obj.model_copy(update={"spec": obj.spec.model_copy(update={"replicas": replicas})})),  # type: ignore[attr-defined]
+            current.mod_revision,  # type: ignore[union-attr]
+        )
+
+        async def check() -> None:
+            assert sorted(await cluster.read_all("spus")) == expected
+
+        await cluster.eventually(check)
+
+    await scale(5, ["main-0", "main-1", "main-2", "main-3", "main-4", "spu-12"])
+    await scale(2, ["main-0", "main-1", "spu-12"])
+    await cluster.kv_store.delete("spu-groups/main")
+
+    async def deleted() -> None:
+        assert sorted(await cluster.read_all("spus")) == ["spu-12"]
+
+    await cluster.eventually(deleted)
+
+
+async def test_spu_resolution_follows_health(cluster: Cluster) -> None:
+    await cluster.add_spu(7, online=False)
+    await asyncio.sleep(0.1)
+    assert (await cluster.read("spus", "spu-7")).status.resolution is models.SpuResolution.INIT  # type: ignore[union-attr]
+    cluster.set_online(7)
+
+    async def online() -> None:
+        assert (await cluster.read("spus", "spu-7")).status.resolution is models.SpuResolution.ONLINE  # type: ignore[union-attr]
+
+    await cluster.eventually(online)
+    cluster.set_online(7, online=False)
+
+    async def offline() -> None:
+        assert (await cluster.read("spus", "spu-7")).status.resolution is models.SpuResolution.OFFLINE  # type: ignore[union-attr]
+
+    await cluster.eventually(offline)
+
+
+async def test_crash_between_status_and_partitions_converges(kv_store: kv.KVStore) -> None:
+    """A topic left Provisioned with missing partitions, plus an orphan: a restart fixes both."""
+    for spu_id in range(3):
+        spu = models.Spu(
+            name=f"spu-{spu_id}",
+            spec=models.SpuSpec(
+                id=spu_id,
+                public_endpoint=models.Endpoint(host="127.0.0.1", port=9005),
+                private_endpoint=models.Endpoint(host="127.0.0.1", port=9006),
+            ),
+            status=models.SpuStatus(resolution=models.SpuResolution.ONLINE),
+        )
+        await kv_store.create(spu.key, models.encode(spu))
+    half_done = models.Topic.model_validate(
+        {
+            "name": "half",
+            "spec": {"partitions": 3, "replicationFactor": 2},
+            "status": {"resolution": "Provisioned", "replicaMap": {"0": [0, 1], "1": [1, 2], "2": [2, 0]}},
+        }
+    )
+    await kv_store.create(half_done.key, models.encode(half_done))
+    first = models.Partition(name="half-0", spec=models.PartitionSpec(leader=0, replicas=[0, 1]))
+    orphan = models.Partition(name="gone-0", spec=models.PartitionSpec(leader=0, replicas=[0, 1]))
+    for partition in (first, orphan):
+        await kv_store.create(partition.key, models.encode(partition))
+
+    restarted = Cluster(kv_store)
+    await restarted.pipeline.start(sync_timeout=10)
+    try:
+        await provisioned(restarted, "half")
+
+        async def no_orphan() -> None:
+            assert sorted(await restarted.read_all("partitions")) == ["half-0", "half-1", "half-2"]
+
+        await restarted.eventually(no_orphan)
+        kept = await kv_store.get("partitions/half-0")
+        assert kept is not None and kept.create_revision < kept.mod_revision + 1  # untouched original
+    finally:
+        await restarted.pipeline.stop()
+
+
+async def test_idle_restart_writes_nothing(kv_store: kv.KVStore) -> None:
+    first = Cluster(kv_store)
+    await first.pipeline.start(sync_timeout=10)
+    for spu_id in range(3):
+        await first.add_spu(spu_id)
+    await first.eventually(lambda: _all_online(first, 3))
+    await first.create(computed_topic("steady", 4, 2))
+    await provisioned(first, "steady")
+    await first.pipeline.stop()
+
+    before = await kv_store.revision()
+    second = Cluster(kv_store)
+    for spu_id in range(3):
+        second.set_online(spu_id)  # they reconnect at once
+    await second.pipeline.start(sync_timeout=10)
+    await asyncio.sleep(0.5)
+    await second.pipeline.stop()
+    assert await kv_store.revision() == before
