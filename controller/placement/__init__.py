@@ -1,1 +1,48 @@
-"""Replica placement: every strategy of the seeds, purely computational, no I/O."""
+"""Replica placement: every strategy of the seeds, purely computational, no I/O.
+
+Callers import the package and use the names below (`placement.compute(request)`); the
+strategies live one per module (computed, kafka, least_loaded, multilevel, policies,
+manual, plugins) behind `engine.compute`. Only `cli` reads or writes anything.
+"""
+
+from controller.placement.balance import balance
+from controller.placement.codec import error_to_json, request_from_json, result_to_json
+from controller.placement.engine import compute
+from controller.placement.manual import validate_manual
+from controller.placement.model import (
+    STRATEGIES,
+    ExistingPartition,
+    InsufficientResources,
+    InvalidConfig,
+    ManualPartition,
+    PlacementError,
+    PlacementRequest,
+    PlacementResult,
+    SpuInfo,
+)
+from controller.placement.plugins import ClusterView, PlacementSpec, ReplicaPlacer
+from controller.placement.policies import Policies, compact_policies, parse_policies
+
+__all__ = [
+    "STRATEGIES",
+    "ClusterView",
+    "ExistingPartition",
+    "InsufficientResources",
+    "InvalidConfig",
+    "ManualPartition",
+    "PlacementError",
+    "PlacementRequest",
+    "PlacementResult",
+    "PlacementSpec",
+    "Policies",
+    "ReplicaPlacer",
+    "SpuInfo",
+    "balance",
+    "compact_policies",
+    "compute",
+    "error_to_json",
+    "parse_policies",
+    "request_from_json",
+    "result_to_json",
+    "validate_manual",
+]

@@ -1,0 +1,83 @@
+"""Computed replica assignment (Fluvio's CRA): round robin with gaps, and its 3-stage rack-aware form.
+
+Purely computational, no I/O. Racks written as paths are handed to the multi-level strategy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controller.placement import cluster, model, multilevel, rings
+
+
+def place(run: model.Run) -> list[list[int]]:
+    """The default strategy: rack-aware when every eligible SPU has a rack, else round robin with gaps."""
+    layout = cluster.rack_layout(run.spus, ignore_racks=run.request.ignore_rack_assignment)
+    if layout == "paths":
+        return multilevel.place(run)
+    if layout == "flat":
+        return _from_sequence(rack_sequence(run.spus), run)
+    return round_robin(run.ids, run.count, run.replication_factor, run.start_index)
+
+
+def round_robin(ids: Sequence[int], count: int, replication_factor: int, start_index: int) -> list[list[int]]:
+    """The seed's table: replica r of the partition at index i = s + p is ids[(i + r + gap) % n].
+
+    The leader has no gap; followers shift by `gap = (i // n) % (n - RF + 1)`, so each pass over
+    the SPUs pairs every leader with a different set of followers. The gap is constant over a
+    block of n consecutive indexes, which are cut out of the SPU ring as slices.
+    """
+    n = len(ids)
+    gap_max = n - replication_factor + 1
+    ring = rings.ring(ids)
+    replica_map: list[list[int]] = []
+    index, end = start_index, start_index + count
+    while index < end:
+        block_end = min(end, (index // n + 1) * n)
+        gap = (index // n) % gap_max
+        offsets = [0, *(replica + gap for replica in range(1, replication_factor))]
+        replica_map.extend(rings.block(ring, index % n, block_end - index, offsets))
+        index = block_end
+    return replica_map
+
+
+def rack_sequence(spus: Sequence[model.SpuInfo]) -> list[int]:
+    """Stages 1 and 2 of the rack-aware CRA: the rack matrix read diagonally.
+
+    Stage 1 groups SPUs by rack (ids sorted), racks by size descending then name. Stage 2 walks
+    the matrix: row advances by one each step, column by one each full pass over the rows,
+    short racks wrapping around; SPUs already taken are skipped and any the walk missed are
+    appended in matrix order so every SPU appears exactly once.
+    """
+    by_rack: dict[str, list[int]] = {}
+    for spu in sorted(spus, key=lambda spu: spu.id):
+        by_rack.setdefault(spu.rack or "", []).append(spu.id)
+    matrix = [by_rack[rack] for rack in sorted(by_rack, key=lambda rack: (-len(by_rack[rack]), rack))]
+    rows, cols = len(matrix), len(matrix[0])
+    taken: set[int] = set()
+    sequence: list[int] = []
+    row = col = 0
+    for step in range(rows * cols):
+        rack = matrix[row]
+        spu_id = rack[col % len(rack)]
+        if spu_id not in taken:
+            taken.add(spu_id)
+            sequence.append(spu_id)
+        row = (row + 1) % rows
+        col = ((step + 1) // rows + row) % cols
+    sequence.extend(spu_id for rack in matrix for spu_id in rack if spu_id not in taken)
+    return sequence
+
+
+def _from_sequence(sequence: list[int], run: model.Run) -> list[list[int]]:
+    """Stage 3: replica r of the partition at index i = s + p is sequence[(i + r) % n]."""
+    n = len(sequence)
+    ring = rings.ring(sequence)
+    offsets = list(range(run.replication_factor))
+    replica_map: list[list[int]] = []
+    index, end = run.start_index, run.start_index + run.count
+    while index < end:
+        block_end = min(end, (index // n + 1) * n)
+        replica_map.extend(rings.block(ring, index % n, block_end - index, offsets))
+        index = block_end
+    return replica_map

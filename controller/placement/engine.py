@@ -1,0 +1,129 @@
+"""The one entry point: check a placement request, keep current partitions, run the chosen strategy.
+
+Purely computational, no I/O (a plug-in named in the request is imported, nothing else).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from controller.placement import cluster, computed, kafka, least_loaded, manual, model, multilevel, plugins, policies
+
+_STRATEGIES: dict[str, Callable[[model.Run], list[list[int]]]] = {
+    "computed": computed.place,
+    "kafka": kafka.place,
+    "least-loaded": least_loaded.place,
+    "multi-level": multilevel.place,
+    "policies": policies.place,
+}
+
+
+def compute(request: model.PlacementRequest) -> model.PlacementResult:
+    """Place the partitions the request asks for, or raise InsufficientResources / InvalidConfig.
+
+    Partitions in `current_replica_map` keep their replicas; the others are placed as one run
+    starting at `start_index`, and `next_start_index` is `start_index` plus the number of
+    partitions placed (a manual assignment places none). A plug-in, when named, is asked
+    first; if it returns None the strategy runs.
+    """
+    _check_spus(request)
+    strategy, plugin = _strategy_and_plugin(request)
+    if strategy == "manual":
+        return manual.place(request)
+    _check_counts(request)
+    current = request.current_replica_map
+    _check_current(request)
+    count = request.partitions - len(current)
+    replica_map = [list(row) for row in current]
+    if count == 0:
+        return model.PlacementResult(replica_map=replica_map, next_start_index=request.start_index)
+    cluster.require_replicas(request.spus, request.replication_factor)
+    run = model.Run(
+        spus=cluster.eligible_spus(request.spus),
+        count=count,
+        first_partition=len(current),
+        replication_factor=request.replication_factor,
+        start_index=request.start_index,
+        request=request,
+    )
+    placed = plugins.place(plugin, run) if plugin else None
+    if placed is None:
+        placed = _STRATEGIES[strategy](run)
+    replica_map.extend(placed)
+    return model.PlacementResult(replica_map=replica_map, next_start_index=request.start_index + count)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_spus(request: model.PlacementRequest) -> None:
+    seen: set[int] = set()
+    for spu in request.spus:
+        if not isinstance(spu, model.SpuInfo):
+            raise model.InvalidConfig(f"spus must be SpuInfo values, got {spu!r}")
+        if not _is_int(spu.id) or spu.id < 0:
+            raise model.InvalidConfig(f"SPU id {spu.id!r} is not a non-negative integer")
+        if spu.id in seen:
+            raise model.InvalidConfig(f"SPU id {spu.id} appears more than once in spus")
+        seen.add(spu.id)
+        if spu.rack is not None and (not isinstance(spu.rack, str) or not spu.rack.strip()):
+            raise model.InvalidConfig(f"rack {spu.rack!r} of SPU {spu.id} must be a non-empty string or null")
+        if not isinstance(spu.online, bool):
+            raise model.InvalidConfig(f"online of SPU {spu.id} must be true or false, not {spu.online!r}")
+
+
+def _strategy_and_plugin(request: model.PlacementRequest) -> tuple[str, str | None]:
+    strategy, plugin = request.strategy, request.plugin
+    if not isinstance(strategy, str):
+        raise model.InvalidConfig(f"strategy must be a string, not {strategy!r}")
+    if ":" in strategy:
+        if plugin is not None and plugin != strategy:
+            raise model.InvalidConfig(f"strategy {strategy!r} and plugin {plugin!r} name two different plug-ins")
+        strategy, plugin = "computed", strategy
+    elif strategy not in model.STRATEGIES:
+        raise model.InvalidConfig(
+            f"unknown placement strategy {strategy!r}: use one of {', '.join(model.STRATEGIES)} or a plug-in module:Class"
+        )
+    if request.policies is not None and strategy != "policies":
+        raise model.InvalidConfig(
+            f"placement policies {request.policies!r} only apply to strategy policies, not {strategy}"
+        )
+    if request.replica_assignment is not None and strategy != "manual":
+        raise model.InvalidConfig(f"a replica assignment needs strategy manual, not {strategy}")
+    if plugin is not None and strategy == "manual":
+        raise model.InvalidConfig("a manual replica assignment cannot be handed to a placement plug-in")
+    return strategy, plugin
+
+
+def _check_counts(request: model.PlacementRequest) -> None:
+    for name, value, lowest in (
+        ("partitions", request.partitions, 1),
+        ("replication factor", request.replication_factor, 1),
+        ("start index", request.start_index, 0),
+    ):
+        if not _is_int(value) or value < lowest:
+            raise model.InvalidConfig(f"{name} must be an integer of at least {lowest}, got {value!r}")
+    for entry in request.existing:
+        if len(entry) != 3 or not _is_int(entry[1]) or not all(_is_int(spu_id) for spu_id in entry[2]):
+            raise model.InvalidConfig(f"existing partition {entry!r} is not (topic, partition, [spu ids])")
+
+
+def _check_current(request: model.PlacementRequest) -> None:
+    current = request.current_replica_map
+    if len(current) > request.partitions:
+        raise model.InvalidConfig(
+            f"the topic already has {len(current)} partitions, more than the {request.partitions} asked for: "
+            "partitions can be added, not removed"
+        )
+    for partition, row in enumerate(current):
+        if not all(_is_int(spu_id) and spu_id >= 0 for spu_id in row):
+            raise model.InvalidConfig(f"current partition {partition} has replicas {list(row)!r}, not SPU ids")
+        if len(set(row)) != len(row):
+            raise model.InvalidConfig(f"current partition {partition} repeats an SPU: {list(row)}")
+        if len(row) != request.replication_factor:
+            raise model.InvalidConfig(
+                f"current partition {partition} has {len(row)} replicas but the replication factor is "
+                f"{request.replication_factor}: existing partitions keep their replicas, so the replication "
+                "factor cannot change here"
+            )

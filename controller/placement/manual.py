@@ -1,0 +1,122 @@
+"""Manual replica assignment: every rule of the seed's replica assignment file, checked at once.
+
+Purely computational, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from controller.placement import model
+
+_SHOWN_PROBLEMS = 10
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _entry(entry: object) -> tuple[object, object]:
+    if isinstance(entry, Mapping):
+        return entry.get("id"), entry.get("replicas")
+    if isinstance(entry, tuple | list) and len(entry) == 2:
+        return entry[0], entry[1]
+    if hasattr(entry, "id") and hasattr(entry, "replicas"):
+        return entry.id, entry.replicas
+    return None, None
+
+
+def validate_manual(replica_assignment: Iterable[object], registered_spu_ids: Iterable[int]) -> list[list[int]]:
+    """Check an assignment (`(id, replicas)` pairs or `{"id", "replicas"}` objects); return the replica map.
+
+    Rules: at least one partition; ids are non-negative integers that start at 0 and run in
+    sequence without gaps or repeats (in any order); each partition has at least one replica,
+    all the same number, unique, non-negative integer SPU ids, every one registered. All
+    problems are reported together in one InvalidConfig, each naming the partition and value.
+    """
+    entries = [_entry(entry) for entry in replica_assignment]
+    registered = set(registered_spu_ids)
+    problems: list[str] = []
+    if not entries:
+        raise model.InvalidConfig("replica assignment is empty: it needs at least one partition")
+    by_id: dict[int, list[int]] = {}
+    for position, (partition_id, replicas) in enumerate(entries):
+        if not _is_index(partition_id):
+            problems.append(f"entry {position}: partition id {partition_id!r} is not a non-negative integer")
+            continue
+        assert isinstance(partition_id, int)
+        if partition_id in by_id:
+            problems.append(f"partition {partition_id}: the id appears more than once")
+            continue
+        by_id[partition_id] = _replicas(partition_id, replicas, registered, problems)
+    expected = set(range(len(entries)))
+    missing = sorted(expected - set(by_id))
+    if missing and by_id:
+        problems.append(
+            f"partition ids must start at 0 and run in sequence without gaps: "
+            f"{model.format_ids(missing)} {'are' if len(missing) > 1 else 'is'} missing "
+            f"(ids given: {model.format_ids(sorted(by_id))})"
+        )
+    sizes = {partition_id: len(replicas) for partition_id, replicas in by_id.items() if replicas}
+    if sizes:
+        reference = min(sizes)
+        for partition_id in sorted(sizes):
+            if sizes[partition_id] != sizes[reference]:
+                problems.append(
+                    f"partition {partition_id} has {sizes[partition_id]} replicas but partition {reference} has "
+                    f"{sizes[reference]}: every partition needs the same number of replicas"
+                )
+    if problems:
+        shown = "; ".join(problems[:_SHOWN_PROBLEMS])
+        more = f"; and {len(problems) - _SHOWN_PROBLEMS} more" if len(problems) > _SHOWN_PROBLEMS else ""
+        raise model.InvalidConfig(f"invalid replica assignment: {shown}{more}", problems=problems)
+    return [by_id[partition_id] for partition_id in range(len(entries))]
+
+
+def _replicas(partition_id: int, replicas: object, registered: set[int], problems: list[str]) -> list[int]:
+    if not isinstance(replicas, Sequence) or isinstance(replicas, str | bytes):
+        problems.append(f"partition {partition_id}: replicas {replicas!r} is not a list of SPU ids")
+        return []
+    if not replicas:
+        problems.append(f"partition {partition_id}: replicas is empty, it needs at least one SPU")
+        return []
+    valid: list[int] = []
+    for spu_id in replicas:
+        if not _is_index(spu_id):
+            problems.append(f"partition {partition_id}: replica {spu_id!r} is not a non-negative integer SPU id")
+            continue
+        assert isinstance(spu_id, int)
+        if spu_id in valid:
+            problems.append(f"partition {partition_id}: SPU {spu_id} is listed more than once")
+            continue
+        if spu_id not in registered:
+            problems.append(
+                f"partition {partition_id}: SPU {spu_id} is not registered "
+                f"(registered: {model.format_ids(sorted(registered)) or 'none'})"
+            )
+        valid.append(spu_id)
+    return list(replicas) if len(valid) == len(replicas) else valid
+
+
+def place(request: model.PlacementRequest) -> model.PlacementResult:
+    """The replica map a valid assignment defines; the start index is not consumed."""
+    if request.replica_assignment is None:
+        raise model.InvalidConfig("strategy manual needs a replicaAssignment")
+    if request.current_replica_map:
+        raise model.InvalidConfig(
+            "a manual replica assignment defines every partition: it cannot be combined with currentReplicaMap"
+        )
+    registered = request.registered_spu_ids
+    if registered is None:
+        registered = tuple(spu.id for spu in request.spus)
+    replica_map = validate_manual(request.replica_assignment, registered)
+    if request.partitions and request.partitions != len(replica_map):
+        raise model.InvalidConfig(
+            f"partitions is {request.partitions} but the replica assignment defines {len(replica_map)}"
+        )
+    if request.replication_factor and request.replication_factor != len(replica_map[0]):
+        raise model.InvalidConfig(
+            f"replication factor is {request.replication_factor} but the replica assignment gives "
+            f"{len(replica_map[0])} replicas per partition"
+        )
+    return model.PlacementResult(replica_map=replica_map, next_start_index=request.start_index)
