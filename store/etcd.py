@@ -1,0 +1,554 @@
+"""The etcd v3 backend of the KV store: the only module in the project that talks to etcd (etcd3aio, grpc).
+
+It owns the gRPC channel, retries within a request deadline, compare-and-swap transactions and
+watches that resume after etcd restarts. No grpc or etcd3aio exception ever leaves this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+from etcd3aio import _protobuf as etcdpb  # the generated etcd v3 messages and stubs
+from etcd3aio.kv import prefix_range_end
+
+from store import kv
+
+_log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_EtcdKeyValue = Any  # mvccpb.KeyValue: generated without type stubs
+
+DEFAULT_REQUEST_TIMEOUT = 5.0
+
+# Retries inside one request deadline: short, because the whole budget is request_timeout.
+_RETRY_BACKOFF_INITIAL = 0.05
+_RETRY_BACKOFF_MAX = 0.5
+# Watch reconnects: a watch never gives up on its own, it only slows down.
+_WATCH_BACKOFF_INITIAL = 0.1
+_WATCH_BACKOFF_MAX = 2.0
+
+# Codes worth retrying within the deadline. RESOURCE_EXHAUSTED is etcd's "too many requests"
+# (and "database space exceeded", which retrying does not fix, so it ends as Unavailable).
+_RETRYABLE_CODES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+)
+# Codes after which a write may or may not have been applied: the request may have reached etcd.
+_MAYBE_APPLIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+_EVENT_DELETE = 1  # mvccpb.Event.EventType.DELETE (PUT is 0)
+
+_CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
+    ("grpc.lb_policy_name", "round_robin"),
+    # Come back within about a second after etcd restarts; gRPC's default backoff grows to 120 s.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    # A list of many objects or a watch catching up (up to 1000 revisions per message) can
+    # exceed gRPC's 4 MiB default; a rejected message would make a watch reconnect forever.
+    ("grpc.max_receive_message_length", -1),
+    # Detect a dead etcd behind a silent network within ~15 s. No pings without calls: etcd
+    # (grpc-go) answers those with GOAWAY "too_many_pings" and drops the connection.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+]
+
+
+def grpc_target(endpoints: Sequence[str]) -> str:
+    """The gRPC target for etcd client endpoints given as ``host:port`` (``http://`` is accepted).
+
+    IP addresses become a static list balanced round robin; one DNS name is resolved by gRPC (all
+    its addresses are used). Several DNS names cannot be expressed as one gRPC target.
+    """
+    if not endpoints:
+        raise ValueError("no etcd endpoints given: pass at least one host:port, e.g. 127.0.0.1:2379")
+    addresses: list[tuple[str, str]] = []
+    for endpoint in endpoints:
+        address = endpoint.strip()
+        if address.startswith("https://"):
+            raise ValueError(f"etcd endpoint {endpoint!r}: TLS is not supported yet; use http://")
+        address = address.removeprefix("http://").rstrip("/")
+        host, separator, port = address.rpartition(":")
+        if not separator or not host or not port.isdigit():
+            raise ValueError(f"etcd endpoint {endpoint!r} is not host:port (e.g. 127.0.0.1:2379)")
+        host = host.removeprefix("[").removesuffix("]")
+        addresses.append(("127.0.0.1" if host == "localhost" else host, port))
+    try:
+        versions = {ipaddress.ip_address(host).version for host, _ in addresses}
+    except ValueError:
+        if len(addresses) == 1:
+            host, port = addresses[0]
+            return f"dns:///{host}:{port}"
+        raise ValueError(
+            f"etcd endpoints {list(endpoints)!r}: several endpoints must be IP addresses; "
+            "for DNS, give one name that resolves to every member"
+        ) from None
+    if versions == {4}:
+        return "ipv4:" + ",".join(f"{host}:{port}" for host, port in addresses)
+    if versions == {6}:
+        return "ipv6:" + ",".join(f"[{host}]:{port}" for host, port in addresses)
+    raise ValueError(f"etcd endpoints {list(endpoints)!r}: do not mix IPv4 and IPv6 addresses")
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """What the retry loop tells each attempt: its time budget, and whether an earlier attempt of
+    this write failed in a way that may have applied it (a connection error or a timeout)."""
+
+    timeout: float
+    maybe_applied: bool
+
+
+class EtcdStore(kv.KVStore):
+    """The KV contract on a real etcd v3 cluster. Create it with :meth:`open`.
+
+    Every request is bounded by ``request_timeout`` (retries included): when etcd cannot be
+    reached it raises :class:`kv.Unavailable` naming the endpoints and the cause. etcd3aio supplies
+    the generated stubs; its retrying wrappers are not used, because a retry they hide is exactly
+    what makes a "failed" compare-and-swap ambiguous (see :meth:`txn`).
+    """
+
+    def __init__(
+        self, channel: grpc.aio.Channel, endpoints: Sequence[str], prefix: str, request_timeout: float
+    ) -> None:
+        if not prefix:
+            raise ValueError("the key prefix must not be empty (the default is /sc/)")
+        if request_timeout <= 0:
+            raise ValueError(f"request_timeout must be positive, got {request_timeout}")
+        self.prefix = prefix
+        self.endpoints = list(endpoints)
+        self.request_timeout = request_timeout
+        self._prefix_bytes = prefix.encode()
+        self._prefix_length = len(self._prefix_bytes)
+        self._channel = channel
+        self._kv = etcdpb.KVStub(channel)
+        self._watch = etcdpb.WatchStub(channel)
+        self._watch_calls: set[grpc.aio.StreamStreamCall] = set()
+        self._closed = False
+        self._closed_event = asyncio.Event()
+        # Highest store revision any response has shown: every later write commits above it.
+        self._revision_seen = 0
+
+    @classmethod
+    async def open(
+        cls,
+        endpoints: Sequence[str],
+        prefix: str = kv.DEFAULT_PREFIX,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+    ) -> EtcdStore:
+        """Connect to etcd and check that it answers (raises Unavailable if it does not)."""
+        channel = grpc.aio.insecure_channel(grpc_target(endpoints), options=_CHANNEL_OPTIONS)
+        try:
+            store = cls(channel, endpoints, prefix, request_timeout)
+            await store.revision()
+        except BaseException:
+            await channel.close()
+            raise
+        return store
+
+    async def __aenter__(self) -> EtcdStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, key: str) -> kv.KeyValue | None:
+        request = etcdpb.RangeRequest(key=self._full_key(key))
+        response = await self._request("get", lambda attempt: self._kv.Range(request, timeout=attempt.timeout))
+        return self._key_value(response.kvs[0]) if response.kvs else None
+
+    async def list(self, prefix: str) -> kv.ListResult:
+        start = self._full_key(prefix)
+        request = etcdpb.RangeRequest(key=start, range_end=prefix_range_end(start))
+        response = await self._request("list", lambda attempt: self._kv.Range(request, timeout=attempt.timeout))
+        return kv.ListResult(items=[self._key_value(item) for item in response.kvs], revision=response.header.revision)
+
+    async def revision(self) -> int:
+        # A point read of one key: the cheapest linearizable request that returns the revision.
+        request = etcdpb.RangeRequest(key=self._prefix_bytes, keys_only=True)
+        response = await self._request("revision", lambda attempt: self._kv.Range(request, timeout=attempt.timeout))
+        return response.header.revision
+
+    # ------------------------------------------------------------------ writes
+
+    async def create(self, key: str, value: bytes) -> int:
+        try:
+            return await self.txn([kv.Compare(key, 0)], [kv.Put(key, value)])
+        except kv.Conflict as conflict:
+            raise kv.AlreadyExists(key, conflict.actual) from None
+
+    async def update(self, key: str, value: bytes, mod_revision: int) -> int:
+        if mod_revision == 0:
+            # "Expect absent" would turn the update into a create: report what is there instead.
+            current = await self.get(key)
+            if current is None:
+                raise kv.NotFound(key)
+            raise kv.Conflict(key, 0, current.mod_revision)
+        try:
+            return await self.txn([kv.Compare(key, mod_revision)], [kv.Put(key, value)])
+        except kv.Conflict as conflict:
+            if conflict.actual == 0:
+                raise kv.NotFound(key) from None
+            raise
+
+    async def delete(self, key: str, mod_revision: int | None = None) -> int:
+        if mod_revision is not None:
+            try:
+                return await self.txn([kv.Compare(key, mod_revision)], [kv.Delete(key)])
+            except kv.Conflict as conflict:
+                if conflict.actual == 0:
+                    raise kv.NotFound(key) from None
+                raise
+        request = etcdpb.DeleteRangeRequest(key=self._full_key(key))
+        maybe_applied = False
+
+        async def send(attempt: _Attempt) -> etcdpb.DeleteRangeResponse:
+            nonlocal maybe_applied
+            maybe_applied = attempt.maybe_applied
+            return await self._kv.DeleteRange(request, timeout=attempt.timeout)
+
+        response = await self._request("delete", send, write=True)
+        # After an attempt that may have been applied, "nothing to delete" may mean that attempt
+        # deleted the key: it is gone either way, which is what the caller asked for.
+        if response.deleted == 0 and not maybe_applied:
+            raise kv.NotFound(key)
+        return response.header.revision
+
+    async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
+        """Apply ``operations`` atomically if every compare holds; returns the new revision.
+
+        One etcd transaction compares each key's MOD revision (0 = absent). Its failure branch
+        reads the compared keys at the same revision, so the Conflict names the first compare that
+        failed with the value it actually had, without a second, racy read.
+
+        Ambiguous outcomes: when an attempt fails with a connection error or a timeout, the request
+        may have reached etcd and committed. The retry then reads, in its failure branch, every key
+        the transaction writes, and a failed compare is reported as success when the transaction
+        is visibly committed: every put key holds exactly our value, all at one mod revision that
+        is newer than any compared revision and than any revision seen before we sent it, and
+        every deleted key is absent. The transaction's revision is then that mod revision (for a
+        transaction that only deletes, the revision at which the keys were seen absent). Two limits
+        follow from reading state rather than history: a write identical to ours by someone else
+        counts as ours, and our committed write already overwritten by another writer is reported
+        as a Conflict (true of the current state, which is what the caller reconciles against).
+        If the deadline passes while the outcome is unknown, Unavailable says so.
+        """
+        if len(operations) > kv.MAX_TXN_OPS:
+            raise ValueError(f"a transaction holds at most {kv.MAX_TXN_OPS} operations, got {len(operations)}")
+        written = [operation.key for operation in operations]
+        if len(set(written)) != len(written):
+            raise ValueError("a transaction may not write the same key twice")
+        etcd_compares = [
+            etcdpb.Compare(
+                result=etcdpb.Compare.EQUAL,
+                target=etcdpb.Compare.MOD,
+                key=self._full_key(compare.key),
+                mod_revision=compare.mod_revision,
+            )
+            for compare in compares
+        ]
+        success = [self._request_op(operation) for operation in operations]
+        compared_keys = list(dict.fromkeys(self._full_key(compare.key) for compare in compares))
+        first_request = etcdpb.TxnRequest(
+            compare=etcd_compares,
+            success=success,
+            failure=[self._range_op(key, keys_only=True) for key in compared_keys],
+        )
+        floor = max([self._revision_seen, *(compare.mod_revision for compare in compares)])
+        recheck_keys = list(dict.fromkeys([*compared_keys, *(self._full_key(key) for key in written)]))
+        retry_request: etcdpb.TxnRequest | None = None
+        maybe_applied = False
+
+        async def send(attempt: _Attempt) -> etcdpb.TxnResponse:
+            nonlocal retry_request, maybe_applied
+            maybe_applied = attempt.maybe_applied
+            request = first_request
+            if attempt.maybe_applied and operations and len(recheck_keys) <= kv.MAX_TXN_OPS:
+                if retry_request is None:
+                    retry_request = etcdpb.TxnRequest(
+                        compare=etcd_compares,
+                        success=success,
+                        failure=[self._range_op(key, keys_only=False) for key in recheck_keys],
+                    )
+                request = retry_request
+            return await self._kv.Txn(request, timeout=attempt.timeout)
+
+        response = await self._request("txn", send, write=bool(operations))
+        if response.succeeded:
+            return response.header.revision
+        observed: dict[bytes, _EtcdKeyValue] = {}
+        for response_op in response.responses:
+            for item in response_op.response_range.kvs:
+                observed[item.key] = item
+        if maybe_applied:
+            if len(recheck_keys) > kv.MAX_TXN_OPS:
+                # Too many keys for one failure branch: read them separately (not atomically).
+                observed.update(await self._read_keys(recheck_keys))
+            committed = self._committed_revision(operations, observed, floor, response.header.revision)
+            if committed is not None:
+                _log.info("etcd txn reported a failed compare after a retry, but had committed at %d", committed)
+                return committed
+        for compare in compares:
+            found = observed.get(self._full_key(compare.key))
+            actual = 0 if found is None else found.mod_revision
+            if actual != compare.mod_revision:
+                raise kv.Conflict(compare.key, compare.mod_revision, actual)
+        raise kv.StoreError(f"etcd rejected a transaction on {written!r} but every compare holds")
+
+    def _committed_revision(
+        self,
+        operations: Sequence[kv.Operation],
+        observed: dict[bytes, _EtcdKeyValue],
+        floor: int,
+        read_revision: int,
+    ) -> int | None:
+        """The revision at which ``operations`` are visibly committed, or None (rule: see txn)."""
+        put_revisions = set()
+        for operation in operations:
+            found = observed.get(self._full_key(operation.key))
+            if isinstance(operation, kv.Put):
+                if found is None or found.value != operation.value:
+                    return None
+                put_revisions.add(found.mod_revision)
+            elif found is not None:
+                return None
+        if not put_revisions:
+            return read_revision
+        if len(put_revisions) != 1:
+            return None
+        revision = put_revisions.pop()
+        return revision if revision > floor else None
+
+    async def _read_keys(self, keys: Sequence[bytes]) -> dict[bytes, _EtcdKeyValue]:
+        found = {}
+        for start in range(0, len(keys), kv.MAX_TXN_OPS):
+            request = etcdpb.TxnRequest(success=[self._range_op(key, keys_only=False) for key in keys[start : start + kv.MAX_TXN_OPS]])
+            response = await self._request("txn re-read", lambda attempt: self._kv.Txn(request, timeout=attempt.timeout))
+            for response_op in response.responses:
+                for item in response_op.response_range.kvs:
+                    found[item.key] = item
+        return found
+
+    async def compact(self, revision: int) -> None:
+        request = etcdpb.CompactionRequest(revision=revision)
+        try:
+            await self._request("compact", lambda attempt: self._kv.Compact(request, timeout=attempt.timeout))
+        except _OutOfRange:
+            # etcd says either "already compacted" (harmless) or "future revision" (a caller bug);
+            # tell them apart by the revision rather than by the error text.
+            current = await self.revision()
+            if revision > current:
+                raise ValueError(
+                    f"cannot compact at revision {revision}: the store is only at revision {current}"
+                ) from None
+
+    # ------------------------------------------------------------------ watch
+
+    async def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
+        """Every PUT and DELETE under ``prefix`` from ``from_revision`` on (<= 0: from now), in order.
+
+        Our own loop over the Watch stream rather than etcd3aio's resuming watch: that one resumes
+        from the response header revision + 1, but etcd sets the header of the creation response and
+        of every catch-up batch to the *current* store revision, so a break during a replay would
+        skip events. Here the resume point is the revision of the last event delivered + 1. etcd
+        never splits one revision's events over two responses (we do not ask for fragments), so a
+        whole response is delivered before the next read, and events below the resume point that a
+        reconnect replays are dropped. Progress notifications are not used: etcd 3.5.1 may send one
+        ahead of events not yet delivered (etcd issue 15220), so they cannot advance the resume point.
+        Reconnects back off from 0.1 s to 2 s and never give up; compaction of the resume point
+        raises Compacted; closing the store or the iterator ends the watch and cancels the stream.
+        """
+        self._check_open()
+        start = self._full_key(prefix)
+        range_end = prefix_range_end(start)
+        prefix_length = self._prefix_length
+        next_revision = from_revision
+        backoff = _WATCH_BACKOFF_INITIAL
+        while True:
+            if next_revision <= 0:
+                # "From now" is resolved here rather than by etcd, so that a reconnect resumes
+                # exactly after the revision the watch started at.
+                try:
+                    next_revision = await self.revision() + 1
+                except kv.Unavailable as unavailable:
+                    _log.warning("etcd watch on %r cannot start yet: %s", prefix, unavailable)
+                    if not await self._pause(backoff):
+                        return
+                    backoff = min(backoff * 2, _WATCH_BACKOFF_MAX)
+                    continue
+            call = self._watch.Watch()
+            self._watch_calls.add(call)
+            try:
+                create = etcdpb.WatchCreateRequest(key=start, range_end=range_end, start_revision=next_revision)
+                await call.write(etcdpb.WatchRequest(create_request=create))
+                while True:
+                    response = await call.read()
+                    if response is grpc.aio.EOF:
+                        break  # etcd ended the stream (shutting down): reconnect
+                    if response.compact_revision:
+                        raise kv.Compacted(next_revision, response.compact_revision)
+                    if response.canceled:
+                        raise kv.Unavailable(
+                            f"etcd at {self._endpoints_text()} cancelled the watch on {prefix!r}: "
+                            f"{response.cancel_reason or 'no reason given'}"
+                        )
+                    if response.created:
+                        backoff = _WATCH_BACKOFF_INITIAL
+                        continue
+                    resume_from = next_revision
+                    for event in response.events:
+                        item = event.kv
+                        revision = item.mod_revision
+                        if revision < resume_from:
+                            continue  # delivered before the reconnect
+                        if event.type == _EVENT_DELETE:
+                            yield kv.WatchEvent(kv.EventType.DELETE, item.key[prefix_length:].decode(), None, revision)
+                        else:
+                            yield kv.WatchEvent(kv.EventType.PUT, item.key[prefix_length:].decode(), item.value, revision)
+                        next_revision = revision + 1
+            except grpc.aio.AioRpcError as error:
+                if error.code() not in _RETRYABLE_CODES:
+                    raise self._store_error("watch", error) from None
+                _log.warning(
+                    "etcd watch on %r from revision %d broke (%s); reconnecting in %.1f s",
+                    prefix, next_revision, _describe(error), backoff,
+                )
+            except asyncio.InvalidStateError:
+                # write() on a call that already failed (etcd went away between call and write).
+                _log.warning("etcd watch on %r could not be created; reconnecting in %.1f s", prefix, backoff)
+            except asyncio.CancelledError:
+                if self._closed and _not_cancelled_from_outside():
+                    return
+                raise
+            finally:
+                call.cancel()
+                self._watch_calls.discard(call)
+            if not await self._pause(backoff):
+                return
+            backoff = min(backoff * 2, _WATCH_BACKOFF_MAX)
+
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep unless the store closes meanwhile; False if it is closed."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._closed_event.wait()
+        return not self._closed
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._closed_event.set()
+        for call in list(self._watch_calls):
+            call.cancel()
+        await self._channel.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _request(
+        self, operation: str, send: Callable[[_Attempt], Awaitable[_T]], *, write: bool = False
+    ) -> _T:
+        """Run ``send`` until it answers, retrying transient failures until the request deadline.
+
+        Raises Unavailable at the deadline, the mapped typed error for anything not transient.
+        """
+        self._check_open()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout
+        backoff = _RETRY_BACKOFF_INITIAL
+        attempts = 0
+        maybe_applied = False
+        last_error: grpc.aio.AioRpcError | None = None
+        while True:
+            remaining = deadline - loop.time()
+            attempts += 1
+            try:
+                response = await send(_Attempt(timeout=max(remaining, 0.001), maybe_applied=maybe_applied))
+            except grpc.aio.AioRpcError as error:
+                code = error.code()
+                if code not in _RETRYABLE_CODES:
+                    raise self._store_error(operation, error) from None
+                last_error = error
+                maybe_applied = maybe_applied or (write and code in _MAYBE_APPLIED_CODES)
+            except asyncio.CancelledError:
+                if self._closed and _not_cancelled_from_outside():
+                    raise kv.Unavailable(f"etcd store closed during {operation}") from None
+                raise
+            else:
+                header = getattr(response, "header", None)
+                if header is not None and header.revision > self._revision_seen:
+                    self._revision_seen = header.revision
+                return response
+            delay = min(backoff, deadline - loop.time())
+            if delay <= 0:
+                assert last_error is not None
+                outcome = (
+                    " The write may or may not have been applied: re-read before retrying." if maybe_applied else ""
+                )
+                raise kv.Unavailable(
+                    f"etcd at {self._endpoints_text()} is unavailable: {operation} failed after "
+                    f"{attempts} attempt(s) within {self.request_timeout:g} s: {_describe(last_error)}.{outcome}"
+                ) from None
+            await asyncio.sleep(delay)
+            backoff = min(backoff * 2, _RETRY_BACKOFF_MAX)
+
+    def _store_error(self, operation: str, error: grpc.aio.AioRpcError) -> Exception:
+        code = error.code()
+        if code == grpc.StatusCode.OUT_OF_RANGE:
+            return _OutOfRange(error.details())
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            return ValueError(f"etcd rejected {operation}: {error.details()}")
+        return kv.StoreError(f"etcd at {self._endpoints_text()} failed {operation}: {_describe(error)}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise kv.Unavailable("the etcd store is closed")
+
+    def _endpoints_text(self) -> str:
+        return ", ".join(self.endpoints)
+
+    def _full_key(self, key: str) -> bytes:
+        return self._prefix_bytes + key.encode()
+
+    def _key_value(self, item: _EtcdKeyValue) -> kv.KeyValue:
+        return kv.KeyValue(
+            key=item.key[self._prefix_length :].decode(),
+            value=item.value,
+            mod_revision=item.mod_revision,
+            create_revision=item.create_revision,
+        )
+
+    def _request_op(self, operation: kv.Operation) -> etcdpb.RequestOp:
+        if isinstance(operation, kv.Put):
+            return etcdpb.RequestOp(request_put=etcdpb.PutRequest(key=self._full_key(operation.key), value=operation.value))
+        return etcdpb.RequestOp(request_delete_range=etcdpb.DeleteRangeRequest(key=self._full_key(operation.key)))
+
+    @staticmethod
+    def _range_op(key: bytes, *, keys_only: bool) -> etcdpb.RequestOp:
+        return etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=key, keys_only=keys_only))
+
+
+class _OutOfRange(kv.StoreError):
+    """Internal: etcd answered OUT_OF_RANGE (a compacted or future revision)."""
+
+
+def _describe(error: grpc.aio.AioRpcError) -> str:
+    return f"{error.code().name}: {error.details()}"
+
+
+def _not_cancelled_from_outside() -> bool:
+    """True if the running task is not being cancelled (so a CancelledError came from our close)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() == 0
