@@ -1,0 +1,380 @@
+"""The etcd-only failure contract: etcd killed and restarted, unreachable, or cut off mid-request.
+
+Faults are injected for real: SIGKILL on the embedded etcd, and a TCP proxy that drops a connection
+exactly before a response or a request. Every test leaves the session's etcd running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from store import embedded_etcd, etcd, kv
+from tests.fixtures import tcp_proxy
+from tests.fixtures.etcd import REQUEST_TIMEOUT
+
+pytestmark = pytest.mark.etcd
+
+PUT, DELETE = kv.EventType.PUT, kv.EventType.DELETE
+Event = tuple[kv.EventType, str, bytes | None, int]
+
+
+def as_tuples(events: list[kv.WatchEvent]) -> list[Event]:
+    return [(event.type, event.key, event.value, event.revision) for event in events]
+
+
+async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+@contextlib.asynccontextmanager
+async def store_on(endpoint: str, prefix: str, request_timeout: float = REQUEST_TIMEOUT) -> AsyncIterator[etcd.EtcdStore]:
+    store = await etcd.EtcdStore.open([endpoint], prefix=prefix, request_timeout=request_timeout)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@contextlib.asynccontextmanager
+async def proxied_store(
+    server: embedded_etcd.EmbeddedEtcd, prefix: str
+) -> AsyncIterator[tuple[tcp_proxy.TcpProxy, etcd.EtcdStore]]:
+    """A store that reaches the session's etcd through a fault-injecting proxy."""
+    async with tcp_proxy.TcpProxy(server.host, server.client_port) as proxy:
+        async with store_on(proxy.endpoint, prefix) as store:
+            yield proxy, store
+
+
+@contextlib.contextmanager
+def etcd_down(server: embedded_etcd.EmbeddedEtcd) -> Iterator[None]:
+    """SIGKILL etcd for the duration of the block; it is restarted even if the block fails."""
+    server.kill()
+    try:
+        yield
+    finally:
+        server.start()
+
+
+# ---------------------------------------------------------------------- watch across a restart
+
+
+async def test_watch_resumes_after_etcd_is_killed_and_restarted(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    start = await etcd_store.revision() + 1
+    expected: list[Event] = []
+    for index in range(5):
+        revision = await etcd_store.create(f"topics/before-{index}", b"before")
+        expected.append((PUT, f"topics/before-{index}", b"before", revision))
+    received: list[kv.WatchEvent] = []
+
+    async def consume(total: int) -> None:
+        async with contextlib.aclosing(etcd_store.watch("topics/", start)) as events:
+            async for event in events:
+                received.append(event)
+                if len(received) == total:
+                    return
+
+    consumer = asyncio.ensure_future(consume(total=5 + 4))
+    try:
+        await wait_until(lambda: len(received) == 5)
+        async with store_on(etcd_server.endpoints[0], etcd_store.prefix, request_timeout=0.5) as impatient:
+            with etcd_down(etcd_server):
+                for index in range(2):
+                    with pytest.raises(kv.Unavailable):
+                        await impatient.create(f"topics/during-{index}", b"never written")
+                await asyncio.sleep(0.3)  # the watch tries to reconnect meanwhile, and fails
+        updated = await etcd_store.update("topics/before-0", b"after", expected[0][3])
+        expected.append((PUT, "topics/before-0", b"after", updated))
+        deleted = await etcd_store.delete("topics/before-1")
+        expected.append((DELETE, "topics/before-1", None, deleted))
+        both = await etcd_store.txn([kv.Compare("topics/after", 0)], [kv.Put("topics/after", b"a"), kv.Put("topics/zz", b"z")])
+        expected += [(PUT, "topics/after", b"a", both), (PUT, "topics/zz", b"z", both)]
+        await asyncio.wait_for(consumer, 10)
+    finally:
+        consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+    assert as_tuples(received) == expected
+    assert await etcd_store.get("topics/during-0") is None
+
+
+async def test_watch_killed_during_a_catch_up_replay_loses_and_repeats_nothing(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """etcd replays history in batches of up to 1000 revisions, each with the *current* revision in
+    its header; resuming from that header would skip the rest of the replay."""
+    caplog.set_level(logging.WARNING, logger="store.etcd")
+    start = await etcd_store.revision() + 1
+    value = b"v" * 2048  # 2500 revisions of 2 KiB: more than gRPC buffers ahead of the reader
+    limit = asyncio.Semaphore(64)
+
+    async def create(index: int) -> tuple[int, str]:
+        async with limit:
+            key = f"replay/{index:05d}"
+            return await etcd_store.create(key, value), key
+
+    written = sorted(await asyncio.gather(*(create(index) for index in range(2500))))
+    received: list[kv.WatchEvent] = []
+    async with contextlib.aclosing(etcd_store.watch("replay/", start)) as events:
+        async with asyncio.timeout(30):
+            async for event in events:
+                received.append(event)
+                if len(received) == 10:
+                    etcd_server.kill()
+                    etcd_server.start()
+                if len(received) == len(written):
+                    break
+    assert [(event.revision, event.key) for event in received] == written
+    assert {event.value for event in received} == {value}
+    assert "broke" in caplog.text, "etcd was killed after the whole replay was buffered: test proves nothing"
+
+
+async def test_watch_resume_point_compacted_during_a_disconnection_raises_compacted(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    start = await etcd_store.revision() + 1
+    async with proxied_store(etcd_server, etcd_store.prefix) as (proxy, proxied):
+        async with contextlib.aclosing(proxied.watch("topics/", start)) as events:
+            seen = [await etcd_store.create(f"topics/{index}", b"x") for index in range(3)]
+            assert [(await anext(events)).revision for _ in range(3)] == seen
+            proxy.hold()
+            proxy.sever()
+            await etcd_store.create("topics/missed", b"x")
+            compacted_at = await etcd_store.create("topics/also-missed", b"x")
+            await etcd_store.compact(compacted_at)
+            proxy.release()
+            with pytest.raises(kv.Compacted) as raised:
+                await asyncio.wait_for(anext(events), 10)
+    assert (raised.value.requested, raised.value.revision) == (seen[-1] + 1, compacted_at)
+
+
+async def test_closing_the_store_ends_a_pending_watch_cleanly(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    async with store_on(etcd_server.endpoints[0], "/sc-test/close/") as store:
+        received: list[kv.WatchEvent] = []
+
+        async def consume() -> None:
+            async for event in store.watch("", 0):
+                received.append(event)
+
+        consumer = asyncio.ensure_future(consume())
+        await asyncio.sleep(0.2)  # the watch is established and waiting
+        await store.close()
+        await asyncio.wait_for(consumer, 5)  # ends without an exception
+    assert received == []
+
+
+# ---------------------------------------------------------------------- etcd unreachable
+
+
+async def test_a_request_while_etcd_is_down_raises_unavailable_within_a_bounded_time(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    request_timeout = 1.0
+    async with store_on(etcd_server.endpoints[0], etcd_store.prefix, request_timeout) as store:
+        requests: dict[str, Callable[[], Awaitable[object]]] = {
+            "get": lambda: store.get("topics/a"),
+            "list": lambda: store.list("topics/"),
+            "create": lambda: store.create("topics/a", b"x"),
+            "txn": lambda: store.txn([], [kv.Put("topics/b", b"y")]),
+            "revision": store.revision,
+        }
+        loop = asyncio.get_running_loop()
+        elapsed: dict[str, float] = {}
+        with etcd_down(etcd_server):
+            for name, request in requests.items():
+                began = loop.time()
+                with pytest.raises(kv.Unavailable) as raised:
+                    await request()
+                elapsed[name] = loop.time() - began
+                assert etcd_server.endpoints[0] in str(raised.value)
+        assert all(seconds < 3 * request_timeout for seconds in elapsed.values()), elapsed
+        # The same store works again once etcd is back.
+        assert await store.get("topics/a") is None
+        assert await store.create("topics/a", b"x") > 0
+
+
+async def test_opening_a_store_on_an_unreachable_endpoint_raises_unavailable() -> None:
+    (port,) = embedded_etcd.free_ports(1)
+    with pytest.raises(kv.Unavailable) as raised:
+        await etcd.EtcdStore.open([f"127.0.0.1:{port}"], request_timeout=0.3)
+    assert f"127.0.0.1:{port}" in str(raised.value)
+    assert "UNAVAILABLE" in str(raised.value)
+
+
+# ---------------------------------------------------------------------- ambiguous writes
+
+
+async def _create_a(store: etcd.EtcdStore) -> int:
+    return await store.create("topics/a", b"new")
+
+
+WriteCase = tuple[
+    Callable[[etcd.EtcdStore], Awaitable[int]],  # setup through the direct store: returns a revision
+    Callable[[etcd.EtcdStore, int], Awaitable[int]],  # the write through the proxy
+    Callable[[int, int], dict[str, tuple[bytes, int, int] | None]],  # expected state (setup, write)
+]
+
+WRITES: dict[str, WriteCase] = {
+    "create": (
+        lambda store: store.revision(),
+        lambda store, _: store.create("topics/a", b"new"),
+        lambda setup, written: {"topics/a": (b"new", written, written)},
+    ),
+    "update": (
+        _create_a,
+        lambda store, setup: store.update("topics/a", b"newer", setup),
+        lambda setup, written: {"topics/a": (b"newer", written, setup)},
+    ),
+    "delete at a revision": (
+        _create_a,
+        lambda store, setup: store.delete("topics/a", setup),
+        lambda setup, written: {"topics/a": None},
+    ),
+    "delete": (
+        _create_a,
+        lambda store, setup: store.delete("topics/a"),
+        lambda setup, written: {"topics/a": None},
+    ),
+    "transaction": (
+        _create_a,
+        lambda store, setup: store.txn(
+            [kv.Compare("topics/a", setup), kv.Compare("topics/b", 0)],
+            [kv.Put("topics/a", b"a2"), kv.Put("topics/b", b"b1"), kv.Delete("topics/gone")],
+        ),
+        lambda setup, written: {"topics/a": (b"a2", written, setup), "topics/b": (b"b1", written, written)},
+    ),
+}
+
+
+async def _state(store: etcd.EtcdStore, keys: list[str]) -> dict[str, tuple[bytes, int, int] | None]:
+    state: dict[str, tuple[bytes, int, int] | None] = {}
+    for key in keys:
+        found = await store.get(key)
+        state[key] = None if found is None else (found.value, found.mod_revision, found.create_revision)
+    return state
+
+
+@pytest.mark.parametrize("name", list(WRITES))
+async def test_a_write_whose_response_was_lost_reports_that_it_committed(
+    name: str, etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """The connection drops after etcd applied the write, before the answer arrives; the retry's
+    compare then fails, and the store must re-read and report success, not Conflict/NotFound."""
+    setup, write, expected_state = WRITES[name]
+    await etcd_store.create("topics/gone", b"deleted by the transaction")
+    setup_revision = await setup(etcd_store)
+    async with proxied_store(etcd_server, etcd_store.prefix) as (proxy, proxied):
+        await proxied.revision()  # the proxied connection is up
+        cut = proxy.cut_before_next_response()
+        written = await write(proxied, setup_revision)
+        assert cut.is_set() and proxy.connections_cut == 1
+    expected = expected_state(setup_revision, written)
+    assert await _state(etcd_store, list(expected)) == expected
+    assert await etcd_store.revision() == written, "the write was applied twice"
+
+
+async def test_a_write_whose_request_was_lost_is_applied_once_by_the_retry(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    first = await etcd_store.create("topics/a", b"one")
+    async with proxied_store(etcd_server, etcd_store.prefix) as (proxy, proxied):
+        await proxied.revision()
+        cut = proxy.cut_before_next_request()
+        second = await proxied.update("topics/a", b"two", first)
+        assert cut.is_set()
+    assert await etcd_store.get("topics/a") == kv.KeyValue("topics/a", b"two", second, first)
+    assert await etcd_store.revision() == second
+
+
+async def test_a_lost_response_then_another_writer_is_reported_as_a_conflict(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """Our update committed but its answer was lost, and another writer changed the key before our
+    retry: the true current outcome is a conflict with that writer."""
+    first = await etcd_store.create("topics/a", b"one")
+    async with proxied_store(etcd_server, etcd_store.prefix) as (proxy, proxied):
+        await proxied.revision()
+        cut = proxy.cut_before_next_response()
+        proxy.hold()  # no reconnection until the other writer is done
+        ours = asyncio.ensure_future(proxied.update("topics/a", b"ours", first))
+        try:
+            await asyncio.wait_for(cut.wait(), 5)
+            committed = await etcd_store.get("topics/a")
+            assert committed is not None and committed.value == b"ours"
+            theirs = await etcd_store.update("topics/a", b"theirs", committed.mod_revision)
+        finally:
+            proxy.release()
+        with pytest.raises(kv.Conflict) as raised:
+            await ours
+    assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/a", first, theirs)
+
+
+# ---------------------------------------------------------------------- the embedded etcd supervisor
+
+
+def test_a_second_etcd_on_a_data_dir_in_use_is_refused(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    second = embedded_etcd.EmbeddedEtcd(etcd_server.data_dir, *embedded_etcd.free_ports(2))
+    with pytest.raises(embedded_etcd.DataDirInUse) as raised:
+        second.start()
+    message = str(raised.value)
+    assert str(etcd_server.data_dir) in message
+    assert f"supervisor pid {os.getpid()}, etcd pid {etcd_server.pid}" in message
+    assert not second.running
+    assert etcd_server.healthy()
+
+
+def test_a_startup_failure_reports_the_etcd_log_tail(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        client_port = taken.getsockname()[1]
+        (peer_port,) = embedded_etcd.free_ports(1)
+        server = embedded_etcd.EmbeddedEtcd(tmp_path, client_port, peer_port)
+        with pytest.raises(embedded_etcd.EtcdStartError) as raised:
+            server.start()
+    message = str(raised.value)
+    assert "etcd exited with code 1 during startup" in message
+    assert f"127.0.0.1:{client_port}" in message
+    assert "address already in use" in message  # from etcd's own log
+    assert not server.running
+    with open(server.lock_path) as lock:  # the failed first start gave the data dir back
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_an_etcd_that_is_not_healthy_in_time_is_stopped_with_its_log_tail(tmp_path: Path) -> None:
+    server = embedded_etcd.EmbeddedEtcd(tmp_path, *embedded_etcd.free_ports(2), startup_timeout=0.01)
+    with pytest.raises(embedded_etcd.EtcdStartError) as raised:
+        server.start()
+    assert "etcd was not healthy within 0.01 s" in str(raised.value)
+    assert "supervisor pid" in str(raised.value)  # the log tail starts at our marker line
+    assert not server.running
+
+
+async def test_supervision_restarts_a_killed_etcd_with_its_data(tmp_path: Path) -> None:
+    server = embedded_etcd.EmbeddedEtcd(tmp_path, *embedded_etcd.free_ports(2), extra_args=("--unsafe-no-fsync",))
+    server.start()
+    supervisor = asyncio.ensure_future(server.supervise(initial_backoff=0.1))
+    try:
+        async with store_on(server.endpoints[0], "/sc/") as store:
+            written = await store.create("kept", b"across the crash")
+            first_pid = server.pid
+            server.kill()
+            await wait_until(lambda: server.restarts == 1, timeout=20)
+            assert server.running and server.pid != first_pid and server.healthy()
+            assert await store.get("kept") == kv.KeyValue("kept", b"across the crash", written, written)
+    finally:
+        server.stop()
+        await asyncio.wait_for(supervisor, 5)  # stop() ends supervision
+    assert not server.running
