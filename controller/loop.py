@@ -100,12 +100,7 @@ class ControllerLoop:
         self.kick()
 
     def _forget_caught_up(self) -> None:
-        for key, revision in list(self._expected.items()):
-            if self._store_revision(key) >= revision:
+        revision = self.local_store.revision
+        for key, expected in list(self._expected.items()):
+            if revision >= expected:
                 del self._expected[key]
-
-    def _store_revision(self, key: str) -> int:
-        kind = key.split("/", 1)[0]
-        if kind == "meta":
-            return self.local_store.meta.revision
-        return self.local_store[kind].revision

@@ -1,7 +1,11 @@
-"""Readers and the metadata dispatcher: list then watch each kind, apply events to the local store.
+"""The Reader and metadata dispatcher: list then watch the cluster's keys into the local store.
 
-The only writer of the local store. A compacted or broken watch relists and resyncs (the local
-store's fence makes listeners recompute). Never writes to the KV store.
+One listing of the whole prefix at one revision, then one watch from the next revision, each
+event dispatched to its kind's table. A single stream (not one per kind) keeps the local store a
+consistent cut: a topic status and the partitions written in the same transaction appear
+together, so controllers never judge one kind against a staler view of another. A compacted or
+broken watch relists and resyncs (the fence makes listeners recompute). The only writer of the
+local store; never writes to the KV store.
 """
 
 from __future__ import annotations
@@ -18,15 +22,13 @@ from store import kv, local, models
 
 log = structlog.get_logger(__name__)
 
-META_PREFIX = "meta/"
+META_KIND = "meta"
 
 # Called with every change the Reader applies: (kind, name, event type, revision, object or None).
 ChangeHook = Callable[[str, str, kv.EventType, int, models.ClusterObject | None], None]
 
 
 class Reader:
-    """Mirrors every kind (and the meta keys) from the KV store into the local store."""
-
     def __init__(
         self,
         kv_store: kv.KVStore,
@@ -43,80 +45,51 @@ class Reader:
         self.synced = asyncio.Event()
 
     async def run(self) -> None:
-        """Run one reader per kind until cancelled."""
-        async with asyncio.TaskGroup() as group:
-            for kind in models.KINDS:
-                group.create_task(self._mirror(kind), name=f"reader-{kind}")
-            group.create_task(self._mirror_meta(), name="reader-meta")
-
-    async def _mirror(self, kind: str) -> None:
-        table = self.local_store[kind]
-        await self._list_then_watch(
-            f"{kind}/",
-            lambda items, revision: table.resync(self._decode_all(kind, items), revision),
-            lambda event: self._apply(kind, table, event),
-        )
-
-    async def _mirror_meta(self) -> None:
-        meta = self.local_store.meta
-        await self._list_then_watch(
-            META_PREFIX,
-            lambda items, revision: meta.resync(((item.key, item.value, item.mod_revision) for item in items), revision),
-            lambda event: meta.apply(event.key, event.value, event.revision)
-            if event.type is kv.EventType.PUT and event.value is not None
-            else meta.delete(event.key, event.revision),
-        )
-
-    async def _list_then_watch(
-        self,
-        prefix: str,
-        resync: Callable[[list[kv.KeyValue], int], None],
-        apply: Callable[[kv.WatchEvent], None],
-    ) -> None:
+        """List, then watch, until cancelled or the store closes; relist after any break."""
         while True:
             try:
-                listed = await self.kv_store.list(prefix)
-                resync(listed.items, listed.revision)
-                if self.local_store.synced:
-                    self.synced.set()
-                self.metrics.relists.labels(prefix.rstrip("/")).inc()
-                log.debug("relisted", prefix=prefix, objects=len(listed.items), revision=listed.revision)
-                async with contextlib.aclosing(self.kv_store.watch(prefix, listed.revision + 1)) as events:
+                listed = await self.kv_store.list("")
+                self._resync(listed)
+                self.synced.set()
+                async with contextlib.aclosing(self.kv_store.watch("", listed.revision + 1)) as events:
                     async for event in events:
-                        apply(event)
-                # A watch that ends without an error means the store is closing.
-                return
+                        self._apply(event)
+                return  # the watch ended without an error: the store is closing
             except kv.Compacted as compacted:
-                log.warning("watch compacted, relisting", prefix=prefix, revision=compacted.revision)
+                log.warning("watch compacted, relisting", revision=compacted.revision)
             except kv.Unavailable as unavailable:
                 self.metrics.etcd_errors.labels("watch").inc()
-                log.warning("store unavailable, relisting after a pause", prefix=prefix, error=str(unavailable))
+                log.warning("store unavailable, relisting after a pause", error=str(unavailable))
                 await asyncio.sleep(self.retry_delay)
 
-    def _decode_all(self, kind: str, items: list[kv.KeyValue]) -> list[tuple[models.ClusterObject, int, int]]:
-        decoded = []
-        for item in items:
-            obj = self._decode(kind, item.key, item.value)
-            if obj is not None:
-                decoded.append((obj, item.mod_revision, item.create_revision))
-        return decoded
+    def _resync(self, listed: kv.ListResult) -> None:
+        by_kind: dict[str, list[tuple[models.ClusterObject, int, int]]] = {kind: [] for kind in models.KINDS}
+        meta: list[tuple[str, bytes, int]] = []
+        for item in listed.items:
+            kind, _, _ = item.key.partition("/")
+            if kind == META_KIND:
+                meta.append((item.key, item.value, item.mod_revision))
+            elif kind in by_kind:
+                obj = self._decode(kind, item.key, item.value)
+                if obj is not None:
+                    by_kind[kind].append((obj, item.mod_revision, item.create_revision))
+        for kind, objects in by_kind.items():
+            self.local_store[kind].resync(objects, listed.revision)
+            self.metrics.relists.labels(kind).inc()
+        self.local_store.meta.resync(meta, listed.revision)
+        log.info("relisted", objects={kind: len(objects) for kind, objects in by_kind.items()}, revision=listed.revision)
 
-    def _decode(self, kind: str, key: str, value: bytes) -> models.ClusterObject | None:
-        try:
-            obj = models.decode(kind, value)
-        except pydantic.ValidationError as error:
-            # Somebody wrote a malformed value straight into etcd: skip it, keep serving.
-            self.metrics.malformed_objects.labels(kind).inc()
-            log.error("malformed object in the store, ignored", key=key, error=models.describe_validation_error(error))
-            return None
-        if obj.key != key:
-            self.metrics.malformed_objects.labels(kind).inc()
-            log.error("object stored under another object's key, ignored", key=key, name=obj.name)
-            return None
-        return obj
-
-    def _apply(self, kind: str, table: local.KindStore, event: kv.WatchEvent) -> None:
-        name = event.key[len(kind) + 1 :]
+    def _apply(self, event: kv.WatchEvent) -> None:
+        kind, _, name = event.key.partition("/")
+        if kind == META_KIND:
+            if event.type is kv.EventType.PUT and event.value is not None:
+                self.local_store.meta.apply(event.key, event.value, event.revision)
+            else:
+                self.local_store.meta.delete(event.key, event.revision)
+            return
+        if kind not in models.KINDS:
+            return  # a key of a newer SC version, or of somebody else: not ours to mirror
+        table = self.local_store[kind]
         if event.type is kv.EventType.DELETE:
             if table.delete(name, event.revision) and self.on_change is not None:
                 self.on_change(kind, name, event.type, event.revision, None)
@@ -128,3 +101,17 @@ class Reader:
         if table.apply(obj, event.revision) is not None and self.on_change is not None:
             self.on_change(kind, name, event.type, event.revision, obj)
 
+    def _decode(self, kind: str, key: str, value: bytes) -> models.ClusterObject | None:
+        try:
+            obj = models.decode(kind, value)
+        except (pydantic.ValidationError, ValueError) as error:
+            # Somebody wrote a malformed value straight into etcd: skip it, keep serving.
+            self.metrics.malformed_objects.labels(kind).inc()
+            detail = models.describe_validation_error(error) if isinstance(error, pydantic.ValidationError) else str(error)
+            log.error("malformed object in the store, ignored", key=key, error=detail)
+            return None
+        if obj.key != key:
+            self.metrics.malformed_objects.labels(kind).inc()
+            log.error("object stored under another object's key, ignored", key=key, name=obj.name)
+            return None
+        return obj

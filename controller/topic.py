@@ -189,7 +189,7 @@ def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes] | None
 
     if provisions:
         decided.append(actions.provision(CHAIN_KEY, chain.encode(cursor), chain.mod_revision, provisions))
-    decided += _partition_actions(topics, partitions, placed_now, snapshot.revisions)
+    decided += _partition_actions(topics, partitions, placed_now)
     return decided
 
 
@@ -233,23 +233,16 @@ def _partition(topic: str, index: int, replicas: list[int]) -> models.Partition:
 
 
 def _partition_actions(
-    topics: Mapping[str, local.Entry],
-    partitions: Mapping[str, local.Entry],
-    placed_now: set[str],
-    revisions: Mapping[str, int],
+    topics: Mapping[str, local.Entry], partitions: Mapping[str, local.Entry], placed_now: set[str]
 ) -> list[actions.Action]:
     """Create missing partitions of provisioned topics; delete partitions no topic maps.
 
-    Each kind has its own reader, so a partition may show up before the topic status written
-    in the same transaction: a partition is judged only once the topics view has caught up
-    with the partition's creation, and a topic's partitions only once the partitions view has
-    caught up with the topic's last write.
+    Sound because the snapshot is a consistent cut: a topic status and the partitions written
+    in the same transaction are always seen together.
     """
     decided: list[actions.Action] = []
     for entry in partitions.values():
         partition: models.Partition = entry.obj  # type: ignore[assignment]
-        if entry.create_revision > revisions["topics"]:
-            continue
         topic_entry = topics.get(partition.topic)
         if topic_entry is None:
             decided.append(
@@ -281,8 +274,6 @@ def _partition_actions(
     for entry in topics.values():
         topic: models.Topic = entry.obj  # type: ignore[assignment]
         if topic.name in placed_now or topic.status.resolution not in (PROVISIONED, INSUFFICIENT):
-            continue
-        if entry.mod_revision > revisions["partitions"]:
             continue
         for index, replicas in topic.status.replica_map.items():
             if models.partition_name(topic.name, index) not in partitions:

@@ -245,9 +245,8 @@ class Snapshot:
     def __init__(self, tables: Mapping[str, KindStore], meta: MetaTable | None = None) -> None:
         self._views = {kind: table.view for kind, table in tables.items()}
         self.epochs = {kind: table.epoch for kind, table in tables.items()}
-        # The KV revision each kind reflects: judge a cross-kind relation only when the other
-        # kind's view is at least as new as the object in question (readers run per kind).
-        self.revisions = {kind: table.revision for kind, table in tables.items()}
+        # The KV revision this view reflects (every kind: the Reader applies one ordered stream).
+        self.revision = max([table.revision for table in tables.values()] + [meta.revision if meta else 0])
         self._meta = meta.values if meta is not None else {}
 
     def meta(self, key: str) -> tuple[bytes, int] | None:
@@ -277,6 +276,11 @@ class LocalStore:
             return self.tables[kind]
         except KeyError:
             raise ValueError(f"unknown kind {kind!r}: use one of {', '.join(self.tables)}") from None
+
+    @property
+    def revision(self) -> int:
+        """The KV revision the whole mirror reflects."""
+        return max([table.revision for table in self.tables.values()] + [self.meta.revision])
 
     @property
     def synced(self) -> bool:
