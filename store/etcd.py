@@ -360,10 +360,9 @@ class EtcdStore(kv.KVStore):
         Our own loop over the Watch stream rather than etcd3aio's resuming watch: that one resumes
         from the response header revision + 1, but etcd sets the header of the creation response and
         of every catch-up batch to the *current* store revision, so a break during a replay would
-        skip events. Here the resume point is the revision of the last event delivered + 1. etcd
-        never splits one revision's events over two responses (we do not ask for fragments), so a
-        whole response is delivered before the next read, and events below the resume point that a
-        reconnect replays are dropped. Progress notifications are not used: etcd 3.5.1 may send one
+        skip events. Here the resume point is the revision of the last event delivered + 1: etcd
+        never splits one revision's events over two responses (we do not ask for fragments), and a
+        break can only happen between responses, so that point is exact. Progress notifications are not used: etcd 3.5.1 may send one
         ahead of events not yet delivered (etcd issue 15220), so they cannot advance the resume point.
         Reconnects back off from 0.1 s to 2 s and never give up; compaction of the resume point
         raises Compacted; closing the store or the iterator ends the watch and cancels the stream.
@@ -405,12 +404,9 @@ class EtcdStore(kv.KVStore):
                     if response.created:
                         backoff = _WATCH_BACKOFF_INITIAL
                         continue
-                    resume_from = next_revision
                     for event in response.events:
                         item = event.kv
                         revision = item.mod_revision
-                        if revision < resume_from:
-                            continue  # delivered before the reconnect
                         if event.type == _EVENT_DELETE:
                             yield kv.WatchEvent(kv.EventType.DELETE, item.key[prefix_length:].decode(), None, revision)
                         else:

@@ -181,7 +181,7 @@ async def test_closing_the_store_ends_a_pending_watch_cleanly(etcd_server: embed
 async def test_a_request_while_etcd_is_down_raises_unavailable_within_a_bounded_time(
     etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
 ) -> None:
-    request_timeout = 1.0
+    request_timeout = 0.5
     async with store_on(etcd_server.endpoints[0], etcd_store.prefix, request_timeout) as store:
         requests: dict[str, Callable[[], Awaitable[object]]] = {
             "get": lambda: store.get("topics/a"),
