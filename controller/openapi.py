@@ -1,0 +1,372 @@
+"""The OpenAPI 3.1 document of the public API; object schemas come from the pydantic models.
+
+Purely computational, no I/O. ``python -m controller.openapi > docs/openapi.json`` refreshes the
+copy kept in the repo (a test checks the served document equals it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from store import models
+
+KIND_SCHEMAS = {"spus": "Spu", "spu-groups": "SpuGroup", "topics": "Topic", "partitions": "Partition"}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+def _object_schemas() -> dict[str, Any]:
+    """Every object model and the models it uses, with refs into components."""
+    schemas: dict[str, Any] = {}
+    for model in (models.Spu, models.SpuGroup, models.Topic, models.Partition):
+        schema = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    return schemas
+
+
+def _new_object(model: str, spec: str, note: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": f"A new {model}: name and spec only (the SC writes the status). {note}".strip(),
+        "properties": {"name": {"type": "string", "maxLength": models.NAME_MAX_LENGTH}, "spec": _ref(spec)},
+        "required": ["name", "spec"],
+        "additionalProperties": False,
+    }
+
+
+_KIND = {
+    "name": "kind",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "enum": list(models.KINDS)},
+}
+_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+_TOPIC_FILTER = {
+    "name": "topic",
+    "in": "query",
+    "required": False,
+    "description": "Only the partitions of this topic (partitions only; 422 for other kinds).",
+    "schema": {"type": "string"},
+}
+_TIMEOUT = {
+    "name": "timeout",
+    "in": "query",
+    "required": False,
+    "description": "Milliseconds to wait for the controller's verdict (default 30000, at most 600000); "
+    "0 answers at once with 202.",
+    "schema": {"type": "integer", "minimum": 0, "maximum": 600000, "default": 30000},
+}
+_DRY_RUN = {
+    "name": "dryRun",
+    "in": "query",
+    "required": False,
+    "description": "Validate and answer the placement the topic would get now, writing nothing.",
+    "schema": {"type": "boolean", "default": False},
+}
+
+_COMMON_ERRORS = {
+    "400": _error("Malformed: the body is not JSON, not an object, or a value has the wrong JSON type"),
+    "503": _error("The KV store is unavailable (Unavailable) or the SC has not synced its store yet (NotSynced)"),
+}
+
+
+def _responses(**answers: dict[str, Any]) -> dict[str, Any]:
+    return {code.removeprefix("r"): answer for code, answer in answers.items()}
+
+
+def _paths() -> dict[str, Any]:
+    object_or_error = {"oneOf": [_ref(name) for name in KIND_SCHEMAS.values()]}
+    return {
+        "/healthz": {
+            "get": {
+                "summary": "200 once the SC has synced its store, 503 with a reason before",
+                "responses": _responses(
+                    r200=_json(_ref("Health"), "Synced"), r503=_json(_ref("Health"), "Still starting")
+                ),
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics of this SC",
+                "responses": {
+                    "200": {
+                        "description": "Prometheus text exposition format 0.0.4",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "responses": _responses(r200=_json({"type": "object"}, "OpenAPI 3.1 document")),
+            }
+        },
+        "/v1/{kind}": {
+            "get": {
+                "summary": "List the objects of a kind (SPUs by id, partitions by topic and index, others by name)",
+                "parameters": [_KIND, _TOPIC_FILTER],
+                "responses": _responses(
+                    r200=_json({"type": "array", "items": object_or_error}, "Every object of the kind"),
+                    r404=_error("Unknown kind"),
+                    r422=_error("topic given for a kind other than partitions"),
+                    r503=_COMMON_ERRORS["503"],
+                ),
+            }
+        },
+        "/v1/{kind}/{name}": {
+            "get": {
+                "summary": "One object",
+                "parameters": [_KIND, _NAME],
+                "responses": _responses(
+                    r200=_json(object_or_error, "The object"),
+                    r404=_error("Unknown kind, or no such object"),
+                    r503=_COMMON_ERRORS["503"],
+                ),
+            },
+            "delete": {
+                "summary": "Delete an object (compare-and-swap); a topic's partitions and a group's SPUs go with it",
+                "description": "Partitions cannot be deleted on their own (422 PartitionOwnedByTopic). A managed SPU "
+                "whose group exists cannot be deleted (409 ManagedSpu). Deleting an SPU that partitions "
+                "still use is allowed; the answer's warnings name those partitions.",
+                "parameters": [_KIND, _NAME],
+                "responses": _responses(
+                    r200=_json(_ref("Deleted"), "Deleted"),
+                    r404=_error("Unknown kind, or no such object"),
+                    r409=_error("ManagedSpu, or the object kept changing (Conflict)"),
+                    r422=_error("PartitionOwnedByTopic"),
+                    r503=_COMMON_ERRORS["503"],
+                ),
+            },
+        },
+        "/v1/spus": {
+            "post": {
+                "summary": "Register a custom SPU",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("NewSpu")}},
+                },
+                "responses": _responses(
+                    r201=_json(_ref("Spu"), "Registered (status Init)"),
+                    r400=_COMMON_ERRORS["400"],
+                    r409=_error(
+                        "AlreadyExists (the name, or a name an SPU group manages), or SpuIdInUse (naming the SPU "
+                        "that has the id)"
+                    ),
+                    r422=_error("InvalidObject: a field's value is not acceptable (spuType must be Custom)"),
+                    r503=_COMMON_ERRORS["503"],
+                ),
+            }
+        },
+        "/v1/spu-groups": {
+            "post": {
+                "summary": "Create an SPU group; waits until it is Reserved or Invalid",
+                "parameters": [_TIMEOUT],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("NewSpuGroup")}},
+                },
+                "responses": _responses(
+                    r201=_json(_ref("SpuGroup"), "Reserved"),
+                    r202=_json(_ref("SpuGroup"), "Created, not decided within the timeout"),
+                    r400=_COMMON_ERRORS["400"],
+                    r409=_error("AlreadyExists"),
+                    r422=_error("InvalidObject, or SpuGroupInvalid (the group is kept; the answer has it as object)"),
+                    r503=_COMMON_ERRORS["503"],
+                ),
+            }
+        },
+        "/v1/topics": {
+            "post": {
+                "summary": "Create a topic; waits until it is Provisioned or definitely not",
+                "description": "201 Provisioned; 202 InsufficientResources (provisioned once enough SPUs are "
+                "online) or not decided within the timeout; 422 InvalidConfig (checked before writing "
+                "when possible; a topic the controller rejects later is kept, and the answer has it as "
+                "object). With dryRun=true: 200 and the placement it would get, nothing written.",
+                "parameters": [_TIMEOUT, _DRY_RUN],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("NewTopic")}},
+                },
+                "responses": _responses(
+                    r200=_json(_ref("PlacementResult"), "dryRun: the placement it would get"),
+                    r201=_json(_ref("Topic"), "Provisioned"),
+                    r202=_json(_ref("Topic"), "InsufficientResources, or not decided within the timeout"),
+                    r400=_COMMON_ERRORS["400"],
+                    r409=_error("AlreadyExists, or deleted while waiting (Conflict)"),
+                    r422=_error("InvalidObject, InvalidConfig, or (dryRun) InsufficientResources"),
+                    r503=_COMMON_ERRORS["503"],
+                ),
+            }
+        },
+        "/v1/topics/{name}/partitions": {
+            "post": {
+                "summary": "Add count partitions; existing partitions keep their replicas; waits like create",
+                "parameters": [_NAME, _TIMEOUT],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("AddPartitions")}},
+                },
+                "responses": _responses(
+                    r200=_json(_ref("Topic"), "Every partition placed"),
+                    r202=_json(_ref("Topic"), "InsufficientResources, or not placed within the timeout"),
+                    r400=_COMMON_ERRORS["400"],
+                    r404=_error("No such topic"),
+                    r409=_error("The topic kept changing (Conflict)"),
+                    r422=_error("InvalidRequest (count below 1 or above the partition limit), ManualTopic, "
+                    "InvalidConfig"),
+                    r503=_COMMON_ERRORS["503"],
+                ),
+            }
+        },
+        "/v1/placement": {
+            "post": {
+                "summary": "Compute a placement without creating anything (as `sc placement compute`)",
+                "description": "spus defaults to the cluster's Online SPUs.",
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("PlacementRequest")}},
+                },
+                "responses": _responses(
+                    r200=_json(_ref("PlacementResult"), "The placement"),
+                    r400=_COMMON_ERRORS["400"],
+                    r422=_error("InvalidConfig or InsufficientResources"),
+                    r503=_COMMON_ERRORS["503"],
+                ),
+            }
+        },
+        "/v1/watch/{kind}": {
+            "get": {
+                "summary": "Stream every object, a SYNC marker, then each change",
+                "description": "JSON lines (application/x-ndjson), or one WebSocket text message per event when "
+                "the client asks for an upgrade. Level-based: a slow reader gets the latest state of "
+                "each object, intermediate states may be coalesced. DELETED carries the last state "
+                "sent; its revision is one at which the object is known absent.",
+                "parameters": [_KIND, _TOPIC_FILTER],
+                "responses": _responses(
+                    r200={
+                        "description": "The event stream",
+                        "content": {"application/x-ndjson": {"schema": _ref("WatchEvent")}},
+                    },
+                    r404=_error("Unknown kind"),
+                    r422=_error("topic given for a kind other than partitions"),
+                    r503=_COMMON_ERRORS["503"],
+                ),
+            }
+        },
+    }
+
+
+def _extra_schemas() -> dict[str, Any]:
+    return {
+        "NewSpu": _new_object("SPU", "SpuSpec", "spuType must be Custom (the default)."),
+        "NewSpuGroup": _new_object("SPU group", "SpuGroupSpec", ""),
+        "NewTopic": _new_object("topic", "TopicSpec", ""),
+        "AddPartitions": {
+            "type": "object",
+            "properties": {"count": {"type": "integer", "minimum": 1, "description": "Partitions to add"}},
+            "required": ["count"],
+            "additionalProperties": False,
+        },
+        "Error": {
+            "type": "object",
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+                    "required": ["code", "message"],
+                },
+                "object": {"description": "The object as the SC left it, when it was written but rejected"},
+            },
+            "required": ["error"],
+        },
+        "Health": {
+            "type": "object",
+            "properties": {"status": {"enum": ["ok", "starting"]}, "reason": {"type": "string"}},
+            "required": ["status"],
+        },
+        "Deleted": {
+            "type": "object",
+            "properties": {"deleted": {"type": "object"}, "warnings": {"type": "array", "items": {"type": "string"}}},
+            "required": ["deleted", "warnings"],
+        },
+        "WatchEvent": {
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["ADDED", "MODIFIED", "DELETED", "SYNC"]},
+                "revision": {"type": "integer"},
+                "object": {"description": "The object (null for SYNC)"},
+            },
+            "required": ["type", "revision", "object"],
+        },
+        "PlacementRequest": {
+            "type": "object",
+            "properties": {
+                "spus": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "id": {"type": "integer"},
+                            "rack": {"type": ["string", "null"]},
+                            "online": {"type": "boolean"},
+                        },
+                        "required": ["id"],
+                    },
+                },
+                "partitions": {"type": "integer"},
+                "replicationFactor": {"type": "integer"},
+                "strategy": {"type": "string"},
+                "startIndex": {"type": "integer"},
+                "ignoreRackAssignment": {"type": "boolean"},
+                "policies": {"type": "string"},
+                "existing": {"type": "array", "items": {"type": "object"}},
+                "replicaAssignment": {"type": "array", "items": {"type": "object"}},
+            },
+        },
+        "PlacementResult": {
+            "type": "object",
+            "properties": {
+                "replicaMap": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
+                "nextStartIndex": {"type": "integer"},
+                "balance": {"type": "object"},
+            },
+            "required": ["replicaMap", "nextStartIndex"],
+        },
+    }
+
+
+def document() -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Streaming Controller public API",
+            "version": "1",
+            "description": "The SC's HTTP API on the public port (default 9003); see API.md. Errors are "
+            '{"error": {"code", "message"}}; 400 malformed, 404 absent, 409 exists or conflict, '
+            "422 well-formed but invalid, 503 store unavailable or not synced.",
+        },
+        "paths": _paths(),
+        "components": {"schemas": {**_object_schemas(), **_extra_schemas()}},
+    }
+
+
+def main() -> None:
+    sys.stdout.write(json.dumps(document(), indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,880 @@
+"""The public HTTP API against a real server on 127.0.0.1: every route, every error code with its exact
+message, the watch stream (JSON lines and WebSocket), the OpenAPI document, and fuzzing that bad
+input never reaches a 500. Tests play the controllers by writing statuses to the KV store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from controller import api, placement, topic as topic_controller
+from store import kv, memory, models
+from tests.unit import api_server
+from tests.unit.api_server import partition, spu, topic
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SPU_BODY = {
+    "name": "s1",
+    "spec": {"id": 1, "publicEndpoint": {"host": "h1", "port": 9005}, "privateEndpoint": {"host": "h1", "port": 9006}},
+}
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[api_server.ApiServer]:
+    running = api_server.ApiServer()
+    await running.start()
+    yield running
+    await running.stop()
+
+
+def error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+# ---------------------------------------------------------------------------- health, metrics, openapi
+
+
+async def test_healthz_and_reads_are_503_until_the_store_is_synced() -> None:
+    server = api_server.ApiServer()
+    await server.start(sync=False)
+    try:
+        assert await server.call("GET", "/healthz") == (
+            503,
+            {
+                "status": "starting",
+                "reason": "the SC is still loading its store (not synced yet: spus, spu-groups, topics, partitions, meta)",
+            },
+        )
+        assert await server.call("GET", "/v1/topics") == (
+            503,
+            error("NotSynced", "the SC is still loading its store; retry shortly (see /healthz)"),
+        )
+        await server.sync()
+        assert await server.call("GET", "/healthz") == (200, {"status": "ok"})
+        assert await server.call("GET", "/v1/topics") == (200, [])
+    finally:
+        await server.stop()
+
+
+async def test_metrics_are_prometheus_text_with_the_object_gauges(server: api_server.ApiServer) -> None:
+    await server.put(topic("a"), spu(0))
+    assert server.session is not None
+    async with server.session.get("/metrics") as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+        text = await response.text()
+    assert 'sc_objects{kind="topics",resolution="Init"} 1.0' in text
+    assert 'sc_objects{kind="spus",resolution="Online"} 1.0' in text
+    assert "sc_store_synced 1.0" in text
+
+
+async def test_openapi_document_equals_the_repo_copy_and_documents_exactly_the_app_routes(
+    server: api_server.ApiServer,
+) -> None:
+    status, served = await server.call("GET", "/openapi.json")
+    assert status == 200
+    assert served == json.loads((ROOT / "docs" / "openapi.json").read_text())
+    assert served["openapi"] == "3.1.0"
+    routes = {
+        (route.resource.canonical, route.method.lower())  # type: ignore[union-attr]
+        for route in server.app.router.routes()
+        if route.method != "HEAD"
+    }
+    documented = {(path, method) for path, operations in served["paths"].items() for method in operations}
+    assert documented == routes
+    # Every $ref points at a schema that exists.
+    refs = set()
+
+    def collect(node: Any) -> None:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                refs.add(node["$ref"].removeprefix("#/components/schemas/"))
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    collect(served)
+    assert refs <= set(served["components"]["schemas"])
+
+
+# ---------------------------------------------------------------------------- reads
+
+
+async def test_lists_are_sorted_and_partitions_filter_by_topic(server: api_server.ApiServer) -> None:
+    await server.put(
+        spu(10, "b"),
+        spu(2, "a"),
+        topic("zeta"),
+        topic("alpha"),
+        partition("alpha-10", [2]),
+        partition("alpha-2", [2, 10]),
+        partition("al-1", [2]),
+    )
+    status, spus = await server.call("GET", "/v1/spus")
+    assert status == 200
+    assert spus == [spu(2, "a").to_json_dict(), spu(10, "b").to_json_dict()]
+    assert [obj["name"] for obj in (await server.call("GET", "/v1/topics"))[1]] == ["alpha", "zeta"]
+    assert [obj["name"] for obj in (await server.call("GET", "/v1/partitions"))[1]] == ["al-1", "alpha-2", "alpha-10"]
+    assert [obj["name"] for obj in (await server.call("GET", "/v1/partitions?topic=alpha"))[1]] == [
+        "alpha-2",
+        "alpha-10",
+    ]
+    assert await server.call("GET", "/v1/partitions?topic=nothing") == (200, [])
+    assert await server.call("GET", "/v1/spu-groups") == (200, [])
+
+
+async def test_list_errors(server: api_server.ApiServer) -> None:
+    assert await server.call("GET", "/v1/brokers") == (
+        404,
+        error("NotFound", "unknown kind 'brokers': use one of spus, spu-groups, topics, partitions"),
+    )
+    assert await server.call("GET", "/v1/topics?topic=x") == (
+        422,
+        error("InvalidRequest", "query parameter topic filters partitions only, not topics"),
+    )
+
+
+async def test_get_one_object_or_404(server: api_server.ApiServer) -> None:
+    await server.put(topic("alpha", 3, 2), partition("alpha-0", [1, 2]))
+    assert await server.call("GET", "/v1/topics/alpha") == (200, topic("alpha", 3, 2).to_json_dict())
+    assert await server.call("GET", "/v1/partitions/alpha-0") == (200, partition("alpha-0", [1, 2]).to_json_dict())
+    assert await server.call("GET", "/v1/topics/nope") == (404, error("NotFound", "topic 'nope' not found"))
+    assert await server.call("GET", "/v1/spu-groups/nope") == (404, error("NotFound", "SPU group 'nope' not found"))
+    assert await server.call("GET", "/v1/brokers/x") == (
+        404,
+        error("NotFound", "unknown kind 'brokers': use one of spus, spu-groups, topics, partitions"),
+    )
+
+
+# ---------------------------------------------------------------------------- SPUs
+
+
+async def test_register_spu_writes_the_spec_with_the_default_status(server: api_server.ApiServer) -> None:
+    expected = {
+        "name": "s1",
+        "spec": {
+            "id": 1,
+            "spuType": "Custom",
+            "publicEndpoint": {"host": "h1", "port": 9005},
+            "privateEndpoint": {"host": "h1", "port": 9006},
+        },
+        "status": {"resolution": "Init"},
+    }
+    assert await server.call("POST", "/v1/spus", SPU_BODY) == (201, expected)
+    stored = await server.read("spus", "s1")
+    assert stored is not None and stored.to_json_dict() == expected
+
+
+async def test_register_spu_conflicts_name_the_other_spu(server: api_server.ApiServer) -> None:
+    await server.put(spu(1, "s1"), spu(7, "other"))
+    assert await server.call("POST", "/v1/spus", SPU_BODY) == (409, error("AlreadyExists", "SPU 's1' already exists"))
+    body = {**SPU_BODY, "name": "s2", "spec": {**SPU_BODY["spec"], "id": 7}}  # type: ignore[dict-item]
+    assert await server.call("POST", "/v1/spus", body) == (
+        409,
+        error("SpuIdInUse", "SPU id 7 is already used by SPU 'other'; choose another id"),
+    )
+    assert await server.read("spus", "s2") is None
+
+
+async def test_register_spu_refuses_a_name_an_spu_group_manages(server: api_server.ApiServer) -> None:
+    group = models.SpuGroup.model_validate({"name": "g", "spec": {"replicas": 2, "minId": 100}})
+    await server.put(group)
+    body = {**SPU_BODY, "name": "g-1"}
+    assert await server.call("POST", "/v1/spus", body) == (
+        409,
+        error(
+            "AlreadyExists",
+            "SPU name 'g-1' belongs to SPU group 'g' (its managed SPUs are named g-N); choose another name",
+        ),
+    )
+    assert (await server.call("POST", "/v1/spus", {**SPU_BODY, "name": "g-2"}))[0] == 201  # beyond its replicas
+
+
+@pytest.mark.parametrize(
+    ("spec_change", "status", "expected"),
+    [
+        (
+            {"spuType": "Managed"},
+            422,
+            error(
+                "InvalidObject",
+                "spec.spuType: only Custom SPUs can be registered; Managed SPUs are created by SPU groups (got 'Managed')",
+            ),
+        ),
+        ({"id": "1"}, 400, error("MalformedRequest", "spec.id: Input should be a valid integer (got '1')")),
+        (
+            {"publicEndpoint": {"host": "h", "port": 70000}},
+            422,
+            error(
+                "InvalidObject",
+                "spec.publicEndpoint.port: Input should be less than or equal to 65535 (got 70000)",
+            ),
+        ),
+        ({"rack": 5}, 400, error("MalformedRequest", "spec.rack: Input should be a valid string (got 5)")),
+        ({"color": "red"}, 422, error("InvalidObject", "spec.color: unknown field (value 'red')")),
+    ],
+)
+async def test_register_spu_rejects_bad_specs(
+    server: api_server.ApiServer, spec_change: dict[str, Any], status: int, expected: dict[str, Any]
+) -> None:
+    body = {"name": "s1", "spec": {**SPU_BODY["spec"], **spec_change}}  # type: ignore[dict-item]
+    assert await server.call("POST", "/v1/spus", body) == (status, expected)
+    assert await server.read("spus", "s1") is None
+
+
+async def test_users_write_specs_only(server: api_server.ApiServer) -> None:
+    body = {**SPU_BODY, "status": {"resolution": "Online"}}
+    assert await server.call("POST", "/v1/spus", body) == (
+        422,
+        error("InvalidObject", "status: is written by the SC, not by users; send only name and spec"),
+    )
+    assert await server.call("POST", "/v1/topics", {"name": "t"}) == (422, error("InvalidObject", "spec: field required"))
+    assert await server.call("POST", "/v1/topics", {"name": "Bad_Name", "spec": {"partitions": 1, "replicationFactor": 1}}) == (
+        422,
+        error(
+            "InvalidObject",
+            "name: name 'Bad_Name' is invalid: use only lowercase letters, digits and '-', and do not start or end "
+            "with '-' (got 'Bad_Name')",
+        ),
+    )
+
+
+@pytest.mark.parametrize("path", ["/v1/spus", "/v1/spu-groups", "/v1/topics"])
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"", 'the request body is empty: send a JSON object {"name": ..., "spec": {...}}'),
+        (b"  \n", 'the request body is empty: send a JSON object {"name": ..., "spec": {...}}'),
+        (b"{", "the request body is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        (b"[1]", 'the request body must be a JSON object {"name": ..., "spec": {...}}, got an array'),
+        (b'"x"', 'the request body must be a JSON object {"name": ..., "spec": {...}}, got a string'),
+        (b"\xff\xfe\x00", "the request body is not valid JSON: 'utf-16-le' codec can't decode byte 0x00 in position 2: truncated data"),
+        (b"[" * 100_000, "the request body is nested too deeply"),
+    ],
+)
+async def test_malformed_bodies_are_400(server: api_server.ApiServer, path: str, raw: bytes, message: str) -> None:
+    assert await server.call("POST", path, raw=raw) == (400, error("MalformedRequest", message))
+
+
+# ---------------------------------------------------------------------------- SPU groups
+
+
+GROUP_BODY = {"name": "g", "spec": {"replicas": 3, "minId": 10, "rack": "r1"}}
+
+
+async def test_spu_group_create_waits_for_reserved(server: api_server.ApiServer) -> None:
+    deciding = server.decide_later("spu-groups", "g", {"resolution": "Reserved"})
+    status, body = await server.call("POST", "/v1/spu-groups", GROUP_BODY)
+    await deciding
+    assert (status, body["status"]) == (201, {"resolution": "Reserved", "reason": ""})
+    stored = await server.read("spu-groups", "g")
+    assert stored is not None and stored.to_json_dict() == body
+
+
+async def test_spu_group_invalid_is_422_and_kept(server: api_server.ApiServer) -> None:
+    reason = "id range 10..12 collides: SPU id 11 is already used by SPU spu-11"
+    deciding = server.decide_later("spu-groups", "g", {"resolution": "Invalid", "reason": reason})
+    status, body = await server.call("POST", "/v1/spu-groups", GROUP_BODY)
+    await deciding
+    stored = await server.read("spu-groups", "g")
+    assert stored is not None and stored.status.resolution is models.SpuGroupResolution.INVALID  # type: ignore[attr-defined]
+    assert (status, body) == (
+        422,
+        {
+            **error(
+                "SpuGroupInvalid",
+                f"SPU group 'g' is Invalid: {reason}; it was kept so you can see why: delete it and create it again",
+            ),
+            "object": stored.to_json_dict(),
+        },
+    )
+
+
+async def test_spu_group_without_a_verdict_is_202_and_409_when_it_exists(server: api_server.ApiServer) -> None:
+    status, body = await server.call("POST", "/v1/spu-groups?timeout=0", GROUP_BODY)
+    assert (status, body["status"]) == (202, {"resolution": "Init", "reason": ""})
+    assert await server.call("POST", "/v1/spu-groups", GROUP_BODY) == (
+        409,
+        error("AlreadyExists", "SPU group 'g' already exists"),
+    )
+    bad = {"name": "h", "spec": {"replicas": 2, "minId": 2**31 - 1}}
+    assert await server.call("POST", "/v1/spu-groups", bad) == (
+        422,
+        error(
+            "InvalidObject",
+            f"spec: minId {2**31 - 1} with 2 replicas would need id {2**31}, above the largest SPU id {2**31 - 1} "
+            f"(got {{'replicas': 2, 'minId': {2**31 - 1}}})",
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------- topics
+
+
+TOPIC_BODY = {"name": "orders", "spec": {"partitions": 3, "replicationFactor": 2}}
+REPLICA_MAP = {"0": [0, 1], "1": [1, 2], "2": [2, 0]}
+
+
+async def test_topic_create_waits_until_provisioned(server: api_server.ApiServer) -> None:
+    deciding = server.decide_later("topics", "orders", {"resolution": "Provisioned", "replicaMap": REPLICA_MAP})
+    status, body = await server.call("POST", "/v1/topics", TOPIC_BODY)
+    await deciding
+    assert (status, body) == (
+        201,
+        {
+            "name": "orders",
+            "spec": {"partitions": 3, "replicationFactor": 2, "ignoreRackAssignment": False},
+            "status": {"resolution": "Provisioned", "replicaMap": REPLICA_MAP, "reason": ""},
+        },
+    )
+
+
+async def test_topic_create_with_timeout_0_answers_at_once_with_the_default_status(server: api_server.ApiServer) -> None:
+    status, body = await server.call("POST", "/v1/topics?timeout=0", TOPIC_BODY)
+    written = {
+        "name": "orders",
+        "spec": {"partitions": 3, "replicationFactor": 2, "ignoreRackAssignment": False},
+        "status": {"resolution": "Init", "replicaMap": {}, "reason": ""},
+    }
+    assert (status, body) == (202, written)
+    stored = await server.read("topics", "orders")
+    assert stored is not None and stored.to_json_dict() == written
+    assert await server.call("POST", "/v1/topics", TOPIC_BODY) == (
+        409,
+        error("AlreadyExists", "topic 'orders' already exists"),
+    )
+
+
+async def test_topic_create_timeout_and_pending_states_are_202(server: api_server.ApiServer) -> None:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    status, body = await server.call("POST", "/v1/topics?timeout=50", TOPIC_BODY)
+    assert (status, body["status"]["resolution"]) == (202, "Init")
+    assert 0.05 <= loop.time() - started < 1
+    # Pending is not a verdict: the request keeps waiting through it.
+    reason = "replication factor 2 needs 2 online SPUs, none is online: 2 more needed"
+    deciding = server.decide_later("topics", "second", {"resolution": "InsufficientResources", "reason": reason})
+    status, body = await server.call("POST", "/v1/topics", {**TOPIC_BODY, "name": "second"})
+    await deciding
+    assert (status, body["status"]) == (202, {"resolution": "InsufficientResources", "replicaMap": {}, "reason": reason})
+
+
+async def test_topic_invalid_config_from_the_controller_is_422_and_kept(server: api_server.ApiServer) -> None:
+    reason = "rack-aware placement needs a rack on every online SPU, but SPU 2 has none"
+    deciding = server.decide_later("topics", "orders", {"resolution": "InvalidConfig", "reason": reason})
+    status, body = await server.call("POST", "/v1/topics", TOPIC_BODY)
+    await deciding
+    stored = await server.read("topics", "orders")
+    assert stored is not None
+    assert (status, body) == (
+        422,
+        {
+            **error(
+                "InvalidConfig",
+                f"topic 'orders' is InvalidConfig: {reason}; it was kept so you can see why: delete it and create it again",
+            ),
+            "object": stored.to_json_dict(),
+        },
+    )
+
+
+async def test_topic_invalid_config_is_refused_before_writing(server: api_server.ApiServer) -> None:
+    await server.put(spu(0), spu(1))
+    body = {"name": "manual", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 9]}]}}
+    expected = topic_controller.validate(
+        models.Topic.model_validate(body), topic_controller.spu_infos(server.context.local_store.snapshot())
+    )
+    assert expected is not None and "9" in expected
+    assert await server.call("POST", "/v1/topics", body) == (422, error("InvalidConfig", expected))
+    assert await server.read("topics", "manual") is None
+
+
+async def test_topic_deleted_while_waiting_is_409(server: api_server.ApiServer) -> None:
+    async def delete_when_written() -> None:
+        while (stored := await server.kv_store.get("topics/orders")) is None:
+            await asyncio.sleep(0.001)
+        await server.kv_store.delete("topics/orders", stored.mod_revision)
+
+    deleting = asyncio.create_task(delete_when_written())
+    assert await server.call("POST", "/v1/topics", TOPIC_BODY) == (
+        409,
+        error("Conflict", "topic 'orders' was deleted while waiting for it"),
+    )
+    await deleting
+
+
+@pytest.mark.parametrize(
+    ("query", "status", "expected"),
+    [
+        ("timeout=abc", 400, error("MalformedRequest", "query parameter timeout must be a whole number, got 'abc'")),
+        ("timeout=-1", 400, error("MalformedRequest", "query parameter timeout must be a whole number, got '-1'")),
+        ("timeout=600001", 422, error("InvalidRequest", "query parameter timeout is at most 600000, got 600001")),
+        ("dryRun=maybe", 400, error("MalformedRequest", "query parameter dryRun must be true or false, got 'maybe'")),
+    ],
+)
+async def test_topic_create_query_errors(
+    server: api_server.ApiServer, query: str, status: int, expected: dict[str, Any]
+) -> None:
+    assert await server.call("POST", f"/v1/topics?{query}", TOPIC_BODY) == (status, expected)
+    assert await server.read("topics", "orders") is None
+
+
+async def test_dry_run_answers_the_placement_and_writes_nothing(server: api_server.ApiServer) -> None:
+    await server.put(spu(0), spu(1), spu(2), spu(3, resolution="Offline"))
+    revision = await server.kv_store.revision()
+    status, body = await server.call("POST", "/v1/topics?dryRun=true", TOPIC_BODY)
+    assert status == 200
+    assert (body["replicaMap"], body["nextStartIndex"]) == ([[0, 1], [1, 2], [2, 0]], 3)
+    assert "balance" in body
+    assert await server.kv_store.revision() == revision
+
+
+async def test_dry_run_errors(server: api_server.ApiServer) -> None:
+    await server.put(spu(0))
+    status, body = await server.call("POST", "/v1/topics?dryRun=true", TOPIC_BODY)
+    assert (status, body["error"]["code"]) == (422, "InsufficientResources")
+    assert body["error"]["message"].startswith("replication factor 2 needs 2 online SPUs")
+    manual = {"name": "m", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 0]}]}}
+    status, body = await server.call("POST", "/v1/topics?dryRun=1", manual)
+    assert (status, body["error"]["code"]) == (422, "InvalidConfig")
+    await server.put(topic("orders"))
+    assert await server.call("POST", "/v1/topics?dryRun=true", TOPIC_BODY) == (
+        409,
+        error("AlreadyExists", "topic 'orders' already exists"),
+    )
+
+
+# ---------------------------------------------------------------------------- add partitions
+
+
+async def test_add_partitions_grows_the_spec_and_waits_for_the_new_map(server: api_server.ApiServer) -> None:
+    provisioned = topic("orders", 3, 2, resolution="Provisioned", replicaMap=REPLICA_MAP)
+    await server.put(provisioned)
+    grown_map = {**REPLICA_MAP, "3": [0, 2], "4": [1, 0]}
+    grown = provisioned.model_copy(update={"spec": provisioned.spec.model_copy(update={"partitions": 5})})
+    deciding = server.decide_later("topics", "orders", {"resolution": "Provisioned", "replicaMap": grown_map}, after=provisioned)
+    status, body = await server.call("POST", "/v1/topics/orders/partitions", {"count": 2})
+    await deciding
+    assert (status, body["spec"]["partitions"], body["status"]["replicaMap"]) == (200, 5, grown_map)
+    stored = await server.read("topics", "orders")
+    assert stored is not None and stored.spec == grown.spec  # type: ignore[attr-defined]
+
+
+async def test_add_partitions_with_timeout_0_keeps_the_status_it_had(server: api_server.ApiServer) -> None:
+    provisioned = topic("orders", 3, 2, resolution="Provisioned", replicaMap=REPLICA_MAP)
+    await server.put(provisioned)
+    status, body = await server.call("POST", "/v1/topics/orders/partitions?timeout=0", {"count": 1})
+    assert (status, body["spec"]["partitions"], body["status"]) == (
+        202,
+        4,
+        {"resolution": "Provisioned", "replicaMap": REPLICA_MAP, "reason": ""},
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "expected"),
+    [
+        ({"count": 0}, 422, error("InvalidRequest", "count: the number of partitions to add must be at least 1 (got 0)")),
+        ({"count": -3}, 422, error("InvalidRequest", "count: the number of partitions to add must be at least 1 (got -3)")),
+        ({"count": "2"}, 400, error("MalformedRequest", "count: must be a whole number (got '2')")),
+        ({"count": True}, 400, error("MalformedRequest", "count: must be a whole number (got True)")),
+        ({"count": 1.5}, 400, error("MalformedRequest", "count: must be a whole number (got 1.5)")),
+        ({}, 422, error("InvalidRequest", "count: field required (the number of partitions to add)")),
+        ({"count": 1, "total": 4}, 422, error("InvalidRequest", 'total: unknown field (the body is {"count": N})')),
+        (
+            {"count": models.MAX_PARTITIONS},
+            422,
+            error(
+                "InvalidRequest",
+                f"count: topic 'orders' has 3 partitions; adding {models.MAX_PARTITIONS} would make "
+                f"{models.MAX_PARTITIONS + 3}, above the limit of {models.MAX_PARTITIONS}",
+            ),
+        ),
+        ([2], 400, error("MalformedRequest", 'the request body must be a JSON object {"count": N}, got an array')),
+    ],
+)
+async def test_add_partitions_rejects_bad_counts(
+    server: api_server.ApiServer, body: Any, status: int, expected: dict[str, Any]
+) -> None:
+    original = topic("orders", 3, 2)
+    await server.put(original)
+    assert await server.call("POST", "/v1/topics/orders/partitions", body) == (status, expected)
+    assert await server.read("topics", "orders") == original
+
+
+async def test_add_partitions_to_a_missing_or_manual_topic(server: api_server.ApiServer) -> None:
+    assert await server.call("POST", "/v1/topics/nope/partitions", {"count": 1}) == (
+        404,
+        error("NotFound", "topic 'nope' not found"),
+    )
+    manual = models.Topic.model_validate({"name": "m", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0]}]}})
+    await server.put(manual)
+    assert await server.call("POST", "/v1/topics/m/partitions", {"count": 1}) == (
+        422,
+        error("ManualTopic", "topic 'm' has a manual replicaAssignment: partitions cannot be added to it"),
+    )
+
+
+class ConflictingStore(memory.MemoryStore):
+    """Loses the next ``conflicts`` compare-and-swaps, as if a controller had written first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conflicts = 0
+
+    def _maybe_conflict(self, key: str) -> None:
+        if self.conflicts:
+            self.conflicts -= 1
+            raise kv.Conflict(key, 1, 2)
+
+    async def update(self, key: str, value: bytes, mod_revision: int) -> int:
+        self._maybe_conflict(key)
+        return await super().update(key, value, mod_revision)
+
+    async def delete(self, key: str, mod_revision: int | None = None) -> int:
+        self._maybe_conflict(key)
+        return await super().delete(key, mod_revision)
+
+
+@pytest.fixture
+async def conflicting() -> AsyncIterator[tuple[api_server.ApiServer, ConflictingStore]]:
+    store = ConflictingStore()
+    running = api_server.ApiServer(store)
+    await running.start()
+    yield running, store
+    await running.stop()
+
+
+async def test_writes_retry_a_lost_compare_and_swap_then_give_up_with_409(
+    conflicting: tuple[api_server.ApiServer, ConflictingStore],
+) -> None:
+    server, store = conflicting
+    await server.put(topic("orders", 3, 2), topic("other"))
+    store.conflicts = api.CAS_ATTEMPTS - 1
+    status, body = await server.call("POST", "/v1/topics/orders/partitions?timeout=0", {"count": 1})
+    assert (status, body["spec"]["partitions"]) == (202, 4)
+    store.conflicts = api.CAS_ATTEMPTS
+    assert await server.call("POST", "/v1/topics/orders/partitions?timeout=0", {"count": 1}) == (
+        409,
+        error("Conflict", "topic 'orders' kept changing while adding partitions (5 attempts); retry"),
+    )
+    store.conflicts = api.CAS_ATTEMPTS
+    assert await server.call("DELETE", "/v1/topics/other") == (
+        409,
+        error("Conflict", "topic 'other' kept changing while deleting it (5 attempts); retry"),
+    )
+    store.conflicts = 1
+    assert (await server.call("DELETE", "/v1/topics/other"))[0] == 200
+    assert await server.read("topics", "other") is None
+
+
+# ---------------------------------------------------------------------------- delete
+
+
+async def test_delete_topic_deletes_only_the_topic_key(server: api_server.ApiServer) -> None:
+    provisioned = topic("orders", 1, 1, resolution="Provisioned", replicaMap={"0": [0]})
+    await server.put(provisioned, partition("orders-0", [0]))
+    assert await server.call("DELETE", "/v1/topics/orders") == (
+        200,
+        {"deleted": provisioned.to_json_dict(), "warnings": []},
+    )
+    assert await server.read("topics", "orders") is None
+    assert await server.read("partitions", "orders-0") is not None  # the topic controller's job
+    assert await server.call("DELETE", "/v1/topics/orders") == (404, error("NotFound", "topic 'orders' not found"))
+    assert await server.call("DELETE", "/v1/brokers/x") == (
+        404,
+        error("NotFound", "unknown kind 'brokers': use one of spus, spu-groups, topics, partitions"),
+    )
+
+
+async def test_partitions_cannot_be_deleted_alone(server: api_server.ApiServer) -> None:
+    await server.put(partition("orders-0", [0]))
+    assert await server.call("DELETE", "/v1/partitions/orders-0") == (
+        422,
+        error(
+            "PartitionOwnedByTopic",
+            "partition 'orders-0' belongs to topic 'orders': partitions go with their topic (delete the topic instead)",
+        ),
+    )
+    assert await server.read("partitions", "orders-0") is not None
+
+
+async def test_delete_spu_still_used_is_allowed_with_a_warning(server: api_server.ApiServer) -> None:
+    await server.put(spu(3, "s3"), *(partition(f"t-{index}", [3, 1]) for index in range(12)), partition("u-0", [1]))
+    status, body = await server.call("DELETE", "/v1/spus/s3")
+    assert (status, body["warnings"]) == (
+        200,
+        [
+            "SPU 3 ('s3') still holds replicas of 12 partitions: t-0, t-1, t-2, t-3, t-4, t-5, t-6, t-7, t-8, t-9 "
+            "and 2 more; they stay assigned to id 3 until an SPU with that id is registered again"
+        ],
+    )
+    assert await server.read("spus", "s3") is None
+
+
+async def test_delete_managed_spu_is_refused_while_its_group_exists(server: api_server.ApiServer) -> None:
+    group = models.SpuGroup.model_validate({"name": "g", "spec": {"replicas": 1, "minId": 5}})
+    await server.put(group, spu(5, "g-0", spu_type="Managed"), spu(6, "h-0", spu_type="Managed"))
+    assert await server.call("DELETE", "/v1/spus/g-0") == (
+        409,
+        error("ManagedSpu", "SPU 'g-0' is managed by SPU group 'g': scale the group down or delete it instead"),
+    )
+    # A managed SPU whose group is gone may be removed by hand.
+    assert (await server.call("DELETE", "/v1/spus/h-0"))[0] == 200
+    assert (await server.call("DELETE", "/v1/spu-groups/g"))[0] == 200
+    assert await server.read("spu-groups", "g") is None
+
+
+# ---------------------------------------------------------------------------- placement
+
+
+async def test_placement_with_explicit_spus(server: api_server.ApiServer) -> None:
+    request = {"spus": [{"id": 0}, {"id": 1}, {"id": 2}], "partitions": 3, "replicationFactor": 2}
+    status, body = await server.call("POST", "/v1/placement", request)
+    assert (status, body["replicaMap"], body["nextStartIndex"]) == (200, [[0, 1], [1, 2], [2, 0]], 3)
+
+
+async def test_placement_defaults_to_the_online_spus(server: api_server.ApiServer) -> None:
+    await server.put(spu(0), spu(4), spu(2, resolution="Offline"), spu(9, resolution="Init"))
+    status, body = await server.call("POST", "/v1/placement", {"partitions": 2, "replicationFactor": 2})
+    assert (status, body["replicaMap"], body["nextStartIndex"]) == (200, [[0, 4], [4, 0]], 2)
+    status, body = await server.call("POST", "/v1/placement", {"partitions": 2, "replicationFactor": 3})
+    assert (status, body["error"]["code"]) == (422, "InsufficientResources")
+
+
+@pytest.mark.parametrize(
+    ("request_body", "expected"),
+    [
+        (
+            {"spus": [{"id": 0}], "partitions": 10**9, "replicationFactor": 1},
+            error("InvalidConfig", f"partitions must be at most {models.MAX_PARTITIONS}, got 1000000000"),
+        ),
+        (
+            {"spus": [{"id": 0}], "partitions": 1, "replicationFactor": 129},
+            error("InvalidConfig", "replicationFactor must be at most 128, got 129"),
+        ),
+        (
+            {"spus": [{"id": 0}], "partitions": "x", "replicationFactor": 1},
+            error("InvalidConfig", 'partitions must be an integer of at least 1, got "x"'),
+        ),
+    ],
+)
+async def test_placement_errors(server: api_server.ApiServer, request_body: Any, expected: dict[str, Any]) -> None:
+    assert await server.call("POST", "/v1/placement", request_body) == (422, expected)
+
+
+# ---------------------------------------------------------------------------- watch
+
+
+async def next_event(stream: aiohttp.ClientResponse) -> dict[str, Any]:
+    line = await asyncio.wait_for(stream.content.readline(), 5)
+    assert line.endswith(b"\n"), line
+    return json.loads(line)
+
+
+async def revision_of(server: api_server.ApiServer, kind: str, name: str) -> int:
+    stored = await server.kv_store.get(models.object_key(kind, name))
+    assert stored is not None
+    return stored.mod_revision
+
+
+async def test_watch_streams_every_object_then_sync_then_each_change(server: api_server.ApiServer) -> None:
+    await server.put(topic("a"), topic("b"))
+    assert server.session is not None
+    async with server.session.get("/v1/watch/topics") as stream:
+        assert (stream.status, stream.headers["Content-Type"]) == (200, "application/x-ndjson")
+        revision_a, revision_b = await revision_of(server, "topics", "a"), await revision_of(server, "topics", "b")
+        assert await next_event(stream) == {"type": "ADDED", "revision": revision_a, "object": topic("a").to_json_dict()}
+        assert await next_event(stream) == {"type": "ADDED", "revision": revision_b, "object": topic("b").to_json_dict()}
+        assert await next_event(stream) == {"type": "SYNC", "revision": revision_b, "object": None}
+
+        pending = topic("a", resolution="Pending")
+        await server.put(pending)
+        modified = await revision_of(server, "topics", "a")
+        assert await next_event(stream) == {"type": "MODIFIED", "revision": modified, "object": pending.to_json_dict()}
+
+        deleted = await server.kv_store.delete("topics/b")
+        assert await next_event(stream) == {"type": "DELETED", "revision": deleted, "object": topic("b").to_json_dict()}
+
+        await server.put(topic("c"))
+        assert await next_event(stream) == {
+            "type": "ADDED",
+            "revision": await revision_of(server, "topics", "c"),
+            "object": topic("c").to_json_dict(),
+        }
+
+
+async def test_watch_partitions_of_one_topic(server: api_server.ApiServer) -> None:
+    await server.put(partition("a-0", [1]), partition("b-0", [1]))
+    assert server.session is not None
+    async with server.session.get("/v1/watch/partitions?topic=b") as stream:
+        assert (await next_event(stream))["object"]["name"] == "b-0"
+        assert (await next_event(stream))["type"] == "SYNC"
+        await server.put(partition("a-1", [1]), partition("b-1", [1]))
+        assert (await next_event(stream))["object"]["name"] == "b-1"
+
+
+async def test_watch_over_websocket(server: api_server.ApiServer) -> None:
+    await server.put(spu(1, "s1"))
+    assert server.session is not None
+    async with server.session.ws_connect("/v1/watch/spus") as websocket:
+        first = await asyncio.wait_for(websocket.receive_json(), 5)
+        assert (first["type"], first["object"]) == ("ADDED", spu(1, "s1").to_json_dict())
+        assert (await asyncio.wait_for(websocket.receive_json(), 5))["type"] == "SYNC"
+        offline = spu(1, "s1", resolution="Offline")
+        await server.put(offline)
+        event = await asyncio.wait_for(websocket.receive_json(), 5)
+        assert (event["type"], event["object"]) == ("MODIFIED", offline.to_json_dict())
+
+
+async def test_watch_errors(server: api_server.ApiServer) -> None:
+    assert await server.call("GET", "/v1/watch/brokers") == (
+        404,
+        error("NotFound", "unknown kind 'brokers': use one of spus, spu-groups, topics, partitions"),
+    )
+    assert await server.call("GET", "/v1/watch/topics?topic=x") == (
+        422,
+        error("InvalidRequest", "query parameter topic filters partitions only, not topics"),
+    )
+
+
+async def test_a_client_that_does_not_read_never_holds_up_the_store(server: api_server.ApiServer) -> None:
+    await server.put(topic("a"))
+    assert server.session is not None
+    async with server.session.get("/v1/watch/topics") as stream:
+        # The client reads nothing while the topic changes 300 times with 20 KB reasons (6 MB):
+        # far more than the socket buffers hold.
+        for version in range(300):
+            await server.put(topic("a", reason=f"{version:03d}" + "x" * 20_000))
+        final = await server.read("topics", "a")
+        events = []
+        while not events or events[-1].get("object") != (final.to_json_dict() if final else None):
+            events.append(await next_event(stream))
+        # Intermediate states were coalesced, not queued.
+        assert len(events) < 302
+
+
+async def test_closing_a_client_or_the_server_ends_the_stream(server: api_server.ApiServer) -> None:
+    table = server.context.local_store["topics"]
+    listeners = len(table._listeners)
+    assert server.session is not None
+    async with server.session.get("/v1/watch/topics") as stream:
+        assert (await next_event(stream))["type"] == "SYNC"
+        assert len(table._listeners) == listeners + 1
+    for _ in range(300):  # the server notices within WATCH_DISCONNECT_POLL_SECONDS
+        if len(table._listeners) == listeners:
+            break
+        await asyncio.sleep(0.01)
+    assert len(table._listeners) == listeners
+
+    async with server.session.get("/v1/watch/topics") as stream:
+        assert (await next_event(stream))["type"] == "SYNC"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await server.runner.shutdown()  # what AppRunner.cleanup() calls first
+        assert await asyncio.wait_for(stream.content.read(), 2) == b""
+        assert loop.time() - started < 1
+
+
+# ---------------------------------------------------------------------------- error handling
+
+
+async def test_unexpected_errors_are_a_logged_500_with_a_request_id(capsys: pytest.CaptureFixture[str]) -> None:
+    server = api_server.ApiServer()
+
+    async def broken(request: web.Request) -> web.Response:
+        raise RuntimeError("a bug")
+
+    server.app.router.add_get("/broken", broken)
+    await server.start()
+    try:
+        assert server.session is not None
+        async with server.session.get("/broken") as response:
+            request_id = response.headers["X-Request-Id"]
+            assert (response.status, await response.json()) == (
+                500,
+                error("InternalError", f"internal error (request id {request_id}); the SC log has the details"),
+            )
+        logged = capsys.readouterr().out
+        assert request_id in logged and "RuntimeError: a bug" in logged
+    finally:
+        await server.stop()
+
+
+async def test_routing_errors_are_json(server: api_server.ApiServer) -> None:
+    assert await server.call("GET", "/v2/topics") == (404, error("NotFound", "no route for GET /v2/topics; see /openapi.json"))
+    assert await server.call("PUT", "/v1/topics/x") == (
+        405,
+        error("MethodNotAllowed", "PUT is not allowed on /v1/topics/x (allowed: DELETE, GET, HEAD)"),
+    )
+    assert await server.call("POST", "/v1/partitions", {}) == (
+        405,
+        error("MethodNotAllowed", "POST is not allowed on /v1/partitions (allowed: GET, HEAD)"),
+    )
+    too_large = b"[" + b" " * api.MAX_BODY_BYTES + b"]"
+    assert await server.call("POST", "/v1/topics", raw=too_large) == (
+        413,
+        error("RequestTooLarge", f"the request body is larger than {api.MAX_BODY_BYTES} bytes"),
+    )
+
+
+async def test_an_unavailable_store_is_503(server: api_server.ApiServer) -> None:
+    await server.kv_store.close()
+    assert await server.call("POST", "/v1/topics", TOPIC_BODY) == (
+        503,
+        error("Unavailable", "the KV store is unavailable (the memory store is closed); retry shortly"),
+    )
+    assert (await server.call("POST", "/v1/spus", SPU_BODY))[0] == 503
+    assert (await server.call("DELETE", "/v1/topics/x"))[0] == 503
+
+
+# ---------------------------------------------------------------------------- fuzzing: never a 500
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=12,
+)
+SPEC_FIELDS = [
+    "id", "spuType", "rack", "publicEndpoint", "privateEndpoint", "replicas", "minId", "storage", "partitions",
+    "replicationFactor", "ignoreRackAssignment", "placement", "replicaAssignment", "host", "port", "strategy",
+    "policies", "count", "spus", "startIndex", "existing",
+]  # fmt: skip
+NEAR_VALID = st.fixed_dictionaries(
+    {"name": st.sampled_from(["t", "x-1", "", "Bad", 5]) | st.text(max_size=5)},
+    optional={"spec": st.dictionaries(st.sampled_from(SPEC_FIELDS), JSON | st.integers(-2, 200_000), max_size=6)},
+)
+FLAT = st.dictionaries(st.sampled_from(SPEC_FIELDS), JSON | st.integers(-2, 200_000), max_size=6)
+
+
+@pytest.mark.parametrize("kind", ["spus", "spu-groups", "topics"])
+@settings(max_examples=100, deadline=None)
+@given(body=JSON | NEAR_VALID)
+def test_parsing_any_json_gives_an_object_or_a_400_or_422(kind: str, body: Any) -> None:
+    try:
+        obj = api.parse_object(kind, json.dumps(body).encode())
+    except api.ApiError as failure:
+        assert failure.status in (400, 422) and failure.message
+    else:
+        assert obj.kind == kind
+
+
+@pytest.mark.parametrize(
+    "path", ["/v1/spus", "/v1/spu-groups?timeout=0", "/v1/topics?timeout=0", "/v1/topics?dryRun=true", "/v1/placement", "/v1/topics/t/partitions?timeout=0"]
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=JSON | NEAR_VALID | FLAT)
+async def test_no_body_makes_a_route_answer_500(server: api_server.ApiServer, path: str, body: Any) -> None:
+    status, answer = await server.call("POST", path, body)
+    assert status in (200, 201, 202, 400, 404, 409, 422), (status, answer)
