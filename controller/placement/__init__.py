@@ -5,7 +5,7 @@ strategies live one per module (computed, kafka, least_loaded, multilevel, polic
 manual, plugins) behind `engine.compute`. Only `cli` reads or writes anything.
 """
 
-from controller.placement.balance import balance
+from controller.placement.report import balance
 from controller.placement.codec import error_to_json, request_from_json, result_to_json
 from controller.placement.engine import compute
 from controller.placement.manual import validate_manual

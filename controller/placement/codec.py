@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.placement import balance, model
+from controller.placement import model, report
 
 _FIELDS = (
     "spus",
@@ -175,7 +175,7 @@ def result_to_json(result: model.PlacementResult, spus: Sequence[model.SpuInfo])
     return {
         "replicaMap": [list(row) for row in result.replica_map],
         "nextStartIndex": result.next_start_index,
-        "balance": balance.balance(result.replica_map, spus),
+        "balance": report.balance(result.replica_map, spus),
     }
 
 

@@ -65,6 +65,8 @@ def rack_sequence(spus: Sequence[model.SpuInfo]) -> list[int]:
             sequence.append(spu_id)
         row = (row + 1) % rows
         col = ((step + 1) // rows + row) % cols
+    # Step i visits cell (i % rows, (i // rows + i % rows) % cols): every cell once, so every
+    # SPU is met; the append keeps the every-SPU-once promise explicit should that change.
     sequence.extend(spu_id for rack in matrix for spu_id in rack if spu_id not in taken)
     return sequence
 

@@ -23,8 +23,9 @@ def compute(request: model.PlacementRequest) -> model.PlacementResult:
 
     Partitions in `current_replica_map` keep their replicas; the others are placed as one run
     starting at `start_index`, and `next_start_index` is `start_index` plus the number of
-    partitions placed (a manual assignment places none). A plug-in, when named, is asked
-    first; if it returns None the strategy runs.
+    partitions placed (a manual assignment places none). Policies select the policies
+    strategy unless another one is named. A plug-in, when named, is asked first; if it
+    returns None the strategy runs.
     """
     _check_spus(request)
     strategy, plugin = _strategy_and_plugin(request)
@@ -85,10 +86,15 @@ def _strategy_and_plugin(request: model.PlacementRequest) -> tuple[str, str | No
         raise model.InvalidConfig(
             f"unknown placement strategy {strategy!r}: use one of {', '.join(model.STRATEGIES)} or a plug-in module:Class"
         )
-    if request.policies is not None and strategy != "policies":
-        raise model.InvalidConfig(
-            f"placement policies {request.policies!r} only apply to strategy policies, not {strategy}"
-        )
+    if request.policies is not None and not isinstance(request.policies, str):
+        raise model.InvalidConfig(f"placement policies must be a string, not {request.policies!r}")
+    if request.policies is not None and request.policies.strip():
+        if strategy == "computed":
+            strategy = "policies"  # the default strategy gives way to policies a topic carries
+        elif strategy != "policies":
+            raise model.InvalidConfig(
+                f"placement policies {request.policies!r} only apply to strategy policies, not {strategy}"
+            )
     if request.replica_assignment is not None and strategy != "manual":
         raise model.InvalidConfig(f"a replica assignment needs strategy manual, not {strategy}")
     if plugin is not None and strategy == "manual":

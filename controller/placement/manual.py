@@ -80,32 +80,32 @@ def _replicas(partition_id: int, replicas: object, registered: set[int], problem
     if not replicas:
         problems.append(f"partition {partition_id}: replicas is empty, it needs at least one SPU")
         return []
-    valid: list[int] = []
+    seen: list[int] = []
     for spu_id in replicas:
         if not _is_index(spu_id):
             problems.append(f"partition {partition_id}: replica {spu_id!r} is not a non-negative integer SPU id")
             continue
         assert isinstance(spu_id, int)
-        if spu_id in valid:
+        if spu_id in seen:
             problems.append(f"partition {partition_id}: SPU {spu_id} is listed more than once")
             continue
+        seen.append(spu_id)
         if spu_id not in registered:
             problems.append(
                 f"partition {partition_id}: SPU {spu_id} is not registered "
                 f"(registered: {model.format_ids(sorted(registered)) or 'none'})"
             )
-        valid.append(spu_id)
-    return list(replicas) if len(valid) == len(replicas) else valid
+    # As given, even when invalid: the replica count is still compared across partitions.
+    return list(replicas)
 
 
 def place(request: model.PlacementRequest) -> model.PlacementResult:
-    """The replica map a valid assignment defines; the start index is not consumed."""
+    """The replica map a valid assignment defines; the start index is not consumed.
+
+    The assignment defines every partition, so `current_replica_map` plays no part here.
+    """
     if request.replica_assignment is None:
         raise model.InvalidConfig("strategy manual needs a replicaAssignment")
-    if request.current_replica_map:
-        raise model.InvalidConfig(
-            "a manual replica assignment defines every partition: it cannot be combined with currentReplicaMap"
-        )
     registered = request.registered_spu_ids
     if registered is None:
         registered = tuple(spu.id for spu in request.spus)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from controller.placement import model
 
 
-def _spread(counts: dict[str, int]) -> dict[str, object]:
+def _spread(counts: dict[int, int] | dict[str, int]) -> dict[str, int]:
     values = list(counts.values())
     low, high = (min(values), max(values)) if values else (0, 0)
     return {"min": low, "max": high, "spread": high - low}
@@ -40,10 +40,10 @@ def balance(replica_map: Sequence[Sequence[int]], spus: Iterable[model.SpuInfo])
         for spu_id in row:
             replicas[spu_id] += 1
 
-    racks = sorted({rack_of[spu_id] for spu_id in ids if rack_of.get(spu_id) is not None})  # type: ignore[type-var]
+    racks = sorted({rack for spu_id in ids if (rack := rack_of.get(spu_id)) is not None})
     report: dict[str, object] = {
-        "replicas": {"perSpu": {str(spu_id): count for spu_id, count in replicas.items()}, **_spread_of(replicas)},
-        "leaders": {"perSpu": {str(spu_id): count for spu_id, count in leaders.items()}, **_spread_of(leaders)},
+        "replicas": {"perSpu": {str(spu_id): count for spu_id, count in replicas.items()}, **_spread(replicas)},
+        "leaders": {"perSpu": {str(spu_id): count for spu_id, count in leaders.items()}, **_spread(leaders)},
         "rackReplicas": None,
         "rackLeaders": None,
     }
@@ -66,10 +66,6 @@ def balance(replica_map: Sequence[Sequence[int]], spus: Iterable[model.SpuInfo])
     report["rackViolations"] = {"count": len(violations), "partitions": violations}
     report["failover"] = _failover(replica_map, ids, online)
     return report
-
-
-def _spread_of(counts: dict[int, int]) -> dict[str, object]:
-    return _spread({str(key): value for key, value in counts.items()})
 
 
 def _failover(replica_map: Sequence[Sequence[int]], ids: list[int], online: set[int]) -> dict[str, object]:

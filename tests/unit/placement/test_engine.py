@@ -1,0 +1,224 @@
+"""The entry point: request checks, typed errors, add-partitions and plug-ins."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from controller import placement
+from tests.unit.placement import helpers
+
+
+def request(**options: object) -> placement.PlacementRequest:
+    values: dict[str, object] = {"spus": helpers.plain(3), "partitions": 2, "replication_factor": 2}
+    values.update(options)
+    return placement.PlacementRequest(**values)  # type: ignore[arg-type]
+
+
+def error_of(req: placement.PlacementRequest) -> placement.PlacementError:
+    with pytest.raises(placement.PlacementError) as caught:
+        placement.compute(req)
+    return caught.value
+
+
+# --------------------------------------------------------------------------- not enough SPUs
+
+
+def test_rf_above_online_spus_names_what_is_missing() -> None:
+    spus = [placement.SpuInfo(0), placement.SpuInfo(1), placement.SpuInfo(2, online=False)]
+    error = error_of(request(spus=spus, replication_factor=3))
+    assert isinstance(error, placement.InsufficientResources)
+    assert error.code == "InsufficientResources"
+    assert str(error) == (
+        "replication factor 3 needs 3 online SPUs, only 2 are online (ids 0, 1): 1 more needed (offline: 2)"
+    )
+    assert error.needed_spus == 1
+
+
+def test_no_online_spu_at_all() -> None:
+    error = error_of(request(spus=[placement.SpuInfo(4, online=False)], replication_factor=1))
+    assert str(error) == "replication factor 1 needs 1 online SPU, none is online: 1 more needed (offline: 4)"
+    assert isinstance(error, placement.InsufficientResources) and error.needed_spus == 1
+
+
+@pytest.mark.parametrize("strategy", ["computed", "kafka", "least-loaded", "multi-level", "policies"])
+def test_every_strategy_reports_too_few_spus_the_same_way(strategy: str) -> None:
+    error = error_of(request(spus=helpers.plain(1), strategy=strategy))
+    assert str(error) == "replication factor 2 needs 2 online SPUs, only 1 is online (ids 0): 1 more needed"
+
+
+# --------------------------------------------------------------------------- bad parameters
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"partitions": 0}, "partitions must be an integer of at least 1, got 0"),
+        ({"replication_factor": -1}, "replication factor must be an integer of at least 1, got -1"),
+        ({"start_index": -5}, "start index must be an integer of at least 0, got -5"),
+        ({"partitions": True}, "partitions must be an integer of at least 1, got True"),
+        (
+            {"strategy": "random"},
+            "unknown placement strategy 'random': use one of computed, kafka, least-loaded, multi-level, "
+            "policies, manual or a plug-in module:Class",
+        ),
+        (
+            {"strategy": "kafka", "policies": "node=balanced"},
+            "placement policies 'node=balanced' only apply to strategy policies, not kafka",
+        ),
+        ({"replica_assignment": [(0, [0])]}, "a replica assignment needs strategy manual, not computed"),
+        ({"spus": [placement.SpuInfo(1), placement.SpuInfo(1)]}, "SPU id 1 appears more than once in spus"),
+        ({"spus": [placement.SpuInfo(-1)]}, "SPU id -1 is not a non-negative integer"),
+        ({"spus": [placement.SpuInfo(0, rack=" ")]}, "rack ' ' of SPU 0 must be a non-empty string or null"),
+        (
+            {"strategy": "a:B", "plugin": "c:D"},
+            "strategy 'a:B' and plugin 'c:D' name two different plug-ins",
+        ),
+    ],
+)
+def test_invalid_requests(options: dict[str, object], message: str) -> None:
+    error = error_of(request(**options))
+    assert isinstance(error, placement.InvalidConfig)
+    assert error.code == "InvalidConfig"
+    assert str(error) == message
+
+
+# --------------------------------------------------------------------------- add partitions
+
+
+def test_add_partitions_places_only_the_new_ones_as_a_run_from_the_start_index() -> None:
+    current = [[4, 0, 1], [0, 1, 2]]
+    result = placement.compute(
+        request(spus=helpers.plain(5), partitions=5, replication_factor=3, current_replica_map=current, start_index=9)
+    )
+    # The three new partitions are the seed table's indexes 9, 10 and 11.
+    assert result.replica_map == [[4, 0, 1], [0, 1, 2], [4, 1, 2], [0, 3, 4], [1, 4, 0]]
+    assert result.next_start_index == 12
+
+
+def test_current_partitions_on_offline_spus_are_kept() -> None:
+    spus = [placement.SpuInfo(0), placement.SpuInfo(1), placement.SpuInfo(2, online=False)]
+    result = placement.compute(request(spus=spus, partitions=2, current_replica_map=[[2, 0]]))
+    assert result.replica_map == [[2, 0], [0, 1]]
+
+
+def test_nothing_to_add_returns_the_current_map_and_keeps_the_index() -> None:
+    result = placement.compute(request(spus=helpers.plain(1), partitions=1, current_replica_map=[[0, 1]], start_index=3))
+    assert result.replica_map == [[0, 1]]
+    assert result.next_start_index == 3
+
+
+@pytest.mark.parametrize(
+    ("current", "message"),
+    [
+        ([[0, 1], [1, 2], [2, 0]], "the topic already has 3 partitions, more than the 2 asked for: partitions can be added, not removed"),
+        ([[0, 1, 2]], "current partition 0 has 3 replicas but the replication factor is 2: existing partitions keep their replicas, so the replication factor cannot change here"),
+        ([[1, 1]], "current partition 0 repeats an SPU: [1, 1]"),
+        ([[0, -1]], "current partition 0 has replicas [0, -1], not SPU ids"),
+    ],
+)  # fmt: skip
+def test_bad_current_maps(current: list[list[int]], message: str) -> None:
+    assert str(error_of(request(current_replica_map=current))) == message
+
+
+def test_same_request_same_result() -> None:
+    for strategy in ("computed", "kafka", "least-loaded", "multi-level", "policies"):
+        spus = helpers.racked({spu_id: f"r{spu_id % 3}" for spu_id in range(9)})
+        first = placement.compute(request(spus=spus, partitions=20, replication_factor=3, strategy=strategy))
+        again = placement.compute(request(spus=list(reversed(spus)), partitions=20, replication_factor=3, strategy=strategy))
+        assert first == again
+
+
+def test_request_is_frozen_and_normalised() -> None:
+    req = request(current_replica_map=[[0, 1]], existing=[["t", 0, [1, 2]]])
+    assert req.current_replica_map == ((0, 1),)
+    with pytest.raises(AttributeError):
+        req.partitions = 5  # type: ignore[misc]
+
+
+# --------------------------------------------------------------------------- plug-ins
+
+
+class ReverseIds:
+    """Places every partition on the highest ids first, and records what it saw."""
+
+    seen: list[tuple[placement.PlacementSpec, placement.ClusterView, list[int]]] = []
+
+    def place(
+        self, spec: placement.PlacementSpec, cluster: placement.ClusterView, spu_ids: Sequence[int]
+    ) -> list[list[int]]:
+        ReverseIds.seen.append((spec, cluster, list(spu_ids)))
+        ordered = sorted(spu_ids, reverse=True)
+        return [ordered[: spec.replication_factor] for _ in range(spec.count)]
+
+
+class Defers:
+    def place(self, spec: placement.PlacementSpec, cluster: placement.ClusterView, spu_ids: Sequence[int]) -> None:
+        return None
+
+
+class Cheats:
+    def place(self, spec: placement.PlacementSpec, cluster: placement.ClusterView, spu_ids: Sequence[int]) -> list[list[int]]:
+        return [[0, 9] for _ in range(spec.count)]
+
+
+class Crashes:
+    def place(self, spec: placement.PlacementSpec, cluster: placement.ClusterView, spu_ids: Sequence[int]) -> None:
+        raise RuntimeError("disk on fire")
+
+
+class NotAPlacer:
+    pass
+
+
+def test_plugin_places_and_sees_the_cluster_view() -> None:
+    ReverseIds.seen.clear()
+    spus = [*helpers.plain(3), placement.SpuInfo(3, online=False)]
+    result = placement.compute(
+        request(
+            spus=spus,
+            strategy=f"{__name__}:ReverseIds",
+            existing=[("other", 0, (0, 1))],
+            current_replica_map=[[0, 1]],
+            partitions=3,
+            start_index=4,
+        )
+    )
+    assert result.replica_map == [[0, 1], [2, 1], [2, 1]]
+    assert result.next_start_index == 6
+    spec, cluster, spu_ids = ReverseIds.seen[0]
+    assert spec == placement.PlacementSpec(
+        count=2,
+        first_partition=1,
+        replication_factor=2,
+        start_index=4,
+        current_replica_map=((0, 1),),
+        ignore_rack_assignment=False,
+        policies=None,
+    )
+    assert cluster.assignments == {("other", 0): (0, 1)}
+    assert [spu.id for spu in cluster.spus] == [0, 1, 2, 3]
+    assert spu_ids == [0, 1, 2]
+
+
+def test_plugin_returning_none_defers_to_the_strategy() -> None:
+    assert placement.compute(request(plugin=f"{__name__}:Defers", strategy="kafka")).replica_map == [[0, 1], [1, 2]]
+    assert placement.compute(request(strategy=f"{__name__}:Defers")).replica_map == [[0, 1], [1, 2]]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nomodule", "placement plug-in 'nomodule' must be written module:Class"),
+        ("no_such_module_xyz:Placer", "placement plug-in 'no_such_module_xyz:Placer': cannot import 'no_such_module_xyz': No module named 'no_such_module_xyz'"),
+        (f"{__name__}:Missing", f"placement plug-in '{__name__}:Missing': module '{__name__}' has no 'Missing'"),
+        (f"{__name__}:NotAPlacer", f"placement plug-in '{__name__}:NotAPlacer' has no place(spec, cluster, spu_ids) method"),
+        (f"{__name__}:Cheats", f"placement plug-in '{__name__}:Cheats': partition 0 uses [9], which is not an online SPU"),
+        (f"{__name__}:Crashes", f"placement plug-in '{__name__}:Crashes' failed: RuntimeError: disk on fire"),
+    ],
+)  # fmt: skip
+def test_plugin_failures_are_invalid_config(name: str, message: str) -> None:
+    error = error_of(request(plugin=name))
+    assert isinstance(error, placement.InvalidConfig)
+    assert str(error) == message
