@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
 
     baseline, _ = best_time(lambda: bare_loop(partitions), max(5, args.repeat))
-    print(f"{partitions:,} partitions x RF {REPLICATION_FACTOR} on {SPUS:,} SPUs in {RACKS} racks, best of {args.repeat}")
+    print(f"{partitions:,} partitions x RF {REPLICATION_FACTOR} on {SPUS:,} SPUs in {RACKS} racks, best of {args.repeat}:")
     print(f"{'bare arithmetic loop':34s} {baseline * 1000:9.1f} ms   1.00x")
     print()
     header = f"{'strategy':34s} {'time':>9s}   {'ratio':>6s} {'target':>7s}  {'replicas/SPU':>13s} {'leaders/SPU':>12s}"

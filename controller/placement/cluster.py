@@ -31,7 +31,10 @@ def require_replicas(spus: Sequence[model.SpuInfo], replication_factor: int) -> 
         have = f"only {len(online)} {verb} online (ids {model.format_ids(online)})"
     else:
         have = "none is online"
-    message = f"replication factor {replication_factor} needs {replication_factor} online SPU{plural}, {have}: {missing} more needed"
+    message = (
+        f"replication factor {replication_factor} needs {replication_factor} online SPU{plural}, "
+        f"{have}: {missing} more needed"
+    )
     if offline:
         message += f" (offline: {model.format_ids(offline)})"
     raise model.InsufficientResources(message, needed_spus=missing)
@@ -65,6 +68,15 @@ def rack_layout(spus: Sequence[model.SpuInfo], *, ignore_racks: bool = False) ->
             f"{'are' if len(flat) > 1 else 'is'} not a path while SPU {paths[0].id} has {paths[0].rack!r}"
         )
     return "paths"
+
+
+def alternate(groups: Sequence[Sequence[int]]) -> list[int]:
+    """One id from each group in turn, skipping exhausted groups: [[0, 5], [3], [1, 2]] gives 0, 3, 1, 5, 2.
+
+    Kafka's rack-alternated broker list and the policies' zig-zag over locations.
+    """
+    deepest = max((len(group) for group in groups), default=0)
+    return [group[depth] for depth in range(deepest) for group in groups if depth < len(group)]
 
 
 def rack_path(spu: model.SpuInfo) -> tuple[str, ...]:

@@ -155,7 +155,9 @@ def request_from_json(
         start_index=_integer("startIndex", body.get("startIndex", 0)),
         ignore_rack_assignment=_boolean("ignoreRackAssignment", body.get("ignoreRackAssignment", False)),
         policies=policies,
-        existing=tuple(_existing(index, entry) for index, entry in enumerate(_array("existing", body.get("existing", [])))),
+        existing=tuple(
+            _existing(index, entry) for index, entry in enumerate(_array("existing", body.get("existing", [])))
+        ),
         current_replica_map=tuple(
             _ids(f"currentReplicaMap[{index}]", row)
             for index, row in enumerate(_array("currentReplicaMap", body.get("currentReplicaMap", [])))

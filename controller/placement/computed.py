@@ -5,7 +5,7 @@ Purely computational, no I/O. Racks written as paths are handed to the multi-lev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from controller.placement import cluster, model, multilevel, rings
 
@@ -24,19 +24,32 @@ def round_robin(ids: Sequence[int], count: int, replication_factor: int, start_i
     """The seed's table: replica r of the partition at index i = s + p is ids[(i + r + gap) % n].
 
     The leader has no gap; followers shift by `gap = (i // n) % (n - RF + 1)`, so each pass over
-    the SPUs pairs every leader with a different set of followers. The gap is constant over a
-    block of n consecutive indexes, which are cut out of the SPU ring as slices.
+    the SPUs pairs every leader with a different set of followers.
     """
-    n = len(ids)
-    gap_max = n - replication_factor + 1
-    ring = rings.ring(ids)
+    gap_max = len(ids) - replication_factor + 1
+
+    def offsets(pass_number: int) -> list[int]:
+        gap = pass_number % gap_max
+        return [0, *(replica + gap for replica in range(1, replication_factor))]
+
+    return _by_pass(ids, count, start_index, offsets)
+
+
+def _by_pass(
+    sequence: Sequence[int], count: int, start_index: int, offsets_of_pass: Callable[[int], list[int]]
+) -> list[list[int]]:
+    """Partitions at indexes s .. s + count - 1, replica r of index i at sequence[(i + offsets[r]) % n].
+
+    The offsets depend only on the pass `i // n` over the sequence, so each pass is a block
+    of consecutive indexes cut out of the sequence ring as slices.
+    """
+    n = len(sequence)
+    ring = rings.ring(sequence)
     replica_map: list[list[int]] = []
     index, end = start_index, start_index + count
     while index < end:
         block_end = min(end, (index // n + 1) * n)
-        gap = (index // n) % gap_max
-        offsets = [0, *(replica + gap for replica in range(1, replication_factor))]
-        replica_map.extend(rings.block(ring, index % n, block_end - index, offsets))
+        replica_map.extend(rings.block(ring, index % n, block_end - index, offsets_of_pass(index // n)))
         index = block_end
     return replica_map
 
@@ -73,13 +86,5 @@ def rack_sequence(spus: Sequence[model.SpuInfo]) -> list[int]:
 
 def _from_sequence(sequence: list[int], run: model.Run) -> list[list[int]]:
     """Stage 3: replica r of the partition at index i = s + p is sequence[(i + r) % n]."""
-    n = len(sequence)
-    ring = rings.ring(sequence)
     offsets = list(range(run.replication_factor))
-    replica_map: list[list[int]] = []
-    index, end = run.start_index, run.start_index + run.count
-    while index < end:
-        block_end = min(end, (index // n + 1) * n)
-        replica_map.extend(rings.block(ring, index % n, block_end - index, offsets))
-        index = block_end
-    return replica_map
+    return _by_pass(sequence, run.count, run.start_index, lambda _pass: offsets)

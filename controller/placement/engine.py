@@ -84,7 +84,8 @@ def _strategy_and_plugin(request: model.PlacementRequest) -> tuple[str, str | No
         strategy, plugin = "computed", strategy
     elif strategy not in model.STRATEGIES:
         raise model.InvalidConfig(
-            f"unknown placement strategy {strategy!r}: use one of {', '.join(model.STRATEGIES)} or a plug-in module:Class"
+            f"unknown placement strategy {strategy!r}: use one of {', '.join(model.STRATEGIES)} "
+            "or a plug-in module:Class"
         )
     if request.policies is not None and not isinstance(request.policies, str):
         raise model.InvalidConfig(f"placement policies must be a string, not {request.policies!r}")

@@ -6,7 +6,7 @@ initial replica shift, so the result is deterministic where Kafka would pick at 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from controller.placement import cluster, model, rings
 
@@ -21,17 +21,28 @@ def place(run: model.Run) -> list[list[int]]:
 
 
 def rack_unaware(ids: Sequence[int], count: int, replication_factor: int, start_index: int) -> list[list[int]]:
-    """Leader of partition p = B[(p + s) % n]; follower j = B[(first + 1 + (shift + j) % (n - 1)) % n].
-
-    The shift is s + p // n (it grows each time p > 0 is a multiple of n), so it is constant
-    over blocks of n partitions, which are cut out of the broker ring as slices.
-    """
+    """Leader of partition p = B[(p + s) % n]; follower j = B[(first + 1 + (shift + j) % (n - 1)) % n]."""
     n = len(ids)
-    ring = rings.ring(ids)
+
+    def offsets(shift: int) -> list[int]:
+        return [0, *(1 + (shift + j) % (n - 1) for j in range(replication_factor - 1))]
+
+    return _by_shift(ids, count, start_index, offsets)
+
+
+def _by_shift(
+    arranged: Sequence[int], count: int, start_index: int, offsets_of_shift: Callable[[int], list[int]]
+) -> list[list[int]]:
+    """Partition p leads at arranged[(p + s) % n], its replicas at offsets fixed by the shift s + p // n.
+
+    The shift grows each time p > 0 is a multiple of n, so it is constant over blocks of n
+    partitions, which are cut out of the broker ring as slices.
+    """
+    n = len(arranged)
+    ring = rings.ring(arranged)
     replica_map: list[list[int]] = []
     for block_start in range(0, count, n):
-        shift = start_index + block_start // n
-        offsets = [0, *(1 + (shift + j) % (n - 1) for j in range(replication_factor - 1))]
+        offsets = offsets_of_shift(start_index + block_start // n)
         size = min(n, count - block_start)
         replica_map.extend(rings.block(ring, (block_start + start_index) % n, size, offsets))
     return replica_map
@@ -42,9 +53,7 @@ def rack_alternated(racks: dict[int, str]) -> list[int]:
     by_rack: dict[str, list[int]] = {}
     for broker in sorted(racks):
         by_rack.setdefault(racks[broker], []).append(broker)
-    columns = [by_rack[rack] for rack in sorted(by_rack)]
-    deepest = max(len(column) for column in columns)
-    return [column[depth] for depth in range(deepest) for column in columns if depth < len(column)]
+    return cluster.alternate([by_rack[rack] for rack in sorted(by_rack)])
 
 
 def rack_aware(racks: dict[int, str], count: int, replication_factor: int, start_index: int) -> list[list[int]]:
@@ -66,16 +75,13 @@ def rack_aware(racks: dict[int, str], count: int, replication_factor: int, start
     # Offsets relative to the leader only decide racks alike for every leader when the rack
     # pattern repeats with a period that divides the list length (equal-sized racks).
     periodic = n % num_racks == 0 and all(rack == position % num_racks for position, rack in enumerate(rack_at))
-    replica_map: list[list[int]] = []
     if periodic:
-        ring = rings.ring(arranged)
-        pattern = [position % num_racks for position in range(n)]
-        for block_start in range(0, count, n):
-            shift = start_index + block_start // n
-            offsets = _probe(0, shift * num_racks, replication_factor, pattern, num_racks)
-            size = min(n, count - block_start)
-            replica_map.extend(rings.block(ring, (block_start + start_index) % n, size, offsets))
-        return replica_map
+
+        def offsets(shift: int) -> list[int]:
+            return _probe(0, shift * num_racks, replication_factor, rack_at, num_racks)
+
+        return _by_shift(arranged, count, start_index, offsets)
+    replica_map: list[list[int]] = []
     for partition in range(count):
         shift = start_index + partition // n
         first = (partition + start_index) % n

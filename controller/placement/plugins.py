@@ -98,7 +98,9 @@ def place(name: str, run: model.Run) -> list[list[int]] | None:
 def _checked(name: str, answer: object, run: model.Run) -> list[list[int]]:
     if not isinstance(answer, Sequence) or len(answer) != run.count:
         size = len(answer) if isinstance(answer, Sequence) else type(answer).__name__
-        raise model.InvalidConfig(f"placement plug-in {name!r} returned {size} replica lists, {run.count} were asked for")
+        raise model.InvalidConfig(
+            f"placement plug-in {name!r} returned {size} replica lists, {run.count} were asked for"
+        )
     eligible = set(run.ids)
     replica_map: list[list[int]] = []
     for offset, replicas in enumerate(answer):

@@ -113,8 +113,7 @@ def _cluster(run: model.Run, policies: Policies) -> _Cluster:
         by_location.setdefault(cluster.location(spu) if layout != "none" else "", []).append(spu.id)
     names = sorted(by_location)
     columns = [by_location[name] for name in names]
-    deepest = max(len(column) for column in columns)
-    zigzag = [column[depth] for depth in range(deepest) for column in columns if depth < len(column)]
+    zigzag = cluster.alternate(columns)
     shift = run.start_index % len(zigzag)
     ids = zigzag[shift:] + zigzag[:shift]
     number = {name: index for index, name in enumerate(names)}

@@ -50,6 +50,14 @@ def test_strategy_is_inferred_from_assignment_or_policies() -> None:
     assert policies.strategy == "policies"
 
 
+def test_registered_ids_for_manual_checks() -> None:
+    request = placement.request_from_json(
+        {"spus": [{"id": 0}], "replicaAssignment": [{"id": 0, "replicas": [3]}], "registeredSpuIds": [0, 3]}
+    )
+    assert request.registered_spu_ids == (0, 3)
+    assert placement.compute(request).replica_map == [[3]]
+
+
 def test_default_spus_stand_in_when_the_request_has_none() -> None:
     live = [placement.SpuInfo(7)]
     request = placement.request_from_json({"partitions": 1, "replicationFactor": 1}, default_spus=live)

@@ -135,3 +135,13 @@ def test_manual_strategy_without_assignment() -> None:
     with pytest.raises(placement.InvalidConfig) as caught:
         placement.compute(placement.PlacementRequest(spus=helpers.plain(1), strategy="manual"))
     assert str(caught.value) == "strategy manual needs a replicaAssignment"
+
+
+def test_a_long_list_of_problems_is_cut_in_the_message_but_kept_whole() -> None:
+    assignment = [(index, [9]) for index in range(12)]
+    with pytest.raises(placement.InvalidConfig) as caught:
+        placement.validate_manual(assignment, REGISTERED)
+    assert len(caught.value.problems) == 12
+    assert str(caught.value).endswith(
+        "partition 9: SPU 9 is not registered (registered: 0, 1, 2, 3); and 2 more"
+    )

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller import placement
-from controller.placement import model, policies
+from controller.placement import cluster, model, policies
 from tests.unit.placement import helpers
 
 # The seed's cluster: node-0x1 .. node-0x6 in sites 1-3, as SPU ids 1 .. 6.
@@ -65,6 +65,13 @@ def test_malformed_policies_are_clear_errors(text: str, message: str) -> None:
 
 
 # --------------------------------------------------------------------------- the seed's examples
+
+
+def test_zig_zag_order_of_the_seed() -> None:
+    # "Picks nodes from different sites in a zig-zag order [0x1, 0x3, 0x5, 0x2, 0x4, 0x6]".
+    assert cluster.alternate([[1, 2], [3, 4], [5, 6]]) == [1, 3, 5, 2, 4, 6]
+    assert cluster.alternate([[0, 5], [3], [1, 2]]) == [0, 3, 1, 5, 2]
+    assert cluster.alternate([]) == []
 
 
 def test_example_1_default_placement_zig_zag_and_colocated_shards() -> None:
