@@ -190,7 +190,7 @@ class EmbeddedEtcd:
     def start(self) -> None:
         """Start etcd and block until it is healthy; EtcdStartError (with its log tail) if not."""
         self._launch()
-        while not self._started(self.healthy()):
+        while not self._started(self.healthy(self._probe_timeout())):
             time.sleep(_POLL_SECONDS)
 
     async def start_async(self) -> None:
@@ -198,7 +198,7 @@ class EmbeddedEtcd:
         stops = self._stops
         self._launch()
         while True:
-            healthy = await asyncio.to_thread(self.healthy)
+            healthy = await asyncio.to_thread(self.healthy, self._probe_timeout())
             if self._stops != stops:
                 return  # stop() was called meanwhile: it already cleaned up
             if self._started(healthy):
@@ -261,9 +261,9 @@ class EmbeddedEtcd:
                 self.restarts += 1
                 _log.warning("etcd restarted (pid %s), restart number %d", self.pid, self.restarts)
 
-    def healthy(self) -> bool:
+    def healthy(self, timeout: float = _HEALTH_TIMEOUT_SECONDS) -> bool:
         """etcd answers GET /health with {"health": "true"} (it has a leader and serves reads)."""
-        connection = http.client.HTTPConnection(self.host, self.client_port, timeout=_HEALTH_TIMEOUT_SECONDS)
+        connection = http.client.HTTPConnection(self.host, self.client_port, timeout=timeout)
         try:
             connection.request("GET", "/health")
             response = connection.getresponse()
@@ -333,6 +333,12 @@ class EmbeddedEtcd:
         self._startup_deadline = self._started_at + self.startup_timeout
         self._write_lock_owner()
         _log.info("etcd starting (pid %d) on %s, data in %s", self._process.pid, self.client_url, self.data_dir)
+
+    def _probe_timeout(self) -> float:
+        # A probe must not outlast the startup deadline: etcd accepts connections before it
+        # answers /health, and a probe that waited past the deadline could still say "healthy".
+        remaining = self._startup_deadline - time.monotonic()
+        return min(_HEALTH_TIMEOUT_SECONDS, max(remaining, 0.01))
 
     def _started(self, healthy: bool) -> bool:
         """One step of the startup wait: True once healthy, raises if etcd died or timed out."""
