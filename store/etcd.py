@@ -11,7 +11,6 @@ import contextlib
 import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -44,6 +43,8 @@ _RETRYABLE_CODES = frozenset(
 _MAYBE_APPLIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 _EVENT_DELETE = 1  # mvccpb.Event.EventType.DELETE (PUT is 0)
+_EQUAL = etcdpb.Compare.EQUAL
+_MOD = etcdpb.Compare.MOD
 
 _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.lb_policy_name", "round_robin"),
@@ -98,13 +99,13 @@ def grpc_target(endpoints: Sequence[str]) -> str:
     raise ValueError(f"etcd endpoints {list(endpoints)!r}: do not mix IPv4 and IPv6 addresses")
 
 
-@dataclass(slots=True)
-class _Attempt:
-    """What the retry loop tells each attempt: its time budget, and whether an earlier attempt of
-    this write failed in a way that may have applied it (a connection error or a timeout)."""
+class _Write:
+    """Whether an attempt of this write failed in a way that may have applied it anyway."""
 
-    timeout: float
-    maybe_applied: bool
+    __slots__ = ("maybe_applied",)
+
+    def __init__(self) -> None:
+        self.maybe_applied = False
 
 
 class EtcdStore(kv.KVStore):
@@ -163,20 +164,20 @@ class EtcdStore(kv.KVStore):
     # ------------------------------------------------------------------ reads
 
     async def get(self, key: str) -> kv.KeyValue | None:
-        request = etcdpb.RangeRequest(key=self._full_key(key))
-        response = await self._request("get", lambda attempt: self._kv.Range(request, timeout=attempt.timeout))
+        request = etcdpb.RangeRequest(key=self._prefix_bytes + key.encode())
+        response = await self._request("get", lambda timeout: self._kv.Range(request, timeout=timeout))
         return self._key_value(response.kvs[0]) if response.kvs else None
 
     async def list(self, prefix: str) -> kv.ListResult:
-        start = self._full_key(prefix)
+        start = self._prefix_bytes + prefix.encode()
         request = etcdpb.RangeRequest(key=start, range_end=prefix_range_end(start))
-        response = await self._request("list", lambda attempt: self._kv.Range(request, timeout=attempt.timeout))
+        response = await self._request("list", lambda timeout: self._kv.Range(request, timeout=timeout))
         return kv.ListResult(items=[self._key_value(item) for item in response.kvs], revision=response.header.revision)
 
     async def revision(self) -> int:
         # A point read of one key: the cheapest linearizable request that returns the revision.
         request = etcdpb.RangeRequest(key=self._prefix_bytes, keys_only=True)
-        response = await self._request("revision", lambda attempt: self._kv.Range(request, timeout=attempt.timeout))
+        response = await self._request("revision", lambda timeout: self._kv.Range(request, timeout=timeout))
         return response.header.revision
 
     # ------------------------------------------------------------------ writes
@@ -209,140 +210,106 @@ class EtcdStore(kv.KVStore):
                 if conflict.actual == 0:
                     raise kv.NotFound(key) from None
                 raise
-        request = etcdpb.DeleteRangeRequest(key=self._full_key(key))
-        maybe_applied = False
-
-        async def send(attempt: _Attempt) -> etcdpb.DeleteRangeResponse:
-            nonlocal maybe_applied
-            maybe_applied = attempt.maybe_applied
-            return await self._kv.DeleteRange(request, timeout=attempt.timeout)
-
-        response = await self._request("delete", send, write=True)
+        request = etcdpb.DeleteRangeRequest(key=self._prefix_bytes + key.encode())
+        write = _Write()
+        response = await self._request(
+            "delete", lambda timeout: self._kv.DeleteRange(request, timeout=timeout), write=write
+        )
         # After an attempt that may have been applied, "nothing to delete" may mean that attempt
         # deleted the key: it is gone either way, which is what the caller asked for.
-        if response.deleted == 0 and not maybe_applied:
+        if response.deleted == 0 and not write.maybe_applied:
             raise kv.NotFound(key)
         return response.header.revision
 
     async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
         """Apply ``operations`` atomically if every compare holds; returns the new revision.
 
-        One etcd transaction compares each key's MOD revision (0 = absent). Its failure branch
-        reads the compared keys at the same revision, so the Conflict names the first compare that
-        failed with the value it actually had, without a second, racy read.
+        One etcd transaction compares each key's MOD revision (0 = absent); the request is exactly
+        what a raw client would send. When a compare fails, one read-only transaction re-reads the
+        compared keys (at one revision) and the Conflict names the first compare that does not
+        hold. If by then every compare holds again (a key expected absent was deleted meanwhile),
+        the transaction is simply tried again, within the same deadline.
 
         Ambiguous outcomes: when an attempt fails with a connection error or a timeout, the request
-        may have reached etcd and committed. The retry then reads, in its failure branch, every key
-        the transaction writes, and a failed compare is reported as success when the transaction
-        is visibly committed: every put key holds exactly our value, all at one mod revision that
-        is newer than any compared revision and than any revision seen before we sent it, and
-        every deleted key is absent. The transaction's revision is then that mod revision (for a
-        transaction that only deletes, the revision at which the keys were seen absent). Two limits
-        follow from reading state rather than history: a write identical to ours by someone else
-        counts as ours, and our committed write already overwritten by another writer is reported
-        as a Conflict (true of the current state, which is what the caller reconciles against).
-        If the deadline passes while the outcome is unknown, Unavailable says so.
+        may have reached etcd and committed, and the retry's compare then fails against our own
+        write. So after such a failure the re-read also covers every key the transaction writes,
+        and a failed compare is reported as success when the transaction is visibly committed:
+        every put key holds exactly our value, all at one mod revision that is newer than any
+        compared revision and than any revision seen before we sent it, and every deleted key is
+        absent. The transaction's revision is then that mod revision (for a transaction that only
+        deletes: the revision at which the keys were seen absent). Two limits follow from reading
+        state rather than history: a write identical to ours by someone else counts as ours, and
+        our committed write already overwritten by another writer is reported as a Conflict (true
+        of the current state, which is what the caller reconciles against). If the deadline passes
+        while the outcome is unknown, the Unavailable says so.
         """
         if len(operations) > kv.MAX_TXN_OPS:
             raise ValueError(f"a transaction holds at most {kv.MAX_TXN_OPS} operations, got {len(operations)}")
-        written = [operation.key for operation in operations]
-        if len(set(written)) != len(written):
+        prefix = self._prefix_bytes
+        written_keys = [prefix + operation.key.encode() for operation in operations]
+        if len(set(written_keys)) != len(written_keys):
             raise ValueError("a transaction may not write the same key twice")
-        etcd_compares = [
-            etcdpb.Compare(
-                result=etcdpb.Compare.EQUAL,
-                target=etcdpb.Compare.MOD,
-                key=self._full_key(compare.key),
-                mod_revision=compare.mod_revision,
-            )
-            for compare in compares
-        ]
-        success = [self._request_op(operation) for operation in operations]
-        compared_keys = list(dict.fromkeys(self._full_key(compare.key) for compare in compares))
-        first_request = etcdpb.TxnRequest(
-            compare=etcd_compares,
-            success=success,
-            failure=[self._range_op(key, keys_only=True) for key in compared_keys],
+        compared_keys = [prefix + compare.key.encode() for compare in compares]
+        request = etcdpb.TxnRequest(
+            compare=[
+                etcdpb.Compare(result=_EQUAL, target=_MOD, key=key, mod_revision=compare.mod_revision)
+                for key, compare in zip(compared_keys, compares)
+            ],
+            success=[_request_op(key, operation) for key, operation in zip(written_keys, operations)],
         )
+        deadline = asyncio.get_running_loop().time() + self.request_timeout
         floor = max([self._revision_seen, *(compare.mod_revision for compare in compares)])
-        recheck_keys = list(dict.fromkeys([*compared_keys, *(self._full_key(key) for key in written)]))
-        retry_request: etcdpb.TxnRequest | None = None
-        maybe_applied = False
+        write = _Write() if operations else None
+        while True:
+            response = await self._request(
+                "txn", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write
+            )
+            if response.succeeded:
+                return response.header.revision
+            maybe_applied = write is not None and write.maybe_applied
+            observed, read_revision = await self._read_keys(
+                compared_keys + written_keys if maybe_applied else compared_keys, deadline
+            )
+            if maybe_applied:
+                committed = _committed_revision(operations, written_keys, observed, floor, read_revision)
+                if committed is not None:
+                    _log.info("etcd txn failed its compare on a retry but had committed at %d", committed)
+                    return committed
+            for key, compare in zip(compared_keys, compares):
+                found = observed.get(key)
+                actual = 0 if found is None else found.mod_revision
+                if actual != compare.mod_revision:
+                    raise kv.Conflict(compare.key, compare.mod_revision, actual)
 
-        async def send(attempt: _Attempt) -> etcdpb.TxnResponse:
-            nonlocal retry_request, maybe_applied
-            maybe_applied = attempt.maybe_applied
-            request = first_request
-            if attempt.maybe_applied and operations and len(recheck_keys) <= kv.MAX_TXN_OPS:
-                if retry_request is None:
-                    retry_request = etcdpb.TxnRequest(
-                        compare=etcd_compares,
-                        success=success,
-                        failure=[self._range_op(key, keys_only=False) for key in recheck_keys],
-                    )
-                request = retry_request
-            return await self._kv.Txn(request, timeout=attempt.timeout)
+    async def _read_keys(self, keys: Sequence[bytes], deadline: float) -> tuple[dict[bytes, _EtcdKeyValue], int]:
+        """The given keys as they are now (absent ones left out) and the revision read at.
 
-        response = await self._request("txn", send, write=bool(operations))
-        if response.succeeded:
-            return response.header.revision
-        observed: dict[bytes, _EtcdKeyValue] = {}
-        for response_op in response.responses:
-            for item in response_op.response_range.kvs:
-                observed[item.key] = item
-        if maybe_applied:
-            if len(recheck_keys) > kv.MAX_TXN_OPS:
-                # Too many keys for one failure branch: read them separately (not atomically).
-                observed.update(await self._read_keys(recheck_keys))
-            committed = self._committed_revision(operations, observed, floor, response.header.revision)
-            if committed is not None:
-                _log.info("etcd txn reported a failed compare after a retry, but had committed at %d", committed)
-                return committed
-        for compare in compares:
-            found = observed.get(self._full_key(compare.key))
-            actual = 0 if found is None else found.mod_revision
-            if actual != compare.mod_revision:
-                raise kv.Conflict(compare.key, compare.mod_revision, actual)
-        raise kv.StoreError(f"etcd rejected a transaction on {written!r} but every compare holds")
-
-    def _committed_revision(
-        self,
-        operations: Sequence[kv.Operation],
-        observed: dict[bytes, _EtcdKeyValue],
-        floor: int,
-        read_revision: int,
-    ) -> int | None:
-        """The revision at which ``operations`` are visibly committed, or None (rule: see txn)."""
-        put_revisions = set()
-        for operation in operations:
-            found = observed.get(self._full_key(operation.key))
-            if isinstance(operation, kv.Put):
-                if found is None or found.value != operation.value:
-                    return None
-                put_revisions.add(found.mod_revision)
-            elif found is not None:
-                return None
-        if not put_revisions:
-            return read_revision
-        if len(put_revisions) != 1:
-            return None
-        revision = put_revisions.pop()
-        return revision if revision > floor else None
-
-    async def _read_keys(self, keys: Sequence[bytes]) -> dict[bytes, _EtcdKeyValue]:
-        found = {}
-        for start in range(0, len(keys), kv.MAX_TXN_OPS):
-            request = etcdpb.TxnRequest(success=[self._range_op(key, keys_only=False) for key in keys[start : start + kv.MAX_TXN_OPS]])
-            response = await self._request("txn re-read", lambda attempt: self._kv.Txn(request, timeout=attempt.timeout))
+        One read-only transaction, so one revision, unless there are more keys than etcd accepts
+        in a transaction (then several, and the revision is the first one's).
+        """
+        unique = list(dict.fromkeys(keys))
+        found: dict[bytes, _EtcdKeyValue] = {}
+        revision = 0
+        for start in range(0, len(unique), kv.MAX_TXN_OPS):
+            request = etcdpb.TxnRequest(
+                success=[
+                    etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=key))
+                    for key in unique[start : start + kv.MAX_TXN_OPS]
+                ]
+            )
+            response = await self._request(
+                "txn re-read", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline
+            )
+            revision = revision or response.header.revision
             for response_op in response.responses:
                 for item in response_op.response_range.kvs:
                     found[item.key] = item
-        return found
+        return found, revision
 
     async def compact(self, revision: int) -> None:
         request = etcdpb.CompactionRequest(revision=revision)
         try:
-            await self._request("compact", lambda attempt: self._kv.Compact(request, timeout=attempt.timeout))
+            await self._request("compact", lambda timeout: self._kv.Compact(request, timeout=timeout))
         except _OutOfRange:
             # etcd says either "already compacted" (harmless) or "future revision" (a caller bug);
             # tell them apart by the revision rather than by the error text.
@@ -368,7 +335,7 @@ class EtcdStore(kv.KVStore):
         raises Compacted; closing the store or the iterator ends the watch and cancels the stream.
         """
         self._check_open()
-        start = self._full_key(prefix)
+        start = self._prefix_bytes + prefix.encode()
         range_end = prefix_range_end(start)
         prefix_length = self._prefix_length
         next_revision = from_revision
@@ -454,51 +421,58 @@ class EtcdStore(kv.KVStore):
     # ------------------------------------------------------------------ plumbing
 
     async def _request(
-        self, operation: str, send: Callable[[_Attempt], Awaitable[_T]], *, write: bool = False
+        self,
+        operation: str,
+        call: Callable[[float], Awaitable[_T]],
+        *,
+        deadline: float | None = None,
+        write: _Write | None = None,
     ) -> _T:
-        """Run ``send`` until it answers, retrying transient failures until the request deadline.
+        """``call(timeout)`` until it answers, retrying transient failures until the deadline.
 
-        Raises Unavailable at the deadline, the mapped typed error for anything not transient.
+        The deadline defaults to now + request_timeout. Raises Unavailable at the deadline and the
+        mapped typed error for anything not transient; marks ``write`` when an attempt failed in a
+        way that may have applied it.
         """
         self._check_open()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.request_timeout
+        if deadline is None:
+            deadline = loop.time() + self.request_timeout
         backoff = _RETRY_BACKOFF_INITIAL
         attempts = 0
-        maybe_applied = False
-        last_error: grpc.aio.AioRpcError | None = None
         while True:
-            remaining = deadline - loop.time()
             attempts += 1
             try:
-                response = await send(_Attempt(timeout=max(remaining, 0.001), maybe_applied=maybe_applied))
+                response = await call(max(deadline - loop.time(), 0.001))
             except grpc.aio.AioRpcError as error:
                 code = error.code()
                 if code not in _RETRYABLE_CODES:
                     raise self._store_error(operation, error) from None
-                last_error = error
-                maybe_applied = maybe_applied or (write and code in _MAYBE_APPLIED_CODES)
+                if write is not None and code in _MAYBE_APPLIED_CODES:
+                    write.maybe_applied = True
+                delay = min(backoff, deadline - loop.time())
+                if delay <= 0:
+                    raise self._unavailable(operation, attempts, error, write) from None
+                await asyncio.sleep(delay)
+                backoff = min(backoff * 2, _RETRY_BACKOFF_MAX)
             except asyncio.CancelledError:
                 if self._closed and _not_cancelled_from_outside():
                     raise kv.Unavailable(f"etcd store closed during {operation}") from None
                 raise
             else:
-                header = getattr(response, "header", None)
-                if header is not None and header.revision > self._revision_seen:
-                    self._revision_seen = header.revision
+                revision = response.header.revision  # type: ignore[attr-defined]
+                if revision > self._revision_seen:
+                    self._revision_seen = revision
                 return response
-            delay = min(backoff, deadline - loop.time())
-            if delay <= 0:
-                assert last_error is not None
-                outcome = (
-                    " The write may or may not have been applied: re-read before retrying." if maybe_applied else ""
-                )
-                raise kv.Unavailable(
-                    f"etcd at {self._endpoints_text()} is unavailable: {operation} failed after "
-                    f"{attempts} attempt(s) within {self.request_timeout:g} s: {_describe(last_error)}.{outcome}"
-                ) from None
-            await asyncio.sleep(delay)
-            backoff = min(backoff * 2, _RETRY_BACKOFF_MAX)
+
+    def _unavailable(self, operation: str, attempts: int, error: grpc.aio.AioRpcError, write: _Write | None) -> kv.Unavailable:
+        outcome = ""
+        if write is not None and write.maybe_applied:
+            outcome = " The write may or may not have been applied: re-read before retrying."
+        return kv.Unavailable(
+            f"etcd at {self._endpoints_text()} is unavailable: {operation} failed after {attempts} "
+            f"attempt(s) within {self.request_timeout:g} s: {_describe(error)}.{outcome}"
+        )
 
     def _store_error(self, operation: str, error: grpc.aio.AioRpcError) -> Exception:
         code = error.code()
@@ -515,9 +489,6 @@ class EtcdStore(kv.KVStore):
     def _endpoints_text(self) -> str:
         return ", ".join(self.endpoints)
 
-    def _full_key(self, key: str) -> bytes:
-        return self._prefix_bytes + key.encode()
-
     def _key_value(self, item: _EtcdKeyValue) -> kv.KeyValue:
         return kv.KeyValue(
             key=item.key[self._prefix_length :].decode(),
@@ -526,14 +497,36 @@ class EtcdStore(kv.KVStore):
             create_revision=item.create_revision,
         )
 
-    def _request_op(self, operation: kv.Operation) -> etcdpb.RequestOp:
-        if isinstance(operation, kv.Put):
-            return etcdpb.RequestOp(request_put=etcdpb.PutRequest(key=self._full_key(operation.key), value=operation.value))
-        return etcdpb.RequestOp(request_delete_range=etcdpb.DeleteRangeRequest(key=self._full_key(operation.key)))
 
-    @staticmethod
-    def _range_op(key: bytes, *, keys_only: bool) -> etcdpb.RequestOp:
-        return etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=key, keys_only=keys_only))
+def _request_op(key: bytes, operation: kv.Operation) -> etcdpb.RequestOp:
+    if isinstance(operation, kv.Put):
+        return etcdpb.RequestOp(request_put=etcdpb.PutRequest(key=key, value=operation.value))
+    return etcdpb.RequestOp(request_delete_range=etcdpb.DeleteRangeRequest(key=key))
+
+
+def _committed_revision(
+    operations: Sequence[kv.Operation],
+    written_keys: Sequence[bytes],
+    observed: dict[bytes, _EtcdKeyValue],
+    floor: int,
+    read_revision: int,
+) -> int | None:
+    """The revision at which ``operations`` are visibly committed, or None (the rule: EtcdStore.txn)."""
+    put_revisions = set()
+    for key, operation in zip(written_keys, operations):
+        found = observed.get(key)
+        if isinstance(operation, kv.Put):
+            if found is None or found.value != operation.value:
+                return None
+            put_revisions.add(found.mod_revision)
+        elif found is not None:
+            return None
+    if not put_revisions:
+        return read_revision
+    if len(put_revisions) != 1:
+        return None
+    revision = put_revisions.pop()
+    return revision if revision > floor else None
 
 
 class _OutOfRange(kv.StoreError):
