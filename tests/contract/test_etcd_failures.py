@@ -321,6 +321,29 @@ async def test_a_lost_response_then_another_writer_is_reported_as_a_conflict(
     assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/a", first, theirs)
 
 
+async def test_a_lost_request_is_not_mistaken_for_a_commit_by_an_identical_value(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """The key we put already holds our value from before; our request never reached etcd, and a
+    guard changed before the retry. The retry's compare fails and the key "looks" written by us,
+    but its mod revision predates our request: this is a Conflict on the guard, not a commit."""
+    guard = await etcd_store.create("topics/guard", b"g1")
+    await etcd_store.create("topics/a", b"same")
+    async with proxied_store(etcd_server, etcd_store.prefix) as (proxy, proxied):
+        await proxied.revision()  # the proxied store has seen topics/a's revision
+        cut = proxy.cut_before_next_request()
+        proxy.hold()
+        ours = asyncio.ensure_future(proxied.txn([kv.Compare("topics/guard", guard)], [kv.Put("topics/a", b"same")]))
+        try:
+            await asyncio.wait_for(cut.wait(), 5)
+            moved = await etcd_store.update("topics/guard", b"g2", guard)
+        finally:
+            proxy.release()
+        with pytest.raises(kv.Conflict) as raised:
+            await ours
+    assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/guard", guard, moved)
+
+
 # ---------------------------------------------------------------------- the embedded etcd supervisor
 
 
@@ -342,24 +365,30 @@ def test_a_startup_failure_reports_the_etcd_log_tail(tmp_path: Path) -> None:
         client_port = taken.getsockname()[1]
         (peer_port,) = embedded_etcd.free_ports(1)
         server = embedded_etcd.EmbeddedEtcd(tmp_path, client_port, peer_port)
-        with pytest.raises(embedded_etcd.EtcdStartError) as raised:
-            server.start()
+        try:
+            with pytest.raises(embedded_etcd.EtcdStartError) as raised:
+                server.start()
+            assert not server.running
+            with open(server.lock_path) as lock:  # the failed first start gave the data dir back
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            server.stop()
     message = str(raised.value)
     assert "etcd exited with code 1 during startup" in message
     assert f"127.0.0.1:{client_port}" in message
     assert "address already in use" in message  # from etcd's own log
-    assert not server.running
-    with open(server.lock_path) as lock:  # the failed first start gave the data dir back
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def test_an_etcd_that_is_not_healthy_in_time_is_stopped_with_its_log_tail(tmp_path: Path) -> None:
     server = embedded_etcd.EmbeddedEtcd(tmp_path, *embedded_etcd.free_ports(2), startup_timeout=0.01)
-    with pytest.raises(embedded_etcd.EtcdStartError) as raised:
-        server.start()
+    try:
+        with pytest.raises(embedded_etcd.EtcdStartError) as raised:
+            server.start()
+        assert not server.running
+    finally:
+        server.stop()
     assert "etcd was not healthy within 0.01 s" in str(raised.value)
     assert "supervisor pid" in str(raised.value)  # the log tail starts at our marker line
-    assert not server.running
 
 
 async def test_supervision_restarts_a_killed_etcd_with_its_data(tmp_path: Path) -> None:
