@@ -88,6 +88,8 @@ def placement_request(
         )
     strategy = spec.placement.strategy if spec.placement is not None else "computed"
     plugin = strategy if ":" in strategy else None
+    if not _load_aware(topic):
+        existing = ()  # only load-aware strategies read other topics' assignment (O(partitions))
     return placement.PlacementRequest(
         spus=spus,
         partitions=spec.partitions or 0,
@@ -127,6 +129,11 @@ def dry_run(snapshot: local.Snapshot, topic: models.Topic) -> placement.Placemen
     return placement.compute(placement_request(topic, spus, read_chain(snapshot).start_index, _assignment(snapshot)))
 
 
+def _load_aware(topic: models.ClusterObject) -> bool:
+    strategy = topic.spec.placement.strategy if topic.spec.placement is not None else "computed"
+    return strategy == "least-loaded" or ":" in strategy
+
+
 def _assignment(snapshot: local.Snapshot) -> list[tuple[str, int, list[int]]]:
     return [
         (entry.obj.topic, entry.obj.index, list(entry.obj.spec.replicas))  # type: ignore[attr-defined]
@@ -140,7 +147,8 @@ def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes] | None
     spus = spu_infos(snapshot)
     chain = read_chain(snapshot)
     cursor = chain.start_index
-    existing = _assignment(snapshot)
+    needs_assignment = any(_load_aware(entry.obj) for entry in topics.values())
+    existing = _assignment(snapshot) if needs_assignment else []
     decided: list[actions.Action] = []
     provisions: list[actions.TopicProvision] = []
     room = PROVISION_WRITES - 1  # the chain key takes one write

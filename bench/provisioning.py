@@ -1,0 +1,284 @@
+"""Provisioning benchmark (issue 4): topics created through the API of a real `sc run`.
+
+Starts its own etcd WITH fsync. Measures, in the same run:
+  1. raw etcd transaction throughput (etcd3aio, 128 puts per transaction): the baseline keys/s;
+  2. 1,000 topics x 10 partitions x RF 3 on 100 SPUs created through the HTTP API: seconds until
+     every topic is Provisioned and every partition exists, etcd keys written per partition
+     (counted by a watch), and the SC's keys/s as a fraction of the raw baseline (target >= 0.30);
+  3. 100,000 partitions already in etcd: seconds from starting `sc run` to /healthz 200
+     (target < 10 s) and the daemon's resident memory per partition (target < 2 KiB).
+
+SPUs are seeded as Online records and the SC is given a long --spu-offline-grace, so placement
+sees 100 online SPUs without 100 connected SPU processes.
+
+    .venv/bin/python bench/provisioning.py [--topics N] [--partitions P] [--preloaded N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import aiohttp  # noqa: E402
+from etcd3aio.kv import KVService  # noqa: E402
+import etcd3aio  # noqa: E402
+
+from store import embedded_etcd, etcd, kv, models  # noqa: E402
+
+SPUS = 100
+
+
+def spu(spu_id: int) -> models.Spu:
+    return models.Spu(
+        name=f"spu-{spu_id}",
+        spec=models.SpuSpec(
+            id=spu_id,
+            rack=f"rack-{spu_id % 10}",
+            public_endpoint=models.Endpoint(host="127.0.0.1", port=20000 + spu_id),
+            private_endpoint=models.Endpoint(host="127.0.0.1", port=30000 + spu_id),
+        ),
+        status=models.SpuStatus(resolution=models.SpuResolution.ONLINE),
+    )
+
+
+async def raw_txn_keys_per_second(endpoints: list[str], seconds: float, concurrency: int = 8) -> float:
+    client = etcd3aio.Etcd3Client(endpoints)
+    await client.connect()
+    try:
+        assert client.kv is not None
+        service = client.kv
+        value = models.encode(
+            models.Partition(name="topic-name-0", spec=models.PartitionSpec(leader=1, replicas=[1, 2, 3]))
+        )
+        loop = asyncio.get_running_loop()
+        stop_at = loop.time() + seconds
+        written = 0
+
+        async def worker(index: int) -> None:
+            nonlocal written
+            iteration = 0
+            while loop.time() < stop_at:
+                operations = [
+                    KVService.txn_op_put(f"/bench/raw/{index}/{iteration}/{key}", value) for key in range(128)
+                ]
+                compares = [KVService.txn_compare_create_revision(f"/bench/raw/{index}/{iteration}/0", 0)]
+                await service.txn(compares, operations)
+                written += 128
+                iteration += 1
+
+        started = loop.time()
+        await asyncio.gather(*(worker(index) for index in range(concurrency)))
+        return written / (loop.time() - started)
+    finally:
+        await client.close()
+
+
+class Sc:
+    def __init__(self, endpoints: list[str], prefix: str, log_path: Path) -> None:
+        self.port, self.private_port = embedded_etcd.free_ports(2)
+        self.command = [
+            sys.executable, "-m", "controller.cli", "run",
+            "--etcd-endpoints", ",".join(f"http://{endpoint}" for endpoint in endpoints),
+            "--key-prefix", prefix, "--bind-host", "127.0.0.1",
+            "--public-port", str(self.port), "--private-port", str(self.private_port),
+            "--spu-offline-grace", "3600", "--log-format", "json", "--log-level", "warning",
+        ]
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start_and_wait_healthy(self, timeout: float = 120.0) -> float:
+        with self.log_path.open("ab") as log:
+            started = time.perf_counter()
+            self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+        async with aiohttp.ClientSession() as session:
+            while time.perf_counter() - started < timeout:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"sc run exited:\n{self.log_path.read_text()[-2000:]}")
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with session.get(f"{self.url}/healthz") as response:
+                        if response.status == 200:
+                            return time.perf_counter() - started
+                await asyncio.sleep(0.02)
+        raise TimeoutError(f"sc run not healthy within {timeout} s")
+
+    def rss_bytes(self) -> int:
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise RuntimeError("no VmRSS")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+async def seed(store: etcd.EtcdStore, objects: list[models.ClusterObject]) -> None:
+    batches = [objects[start : start + kv.MAX_TXN_OPS] for start in range(0, len(objects), kv.MAX_TXN_OPS)]
+    semaphore = asyncio.Semaphore(16)
+
+    async def write(batch: list[models.ClusterObject]) -> None:
+        async with semaphore:
+            await store.txn([], [kv.Put(obj.key, models.encode(obj)) for obj in batch])
+
+    await asyncio.gather(*(write(batch) for batch in batches))
+
+
+async def provisioning_run(endpoints: list[str], workdir: Path, topics: int, partitions: int) -> dict[str, float]:
+    prefix = "/bench/provision/"
+    store = await etcd.EtcdStore.open(endpoints, prefix, request_timeout=30)
+    sc = Sc(endpoints, prefix, workdir / "sc-provision.log")
+    try:
+        await seed(store, [spu(spu_id) for spu_id in range(SPUS)])
+        await sc.start_and_wait_healthy()
+        events = 0
+        start_revision = await store.revision() + 1
+
+        async def count_events() -> None:
+            nonlocal events
+            async for _ in store.watch("", start_revision):
+                events += 1
+
+        counter = asyncio.create_task(count_events())
+        started = time.perf_counter()
+        async with aiohttp.ClientSession() as session:
+            semaphore = asyncio.Semaphore(32)
+
+            async def create(index: int) -> None:
+                body = {"name": f"topic-{index}", "spec": {"partitions": partitions, "replicationFactor": 3}}
+                async with semaphore, session.post(f"{sc.url}/v1/topics?timeout=0", json=body) as response:
+                    if response.status >= 300:
+                        raise RuntimeError(f"create topic-{index}: {response.status} {await response.text()}")
+
+            await asyncio.gather(*(create(index) for index in range(topics)))
+        created = time.perf_counter() - started
+        while True:
+            listed = await store.list("topics/")
+            provisioned = sum(
+                1 for item in listed.items
+                if models.decode("topics", item.value).status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
+            )
+            count = len((await store.list("partitions/")).items)
+            if provisioned == topics and count == topics * partitions:
+                break
+            await asyncio.sleep(0.05)
+        elapsed = time.perf_counter() - started
+        await asyncio.sleep(0.5)  # let the counting watch catch the last events
+        counter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await counter
+        return {
+            "api_seconds": created,
+            "seconds": elapsed,
+            "keys_written": events,
+            "keys_per_partition": events / (topics * partitions),
+            "keys_per_second": events / elapsed,
+        }
+    finally:
+        sc.stop()
+        await store.close()
+
+
+async def startup_run(endpoints: list[str], workdir: Path, preloaded: int) -> dict[str, float]:
+    empty = Sc(endpoints, "/bench/empty/", workdir / "sc-empty.log")
+    await empty.start_and_wait_healthy()
+    await asyncio.sleep(1.0)
+    empty_rss = empty.rss_bytes()
+    empty.stop()
+
+    prefix = "/bench/loaded/"
+    store = await etcd.EtcdStore.open(endpoints, prefix, request_timeout=60)
+    per_topic = 10
+    objects: list[models.ClusterObject] = [spu(spu_id) for spu_id in range(SPUS)]
+    for topic_index in range(preloaded // per_topic):
+        replica_map = {
+            index: [(topic_index + index + offset) % SPUS for offset in range(3)] for index in range(per_topic)
+        }
+        objects.append(
+            models.Topic(
+                name=f"topic-{topic_index}",
+                spec=models.TopicSpec(partitions=per_topic, replication_factor=3),
+                status=models.TopicStatus(resolution=models.TopicResolution.PROVISIONED, replica_map=replica_map),
+            )
+        )
+        for index, replicas in replica_map.items():
+            objects.append(
+                models.Partition(
+                    name=models.partition_name(f"topic-{topic_index}", index),
+                    spec=models.PartitionSpec(leader=replicas[0], replicas=replicas),
+                )
+            )
+    await seed(store, objects)
+    await store.close()
+    loaded = Sc(endpoints, prefix, workdir / "sc-loaded.log")
+    try:
+        seconds = await loaded.start_and_wait_healthy()
+        await asyncio.sleep(2.0)
+        loaded_rss = loaded.rss_bytes()
+    finally:
+        loaded.stop()
+    return {
+        "startup_seconds": seconds,
+        "bytes_per_partition": (loaded_rss - empty_rss) / preloaded,
+        "empty_rss_mib": empty_rss / 2**20,
+        "loaded_rss_mib": loaded_rss / 2**20,
+    }
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--topics", type=int, default=1000)
+    parser.add_argument("--partitions", type=int, default=10)
+    parser.add_argument("--preloaded", type=int, default=100_000)
+    parser.add_argument("--raw-seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="sc-bench-") as workdir:
+        work = Path(workdir)
+        client_port, peer_port = embedded_etcd.free_ports(2)
+        server = embedded_etcd.EmbeddedEtcd(work / "etcd", client_port, peer_port, extra_args=["--quota-backend-bytes=8589934592"])
+        server.start()
+        try:
+            raw = await raw_txn_keys_per_second(server.endpoints, args.raw_seconds)
+            provisioning = await provisioning_run(server.endpoints, work, args.topics, args.partitions)
+            startup = await startup_run(server.endpoints, work, args.preloaded)
+        finally:
+            server.stop()
+    ratio = provisioning["keys_per_second"] / raw
+    rows = [
+        ("raw etcd txn keys/s (128 per txn, 8 concurrent)", f"{raw:,.0f}", "baseline", ""),
+        (f"{args.topics} topics x {args.partitions} partitions: API submit s", f"{provisioning['api_seconds']:.2f}", "", ""),
+        ("  seconds until all Provisioned with every partition", f"{provisioning['seconds']:.2f}", "", ""),
+        ("  etcd keys written per partition", f"{provisioning['keys_per_partition']:.2f}", "", ""),
+        ("  SC keys/s / raw keys/s", f"{ratio:.2f}", ">= 0.30", "ok" if ratio >= 0.30 else "MISSED"),
+        (f"{args.preloaded:,} partitions: sc run to /healthz 200 (s)", f"{startup['startup_seconds']:.2f}", "< 10", "ok" if startup["startup_seconds"] < 10 else "MISSED"),
+        ("  daemon RSS per partition (bytes)", f"{startup['bytes_per_partition']:,.0f}", "< 2048", "ok" if startup["bytes_per_partition"] < 2048 else "MISSED"),
+        ("  RSS empty / loaded (MiB)", f"{startup['empty_rss_mib']:.0f} / {startup['loaded_rss_mib']:.0f}", "", ""),
+    ]
+    width = max(len(row[0]) for row in rows)
+    for name, value, target, verdict in rows:
+        print(f"{name:<{width}}  {value:>12}  {target:>9}  {verdict}")
+    return 0 if all(row[3] != "MISSED" for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
