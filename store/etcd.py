@@ -67,8 +67,11 @@ def grpc_target(endpoints: Sequence[str]) -> str:
     """The gRPC target for etcd client endpoints given as ``host:port`` (``http://`` is accepted).
 
     IP addresses become a static list balanced round robin; one DNS name is resolved by gRPC (all
-    its addresses are used). Several DNS names cannot be expressed as one gRPC target.
+    its addresses are used). Several DNS names cannot be expressed as one gRPC target. A single
+    string is read as a comma-separated list (as in ``--etcd-endpoints a:2379,b:2379``).
     """
+    if isinstance(endpoints, str):
+        endpoints = [endpoint for endpoint in endpoints.split(",") if endpoint.strip()]
     if not endpoints:
         raise ValueError("no etcd endpoints given: pass at least one host:port, e.g. 127.0.0.1:2379")
     addresses: list[tuple[str, str]] = []
@@ -146,6 +149,8 @@ class EtcdStore(kv.KVStore):
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
     ) -> EtcdStore:
         """Connect to etcd and check that it answers (raises Unavailable if it does not)."""
+        if isinstance(endpoints, str):
+            endpoints = endpoints.split(",")
         channel = grpc.aio.insecure_channel(grpc_target(endpoints), options=_CHANNEL_OPTIONS)
         try:
             store = cls(channel, endpoints, prefix, request_timeout)
@@ -281,7 +286,9 @@ class EtcdStore(kv.KVStore):
                 if actual != compare.mod_revision:
                     raise kv.Conflict(compare.key, compare.mod_revision, actual)
 
-    async def _read_keys(self, keys: Sequence[bytes], deadline: float) -> tuple[dict[bytes, _EtcdKeyValue], int]:
+    async def _read_keys(
+        self, keys: Sequence[bytes], deadline: float
+    ) -> tuple[dict[bytes, _EtcdKeyValue], int]:
         """The given keys as they are now (absent ones left out) and the revision read at.
 
         One read-only transaction, so one revision, unless there are more keys than etcd accepts
@@ -329,15 +336,17 @@ class EtcdStore(kv.KVStore):
         of every catch-up batch to the *current* store revision, so a break during a replay would
         skip events. Here the resume point is the revision of the last event delivered + 1: etcd
         never splits one revision's events over two responses (we do not ask for fragments), and a
-        break can only happen between responses, so that point is exact. Progress notifications are not used: etcd 3.5.1 may send one
-        ahead of events not yet delivered (etcd issue 15220), so they cannot advance the resume point.
-        Reconnects back off from 0.1 s to 2 s and never give up; compaction of the resume point
-        raises Compacted; closing the store or the iterator ends the watch and cancels the stream.
+        break can only happen between responses, so that point is exact. Progress notifications
+        are not used: etcd 3.5.1 may send one ahead of events not yet delivered (etcd issue 15220),
+        so they cannot advance the resume point. Reconnects back off from 0.1 s to 2 s and never
+        give up; compaction of the resume point raises Compacted; closing the store or the
+        iterator (aclose) ends the watch and cancels the gRPC stream.
         """
         self._check_open()
         start = self._prefix_bytes + prefix.encode()
         range_end = prefix_range_end(start)
         prefix_length = self._prefix_length
+        make_event, PUT, DELETE = kv.WatchEvent, kv.EventType.PUT, kv.EventType.DELETE  # the hot loop's names
         next_revision = from_revision
         backoff = _WATCH_BACKOFF_INITIAL
         while True:
@@ -371,14 +380,17 @@ class EtcdStore(kv.KVStore):
                     if response.created:
                         backoff = _WATCH_BACKOFF_INITIAL
                         continue
-                    for event in response.events:
+                    events = response.events
+                    if not events:
+                        continue  # a progress notification (we do not ask for them) or similar
+                    for event in events:
                         item = event.kv
-                        revision = item.mod_revision
                         if event.type == _EVENT_DELETE:
-                            yield kv.WatchEvent(kv.EventType.DELETE, item.key[prefix_length:].decode(), None, revision)
+                            yield make_event(DELETE, item.key[prefix_length:].decode(), None, item.mod_revision)
                         else:
-                            yield kv.WatchEvent(kv.EventType.PUT, item.key[prefix_length:].decode(), item.value, revision)
-                        next_revision = revision + 1
+                            yield make_event(PUT, item.key[prefix_length:].decode(), item.value, item.mod_revision)
+                    # Only read again once the whole response is delivered: resuming here is exact.
+                    next_revision = events[-1].kv.mod_revision + 1
             except grpc.aio.AioRpcError as error:
                 if error.code() not in _RETRYABLE_CODES:
                     raise self._store_error("watch", error) from None
@@ -465,7 +477,9 @@ class EtcdStore(kv.KVStore):
                     self._revision_seen = revision
                 return response
 
-    def _unavailable(self, operation: str, attempts: int, error: grpc.aio.AioRpcError, write: _Write | None) -> kv.Unavailable:
+    def _unavailable(
+        self, operation: str, attempts: int, error: grpc.aio.AioRpcError, write: _Write | None
+    ) -> kv.Unavailable:
         outcome = ""
         if write is not None and write.maybe_applied:
             outcome = " The write may or may not have been applied: re-read before retrying."

@@ -15,9 +15,10 @@ from store import etcd
         (["http://10.0.0.1:2379/", "10.0.0.2:2379"], "ipv4:10.0.0.1:2379,10.0.0.2:2379"),
         (["[::1]:2379", "[fd00::2]:2379"], "ipv6:[::1]:2379,[fd00::2]:2379"),
         (["etcd.sc.svc:2379"], "dns:///etcd.sc.svc:2379"),
+        ("10.0.0.1:2379,10.0.0.2:2379", "ipv4:10.0.0.1:2379,10.0.0.2:2379"),
     ],
 )
-def test_endpoints_to_grpc_target(endpoints: list[str], target: str) -> None:
+def test_endpoints_to_grpc_target(endpoints: list[str] | str, target: str) -> None:
     assert etcd.grpc_target(endpoints) == target
 
 
