@@ -103,9 +103,11 @@ class EmbeddedEtcd:
     Layout: ``data_dir/etcd.lock`` (flock held while this supervisor owns the dir; etcd inherits
     it), ``data_dir/etcd.log`` (etcd's own output, appended), ``data_dir/etcd/`` (etcd's data).
     ``start()`` and ``stop()`` are synchronous (easy in fixtures and at process start and end);
-    ``start_async()`` and ``supervise()`` are for the running daemon. Spawn from a long-lived
-    thread: on Linux, etcd is killed when the thread that started it exits (PR_SET_PDEATHSIG), so
-    that only happens from the main thread; elsewhere only stop() cleans up.
+    ``start_async()`` and ``supervise()`` are for the running daemon. On Linux etcd dies with its
+    supervisor (PR_SET_PDEATHSIG); that signal is tied to the spawning *thread*, so it is set only
+    when etcd is spawned from the main thread; from another thread only stop() cleans up.
+    History older than an hour is compacted (etcd keeps it forever by default and eventually
+    stops taking writes at its space quota); ``extra_args`` can override that, being last.
     """
 
     def __init__(
@@ -182,6 +184,8 @@ class EmbeddedEtcd:
             f"--initial-advertise-peer-urls={self.peer_url}",
             f"--initial-cluster={self.name}={self.peer_url}",
             "--initial-cluster-state=new",
+            "--auto-compaction-mode=periodic",
+            "--auto-compaction-retention=1h",
             *self.extra_args,
         ]
 

@@ -88,6 +88,8 @@ def test_command_line_of_a_single_member_cluster(tmp_path: Path) -> None:
         "--initial-advertise-peer-urls=http://127.0.0.1:2380",
         "--initial-cluster=sc1=http://127.0.0.1:2380",
         "--initial-cluster-state=new",
+        "--auto-compaction-mode=periodic",
+        "--auto-compaction-retention=1h",
         "--unsafe-no-fsync",
     ]
     assert server.endpoints == ["127.0.0.1:2379"]
