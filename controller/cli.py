@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controller import run_cli
+from controller import admin_cli, run_cli
 from controller.placement import cli as placement_cli
 
 
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run_cli.register(commands)
+    admin_cli.register(commands)
     placement_cli.register(commands)
     return parser
 

@@ -136,15 +136,19 @@ class ApiServer:
         async def decide() -> None:
             listener = self.context.local_store[kind].listener()
             try:
-                while True:
-                    await listener.wait()
-                    listener.changes()
-                    entry = self.context.local_store[kind].get(name)
-                    if entry is not None and (after is None or entry.obj != after):
-                        break
+                async with asyncio.timeout(5):  # fail the test rather than hang it
+                    entry = await wait_for_it(listener)
             finally:
                 listener.close()
             decided = entry.obj.model_copy(update={"status": type(entry.obj.status).model_validate(status)})  # type: ignore[attr-defined]
             await self.kv_store.update(entry.obj.key, models.encode(decided), entry.mod_revision)
+
+        async def wait_for_it(listener: local.Listener) -> local.Entry:
+            while True:
+                await listener.wait()
+                listener.changes()
+                entry = self.context.local_store[kind].get(name)
+                if entry is not None and (after is None or entry.obj != after):
+                    return entry
 
         return asyncio.create_task(decide(), name=f"decide-{kind}-{name}")

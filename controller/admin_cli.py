@@ -1,0 +1,526 @@
+"""The admin commands of `sc` (topic, spu, spu-group, partition): HTTP calls to the public API.
+
+Owns flags, the requests they become, and the output (aligned tables, or JSON with -o json);
+decides nothing itself: every check and verdict is the SC's. Errors go to stderr, exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from typing import Any
+
+DEFAULT_ADDRESS = "http://127.0.0.1:9003"
+# The SC waits up to 30 s for a topic's verdict; leave it room to answer.
+REQUEST_TIMEOUT = 60.0
+
+
+class CliError(Exception):
+    """Printed as ``error: <message>``; the command exits with status 1."""
+
+
+# ---------------------------------------------------------------------------- talking to the SC
+
+
+class Client:
+    def __init__(self, address: str) -> None:
+        address = address.strip().rstrip("/")
+        if "://" not in address:
+            address = f"http://{address}"
+        self.address = address
+
+    def call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None) -> tuple[int, Any]:
+        """(status, decoded JSON answer) for any status below 400; raises CliError for the others."""
+        url = self.address + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
+                return response.status, _decode(response.read())
+        except urllib.error.HTTPError as failure:
+            answer = _decode(failure.read())
+            failure.close()
+            raise CliError(_error_message(failure.code, answer)) from None
+        except urllib.error.URLError as failure:
+            if isinstance(failure.reason, ConnectionRefusedError):
+                raise CliError(
+                    f"cannot reach the SC at {self.address}: connection refused. Is it running? "
+                    "Start it with `sc run`, or point to it with --sc URL or SC_ADDR"
+                ) from None
+            raise CliError(f"cannot reach the SC at {self.address}: {failure.reason}") from None
+        except TimeoutError:
+            raise CliError(f"the SC at {self.address} did not answer within {REQUEST_TIMEOUT:g} s") from None
+        except (ConnectionError, ValueError) as failure:
+            raise CliError(f"cannot talk to the SC at {self.address}: {failure}") from None
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace")
+
+
+def _error_message(status: int, answer: Any) -> str:
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict):
+        return str(answer["error"].get("message", answer["error"]))
+    return f"the SC answered HTTP {status}: {str(answer)[:200]}"
+
+
+def _address(args: argparse.Namespace) -> str:
+    return args.sc or os.environ.get("SC_ADDR") or DEFAULT_ADDRESS
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Columns aligned with two spaces between them; no trailing spaces."""
+    cells = [[str(header) for header in headers]] + [[_cell(value) for value in row] for row in rows]
+    widths = [max(len(line[column]) for line in cells) for column in range(len(headers))]
+    lines = ["  ".join(value.ljust(width) for value, width in zip(line, widths)).rstrip() for line in cells]
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, list):
+        return "[" + ", ".join(str(item) for item in value) + "]"
+    return str(value)
+
+
+def _print_json(answer: Any) -> None:
+    print(json.dumps(answer, indent=2))
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _resolution(obj: dict[str, Any]) -> str:
+    return str(obj.get("status", {}).get("resolution", "-"))
+
+
+def topic_rows(topics: list[dict[str, Any]]) -> str:
+    rows = []
+    for topic in topics:
+        spec, status = topic["spec"], topic.get("status", {})
+        if "replicaAssignment" in spec:
+            partitions: object = len(spec["replicaAssignment"])
+            factors = sorted({len(entry["replicas"]) for entry in spec["replicaAssignment"]})
+            replication: object = "/".join(str(factor) for factor in factors) + " (manual)"
+        else:
+            partitions, replication = spec.get("partitions"), spec.get("replicationFactor")
+        rows.append([topic["name"], _resolution(topic), partitions, replication, status.get("reason")])
+    return table(["NAME", "RESOLUTION", "PARTITIONS", "REPLICATION", "REASON"], rows)
+
+
+def partition_rows(partitions: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            partition["name"],
+            partition["spec"]["leader"],
+            partition["spec"]["replicas"],
+            _resolution(partition),
+            partition.get("status", {}).get("lrs", 0),
+        ]
+        for partition in partitions
+    ]
+    return table(["NAME", "LEADER", "REPLICAS", "RESOLUTION", "LRS"], rows)
+
+
+def _endpoint(endpoint: dict[str, Any] | None) -> str:
+    if not endpoint:
+        return "-"
+    host = endpoint["host"]
+    return f"[{host}]:{endpoint['port']}" if ":" in host else f"{host}:{endpoint['port']}"
+
+
+def spu_rows(spus: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            spu["spec"]["id"],
+            spu["name"],
+            spu["spec"].get("spuType", "Custom"),
+            spu["spec"].get("rack"),
+            _resolution(spu),
+            _endpoint(spu["spec"].get("publicEndpoint")),
+            _endpoint(spu["spec"].get("privateEndpoint")),
+        ]
+        for spu in spus
+    ]
+    return table(["ID", "NAME", "TYPE", "RACK", "RESOLUTION", "PUBLIC", "PRIVATE"], rows)
+
+
+def spu_group_rows(groups: list[dict[str, Any]]) -> str:
+    rows = [
+        [
+            group["name"],
+            group["spec"]["replicas"],
+            group["spec"].get("minId", 0),
+            group["spec"].get("rack"),
+            _resolution(group),
+            group.get("status", {}).get("reason"),
+        ]
+        for group in groups
+    ]
+    return table(["NAME", "REPLICAS", "MIN-ID", "RACK", "RESOLUTION", "REASON"], rows)
+
+
+def placement_rows(answer: dict[str, Any]) -> str:
+    rows = [[index, replicas] for index, replicas in enumerate(answer["replicaMap"])]
+    return table(["PARTITION", "REPLICAS"], rows) + f"\nnext start index: {answer['nextStartIndex']}"
+
+
+def describe_topic(topic: dict[str, Any]) -> str:
+    spec, status = topic["spec"], topic.get("status", {})
+    lines = [("Name", topic["name"]), ("Resolution", _resolution(topic))]
+    if "replicaAssignment" in spec:
+        lines.append(("Assignment", f"manual, {len(spec['replicaAssignment'])} partitions"))
+    else:
+        placement = spec.get("placement") or {}
+        lines += [
+            ("Partitions", spec.get("partitions")),
+            ("Replication", spec.get("replicationFactor")),
+            ("Rack-aware", "no (ignoreRackAssignment)" if spec.get("ignoreRackAssignment") else "yes"),
+            ("Strategy", placement.get("strategy", "computed")),
+        ]
+        if placement.get("policies"):
+            lines.append(("Policies", placement["policies"]))
+    lines.append(("Reason", status.get("reason")))
+    text = "\n".join(f"{label + ':':<13}{_cell(value)}" for label, value in lines)
+    replica_map = status.get("replicaMap") or {}
+    if replica_map:
+        rows = [[index, replica_map[index]] for index in sorted(replica_map, key=int)]
+        text += "\nReplica map:\n" + "\n".join("  " + line for line in table(["PARTITION", "REPLICAS"], rows).splitlines())
+    return text
+
+
+# ---------------------------------------------------------------------------- command helpers
+
+
+def _show(args: argparse.Namespace, answer: Any, human: Callable[[Any], str]) -> None:
+    if args.output == "json":
+        _print_json(answer)
+    else:
+        print(human(answer))
+
+
+def _report_pending(kind: str, status: int, obj: dict[str, Any]) -> None:
+    """A 202: written, but the controller has not (or not yet) made it usable."""
+    if status != 202:
+        return
+    resolution = _resolution(obj)
+    reason = obj.get("status", {}).get("reason")
+    if resolution == "InsufficientResources":
+        _warn(f"{kind} {obj['name']!r} is not provisioned yet: {reason}; it will be once enough SPUs are online")
+    else:
+        _warn(
+            f"{kind} {obj['name']!r} was written but the SC has not finished with it yet "
+            f"(resolution {resolution}); check it with `sc {kind.replace(' ', '-')} list`"
+        )
+
+
+def _report_deleted(args: argparse.Namespace, kind: str, name: str, answer: dict[str, Any]) -> None:
+    for warning in answer.get("warnings", []):
+        _warn(warning)
+    if args.output == "json":
+        _print_json(answer)
+    else:
+        print(f"{kind} {name!r} deleted")
+
+
+# ---------------------------------------------------------------------------- topic
+
+
+def _topic_create(args: argparse.Namespace) -> int:
+    client = Client(_address(args))
+    if args.replica_assignment is not None:
+        computed_flags = [
+            flag
+            for flag, given in (
+                ("--partitions", args.partitions is not None),
+                ("--replication-factor", args.replication_factor is not None),
+                ("--ignore-rack-assignment", args.ignore_rack_assignment),
+                ("--placement-policies", args.placement_policies is not None),
+                ("--placement-strategy", args.placement_strategy is not None),
+            )
+            if given
+        ]
+        if computed_flags:
+            args.usage(f"--replica-assignment cannot be combined with {', '.join(computed_flags)}")
+        spec: dict[str, Any] = {"replicaAssignment": _read_assignment(args.replica_assignment)}
+    else:
+        if args.validate_only:
+            args.usage("--validate-only checks a --replica-assignment file; use --dry-run for a computed topic")
+        missing = [
+            flag
+            for flag, value in (("--partitions", args.partitions), ("--replication-factor", args.replication_factor))
+            if value is None
+        ]
+        if missing:
+            args.usage(f"a computed topic needs {' and '.join(missing)} (or give --replica-assignment FILE)")
+        spec = {"partitions": args.partitions, "replicationFactor": args.replication_factor}
+        if args.ignore_rack_assignment:
+            spec["ignoreRackAssignment"] = True
+        if args.placement_strategy is not None or args.placement_policies is not None:
+            placement: dict[str, Any] = {"strategy": args.placement_strategy or "policies"}
+            if args.placement_policies is not None:
+                placement["policies"] = args.placement_policies
+            spec["placement"] = placement
+    body = {"name": args.name, "spec": spec}
+    if args.dry_run or args.validate_only:
+        _, answer = client.call("POST", "/v1/topics", body, {"dryRun": "true"})
+        if args.output == "json":
+            _print_json(answer)
+            return 0
+        if args.validate_only:
+            print(f"replica assignment {args.replica_assignment} is valid for topic {args.name!r}")
+        print(placement_rows(answer))
+        return 0
+    status, answer = client.call("POST", "/v1/topics", body)
+    _show(args, answer, lambda topic: topic_rows([topic]))
+    _report_pending("topic", status, answer)
+    return 0
+
+
+def _read_assignment(path: str) -> list[Any]:
+    """A replica assignment file: ``[{"id": 0, "replicas": [..]}, ..]`` (or that list under
+    ``replicaAssignment`` or ``partitions``). The SC validates the entries themselves."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            content = json.load(file)
+    except OSError as failure:
+        raise CliError(f"cannot read the replica assignment file {path!r}: {failure.strerror}") from None
+    except ValueError as failure:
+        raise CliError(f"replica assignment file {path!r} is not valid JSON: {failure}") from None
+    if isinstance(content, dict):
+        for key in ("replicaAssignment", "partitions"):
+            if key in content:
+                content = content[key]
+                break
+    if not isinstance(content, list):
+        raise CliError(
+            f'replica assignment file {path!r} must hold a list like [{{"id": 0, "replicas": [0, 1]}}]'
+        )
+    return content
+
+
+def _topic_list(args: argparse.Namespace) -> int:
+    _, topics = Client(_address(args)).call("GET", "/v1/topics")
+    _show(args, topics, topic_rows)
+    return 0
+
+
+def _topic_describe(args: argparse.Namespace) -> int:
+    _, topic = Client(_address(args)).call("GET", f"/v1/topics/{urllib.parse.quote(args.name, safe='')}")
+    _show(args, topic, describe_topic)
+    return 0
+
+
+def _topic_delete(args: argparse.Namespace) -> int:
+    _, answer = Client(_address(args)).call("DELETE", f"/v1/topics/{urllib.parse.quote(args.name, safe='')}")
+    _report_deleted(args, "topic", args.name, answer)
+    return 0
+
+
+def _topic_add_partitions(args: argparse.Namespace) -> int:
+    path = f"/v1/topics/{urllib.parse.quote(args.name, safe='')}/partitions"
+    status, topic = Client(_address(args)).call("POST", path, {"count": args.count})
+    _show(args, topic, lambda answer: topic_rows([answer]))
+    _report_pending("topic", status, topic)
+    return 0
+
+
+# ---------------------------------------------------------------------------- spu
+
+
+def _server_address(text: str) -> dict[str, Any]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as an endpoint."""
+    host, separator, port = text.rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not separator or not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return {"host": host, "port": int(port)}
+
+
+def _spu_register(args: argparse.Namespace) -> int:
+    spec: dict[str, Any] = {
+        "id": args.id,
+        "spuType": "Custom",
+        "publicEndpoint": args.public_server,
+        "privateEndpoint": args.private_server,
+    }
+    if args.rack is not None:
+        spec["rack"] = args.rack
+    _, spu = Client(_address(args)).call("POST", "/v1/spus", {"name": args.spu_name, "spec": spec})
+    _show(args, spu, lambda answer: spu_rows([answer]))
+    return 0
+
+
+def _spu_list(args: argparse.Namespace) -> int:
+    _, spus = Client(_address(args)).call("GET", "/v1/spus")
+    _show(args, spus, spu_rows)
+    return 0
+
+
+def _spu_unregister(args: argparse.Namespace) -> int:
+    if (args.name is None) == (args.id is None):
+        args.usage("name the SPU to unregister: give its NAME or --id ID (one of them)")
+    client = Client(_address(args))
+    name = args.name
+    if name is None:
+        _, spus = client.call("GET", "/v1/spus")
+        matching = [spu["name"] for spu in spus if spu["spec"]["id"] == args.id]
+        if not matching:
+            raise CliError(f"no SPU has id {args.id}")
+        name = matching[0]
+    _, answer = client.call("DELETE", f"/v1/spus/{urllib.parse.quote(name, safe='')}")
+    _report_deleted(args, "SPU", name, answer)
+    return 0
+
+
+# ---------------------------------------------------------------------------- spu-group
+
+
+def _spu_group_create(args: argparse.Namespace) -> int:
+    spec: dict[str, Any] = {"replicas": args.replicas, "minId": args.min_id}
+    if args.rack is not None:
+        spec["rack"] = args.rack
+    status, group = Client(_address(args)).call("POST", "/v1/spu-groups", {"name": args.name, "spec": spec})
+    _show(args, group, lambda answer: spu_group_rows([answer]))
+    _report_pending("spu group", status, group)
+    return 0
+
+
+def _spu_group_list(args: argparse.Namespace) -> int:
+    _, groups = Client(_address(args)).call("GET", "/v1/spu-groups")
+    _show(args, groups, spu_group_rows)
+    return 0
+
+
+def _spu_group_delete(args: argparse.Namespace) -> int:
+    _, answer = Client(_address(args)).call("DELETE", f"/v1/spu-groups/{urllib.parse.quote(args.name, safe='')}")
+    _report_deleted(args, "SPU group", args.name, answer)
+    return 0
+
+
+# ---------------------------------------------------------------------------- partition
+
+
+def _partition_list(args: argparse.Namespace) -> int:
+    query = {"topic": args.topic} if args.topic is not None else None
+    _, partitions = Client(_address(args)).call("GET", "/v1/partitions", query=query)
+    _show(args, partitions, partition_rows)
+    return 0
+
+
+# ---------------------------------------------------------------------------- argparse
+
+
+def _run(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except CliError as failure:
+            print(f"error: {failure}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def _whole_number(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    return int(text)
+
+
+def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--sc", metavar="URL", help=f"the SC's public address (default: $SC_ADDR, else {DEFAULT_ADDRESS})"
+    )
+    common.add_argument("-o", "--output", choices=["table", "json"], default="table", help="table (default) or json")
+
+    def command(group: argparse._SubParsersAction, name: str, handler: Callable[[argparse.Namespace], int], summary: str) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+        parser = group.add_parser(name, parents=[common], help=summary, description=summary)
+        parser.set_defaults(handler=_run(handler), usage=parser.error)
+        return parser
+
+    def group_of(name: str, summary: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+        # `sc spu run` (the SPU simulator) lives in another module: whichever registers first
+        # creates the group, the other adds its commands to it.
+        existing = commands.choices.get(name)
+        if existing is not None:
+            for action in existing._actions:
+                if isinstance(action, argparse._SubParsersAction):
+                    return action
+        parser = commands.add_parser(name, help=summary, description=summary)
+        return parser.add_subparsers(dest=f"{name}_command", metavar="COMMAND", required=True)
+
+    topics = group_of("topic", "create, list, describe and delete topics; add partitions")
+    create = command(topics, "create", _topic_create, "create a topic (waits until it is provisioned or cannot be)")
+    create.add_argument("name", metavar="NAME")
+    create.add_argument("-p", "--partitions", type=_whole_number, metavar="N", help="number of partitions")
+    create.add_argument("-r", "--replication-factor", type=_whole_number, metavar="R", help="replicas per partition")
+    create.add_argument("--ignore-rack-assignment", action="store_true", help="place replicas without regard to racks")
+    create.add_argument(
+        "--replica-assignment", metavar="FILE", help='manual placement: a JSON file [{"id": 0, "replicas": [0, 1]}, ...]'
+    )
+    create.add_argument(
+        "--validate-only", action="store_true", help="with --replica-assignment: check the file, create nothing"
+    )
+    create.add_argument(
+        "--placement-policies", metavar="POLICIES", help="placement policies, e.g. 'node=..;shard=..;preferred_nodes=..'"
+    )
+    create.add_argument(
+        "--placement-strategy",
+        metavar="S",
+        help="computed (default), kafka, least-loaded, multi-level, policies, or a plug-in module:Class",
+    )
+    create.add_argument("--dry-run", action="store_true", help="show the placement the topic would get; create nothing")
+    command(topics, "list", _topic_list, "list topics")
+    describe = command(topics, "describe", _topic_describe, "show one topic and its replica map")
+    describe.add_argument("name", metavar="NAME")
+    delete = command(topics, "delete", _topic_delete, "delete a topic and its partitions")
+    delete.add_argument("name", metavar="NAME")
+    add = command(topics, "add-partitions", _topic_add_partitions, "add partitions to a topic")
+    add.add_argument("name", metavar="NAME")
+    add.add_argument("-c", "--count", type=_whole_number, default=1, metavar="N", help="partitions to add (default 1)")
+
+    spus = group_of("spu", "register, list and unregister SPUs")
+    register_spu = command(spus, "register", _spu_register, "register a custom SPU")
+    register_spu.add_argument("--id", type=_whole_number, required=True, metavar="ID", help="SPU id, unique in the cluster")
+    register_spu.add_argument("--name", dest="spu_name", required=True, metavar="NAME", help="SPU name")
+    register_spu.add_argument(
+        "--public-server", type=_server_address, required=True, metavar="HOST:PORT", help="where clients reach it"
+    )
+    register_spu.add_argument(
+        "--private-server", type=_server_address, required=True, metavar="HOST:PORT", help="where other SPUs reach it"
+    )
+    register_spu.add_argument("--rack", metavar="R", help="its rack (a label, or a path such as /dc1/r2)")
+    command(spus, "list", _spu_list, "list SPUs")
+    unregister = command(spus, "unregister", _spu_unregister, "unregister a custom SPU (by NAME or --id)")
+    unregister.add_argument("name", metavar="NAME", nargs="?")
+    unregister.add_argument("--id", type=_whole_number, metavar="ID")
+
+    groups = group_of("spu-group", "create, list and delete SPU groups (managed SPUs)")
+    create_group = command(groups, "create", _spu_group_create, "create an SPU group")
+    create_group.add_argument("name", metavar="NAME")
+    create_group.add_argument("--replicas", type=_whole_number, required=True, metavar="N", help="number of SPUs")
+    create_group.add_argument("--min-id", type=_whole_number, default=0, metavar="M", help="id of the first SPU (default 0)")
+    create_group.add_argument("--rack", metavar="R", help="rack given to every SPU of the group")
+    command(groups, "list", _spu_group_list, "list SPU groups")
+    delete_group = command(groups, "delete", _spu_group_delete, "delete an SPU group and its SPUs")
+    delete_group.add_argument("name", metavar="NAME")
+
+    partitions = group_of("partition", "list partitions")
+    list_partitions = command(partitions, "list", _partition_list, "list partitions")
+    list_partitions.add_argument("--topic", metavar="NAME", help="only this topic's partitions")

@@ -1,0 +1,334 @@
+"""The admin CLI against a real API server on 127.0.0.1: tables, JSON output, errors and exit codes.
+
+The CLI is synchronous (urllib), so it runs in a thread while the server runs on the test's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import pathlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from controller import cli
+from store import models
+from tests.unit import api_server
+from tests.unit.api_server import partition, spu, topic
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[api_server.ApiServer]:
+    running = api_server.ApiServer()
+    await running.start()
+    yield running
+    await running.stop()
+
+
+class Sc:
+    def __init__(self, server: api_server.ApiServer, capsys: pytest.CaptureFixture[str]) -> None:
+        self.server = server
+        self.capsys = capsys
+
+    async def __call__(self, *argv: str, address: bool = True) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr) of ``sc ARGV --sc <server>``."""
+        arguments = [*argv, "--sc", self.server.url] if address else list(argv)
+        self.capsys.readouterr()
+        try:
+            code = await asyncio.to_thread(cli.main, arguments)
+        except SystemExit as exit_:
+            code = int(exit_.code or 0)
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+
+@pytest.fixture
+def sc(server: api_server.ApiServer, capsys: pytest.CaptureFixture[str]) -> Sc:
+    return Sc(server, capsys)
+
+
+PROVISIONED = {"resolution": "Provisioned", "replicaMap": {"0": [0, 1], "1": [1, 2], "2": [2, 0]}}
+
+
+# ---------------------------------------------------------------------------- topics
+
+
+async def test_topic_create_prints_the_topic_as_a_table(server: api_server.ApiServer, sc: Sc) -> None:
+    deciding = server.decide_later("topics", "orders", PROVISIONED)
+    result = await sc("topic", "create", "orders", "--partitions", "3", "--replication-factor", "2")
+    await deciding
+    assert result == (
+        0,
+        "NAME    RESOLUTION   PARTITIONS  REPLICATION  REASON\n"
+        "orders  Provisioned  3           2            -\n",
+        "",
+    )
+
+
+async def test_topic_create_as_json_with_policies(server: api_server.ApiServer, sc: Sc) -> None:
+    deciding = server.decide_later("topics", "orders", PROVISIONED)
+    code, out, err = await sc(
+        "topic", "create", "orders", "-p", "3", "-r", "2", "--ignore-rack-assignment",
+        "--placement-policies", "node=balanced;preferred_nodes=1", "-o", "json",
+    )  # fmt: skip
+    await deciding
+    stored = await server.read("topics", "orders")
+    assert stored is not None
+    assert (code, json.loads(out), err) == (0, stored.to_json_dict(), "")
+    assert stored.to_json_dict()["spec"] == {
+        "partitions": 3,
+        "replicationFactor": 2,
+        "ignoreRackAssignment": True,
+        "placement": {"strategy": "policies", "policies": "node=balanced;preferred_nodes=1"},
+    }
+
+
+async def test_topic_create_waiting_for_spus_warns_but_succeeds(server: api_server.ApiServer, sc: Sc) -> None:
+    reason = "replication factor 2 needs 2 online SPUs, none is online: 2 more needed"
+    deciding = server.decide_later("topics", "orders", {"resolution": "InsufficientResources", "reason": reason})
+    code, out, err = await sc("topic", "create", "orders", "-p", "3", "-r", "2")
+    await deciding
+    assert code == 0
+    assert out.splitlines()[1].split(None, 4) == ["orders", "InsufficientResources", "3", "2", reason]
+    assert err == f"warning: topic 'orders' is not provisioned yet: {reason}; it will be once enough SPUs are online\n"
+
+
+async def test_topic_create_errors_exit_1(server: api_server.ApiServer, sc: Sc) -> None:
+    await server.put(topic("orders"))
+    assert await sc("topic", "create", "orders", "-p", "1", "-r", "1") == (
+        1,
+        "",
+        "error: topic 'orders' already exists\n",
+    )
+    assert await sc("topic", "create", "other", "-p", "0", "-r", "1") == (
+        1,
+        "",
+        "error: spec.partitions: Input should be greater than or equal to 1 (got 0)\n",
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["-r", "1"], "a computed topic needs --partitions (or give --replica-assignment FILE)"),
+        ([], "a computed topic needs --partitions and --replication-factor (or give --replica-assignment FILE)"),
+        (
+            ["--replica-assignment", "a.json", "-p", "2", "--placement-strategy", "kafka"],
+            "--replica-assignment cannot be combined with --partitions, --placement-strategy",
+        ),
+        (
+            ["-p", "1", "-r", "1", "--validate-only"],
+            "--validate-only checks a --replica-assignment file; use --dry-run for a computed topic",
+        ),
+        (["-p", "x", "-r", "1"], "argument -p/--partitions: 'x' is not a whole number"),
+    ],
+)
+async def test_topic_create_usage_errors_exit_2(sc: Sc, argv: list[str], message: str) -> None:
+    code, out, err = await sc("topic", "create", "t", *argv)
+    assert (code, out) == (2, "")
+    assert err.endswith(f"sc topic create: error: {message}\n")
+
+
+async def test_dry_run_prints_the_placement_and_creates_nothing(server: api_server.ApiServer, sc: Sc) -> None:
+    await server.put(spu(0), spu(1), spu(2))
+    assert await sc("topic", "create", "orders", "-p", "3", "-r", "2", "--dry-run") == (
+        0,
+        "PARTITION  REPLICAS\n0          [0, 1]\n1          [1, 2]\n2          [2, 0]\nnext start index: 3\n",
+        "",
+    )
+    assert await server.read("topics", "orders") is None
+
+
+async def test_validate_only_checks_an_assignment_file(
+    server: api_server.ApiServer, sc: Sc, tmp_path: pathlib.Path
+) -> None:
+    await server.put(spu(0), spu(1))
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([{"id": 0, "replicas": [1, 0]}, {"id": 1, "replicas": [0, 1]}]))
+    assert await sc("topic", "create", "m", "--replica-assignment", str(good), "--validate-only") == (
+        0,
+        f"replica assignment {good} is valid for topic 'm'\n"
+        "PARTITION  REPLICAS\n0          [1, 0]\n1          [0, 1]\nnext start index: 0\n",
+        "",
+    )
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"replicaAssignment": [{"id": 0, "replicas": [0, 7]}]}))
+    code, out, err = await sc("topic", "create", "m", "--replica-assignment", str(bad), "--validate-only")
+    assert (code, out) == (1, "")
+    assert err.startswith("error: ") and "7" in err
+    broken = tmp_path / "broken.json"
+    broken.write_text("[{")
+    assert await sc("topic", "create", "m", "--replica-assignment", str(broken)) == (
+        1,
+        "",
+        f"error: replica assignment file {str(broken)!r} is not valid JSON: "
+        "Expecting property name enclosed in double quotes: line 1 column 3 (char 2)\n",
+    )
+    assert await sc("topic", "create", "m", "--replica-assignment", str(tmp_path / "none.json")) == (
+        1,
+        "",
+        f"error: cannot read the replica assignment file {str(tmp_path / 'none.json')!r}: No such file or directory\n",
+    )
+    assert await server.read("topics", "m") is None
+
+
+async def test_topic_list_describe_and_json(server: api_server.ApiServer, sc: Sc) -> None:
+    manual = models.Topic.model_validate(
+        {"name": "manual", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}, {"id": 1, "replicas": [1]}]}}
+    )
+    provisioned = topic("orders", 3, 2, **PROVISIONED)
+    await server.put(provisioned, manual, topic("waiting", 2, 3, resolution="InsufficientResources", reason="2 more needed"))
+    assert await sc("topic", "list") == (
+        0,
+        "NAME     RESOLUTION             PARTITIONS  REPLICATION   REASON\n"
+        "manual   Init                   2           1/2 (manual)  -\n"
+        "orders   Provisioned            3           2             -\n"
+        "waiting  InsufficientResources  2           3             2 more needed\n",
+        "",
+    )
+    code, out, _ = await sc("topic", "list", "-o", "json")
+    assert (code, [obj["name"] for obj in json.loads(out)]) == (0, ["manual", "orders", "waiting"])
+    assert await sc("topic", "describe", "orders") == (
+        0,
+        "Name:        orders\n"
+        "Resolution:  Provisioned\n"
+        "Partitions:  3\n"
+        "Replication: 2\n"
+        "Rack-aware:  yes\n"
+        "Strategy:    computed\n"
+        "Reason:      -\n"
+        "Replica map:\n"
+        "  PARTITION  REPLICAS\n"
+        "  0          [0, 1]\n"
+        "  1          [1, 2]\n"
+        "  2          [2, 0]\n",
+        "",
+    )
+    code, out, _ = await sc("topic", "describe", "orders", "-o", "json")
+    assert (code, json.loads(out)) == (0, provisioned.to_json_dict())
+    assert await sc("topic", "describe", "nope") == (1, "", "error: topic 'nope' not found\n")
+
+
+async def test_topic_delete_and_add_partitions(server: api_server.ApiServer, sc: Sc) -> None:
+    provisioned = topic("orders", 3, 2, **PROVISIONED)
+    await server.put(provisioned, topic("other"))
+    deciding = server.decide_later(
+        "topics", "orders", {**PROVISIONED, "replicaMap": {**PROVISIONED["replicaMap"], "3": [0, 2]}}, after=provisioned
+    )
+    code, out, err = await sc("topic", "add-partitions", "orders")
+    await deciding
+    assert (code, out.splitlines()[1].split(), err) == (0, ["orders", "Provisioned", "4", "2", "-"], "")
+    assert await sc("topic", "add-partitions", "nope", "--count", "2") == (1, "", "error: topic 'nope' not found\n")
+    assert await sc("topic", "delete", "orders") == (0, "topic 'orders' deleted\n", "")
+    assert await server.read("topics", "orders") is None
+    code, out, _ = await sc("topic", "delete", "other", "-o", "json")
+    assert (code, json.loads(out)) == (0, {"deleted": topic("other").to_json_dict(), "warnings": []})
+    assert await sc("topic", "delete", "orders") == (1, "", "error: topic 'orders' not found\n")
+
+
+# ---------------------------------------------------------------------------- SPUs and groups
+
+
+async def test_spu_register_list_unregister(server: api_server.ApiServer, sc: Sc) -> None:
+    assert await sc(
+        "spu", "register", "--id", "5", "--name", "spu-5", "--public-server", "10.0.0.5:9005",
+        "--private-server", "[::1]:9006", "--rack", "/dc1/r1",
+    ) == (
+        0,
+        "ID  NAME   TYPE    RACK     RESOLUTION  PUBLIC         PRIVATE\n"
+        "5   spu-5  Custom  /dc1/r1  Init        10.0.0.5:9005  [::1]:9006\n",
+        "",
+    )  # fmt: skip
+    assert await sc(
+        "spu", "register", "--id", "5", "--name", "other", "--public-server", "h:1", "--private-server", "h:2"
+    ) == (1, "", "error: SPU id 5 is already used by SPU 'spu-5'; choose another id\n")
+    await server.put(spu(1, "spu-1"), partition("t-0", [5]))
+    assert await sc("spu", "list") == (
+        0,
+        "ID  NAME   TYPE    RACK     RESOLUTION  PUBLIC         PRIVATE\n"
+        "1   spu-1  Custom  -        Online      10.0.0.1:9005  10.0.0.1:9006\n"
+        "5   spu-5  Custom  /dc1/r1  Init        10.0.0.5:9005  [::1]:9006\n",
+        "",
+    )
+    assert await sc("spu", "unregister", "--id", "5") == (
+        0,
+        "SPU 'spu-5' deleted\n",
+        "warning: SPU 5 ('spu-5') still holds replicas of 1 partition: t-0; they stay assigned to id 5 until an SPU "
+        "with that id is registered again\n",
+    )
+    assert await sc("spu", "unregister", "spu-1") == (0, "SPU 'spu-1' deleted\n", "")
+    assert await sc("spu", "unregister", "--id", "5") == (1, "", "error: no SPU has id 5\n")
+    code, _, err = await sc("spu", "unregister")
+    assert (code, err.splitlines()[-1]) == (
+        2,
+        "sc spu unregister: error: name the SPU to unregister: give its NAME or --id ID (one of them)",
+    )
+
+
+async def test_spu_group_create_list_delete(server: api_server.ApiServer, sc: Sc) -> None:
+    deciding = server.decide_later("spu-groups", "main", {"resolution": "Reserved"})
+    assert await sc("spu-group", "create", "main", "--replicas", "3", "--min-id", "100", "--rack", "r1") == (
+        0,
+        "NAME  REPLICAS  MIN-ID  RACK  RESOLUTION  REASON\nmain  3         100     r1    Reserved    -\n",
+        "",
+    )
+    await deciding
+    reason = "id range 100..101 collides: SPU id 100 is already used by SPU main-0"
+    deciding = server.decide_later("spu-groups", "clash", {"resolution": "Invalid", "reason": reason})
+    assert await sc("spu-group", "create", "clash", "--replicas", "2", "--min-id", "100") == (
+        1,
+        "",
+        f"error: SPU group 'clash' is Invalid: {reason}; it was kept so you can see why: delete it and create it again\n",
+    )
+    await deciding
+    code, out, _ = await sc("spu-group", "list", "-o", "json")
+    assert (code, [group["status"]["resolution"] for group in json.loads(out)]) == (0, ["Invalid", "Reserved"])
+    assert await sc("spu-group", "delete", "clash") == (0, "SPU group 'clash' deleted\n", "")
+    assert await sc("spu-group", "list") == (
+        0,
+        "NAME  REPLICAS  MIN-ID  RACK  RESOLUTION  REASON\nmain  3         100     r1    Reserved    -\n",
+        "",
+    )
+
+
+async def test_partition_list(server: api_server.ApiServer, sc: Sc) -> None:
+    await server.put(partition("a-0", [1, 2, 3]), partition("b-0", [2]), partition("a-1", [3, 1]))
+    assert await sc("partition", "list", "--topic", "a") == (
+        0,
+        "NAME  LEADER  REPLICAS   RESOLUTION  LRS\na-0   1       [1, 2, 3]  Offline     0\na-1   3       [3, 1]     Offline     0\n",
+        "",
+    )
+    code, out, _ = await sc("partition", "list", "-o", "json")
+    assert (code, [obj["name"] for obj in json.loads(out)]) == (0, ["a-0", "a-1", "b-0"])
+
+
+# ---------------------------------------------------------------------------- reaching the SC
+
+
+async def test_the_address_comes_from_sc_addr(server: api_server.ApiServer, sc: Sc, monkeypatch: pytest.MonkeyPatch) -> None:
+    await server.put(topic("a"))
+    monkeypatch.setenv("SC_ADDR", server.url.removeprefix("http://"))
+    code, out, _ = await sc("topic", "list", "-o", "json", address=False)
+    assert (code, [obj["name"] for obj in json.loads(out)]) == (0, ["a"])
+
+
+async def test_an_unreachable_sc_is_a_clear_error(sc: Sc, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SC_ADDR", "http://127.0.0.1:1")
+    assert await sc("topic", "list", address=False) == (
+        1,
+        "",
+        "error: cannot reach the SC at http://127.0.0.1:1: connection refused. Is it running? Start it with "
+        "`sc run`, or point to it with --sc URL or SC_ADDR\n",
+    )
+
+
+async def test_a_starting_sc_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    server = api_server.ApiServer()
+    await server.start(sync=False)
+    try:
+        result: Any = await Sc(server, capsys)("spu", "list")
+        assert result == (1, "", "error: the SC is still loading its store; retry shortly (see /healthz)\n")
+    finally:
+        await server.stop()
