@@ -400,6 +400,13 @@ def _spu_group_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spu_group_scale(args: argparse.Namespace) -> int:
+    path = f"/v1/spu-groups/{urllib.parse.quote(args.name, safe='')}/scale"
+    _, group = Client(_address(args)).call("POST", path, {"replicas": args.replicas})
+    _show(args, group, lambda answer: spu_group_rows([answer]))
+    return 0
+
+
 def _spu_group_list(args: argparse.Namespace) -> int:
     _, groups = Client(_address(args)).call("GET", "/v1/spu-groups")
     _show(args, groups, spu_group_rows)
@@ -511,12 +518,15 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     unregister.add_argument("name", metavar="NAME", nargs="?")
     unregister.add_argument("--id", type=_whole_number, metavar="ID")
 
-    groups = group_of("spu-group", "create, list and delete SPU groups (managed SPUs)")
+    groups = group_of("spu-group", "create, scale, list and delete SPU groups (managed SPUs)")
     create_group = command(groups, "create", _spu_group_create, "create an SPU group")
     create_group.add_argument("name", metavar="NAME")
     create_group.add_argument("--replicas", type=_whole_number, required=True, metavar="N", help="number of SPUs")
     create_group.add_argument("--min-id", type=_whole_number, default=0, metavar="M", help="id of the first SPU (default 0)")
     create_group.add_argument("--rack", metavar="R", help="rack given to every SPU of the group")
+    scale = command(groups, "scale", _spu_group_scale, "change the number of SPUs of a group")
+    scale.add_argument("name", metavar="NAME")
+    scale.add_argument("--replicas", type=_whole_number, required=True, metavar="N", help="number of SPUs")
     command(groups, "list", _spu_group_list, "list SPU groups")
     delete_group = command(groups, "delete", _spu_group_delete, "delete an SPU group and its SPUs")
     delete_group.add_argument("name", metavar="NAME")

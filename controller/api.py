@@ -526,15 +526,7 @@ async def add_partitions(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     name = request.match_info["name"]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
-    body = parse_json_object(await request.read(), '{"count": N}')
-    unknown = sorted(set(body) - {"count"})
-    if unknown:
-        raise ApiError(422, "InvalidRequest", f"{unknown[0]}: unknown field (the body is {{\"count\": N}})")
-    count = body.get("count")
-    if count is None:
-        raise ApiError(422, "InvalidRequest", "count: field required (the number of partitions to add)")
-    if not isinstance(count, int) or isinstance(count, bool):
-        raise ApiError(400, "MalformedRequest", f"count: must be a whole number (got {count!r})")
+    count = _integer_body(await request.read(), "count", "the number of partitions to add")
     if count < 1:
         raise ApiError(422, "InvalidRequest", f"count: the number of partitions to add must be at least 1 (got {count})")
     key = models.object_key("topics", name)
@@ -568,6 +560,49 @@ async def add_partitions(request: web.Request) -> web.Response:
         return await _topic_answer(request, grown, revision, timeout_ms, created=False)
     raise ApiError(
         409, "Conflict", f"topic {name!r} kept changing while adding partitions ({CAS_ATTEMPTS} attempts); retry"
+    )
+
+
+def _integer_body(raw: bytes, field: str, meaning: str) -> int:
+    """The one whole number of a ``{"<field>": N}`` body."""
+    body = parse_json_object(raw, f'{{"{field}": N}}')
+    unknown = sorted(set(body) - {field})
+    if unknown:
+        raise ApiError(422, "InvalidRequest", f'{unknown[0]}: unknown field (the body is {{"{field}": N}})')
+    value = body.get(field)
+    if value is None:
+        raise ApiError(422, "InvalidRequest", f"{field}: field required ({meaning})")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ApiError(400, "MalformedRequest", f"{field}: must be a whole number (got {value!r})")
+    return value
+
+
+async def scale_spu_group(request: web.Request) -> web.Response:
+    """Set a group's replica count; the SPU-group controller creates or deletes its SPUs."""
+    context = request.app[CONTEXT]
+    name = request.match_info["name"]
+    replicas = _integer_body(await request.read(), "replicas", "the number of SPUs the group should have")
+    key = models.object_key("spu-groups", name)
+    for _ in range(CAS_ATTEMPTS):
+        stored = await context.kv_store.get(key)
+        current = None if stored is None else _decoded("spu-groups", stored)
+        if stored is None or current is None:
+            raise ApiError(404, "NotFound", f"{_label('spu-groups', name)} not found")
+        try:
+            spec = models.SpuGroupSpec.model_validate({**current.spec.model_dump(), "replicas": replicas})  # type: ignore[attr-defined]
+        except pydantic.ValidationError as error:
+            raise ApiError(422, "InvalidRequest", models.describe_validation_error(error)) from None
+        scaled = current.model_copy(update={"spec": spec})
+        try:
+            await context.kv_store.update(key, models.encode(scaled), stored.mod_revision)
+        except kv.Conflict:
+            continue
+        except kv.NotFound:
+            raise ApiError(404, "NotFound", f"{_label('spu-groups', name)} not found") from None
+        # No verdict to wait for: a group that stays Reserved gets no new status write.
+        return web.json_response(_object_body(scaled), status=202)
+    raise ApiError(
+        409, "Conflict", f"SPU group {name!r} kept changing while scaling it ({CAS_ATTEMPTS} attempts); retry"
     )
 
 
@@ -825,6 +860,7 @@ def build_app(context: context_module.Context) -> web.Application:
     routes.add_post("/v1/placement", compute_placement)
     routes.add_post("/v1/spus", register_spu)
     routes.add_post("/v1/spu-groups", create_spu_group)
+    routes.add_post("/v1/spu-groups/{name}/scale", scale_spu_group)
     routes.add_post("/v1/topics", create_topic)
     routes.add_post("/v1/topics/{name}/partitions", add_partitions)
     routes.add_get("/v1/{kind}", list_objects)

@@ -88,7 +88,7 @@ def _responses(**answers: dict[str, Any]) -> dict[str, Any]:
 
 
 def _paths() -> dict[str, Any]:
-    object_or_error = {"oneOf": [_ref(name) for name in KIND_SCHEMAS.values()]}
+    any_object = {"oneOf": [_ref(name) for name in KIND_SCHEMAS.values()]}
     return {
         "/healthz": {
             "get": {
@@ -120,7 +120,7 @@ def _paths() -> dict[str, Any]:
                 "summary": "List the objects of a kind (SPUs by id, partitions by topic and index, others by name)",
                 "parameters": [_KIND, _TOPIC_FILTER],
                 "responses": _responses(
-                    r200=_json({"type": "array", "items": object_or_error}, "Every object of the kind"),
+                    r200=_json({"type": "array", "items": any_object}, "Every object of the kind"),
                     r404=_error("Unknown kind"),
                     r422=_error("topic given for a kind other than partitions"),
                     r503=_COMMON_ERRORS["503"],
@@ -132,7 +132,7 @@ def _paths() -> dict[str, Any]:
                 "summary": "One object",
                 "parameters": [_KIND, _NAME],
                 "responses": _responses(
-                    r200=_json(object_or_error, "The object"),
+                    r200=_json(any_object, "The object"),
                     r404=_error("Unknown kind, or no such object"),
                     r503=_COMMON_ERRORS["503"],
                 ),
@@ -185,6 +185,27 @@ def _paths() -> dict[str, Any]:
                     r400=_COMMON_ERRORS["400"],
                     r409=_error("AlreadyExists"),
                     r422=_error("InvalidObject, or SpuGroupInvalid (the group is kept; the answer has it as object)"),
+                    r503=_COMMON_ERRORS["503"],
+                ),
+            }
+        },
+        "/v1/spu-groups/{name}/scale": {
+            "post": {
+                "summary": "Set an SPU group's replica count (an extension of API.md)",
+                "description": "Compare-and-swap on the group's spec; the SPU-group controller then creates SPUs "
+                "(scale up) or deletes the highest ids (scale down). Answers at once with the group as "
+                "written: a group that stays Reserved gets no new status to wait for.",
+                "parameters": [_NAME],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _ref("Scale")}},
+                },
+                "responses": _responses(
+                    r202=_json(_ref("SpuGroup"), "The group with its new replica count"),
+                    r400=_COMMON_ERRORS["400"],
+                    r404=_error("No such SPU group"),
+                    r409=_error("The group kept changing (Conflict)"),
+                    r422=_error("InvalidRequest: replicas out of range, or ids beyond the largest SPU id"),
                     r503=_COMMON_ERRORS["503"],
                 ),
             }
@@ -279,6 +300,12 @@ def _extra_schemas() -> dict[str, Any]:
             "type": "object",
             "properties": {"count": {"type": "integer", "minimum": 1, "description": "Partitions to add"}},
             "required": ["count"],
+            "additionalProperties": False,
+        },
+        "Scale": {
+            "type": "object",
+            "properties": {"replicas": {"type": "integer", "minimum": 0, "description": "SPUs the group should have"}},
+            "required": ["replicas"],
             "additionalProperties": False,
         },
         "Error": {

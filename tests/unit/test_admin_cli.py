@@ -283,12 +283,18 @@ async def test_spu_group_create_list_delete(server: api_server.ApiServer, sc: Sc
         f"error: SPU group 'clash' is Invalid: {reason}; it was kept so you can see why: delete it and create it again\n",
     )
     await deciding
+    assert await sc("spu-group", "scale", "main", "--replicas", "5") == (
+        0,
+        "NAME  REPLICAS  MIN-ID  RACK  RESOLUTION  REASON\nmain  5         100     r1    Reserved    -\n",
+        "",
+    )
+    assert await sc("spu-group", "scale", "nope", "--replicas", "5") == (1, "", "error: SPU group 'nope' not found\n")
     code, out, _ = await sc("spu-group", "list", "-o", "json")
     assert (code, [group["status"]["resolution"] for group in json.loads(out)]) == (0, ["Invalid", "Reserved"])
     assert await sc("spu-group", "delete", "clash") == (0, "SPU group 'clash' deleted\n", "")
     assert await sc("spu-group", "list") == (
         0,
-        "NAME  REPLICAS  MIN-ID  RACK  RESOLUTION  REASON\nmain  3         100     r1    Reserved    -\n",
+        "NAME  REPLICAS  MIN-ID  RACK  RESOLUTION  REASON\nmain  5         100     r1    Reserved    -\n",
         "",
     )
 

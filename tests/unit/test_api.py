@@ -319,6 +319,39 @@ async def test_spu_group_without_a_verdict_is_202_and_409_when_it_exists(server:
     )
 
 
+async def test_scale_spu_group_sets_the_replica_count_and_keeps_the_status(server: api_server.ApiServer) -> None:
+    group = models.SpuGroup.model_validate(
+        {"name": "g", "spec": {"replicas": 2, "minId": 10}, "status": {"resolution": "Reserved"}}
+    )
+    await server.put(group)
+    status, body = await server.call("POST", "/v1/spu-groups/g/scale", {"replicas": 4})
+    stored = await server.read("spu-groups", "g")
+    assert stored is not None and (status, body) == (202, stored.to_json_dict())
+    assert (stored.spec.replicas, stored.spec.min_id, stored.status) == (4, 10, group.status)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "expected"),
+    [
+        ({"replicas": -1}, 422, error("InvalidRequest", "replicas: Input should be greater than or equal to 0 (got -1)")),
+        ({"replicas": 10_001}, 422, error("InvalidRequest", "replicas: Input should be less than or equal to 10000 (got 10001)")),
+        ({"replicas": "2"}, 400, error("MalformedRequest", "replicas: must be a whole number (got '2')")),
+        ({}, 422, error("InvalidRequest", "replicas: field required (the number of SPUs the group should have)")),
+    ],
+)
+async def test_scale_spu_group_errors(
+    server: api_server.ApiServer, body: Any, status: int, expected: dict[str, Any]
+) -> None:
+    group = models.SpuGroup.model_validate({"name": "g", "spec": {"replicas": 2, "minId": 10}})
+    await server.put(group)
+    assert await server.call("POST", "/v1/spu-groups/g/scale", body) == (status, expected)
+    assert await server.read("spu-groups", "g") == group
+    assert await server.call("POST", "/v1/spu-groups/nope/scale", {"replicas": 1}) == (
+        404,
+        error("NotFound", "SPU group 'nope' not found"),
+    )
+
+
 # ---------------------------------------------------------------------------- topics
 
 
@@ -871,7 +904,16 @@ def test_parsing_any_json_gives_an_object_or_a_400_or_422(kind: str, body: Any) 
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/spus", "/v1/spu-groups?timeout=0", "/v1/topics?timeout=0", "/v1/topics?dryRun=true", "/v1/placement", "/v1/topics/t/partitions?timeout=0"]
+    "path",
+    [
+        "/v1/spus",
+        "/v1/spu-groups?timeout=0",
+        "/v1/spu-groups/g/scale",
+        "/v1/topics?timeout=0",
+        "/v1/topics?dryRun=true",
+        "/v1/placement",
+        "/v1/topics/t/partitions?timeout=0",
+    ],
 )
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(body=JSON | NEAR_VALID | FLAT)
