@@ -237,6 +237,29 @@ def _report_deleted(args: argparse.Namespace, kind: str, name: str, answer: dict
         print(f"{kind} {name!r} deleted")
 
 
+def _path(kind: str, name: str, *more: str) -> str:
+    return "/".join(["/v1", kind, urllib.parse.quote(name, safe=""), *more])
+
+
+def _lister(kind: str, human: Callable[[Any], str], by_topic: bool = False) -> Callable[[argparse.Namespace], int]:
+    def list_objects(args: argparse.Namespace) -> int:
+        query = {"topic": args.topic} if by_topic and args.topic is not None else None
+        _, objects = Client(_address(args)).call("GET", f"/v1/{kind}", query=query)
+        _show(args, objects, human)
+        return 0
+
+    return list_objects
+
+
+def _deleter(kind: str, label: str) -> Callable[[argparse.Namespace], int]:
+    def delete(args: argparse.Namespace) -> int:
+        _, answer = Client(_address(args)).call("DELETE", _path(kind, args.name))
+        _report_deleted(args, label, args.name, answer)
+        return 0
+
+    return delete
+
+
 # ---------------------------------------------------------------------------- topic
 
 
@@ -313,27 +336,14 @@ def _read_assignment(path: str) -> list[Any]:
     return content
 
 
-def _topic_list(args: argparse.Namespace) -> int:
-    _, topics = Client(_address(args)).call("GET", "/v1/topics")
-    _show(args, topics, topic_rows)
-    return 0
-
-
 def _topic_describe(args: argparse.Namespace) -> int:
-    _, topic = Client(_address(args)).call("GET", f"/v1/topics/{urllib.parse.quote(args.name, safe='')}")
+    _, topic = Client(_address(args)).call("GET", _path("topics", args.name))
     _show(args, topic, describe_topic)
     return 0
 
 
-def _topic_delete(args: argparse.Namespace) -> int:
-    _, answer = Client(_address(args)).call("DELETE", f"/v1/topics/{urllib.parse.quote(args.name, safe='')}")
-    _report_deleted(args, "topic", args.name, answer)
-    return 0
-
-
 def _topic_add_partitions(args: argparse.Namespace) -> int:
-    path = f"/v1/topics/{urllib.parse.quote(args.name, safe='')}/partitions"
-    status, topic = Client(_address(args)).call("POST", path, {"count": args.count})
+    status, topic = Client(_address(args)).call("POST", _path("topics", args.name, "partitions"), {"count": args.count})
     _show(args, topic, lambda answer: topic_rows([answer]))
     _report_pending("topic", status, topic)
     return 0
@@ -365,12 +375,6 @@ def _spu_register(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spu_list(args: argparse.Namespace) -> int:
-    _, spus = Client(_address(args)).call("GET", "/v1/spus")
-    _show(args, spus, spu_rows)
-    return 0
-
-
 def _spu_unregister(args: argparse.Namespace) -> int:
     if (args.name is None) == (args.id is None):
         args.usage("name the SPU to unregister: give its NAME or --id ID (one of them)")
@@ -382,7 +386,7 @@ def _spu_unregister(args: argparse.Namespace) -> int:
         if not matching:
             raise CliError(f"no SPU has id {args.id}")
         name = matching[0]
-    _, answer = client.call("DELETE", f"/v1/spus/{urllib.parse.quote(name, safe='')}")
+    _, answer = client.call("DELETE", _path("spus", name))
     _report_deleted(args, "SPU", name, answer)
     return 0
 
@@ -401,31 +405,8 @@ def _spu_group_create(args: argparse.Namespace) -> int:
 
 
 def _spu_group_scale(args: argparse.Namespace) -> int:
-    path = f"/v1/spu-groups/{urllib.parse.quote(args.name, safe='')}/scale"
-    _, group = Client(_address(args)).call("POST", path, {"replicas": args.replicas})
+    _, group = Client(_address(args)).call("POST", _path("spu-groups", args.name, "scale"), {"replicas": args.replicas})
     _show(args, group, lambda answer: spu_group_rows([answer]))
-    return 0
-
-
-def _spu_group_list(args: argparse.Namespace) -> int:
-    _, groups = Client(_address(args)).call("GET", "/v1/spu-groups")
-    _show(args, groups, spu_group_rows)
-    return 0
-
-
-def _spu_group_delete(args: argparse.Namespace) -> int:
-    _, answer = Client(_address(args)).call("DELETE", f"/v1/spu-groups/{urllib.parse.quote(args.name, safe='')}")
-    _report_deleted(args, "SPU group", args.name, answer)
-    return 0
-
-
-# ---------------------------------------------------------------------------- partition
-
-
-def _partition_list(args: argparse.Namespace) -> int:
-    query = {"topic": args.topic} if args.topic is not None else None
-    _, partitions = Client(_address(args)).call("GET", "/v1/partitions", query=query)
-    _show(args, partitions, partition_rows)
     return 0
 
 
@@ -493,10 +474,10 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="computed (default), kafka, least-loaded, multi-level, policies, or a plug-in module:Class",
     )
     create.add_argument("--dry-run", action="store_true", help="show the placement the topic would get; create nothing")
-    command(topics, "list", _topic_list, "list topics")
+    command(topics, "list", _lister("topics", topic_rows), "list topics")
     describe = command(topics, "describe", _topic_describe, "show one topic and its replica map")
     describe.add_argument("name", metavar="NAME")
-    delete = command(topics, "delete", _topic_delete, "delete a topic and its partitions")
+    delete = command(topics, "delete", _deleter("topics", "topic"), "delete a topic and its partitions")
     delete.add_argument("name", metavar="NAME")
     add = command(topics, "add-partitions", _topic_add_partitions, "add partitions to a topic")
     add.add_argument("name", metavar="NAME")
@@ -513,7 +494,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "--private-server", type=_server_address, required=True, metavar="HOST:PORT", help="where other SPUs reach it"
     )
     register_spu.add_argument("--rack", metavar="R", help="its rack (a label, or a path such as /dc1/r2)")
-    command(spus, "list", _spu_list, "list SPUs")
+    command(spus, "list", _lister("spus", spu_rows), "list SPUs")
     unregister = command(spus, "unregister", _spu_unregister, "unregister a custom SPU (by NAME or --id)")
     unregister.add_argument("name", metavar="NAME", nargs="?")
     unregister.add_argument("--id", type=_whole_number, metavar="ID")
@@ -527,10 +508,10 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     scale = command(groups, "scale", _spu_group_scale, "change the number of SPUs of a group")
     scale.add_argument("name", metavar="NAME")
     scale.add_argument("--replicas", type=_whole_number, required=True, metavar="N", help="number of SPUs")
-    command(groups, "list", _spu_group_list, "list SPU groups")
-    delete_group = command(groups, "delete", _spu_group_delete, "delete an SPU group and its SPUs")
+    command(groups, "list", _lister("spu-groups", spu_group_rows), "list SPU groups")
+    delete_group = command(groups, "delete", _deleter("spu-groups", "SPU group"), "delete an SPU group and its SPUs")
     delete_group.add_argument("name", metavar="NAME")
 
     partitions = group_of("partition", "list partitions")
-    list_partitions = command(partitions, "list", _partition_list, "list partitions")
+    list_partitions = command(partitions, "list", _lister("partitions", partition_rows, by_topic=True), "list partitions")
     list_partitions.add_argument("--topic", metavar="NAME", help="only this topic's partitions")

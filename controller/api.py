@@ -13,10 +13,10 @@ import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from prometheus_client import exposition as prometheus_exposition
 import pydantic
 import structlog
 from aiohttp import web
+from prometheus_client import exposition as prometheus_exposition
 
 from controller import context as context_module, openapi, placement, spu_group, topic as topic_controller
 from store import kv, local, models
@@ -190,10 +190,6 @@ def _validation_error(error: pydantic.ValidationError) -> ApiError:
 def _json_type(value: object) -> str:
     names = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
     return "null" if value is None else names.get(type(value), type(value).__name__)
-
-
-def _object_body(obj: models.ClusterObject) -> dict[str, Any]:
-    return obj.to_json_dict()
 
 
 def _label(kind: str, name: str) -> str:
@@ -435,7 +431,7 @@ async def register_spu(request: web.Request) -> web.Response:
             "choose another name",
         )
     await _create(context, spu)
-    return web.json_response(_object_body(spu), status=201)
+    return web.json_response(spu.to_json_dict(), status=201)
 
 
 def _group_naming(context: context_module.Context, spu_name: str) -> str | None:
@@ -466,9 +462,9 @@ async def create_spu_group(request: web.Request) -> web.Response:
             "SpuGroupInvalid",
             f"SPU group {group.name!r} is Invalid: {current.status.reason}; "  # type: ignore[attr-defined]
             f"it was kept so you can see why: delete it and create it again",
-            object=_object_body(current),
+            object=current.to_json_dict(),
         )
-    return web.json_response(_object_body(current), status=201 if settled else 202)
+    return web.json_response(current.to_json_dict(), status=201 if settled else 202)
 
 
 async def create_topic(request: web.Request) -> web.Response:
@@ -516,10 +512,10 @@ async def _topic_answer(
             "InvalidConfig",
             f"topic {written.name!r} is InvalidConfig: {status.reason}; "
             "it was kept so you can see why: delete it and create it again",
-            object=_object_body(current),
+            object=current.to_json_dict(),
         )
     done = settled and status.resolution is models.TopicResolution.PROVISIONED
-    return web.json_response(_object_body(current), status=(201 if created else 200) if done else 202)
+    return web.json_response(current.to_json_dict(), status=(201 if created else 200) if done else 202)
 
 
 async def add_partitions(request: web.Request) -> web.Response:
@@ -529,12 +525,8 @@ async def add_partitions(request: web.Request) -> web.Response:
     count = _integer_body(await request.read(), "count", "the number of partitions to add")
     if count < 1:
         raise ApiError(422, "InvalidRequest", f"count: the number of partitions to add must be at least 1 (got {count})")
-    key = models.object_key("topics", name)
-    for _ in range(CAS_ATTEMPTS):
-        stored = await context.kv_store.get(key)
-        current = None if stored is None else _decoded("topics", stored)
-        if stored is None or current is None:
-            raise ApiError(404, "NotFound", f"{_label('topics', name)} not found")
+
+    def grow(current: models.ClusterObject) -> models.ClusterObject:
         topic: models.Topic = current  # type: ignore[assignment]
         if topic.spec.is_manual:
             raise ApiError(
@@ -550,17 +542,35 @@ async def add_partitions(request: web.Request) -> web.Response:
                 f"count: topic {name!r} has {topic.spec.partition_count()} partitions; adding {count} would make "
                 f"{total}, above the limit of {models.MAX_PARTITIONS}",
             )
-        grown = topic.model_copy(update={"spec": topic.spec.model_copy(update={"partitions": total})})
+        return topic.model_copy(update={"spec": topic.spec.model_copy(update={"partitions": total})})
+
+    grown, revision = await _update_spec(context, "topics", name, grow, "adding partitions")
+    return await _topic_answer(request, grown, revision, timeout_ms, created=False)  # type: ignore[arg-type]
+
+
+async def _update_spec(
+    context: context_module.Context,
+    kind: str,
+    name: str,
+    change: Callable[[models.ClusterObject], models.ClusterObject],
+    doing: str,
+) -> tuple[models.ClusterObject, int]:
+    """Compare-and-swap ``change(current)`` on the object; re-read and re-apply when a controller
+    wrote first (``change`` is relative, so it applies on top of the newer state)."""
+    key = models.object_key(kind, name)
+    for _ in range(CAS_ATTEMPTS):
+        stored = await context.kv_store.get(key)
+        current = None if stored is None else _decoded(kind, stored)
+        if stored is None or current is None:
+            raise ApiError(404, "NotFound", f"{_label(kind, name)} not found")
+        changed = change(current)
         try:
-            revision = await context.kv_store.update(key, models.encode(grown), stored.mod_revision)
+            return changed, await context.kv_store.update(key, models.encode(changed), stored.mod_revision)
         except kv.Conflict:
-            continue  # a controller wrote the status meanwhile: re-read, add on top of the new state
+            continue
         except kv.NotFound:
-            raise ApiError(404, "NotFound", f"{_label('topics', name)} not found") from None
-        return await _topic_answer(request, grown, revision, timeout_ms, created=False)
-    raise ApiError(
-        409, "Conflict", f"topic {name!r} kept changing while adding partitions ({CAS_ATTEMPTS} attempts); retry"
-    )
+            raise ApiError(404, "NotFound", f"{_label(kind, name)} not found") from None
+    raise ApiError(409, "Conflict", f"{_label(kind, name)} kept changing while {doing} ({CAS_ATTEMPTS} attempts); retry")
 
 
 def _integer_body(raw: bytes, field: str, meaning: str) -> int:
@@ -582,28 +592,17 @@ async def scale_spu_group(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     name = request.match_info["name"]
     replicas = _integer_body(await request.read(), "replicas", "the number of SPUs the group should have")
-    key = models.object_key("spu-groups", name)
-    for _ in range(CAS_ATTEMPTS):
-        stored = await context.kv_store.get(key)
-        current = None if stored is None else _decoded("spu-groups", stored)
-        if stored is None or current is None:
-            raise ApiError(404, "NotFound", f"{_label('spu-groups', name)} not found")
+
+    def scale(current: models.ClusterObject) -> models.ClusterObject:
         try:
             spec = models.SpuGroupSpec.model_validate({**current.spec.model_dump(), "replicas": replicas})  # type: ignore[attr-defined]
         except pydantic.ValidationError as error:
             raise ApiError(422, "InvalidRequest", models.describe_validation_error(error)) from None
-        scaled = current.model_copy(update={"spec": spec})
-        try:
-            await context.kv_store.update(key, models.encode(scaled), stored.mod_revision)
-        except kv.Conflict:
-            continue
-        except kv.NotFound:
-            raise ApiError(404, "NotFound", f"{_label('spu-groups', name)} not found") from None
-        # No verdict to wait for: a group that stays Reserved gets no new status write.
-        return web.json_response(_object_body(scaled), status=202)
-    raise ApiError(
-        409, "Conflict", f"SPU group {name!r} kept changing while scaling it ({CAS_ATTEMPTS} attempts); retry"
-    )
+        return current.model_copy(update={"spec": spec})
+
+    scaled, _ = await _update_spec(context, "spu-groups", name, scale, "scaling it")
+    # No verdict to wait for: a group that stays Reserved gets no new status write.
+    return web.json_response(scaled.to_json_dict(), status=202)
 
 
 async def delete_object(request: web.Request) -> web.Response:
@@ -633,7 +632,7 @@ async def delete_object(request: web.Request) -> web.Response:
             continue  # its status changed meanwhile: re-check against the new state
         except kv.NotFound:
             raise ApiError(404, "NotFound", f"{_label(kind, name)} not found") from None
-        deleted = _object_body(obj) if obj is not None else {"name": name}
+        deleted = obj.to_json_dict() if obj is not None else {"name": name}
         return web.json_response({"deleted": deleted, "warnings": warnings})
     raise ApiError(409, "Conflict", f"{_label(kind, name)} kept changing while deleting it ({CAS_ATTEMPTS} attempts); retry")
 

@@ -83,211 +83,191 @@ _COMMON_ERRORS = {
 }
 
 
-def _responses(**answers: dict[str, Any]) -> dict[str, Any]:
-    return {code.removeprefix("r"): answer for code, answer in answers.items()}
+def _operation(
+    summary: str,
+    *,
+    description: str | None = None,
+    parameters: tuple[dict[str, Any], ...] = (),
+    body: str | None = None,
+    **responses: dict[str, Any],
+) -> dict[str, Any]:
+    """One operation; responses are given as r200=..., r404=... (keywords cannot start with a digit)."""
+    operation: dict[str, Any] = {"summary": summary}
+    if description is not None:
+        operation["description"] = description
+    if parameters:
+        operation["parameters"] = list(parameters)
+    if body is not None:
+        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(body)}}}
+    operation["responses"] = {code.removeprefix("r"): answer for code, answer in responses.items()}
+    return operation
 
 
 def _paths() -> dict[str, Any]:
     any_object = {"oneOf": [_ref(name) for name in KIND_SCHEMAS.values()]}
+    unavailable, malformed = _COMMON_ERRORS["503"], _COMMON_ERRORS["400"]
     return {
         "/healthz": {
-            "get": {
-                "summary": "200 once the SC has synced its store, 503 with a reason before",
-                "responses": _responses(
-                    r200=_json(_ref("Health"), "Synced"), r503=_json(_ref("Health"), "Still starting")
-                ),
-            }
+            "get": _operation(
+                "200 once the SC has synced its store, 503 with a reason before",
+                r200=_json(_ref("Health"), "Synced"),
+                r503=_json(_ref("Health"), "Still starting"),
+            )
         },
         "/metrics": {
-            "get": {
-                "summary": "Prometheus metrics of this SC",
-                "responses": {
-                    "200": {
-                        "description": "Prometheus text exposition format 0.0.4",
-                        "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
+            "get": _operation(
+                "Prometheus metrics of this SC",
+                r200={
+                    "description": "Prometheus text exposition format 0.0.4",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
                 },
-            }
+            )
         },
-        "/openapi.json": {
-            "get": {
-                "summary": "This document",
-                "responses": _responses(r200=_json({"type": "object"}, "OpenAPI 3.1 document")),
-            }
-        },
+        "/openapi.json": {"get": _operation("This document", r200=_json({"type": "object"}, "OpenAPI 3.1 document"))},
         "/v1/{kind}": {
-            "get": {
-                "summary": "List the objects of a kind (SPUs by id, partitions by topic and index, others by name)",
-                "parameters": [_KIND, _TOPIC_FILTER],
-                "responses": _responses(
-                    r200=_json({"type": "array", "items": any_object}, "Every object of the kind"),
-                    r404=_error("Unknown kind"),
-                    r422=_error("topic given for a kind other than partitions"),
-                    r503=_COMMON_ERRORS["503"],
-                ),
-            }
+            "get": _operation(
+                "List the objects of a kind (SPUs by id, partitions by topic and index, others by name)",
+                parameters=(_KIND, _TOPIC_FILTER),
+                r200=_json({"type": "array", "items": any_object}, "Every object of the kind"),
+                r404=_error("Unknown kind"),
+                r422=_error("topic given for a kind other than partitions"),
+                r503=unavailable,
+            )
         },
         "/v1/{kind}/{name}": {
-            "get": {
-                "summary": "One object",
-                "parameters": [_KIND, _NAME],
-                "responses": _responses(
-                    r200=_json(any_object, "The object"),
-                    r404=_error("Unknown kind, or no such object"),
-                    r503=_COMMON_ERRORS["503"],
-                ),
-            },
-            "delete": {
-                "summary": "Delete an object (compare-and-swap); a topic's partitions and a group's SPUs go with it",
-                "description": "Partitions cannot be deleted on their own (422 PartitionOwnedByTopic). A managed SPU "
+            "get": _operation(
+                "One object",
+                parameters=(_KIND, _NAME),
+                r200=_json(any_object, "The object"),
+                r404=_error("Unknown kind, or no such object"),
+                r503=unavailable,
+            ),
+            "delete": _operation(
+                "Delete an object (compare-and-swap); a topic's partitions and a group's SPUs go with it",
+                description="Partitions cannot be deleted on their own (422 PartitionOwnedByTopic). A managed SPU "
                 "whose group exists cannot be deleted (409 ManagedSpu). Deleting an SPU that partitions "
                 "still use is allowed; the answer's warnings name those partitions.",
-                "parameters": [_KIND, _NAME],
-                "responses": _responses(
-                    r200=_json(_ref("Deleted"), "Deleted"),
-                    r404=_error("Unknown kind, or no such object"),
-                    r409=_error("ManagedSpu, or the object kept changing (Conflict)"),
-                    r422=_error("PartitionOwnedByTopic"),
-                    r503=_COMMON_ERRORS["503"],
-                ),
-            },
+                parameters=(_KIND, _NAME),
+                r200=_json(_ref("Deleted"), "Deleted"),
+                r404=_error("Unknown kind, or no such object"),
+                r409=_error("ManagedSpu, or the object kept changing (Conflict)"),
+                r422=_error("PartitionOwnedByTopic"),
+                r503=unavailable,
+            ),
         },
         "/v1/spus": {
-            "post": {
-                "summary": "Register a custom SPU",
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("NewSpu")}},
-                },
-                "responses": _responses(
-                    r201=_json(_ref("Spu"), "Registered (status Init)"),
-                    r400=_COMMON_ERRORS["400"],
-                    r409=_error(
-                        "AlreadyExists (the name, or a name an SPU group manages), or SpuIdInUse (naming the SPU "
-                        "that has the id)"
-                    ),
-                    r422=_error("InvalidObject: a field's value is not acceptable (spuType must be Custom)"),
-                    r503=_COMMON_ERRORS["503"],
+            "post": _operation(
+                "Register a custom SPU",
+                body="NewSpu",
+                r201=_json(_ref("Spu"), "Registered (status Init)"),
+                r400=malformed,
+                r409=_error(
+                    "AlreadyExists (the name, or a name an SPU group manages), or SpuIdInUse (naming the SPU "
+                    "that has the id)"
                 ),
-            }
+                r422=_error("InvalidObject: a field's value is not acceptable (spuType must be Custom)"),
+                r503=unavailable,
+            )
         },
         "/v1/spu-groups": {
-            "post": {
-                "summary": "Create an SPU group; waits until it is Reserved or Invalid",
-                "parameters": [_TIMEOUT],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("NewSpuGroup")}},
-                },
-                "responses": _responses(
-                    r201=_json(_ref("SpuGroup"), "Reserved"),
-                    r202=_json(_ref("SpuGroup"), "Created, not decided within the timeout"),
-                    r400=_COMMON_ERRORS["400"],
-                    r409=_error("AlreadyExists"),
-                    r422=_error("InvalidObject, or SpuGroupInvalid (the group is kept; the answer has it as object)"),
-                    r503=_COMMON_ERRORS["503"],
-                ),
-            }
+            "post": _operation(
+                "Create an SPU group; waits until it is Reserved or Invalid",
+                parameters=(_TIMEOUT,),
+                body="NewSpuGroup",
+                r201=_json(_ref("SpuGroup"), "Reserved"),
+                r202=_json(_ref("SpuGroup"), "Created, not decided within the timeout"),
+                r400=malformed,
+                r409=_error("AlreadyExists"),
+                r422=_error("InvalidObject, or SpuGroupInvalid (the group is kept; the answer has it as object)"),
+                r503=unavailable,
+            )
         },
         "/v1/spu-groups/{name}/scale": {
-            "post": {
-                "summary": "Set an SPU group's replica count (an extension of API.md)",
-                "description": "Compare-and-swap on the group's spec; the SPU-group controller then creates SPUs "
+            "post": _operation(
+                "Set an SPU group's replica count (an extension of API.md)",
+                description="Compare-and-swap on the group's spec; the SPU-group controller then creates SPUs "
                 "(scale up) or deletes the highest ids (scale down). Answers at once with the group as "
                 "written: a group that stays Reserved gets no new status to wait for.",
-                "parameters": [_NAME],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("Scale")}},
-                },
-                "responses": _responses(
-                    r202=_json(_ref("SpuGroup"), "The group with its new replica count"),
-                    r400=_COMMON_ERRORS["400"],
-                    r404=_error("No such SPU group"),
-                    r409=_error("The group kept changing (Conflict)"),
-                    r422=_error("InvalidRequest: replicas out of range, or ids beyond the largest SPU id"),
-                    r503=_COMMON_ERRORS["503"],
-                ),
-            }
+                parameters=(_NAME,),
+                body="Scale",
+                r202=_json(_ref("SpuGroup"), "The group with its new replica count"),
+                r400=malformed,
+                r404=_error("No such SPU group"),
+                r409=_error("The group kept changing (Conflict)"),
+                r422=_error("InvalidRequest: replicas out of range, or ids beyond the largest SPU id"),
+                r503=unavailable,
+            )
         },
         "/v1/topics": {
-            "post": {
-                "summary": "Create a topic; waits until it is Provisioned or definitely not",
-                "description": "201 Provisioned; 202 InsufficientResources (provisioned once enough SPUs are "
+            "post": _operation(
+                "Create a topic; waits until it is Provisioned or definitely not",
+                description="201 Provisioned; 202 InsufficientResources (provisioned once enough SPUs are "
                 "online) or not decided within the timeout; 422 InvalidConfig (checked before writing "
                 "when possible; a topic the controller rejects later is kept, and the answer has it as "
                 "object). With dryRun=true: 200 and the placement it would get, nothing written.",
-                "parameters": [_TIMEOUT, _DRY_RUN],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("NewTopic")}},
-                },
-                "responses": _responses(
-                    r200=_json(_ref("PlacementResult"), "dryRun: the placement it would get"),
-                    r201=_json(_ref("Topic"), "Provisioned"),
-                    r202=_json(_ref("Topic"), "InsufficientResources, or not decided within the timeout"),
-                    r400=_COMMON_ERRORS["400"],
-                    r409=_error("AlreadyExists, or deleted while waiting (Conflict)"),
-                    r422=_error("InvalidObject, InvalidConfig, or (dryRun) InsufficientResources"),
-                    r503=_COMMON_ERRORS["503"],
-                ),
-            }
+                parameters=(_TIMEOUT, _DRY_RUN),
+                body="NewTopic",
+                r200=_json(_ref("PlacementResult"), "dryRun: the placement it would get"),
+                r201=_json(_ref("Topic"), "Provisioned"),
+                r202=_json(_ref("Topic"), "InsufficientResources, or not decided within the timeout"),
+                r400=malformed,
+                r409=_error("AlreadyExists, or deleted while waiting (Conflict)"),
+                r422=_error("InvalidObject, InvalidConfig, or (dryRun) InsufficientResources"),
+                r503=unavailable,
+            )
         },
         "/v1/topics/{name}/partitions": {
-            "post": {
-                "summary": "Add count partitions; existing partitions keep their replicas; waits like create",
-                "parameters": [_NAME, _TIMEOUT],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("AddPartitions")}},
-                },
-                "responses": _responses(
-                    r200=_json(_ref("Topic"), "Every partition placed"),
-                    r202=_json(_ref("Topic"), "InsufficientResources, or not placed within the timeout"),
-                    r400=_COMMON_ERRORS["400"],
-                    r404=_error("No such topic"),
-                    r409=_error("The topic kept changing (Conflict)"),
-                    r422=_error("InvalidRequest (count below 1 or above the partition limit), ManualTopic, "
-                    "InvalidConfig"),
-                    r503=_COMMON_ERRORS["503"],
-                ),
-            }
+            "post": _operation(
+                "Add count partitions; existing partitions keep their replicas; waits like create",
+                parameters=(_NAME, _TIMEOUT),
+                body="AddPartitions",
+                r200=_json(_ref("Topic"), "Every partition placed"),
+                r202=_json(_ref("Topic"), "InsufficientResources, or not placed within the timeout"),
+                r400=malformed,
+                r404=_error("No such topic"),
+                r409=_error("The topic kept changing (Conflict)"),
+                r422=_error("InvalidRequest (count below 1 or above the partition limit), ManualTopic, InvalidConfig"),
+                r503=unavailable,
+            )
         },
         "/v1/placement": {
-            "post": {
-                "summary": "Compute a placement without creating anything (as `sc placement compute`)",
-                "description": "spus defaults to the cluster's Online SPUs.",
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _ref("PlacementRequest")}},
-                },
-                "responses": _responses(
-                    r200=_json(_ref("PlacementResult"), "The placement"),
-                    r400=_COMMON_ERRORS["400"],
-                    r422=_error("InvalidConfig or InsufficientResources"),
-                    r503=_COMMON_ERRORS["503"],
-                ),
-            }
+            "post": _operation(
+                "Compute a placement without creating anything (as `sc placement compute`)",
+                description="spus defaults to the cluster's Online SPUs. Malformed fields are InvalidConfig, as "
+                "for `sc placement compute`.",
+                body="PlacementRequest",
+                r200=_json(_ref("PlacementResult"), "The placement"),
+                r400=malformed,
+                r422=_error("InvalidConfig or InsufficientResources"),
+                r503=unavailable,
+            )
         },
         "/v1/watch/{kind}": {
-            "get": {
-                "summary": "Stream every object, a SYNC marker, then each change",
-                "description": "JSON lines (application/x-ndjson), or one WebSocket text message per event when "
+            "get": _operation(
+                "Stream every object, a SYNC marker, then each change",
+                description="JSON lines (application/x-ndjson), or one WebSocket text message per event when "
                 "the client asks for an upgrade. Level-based: a slow reader gets the latest state of "
                 "each object, intermediate states may be coalesced. DELETED carries the last state "
                 "sent; its revision is one at which the object is known absent.",
-                "parameters": [_KIND, _TOPIC_FILTER],
-                "responses": _responses(
-                    r200={
-                        "description": "The event stream",
-                        "content": {"application/x-ndjson": {"schema": _ref("WatchEvent")}},
-                    },
-                    r404=_error("Unknown kind"),
-                    r422=_error("topic given for a kind other than partitions"),
-                    r503=_COMMON_ERRORS["503"],
-                ),
-            }
+                parameters=(_KIND, _TOPIC_FILTER),
+                r200={
+                    "description": "The event stream",
+                    "content": {"application/x-ndjson": {"schema": _ref("WatchEvent")}},
+                },
+                r404=_error("Unknown kind"),
+                r422=_error("topic given for a kind other than partitions"),
+                r503=unavailable,
+            )
         },
+    }
+
+
+def _one_integer(field: str, minimum: int, description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {field: {"type": "integer", "minimum": minimum, "description": description}},
+        "required": [field],
+        "additionalProperties": False,
     }
 
 
@@ -296,18 +276,8 @@ def _extra_schemas() -> dict[str, Any]:
         "NewSpu": _new_object("SPU", "SpuSpec", "spuType must be Custom (the default)."),
         "NewSpuGroup": _new_object("SPU group", "SpuGroupSpec", ""),
         "NewTopic": _new_object("topic", "TopicSpec", ""),
-        "AddPartitions": {
-            "type": "object",
-            "properties": {"count": {"type": "integer", "minimum": 1, "description": "Partitions to add"}},
-            "required": ["count"],
-            "additionalProperties": False,
-        },
-        "Scale": {
-            "type": "object",
-            "properties": {"replicas": {"type": "integer", "minimum": 0, "description": "SPUs the group should have"}},
-            "required": ["replicas"],
-            "additionalProperties": False,
-        },
+        "AddPartitions": _one_integer("count", 1, "Partitions to add"),
+        "Scale": _one_integer("replicas", 0, "SPUs the group should have"),
         "Error": {
             "type": "object",
             "properties": {

@@ -9,9 +9,11 @@ import asyncio
 import contextlib
 import io
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from controller import api, config, context as context_module, metrics, reader as reader_module
@@ -42,6 +44,15 @@ def topic(name: str, partitions: int = 1, replication_factor: int = 1, **status:
 
 def partition(name: str, replicas: list[int]) -> models.Partition:
     return models.Partition.model_validate({"name": name, "spec": {"leader": replicas[0], "replicas": replicas}})
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[ApiServer]:
+    """A started server, synced; tests import this fixture from here."""
+    running = ApiServer()
+    await running.start()
+    yield running
+    await running.stop()
 
 
 class ApiServer:

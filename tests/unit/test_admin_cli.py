@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import pathlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,15 +15,7 @@ import pytest
 from controller import cli
 from store import models
 from tests.unit import api_server
-from tests.unit.api_server import partition, spu, topic
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[api_server.ApiServer]:
-    running = api_server.ApiServer()
-    await running.start()
-    yield running
-    await running.stop()
+from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)
 
 
 class Sc:

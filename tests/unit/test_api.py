@@ -16,24 +16,16 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from controller import api, placement, topic as topic_controller
+from controller import api, topic as topic_controller
 from store import kv, memory, models
 from tests.unit import api_server
-from tests.unit.api_server import partition, spu, topic
+from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPU_BODY = {
     "name": "s1",
     "spec": {"id": 1, "publicEndpoint": {"host": "h1", "port": 9005}, "privateEndpoint": {"host": "h1", "port": 9006}},
 }
-
-
-@pytest.fixture
-async def server() -> AsyncIterator[api_server.ApiServer]:
-    running = api_server.ApiServer()
-    await running.start()
-    yield running
-    await running.stop()
 
 
 def error(code: str, message: str) -> dict[str, Any]:
