@@ -112,7 +112,13 @@ def _check_counts(request: model.PlacementRequest) -> None:
         if not _is_int(value) or value < lowest:
             raise model.InvalidConfig(f"{name} must be an integer of at least {lowest}, got {value!r}")
     for entry in request.existing:
-        if len(entry) != 3 or not _is_int(entry[1]) or not all(_is_int(spu_id) for spu_id in entry[2]):
+        if (
+            not isinstance(entry, tuple | list)
+            or len(entry) != 3
+            or not _is_int(entry[1])
+            or not isinstance(entry[2], tuple | list)
+            or not all(_is_int(spu_id) for spu_id in entry[2])
+        ):
             raise model.InvalidConfig(f"existing partition {entry!r} is not (topic, partition, [spu ids])")
 
 

@@ -69,6 +69,11 @@ def test_every_strategy_reports_too_few_spus_the_same_way(strategy: str) -> None
         ),
         ({"replica_assignment": [(0, [0])]}, "a replica assignment needs strategy manual, not computed"),
         ({"spus": [placement.SpuInfo(1), placement.SpuInfo(1)]}, "SPU id 1 appears more than once in spus"),
+        (
+            {"existing": [{"topic": "t", "partition": 0, "replicas": [1]}]},
+            "existing partition {'topic': 't', 'partition': 0, 'replicas': [1]} is not (topic, partition, [spu ids])",
+        ),
+        ({"existing": [("t", 0, ["1"])]}, "existing partition ('t', 0, ['1']) is not (topic, partition, [spu ids])"),
         ({"spus": [placement.SpuInfo(-1)]}, "SPU id -1 is not a non-negative integer"),
         ({"spus": [placement.SpuInfo(0, rack=" ")]}, "rack ' ' of SPU 0 must be a non-empty string or null"),
         (
