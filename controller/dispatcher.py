@@ -8,6 +8,7 @@ actions with disjoint keys are batched into one etcd transaction (at most 128 op
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -83,6 +84,7 @@ class ActionDispatcher:
         self._queued: dict[str, actions.Action] = {}
         self._in_flight_keys: set[str] = set()
         self._in_flight_writes: set[str] = set()
+        self._queued_writes: collections.Counter[str] = collections.Counter()
         self._not_before: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         # Keys whose action failed inside a shared batch: retried alone to find the culprit.
@@ -102,8 +104,8 @@ class ActionDispatcher:
         """Queue ``action``; replaces a queued (not in-flight) action for the same key."""
         if len(action.writes) > self.max_batch_writes:
             raise ValueError(f"action {action.key} has {len(action.writes)} writes, above {self.max_batch_writes}")
-        self._queued.pop(action.key, None)
-        self._queued[action.key] = action
+        self._dequeue(action.key)
+        self._enqueue(action)
         self._idle.clear()
         self.metrics.action_queue_depth.set(len(self._queued))
         self._wake.set()
@@ -114,7 +116,7 @@ class ActionDispatcher:
 
     def writing(self, key: str) -> bool:
         """True while some in-flight or queued action writes ``key`` (not only as its queue key)."""
-        return key in self._in_flight_writes or any(key in action.write_keys for action in self._queued.values())
+        return key in self._in_flight_writes or key in self._queued_writes
 
     @property
     def depth(self) -> int:
@@ -172,7 +174,7 @@ class ActionDispatcher:
             batch_keys |= action_writes
             writes += len(action.writes)
         for action in batch:
-            del self._queued[action.key]
+            self._dequeue(action.key)
             self._in_flight_keys.add(action.key)
         self._in_flight_writes |= batch_keys
         self.metrics.action_queue_depth.set(len(self._queued))
@@ -229,7 +231,7 @@ class ActionDispatcher:
     def _requeue(self, action: actions.Action, backoff: bool = False, isolate: bool = False) -> None:
         if action.key in self._queued:
             return  # a newer decision for this key is already waiting
-        self._queued[action.key] = action
+        self._enqueue(action)
         if backoff:
             failures = self._failures.get(action.key, 0) + 1
             self._failures[action.key] = failures
@@ -237,6 +239,18 @@ class ActionDispatcher:
             self._not_before[action.key] = asyncio.get_running_loop().time() + delay
         if isolate:
             self._isolated.add(action.key)
+
+    def _enqueue(self, action: actions.Action) -> None:
+        self._queued[action.key] = action
+        self._queued_writes.update(action.write_keys)
+
+    def _dequeue(self, key: str) -> None:
+        action = self._queued.pop(key, None)
+        if action is not None:
+            self._queued_writes.subtract(action.write_keys)
+            for write_key in action.write_keys:
+                if self._queued_writes[write_key] <= 0:
+                    del self._queued_writes[write_key]
 
     def _report(self, result: Result) -> None:
         action = result.action

@@ -165,8 +165,8 @@ def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes] | None
         )
         if resolution not in (PENDING, INSUFFICIENT) and not wants_more:
             continue
-        if room < 2:
-            continue  # no room for the status and a partition: a later pass, after the echo
+        if room < 1:
+            continue  # this transaction is full: a later pass, after the echo
         try:
             result = placement.compute(placement_request(topic, spus, cursor, existing))
         except placement.PlacementError as error:
@@ -178,19 +178,16 @@ def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes] | None
         provisioned = topic.model_copy(
             update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason="")}
         )
-        new_partitions = [
-            _partition(topic.name, index, replicas)
-            for index, replicas in enumerate(result.replica_map)
-            if index >= kept and models.partition_name(topic.name, index) not in partitions
-        ]
-        fitting = new_partitions[: max(0, room - 1)]
-        room -= 1 + len(fitting)
+        # Statuses only: up to 127 topics per transaction on the chain key. Their partitions are
+        # created by the next pass (create-if-absent, batched 128 per transaction, several in
+        # flight), so the chain key is held for one small write per cycle, not 11 topics' worth.
+        room -= 1
         reason = (
             f"placed partitions {kept}..{len(result.replica_map) - 1} on {len({s for r in result.replica_map for s in r})} SPUs"
             if kept
             else f"placed {len(result.replica_map)} partitions x {len(result.replica_map[0])} replicas"
         )
-        provisions.append(actions.TopicProvision(provisioned, entry.mod_revision, tuple(fitting), reason))
+        provisions.append(actions.TopicProvision(provisioned, entry.mod_revision, (), reason))
         placed_now.add(topic.name)
         existing += [(topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept]
         cursor = result.next_start_index

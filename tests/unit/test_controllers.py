@@ -181,12 +181,17 @@ def test_pending_topic_is_provisioned_with_partitions_and_chain_in_one_action() 
                     },
                     9,
                 ),
-                ("partitions/t-0", {"name": "t-0", "spec": {"leader": 1, "replicas": [1, 2]}, "status": {"resolution": "Offline", "replicas": [], "lrs": 0}}, 0),
-                ("partitions/t-1", {"name": "t-1", "spec": {"leader": 2, "replicas": [2, 0]}, "status": {"resolution": "Offline", "replicas": [], "lrs": 0}}, 0),
             ],
         )
     ]
     assert decided[0].key == topic.CHAIN_KEY
+    # Once the status is seen, the next pass creates the partitions (create-if-absent).
+    provisioned = models.decode("topics", decided[0].writes[1].value)  # type: ignore[arg-type]
+    follow_up = topic.decide(snapshot_of(*spus, (provisioned, 10), meta={topic.CHAIN_KEY: (b'{"nextStartIndex": 3}', 10)}))
+    assert summary(follow_up) == [
+        ("create", "partitions", "t-0", [("partitions/t-0", {"name": "t-0", "spec": {"leader": 1, "replicas": [1, 2]}, "status": {"resolution": "Offline", "replicas": [], "lrs": 0}}, 0)]),
+        ("create", "partitions", "t-1", [("partitions/t-1", {"name": "t-1", "spec": {"leader": 2, "replicas": [2, 0]}, "status": {"resolution": "Offline", "replicas": [], "lrs": 0}}, 0)]),
+    ]
 
 
 def test_insufficient_resources_names_how_many_spus_are_missing() -> None:
@@ -240,18 +245,16 @@ def test_add_partitions_places_only_the_new_ones() -> None:
     replica_map = written["topics/t"]["status"]["replicaMap"]
     assert replica_map["0"] == [2, 0]
     assert sorted(replica_map) == ["0", "1", "2"]
-    assert sorted(key for key in written if key.startswith("partitions/")) == ["partitions/t-1", "partitions/t-2"]
+    assert [key for key in written if key.startswith("partitions/")] == []
 
 
 def test_many_pending_topics_share_one_transaction_within_the_limit() -> None:
     spus = [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
-    pending = [(make_topic(f"t{index}", {"resolution": "Pending"}, partitions=10, replicationFactor=2), 10 + index) for index in range(20)]
+    pending = [(make_topic(f"t{index:03d}", {"resolution": "Pending"}, partitions=10, replicationFactor=2), 10 + index) for index in range(200)]
     decided = topic.decide(snapshot_of(*spus, *pending))
     assert len(decided) == 1
     writes = decided[0].writes
     assert len(writes) == 128
-    # After the chain key, 11 topics fit whole (status + 10 partitions); the 12th is provisioned
-    # with the 5 partitions that still fit (the rest are created next), the others wait.
-    assert decided[0].name == ",".join(f"t{index}" for index in range(12))
-    assert json.loads(writes[0].value) == {"nextStartIndex": 120}  # type: ignore[arg-type]
-    assert [w.key for w in writes if w.key.startswith("partitions/t11-")] == [f"partitions/t11-{i}" for i in range(5)]
+    # After the chain key, 127 topic statuses; the other topics wait for the next pass.
+    assert decided[0].name == ",".join(f"t{index:03d}" for index in range(127))
+    assert json.loads(writes[0].value) == {"nextStartIndex": 1270}  # type: ignore[arg-type]
