@@ -140,7 +140,6 @@ class ActionDispatcher:
                         break
                     task = asyncio.create_task(self._write(batch))
                     self._batches.add(task)
-                    task.add_done_callback(self._batches.discard)
                 self._update_idle()
                 delay = self._next_retry_delay(now)
                 try:
@@ -226,6 +225,11 @@ class ActionDispatcher:
                 self._in_flight_writes.difference_update(action.write_keys)
             for result in results:
                 self._report(result)
+            # Free the slot before waking the loop (a done-callback would run only after the
+            # loop has already looked, leaving it asleep with work queued).
+            current = asyncio.current_task()
+            if current is not None:
+                self._batches.discard(current)  # type: ignore[arg-type]
             self._wake.set()
 
     def _requeue(self, action: actions.Action, backoff: bool = False, isolate: bool = False) -> None:
