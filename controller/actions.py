@@ -62,31 +62,21 @@ def create(obj: models.ClusterObject, reason: str, cause_revision: int = 0) -> A
 def update_status(
     obj: models.ClusterObject, status: object, mod_revision: int, reason: str, cause_revision: int = 0
 ) -> Action:
-    updated = obj.model_copy(update={"status": status})
-    return Action(
-        obj.kind,
-        obj.name,
-        Verb.UPDATE_STATUS,
-        reason,
-        (Write(obj.key, models.encode(updated), mod_revision),),
-        cause_revision or mod_revision,
-        (updated,),
-    )
+    return _replace_part(obj, "status", status, Verb.UPDATE_STATUS, mod_revision, reason, cause_revision)
 
 
 def update_spec(
     obj: models.ClusterObject, spec: object, mod_revision: int, reason: str, cause_revision: int = 0
 ) -> Action:
-    updated = obj.model_copy(update={"spec": spec})
-    return Action(
-        obj.kind,
-        obj.name,
-        Verb.UPDATE_SPEC,
-        reason,
-        (Write(obj.key, models.encode(updated), mod_revision),),
-        cause_revision or mod_revision,
-        (updated,),
-    )
+    return _replace_part(obj, "spec", spec, Verb.UPDATE_SPEC, mod_revision, reason, cause_revision)
+
+
+def _replace_part(
+    obj: models.ClusterObject, part: str, value: object, verb: Verb, mod_revision: int, reason: str, cause_revision: int
+) -> Action:
+    updated = obj.model_copy(update={part: value})
+    write = Write(obj.key, models.encode(updated), mod_revision)
+    return Action(obj.kind, obj.name, verb, reason, (write,), cause_revision or mod_revision, (updated,))
 
 
 def delete(kind: str, name: str, mod_revision: int | None, reason: str, cause_revision: int = 0) -> Action:

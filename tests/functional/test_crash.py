@@ -21,6 +21,7 @@ import pytest
 
 from controller import topic as topic_controller
 from store import embedded_etcd, etcd, models
+from tests import objects
 
 pytestmark = pytest.mark.etcd
 
@@ -94,15 +95,7 @@ def sc_process(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> Itera
 
 async def seed_online_spus(store: etcd.EtcdStore) -> None:
     for spu_id in range(SPUS):
-        spu = models.Spu(
-            name=f"spu-{spu_id}",
-            spec=models.SpuSpec(
-                id=spu_id,
-                public_endpoint=models.Endpoint(host="127.0.0.1", port=9005),
-                private_endpoint=models.Endpoint(host="127.0.0.1", port=9006),
-            ),
-            status=models.SpuStatus(resolution=models.SpuResolution.ONLINE),
-        )
+        spu = objects.spu(spu_id)
         await store.create(spu.key, models.encode(spu))
 
 

@@ -14,6 +14,7 @@ import pytest
 from connection_manager import health as health_module
 from controller import config, context as context_module, metrics, pipeline, topic as topic_controller
 from store import kv, local, models
+from tests import objects
 
 
 class Cluster:
@@ -30,15 +31,7 @@ class Cluster:
         self.pipeline = pipeline.Pipeline(self.context, self.health)
 
     async def add_spu(self, spu_id: int, rack: str | None = None, online: bool = True) -> None:
-        spu = models.Spu(
-            name=f"spu-{spu_id}",
-            spec=models.SpuSpec(
-                id=spu_id,
-                rack=rack,
-                public_endpoint=models.Endpoint(host="127.0.0.1", port=9005),
-                private_endpoint=models.Endpoint(host="127.0.0.1", port=9006),
-            ),
-        )
+        spu = objects.spu(spu_id, resolution="Init", rack=rack)
         await self.kv_store.create(spu.key, models.encode(spu))
         if online:
             self.set_online(spu_id)
@@ -290,15 +283,7 @@ async def test_spu_resolution_follows_health(cluster: Cluster) -> None:
 async def test_crash_between_status_and_partitions_converges(kv_store: kv.KVStore) -> None:
     """A topic left Provisioned with missing partitions, plus an orphan: a restart fixes both."""
     for spu_id in range(3):
-        spu = models.Spu(
-            name=f"spu-{spu_id}",
-            spec=models.SpuSpec(
-                id=spu_id,
-                public_endpoint=models.Endpoint(host="127.0.0.1", port=9005),
-                private_endpoint=models.Endpoint(host="127.0.0.1", port=9006),
-            ),
-            status=models.SpuStatus(resolution=models.SpuResolution.ONLINE),
-        )
+        spu = objects.spu(spu_id)
         await kv_store.create(spu.key, models.encode(spu))
     half_done = models.Topic.model_validate(
         {

@@ -8,6 +8,7 @@ from typing import Any
 from connection_manager import health as health_module
 from controller import actions, spu, spu_group, topic
 from store import local, models
+from tests import objects
 
 ONLINE, OFFLINE, UNKNOWN = health_module.Health.ONLINE, health_module.Health.OFFLINE, health_module.Health.UNKNOWN
 
@@ -21,20 +22,7 @@ def snapshot_of(*objects: tuple[models.ClusterObject, int], meta: dict[str, tupl
     return store.snapshot()
 
 
-def make_spu(spu_id: int, resolution: str = "Online", rack: str | None = None, name: str | None = None, spu_type: str = "Custom") -> models.Spu:
-    return models.Spu.model_validate(
-        {
-            "name": name or f"spu-{spu_id}",
-            "spec": {
-                "id": spu_id,
-                "spuType": spu_type,
-                "rack": rack,
-                "publicEndpoint": {"host": "h", "port": 9005},
-                "privateEndpoint": {"host": "h", "port": 9006},
-            },
-            "status": {"resolution": resolution},
-        }
-    )
+make_spu = objects.spu
 
 
 def make_topic(name: str, status: dict[str, Any] | None = None, **spec: Any) -> models.Topic:
