@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
-
 import pydantic
 import structlog
 
@@ -24,23 +22,17 @@ log = structlog.get_logger(__name__)
 
 META_KIND = "meta"
 
-# Called with every change the Reader applies: (kind, name, event type, revision, object or None).
-ChangeHook = Callable[[str, str, kv.EventType, int, models.ClusterObject | None], None]
-
-
 class Reader:
     def __init__(
         self,
         kv_store: kv.KVStore,
         local_store: local.LocalStore,
         metrics: metrics_module.Metrics,
-        on_change: ChangeHook | None = None,
         retry_delay: float = 0.5,
     ) -> None:
         self.kv_store = kv_store
         self.local_store = local_store
         self.metrics = metrics
-        self.on_change = on_change
         self.retry_delay = retry_delay
         self.synced = asyncio.Event()
 
@@ -91,15 +83,13 @@ class Reader:
             return  # a key of a newer SC version, or of somebody else: not ours to mirror
         table = self.local_store[kind]
         if event.type is kv.EventType.DELETE:
-            if table.delete(name, event.revision) and self.on_change is not None:
-                self.on_change(kind, name, event.type, event.revision, None)
+            table.delete(name, event.revision)
             return
         assert event.value is not None
         obj = self._decode(kind, event.key, event.value)
         if obj is None:
             return
-        if table.apply(obj, event.revision) is not None and self.on_change is not None:
-            self.on_change(kind, name, event.type, event.revision, obj)
+        table.apply(obj, event.revision)
 
     def _decode(self, kind: str, key: str, value: bytes) -> models.ClusterObject | None:
         try:

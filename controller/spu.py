@@ -5,7 +5,7 @@ Purely computational, no I/O: (snapshot, health, clock) -> actions.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from connection_manager import health as health_module
 from controller import actions
@@ -47,11 +47,3 @@ def _target(
     if current is ONLINE and uptime >= grace_period:
         return OFFLINE, f"SPU did not reconnect within {grace_period:g} s of the SC starting"
     return None, ""
-
-
-def grace_deadline(snapshot: local.Snapshot, started_at: float, grace_period: float) -> float | None:
-    """When the loop must look again for SPUs recorded Online that never reconnected."""
-    spus: Sequence[local.Entry] = list(snapshot.entries("spus").values())
-    if any(entry.obj.status.resolution is ONLINE for entry in spus):  # type: ignore[attr-defined]
-        return started_at + grace_period
-    return None

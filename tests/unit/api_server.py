@@ -18,22 +18,11 @@ from aiohttp import web
 
 from controller import api, config, context as context_module, metrics, reader as reader_module
 from store import kv, local, memory, models
+from tests import objects
 
 
 def spu(spu_id: int, name: str | None = None, rack: str | None = None, resolution: str = "Online", spu_type: str = "Custom") -> models.Spu:
-    return models.Spu.model_validate(
-        {
-            "name": name or f"spu-{spu_id}",
-            "spec": {
-                "id": spu_id,
-                "spuType": spu_type,
-                "rack": rack,
-                "publicEndpoint": {"host": "10.0.0.1", "port": 9005},
-                "privateEndpoint": {"host": "10.0.0.1", "port": 9006},
-            },
-            "status": {"resolution": resolution},
-        }
-    )
+    return objects.spu(spu_id, resolution=resolution, rack=rack, name=name, spu_type=spu_type, host="10.0.0.1")
 
 
 def topic(name: str, partitions: int = 1, replication_factor: int = 1, **status: Any) -> models.Topic:
