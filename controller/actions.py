@@ -45,6 +45,9 @@ class Action:
     objects: tuple[models.ClusterObject, ...] = field(default=(), compare=False)
     # The work-queue key (at most one action in flight per key); defaults to the object's key.
     queue_key: str = ""
+    # Structured cause for the audits, e.g. a leader election's "spu-offline", "preferred-leader",
+    # "drain" or "unclean" (the reason is prose for people; scripts must not parse it).
+    cause: str = ""
 
     @property
     def key(self) -> str:
