@@ -18,7 +18,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import exposition as prometheus_exposition
 
-from controller import context as context_module, openapi, placement, spu_group, topic as topic_controller
+from controller import admin_ops, context as context_module, openapi, placement, topic as topic_controller
 from store import kv, local, models
 
 log = structlog.get_logger(__name__)
@@ -32,12 +32,8 @@ WATCH_STALL_SECONDS = 60.0
 WATCH_DISCONNECT_POLL_SECONDS = 1.0
 # Events written to a JSON-lines watch per write (bounds one write's size and the loop time it takes).
 WATCH_BATCH = 500
-# Writes that lose a compare-and-swap to the controllers' status writes are retried this often.
-CAS_ATTEMPTS = 5
 # Bodies may carry large manual replica assignments.
 MAX_BODY_BYTES = 16 * 1024 * 1024
-
-KIND_LABELS = {"spus": "SPU", "spu-groups": "SPU group", "topics": "topic", "partitions": "partition"}
 
 CONTEXT = web.AppKey("context", context_module.Context)
 STOPPING = web.AppKey("stopping", asyncio.Event)
@@ -50,18 +46,9 @@ _TYPE_ERRORS = ("json_invalid", "json_type")
 # ---------------------------------------------------------------------------- errors
 
 
-class ApiError(Exception):
-    """An answer in the error shape of API.md: ``{"error": {"code", "message"}}`` (+ extra keys)."""
-
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.extra = extra
-
-    def response(self) -> web.Response:
-        return error_response(self.status, self.code, self.message, **self.extra)
+# Raised by the shared admin operations too; the names stay importable from here.
+ApiError = admin_ops.ApiError
+CAS_ATTEMPTS = admin_ops.CAS_ATTEMPTS
 
 
 def error_response(status: int, code: str, message: str, **extra: Any) -> web.Response:
@@ -92,7 +79,7 @@ async def error_middleware(
     try:
         response = await handler(request)
     except ApiError as error:
-        response = error.response()
+        response = error_response(error.status, error.code, error.message, **error.extra)
     except web.HTTPException as error:
         if error.status < 400:
             raise
@@ -192,127 +179,8 @@ def _json_type(value: object) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
-def _label(kind: str, name: str) -> str:
-    return f"{KIND_LABELS[kind]} {name!r}"
-
-
-def _decoded(kind: str, item: kv.KeyValue) -> models.ClusterObject | None:
-    """An object read straight from the KV store; a malformed value (written by hand) is skipped."""
-    try:
-        return models.decode(kind, item.value)
-    except pydantic.ValidationError:
-        return None
-
-
-# ---------------------------------------------------------------------------- waiting for the controllers
-
-
-class Settlements:
-    """Wakes API requests waiting for an object of one kind to settle, from one shared listener.
-
-    One listener per kind (not one per request), so a status change wakes only the requests
-    waiting for that object, however many creates are in flight.
-    """
-
-    def __init__(self, table: local.KindStore) -> None:
-        self.table = table
-        self._waiters: dict[str, set[asyncio.Event]] = {}
-
-    async def run(self) -> None:
-        listener = self.table.listener(local.Part.ALL)
-        try:
-            while True:
-                await listener.wait()
-                changes = listener.changes()
-                names: Iterable[str]
-                if changes.full:
-                    names = list(self._waiters)
-                else:
-                    names = [entry.name for entry in changes.updated] + changes.deleted
-                for name in names:
-                    for event in self._waiters.get(name, ()):
-                        event.set()
-        finally:
-            listener.close()
-
-    async def wait(
-        self, name: str, written_revision: int, settled: Callable[[local.Entry], bool], timeout: float
-    ) -> local.Entry | None:
-        """The object once ``settled(entry)`` holds, or as it is when ``timeout`` seconds pass.
-
-        None once the store has seen the write at ``written_revision`` and then lost the object.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        event = asyncio.Event()
-        self._waiters.setdefault(name, set()).add(event)
-        try:
-            while True:
-                # Checked after registering and before awaiting: no change can slip between.
-                entry = self.table.get(name)
-                if entry is None and self.table.revision >= written_revision:
-                    return None
-                remaining = deadline - loop.time()
-                if (entry is not None and settled(entry)) or remaining <= 0:
-                    return entry
-                event.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(remaining):
-                        await event.wait()
-        finally:
-            waiters = self._waiters[name]
-            waiters.discard(event)
-            if not waiters:
-                del self._waiters[name]
-
-
-TOPIC_WAITS = web.AppKey("topic_waits", Settlements)
-GROUP_WAITS = web.AppKey("group_waits", Settlements)
-
-
-def _topic_settled(written_revision: int) -> Callable[[local.Entry], bool]:
-    """Provisioned with every partition placed, or definitely not, by a write after ours."""
-
-    def settled(entry: local.Entry) -> bool:
-        if entry.mod_revision <= written_revision:
-            return False
-        status: models.TopicStatus = entry.obj.status  # type: ignore[attr-defined]
-        if status.resolution is models.TopicResolution.PROVISIONED:
-            return len(status.replica_map) >= entry.obj.spec.partition_count()  # type: ignore[attr-defined]
-        return status.resolution in (
-            models.TopicResolution.INVALID_CONFIG,
-            models.TopicResolution.INSUFFICIENT_RESOURCES,
-            models.TopicResolution.DELETING,
-        )
-
-    return settled
-
-
-def _group_settled(written_revision: int) -> Callable[[local.Entry], bool]:
-    def settled(entry: local.Entry) -> bool:
-        return (
-            entry.mod_revision > written_revision
-            and entry.obj.status.resolution is not models.SpuGroupResolution.INIT  # type: ignore[attr-defined]
-        )
-
-    return settled
-
-
-async def _wait_settled(
-    waits: Settlements,
-    written: models.ClusterObject,
-    written_revision: int,
-    settled: Callable[[local.Entry], bool],
-    timeout_ms: int,
-) -> tuple[models.ClusterObject | None, bool]:
-    """(the object as it is now, whether it settled); None if it was deleted meanwhile."""
-    if timeout_ms == 0:
-        return written, False
-    entry = await waits.wait(written.name, written_revision, settled, timeout_ms / 1000)
-    if entry is None:
-        # Deleted after our write, or not even mirrored yet when the time ran out.
-        return (None, False) if waits.table.revision >= written_revision else (written, False)
-    return entry.obj, settled(entry)
+TOPIC_WAITS = web.AppKey("topic_waits", admin_ops.Settlements)
+GROUP_WAITS = web.AppKey("group_waits", admin_ops.Settlements)
 
 
 # ---------------------------------------------------------------------------- handlers: health, metrics, docs
@@ -345,11 +213,6 @@ async def openapi_document(request: web.Request) -> web.Response:
 # ---------------------------------------------------------------------------- handlers: reads
 
 
-def _require_synced(context: context_module.Context) -> None:
-    if not context.synced.is_set():
-        raise ApiError(503, "NotSynced", "the SC is still loading its store; retry shortly (see /healthz)")
-
-
 def _sort_key(kind: str) -> Callable[[models.ClusterObject], Any]:
     if kind == "spus":
         return lambda obj: (obj.spec.id, obj.name)  # type: ignore[attr-defined]
@@ -371,7 +234,7 @@ async def list_objects(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     kind = _kind(request)
     keep = _topic_filter(request, kind)
-    _require_synced(context)
+    admin_ops.require_synced(context)
     objects = [obj for obj in context.local_store[kind].objects() if keep is None or keep(obj)]
     objects.sort(key=_sort_key(kind))
     # Each object is serialised by pydantic's own encoder: lists of 100,000 partitions stay cheap.
@@ -383,78 +246,33 @@ async def get_object(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     kind = _kind(request)
     name = request.match_info["name"]
-    _require_synced(context)
+    admin_ops.require_synced(context)
     entry = context.local_store[kind].get(name)
     if entry is None:
-        raise ApiError(404, "NotFound", f"{_label(kind, name)} not found")
+        raise ApiError(404, "NotFound", f"{admin_ops.label(kind, name)} not found")
     return web.Response(body=models.encode(entry.obj), content_type="application/json")
 
 
 # ---------------------------------------------------------------------------- handlers: writes
 
 
-async def _create(context: context_module.Context, obj: models.ClusterObject) -> int:
-    try:
-        return await context.kv_store.create(obj.key, models.encode(obj))
-    except kv.AlreadyExists:
-        raise ApiError(409, "AlreadyExists", f"{_label(obj.kind, obj.name)} already exists") from None
-
-
 async def register_spu(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     spu: models.Spu = parse_object("spus", await request.read())  # type: ignore[assignment]
-    if spu.spec.spu_type is not models.SpuType.CUSTOM:
-        raise ApiError(
-            422,
-            "InvalidObject",
-            f"spec.spuType: only Custom SPUs can be registered; Managed SPUs are created by SPU groups "
-            f"(got {spu.spec.spu_type.value!r})",
-        )
-    listed = await context.kv_store.list(models.object_key("spus", ""))
-    others = [obj for obj in (_decoded("spus", item) for item in listed.items) if obj is not None]
-    for other in others:
-        if other.name == spu.name:
-            raise ApiError(409, "AlreadyExists", f"{_label('spus', spu.name)} already exists")
-    for other in others:
-        if other.spec.id == spu.spec.id:  # type: ignore[attr-defined]
-            raise ApiError(
-                409,
-                "SpuIdInUse",
-                f"SPU id {spu.spec.id} is already used by SPU {other.name!r}; choose another id",
-            )
-    group = _group_naming(context, spu.name)
-    if group is not None:
-        raise ApiError(
-            409,
-            "AlreadyExists",
-            f"SPU name {spu.name!r} belongs to SPU group {group!r} (its managed SPUs are named {group}-N); "
-            "choose another name",
-        )
-    await _create(context, spu)
+    await admin_ops.register_spu(context, spu)
     return web.json_response(spu.to_json_dict(), status=201)
-
-
-def _group_naming(context: context_module.Context, spu_name: str) -> str | None:
-    """The SPU group whose managed SPUs are (or will be) named ``spu_name``, if any."""
-    group_name, _, index = spu_name.rpartition("-")
-    if not group_name or not index.isdigit():
-        return None
-    entry = context.local_store["spu-groups"].get(group_name)
-    if entry is None or int(index) >= entry.obj.spec.replicas:  # type: ignore[attr-defined]
-        return None
-    return group_name
 
 
 async def create_spu_group(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
     group: models.SpuGroup = parse_object("spu-groups", await request.read())  # type: ignore[assignment]
-    revision = await _create(context, group)
-    current, settled = await _wait_settled(
-        request.app[GROUP_WAITS], group, revision, _group_settled(revision), timeout_ms
+    revision = await admin_ops.create(context, group)
+    current, settled = await admin_ops.wait_settled(
+        request.app[GROUP_WAITS], group, revision, admin_ops.group_settled(revision), timeout_ms
     )
     if current is None:
-        raise ApiError(409, "Conflict", f"{_label('spu-groups', group.name)} was deleted while it was being created")
+        raise ApiError(409, "Conflict", f"{admin_ops.label('spu-groups', group.name)} was deleted while it was being created")
     resolution = current.status.resolution  # type: ignore[attr-defined]
     if resolution is models.SpuGroupResolution.INVALID:
         raise ApiError(
@@ -473,38 +291,20 @@ async def create_topic(request: web.Request) -> web.Response:
     dry_run = _bool_param(request, "dryRun")
     topic: models.Topic = parse_object("topics", await request.read())  # type: ignore[assignment]
     if dry_run:
-        return await _dry_run_topic(context, topic)
-    # The controller would reject a configuration no cluster change can fix: say so now and
-    # write nothing, with the controller's own check and message.
-    _require_synced(context)
-    snapshot = context.local_store.snapshot()
-    problem = topic_controller.validate(topic, topic_controller.spu_infos(snapshot))
-    if problem is not None:
-        raise ApiError(422, "InvalidConfig", problem)
-    revision = await _create(context, topic)
+        result, spus = admin_ops.dry_run_topic(context, topic)
+        return web.json_response(placement.result_to_json(result, spus))
+    revision = await admin_ops.create_topic(context, topic)
     return await _topic_answer(request, topic, revision, timeout_ms, created=True)
-
-
-async def _dry_run_topic(context: context_module.Context, topic: models.Topic) -> web.Response:
-    _require_synced(context)
-    if context.local_store["topics"].get(topic.name) is not None:
-        raise ApiError(409, "AlreadyExists", f"{_label('topics', topic.name)} already exists")
-    snapshot = context.local_store.snapshot()
-    try:
-        result = topic_controller.dry_run(snapshot, topic)
-    except placement.PlacementError as error:
-        raise ApiError(422, error.code, error.message) from None
-    return web.json_response(placement.result_to_json(result, topic_controller.spu_infos(snapshot)))
 
 
 async def _topic_answer(
     request: web.Request, written: models.Topic, revision: int, timeout_ms: int, created: bool
 ) -> web.Response:
-    current, settled = await _wait_settled(
-        request.app[TOPIC_WAITS], written, revision, _topic_settled(revision), timeout_ms
+    current, settled = await admin_ops.wait_settled(
+        request.app[TOPIC_WAITS], written, revision, admin_ops.topic_settled(revision), timeout_ms
     )
     if current is None:
-        raise ApiError(409, "Conflict", f"{_label('topics', written.name)} was deleted while waiting for it")
+        raise ApiError(409, "Conflict", f"{admin_ops.label('topics', written.name)} was deleted while waiting for it")
     status: models.TopicStatus = current.status  # type: ignore[attr-defined]
     if settled and status.resolution is models.TopicResolution.INVALID_CONFIG:
         raise ApiError(
@@ -523,54 +323,8 @@ async def add_partitions(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
     count = _integer_body(await request.read(), "count", "the number of partitions to add")
-    if count < 1:
-        raise ApiError(422, "InvalidRequest", f"count: the number of partitions to add must be at least 1 (got {count})")
-
-    def grow(current: models.ClusterObject) -> models.ClusterObject:
-        topic: models.Topic = current  # type: ignore[assignment]
-        if topic.spec.is_manual:
-            raise ApiError(
-                422,
-                "ManualTopic",
-                f"topic {name!r} has a manual replicaAssignment: partitions cannot be added to it",
-            )
-        total = topic.spec.partition_count() + count
-        if total > models.MAX_PARTITIONS:
-            raise ApiError(
-                422,
-                "InvalidRequest",
-                f"count: topic {name!r} has {topic.spec.partition_count()} partitions; adding {count} would make "
-                f"{total}, above the limit of {models.MAX_PARTITIONS}",
-            )
-        return topic.model_copy(update={"spec": topic.spec.model_copy(update={"partitions": total})})
-
-    grown, revision = await _update_spec(context, "topics", name, grow, "adding partitions")
-    return await _topic_answer(request, grown, revision, timeout_ms, created=False)  # type: ignore[arg-type]
-
-
-async def _update_spec(
-    context: context_module.Context,
-    kind: str,
-    name: str,
-    change: Callable[[models.ClusterObject], models.ClusterObject],
-    doing: str,
-) -> tuple[models.ClusterObject, int]:
-    """Compare-and-swap ``change(current)`` on the object; re-read and re-apply when a controller
-    wrote first (``change`` is relative, so it applies on top of the newer state)."""
-    key = models.object_key(kind, name)
-    for _ in range(CAS_ATTEMPTS):
-        stored = await context.kv_store.get(key)
-        current = None if stored is None else _decoded(kind, stored)
-        if stored is None or current is None:
-            raise ApiError(404, "NotFound", f"{_label(kind, name)} not found")
-        changed = change(current)
-        try:
-            return changed, await context.kv_store.update(key, models.encode(changed), stored.mod_revision)
-        except kv.Conflict:
-            continue
-        except kv.NotFound:
-            raise ApiError(404, "NotFound", f"{_label(kind, name)} not found") from None
-    raise ApiError(409, "Conflict", f"{_label(kind, name)} kept changing while {doing} ({CAS_ATTEMPTS} attempts); retry")
+    grown, revision = await admin_ops.add_partitions(context, name, count)
+    return await _topic_answer(request, grown, revision, timeout_ms, created=False)
 
 
 def _integer_body(raw: bytes, field: str, meaning: str) -> int:
@@ -600,7 +354,7 @@ async def scale_spu_group(request: web.Request) -> web.Response:
             raise ApiError(422, "InvalidRequest", models.describe_validation_error(error)) from None
         return current.model_copy(update={"spec": spec})
 
-    scaled, _ = await _update_spec(context, "spu-groups", name, scale, "scaling it")
+    scaled, _ = await admin_ops.update_spec(context, "spu-groups", name, scale, "scaling it")
     # No verdict to wait for: a group that stays Reserved gets no new status write.
     return web.json_response(scaled.to_json_dict(), status=202)
 
@@ -609,56 +363,9 @@ async def delete_object(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     kind = _kind(request)
     name = request.match_info["name"]
-    key = models.object_key(kind, name)
-    for _ in range(CAS_ATTEMPTS):
-        stored = await context.kv_store.get(key)
-        if stored is None:
-            raise ApiError(404, "NotFound", f"{_label(kind, name)} not found")
-        obj = _decoded(kind, stored)
-        warnings: list[str] = []
-        if kind == "partitions":
-            topic_name = name.rpartition("-")[0]
-            raise ApiError(
-                422,
-                "PartitionOwnedByTopic",
-                f"partition {name!r} belongs to topic {topic_name!r}: partitions go with their topic "
-                "(delete the topic instead)",
-            )
-        if kind == "spus" and obj is not None:
-            warnings = _spu_delete_checks(context, obj)  # type: ignore[arg-type]
-        try:
-            await context.kv_store.delete(key, stored.mod_revision)
-        except kv.Conflict:
-            continue  # its status changed meanwhile: re-check against the new state
-        except kv.NotFound:
-            raise ApiError(404, "NotFound", f"{_label(kind, name)} not found") from None
-        deleted = obj.to_json_dict() if obj is not None else {"name": name}
-        return web.json_response({"deleted": deleted, "warnings": warnings})
-    raise ApiError(409, "Conflict", f"{_label(kind, name)} kept changing while deleting it ({CAS_ATTEMPTS} attempts); retry")
-
-
-def _spu_delete_checks(context: context_module.Context, spu: models.Spu) -> list[str]:
-    """Refuse to delete a managed SPU; warn (but allow) when partitions still use the SPU."""
-    group = spu_group.owning_group(spu)
-    if group is not None and context.local_store["spu-groups"].get(group) is not None:
-        raise ApiError(
-            409,
-            "ManagedSpu",
-            f"SPU {spu.name!r} is managed by SPU group {group!r}: scale the group down or delete it instead",
-        )
-    users = sorted(
-        (partition for partition in context.local_store["partitions"].objects() if spu.spec.id in partition.spec.replicas),  # type: ignore[attr-defined]
-        key=_sort_key("partitions"),
-    )
-    if not users:
-        return []
-    names = [partition.name for partition in users]
-    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
-    return [
-        f"SPU {spu.spec.id} ({spu.name!r}) still holds replicas of {len(names)} partition"
-        f"{'s' if len(names) != 1 else ''}: {shown}; they stay assigned to id {spu.spec.id} "
-        "until an SPU with that id is registered again"
-    ]
+    obj, warnings = await admin_ops.delete(context, kind, name)
+    deleted = obj.to_json_dict() if obj is not None else {"name": name}
+    return web.json_response({"deleted": deleted, "warnings": warnings})
 
 
 # ---------------------------------------------------------------------------- placement
@@ -669,7 +376,7 @@ async def compute_placement(request: web.Request) -> web.Response:
     body = parse_json_object(await request.read(), "(a placement request, as for `sc placement compute`)")
     live_spus = None
     if "spus" not in body:
-        _require_synced(context)
+        admin_ops.require_synced(context)
         snapshot = context.local_store.snapshot()
         live_spus = [spu for spu in topic_controller.spu_infos(snapshot) if spu.online]
     try:
@@ -786,7 +493,7 @@ async def watch(request: web.Request) -> web.StreamResponse:
     context = request.app[CONTEXT]
     kind = _kind(request)
     keep = _topic_filter(request, kind)
-    _require_synced(context)
+    admin_ops.require_synced(context)
     websocket = web.WebSocketResponse(heartbeat=30.0)
     sink: _LinesSink | _WebSocketSink
     if websocket.can_prepare(request).ok:
@@ -846,8 +553,8 @@ def build_app(context: context_module.Context) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT] = context
     app[STOPPING] = asyncio.Event()
-    app[TOPIC_WAITS] = Settlements(context.local_store["topics"])
-    app[GROUP_WAITS] = Settlements(context.local_store["spu-groups"])
+    app[TOPIC_WAITS] = admin_ops.Settlements(context.local_store["topics"])
+    app[GROUP_WAITS] = admin_ops.Settlements(context.local_store["spu-groups"])
     app.cleanup_ctx.append(_settlements)
     app.on_shutdown.append(_stop_streams)
     routes = app.router
