@@ -9,111 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import pytest
 
-from connection_manager import health as health_module
-from controller import cli, config, daemon as daemon_module
-from store import embedded_etcd, etcd, kv, models
-
-REQUEST_TIMEOUT = 2.0
-
-
-class Running:
-    def __init__(self, daemon: daemon_module.Daemon, kv_store: kv.KVStore, session: aiohttp.ClientSession) -> None:
-        self.daemon = daemon
-        self.kv_store = kv_store  # the test's own view of the store
-        self.session = session
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.daemon.public_port}"
-
-    async def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        async with self.session.request(method, path, json=body) as response:
-            return response.status, await response.json()
-
-    async def register_spu(self, spu_id: int, rack: str | None = None, online: bool = True) -> None:
-        spec: dict[str, Any] = {
-            "id": spu_id,
-            "publicEndpoint": {"host": "127.0.0.1", "port": 9005},
-            "privateEndpoint": {"host": "127.0.0.1", "port": 9006},
-        }
-        if rack is not None:
-            spec["rack"] = rack
-        status, body = await self.call("POST", "/v1/spus", {"name": f"spu-{spu_id}", "spec": spec})
-        assert status == 201, body
-        if online:
-            pipeline = self.daemon.pipeline
-            assert pipeline is not None
-            pipeline.health.set(spu_id, health_module.Health.ONLINE, asyncio.get_running_loop().time())
-
-            async def is_online() -> None:
-                spu = await self.read("spus", f"spu-{spu_id}")
-                assert spu is not None and spu.status.resolution is models.SpuResolution.ONLINE  # type: ignore[attr-defined]
-
-            await self.eventually(is_online)
-
-    async def read(self, kind: str, name: str) -> models.ClusterObject | None:
-        stored = await self.kv_store.get(models.object_key(kind, name))
-        return None if stored is None else models.decode(kind, stored.value)
-
-    async def read_all(self, kind: str) -> dict[str, Any]:
-        listed = await self.kv_store.list(f"{kind}/")
-        return {(obj := models.decode(kind, item.value)).name: obj for item in listed.items}
-
-    async def partitions_of(self, topic: str) -> dict[int, list[int]]:
-        return {p.index: p.spec.replicas for p in (await self.read_all("partitions")).values() if p.topic == topic}
-
-    async def eventually(self, check: Callable[[], Any], timeout: float = 10.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            try:
-                await check()
-                return
-            except AssertionError:
-                if loop.time() > deadline:
-                    raise
-            await asyncio.sleep(0.02)
-
-
-@pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
-def settings(request: pytest.FixtureRequest) -> config.Settings:
-    common: dict[str, Any] = {"bind_host": "127.0.0.1", "public_port": 0, "resync_interval": 5.0}
-    if request.param == "memory":
-        return config.Settings(store=config.StoreKind.MEMORY, **common)
-    server: embedded_etcd.EmbeddedEtcd = request.getfixturevalue("etcd_server")
-    if not server.running:
-        server.start()
-    return config.Settings(
-        store=config.StoreKind.ETCD,
-        etcd_endpoints=server.endpoints,
-        key_prefix=f"/sc-test/{uuid.uuid4().hex}/",
-        **common,
-    )
-
-
-@pytest.fixture
-async def sc(settings: config.Settings) -> AsyncIterator[Running]:
-    daemon = daemon_module.Daemon(settings)
-    await daemon.start()
-    assert daemon.context is not None
-    own_store: kv.KVStore | None = None
-    if settings.store is config.StoreKind.ETCD:
-        own_store = await etcd.EtcdStore.open(settings.etcd_endpoints, settings.key_prefix, REQUEST_TIMEOUT)
-    session = aiohttp.ClientSession(f"http://127.0.0.1:{daemon.public_port}")
-    try:
-        yield Running(daemon, own_store or daemon.context.kv_store, session)
-    finally:
-        await session.close()
-        if own_store is not None:
-            await own_store.close()
-        await daemon.stop()
+from controller import cli
+from store import models
+from tests.fixtures.daemon import Running
 
 
 def cli_lines(out: str) -> list[str]:
