@@ -5,7 +5,8 @@ event dispatched to its kind's table. A single stream (not one per kind) keeps t
 consistent cut: a topic status and the partitions written in the same transaction appear
 together, so controllers never judge one kind against a staler view of another. A compacted or
 broken watch relists and resyncs (the fence makes listeners recompute). The only writer of the
-local store; never writes to the KV store.
+local store; never writes to the KV store. With a history recorder, every change seen is recorded,
+and a (re)start first replays, into the history only, what changed since its last record.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pydantic
 import structlog
 
 from controller import metrics as metrics_module
+from store import history as history_module
 from store import kv, local, models
 
 log = structlog.get_logger(__name__)
@@ -29,34 +31,49 @@ class Reader:
         local_store: local.LocalStore,
         metrics: metrics_module.Metrics,
         retry_delay: float = 0.5,
+        history: history_module.Recorder | None = None,
     ) -> None:
         self.kv_store = kv_store
         self.local_store = local_store
         self.metrics = metrics
         self.retry_delay = retry_delay
+        self.history = history
         self.synced = asyncio.Event()
 
     async def run(self) -> None:
-        """List, then watch, until cancelled or the store closes; relist after any break."""
+        """List, then watch, until cancelled or the store closes; relist after any break.
+
+        The watch starts at the history's resume point when that is older than the listing: events
+        up to the listed revision are only recorded (the listing already holds their result).
+        """
+        compacted = False
         while True:
             try:
                 listed = await self.kv_store.list("")
-                self._resync(listed)
+                objects = self._resync(listed)
+                start = listed.revision + 1 if self.history is None else self._history_start(listed, objects, compacted)
+                compacted = False
                 self.synced.set()
-                async with contextlib.aclosing(self.kv_store.watch("", listed.revision + 1)) as events:
+                async with contextlib.aclosing(self.kv_store.watch("", start)) as events:
                     async for event in events:
-                        self._apply(event)
+                        if event.revision > listed.revision:
+                            self._apply(event)
+                        else:
+                            self._record(event, history_module.REPLAY)
                 return  # the watch ended without an error: the store is closing
-            except kv.Compacted as compacted:
-                log.warning("watch compacted, relisting", revision=compacted.revision)
+            except kv.Compacted as error:
+                compacted = True
+                log.warning("watch compacted, relisting", revision=error.revision)
             except kv.Unavailable as unavailable:
                 self.metrics.etcd_errors.labels("watch").inc()
                 log.warning("store unavailable, relisting after a pause", error=str(unavailable))
                 await asyncio.sleep(self.retry_delay)
 
-    def _resync(self, listed: kv.ListResult) -> None:
+    def _resync(self, listed: kv.ListResult) -> list[kv.KeyValue]:
+        """Replace the mirror with ``listed``; returns the items that are valid objects."""
         by_kind: dict[str, list[tuple[models.ClusterObject, int, int]]] = {kind: [] for kind in models.KINDS}
         meta: list[tuple[str, bytes, int]] = []
+        valid: list[kv.KeyValue] = []
         for item in listed.items:
             kind, _, _ = item.key.partition("/")
             if kind == META_KIND:
@@ -65,12 +82,37 @@ class Reader:
                 obj = self._decode(kind, item.key, item.value)
                 if obj is not None:
                     by_kind[kind].append((obj, item.mod_revision, item.create_revision))
+                    valid.append(item)
         for kind, objects in by_kind.items():
             self.local_store[kind].resync(objects, listed.revision)
             self.metrics.relists.labels(kind).inc()
         self.local_store.meta.resync(meta, listed.revision)
         log.info("relisted", objects={kind: len(objects) for kind, objects in by_kind.items()}, revision=listed.revision)
+        return valid
 
+    def _history_start(self, listed: kv.ListResult, objects: list[kv.KeyValue], compacted: bool) -> int:
+        """Where the watch starts so that the history misses nothing: just after its last record
+        when the store still has what followed; else a gap record and a snapshot of the listing."""
+        assert self.history is not None
+        resume = self.history.resume_revision
+        if resume is not None and not compacted and resume <= listed.revision:
+            return resume + 1
+        if resume is not None and compacted:
+            log.warning("history gap: the store compacted what followed the last record", after=resume, listed=listed.revision)
+            self.history.record_gap(resume + 1, listed.revision, "compacted")
+        elif resume is not None:
+            # Restored from a backup, or another etcd: records after its revision came from before.
+            log.warning("history gap: the store is behind the history", history=resume, listed=listed.revision)
+            self.history.record_gap(listed.revision + 1, resume, "store-behind-history")
+        since = resume or 0
+        for item in objects:
+            kind, _, name = item.key.partition("/")
+            op = history_module.CREATE if item.create_revision > since else history_module.UPDATE
+            self.history.record_change(
+                kind, name, op, item.mod_revision, item.value, history_module.LIST, snapshot=listed.revision
+            )
+        self.history.record_sync(listed.revision, snapshot=True)
+        return listed.revision + 1
     def _apply(self, event: kv.WatchEvent) -> None:
         kind, _, name = event.key.partition("/")
         if kind == META_KIND:
@@ -84,12 +126,24 @@ class Reader:
         table = self.local_store[kind]
         if event.type is kv.EventType.DELETE:
             table.delete(name, event.revision)
+        else:
+            assert event.value is not None
+            obj = self._decode(kind, event.key, event.value)
+            if obj is None:
+                return
+            table.apply(obj, event.revision)
+        if self.history is not None:
+            self.history.record_change(kind, name, _operation(event), event.revision, event.value)
+
+    def _record(self, event: kv.WatchEvent, source: str) -> None:
+        """Record a change the mirror already reflects (a replay up to the listed revision)."""
+        assert self.history is not None
+        kind, _, name = event.key.partition("/")
+        if kind not in models.KINDS:
             return
-        assert event.value is not None
-        obj = self._decode(kind, event.key, event.value)
-        if obj is None:
+        if event.value is not None and self._decode(kind, event.key, event.value) is None:
             return
-        table.apply(obj, event.revision)
+        self.history.record_change(kind, name, _operation(event), event.revision, event.value, source)
 
     def _decode(self, kind: str, key: str, value: bytes) -> models.ClusterObject | None:
         try:
@@ -105,3 +159,9 @@ class Reader:
             log.error("object stored under another object's key, ignored", key=key, name=obj.name)
             return None
         return obj
+
+
+def _operation(event: kv.WatchEvent) -> str:
+    if event.type is kv.EventType.DELETE:
+        return history_module.DELETE
+    return history_module.CREATE if event.create_revision == event.revision else history_module.UPDATE

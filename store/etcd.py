@@ -388,7 +388,9 @@ class EtcdStore(kv.KVStore):
                         if event.type == _EVENT_DELETE:
                             yield make_event(DELETE, item.key[prefix_length:].decode(), None, item.mod_revision)
                         else:
-                            yield make_event(PUT, item.key[prefix_length:].decode(), item.value, item.mod_revision)
+                            yield make_event(
+                                PUT, item.key[prefix_length:].decode(), item.value, item.mod_revision, item.create_revision
+                            )
                     # Only read again once the whole response is delivered: resuming here is exact.
                     next_revision = events[-1].kv.mod_revision + 1
             except grpc.aio.AioRpcError as error:

@@ -86,6 +86,8 @@ class WatchEvent:
     key: str
     value: bytes | None  # None for DELETE
     revision: int  # the mod revision of the change (for DELETE: the revision of the delete)
+    # The key's create revision after a PUT (== revision when the PUT created it); 0 for DELETE.
+    create_revision: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,12 +102,14 @@ class MemoryStore(kv.KVStore):
             if isinstance(operation, kv.Put):
                 record = self._data.get(operation.key)
                 if record is None:
-                    self._data[operation.key] = _Record(operation.value, revision, revision)
+                    record = self._data[operation.key] = _Record(operation.value, revision, revision)
                     bisect.insort(self._sorted_keys, operation.key)
                 else:
                     record.value = operation.value
                     record.mod_revision = revision
-                self._history.append(kv.WatchEvent(kv.EventType.PUT, operation.key, operation.value, revision))
+                self._history.append(
+                    kv.WatchEvent(kv.EventType.PUT, operation.key, operation.value, revision, record.create_revision)
+                )
             else:
                 del self._data[operation.key]
                 del self._sorted_keys[bisect.bisect_left(self._sorted_keys, operation.key)]

@@ -1,0 +1,187 @@
+"""The Reader records what it sees, and after a restart replays into the history what changed meanwhile.
+
+Runs on the memory backend and on a real etcd (the ``kv_store`` fixture).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from controller import metrics, reader as reader_module
+from store import history, kv, local, models
+from tests import objects
+
+TOPIC_SPEC = {"partitions": 1, "replicationFactor": 1}
+
+
+def topic(name: str, resolution: str = "Init") -> bytes:
+    obj = models.Topic.model_validate({"name": name, "spec": TOPIC_SPEC, "status": {"resolution": resolution}})
+    return models.encode(obj)
+
+
+class RunningReader:
+    """A Reader with a recorder over ``directory``, run until ``stop()``."""
+
+    def __init__(self, kv_store: kv.KVStore, directory: Path) -> None:
+        self.kv_store = kv_store
+        self.directory = directory
+
+    async def start(self) -> None:
+        self.recorder = history.Recorder.open(self.directory)
+        await self.recorder.start()
+        self.local_store = local.LocalStore()
+        self.reader = reader_module.Reader(self.kv_store, self.local_store, metrics.Metrics(), history=self.recorder)
+        self.task = asyncio.create_task(self.reader.run())
+        await asyncio.wait_for(self.reader.synced.wait(), 10)
+
+    async def until_recorded(self, revision: int) -> None:
+        """Wait until the history holds every change up to ``revision``."""
+        async with asyncio.timeout(10):
+            while (self.recorder.resume_revision or 0) < revision:
+                await asyncio.sleep(0.01)
+        await self.recorder.flush()
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        await self.recorder.close()
+
+
+@pytest.fixture
+async def running(kv_store: kv.KVStore, tmp_path: Path) -> AsyncIterator[RunningReader]:
+    runner = RunningReader(kv_store, tmp_path)
+    yield runner
+    if not runner.recorder._closed:
+        await runner.stop()
+
+
+def changes(directory: Path) -> list[tuple]:
+    """(type, source, op, kind, name, revision, resolution) of every change, gap and sync record."""
+    rows = []
+    for record in history.HistoryReader(directory).records():
+        if record["type"] == history.CHANGE:
+            status = (record["object"] or {}).get("status", {})
+            rows.append(
+                ("change", record["source"], record["op"], record["kind"], record["name"], record["revision"], status.get("resolution"))
+            )
+        elif record["type"] == history.GAP:
+            rows.append(("gap", record["reason"], record["firstRevision"], record["lastRevision"]))
+        elif record["type"] == history.SYNC:
+            rows.append(("sync", record["revision"], record["snapshot"]))
+    return rows
+
+
+async def test_watch_events_carry_the_keys_create_revision(kv_store: kv.KVStore) -> None:
+    created = await kv_store.create("topics/a", topic("a"))
+    updated = await kv_store.update("topics/a", topic("a", "Pending"), created)
+    deleted = await kv_store.delete("topics/a")
+    async with contextlib.aclosing(kv_store.watch("topics/", created)) as events:
+        seen = [(event.type, event.revision, event.create_revision) async for event, _ in zip_n(events, 3)]
+    assert seen == [(kv.EventType.PUT, created, created), (kv.EventType.PUT, updated, created), (kv.EventType.DELETE, deleted, 0)]
+
+
+async def zip_n(events: AsyncIterator[kv.WatchEvent], count: int) -> AsyncIterator[tuple[kv.WatchEvent, int]]:
+    for index in range(count):
+        yield await anext(events), index
+
+
+async def test_a_fresh_history_starts_with_a_snapshot_then_records_every_change(
+    kv_store: kv.KVStore, running: RunningReader
+) -> None:
+    before = await kv_store.create("topics/a", topic("a", "Provisioned"))
+    spu = objects.spu(1)
+    spu_revision = await kv_store.create(spu.key, models.encode(spu))
+    await kv_store.create("meta/placement-start-index", b"3")  # not an object: never recorded
+    listed = await kv_store.revision()
+    await running.start()
+    created = await kv_store.create("topics/b", topic("b"))
+    updated = await kv_store.update("topics/b", topic("b", "Pending"), created)
+    deleted = await kv_store.delete("topics/a")
+    await running.until_recorded(deleted)
+    await running.stop()
+    assert changes(running.directory) == [
+        ("change", "list", "create", "spus", "spu-1", spu_revision, "Online"),
+        ("change", "list", "create", "topics", "a", before, "Provisioned"),
+        ("sync", listed, True),
+        ("change", "watch", "create", "topics", "b", created, "Init"),
+        ("change", "watch", "update", "topics", "b", updated, "Pending"),
+        ("change", "watch", "delete", "topics", "a", deleted, None),
+    ]
+
+
+async def test_after_a_restart_what_changed_meanwhile_is_replayed_into_the_history_only(
+    kv_store: kv.KVStore, running: RunningReader
+) -> None:
+    await running.start()
+    first = await kv_store.create("topics/a", topic("a"))
+    await running.until_recorded(first)
+    await running.stop()
+
+    # While the SC is down: a create, two updates, a delete, and a malformed value.
+    created = await kv_store.create("topics/b", topic("b"))
+    pending = await kv_store.update("topics/a", topic("a", "Pending"), first)
+    provisioned = await kv_store.update("topics/a", topic("a", "Provisioned"), pending)
+    await kv_store.create("topics/bad", b"{not json")
+    deleted = await kv_store.delete("topics/b")
+
+    await running.start()
+    assert sorted(running.local_store["topics"].view) == ["a"]
+    assert running.local_store["topics"].get("a").obj.status.resolution is models.TopicResolution.PROVISIONED
+    live = await kv_store.update("topics/a", topic("a", "Deleting"), provisioned)
+    await running.until_recorded(live)
+    await running.stop()
+    assert changes(running.directory)[2:] == [
+        ("change", "replay", "create", "topics", "b", created, "Init"),
+        ("change", "replay", "update", "topics", "a", pending, "Pending"),
+        ("change", "replay", "update", "topics", "a", provisioned, "Provisioned"),
+        ("change", "replay", "delete", "topics", "b", deleted, None),
+        ("change", "watch", "update", "topics", "a", live, "Deleting"),
+    ]
+
+
+async def test_a_compacted_resume_point_gives_a_gap_record_and_a_snapshot(
+    kv_store: kv.KVStore, running: RunningReader
+) -> None:
+    await running.start()
+    first = await kv_store.create("topics/a", topic("a"))
+    kept = await kv_store.create("topics/k", topic("k"))
+    await running.until_recorded(kept)
+    await running.stop()
+
+    created = await kv_store.create("topics/b", topic("b"))
+    updated = await kv_store.update("topics/a", topic("a", "Pending"), first)
+    await kv_store.delete("topics/k")
+    listed = await kv_store.revision()
+    await kv_store.compact(listed)
+
+    await running.start()
+    await running.until_recorded(listed)
+    await running.stop()
+    assert changes(running.directory)[3:] == [
+        ("gap", "compacted", kept + 1, listed),
+        ("change", "list", "update", "topics", "a", updated, "Pending"),
+        ("change", "list", "create", "topics", "b", created, "Init"),
+        ("sync", listed, True),
+    ]
+
+
+async def test_without_a_history_the_reader_records_nothing_and_watches_from_the_listing(kv_store: kv.KVStore) -> None:
+    local_store = local.LocalStore()
+    reader = reader_module.Reader(kv_store, local_store, metrics.Metrics())
+    task = asyncio.create_task(reader.run())
+    try:
+        await asyncio.wait_for(reader.synced.wait(), 10)
+        await kv_store.create("topics/a", topic("a"))
+        async with asyncio.timeout(10):
+            while local_store["topics"].get("a") is None:
+                await asyncio.sleep(0.01)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
