@@ -204,12 +204,12 @@ class SegmentLog:
         self.next_seq = int(last.stem) + len(scan.payloads)
         self._file = open(last, "ab")
         self._size = scan.good_bytes
-        # The resume revision: the newest segment holding one (usually the last).
+        # The resume revision: the last position recorded, in the newest segment holding one.
         for path in reversed(paths):
             payloads = scan.payloads if path == last else scan_segment(path).payloads
-            revisions = [revision for revision in map(_resume_point, payloads) if revision is not None]
+            revisions = [revision for revision in map(_resume_point, payloads) if revision]
             if revisions:
-                self.resume_revision = max(revisions)
+                self.resume_revision = revisions[-1]
                 break
 
     def append(self, payloads: Sequence[bytes]) -> None:
@@ -418,7 +418,8 @@ class Recorder:
         self._push(fields, None, None)
 
     def record_gap(self, first_revision: int, last_revision: int, reason: str, dropped: int = 0) -> None:
-        """Revisions ``first_revision..last_revision`` may be missing from the history."""
+        """Revisions ``first_revision..last_revision`` may be missing from the history (or, for
+        ``store-behind-history``, were recorded from a store that has since gone back)."""
         fields = {
             "type": GAP, "firstRevision": first_revision, "lastRevision": last_revision, "reason": reason,
             "dropped": dropped,
@@ -433,7 +434,8 @@ class Recorder:
             self._advance(revision)
 
     def _advance(self, revision: int) -> None:
-        if self._resume_revision is None or revision > self._resume_revision:
+        # The last position, not the highest: after a store-behind-history gap it goes back.
+        if revision > 0:
             self._resume_revision = revision
 
     def _push(self, fields: dict[str, Any], raw_object: bytes | None, revision: int | None) -> bool:
