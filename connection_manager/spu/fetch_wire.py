@@ -1,0 +1,99 @@
+"""The fetch protocol between simulated SPUs (a follower asks its leader for records, offsets only).
+
+Purely computational, no I/O. A frame is a 4-byte big-endian body length, then one JSON object
+with a ``type`` tag and the version ``v``, as in ``wire``. A follower sends ``fetch`` frames on
+one connection per leader, one request in flight; the leader answers each with ``fetched``, or
+with ``error`` and closes the connection when a frame is malformed.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Annotated, Literal
+
+import pydantic
+from pydantic import Field
+
+from connection_manager import wire
+
+HEADER_BYTES = 4
+_HEADER = struct.Struct(">I")
+MAX_FRAME_BYTES = wire.MAX_FRAME_BYTES
+
+
+class PartitionFetch(wire.Message):
+    v: Literal[1] = Field(default=wire.PROTOCOL_VERSION, exclude=True)
+    partition: wire.PartitionName
+    offset: wire.Offset  # the follower's LEO: it has every record below this offset
+    hw: wire.Offset
+
+
+class FetchRequest(wire.Message):
+    """One fetch round of follower ``spu``: every partition it follows from this leader."""
+
+    type: Literal["fetch"] = "fetch"
+    spu: wire.SpuId
+    max_records: Annotated[int, Field(ge=0)]
+    partitions: list[PartitionFetch]
+
+
+class PartitionFetched(wire.Message):
+    """The leader's answer for one partition: ``records`` records from ``offset`` (after truncating to ``leo``).
+
+    ``error`` is set, and the offsets are 0, when the leader cannot serve this partition:
+    ``not-leader`` (it does not lead it now), ``not-a-replica`` (the follower is not in its replica list).
+    """
+
+    v: Literal[1] = Field(default=wire.PROTOCOL_VERSION, exclude=True)
+    partition: wire.PartitionName
+    offset: wire.Offset
+    leo: wire.Offset = 0
+    hw: wire.Offset = 0
+    records: wire.Offset = 0
+    error: Literal["not-leader", "not-a-replica"] | None = None
+
+
+class FetchResponse(wire.Message):
+    type: Literal["fetched"] = "fetched"
+    partitions: list[PartitionFetched]
+
+
+class FetchError(wire.Message):
+    """Sent before the leader closes a connection whose frame it could not accept."""
+
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+
+
+# Tagged like wire's unions, so a frame without its ``type`` is refused rather than defaulted.
+_REQUESTS: pydantic.TypeAdapter[FetchRequest] = pydantic.TypeAdapter(Annotated[FetchRequest, Field(discriminator="type")])
+_RESPONSES: pydantic.TypeAdapter[FetchResponse | FetchError] = pydantic.TypeAdapter(
+    Annotated[FetchResponse | FetchError, Field(discriminator="type")]
+)
+
+
+def encode(message: wire.Message) -> bytes:
+    """The whole frame: length header and JSON body."""
+    body = wire.encode(message)
+    return _HEADER.pack(len(body)) + body
+
+
+def body_length(header: bytes, max_bytes: int = MAX_FRAME_BYTES) -> int:
+    """The body length a frame header announces; raises wire.FrameError when it is over ``max_bytes``."""
+    if len(header) != HEADER_BYTES:
+        raise wire.FrameError("malformed", f"a frame header is {HEADER_BYTES} bytes, got {len(header)}")
+    (length,) = _HEADER.unpack(header)
+    if length > max_bytes:
+        raise wire.FrameError("frame-too-large", f"frame of {length} bytes is over the limit of {max_bytes} bytes")
+    return int(length)
+
+
+def parse_request(body: bytes, max_bytes: int = MAX_FRAME_BYTES) -> FetchRequest:
+    """A follower's frame body, validated; raises wire.FrameError naming what was wrong."""
+    return wire._parse(_REQUESTS, body, max_bytes)  # noqa: SLF001 (the package's one frame validator)
+
+
+def parse_response(body: bytes, max_bytes: int = MAX_FRAME_BYTES) -> FetchResponse | FetchError:
+    """A leader's frame body, validated; raises wire.FrameError naming what was wrong."""
+    return wire._parse(_RESPONSES, body, max_bytes)  # noqa: SLF001

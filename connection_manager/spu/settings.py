@@ -1,0 +1,58 @@
+"""The knobs of a simulated SPU: append rate, fetch rate, ISR lag time, report and retry periods.
+
+Purely computational, no I/O. Every value is validated here, with the offending value in the error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class SpuSettings:
+    # A leader appends ``append_records`` records to each partition it leads every ``append_interval`` s.
+    append_interval: float = 0.5
+    append_records: int = 100
+    # A follower fetches from each leader every ``fetch_interval`` s, at most ``fetch_max_records``
+    # records a partition a round: catching up 10,000 records takes 1 s by default.
+    fetch_interval: float = 0.05
+    fetch_max_records: int = 500
+    # Kafka's replica.lag.time.max.ms: a follower that has not caught up for this long leaves the ISR.
+    replica_lag_time: float = 2.0
+    # The SC expects live-replica status (also the heartbeat) this often.
+    lrs_interval: float = 0.4
+    # Reconnecting to the SC after a drop or a refusal.
+    reconnect_initial: float = 0.1
+    reconnect_max: float = 5.0
+    # Reconnecting to a leader's private endpoint, or retrying to listen on our own.
+    fetch_retry_initial: float = 0.05
+    fetch_retry_max: float = 1.0
+    # Longest wait for an SC answer to Register, or a leader's answer to a fetch, before giving up on the connection.
+    request_timeout: float = 5.0
+    # WebSocket ping period towards the SC, to notice a dead connection that TCP has not reported.
+    sc_ping_interval: float = 5.0
+    # How often offsets are written to --data-dir (also on a clean exit).
+    checkpoint_interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "append_interval", "fetch_interval", "replica_lag_time", "lrs_interval", "reconnect_initial",
+            "reconnect_max", "fetch_retry_initial", "fetch_retry_max", "request_timeout", "sc_ping_interval",
+            "checkpoint_interval",
+        ):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        for name in ("append_records", "fetch_max_records"):
+            value = getattr(self, name)
+            if value < 0:
+                raise ValueError(f"{name} must be 0 or more, got {value!r}")
+        if self.reconnect_max < self.reconnect_initial:
+            raise ValueError(
+                f"reconnect_max ({self.reconnect_max!r} s) must be at least reconnect_initial ({self.reconnect_initial!r} s)"
+            )
+        if self.fetch_retry_max < self.fetch_retry_initial:
+            raise ValueError(
+                f"fetch_retry_max ({self.fetch_retry_max!r} s) must be at least fetch_retry_initial "
+                f"({self.fetch_retry_initial!r} s)"
+            )

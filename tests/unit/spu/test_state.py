@@ -1,0 +1,193 @@
+"""An SPU's state: applying the SC's Sync and Update, serving and applying fetch rounds, the LRS it reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from connection_manager import wire
+from connection_manager.spu import fetch_wire
+from connection_manager.spu.replica import Role
+from connection_manager.spu.state import Offsets, ReplicaStatus, SpuState, SyncRequired
+
+LAG = 2.0
+
+
+def spu_info(spu_id: int, port: int | None = None) -> wire.SpuInfo:
+    return wire.SpuInfo(
+        id=spu_id,
+        name=f"spu-{spu_id}",
+        public_endpoint=wire.Endpoint(host="127.0.0.1", port=9100 + spu_id),
+        private_endpoint=wire.Endpoint(host="127.0.0.1", port=port if port is not None else 9200 + spu_id),
+    )
+
+
+def hosted(partition: str, leader: int | None, replicas: list[int]) -> wire.ReplicaInfo:
+    return wire.ReplicaInfo(partition=partition, leader=leader, replicas=replicas)
+
+
+def roles(state: SpuState) -> dict[str, tuple[Role, int | None, int, int]]:
+    return {name: (r.role, r.leader, r.leo, r.hw) for name, r in state.replicas.items()}
+
+
+def synced_state(spu_id: int = 0) -> SpuState:
+    state = SpuState(spu_id, LAG)
+    state.apply_sync(
+        wire.Sync(
+            epoch=1,
+            spus=[spu_info(0), spu_info(1), spu_info(2)],
+            replicas=[hosted("a-0", 0, [0, 1, 2]), hosted("a-1", 1, [1, 2, 0]), hosted("b-0", 2, [2, 0]), hosted("c-0", None, [1, 0])],
+        ),
+        now=0.0,
+    )
+    return state
+
+
+def test_a_sync_gives_each_replica_its_role_and_restored_offsets_go_to_their_partitions() -> None:
+    state = SpuState(0, LAG)
+    state.restore({"a-0": Offsets(500, 400), "a-1": Offsets(300, 300), "gone-0": Offsets(9, 9)})
+    state.apply_sync(
+        wire.Sync(
+            epoch=7,
+            spus=[spu_info(0), spu_info(1)],
+            replicas=[hosted("a-0", 0, [0, 1]), hosted("a-1", 1, [1, 0]), hosted("b-0", None, [1, 0])],
+        ),
+        now=0.0,
+    )
+    assert roles(state) == {
+        "a-0": (Role.LEADER, 0, 500, 500),
+        "a-1": (Role.FOLLOWER, 1, 300, 300),
+        "b-0": (Role.IDLE, None, 0, 0),
+    }
+    assert (state.epoch, state.synced, sorted(state.spus)) == (7, True, [0, 1])
+    assert state.followed_leaders() == {1: ["a-1"]}
+    # What the first sync did not assign is not resumed later: the SC's picture is authoritative.
+    assert state.offsets() == {"a-0": Offsets(500, 500), "a-1": Offsets(300, 300), "b-0": Offsets(0, 0)}
+
+
+def test_restored_offsets_not_yet_assigned_are_kept_for_the_next_checkpoint() -> None:
+    state = SpuState(0, LAG)
+    state.restore({"a-0": Offsets(500, 400)})
+    assert state.offsets() == {"a-0": Offsets(500, 400)}
+
+
+def test_a_later_sync_replaces_the_picture_and_keeps_the_offsets_of_partitions_still_hosted() -> None:
+    state = synced_state()
+    state.replicas["a-0"].append(40, now=0.0)
+    state.apply_sync(wire.Sync(epoch=9, spus=[spu_info(0), spu_info(2)], replicas=[hosted("a-0", 2, [0, 1, 2])]), now=1.0)
+    assert roles(state) == {"a-0": (Role.FOLLOWER, 2, 40, 40)}
+    assert (state.epoch, sorted(state.spus), state.followed_leaders()) == (9, [0, 2], {2: ["a-0"]})
+    with pytest.raises(ValueError, match=r"^SPU 0: offsets can only be restored before the first sync$"):
+        state.restore({})
+
+
+def test_an_update_switches_roles_at_once_and_deletes_before_it_adds() -> None:
+    state = synced_state()
+    state.replicas["a-0"].append(40, now=0.0)
+    state.replicas["b-0"].leo = 25
+    state.apply_update(
+        wire.Update(
+            epoch=2,
+            spus=[spu_info(1, port=9999), spu_info(3)],
+            deleted_spus=[2],
+            replicas=[hosted("a-0", 1, [0, 1, 2]), hosted("a-1", 0, [1, 2, 0]), hosted("b-0", 0, [2, 0]), hosted("d-0", 1, [1, 0])],
+            deleted_replicas=["c-0", "b-0"],
+        ),
+        now=1.0,
+    )
+    assert roles(state) == {
+        "a-0": (Role.FOLLOWER, 1, 40, 40),
+        "a-1": (Role.LEADER, 0, 0, 0),
+        "b-0": (Role.LEADER, 0, 0, 0),  # deleted and re-created in one update: a new partition, from 0
+        "d-0": (Role.FOLLOWER, 1, 0, 0),
+    }
+    assert (state.epoch, sorted(state.spus), state.endpoint_of(1)) == (2, [0, 1, 3], wire.Endpoint(host="127.0.0.1", port=9999))
+    assert (state.endpoint_of(2), state.followed_leaders()) == (None, {1: ["a-0", "d-0"]})
+
+
+def test_an_update_before_any_sync_is_refused() -> None:
+    with pytest.raises(SyncRequired, match=r"^update of epoch 3 arrived before any sync$"):
+        SpuState(0, LAG).apply_update(wire.Update(epoch=3), now=0.0)
+
+
+def test_one_fetch_round_carries_every_partition_followed_from_that_leader() -> None:
+    state = synced_state(spu_id=2)  # SPU 2 leads b-0 and follows a-0 (from 0) and a-1 (from 1)
+    state.replicas["a-1"].leo, state.replicas["a-1"].hw = 70, 60
+    assert state.fetch_request(1, max_records=500) == fetch_wire.FetchRequest(
+        spu=2, max_records=500, partitions=[fetch_wire.PartitionFetch(partition="a-1", offset=70, hw=60)]
+    )
+    assert state.fetch_request(0, max_records=500) == fetch_wire.FetchRequest(
+        spu=2, max_records=500, partitions=[fetch_wire.PartitionFetch(partition="a-0", offset=0, hw=0)]
+    )
+    assert state.fetch_request(2, max_records=500) is None
+
+
+def test_a_leader_serves_the_partitions_it_can_and_names_the_others() -> None:
+    state = synced_state()
+    state.append(100, now=0.0)  # a-0 is the only partition SPU 0 leads; no follower has fetched: HW = LEO
+    request = fetch_wire.FetchRequest(
+        spu=1,
+        max_records=30,
+        partitions=[
+            fetch_wire.PartitionFetch(partition="a-0", offset=20, hw=0),
+            fetch_wire.PartitionFetch(partition="a-1", offset=0, hw=0),
+            fetch_wire.PartitionFetch(partition="zz-0", offset=0, hw=0),
+        ],
+    )
+    assert state.serve(request, now=0.5) == fetch_wire.FetchResponse(
+        partitions=[
+            fetch_wire.PartitionFetched(partition="a-0", offset=20, leo=100, hw=100, records=30),
+            fetch_wire.PartitionFetched(partition="a-1", offset=0, error="not-leader"),
+            fetch_wire.PartitionFetched(partition="zz-0", offset=0, error="not-leader"),
+        ]
+    )
+    stranger = request.model_copy(update={"spu": 5})
+    assert state.serve(stranger, now=0.5).partitions[0] == fetch_wire.PartitionFetched(
+        partition="a-0", offset=20, error="not-a-replica"
+    )
+
+
+def test_a_follower_applies_each_partition_of_an_answer_on_its_own() -> None:
+    state = synced_state(spu_id=2)
+    state.apply_update(wire.Update(epoch=2, replicas=[hosted("a-2", 0, [0, 2]), hosted("a-3", 0, [0, 2])]), now=0.0)
+    state.replicas["a-3"].leo = 10
+    response = fetch_wire.FetchResponse(
+        partitions=[
+            fetch_wire.PartitionFetched(partition="a-0", offset=0, leo=100, hw=40, records=50),
+            fetch_wire.PartitionFetched(partition="a-2", offset=0, error="not-leader"),
+            fetch_wire.PartitionFetched(partition="a-3", offset=10, leo=20, hw=0, records=50),
+            fetch_wire.PartitionFetched(partition="gone-0", offset=0, leo=10, hw=0, records=10),
+        ]
+    )
+    assert state.apply_response(0, response) == {
+        "a-2": "not-leader",
+        "a-3": "partition 'a-3': leader 0 answered a fetch at offset 10 with 50 records, LEO 20, HW 0, which do not add up",
+    }
+    assert (roles(state)["a-0"], roles(state)["a-3"]) == ((Role.FOLLOWER, 0, 50, 40), (Role.FOLLOWER, 0, 10, 0))
+    # The same answer again is stale: a-0 has moved on to offset 50.
+    assert state.apply_response(0, response.model_copy(update={"partitions": response.partitions[:1]})) == {}
+    assert roles(state)["a-0"] == (Role.FOLLOWER, 0, 50, 40)
+
+
+def test_the_lrs_reports_every_partition_led_and_is_empty_without_any() -> None:
+    state = synced_state()
+    state.append(100, now=0.0)
+    state.serve(
+        fetch_wire.FetchRequest(spu=2, max_records=60, partitions=[fetch_wire.PartitionFetch(partition="a-0", offset=0, hw=0)]),
+        now=0.25,
+    )
+    assert state.live_replicas(now=0.5) == wire.LiveReplicas(
+        leaders=[wire.LeaderReport(partition="a-0", hw=100, leo=100, followers=[wire.ReplicaOffsets(spu=2, hw=0, leo=0)])]
+    )
+    assert SpuState(0, LAG).live_replicas(now=0.0) == wire.LiveReplicas(leaders=[])
+
+
+def test_the_status_of_a_replica_is_a_snapshot_with_the_isr_refreshed() -> None:
+    state = synced_state()
+    state.serve(
+        fetch_wire.FetchRequest(spu=1, max_records=60, partitions=[fetch_wire.PartitionFetch(partition="a-0", offset=0, hw=0)]),
+        now=0.0,
+    )
+    assert state.status("a-0", now=1.0) == ReplicaStatus("a-0", Role.LEADER, 0, 0, 0, (1,), {1: 0})
+    assert state.status("a-0", now=2.5) == ReplicaStatus("a-0", Role.LEADER, 0, 0, 0, (), {1: 0})
+    assert state.status("a-1", now=0.0) == ReplicaStatus("a-1", Role.FOLLOWER, 1, 0, 0, (), {})
+    assert state.status("nope-0", now=0.0) is None
