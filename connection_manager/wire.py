@@ -187,11 +187,11 @@ def _describe(error: pydantic.ValidationError) -> tuple[str, str]:
     kind, location = first["type"], ".".join(str(part) for part in first["loc"])
     if kind == "json_invalid":
         return "malformed", f"frame is not valid JSON: {first['msg']}"
-    if not first["loc"]:
-        return "malformed", f"frame must be a JSON object, got {first['input']!r:.80}"
     if kind in ("union_tag_not_found", "union_tag_invalid"):
         tag = first.get("ctx", {}).get("tag")
         return "unknown-type", f"unknown message type {tag!r}" if tag else "message has no 'type' field"
+    if not first["loc"]:
+        return "malformed", f"frame must be a JSON object, got {first['input']!r:.80}"
     if location.endswith("v") and kind == "literal_error":
         return "unsupported-version", (
             f"protocol version {first['input']!r} is not supported; this SC speaks version {PROTOCOL_VERSION}"

@@ -18,6 +18,7 @@ class Verb(str, enum.Enum):
     UPDATE_SPEC = "update-spec"
     DELETE = "delete"
     PROVISION = "provision"  # topic status + start index + partitions, one transaction
+    ELECT = "elect"  # a partition's leader (spec) and status, one write
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,16 @@ def _replace_part(
     updated = obj.model_copy(update={part: value})
     write = Write(obj.key, models.encode(updated), mod_revision)
     return Action(obj.kind, obj.name, verb, reason, (write,), cause_revision or mod_revision, (updated,))
+
+
+def elect(
+    partition: models.Partition, updated: models.Partition, mod_revision: int, reason: str, cause: str
+) -> Action:
+    """A leader change: the partition's spec.leader and status in one compare-and-swap."""
+    write = Write(partition.key, models.encode(updated), mod_revision)
+    return Action(
+        partition.kind, partition.name, Verb.ELECT, reason, (write,), mod_revision, (updated,), cause=cause
+    )
 
 
 def delete(kind: str, name: str, mod_revision: int | None, reason: str, cause_revision: int = 0) -> Action:

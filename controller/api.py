@@ -18,7 +18,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import exposition as prometheus_exposition
 
-from controller import admin_ops, context as context_module, openapi, placement, topic as topic_controller
+from controller import admin_ops, context as context_module, openapi, partition, placement, topic as topic_controller
 from store import kv, local, models
 
 log = structlog.get_logger(__name__)
@@ -32,6 +32,8 @@ WATCH_STALL_SECONDS = 60.0
 WATCH_DISCONNECT_POLL_SECONDS = 1.0
 # Events written to a JSON-lines watch per write (bounds one write's size and the loop time it takes).
 WATCH_BATCH = 500
+# A drain answers once no leadership has moved for this long (the rest cannot move).
+DRAIN_STALL_SECONDS = 3.0
 # Bodies may carry large manual replica assignments.
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -235,7 +237,7 @@ async def list_objects(request: web.Request) -> web.Response:
     kind = _kind(request)
     keep = _topic_filter(request, kind)
     admin_ops.require_synced(context)
-    objects = [obj for obj in context.local_store[kind].objects() if keep is None or keep(obj)]
+    objects = [_shown(context, obj) for obj in context.local_store[kind].objects() if keep is None or keep(obj)]
     objects.sort(key=_sort_key(kind))
     # Each object is serialised by pydantic's own encoder: lists of 100,000 partitions stay cheap.
     body = b"[" + b",".join(models.encode(obj) for obj in objects) + b"]"
@@ -250,7 +252,54 @@ async def get_object(request: web.Request) -> web.Response:
     entry = context.local_store[kind].get(name)
     if entry is None:
         raise ApiError(404, "NotFound", f"{admin_ops.label(kind, name)} not found")
-    return web.Response(body=models.encode(entry.obj), content_type="application/json")
+    return web.Response(body=models.encode(_shown(context, entry.obj)), content_type="application/json")
+
+
+def _shown(context: context_module.Context, obj: models.ClusterObject) -> models.ClusterObject:
+    """Partitions carry their leader's latest offsets, which live in memory, not in the KV store."""
+    if obj.kind != "partitions" or context.connections is None:
+        return obj
+    return partition.with_live_offsets(obj, context.connections.live.get(obj.name))  # type: ignore[arg-type]
+
+
+async def drain_spu(request: web.Request) -> web.Response:
+    """Controlled shutdown: move every leadership off an SPU, then answer (or say what could not move)."""
+    context = request.app[CONTEXT]
+    timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
+    admin_ops.require_synced(context)
+    name = request.match_info["name"]
+    entry = context.local_store["spus"].get(name)
+    if entry is None:
+        raise ApiError(404, "NotFound", f"{admin_ops.label('spus', name)} not found")
+    if context.connections is None:
+        raise ApiError(409, "Unavailable", "this SC runs without a connection manager: there is nothing to drain")
+    spu_id = entry.obj.spec.id  # type: ignore[attr-defined]
+    context.connections.drain(spu_id)
+    context.kick_partitions()
+    log.info("draining SPU", spu=spu_id, name=name)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_ms / 1000
+    previous: list[str] = []
+    progress_at = loop.time()
+    while True:
+        led = partition.led_by(context.local_store.snapshot(), spu_id)
+        if led != previous:
+            previous, progress_at = led, loop.time()
+        # Stop early once nothing has moved for a while: what is left has no in-sync follower online.
+        if not led or loop.time() >= deadline or loop.time() - progress_at >= DRAIN_STALL_SECONDS:
+            break
+        await asyncio.sleep(0.05)
+    body = {"spu": spu_id, "name": name, "drained": not led, "leading": led}
+    if led:
+        raise ApiError(
+            409,
+            "DrainIncomplete",
+            f"SPU {spu_id} still leads {len(led)} partition(s) "
+            f"(no in-sync follower online for: {', '.join(led[:10])}{' ...' if len(led) > 10 else ''}); "
+            "it keeps them rather than leave them without a leader",
+            **body,
+        )
+    return web.json_response(body)
 
 
 # ---------------------------------------------------------------------------- handlers: writes
@@ -565,6 +614,7 @@ def build_app(context: context_module.Context) -> web.Application:
     routes.add_get("/v1/watch/{kind}", watch)
     routes.add_post("/v1/placement", compute_placement)
     routes.add_post("/v1/spus", register_spu)
+    routes.add_post("/v1/spus/{name}/drain", drain_spu)
     routes.add_post("/v1/spu-groups", create_spu_group)
     routes.add_post("/v1/spu-groups/{name}/scale", scale_spu_group)
     routes.add_post("/v1/topics", create_topic)

@@ -41,11 +41,19 @@ class Settings(BaseSettings):
     etcd_endpoints: list[str] = Field(default_factory=list)
     key_prefix: str = kv.DEFAULT_PREFIX
     data_dir: Path = Path("./sc-data")
+    # The metadata history (store/history.py); None: <data_dir>/history with the embedded etcd, else none.
+    history_dir: Path | None = None
+    record_history: bool = True
     embedded_etcd_client_port: Port = 12379
     embedded_etcd_peer_port: Port = 12380
     etcd_request_timeout: Seconds = 5.0
     resync_interval: Seconds = 60.0
     spu_offline_grace: Seconds = 30.0
+    spu_heartbeat_timeout: Seconds = 10.0
+    spu_token_file: Path | None = None
+    spu_max_frame_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    unclean_leader_election: bool = False
+    leader_rebalance_batch: Annotated[int, Field(ge=0)] = 100
     log_format: LogFormat = LogFormat.AUTO
     log_level: str = "info"
 
@@ -74,6 +82,19 @@ class Settings(BaseSettings):
         if not prefix.startswith("/") or not prefix.endswith("/"):
             raise ValueError(f"key prefix {prefix!r} must start and end with '/', like /sc/")
         return prefix
+
+
+def read_token(path: Path | None) -> str | None:
+    """The shared SPU token from ``--spu-token-file`` (surrounding whitespace ignored)."""
+    if path is None:
+        return None
+    try:
+        token = path.read_text().strip()
+    except OSError as error:
+        raise ValueError(f"cannot read the SPU token file {str(path)!r}: {error.strerror}") from None
+    if not token:
+        raise ValueError(f"the SPU token file {str(path)!r} is empty")
+    return token
 
 
 def load(config_file: Path | None = None, **overrides: Any) -> Settings:

@@ -13,8 +13,10 @@ import structlog
 from aiohttp import web
 
 from connection_manager import health as health_module
+from connection_manager import lrs
+from connection_manager import server as cm_server
 from controller import api, config, context as context_module, metrics, pipeline
-from store import embedded_etcd, etcd, kv, local, memory
+from store import embedded_etcd, etcd, history, kv, local, memory
 
 log = structlog.get_logger(__name__)
 
@@ -26,11 +28,16 @@ class Daemon:
         self.context: context_module.Context | None = None
         self.pipeline: pipeline.Pipeline | None = None
         self.public_port: int | None = None
+        self.history: history.Recorder | None = None
+        self.private_port: int | None = None
+        self.connections: cm_server.ConnectionManager | None = None
         self._runner: web.AppRunner | None = None
         self._supervisor: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         try:
+            # The history first: a second SC on the same data dir is refused before it starts anything.
+            await self._open_history()
             kv_store = await self._open_store()
             loop = asyncio.get_running_loop()
             self.context = context_module.Context(
@@ -38,10 +45,23 @@ class Daemon:
                 kv_store=kv_store,
                 local_store=local.LocalStore(),
                 metrics=metrics.Metrics(),
+                history=self.history,
             )
             self.context.metrics.watch_local_store(self.context.local_store)
+            if self.history is not None:
+                self.context.metrics.watch_history(self.history)
             health = health_module.HealthView(started_at=loop.time())
-            self.pipeline = pipeline.Pipeline(self.context, health)
+            self.connections = cm_server.ConnectionManager(
+                self.context.local_store,
+                health,
+                lrs.LiveReplicas(),
+                token=config.read_token(self.settings.spu_token_file),
+                heartbeat_timeout=self.settings.spu_heartbeat_timeout,
+                max_frame_bytes=self.settings.spu_max_frame_bytes,
+            )
+            self.context.connections = self.connections
+            self.context.metrics.watch_connections(self.connections)
+            self.pipeline = pipeline.Pipeline(self.context, health, self.connections)
             # The API answers /healthz with 503 until the pipeline has synced.
             self._runner = web.AppRunner(api.build_app(self.context), access_log=None)
             await self._runner.setup()
@@ -50,7 +70,12 @@ class Daemon:
             self.public_port = _bound_port(self._runner, self.settings.public_port)
             log.info("public API listening", host=self.settings.bind_host, port=self.public_port)
             await self.pipeline.start()
-            log.info("SC ready", public_port=self.public_port, store=self.settings.store.value)
+            # Only once synced: before, every registered SPU would look unregistered.
+            await self.connections.start(self.settings.bind_host, self.settings.private_port)
+            self.private_port = self.connections.port
+            log.info(
+                "SC ready", public_port=self.public_port, private_port=self.private_port, store=self.settings.store.value
+            )
         except BaseException:
             await self.stop()
             raise
@@ -75,9 +100,26 @@ class Daemon:
             log.info("embedded etcd started", data_dir=str(data_dir), endpoints=endpoints)
         return await etcd.EtcdStore.open(endpoints, settings.key_prefix, settings.etcd_request_timeout)
 
+    async def _open_history(self) -> None:
+        settings = self.settings
+        directory = settings.history_dir
+        if directory is None and settings.store is config.StoreKind.ETCD and not settings.etcd_endpoints:
+            # The data dir is this SC's own only when it runs its embedded etcd there.
+            directory = Path(settings.data_dir) / "history"
+        if directory is None or not settings.record_history:
+            return
+        self.history = await asyncio.to_thread(history.Recorder.open, directory)
+        await self.history.start()
+        log.info("recording the metadata history", directory=str(directory), resume_revision=self.history.resume_revision)
+
     async def stop(self) -> None:
+        if self.connections is not None:
+            await self.connections.stop()
         if self.pipeline is not None:
             await self.pipeline.stop()
+        if self.history is not None:
+            await self.history.close()  # after the pipeline: its last actions are recorded
+            self.history = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -44,6 +44,8 @@ class ControllerLoop:
         self._kick = asyncio.Event()
         self._kick.set()
         self.passes = 0
+        # True during a pass woken by the resync timer rather than by a change or a kick.
+        self.resyncing = False
         dispatcher.on_result(self._on_result)
 
     def kick(self) -> None:
@@ -53,7 +55,7 @@ class ControllerLoop:
     async def run(self) -> None:
         try:
             while True:
-                await self._wait()
+                self.resyncing = await self._wait()
                 self.run_pass()
         finally:
             for listener in self.listeners.values():
@@ -76,11 +78,13 @@ class ControllerLoop:
             self._submitted.add(action.key)
             self.dispatcher.submit(action)
 
-    async def _wait(self) -> None:
+    async def _wait(self) -> bool:
+        """Until a change, a kick or the resync timer; True if it was the timer."""
         waiters = [asyncio.ensure_future(listener.wait()) for listener in self.listeners.values()]
         waiters.append(asyncio.ensure_future(self._kick.wait()))
         try:
-            await asyncio.wait(waiters, timeout=self.resync_interval, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waiters, timeout=self.resync_interval, return_when=asyncio.FIRST_COMPLETED)
+            return not done
         finally:
             for waiter in waiters:
                 waiter.cancel()

@@ -10,10 +10,11 @@ from collections import Counter as Tally
 from collections.abc import Iterator
 
 import prometheus_client
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from store import local
+from connection_manager import server as cm_server
+from store import history, local
 
 
 class Metrics:
@@ -52,11 +53,50 @@ class Metrics:
             "sc_malformed_objects", "Values in the store that failed validation and were skipped", ["kind"], registry=r
         )
 
+    def watch_history(self, recorder: history.Recorder) -> None:
+        self.registry.register(_HistoryCollector(recorder))
+
     def watch_local_store(self, local_store: local.LocalStore) -> None:
         self.registry.register(_ObjectsCollector(local_store))
 
+    def watch_connections(self, connections: cm_server.ConnectionManager) -> None:
+        self.registry.register(_ConnectionsCollector(connections))
+
     def exposition(self) -> bytes:
         return prometheus_client.generate_latest(self.registry)
+
+
+class _HistoryCollector(Collector):
+    """The history recorder's queue and counters, read at scrape time."""
+
+    def __init__(self, recorder: history.Recorder) -> None:
+        self.recorder = recorder
+
+    def collect(self) -> Iterator[GaugeMetricFamily | prometheus_client.core.CounterMetricFamily]:
+        recorder, stats = self.recorder, self.recorder.stats
+        depth = GaugeMetricFamily("sc_history_queue_depth", "History records waiting to be written")
+        depth.add_metric([], recorder.queue_depth)
+        yield depth
+        lag = GaugeMetricFamily("sc_history_lag_seconds", "How long the oldest queued history record has waited")
+        lag.add_metric([], recorder.lag())
+        yield lag
+        revision = GaugeMetricFamily("sc_history_revision", "The store revision through which the history is complete")
+        revision.add_metric([], recorder.resume_revision or 0)
+        yield revision
+        recorded = prometheus_client.core.CounterMetricFamily(
+            "sc_history_records", "History records written, by type", labels=["type"]
+        )
+        for record_type, count in sorted(stats.recorded.items()):
+            recorded.add_metric([record_type], count)
+        yield recorded
+        dropped = prometheus_client.core.CounterMetricFamily(
+            "sc_history_dropped_records", "History records dropped (queue full, or the disk failed)"
+        )
+        dropped.add_metric([], stats.dropped)
+        yield dropped
+        torn = GaugeMetricFamily("sc_history_torn_bytes", "Bytes of a torn last record cut when the history was opened")
+        torn.add_metric([], stats.truncated_bytes)
+        yield torn
 
 
 class _ObjectsCollector(Collector):
@@ -75,3 +115,42 @@ class _ObjectsCollector(Collector):
         synced = GaugeMetricFamily("sc_store_synced", "1 once every kind is listed and watched")
         synced.add_metric([], 1.0 if self.local_store.synced else 0.0)
         yield synced
+
+
+class _ConnectionsCollector(Collector):
+    """The connection manager's counters, read at scrape time."""
+
+    def __init__(self, connections: cm_server.ConnectionManager) -> None:
+        self.connections = connections
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        stats = self.connections.stats
+        connected = GaugeMetricFamily("sc_spus_connected", "SPUs connected to the private port now")
+        connected.add_metric([], len(self.connections.sessions))
+        yield connected
+        draining = GaugeMetricFamily("sc_spus_draining", "SPUs being drained of their leaderships")
+        draining.add_metric([], len(self.connections.draining))
+        yield draining
+        accepted = CounterMetricFamily("sc_spu_connections_accepted", "SPU connections accepted")
+        accepted.add_metric([], stats.accepted)
+        yield accepted
+        rejected = CounterMetricFamily("sc_spu_connections_rejected", "SPU connections refused, by code", labels=["code"])
+        for code, count in sorted(stats.rejected.items()):
+            rejected.add_metric([code], count)
+        yield rejected
+        frames = CounterMetricFamily("sc_spu_frame_errors", "SPU frames refused, by code", labels=["code"])
+        for code, count in sorted(stats.frame_errors.items()):
+            frames.add_metric([code], count)
+        yield frames
+        lrs_frames = CounterMetricFamily("sc_lrs_frames", "Live-replica status frames taken in")
+        lrs_frames.add_metric([], stats.lrs_frames)
+        yield lrs_frames
+        reports = CounterMetricFamily("sc_lrs_reports", "Per-partition live-replica reports merged")
+        reports.add_metric([], self.connections.live.reports)
+        yield reports
+        timeouts = CounterMetricFamily("sc_spu_heartbeat_timeouts", "SPUs dropped for silence")
+        timeouts.add_metric([], stats.heartbeat_timeouts)
+        yield timeouts
+        updates = CounterMetricFamily("sc_spu_updates_sent", "Update frames pushed to SPUs")
+        updates.add_metric([], stats.updates_sent)
+        yield updates

@@ -169,6 +169,21 @@ def _paths() -> dict[str, Any]:
                 r503=unavailable,
             )
         },
+        "/v1/spus/{name}/drain": {
+            "post": _operation(
+                "Drain an SPU: move every leadership off it before it is stopped (an extension of API.md)",
+                description="Kafka's controlled shutdown. Each partition the SPU leads gets an in-sync "
+                "follower as leader; until the SPU reconnects it is not chosen as leader again. A partition "
+                "with no in-sync follower online keeps its leader rather than have none: the answer is then "
+                "409 DrainIncomplete listing it. Waits at most ?timeout= milliseconds, and stops early once "
+                "nothing has moved for 3 s.",
+                parameters=(_NAME, _TIMEOUT),
+                r200=_json(_ref("Drained"), "The SPU leads nothing"),
+                r404=_error("No such SPU"),
+                r409=_error("DrainIncomplete: the answer lists the partitions it still leads in 'leading'"),
+                r503=unavailable,
+            )
+        },
         "/v1/spu-groups": {
             "post": _operation(
                 "Create an SPU group; waits until it is Reserved or Invalid",
@@ -294,6 +309,16 @@ def _extra_schemas() -> dict[str, Any]:
             "type": "object",
             "properties": {"status": {"enum": ["ok", "starting"]}, "reason": {"type": "string"}},
             "required": ["status"],
+        },
+        "Drained": {
+            "type": "object",
+            "properties": {
+                "spu": {"type": "integer"},
+                "name": {"type": "string"},
+                "drained": {"type": "boolean"},
+                "leading": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["spu", "name", "drained", "leading"],
         },
         "Deleted": {
             "type": "object",

@@ -13,11 +13,13 @@ from collections.abc import Mapping
 import structlog
 
 from connection_manager import health as health_module
+from connection_manager import lrs
+from connection_manager import server as cm_server
 from controller import context as context_module
 from controller import dispatcher as dispatcher_module
 from controller import loop as loop_module
 from controller import reader as reader_module
-from controller import spu, spu_group, topic
+from controller import partition, spu, spu_group, topic
 from store import local
 
 log = structlog.get_logger(__name__)
@@ -26,21 +28,36 @@ SPEC, STATUS, ALL = local.Part.SPEC, local.Part.STATUS, local.Part.ALL
 
 
 class Pipeline:
-    def __init__(self, context: context_module.Context, health: health_module.HealthView) -> None:
+    def __init__(
+        self,
+        context: context_module.Context,
+        health: health_module.HealthView,
+        connections: cm_server.ConnectionManager | None = None,
+    ) -> None:
         self.context = context
         self.health = health
+        self.connections = connections
+        self.live = connections.live if connections is not None else lrs.LiveReplicas()
         settings = context.settings
-        self.reader = reader_module.Reader(context.kv_store, context.local_store, context.metrics)
+        self.reader = reader_module.Reader(context.kv_store, context.local_store, context.metrics, history=context.history)
         self.dispatcher = dispatcher_module.ActionDispatcher(
             dispatcher_module.KvUpdater(context.kv_store, context.metrics), context.metrics
         )
+        if context.history is not None:
+            self.dispatcher.on_result(self._record_action)
         self.loops = [
             self._loop("topic", topic.decide, {"topics": ALL, "spus": ALL, "partitions": SPEC}),
             self._loop("spu-group", spu_group.decide, {"spu-groups": SPEC, "spus": SPEC}),
             self._loop("spu", self._decide_spus, {"spus": ALL}),
+            self._loop("partition", self._decide_partitions, {"partitions": ALL, "spus": ALL}),
         ]
-        self._spu_loop = self.loops[-1]
-        health.subscribe(lambda spu_id, state: self._spu_loop.kick())
+        self._spu_loop, self._partition_loop = self.loops[-2], self.loops[-1]
+        # Partitions the partition controller must look at next: None means all of them.
+        self._partitions_due: set[str] | None = None
+        health.subscribe(self._on_health)
+        if connections is not None:
+            connections.on_live_change = self._on_live_change
+        context.kick_partitions = self._kick_all_partitions
         self._tasks: list[asyncio.Task[None]] = []
         self._loop_tasks: list[asyncio.Task[None]] = []
 
@@ -55,10 +72,57 @@ class Pipeline:
             self.context.settings.resync_interval,
         )
 
+    def _record_action(self, result: dispatcher_module.Result) -> None:
+        """Every action's outcome goes to the history (revision: the commit's when applied)."""
+        action = result.action
+        assert self.context.history is not None
+        self.context.history.record_action(
+            action.kind, action.name, action.verb.value, action.reason, action.cause, action.cause_revision,
+            result.outcome.value, result.revision, action.write_keys, result.detail,
+        )
+
     def _decide_spus(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
         now = asyncio.get_running_loop().time()
         grace = self.context.settings.spu_offline_grace
         return spu.decide(snapshot, self.health.snapshot(), now, self.health.started_at, grace)
+
+    def _on_health(self, spu_id: int, state: health_module.Health) -> None:
+        self._spu_loop.kick()
+        self._kick_all_partitions()
+
+    def _kick_all_partitions(self) -> None:
+        self._partitions_due = None
+        self._partition_loop.kick()
+
+    def _on_live_change(self, names: set[str]) -> None:
+        if self._partitions_due is not None:
+            self._partitions_due |= names
+        self._partition_loop.kick()
+
+    def _decide_partitions(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
+        """Incremental: only partitions that changed or were reported on, unless SPUs changed
+        (health, registration) or this is a periodic resync, which look at every partition."""
+        partition_changes, spu_changes = changes["partitions"], changes["spus"]
+        due = self._partitions_due
+        if due is None or partition_changes.full or not spu_changes.empty or self._partition_loop.resyncing:
+            names = None
+        else:
+            names = due | {entry.name for entry in partition_changes.updated}
+        self._partitions_due = set()
+        settings = self.context.settings
+        view = partition.ClusterView(
+            health=self.health.snapshot(),
+            live=self.live.view,
+            draining=frozenset(self.connections.draining) if self.connections is not None else frozenset(),
+            unclean_election=settings.unclean_leader_election,
+            rebalance_batch=settings.leader_rebalance_batch,
+        )
+        decided = partition.decide(snapshot, names, view)
+        preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided)
+        if settings.leader_rebalance_batch and preferred >= settings.leader_rebalance_batch:
+            # More may be due: look at all of them again once these writes come back.
+            self._partitions_due = None
+        return decided
 
     async def start(self, sync_timeout: float | None = None) -> None:
         """Start reading; return once every kind is synced and the controllers run."""

@@ -10,7 +10,7 @@ from pathlib import Path
 import pydantic
 
 from controller import config, daemon, logs
-from store import embedded_etcd, kv
+from store import embedded_etcd, history, kv
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -27,10 +27,16 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     run.add_argument("--etcd-endpoints", help="comma-separated http://host:port of an existing etcd cluster")
     run.add_argument("--key-prefix", help="key prefix of this cluster's objects in etcd (default /sc/)")
     run.add_argument("--data-dir", type=Path, help="where the embedded etcd keeps its data (default ./sc-data)")
+    run.add_argument("--history-dir", type=Path, help="where the metadata history is recorded (default <data-dir>/history with the embedded etcd; none otherwise unless given)")
+    run.add_argument("--no-history", dest="record_history", action="store_false", default=None, help="record no metadata history")
     run.add_argument("--embedded-etcd-client-port", type=int, help="embedded etcd client port (default 12379)")
     run.add_argument("--embedded-etcd-peer-port", type=int, help="embedded etcd peer port (default 12380)")
     run.add_argument("--resync-interval", type=float, help="seconds between full controller resyncs (default 60)")
     run.add_argument("--spu-offline-grace", type=float, help="seconds an SPU recorded Online may take to reconnect after an SC start (default 30)")
+    run.add_argument("--spu-heartbeat-timeout", type=float, help="seconds of SPU silence before it is marked offline (default 10)")
+    run.add_argument("--spu-token-file", type=Path, help="file holding a shared token every SPU must present")
+    run.add_argument("--unclean-leader-election", action="store_true", default=None, help="let an out-of-sync replica lead when no in-sync one is online (may lose committed records)")
+    run.add_argument("--leader-rebalance-batch", type=int, help="preferred-leader moves per controller pass (default 100; 0 disables)")
     run.add_argument("--log-format", choices=[fmt.value for fmt in config.LogFormat], help="auto (default), console or json")
     run.add_argument("--log-level", help="debug, info (default), warning or error")
     run.set_defaults(handler=handle_run)
@@ -41,19 +47,22 @@ def handle_run(args: argparse.Namespace) -> int:
         name: getattr(args, name)
         for name in (
             "bind_host", "public_port", "private_port", "store", "etcd_endpoints", "key_prefix", "data_dir",
+            "history_dir", "record_history",
             "embedded_etcd_client_port", "embedded_etcd_peer_port", "resync_interval", "spu_offline_grace",
+            "spu_heartbeat_timeout", "spu_token_file", "unclean_leader_election", "leader_rebalance_batch",
             "log_format", "log_level",
         )
     }
     try:
         settings = config.load(args.config, **overrides)
+        config.read_token(settings.spu_token_file)  # fail now, with the file's name, not at the first SPU
         logs.configure(settings.log_format, settings.log_level)
     except (pydantic.ValidationError, ValueError) as error:
         print(f"error: invalid configuration: {error}", file=sys.stderr)
         return 2
     try:
         asyncio.run(daemon.Daemon(settings).run_until_signalled())
-    except (embedded_etcd.EtcdError, kv.Unavailable, OSError) as error:
+    except (embedded_etcd.EtcdError, history.HistoryError, kv.Unavailable, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

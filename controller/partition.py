@@ -1,0 +1,269 @@
+"""Partition controller decisions: status from live replica reports, leader elections.
+
+Purely computational, no I/O: (snapshot, the names to look at, the live cluster view) -> actions.
+Writes a partition only when its resolution, leader or in-sync set changes, never for offsets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+
+from connection_manager import health as health_module
+from connection_manager import lrs
+from controller import actions, election
+from store import local, models
+
+ONLINE = models.PartitionResolution.ONLINE
+OFFLINE = models.PartitionResolution.OFFLINE
+LEADER_OFFLINE = models.PartitionResolution.LEADER_OFFLINE
+HEALTH_ONLINE, HEALTH_OFFLINE = health_module.Health.ONLINE, health_module.Health.OFFLINE
+
+# The structured causes of a leader change (Action.cause), as the audits report them.
+CAUSE_SPU_OFFLINE = "spu-offline"
+CAUSE_PREFERRED = "preferred-leader"
+CAUSE_DRAIN = "drain"
+CAUSE_UNCLEAN = "unclean"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What the partition controller knows beyond the store: who is connected, and what they report."""
+
+    health: Mapping[int, health_module.HealthRecord]
+    live: Mapping[str, lrs.LiveStatus]
+    draining: Collection[int] = frozenset()
+    unclean_election: bool = False
+    rebalance_batch: int = 100
+
+
+def decide(snapshot: local.Snapshot, names: Iterable[str] | None, view: ClusterView) -> list[actions.Action]:
+    """Actions for the partitions in ``names`` (every partition when None)."""
+    partitions = snapshot.entries("partitions")
+    online = _Online(snapshot, view)
+    decided: list[actions.Action] = []
+    rebalanced = 0
+    for name in partitions if names is None else names:
+        entry = partitions.get(name)
+        if entry is None:
+            continue
+        action = _decide_one(entry, online, view)
+        if action is None and rebalanced < view.rebalance_batch:
+            action = _preferred_leader(entry, online, view)
+            rebalanced += action is not None
+        if action is not None:
+            decided.append(action)
+    return decided
+
+
+class _Online:
+    """Whether an SPU is up: connected now, or (before it reconnects after an SC restart)
+    recorded Online and still within the SPU controller's grace period."""
+
+    def __init__(self, snapshot: local.Snapshot, view: ClusterView) -> None:
+        self._health = view.health
+        self._draining = view.draining
+        self._recorded_online = {
+            entry.obj.spec.id  # type: ignore[attr-defined]
+            for entry in snapshot.entries("spus").values()
+            if entry.obj.status.resolution is models.SpuResolution.ONLINE  # type: ignore[attr-defined]
+        }
+
+    def __call__(self, spu: int) -> bool:
+        record = self._health.get(spu)
+        if record is not None and record.state is HEALTH_ONLINE:
+            return True
+        if record is not None and record.state is HEALTH_OFFLINE:
+            return False
+        return spu in self._recorded_online
+
+    def may_lead(self, spu: int) -> bool:
+        return self(spu) and spu not in self._draining
+
+
+def _decide_one(entry: local.Entry, online: _Online, view: ClusterView) -> actions.Action | None:
+    partition: models.Partition = entry.obj  # type: ignore[assignment]
+    spec, status = partition.spec, partition.status
+    leader = spec.leader
+    live = view.live.get(partition.name)
+    if live is not None and live.leader != leader:
+        live = None  # a report from a former leader says nothing of the current one
+
+    if status.resolution is LEADER_OFFLINE:
+        return _recover(entry, online, view)
+    if not online(leader):
+        return _replace_leader(entry, live, online, view, CAUSE_SPU_OFFLINE)
+    if leader in view.draining:
+        return _replace_leader(entry, live, online, view, CAUSE_DRAIN)
+    if live is None:
+        return None  # the leader has not reported yet: the status stays as it is
+    desired = _status_from_live(spec.replicas, live)
+    if _same_meaning(status, desired):
+        return None
+    reason = f"leader SPU {leader} reports {desired.lrs} of {len(spec.replicas) - 1} followers in sync"
+    return actions.update_status(partition, desired, entry.mod_revision, reason)
+
+
+def _replace_leader(
+    entry: local.Entry, live: lrs.LiveStatus | None, online: _Online, view: ClusterView, cause: str
+) -> actions.Action | None:
+    partition: models.Partition = entry.obj  # type: ignore[assignment]
+    spec, status = partition.spec, partition.status
+    leo, leader_hw = _known_offsets(status, live)
+    chosen = election.elect(spec.replicas, spec.leader, online.may_lead, leo, leader_hw, view.unclean_election and cause != CAUSE_DRAIN)
+    if chosen is None:
+        if cause == CAUSE_DRAIN:
+            return None  # keep the leader: a drain never leaves a partition without one
+        if status.resolution is LEADER_OFFLINE:
+            return None
+        lost = _status_at_loss(spec, status, live)
+        reason = f"leader SPU {spec.leader} is offline and no in-sync follower is online"
+        return actions.update_status(partition, lost, entry.mod_revision, reason)
+    return _elect(entry, chosen, leo, leader_hw, cause, f"leader SPU {spec.leader} " + _WHY[cause])
+
+
+_WHY = {
+    CAUSE_SPU_OFFLINE: "went offline",
+    CAUSE_DRAIN: "is being drained",
+}
+
+
+def _recover(entry: local.Entry, online: _Online, view: ClusterView) -> actions.Action | None:
+    """A LeaderOffline partition: a replica that was in sync when the leader was lost is back."""
+    partition: models.Partition = entry.obj  # type: ignore[assignment]
+    spec, status = partition.spec, partition.status
+    leo, leader_hw = _known_offsets(status, None)
+    if online.may_lead(spec.leader):
+        back = models.PartitionStatus(
+            resolution=ONLINE, leader=status.leader, replicas=status.replicas, lrs=status.lrs
+        )
+        reason = f"leader SPU {spec.leader} is back online"
+        return actions.update_status(partition, back, entry.mod_revision, reason)
+    chosen = election.elect(spec.replicas, spec.leader, online.may_lead, leo, leader_hw, view.unclean_election)
+    if chosen is None:
+        return None
+    reason = f"replica SPU {chosen.leader} is back online and was in sync when leader SPU {spec.leader} was lost"
+    return _elect(entry, chosen, leo, leader_hw, CAUSE_SPU_OFFLINE, reason)
+
+
+def _preferred_leader(entry: local.Entry, online: _Online, view: ClusterView) -> actions.Action | None:
+    """Leadership returns to the first replica once it is back and in sync (Kafka's balancing)."""
+    partition: models.Partition = entry.obj  # type: ignore[assignment]
+    spec, status = partition.spec, partition.status
+    preferred = spec.replicas[0]
+    if spec.leader == preferred or status.resolution is not ONLINE or not online.may_lead(preferred):
+        return None
+    live = view.live.get(partition.name)
+    if live is None or live.leader != spec.leader or preferred not in live.in_sync():
+        return None
+    leo = {offsets.spu: offsets.leo for offsets in live.followers}
+    chosen = election.Election(preferred, clean=True)
+    reason = f"preferred leader SPU {preferred} is back and in sync"
+    return _elect(entry, chosen, leo, live.hw, CAUSE_PREFERRED, reason)
+
+
+def _elect(
+    entry: local.Entry, chosen: election.Election, leo: Mapping[int, int], leader_hw: int, cause: str, reason: str
+) -> actions.Action:
+    partition: models.Partition = entry.obj  # type: ignore[assignment]
+    replicas = partition.spec.replicas
+    new_leader = chosen.leader
+    unknown = election.UNKNOWN_OFFSET
+    followers = [
+        models.ReplicaStatus(spu=spu, hw=min(leader_hw, leo.get(spu, unknown)), leo=leo.get(spu, unknown))
+        for spu in replicas
+        if spu != new_leader
+    ]
+    # The new leader's high watermark is the committed point it is known to hold.
+    new_leo = leo.get(new_leader, unknown)
+    status = models.PartitionStatus(
+        resolution=ONLINE,
+        leader=models.ReplicaStatus(spu=new_leader, hw=min(leader_hw, new_leo), leo=new_leo),
+        replicas=followers,
+        lrs=len(lrs.in_sync_followers(leader_hw, (lrs.ReplicaOffsets(f.spu, f.hw, f.leo) for f in followers))),
+    )
+    updated = partition.model_copy(
+        update={"spec": models.PartitionSpec(leader=new_leader, replicas=replicas), "status": status}
+    )
+    if not chosen.clean:
+        cause = CAUSE_UNCLEAN
+        reason += f"; unclean election: SPU {new_leader} may miss committed records"
+    return actions.elect(partition, updated, entry.mod_revision, f"{reason}: SPU {new_leader} now leads", cause)
+
+
+def _known_offsets(status: models.PartitionStatus, live: lrs.LiveStatus | None) -> tuple[dict[int, int], int]:
+    """Each replica's last LEO and the leader's HW: from the live report, else the stored status."""
+    if live is not None:
+        leo = {offsets.spu: offsets.leo for offsets in live.followers}
+        leo[live.leader] = live.leo
+        return leo, live.hw
+    leo = {replica.spu: replica.leo for replica in status.replicas}
+    if status.leader is None:
+        return leo, election.UNKNOWN_OFFSET
+    leo[status.leader.spu] = status.leader.leo
+    return leo, status.leader.hw
+
+
+def _status_at_loss(
+    spec: models.PartitionSpec, status: models.PartitionStatus, live: lrs.LiveStatus | None
+) -> models.PartitionStatus:
+    """LeaderOffline, keeping the offsets known when the leader was lost: they decide who may
+    lead when a replica returns."""
+    if live is not None:
+        return _status_from_live(spec.replicas, live).model_copy(update={"resolution": LEADER_OFFLINE})
+    return status.model_copy(update={"resolution": LEADER_OFFLINE})
+
+
+def _status_from_live(replicas: list[int], live: lrs.LiveStatus) -> models.PartitionStatus:
+    reported = {offsets.spu: offsets for offsets in live.followers}
+    followers = []
+    for spu in replicas:
+        if spu == live.leader:
+            continue
+        offsets = reported.get(spu)
+        followers.append(
+            models.ReplicaStatus(spu=spu)
+            if offsets is None
+            else models.ReplicaStatus(spu=spu, hw=offsets.hw, leo=offsets.leo)
+        )
+    in_sync = live.in_sync() & set(replicas)
+    return models.PartitionStatus(
+        resolution=ONLINE,
+        leader=models.ReplicaStatus(spu=live.leader, hw=live.hw, leo=live.leo),
+        replicas=followers,
+        lrs=len(in_sync),
+    )
+
+
+def stored_in_sync(status: models.PartitionStatus) -> frozenset[int]:
+    if status.leader is None:
+        return frozenset()
+    return frozenset(replica.spu for replica in status.replicas if replica.leo >= status.leader.hw)
+
+
+def _same_meaning(stored: models.PartitionStatus, desired: models.PartitionStatus) -> bool:
+    """Equal for the KV store: same resolution, leader and in-sync set (offsets may differ)."""
+    if stored.resolution is not desired.resolution:
+        return False
+    if (stored.leader is None) != (desired.leader is None):
+        return False
+    if stored.leader is not None and desired.leader is not None and stored.leader.spu != desired.leader.spu:
+        return False
+    return stored_in_sync(stored) == stored_in_sync(desired)
+
+
+def with_live_offsets(partition: models.Partition, live: lrs.LiveStatus | None) -> models.Partition:
+    """The partition as the API shows it: the stored status with the leader's latest offsets."""
+    if live is None or live.leader != partition.spec.leader or partition.status.resolution is not ONLINE:
+        return partition
+    return partition.model_copy(update={"status": _status_from_live(partition.spec.replicas, live)})
+
+
+def led_by(snapshot: local.Snapshot, spu: int) -> list[str]:
+    """Names of the partitions ``spu`` leads (with a leader, i.e. not LeaderOffline), sorted."""
+    return sorted(
+        entry.obj.name
+        for entry in snapshot.entries("partitions").values()
+        if entry.obj.spec.leader == spu  # type: ignore[attr-defined]
+        and entry.obj.status.resolution is not LEADER_OFFLINE  # type: ignore[attr-defined]
+    )

@@ -1,0 +1,354 @@
+"""The connection manager and leader election, end to end: the daemon on a real etcd, SPUs as
+real WebSocket clients on 127.0.0.1 whose offsets the test scripts, results read back from etcd."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from connection_manager import health as health_module
+from connection_manager import wire
+from store import embedded_etcd, models
+from tests.fixtures.daemon import Running, etcd_settings, running
+from tests.fixtures.scripted_spu import ScriptedSpu
+
+pytestmark = pytest.mark.etcd
+
+
+class Cluster:
+    def __init__(self, sc: Running, client: aiohttp.ClientSession) -> None:
+        self.sc = sc
+        self.client = client
+        self.spus: dict[int, ScriptedSpu] = {}
+
+    @property
+    def private_port(self) -> int:
+        assert self.sc.daemon.private_port is not None
+        return self.sc.daemon.private_port
+
+    async def connect(self, spu_id: int, token: str | None = None, heartbeat: float | None = 0.25) -> ScriptedSpu:
+        spu = ScriptedSpu(self.client, self.private_port, spu_id)
+        answer = await spu.connect(token, heartbeat)
+        assert isinstance(answer, wire.Accepted), answer
+        self.spus[spu_id] = spu
+        return spu
+
+    async def partition(self, name: str) -> models.Partition:
+        stored = await self.sc.read("partitions", name)
+        assert stored is not None, name
+        return stored  # type: ignore[return-value]
+
+    async def mod_revision(self, name: str) -> int:
+        stored = await self.sc.kv_store.get(models.object_key("partitions", name))
+        assert stored is not None
+        return stored.mod_revision
+
+    async def wait_partition(self, name: str, **expected: Any) -> models.Partition:
+        """Until the stored partition has ``resolution``, ``leader`` (spec) and/or ``lrs`` as given."""
+        found: list[models.Partition] = []
+
+        async def check() -> None:
+            partition = await self.partition(name)
+            found[:] = [partition]
+            actual = {
+                "resolution": partition.status.resolution.value,
+                "leader": partition.spec.leader,
+                "lrs": partition.status.lrs,
+            }
+            assert {key: actual[key] for key in expected} == expected, (name, actual)
+
+        await self.sc.eventually(check)
+        return found[0]
+
+    async def close(self) -> None:
+        for spu in self.spus.values():
+            await spu.close()
+
+
+async def start_cluster(server: embedded_etcd.EmbeddedEtcd, spu_ids: range, **settings: Any) -> AsyncIterator[Cluster]:
+    async with running(etcd_settings(server, **settings)) as sc, aiohttp.ClientSession() as client:
+        for spu_id in spu_ids:
+            await sc.register_spu(spu_id, online=False)
+        cluster = Cluster(sc, client)
+        try:
+            yield cluster
+        finally:
+            await cluster.close()
+
+
+@pytest.fixture
+async def cluster(etcd_server: embedded_etcd.EmbeddedEtcd) -> AsyncIterator[Cluster]:
+    async for handle in start_cluster(etcd_server, range(3), spu_heartbeat_timeout=1.0, spu_offline_grace=5.0):
+        yield handle
+
+
+async def create_topic(sc: Running, name: str, partitions: int, replication_factor: int, **spec: Any) -> dict[str, Any]:
+    body = {"name": name, "spec": {"partitions": partitions, "replicationFactor": replication_factor, **spec}}
+    status, answer = await sc.call("POST", "/v1/topics", body)
+    assert status == 201, answer
+    return answer
+
+
+# ---------------------------------------------------------------------------- registration
+
+
+async def test_an_unregistered_spu_is_rejected_with_a_reason(cluster: Cluster) -> None:
+    stranger = ScriptedSpu(cluster.client, cluster.private_port, 42)
+    answer = await stranger.connect()
+    assert isinstance(answer, wire.Rejected) and answer.code == "unregistered"
+    assert "SPU id 42 is not registered" in answer.reason
+    assert stranger.websocket is not None
+    closing = await stranger.websocket.receive(timeout=5)
+    assert closing.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+    await stranger.close()
+    assert cluster.sc.daemon.connections is not None and 42 not in cluster.sc.daemon.connections.sessions
+
+
+async def test_a_registered_spu_goes_online_and_learns_only_its_own_replicas(cluster: Cluster) -> None:
+    await cluster.sc.register_spu(3, online=False)
+    spus = [await cluster.connect(spu_id) for spu_id in range(4)]
+
+    async def online() -> None:
+        for spu_id in range(4):
+            spu = await cluster.sc.read("spus", f"spu-{spu_id}")
+            assert spu is not None and spu.status.resolution is models.SpuResolution.ONLINE  # type: ignore[attr-defined]
+
+    await cluster.sc.eventually(online)
+    topic = await create_topic(cluster.sc, "orders", 4, 2)
+    replica_map = {int(index): replicas for index, replicas in topic["status"]["replicaMap"].items()}
+    for spu in spus:
+        hosted = {f"orders-{index}" for index, replicas in replica_map.items() if spu.spu_id in replicas}
+        await spu.wait_for(lambda spu=spu, hosted=hosted: set(spu.replicas) == hosted)
+        assert {name: (info.leader, info.replicas) for name, info in spu.replicas.items()} == {
+            f"orders-{index}": (replicas[0], replicas) for index, replicas in replica_map.items() if spu.spu_id in replicas
+        }
+        assert set(spu.spus) == {0, 1, 2, 3}
+
+
+async def test_a_wrong_token_is_rejected_like_an_unknown_spu(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    async for cluster in start_cluster(etcd_server, range(1), spu_token_file=token_file):
+        for token in (None, "wrong"):
+            spu = ScriptedSpu(cluster.client, cluster.private_port, 0)
+            answer = await spu.connect(token)
+            assert isinstance(answer, wire.Rejected) and answer.code == "unauthorized", answer
+            await spu.close()
+        accepted = await cluster.connect(0, token="s3cret")
+        await accepted.wait_for(lambda: any(isinstance(m, wire.Sync) for m in accepted.received))
+
+
+async def test_a_second_connection_replaces_the_first(cluster: Cluster) -> None:
+    first = await cluster.connect(0)
+    second = ScriptedSpu(cluster.client, cluster.private_port, 0)
+    assert isinstance(await second.connect(), wire.Accepted)
+    await first.wait_for(lambda: any(isinstance(m, wire.Rejected) and m.code == "replaced" for m in first.received))
+    assert first._reader is not None
+    await asyncio.wait_for(first._reader, 5)  # the SC closed the old socket
+    connections = cluster.sc.daemon.connections
+    assert connections is not None and connections.sessions[0].websocket is not None
+    assert connections.health.get(0) is health_module.Health.ONLINE
+    await second.close()
+
+
+# ---------------------------------------------------------------------------- bad frames
+
+
+@pytest.mark.parametrize(
+    ("frame", "code"),
+    [
+        (b"{not json", "malformed"),
+        (b'{"type": "gossip", "v": 1}', "unknown-type"),
+        (b'{"type": "lrs", "v": 7, "leaders": []}', "unsupported-version"),
+        (b'{"type": "lrs", "v": 1, "leaders": [{"partition": "orders-0", "hw": -5, "leo": 1}]}', "invalid"),
+        (b'{"type": "register", "v": 1, "spuId": 0}', "already-registered"),
+        (b'{"type": "lrs", "v": 1, "leaders": [{"partition": "other-0", "hw": 1, "leo": 1}]}', "not-hosted"),
+    ],
+)
+async def test_a_bad_frame_gets_an_error_and_changes_nothing(cluster: Cluster, frame: bytes, code: str) -> None:
+    spus = [await cluster.connect(spu_id) for spu_id in range(3)]
+    await create_topic(cluster.sc, "orders", 1, 3)
+    leader = spus[0]
+    await leader.wait_for(lambda: "orders-0" in leader.replicas)
+    before = await cluster.mod_revision("orders-0")
+    await leader.send(frame)
+    await leader.wait_for(lambda: any(isinstance(m, wire.Error) for m in leader.received))
+    errors = [m for m in leader.received if isinstance(m, wire.Error)]
+    assert [error.code for error in errors] == [code]
+    # The connection is still open and still works.
+    await leader.report(("orders-0", 10, 10, {1: 10, 2: 10}))
+    await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
+    assert await cluster.mod_revision("orders-0") > before
+
+
+async def test_an_oversized_frame_closes_only_that_connection(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    async for cluster in start_cluster(etcd_server, range(2), spu_max_frame_bytes=4096):
+        big, other = await cluster.connect(0), await cluster.connect(1)
+        await big.send(b'{"type":"lrs","v":1,"leaders":[]' + b" " * 10_000 + b"}")
+        assert big._reader is not None
+        await asyncio.wait_for(big._reader, 5)
+        assert big.websocket is not None and big.websocket.close_code == aiohttp.WSCloseCode.MESSAGE_TOO_BIG
+        await other.report()
+        status, body = await cluster.sc.call("GET", "/healthz")
+        assert status == 200, body
+        connections = cluster.sc.daemon.connections
+        assert connections is not None and set(connections.sessions) == {1}
+
+
+# ---------------------------------------------------------------------------- live replicas
+
+
+async def test_offsets_alone_never_write_to_etcd_but_the_api_shows_them(cluster: Cluster) -> None:
+    spus = [await cluster.connect(spu_id) for spu_id in range(3)]
+    await create_topic(cluster.sc, "orders", 1, 3)
+    leader = spus[0]
+    await leader.wait_for(lambda: "orders-0" in leader.replicas)
+    await leader.report(("orders-0", 5, 7, {1: 6, 2: 5}))
+    stored = await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
+    assert stored.status.leader == models.ReplicaStatus(spu=0, hw=5, leo=7)
+    revision = await cluster.mod_revision("orders-0")
+    for step in range(1, 20):
+        await leader.report(("orders-0", 5 + step * 10, 7 + step * 10, {1: 6 + step * 10, 2: 5 + step * 10}))
+
+    async def api_shows_latest() -> None:
+        status, body = await cluster.sc.call("GET", "/v1/partitions/orders-0")
+        assert status == 200 and body["status"]["leader"] == {"spu": 0, "hw": 195, "leo": 197}, body
+
+    await cluster.sc.eventually(api_shows_latest)
+    assert await cluster.mod_revision("orders-0") == revision
+    # A follower falling behind the high watermark changes the in-sync set: that is written.
+    await leader.report(("orders-0", 300, 310, {1: 310, 2: 250}))
+    await cluster.wait_partition("orders-0", lrs=1)
+    assert await cluster.mod_revision("orders-0") > revision
+
+
+async def test_silence_longer_than_the_heartbeat_timeout_marks_the_spu_offline(cluster: Cluster) -> None:
+    await cluster.connect(0, heartbeat=None)
+
+    async def resolution(expected: models.SpuResolution) -> None:
+        spu = await cluster.sc.read("spus", "spu-0")
+        assert spu is not None and spu.status.resolution is expected  # type: ignore[attr-defined]
+
+    await cluster.sc.eventually(lambda: resolution(models.SpuResolution.ONLINE))
+    # No LRS frame is sent: after 1 s the SC drops the SPU.
+    await cluster.sc.eventually(lambda: resolution(models.SpuResolution.OFFLINE))
+    connections = cluster.sc.daemon.connections
+    assert connections is not None and connections.stats.heartbeat_timeouts == 1
+
+
+# ---------------------------------------------------------------------------- elections
+
+
+async def online_topic(cluster: Cluster, name: str, replicas: int, *offsets: tuple[int, int, dict[int, int]]) -> list[ScriptedSpu]:
+    """A one-partition topic led by SPU 0, whose leader reported ``offsets`` (hw, leo, followers)."""
+    spus = [await cluster.connect(spu_id) for spu_id in range(replicas)]
+    await create_topic(cluster.sc, name, 1, replicas)
+    leader = spus[0]
+    await leader.wait_for(lambda: f"{name}-0" in leader.replicas)
+    for hw, leo, followers in offsets:
+        await leader.report((f"{name}-0", hw, leo, followers))
+    return spus
+
+
+async def test_leader_offline_elects_the_in_sync_follower_with_the_highest_leo(cluster: Cluster) -> None:
+    spus = await online_topic(cluster, "orders", 3, (100, 120, {1: 100, 2: 110}))
+    await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
+    await spus[0].close()
+    elected = await cluster.wait_partition("orders-0", resolution="Online", leader=2)
+    assert elected.spec.replicas == [0, 1, 2]
+    assert elected.status.leader == models.ReplicaStatus(spu=2, hw=100, leo=110)
+    # Both surviving SPUs are told who leads now.
+    for spu in spus[1:]:
+        await spu.wait_for(lambda spu=spu: spu.replicas["orders-0"].leader == 2)
+
+
+async def test_a_follower_behind_the_high_watermark_is_never_elected(cluster: Cluster) -> None:
+    spus = await online_topic(cluster, "orders", 3, (100, 120, {1: 100, 2: 90}))
+    await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=1)
+    await spus[1].close()
+    await spus[0].close()
+    # SPU 1 (in sync) is offline and SPU 2 misses records 90..99: nobody may lead.
+    lost = await cluster.wait_partition("orders-0", resolution="LeaderOffline", leader=0)
+    assert lost.status.leader == models.ReplicaStatus(spu=0, hw=100, leo=120)
+    await spus[2].wait_for(lambda: spus[2].replicas["orders-0"].leader is None)
+    # The in-sync follower returns: it leads.
+    await cluster.connect(1)
+    await cluster.wait_partition("orders-0", resolution="Online", leader=1)
+
+
+async def test_unclean_election_lets_a_lagging_replica_lead(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    async for cluster in start_cluster(etcd_server, range(2), unclean_leader_election=True, spu_heartbeat_timeout=1.0):
+        spus = await online_topic(cluster, "orders", 2, (100, 120, {1: 50}))
+        await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=0)
+        await spus[0].close()
+        await cluster.wait_partition("orders-0", resolution="Online", leader=1)
+
+
+async def test_single_replica_partition_is_online_again_when_its_spu_returns(cluster: Cluster) -> None:
+    spus = await online_topic(cluster, "solo", 1, (10, 10, {}))
+    await cluster.wait_partition("solo-0", resolution="Online", leader=0, lrs=0)
+    await spus[0].close()
+    await cluster.wait_partition("solo-0", resolution="LeaderOffline", leader=0)
+    back = await cluster.connect(0)
+    await cluster.wait_partition("solo-0", resolution="Online", leader=0)
+    await back.wait_for(lambda: back.replicas["solo-0"].leader == 0)
+
+
+async def test_leadership_returns_to_the_preferred_leader_once_it_is_in_sync(cluster: Cluster) -> None:
+    spus = await online_topic(cluster, "orders", 3, (100, 100, {1: 100, 2: 100}))
+    await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
+    await spus[0].close()
+    await cluster.wait_partition("orders-0", leader=1)
+    new_leader = spus[1]
+    await new_leader.wait_for(lambda: new_leader.replicas["orders-0"].leader == 1)
+    await new_leader.report(("orders-0", 150, 160, {2: 160, 0: 100}))
+    await cluster.connect(0)
+    # Back, but behind the high watermark: leadership stays.
+    await new_leader.report(("orders-0", 150, 160, {2: 160, 0: 120}))
+    await asyncio.sleep(0.5)
+    assert (await cluster.partition("orders-0")).spec.leader == 1
+    # Caught up: leadership returns to SPU 0, the first replica.
+    await new_leader.report(("orders-0", 160, 160, {2: 160, 0: 160}))
+    await cluster.wait_partition("orders-0", leader=0)
+
+
+async def test_drain_moves_every_leadership_off_the_spu(cluster: Cluster) -> None:
+    spus = [await cluster.connect(spu_id) for spu_id in range(3)]
+    await create_topic(cluster.sc, "orders", 6, 2)
+    for spu in spus:
+        await spu.wait_for(lambda spu=spu: len(spu.replicas) == 4)
+        led = [name for name, info in spu.replicas.items() if info.leader == spu.spu_id]
+        await spu.report(*[(name, 10, 10, {f: 10 for f in spu.replicas[name].replicas if f != spu.spu_id}) for name in led])
+    status, body = await cluster.sc.call("POST", "/v1/spus/spu-1/drain")
+    assert status == 200, body
+    assert body == {"spu": 1, "name": "spu-1", "drained": True, "leading": []}
+    partitions = await cluster.sc.read_all("partitions")
+    assert sorted(name for name, p in partitions.items() if p.spec.leader == 1) == []
+    assert all(p.status.resolution is models.PartitionResolution.ONLINE for p in partitions.values())
+    # The drained SPU stays connected and is not chosen again while draining.
+    spus[1].received.clear()
+    await spus[0].close()
+    await cluster.sc.eventually(
+        lambda: _assert_no_leader(cluster, 1)
+    )
+
+
+async def _assert_no_leader(cluster: Cluster, spu_id: int) -> None:
+    partitions = await cluster.sc.read_all("partitions")
+    assert all(p.spec.leader != spu_id for p in partitions.values())
+
+
+async def test_drain_of_a_sole_replica_says_what_could_not_move(cluster: Cluster) -> None:
+    spus = await online_topic(cluster, "solo", 1, (10, 10, {}))
+    await cluster.wait_partition("solo-0", resolution="Online")
+    async with cluster.sc.session.post("/v1/spus/spu-0/drain", params={"timeout": "5000"}) as response:
+        body = await response.json()
+    assert response.status == 409, body
+    assert body["error"]["code"] == "DrainIncomplete" and body["leading"] == ["solo-0"]
+    assert (await cluster.partition("solo-0")).status.resolution is models.PartitionResolution.ONLINE
+    await spus[0].close()
