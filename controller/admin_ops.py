@@ -169,8 +169,9 @@ async def create(context: context_module.Context, obj: models.ClusterObject) -> 
         raise ApiError(409, "AlreadyExists", f"{label(obj.kind, obj.name)} already exists") from None
 
 
-async def register_spu(context: context_module.Context, spu: models.Spu) -> int:
-    """Register a custom SPU whose name and id are both unused; its store revision."""
+async def register_spu(context: context_module.Context, spu: models.Spu, dry_run: bool = False) -> int:
+    """Register a custom SPU whose name and id are both unused; its store revision (0 for a dry run,
+    which makes every check and writes nothing)."""
     if spu.spec.spu_type is not models.SpuType.CUSTOM:
         raise ApiError(
             422,
@@ -198,6 +199,8 @@ async def register_spu(context: context_module.Context, spu: models.Spu) -> int:
             f"SPU name {spu.name!r} belongs to SPU group {group!r} (its managed SPUs are named {group}-N); "
             "choose another name",
         )
+    if dry_run:
+        return 0
     return await create(context, spu)
 
 

@@ -16,6 +16,7 @@ from connection_manager import health as health_module
 from connection_manager import lrs
 from connection_manager import server as cm_server
 from controller import api, config, context as context_module, metrics, pipeline
+from controller.fluvio import listener as fluvio_listener, server as fluvio_server
 from store import embedded_etcd, etcd, history, kv, local, memory
 
 log = structlog.get_logger(__name__)
@@ -65,7 +66,9 @@ class Daemon:
             # The API answers /healthz with 503 until the pipeline has synced.
             self._runner = web.AppRunner(api.build_app(self.context), access_log=None)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self.settings.bind_host, self.settings.public_port)
+            # One port, two protocols: Fluvio's binary admin protocol next to the HTTP API.
+            fluvio = fluvio_server.FluvioServer(self.context)
+            site = fluvio_listener.SniffingSite(self._runner, self.settings.bind_host, self.settings.public_port, fluvio)
             await site.start()
             self.public_port = _bound_port(self._runner, self.settings.public_port)
             log.info("public API listening", host=self.settings.bind_host, port=self.public_port)

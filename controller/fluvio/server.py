@@ -1,0 +1,340 @@
+"""The Fluvio admin server: one session per connection (framing, dispatch, one ordered writer),
+ApiVersions, List, and Watch streams fed from the local store; writes go to fluvio.admin.
+
+Only an undecodable or oversized frame closes a connection, and only that one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+
+from controller import context as context_module
+from controller.fluvio import admin as admin_module, codec, mapping
+from store import local, models
+
+log = structlog.get_logger(__name__)
+
+# Any semver >= 0.9.0 satisfies Fluvio.connect; this is the release the 0.21 client was built from.
+PLATFORM_VERSION = "0.17.3"
+# The object APIs this SC serves, each in the type-labelled layout only (v11..19; the client picks 19).
+SERVED_APIS = (codec.CREATE, codec.DELETE, codec.LIST, codec.WATCH, codec.UPDATE)
+# Frames above this close the connection (as a body above it gets a 413 over HTTP).
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+# Writes (create, delete, update) answered concurrently per connection; beyond, reading waits.
+MAX_IN_FLIGHT = 32
+# A watch waits this long after a change before building its frame, so a burst goes out as one
+# frame: the client buffers only 10 frames per watch before its whole connection stalls.
+WATCH_LINGER_SECONDS = 0.02
+# A client that accepts no bytes for this long is disconnected (its watches would pin tombstones).
+WRITE_STALL_SECONDS = 60.0
+
+_SORT_KEYS: dict[str, Callable[[Any], Any]] = {
+    "spus": lambda obj: (obj.spec.id, obj.name),
+    "partitions": lambda obj: (obj.topic, obj.index),
+}
+
+
+def api_versions_body() -> bytes:
+    keys = [codec.ApiVersionKey(key, codec.OBJECT_MIN_VERSION, codec.OBJECT_MAX_VERSION) for key in SERVED_APIS]
+    return codec.encode_response_body(codec.ApiVersionsResponse(keys, PLATFORM_VERSION), 0)
+
+
+class ItemCache:
+    """Encoded Metadata items shared by every connection: each object version is encoded once per
+    label and protocol version, however many lists and watches send it."""
+
+    def __init__(self) -> None:
+        self._tables: dict[tuple[str, int], dict[str, tuple[models.ClusterObject, bytes | None]]] = {}
+
+    def encoded(self, label: str, version: int, obj: models.ClusterObject) -> bytes | None:
+        """The item's bytes; None (logged once) for an object the protocol cannot carry."""
+        table = self._tables.setdefault((label, version), {})
+        cached = table.get(obj.name)
+        if cached is not None and cached[0] is obj:
+            return cached[1]
+        _, _, item = mapping.ITEMS[label]
+        try:
+            data: bytes | None = codec.encode_metadata(label, item(obj), version)
+        except codec.EncodeError as error:
+            log.warning("object left out of Fluvio answers: the protocol cannot carry it", label=label, name=obj.name, error=str(error))
+            data = None
+        table[obj.name] = (obj, data)
+        return data
+
+    def prune(self, label: str, version: int, live: Mapping[str, Any]) -> None:
+        """Forget deleted objects once they outnumber the live ones."""
+        table = self._tables.get((label, version))
+        if table is not None and len(table) > 2 * len(live) + 1024:
+            self._tables[(label, version)] = {name: cached for name, cached in table.items() if name in live}
+
+
+class FluvioServer:
+    """Serves every Fluvio connection of one daemon."""
+
+    def __init__(
+        self,
+        context: context_module.Context,
+        readiness: admin_module.Readiness = admin_module.Readiness.PROVISIONED,
+        create_wait: float = admin_module.CREATE_WAIT_SECONDS,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+    ) -> None:
+        self.context = context
+        self.admin = admin_module.Admin(context, readiness, create_wait)
+        self.items = ItemCache()
+        self.max_frame_bytes = max_frame_bytes
+        self.api_versions = api_versions_body()
+        self._sessions: set[asyncio.Task[None]] = set()
+        self._background: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._background = asyncio.create_task(self.admin.run(), name="fluvio-admin-waits")
+
+    async def close(self) -> None:
+        tasks = list(self._sessions) + ([self._background] if self._background is not None else [])
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._sessions.clear()
+        self._background = None
+
+    def protocol(self) -> asyncio.StreamReaderProtocol:
+        """A protocol for one new connection (the listener hands it the transport)."""
+        return asyncio.StreamReaderProtocol(asyncio.StreamReader(), self._connected)
+
+    def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.create_task(Session(self, reader, writer).run(), name="fluvio-session")
+        self._sessions.add(task)
+        task.add_done_callback(self._sessions.discard)
+
+    def list_body(self, request: codec.ListRequest, version: int) -> bytes:
+        """Topic: name filters are substrings OR-ed, and system selects system topics (we have none);
+        Partition: filters ignored; SPU, CustomSpu, SpuGroup: substring filters. Unserved labels: []."""
+        label = request.label
+        served = mapping.ITEMS.get(label)
+        if served is None or (request.system and label in (codec.TOPIC, codec.PARTITION)):
+            return codec.list_body(label, [])
+        kind, keep, _ = served
+        table = self.context.local_store[kind]
+        objects = [obj for obj in table.objects() if keep is None or keep(obj)]
+        filters = request.name_filters
+        if filters and label != codec.PARTITION:
+            objects = [obj for obj in objects if any(part in obj.name for part in filters)]
+        objects.sort(key=_SORT_KEYS.get(kind, lambda obj: obj.name))
+        encoded = [self.items.encoded(label, version, obj) for obj in objects]
+        self.items.prune(label, version, table.view)
+        return codec.list_body(label, [item for item in encoded if item is not None])
+
+
+class Session:
+    """One connection: reads frames in order, answers each by correlation id, writes one frame at a time."""
+
+    def __init__(self, server: FluvioServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.server = server
+        self.reader = reader
+        self.writer = writer
+        self.peer = str(writer.get_extra_info("peername"))
+        self._replies: collections.deque[bytes] = collections.deque()
+        # Watches with a frame to build, in the order they asked (an ordered set).
+        self._dirty: dict[WatchStream, None] = {}
+        self._wake = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+
+    async def run(self) -> None:
+        reading = asyncio.create_task(self._read_loop(), name="fluvio-read")
+        writing = asyncio.create_task(self._write_loop(), name="fluvio-write")
+        try:
+            await asyncio.wait((reading, writing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            tasks = [reading, writing, *self._tasks]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self.writer.close()
+            with contextlib.suppress(ConnectionError, OSError):
+                await self.writer.wait_closed()
+
+    # ------------------------------------------------------------------ reading
+
+    async def _read_loop(self) -> None:
+        while True:
+            try:
+                prefix = await self.reader.readexactly(4)
+                length = codec.frame_length(prefix, self.server.max_frame_bytes)
+                message = await self.reader.readexactly(length)
+                request = codec.decode_request(message)
+            except asyncio.IncompleteReadError as error:
+                if error.partial:
+                    log.info("Fluvio client closed mid-frame", peer=self.peer, received=len(error.partial))
+                return
+            except (ConnectionError, OSError):
+                return
+            except codec.DecodeError as error:
+                log.warning("closing a Fluvio connection: undecodable frame", peer=self.peer, error=str(error))
+                return
+            await self._dispatch(request)
+
+    async def _dispatch(self, request: codec.Request) -> None:
+        header, body = request.header, request.body
+        correlation_id, version = header.correlation_id, header.api_version
+        if isinstance(body, codec.ApiVersionsRequest):
+            self.reply(correlation_id, self.server.api_versions)
+            return
+        if isinstance(body, (codec.ListRequest, codec.WatchRequest)):
+            # Before the store has synced a list would be empty, not true.
+            await self.server.context.synced.wait()
+        if isinstance(body, codec.ListRequest):
+            self.reply(correlation_id, self.server.list_body(body, version))
+        elif isinstance(body, codec.WatchRequest):
+            self._spawn(WatchStream(self, correlation_id, body.label, version).run(), "fluvio-watch")
+        else:
+            await self._slots.acquire()
+            self._spawn(self._answer(correlation_id, version, body), "fluvio-request")
+
+    async def _answer(
+        self, correlation_id: int, version: int, body: codec.CreateRequest | codec.DeleteRequest | codec.UpdateRequest
+    ) -> None:
+        try:
+            status = await self.server.admin.answer(body)
+            self.reply(correlation_id, codec.encode_response_body(status, version))
+        finally:
+            self._slots.release()
+
+    def _spawn(self, coroutine: Any, name: str) -> None:
+        task = asyncio.create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ writing
+
+    def reply(self, correlation_id: int, body: bytes) -> None:
+        self._replies.append(codec.response_frame(correlation_id, body))
+        self._wake.set()
+
+    def watch_ready(self, watch: WatchStream) -> None:
+        self._dirty[watch] = None
+        self._wake.set()
+
+    async def _write_loop(self) -> None:
+        """Replies first, then one frame per ready watch in turn, built at send time so that changes
+        arriving while the socket is busy coalesce into it."""
+        while True:
+            data: bytes | None
+            if self._replies:
+                data = self._replies.popleft()
+            elif self._dirty:
+                watch = next(iter(self._dirty))
+                del self._dirty[watch]
+                data = watch.build_frame()
+            else:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if data is None:
+                continue
+            try:
+                self.writer.write(data)
+                async with asyncio.timeout(WRITE_STALL_SECONDS):
+                    await self.writer.drain()
+            except TimeoutError:
+                log.warning("closing a Fluvio connection: the client read nothing for a while", peer=self.peer, seconds=WRITE_STALL_SECONDS)
+                return
+            except (ConnectionError, OSError):
+                return
+
+
+class WatchStream:
+    """One Watch request: a snapshot frame first, then UPDATE/DELETE frames of what changed.
+
+    Level-based like the HTTP watch: states the client did not see yet are coalesced into the
+    latest one, so nothing queues up per client in the daemon.
+    """
+
+    def __init__(self, session: Session, correlation_id: int, label: str, version: int) -> None:
+        self.session = session
+        self.correlation_id = correlation_id
+        self.label = label
+        self.version = version
+        served = mapping.ITEMS.get(label)
+        self.table: local.KindStore | None = None
+        self.keep: Callable[[models.ClusterObject], bool] | None = None
+        if served is not None:
+            kind, self.keep, _ = served
+            self.table = session.server.context.local_store[kind]
+        self.listener: local.Listener | None = None
+        self.known: dict[str, models.ClusterObject] = {}
+        self.first = True
+        self._built = asyncio.Event()
+
+    async def run(self) -> None:
+        if self.table is None:
+            # Not a type we serve (SmartModule, ...): one empty snapshot, which the client ignores.
+            self.session.watch_ready(self)
+            return
+        self.listener = self.table.listener(local.Part.ALL)
+        try:
+            while True:
+                await self.listener.wait()
+                if not self.first:
+                    await asyncio.sleep(WATCH_LINGER_SECONDS)
+                self._built.clear()
+                self.session.watch_ready(self)
+                await self._built.wait()
+        finally:
+            self.listener.close()
+
+    def build_frame(self) -> bytes | None:
+        """The next frame (None if nothing visible changed since the last)."""
+        self._built.set()
+        if self.table is None or self.listener is None:
+            return codec.response_frame(self.correlation_id, codec.watch_body(self.label, 0, [], []))
+        changes = self.listener.changes()
+        if self.first:
+            self.first = False
+            objects = [entry.obj for entry in changes.updated if self.keep is None or self.keep(entry.obj)]
+            objects.sort(key=_SORT_KEYS.get(self.table.kind, lambda obj: obj.name))
+            self.known = {obj.name: obj for obj in objects}
+            snapshot = self._encoded(objects)
+            return codec.response_frame(self.correlation_id, codec.watch_body(self.label, changes.epoch, [], snapshot))
+        messages = self._messages(changes)
+        if not messages:
+            return None
+        encoded = [(header, item) for header, obj in messages if (item := self._item(obj)) is not None]
+        self.session.server.items.prune(self.label, self.version, self.table.view)
+        return codec.response_frame(self.correlation_id, codec.watch_body(self.label, changes.epoch, encoded, []))
+
+    def _messages(self, changes: local.Changes) -> list[tuple[codec.MessageType, models.ClusterObject]]:
+        messages: list[tuple[codec.MessageType, models.ClusterObject]] = []
+        known = self.known
+        updated = [entry.obj for entry in changes.updated]
+        if changes.full:
+            # Behind a resync fence: whatever the client knows that is gone now was deleted.
+            fresh = {obj.name for obj in updated}
+            for name in [name for name in known if name not in fresh]:
+                messages.append((codec.MessageType.DELETE, known.pop(name)))
+        for obj in updated:
+            previous = known.get(obj.name)
+            if self.keep is not None and not self.keep(obj):
+                if previous is not None:
+                    messages.append((codec.MessageType.DELETE, known.pop(obj.name)))
+                continue
+            if previous is None or (previous is not obj and previous != obj):
+                messages.append((codec.MessageType.UPDATE, obj))
+                known[obj.name] = obj
+        for name in changes.deleted:
+            gone = known.pop(name, None)
+            if gone is not None:
+                messages.append((codec.MessageType.DELETE, gone))
+        return messages
+
+    def _item(self, obj: models.ClusterObject) -> bytes | None:
+        return self.session.server.items.encoded(self.label, self.version, obj)
+
+    def _encoded(self, objects: list[models.ClusterObject]) -> list[bytes]:
+        return [item for obj in objects if (item := self._item(obj)) is not None]
