@@ -206,14 +206,14 @@ def topic_from_create(name: str, spec: codec.TopicSpec) -> models.Topic:
             )
         if len(replicas.maps) > MAX_WIRE_PARTITIONS:
             raise Refused(codec.Error.TOPIC_ERROR, _too_many_partitions(len(replicas.maps)))
-        fields = {"replica_assignment": [{"id": row.id, "replicas": list(row.replicas)} for row in replicas.maps]}
+        fields = {"replicaAssignment": [{"id": row.id, "replicas": list(row.replicas)} for row in replicas.maps]}
     else:
         if replicas.partitions > MAX_WIRE_PARTITIONS:
             raise Refused(codec.Error.TOPIC_ERROR, _too_many_partitions(replicas.partitions))
         fields = {
             "partitions": replicas.partitions,
-            "replication_factor": replicas.replication_factor,
-            "ignore_rack_assignment": replicas.ignore_rack_assignment,
+            "replicationFactor": replicas.replication_factor,
+            "ignoreRackAssignment": replicas.ignore_rack_assignment,
         }
     try:
         return models.Topic.model_validate({"name": name, "spec": fields})
@@ -248,10 +248,10 @@ def spu_from_create(name: str, spec: codec.CustomSpuSpec) -> models.Spu:
                 "name": name,
                 "spec": {
                     "id": spec.id,
-                    "spu_type": models.SpuType.CUSTOM,
+                    "spuType": models.SpuType.CUSTOM,
                     "rack": spec.rack,
-                    "public_endpoint": {"host": host, "port": spec.public_endpoint.port},
-                    "private_endpoint": {"host": spec.private_endpoint.host, "port": spec.private_endpoint.port},
+                    "publicEndpoint": {"host": host, "port": spec.public_endpoint.port},
+                    "privateEndpoint": {"host": spec.private_endpoint.host, "port": spec.private_endpoint.port},
                 },
             }
         )
@@ -271,10 +271,10 @@ def spu_group_from_create(name: str, spec: codec.SpuGroupSpec) -> models.SpuGrou
     if config.env:
         names = ", ".join(variable.name for variable in config.env)
         raise Refused(error, f"environment variables ({names}) are not supported by this SC: leave env empty")
-    fields: dict[str, object] = {"replicas": spec.replicas, "min_id": spec.min_id, "rack": config.rack}
+    fields: dict[str, object] = {"replicas": spec.replicas, "minId": spec.min_id, "rack": config.rack}
     if config.storage is not None:
         storage = {
-            key: value for key, value in (("log_dir", config.storage.log_dir), ("size", config.storage.size)) if value is not None
+            key: value for key, value in (("logDir", config.storage.log_dir), ("size", config.storage.size)) if value is not None
         }
         fields["storage"] = storage
     try:

@@ -1,0 +1,283 @@
+"""The Fluvio server's reads on a local store the test drives directly (no Reader, no controllers):
+ApiVersions, List filters, Watch snapshots, coalesced change frames, and the writer's order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from controller import config, context as context_module, metrics
+from controller.fluvio import client as client_module, codec, mapping, server as server_module
+from store import local, memory, models
+from tests import objects
+
+Topic = models.Topic
+
+
+def topic(name: str, resolution: str = "Provisioned", partitions: int = 1) -> models.Topic:
+    replica_map = {str(index): [index % 3] for index in range(partitions)} if resolution == "Provisioned" else {}
+    return models.Topic.model_validate(
+        {
+            "name": name,
+            "spec": {"partitions": partitions, "replicationFactor": 1},
+            "status": {"resolution": resolution, "replicaMap": replica_map},
+        }
+    )
+
+
+def partition(name: str, replicas: list[int]) -> models.Partition:
+    return models.Partition.model_validate({"name": name, "spec": {"leader": replicas[0], "replicas": replicas}})
+
+
+class StoreServer:
+    """A FluvioServer on 127.0.0.1 over a local store that the test writes itself."""
+
+    def __init__(self) -> None:
+        self.local_store = local.LocalStore()
+        self.context = context_module.Context(
+            settings=config.Settings(), kv_store=memory.MemoryStore(), local_store=self.local_store, metrics=metrics.Metrics()
+        )
+        self.server = server_module.FluvioServer(self.context)
+        self.revision = 0
+        self.listening: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        for table in self.local_store.tables.values():
+            table.resync([], 0)
+        self.local_store.meta.resync([], 0)
+        self.context.synced.set()
+        await self.server.start()
+        loop = asyncio.get_running_loop()
+        self.listening = await loop.create_server(self.server.protocol, "127.0.0.1", 0)
+        self.port = self.listening.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        assert self.listening is not None
+        self.listening.close()
+        await self.server.close()
+        await self.context.kv_store.close()
+
+    def apply(self, *objs: models.ClusterObject) -> None:
+        for obj in objs:
+            self.revision += 1
+            self.local_store[obj.kind].apply(obj, self.revision)
+
+    def delete(self, kind: str, name: str) -> None:
+        self.revision += 1
+        self.local_store[kind].delete(name, self.revision)
+
+    async def client(self) -> client_module.Client:
+        return await client_module.Client.connect("127.0.0.1", self.port)
+
+
+@pytest.fixture
+async def store_server() -> AsyncIterator[StoreServer]:
+    running = StoreServer()
+    await running.start()
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def client(store_server: StoreServer) -> AsyncIterator[client_module.Client]:
+    connected = await store_server.client()
+    yield connected
+    await connected.close()
+
+
+def item(label: str, obj: models.ClusterObject) -> codec.Metadata:
+    return mapping.ITEMS[label][2](obj)
+
+
+async def next_frame(queue: asyncio.Queue[codec.WatchResponse], timeout: float = 5.0) -> codec.MetadataUpdate:
+    async with asyncio.timeout(timeout):
+        return (await queue.get()).update
+
+
+# ---------------------------------------------------------------------------- ApiVersions and List
+
+
+async def test_api_versions_advertise_exactly_the_apis_served(client: client_module.Client) -> None:
+    assert client.api_versions == codec.ApiVersionsResponse(
+        [codec.ApiVersionKey(key, 11, 19) for key in (1001, 1002, 1003, 1004, 1006)], "0.17.3"
+    )
+
+
+async def test_topic_filters_are_substrings_or_ed_and_system_lists_none(store_server: StoreServer, client: client_module.Client) -> None:
+    store_server.apply(topic("gamma"), topic("alpha"), topic("beta"))
+    assert [meta.name for meta in await client.list(codec.TOPIC)] == ["alpha", "beta", "gamma"]
+    assert await client.list(codec.TOPIC, "al", "mm") == [item(codec.TOPIC, topic("alpha")), item(codec.TOPIC, topic("gamma"))]
+    assert await client.list(codec.TOPIC, "zzz") == []
+    assert await client.list(codec.TOPIC, system=True) == []
+
+
+async def test_partition_lists_ignore_filters_and_sort_by_index(store_server: StoreServer, client: client_module.Client) -> None:
+    store_server.apply(partition("orders-10", [1]), partition("orders-2", [0]), partition("audit-0", [2]))
+    assert [meta.name for meta in await client.list(codec.PARTITION, "nothing-matches")] == ["audit-0", "orders-2", "orders-10"]
+    assert await client.list(codec.PARTITION, system=True) == []
+
+
+async def test_spu_lists_show_managed_and_custom_custom_spu_lists_only_custom(
+    store_server: StoreServer, client: client_module.Client
+) -> None:
+    managed = objects.spu(2, name="main-0", spu_type="Managed")
+    custom = objects.spu(7, name="edge-7")
+    store_server.apply(custom, managed)
+    assert await client.list(codec.SPU) == [item(codec.SPU, managed), item(codec.SPU, custom)]
+    assert await client.list(codec.CUSTOM_SPU) == [item(codec.CUSTOM_SPU, custom)]
+    assert await client.list(codec.SPU, "edge") == [item(codec.SPU, custom)]
+
+
+async def test_unserved_labels_list_empty_with_their_label(client: client_module.Client) -> None:
+    answer = await client.request(codec.LIST, codec.ListRequest("SmartModule"))
+    assert answer == codec.ListResponse("SmartModule", [])
+
+
+async def test_objects_the_protocol_cannot_carry_are_left_out(store_server: StoreServer, client: client_module.Client) -> None:
+    # 70,000 partitions do not fit TopicStatus.replica_map's u16 count.
+    store_server.apply(topic("huge", partitions=70_000), topic("small"))
+    assert [meta.name for meta in await client.list(codec.TOPIC)] == ["small"]
+
+
+# ---------------------------------------------------------------------------- Watch
+
+
+async def test_watch_sends_a_snapshot_then_updates_and_deletes(store_server: StoreServer, client: client_module.Client) -> None:
+    store_server.apply(topic("b"), topic("a"))
+    frames = client.watch(codec.TOPIC)
+    snapshot = await next_frame(frames)
+    assert (snapshot.changes, snapshot.all) == ([], [item(codec.TOPIC, topic("a")), item(codec.TOPIC, topic("b"))])
+    assert snapshot.epoch == store_server.local_store["topics"].epoch
+
+    store_server.apply(topic("c", "Pending"))
+    update = await next_frame(frames)
+    assert (update.changes, update.all) == ([codec.Message(codec.MessageType.UPDATE, item(codec.TOPIC, topic("c", "Pending")))], [])
+
+    store_server.delete("topics", "a")
+    deleted = await next_frame(frames)
+    assert deleted.changes == [codec.Message(codec.MessageType.DELETE, item(codec.TOPIC, topic("a")))]
+    assert deleted.epoch == store_server.local_store["topics"].epoch
+
+
+async def test_a_burst_of_changes_is_one_frame_in_store_order(store_server: StoreServer, client: client_module.Client) -> None:
+    frames = client.watch(codec.TOPIC)
+    assert (await next_frame(frames)).all == []  # the empty snapshot
+    names = [f"t-{index}" for index in range(500)]
+    for name in names:
+        store_server.apply(topic(name, "Init"))  # no await between: the client must get one frame
+    for name in names[:3]:
+        store_server.apply(topic(name, "Pending"))
+    store_server.delete("topics", names[3])
+    frame = await next_frame(frames)
+    # Latest state only, in the order of each object's last change; t-3 came and went unseen.
+    assert [(message.header, message.content.name) for message in frame.changes] == (
+        [(codec.MessageType.UPDATE, name) for name in names[4:] + names[:3]]
+    )
+    assert frame.changes[-1].content.status.resolution is codec.TopicResolution.PENDING
+    store_server.delete("topics", names[0])
+    assert (await next_frame(frames)).changes == [codec.Message(codec.MessageType.DELETE, item(codec.TOPIC, topic(names[0], "Pending")))]
+    store_server.apply(topic("last"))
+    assert [message.content.name for message in (await next_frame(frames)).changes] == ["last"]
+    assert frames.empty()
+
+
+async def test_unchanged_rewrites_send_nothing(store_server: StoreServer, client: client_module.Client) -> None:
+    store_server.apply(topic("a"))
+    frames = client.watch(codec.TOPIC)
+    await next_frame(frames)
+    store_server.apply(topic("a"))  # same content at a new revision: no epoch, no wake-up
+    store_server.apply(topic("z"))
+    assert [message.content.name for message in (await next_frame(frames)).changes] == ["z"]
+
+
+async def test_a_resync_that_lost_an_object_sends_its_delete(store_server: StoreServer, client: client_module.Client) -> None:
+    store_server.apply(topic("kept"), topic("lost"))
+    frames = client.watch(codec.TOPIC)
+    await next_frame(frames)
+    store_server.local_store["topics"].resync([(topic("kept"), 1, 1), (topic("new"), 9, 9)], 9)
+    frame = await next_frame(frames)
+    assert sorted((message.header, message.content.name) for message in frame.changes) == [
+        (codec.MessageType.UPDATE, "new"),
+        (codec.MessageType.DELETE, "lost"),
+    ]
+
+
+async def test_custom_spu_watch_shows_only_custom_spus(store_server: StoreServer, client: client_module.Client) -> None:
+    custom = objects.spu(7, name="edge-7")
+    store_server.apply(custom, objects.spu(2, name="main-0", spu_type="Managed"))
+    frames = client.watch(codec.CUSTOM_SPU)
+    assert (await next_frame(frames)).all == [item(codec.CUSTOM_SPU, custom)]
+    store_server.apply(objects.spu(3, name="main-1", spu_type="Managed"), objects.spu(8, name="edge-8"))
+    frame = await next_frame(frames)
+    assert [(message.header, message.content.name) for message in frame.changes] == [(codec.MessageType.UPDATE, "edge-8")]
+
+
+async def test_unserved_watch_labels_get_one_empty_snapshot(client: client_module.Client) -> None:
+    frames = client.watch("SmartModule")
+    assert await next_frame(frames) == codec.MetadataUpdate(0, [], [])
+    assert (await client.list(codec.TOPIC)) == []  # the connection still answers
+    assert frames.empty()
+
+
+async def test_several_watches_and_replies_share_one_connection(store_server: StoreServer, client: client_module.Client) -> None:
+    topics, spus = client.watch(codec.TOPIC), client.watch(codec.SPU)
+    await next_frame(topics), await next_frame(spus)
+    store_server.apply(topic("a"), objects.spu(1))
+    assert [m.content.name for m in (await next_frame(topics)).changes] == ["a"]
+    assert [m.content.name for m in (await next_frame(spus)).changes] == ["spu-1"]
+    assert [meta.name for meta in await client.list(codec.TOPIC)] == ["a"]
+
+
+# ---------------------------------------------------------------------------- the writer
+
+
+class RecordingWriter:
+    """A StreamWriter stand-in that records what the session writes."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.written = asyncio.Event()
+
+    def write(self, data: bytes) -> None:
+        self.frames.append(data)
+        self.written.set()
+
+    async def drain(self) -> None:
+        return None
+
+    def get_extra_info(self, name: str) -> Any:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    async def wait_closed(self) -> None:
+        return None
+
+
+async def test_replies_go_out_before_pending_watch_frames(store_server: StoreServer) -> None:
+    writer = RecordingWriter()
+    session = server_module.Session(store_server.server, asyncio.StreamReader(), writer)  # type: ignore[arg-type]
+    watch = server_module.WatchStream(session, 3, codec.TOPIC, 19)
+    watch.listener = store_server.local_store["topics"].listener()
+    session.watch_ready(watch)
+    session.reply(9, b"reply")
+    loop = asyncio.create_task(session._write_loop())
+    try:
+        async with asyncio.timeout(5):
+            while len(writer.frames) < 2:
+                writer.written.clear()
+                await writer.written.wait()
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+        watch.listener.close()
+    assert writer.frames[0] == codec.response_frame(9, b"reply")
+    epoch = store_server.local_store["topics"].epoch
+    assert writer.frames[1] == codec.response_frame(3, codec.watch_body(codec.TOPIC, epoch, [], []))
