@@ -9,7 +9,7 @@ import pytest
 
 from store import kv, memory
 
-pytest_plugins = ["tests.fixtures.etcd", "tests.fixtures.daemon"]
+pytest_plugins = ["tests.fixtures.etcd", "tests.fixtures.daemon", "tests.fixtures.spark"]
 
 
 @pytest.fixture

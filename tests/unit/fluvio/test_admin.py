@@ -1,0 +1,291 @@
+"""Fluvio Create/Delete/Update on a whole daemon (memory store, real controllers) with our codec as the
+client: topics, custom SPUs and SPU groups (the Python client cannot send the last two), and the
+exact Status of every failure."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from controller import config
+from controller.fluvio import admin, client as client_module, codec
+from store import local, models
+from tests.fixtures import daemon as daemon_fixtures
+
+Error = codec.Error
+
+
+@pytest.fixture
+async def fluvio_sc() -> AsyncIterator[daemon_fixtures.Running]:
+    settings = config.Settings(store=config.StoreKind.MEMORY, **daemon_fixtures.COMMON_SETTINGS)
+    async with daemon_fixtures.running(settings) as handle:
+        yield handle
+
+
+@pytest.fixture
+async def client(fluvio_sc: daemon_fixtures.Running) -> AsyncIterator[client_module.Client]:
+    assert fluvio_sc.daemon.public_port is not None
+    connected = await client_module.Client.connect("127.0.0.1", fluvio_sc.daemon.public_port)
+    yield connected
+    await connected.close()
+
+
+def create(label: str, name: str, spec: object, dry_run: bool = False) -> codec.CreateRequest:
+    return codec.CreateRequest(label, name, spec, dry_run=dry_run)
+
+
+def error(name: str, code: Error, message: str) -> codec.Status:
+    return codec.Status(name, codec.ErrorCode(code), message)
+
+
+def computed(partitions: int, replication: int) -> codec.TopicSpec:
+    return codec.TopicSpec(codec.ComputedReplicas(partitions, replication, False))
+
+
+def custom_spu(spu_id: int, port: int = 9010) -> codec.CustomSpuSpec:
+    return codec.CustomSpuSpec(spu_id, codec.IngressPort(port, [codec.IngressAddr(ip="127.0.0.1")]), codec.Endpoint(port + 1, "127.0.0.1"))
+
+
+# ---------------------------------------------------------------------------- topics
+
+
+async def test_a_topic_create_answers_once_its_partitions_are_in_the_store(
+    fluvio_sc: daemon_fixtures.Running, client: client_module.Client
+) -> None:
+    for spu_id in range(3):
+        await fluvio_sc.register_spu(spu_id)
+    status, predicted = await fluvio_sc.call("POST", "/v1/topics?dryRun=true", {"name": "orders", "spec": {"partitions": 4, "replicationFactor": 2}})
+    assert status == 200
+    assert await client.status(codec.CREATE, create(codec.TOPIC, "orders", computed(4, 2))) == codec.Status("orders")
+    # At the reply the local store already holds every partition, with the placement's replicas.
+    assert fluvio_sc.daemon.context is not None
+    partitions = fluvio_sc.daemon.context.local_store["partitions"]
+    assert [partitions.get(f"orders-{index}").obj.spec.replicas for index in range(4)] == predicted["replicaMap"]  # type: ignore[union-attr]
+    assert await fluvio_sc.partitions_of("orders") == dict(enumerate(predicted["replicaMap"]))
+    [listed] = await client.list(codec.TOPIC)
+    assert listed.status == codec.TopicStatus(codec.TopicResolution.PROVISIONED, dict(enumerate(predicted["replicaMap"])), {}, "")
+    assert [meta.name for meta in await client.list(codec.PARTITION)] == [f"orders-{index}" for index in range(4)]
+
+
+async def test_topic_create_failures_in_fluvios_order(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
+    for spu_id in range(3):
+        await fluvio_sc.register_spu(spu_id)
+    assert await client.status(codec.CREATE, create(codec.TOPIC, "taken", computed(1, 1))) == codec.Status("taken")
+    bad_retention = codec.TopicSpec(codec.ComputedReplicas(1, 1), cleanup_policy=codec.SegmentCleanup(5))
+    cases = [
+        (create(codec.TOPIC, "Bad_Name", computed(1, 1)), Error.TOPIC_INVALID_NAME,
+         "topic name 'Bad_Name' is invalid: use only lowercase letters, digits and '-', and do not start or end with '-'"),
+        # Existence is checked before the settings, as Fluvio does.
+        (create(codec.TOPIC, "taken", bad_retention), Error.TOPIC_ALREADY_EXISTS, "Topic 'taken' already exists"),
+        (create(codec.TOPIC, "t", bad_retention), Error.TOPIC_INVALID_CONFIGURATION, "retention time 5 s is below the minimum of 10 s"),
+        (create(codec.TOPIC, "t", computed(0, 1)), Error.TOPIC_ERROR, "spec.partitions: Input should be greater than or equal to 1 (got 0)"),
+        (create(codec.TOPIC, "t", computed(1, 0)), Error.TOPIC_ERROR, "spec.replicationFactor: Input should be greater than or equal to 1 (got 0)"),
+    ]  # fmt: skip
+    for request, code, message in cases:
+        assert await client.status(codec.CREATE, request) == error(request.name, code, message)
+    unknown_spu = codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(0, [0, 9])]))
+    answer = await client.status(codec.CREATE, create(codec.TOPIC, "manual", unknown_spu))
+    assert answer.error_code == codec.ErrorCode(Error.TOPIC_ERROR) and "9" in (answer.error_message or "")
+    assert set(await fluvio_sc.read_all("topics")) == {"taken"}
+
+
+async def test_a_topic_without_enough_spus_is_kept_and_answered_not_provisioned(
+    fluvio_sc: daemon_fixtures.Running, client: client_module.Client
+) -> None:
+    await fluvio_sc.register_spu(0)
+    answer = await client.status(codec.CREATE, create(codec.TOPIC, "wide", computed(1, 3)))
+    assert answer.error_code == codec.ErrorCode(Error.TOPIC_NOT_PROVISIONED)
+    assert (answer.error_message or "").startswith("topic 'wide' is InsufficientResources: ")
+    assert (answer.error_message or "").endswith("it was kept and is placed as soon as enough SPUs are online")
+    stored = await fluvio_sc.read("topics", "wide")
+    assert stored is not None and stored.status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES  # type: ignore[attr-defined]
+
+
+async def test_a_topic_dry_run_writes_nothing(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
+    await fluvio_sc.register_spu(0)
+    assert await client.status(codec.CREATE, create(codec.TOPIC, "maybe", computed(2, 1), dry_run=True)) == codec.Status("maybe")
+    answer = await client.status(codec.CREATE, create(codec.TOPIC, "maybe", computed(2, 2), dry_run=True))
+    assert answer.error_code == codec.ErrorCode(Error.TOPIC_ERROR) and "2" in (answer.error_message or "")
+    assert await fluvio_sc.read_all("topics") == {}
+
+
+async def test_add_partitions_and_its_failures(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
+    for spu_id in range(2):
+        await fluvio_sc.register_spu(spu_id)
+    await client.status(codec.CREATE, create(codec.TOPIC, "grow", computed(1, 2)))
+    assert await client.status(codec.UPDATE, codec.UpdateRequest(codec.TOPIC, "grow", codec.AddPartition(2))) == codec.Status("grow")
+
+    async def grown() -> None:
+        assert sorted(await fluvio_sc.partitions_of("grow")) == [0, 1, 2]
+
+    await fluvio_sc.eventually(grown)
+    manual = codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(0, [1, 0])]))
+    await client.status(codec.CREATE, create(codec.TOPIC, "manual", manual))
+    cases = [
+        (codec.UpdateRequest(codec.TOPIC, "missing", codec.AddPartition(1)), Error.TOPIC_NOT_FOUND, "Topic 'missing' not found"),
+        (codec.UpdateRequest(codec.TOPIC, "manual", codec.AddPartition(1)), Error.TOPIC_INVALID_REPLICA_TYPE,
+         "topic 'manual' has a manual replicaAssignment: partitions cannot be added to it"),
+        (codec.UpdateRequest(codec.TOPIC, "grow", codec.AddPartition(0)), Error.TOPIC_ERROR,
+         "count: the number of partitions to add must be at least 1 (got 0)"),
+        (codec.UpdateRequest(codec.TOPIC, "grow", codec.AddMirror("remote")), Error.TOPIC_INVALID_REPLICA_TYPE,
+         "topic 'grow': mirrors are not supported by this SC"),
+    ]  # fmt: skip
+    for request, code, message in cases:
+        assert await client.status(codec.UPDATE, request) == error(request.key, code, message)
+    other = await client.status(codec.UPDATE, codec.UpdateRequest("SmartModule", "sm", b"\x00"))
+    assert other == codec.Status("sm", codec.ErrorCode(Error.OTHER, ("Update of 'SmartModule' objects is not supported by this SC",)),
+                                 "Update of 'SmartModule' objects is not supported by this SC")  # fmt: skip
+
+
+async def test_delete_a_topic_and_its_partitions(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
+    await fluvio_sc.register_spu(0)
+    await client.status(codec.CREATE, create(codec.TOPIC, "gone", computed(2, 1)))
+    assert await client.status(codec.DELETE, codec.DeleteRequest(codec.TOPIC, "gone")) == codec.Status("gone")
+
+    async def no_partitions() -> None:
+        assert await fluvio_sc.partitions_of("gone") == {}
+
+    await fluvio_sc.eventually(no_partitions)
+    assert await client.status(codec.DELETE, codec.DeleteRequest(codec.TOPIC, "gone")) == error("gone", Error.TOPIC_NOT_FOUND, "Topic 'gone' not found")
+
+
+async def test_unsupported_create_labels_answer_invalid_create_request(client: client_module.Client) -> None:
+    answer = await client.status(codec.CREATE, create("SmartModule", "sm", b"\x01\x02"))
+    assert answer == error("sm", Error.INVALID_CREATE_REQUEST, "Create of 'SmartModule' objects is not supported by this SC")
+    assert await client.list(codec.TOPIC) == []  # and the connection goes on
+
+
+# ---------------------------------------------------------------------------- custom SPUs
+
+
+async def test_register_list_and_unregister_custom_spus(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
+    assert await client.status(codec.CREATE, create(codec.CUSTOM_SPU, "custom-spu-5001", custom_spu(5001))) == codec.Status("custom-spu-5001")
+    stored = await fluvio_sc.read("spus", "custom-spu-5001")
+    assert stored == models.Spu.model_validate(
+        {
+            "name": "custom-spu-5001",
+            "spec": {"id": 5001, "spuType": "Custom", "publicEndpoint": {"host": "127.0.0.1", "port": 9010},
+                     "privateEndpoint": {"host": "127.0.0.1", "port": 9011}},
+        }
+    )  # fmt: skip
+
+    async def listed() -> None:
+        assert await client.list(codec.CUSTOM_SPU) == [
+            codec.Metadata("custom-spu-5001", custom_spu(5001), codec.SpuStatus(codec.SpuResolution.INIT))
+        ]
+
+    await fluvio_sc.eventually(listed)
+    [spu] = await client.list(codec.SPU)
+    assert (spu.spec.spu_type, spu.spec.id) == (codec.SpuType.CUSTOM, 5001)
+    cases = [
+        (create(codec.CUSTOM_SPU, "custom-spu-5001", custom_spu(5002)), Error.SPU_ALREADY_EXISTS, "SPU 'custom-spu-5001' already exists"),
+        (create(codec.CUSTOM_SPU, "other", custom_spu(5001)), Error.SPU_ALREADY_EXISTS,
+         "SPU id 5001 is already used by SPU 'custom-spu-5001'; choose another id"),
+        (create(codec.CUSTOM_SPU, "other", custom_spu(5002, port=0)), Error.SPU_ERROR,
+         "spec.publicEndpoint.port: Input should be greater than or equal to 1 (got 0)"),
+    ]  # fmt: skip
+    for request, code, message in cases:
+        assert await client.status(codec.CREATE, request) == error(request.name, code, message)
+    # A dry run checks everything, writes nothing and answers an empty name (as Fluvio does).
+    assert await client.status(codec.CREATE, create(codec.CUSTOM_SPU, "dry", custom_spu(5003), dry_run=True)) == codec.Status("")
+    assert set(await fluvio_sc.read_all("spus")) == {"custom-spu-5001"}
+
+    by_id = codec.DeleteRequest(codec.CUSTOM_SPU, codec.SpuKeyId(5001))
+    assert await client.status(codec.DELETE, by_id) == codec.Status("custom-spu-5001")
+    assert await fluvio_sc.read("spus", "custom-spu-5001") is None
+
+    async def unlisted() -> None:
+        assert await client.list(codec.SPU) == []
+
+    await fluvio_sc.eventually(unlisted)
+    assert await client.status(codec.DELETE, by_id) == error("spu-5001", Error.SPU_NOT_FOUND, "SPU 'spu-5001' not found")
+    by_name = codec.DeleteRequest(codec.CUSTOM_SPU, codec.SpuKeyName("nope"))
+    assert await client.status(codec.DELETE, by_name) == error("nope", Error.SPU_NOT_FOUND, "SPU 'nope' not found")
+
+
+# ---------------------------------------------------------------------------- SPU groups
+
+
+async def test_spu_groups_create_list_refuse_and_delete(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
+    main = codec.SpuGroupSpec(2, 100, codec.SpuConfig(rack="r1"))
+    assert await client.status(codec.CREATE, create(codec.SPU_GROUP, "main", main)) == codec.Status("main")
+    stored = await fluvio_sc.read("spu-groups", "main")
+    assert stored is not None and stored.status.resolution is models.SpuGroupResolution.RESERVED  # type: ignore[attr-defined]
+
+    async def managed_spus() -> None:
+        assert [(meta.name, meta.spec.spu_type, meta.spec.id) for meta in await client.list(codec.SPU)] == [
+            ("main-0", codec.SpuType.MANAGED, 100),
+            ("main-1", codec.SpuType.MANAGED, 101),
+        ]
+
+    await fluvio_sc.eventually(managed_spus)
+    assert await client.list(codec.CUSTOM_SPU) == []
+    [group] = await client.list(codec.SPU_GROUP)
+    assert group == codec.Metadata(
+        "main",
+        codec.SpuGroupSpec(2, 100, codec.SpuConfig(rack="r1", storage=codec.SpuStorageConfig("/tmp/fluvio", "1Gi"))),
+        codec.SpuGroupStatus(codec.SpuGroupResolution.RESERVED, None),
+    )
+    managed = codec.DeleteRequest(codec.CUSTOM_SPU, codec.SpuKeyName("main-0"))
+    assert await client.status(codec.DELETE, managed) == error("main-0", Error.SPU_ERROR, "expected 'Custom' spu, found 'Managed' spu ('main-0')")
+    again = await client.status(codec.CREATE, create(codec.SPU_GROUP, "main", main))
+    assert again == error("main", Error.SPU_ERROR, "SPU group 'main' already exists")
+
+    clash = await client.status(codec.CREATE, create(codec.SPU_GROUP, "clash", codec.SpuGroupSpec(1, 101)))
+    assert clash.error_code == codec.ErrorCode(Error.SPU_ERROR)
+    assert (clash.error_message or "").startswith("SPU group 'clash' is Invalid: ") and "101" in (clash.error_message or "")
+
+    assert await client.status(codec.DELETE, codec.DeleteRequest(codec.SPU_GROUP, "main")) == codec.Status("main")
+    assert await client.status(codec.DELETE, codec.DeleteRequest(codec.SPU_GROUP, "main")) == error(
+        "main", Error.SPU_NOT_FOUND, "SPU group 'main' not found"
+    )
+
+
+async def test_an_spu_group_dry_run_writes_nothing(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
+    spec = codec.SpuGroupSpec(1, 7)
+    assert await client.status(codec.CREATE, create(codec.SPU_GROUP, "maybe", spec, dry_run=True)) == codec.Status("maybe")
+    assert await fluvio_sc.read_all("spu-groups") == {}
+
+
+# ---------------------------------------------------------------------------- readiness
+
+
+def test_online_readiness_counts_only_online_partitions() -> None:
+    table = local.KindStore("partitions")
+    topic = models.Topic.model_validate(
+        {"name": "t", "spec": {"partitions": 3, "replicationFactor": 1},
+         "status": {"resolution": "Provisioned", "replicaMap": {"0": [1], "1": [2], "2": [3]}}}
+    )  # fmt: skip
+    table.resync(
+        [
+            (models.Partition.model_validate({"name": "t-0", "spec": {"leader": 1, "replicas": [1]}, "status": {"resolution": "Online"}}), 1, 1),
+            (models.Partition.model_validate({"name": "t-1", "spec": {"leader": 2, "replicas": [2]}}), 2, 2),
+            # Left over from an earlier placement: other replicas than the map's.
+            (models.Partition.model_validate({"name": "t-2", "spec": {"leader": 9, "replicas": [9]}, "status": {"resolution": "Online"}}), 3, 3),
+        ],
+        3,
+    )
+    assert admin.ready_partitions(topic, table, admin.Readiness.PROVISIONED) == (2, 3)
+    assert admin.ready_partitions(topic, table, admin.Readiness.ONLINE) == (1, 3)
+
+
+async def test_a_create_that_outwaits_its_limit_answers_not_provisioned(fluvio_sc: daemon_fixtures.Running) -> None:
+    """With Readiness.ONLINE and no SPU reporting partition status, nothing becomes Online."""
+    await fluvio_sc.register_spu(0)
+    assert fluvio_sc.daemon.context is not None
+    strict = admin.Admin(fluvio_sc.daemon.context, admin.Readiness.ONLINE, create_wait=0.3)
+    waits = asyncio.create_task(strict.run())
+    try:
+        answer = await strict.answer(create(codec.TOPIC, "slow", computed(2, 1)))
+    finally:
+        waits.cancel()
+        await asyncio.gather(waits, return_exceptions=True)
+    assert answer == error(
+        "slow",
+        Error.TOPIC_NOT_PROVISIONED,
+        "only 0 out of 2 partitions of topic 'slow' are online after 0.3 s (topic Provisioned); "
+        "the topic stays and is completed in the background",
+    )
+    assert await fluvio_sc.read("topics", "slow") is not None
