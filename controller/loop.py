@@ -48,6 +48,10 @@ class ControllerLoop:
         self.resyncing = False
         dispatcher.on_result(self._on_result)
 
+    def busy(self, key: str) -> bool:
+        """A write to ``key`` is in flight, or its echo has not reached the local store yet."""
+        return key in self._expected or self.dispatcher.writing(key)
+
     def kick(self) -> None:
         """Recompute on the next turn (an outside change the listeners cannot see)."""
         self._kick.set()

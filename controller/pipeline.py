@@ -19,7 +19,7 @@ from controller import context as context_module
 from controller import dispatcher as dispatcher_module
 from controller import loop as loop_module
 from controller import reader as reader_module
-from controller import partition, spu, spu_group, topic
+from controller import actions, partition, spu, spu_group, topic
 from store import local
 
 log = structlog.get_logger(__name__)
@@ -46,12 +46,15 @@ class Pipeline:
         if context.history is not None:
             self.dispatcher.on_result(self._record_action)
         self.loops = [
-            self._loop("topic", topic.decide, {"topics": ALL, "spus": ALL, "partitions": SPEC}),
+            self._loop("topic", self._decide_topics, {"topics": ALL, "spus": ALL, "partitions": SPEC}),
             self._loop("spu-group", spu_group.decide, {"spu-groups": SPEC, "spus": SPEC}),
             self._loop("spu", self._decide_spus, {"spus": ALL}),
             self._loop("partition", self._decide_partitions, {"partitions": ALL, "spus": ALL}),
         ]
-        self._spu_loop, self._partition_loop = self.loops[-2], self.loops[-1]
+        self._topic_loop, self._spu_loop, self._partition_loop = self.loops[0], self.loops[-2], self.loops[-1]
+        # InvalidConfig / InsufficientResources topics are re-run once SPUs change, until a pass
+        # has had the placement chain free to try them.
+        self._retry_unplaced = True
         # Partitions the partition controller must look at next: None means all of them.
         self._partitions_due: set[str] | None = None
         health.subscribe(self._on_health)
@@ -85,6 +88,17 @@ class Pipeline:
         now = asyncio.get_running_loop().time()
         grace = self.context.settings.spu_offline_grace
         return spu.decide(snapshot, self.health.snapshot(), now, self.health.started_at, grace)
+
+    def _decide_topics(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
+        loop = self._topic_loop
+        full = loop.resyncing
+        if full or any(change.full for change in changes.values()) or not changes["spus"].empty:
+            self._retry_unplaced = True
+        chain_free = not loop.busy(topic.CHAIN_KEY)
+        decided = topic.decide(snapshot, None if full else changes, loop.busy, self._retry_unplaced)
+        if chain_free and not any(action.verb is actions.Verb.PROVISION for action in decided):
+            self._retry_unplaced = False  # every unplaced topic was tried with the current SPUs
+        return decided
 
     def _on_health(self, spu_id: int, state: health_module.Health) -> None:
         self._spu_loop.kick()

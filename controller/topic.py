@@ -8,7 +8,7 @@ so a crash anywhere converges to exactly the partitions of each topic's replica 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from controller import actions, placement
@@ -48,6 +48,10 @@ def read_chain(snapshot: local.Snapshot) -> Chain:
 
 def spu_infos(snapshot: local.Snapshot) -> list[placement.SpuInfo]:
     """Every registered SPU, online or not, in id order (placement picks only the online)."""
+    return list(snapshot.derived("spus", "placement-spus", lambda: _spu_infos(snapshot)))
+
+
+def _spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
     infos = [
         placement.SpuInfo(
             id=entry.obj.spec.id,  # type: ignore[attr-defined]
@@ -56,7 +60,7 @@ def spu_infos(snapshot: local.Snapshot) -> list[placement.SpuInfo]:
         )
         for entry in snapshot.entries("spus").values()
     ]
-    return sorted(infos, key=lambda info: info.id)
+    return tuple(sorted(infos, key=lambda info: info.id))
 
 
 def current_map(topic: models.Topic) -> list[list[int]]:
@@ -141,13 +145,34 @@ def _assignment(snapshot: local.Snapshot) -> list[tuple[str, int, list[int]]]:
     ]
 
 
-def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes] | None = None) -> list[actions.Action]:
+def _idle(key: str) -> bool:
+    return False
+
+
+def decide(
+    snapshot: local.Snapshot,
+    changes: Mapping[str, local.Changes] | None = None,
+    busy: Callable[[str], bool] = _idle,
+    retry_unplaced: bool = True,
+) -> list[actions.Action]:
+    """The topic controller's actions.
+
+    ``changes`` None (or a full relist) looks at everything; otherwise partitions are checked
+    only for the topics and partitions that changed. ``busy(key)``: a write to that key is in
+    flight (deciding on it again now would be wasted work). ``retry_unplaced``: re-run topics
+    that are InvalidConfig or InsufficientResources (their outcome only changes with the SPUs
+    or their own spec, which ``changes`` shows).
+    """
     topics: Mapping[str, local.Entry] = snapshot.entries("topics")
-    partitions: Mapping[str, local.Entry] = snapshot.entries("partitions")
+    full = changes is None or any(change.full for change in changes.values())
+    touched: set[str] = set()
+    if changes is not None and "topics" in changes and not full:
+        touched = {entry.name for entry in changes["topics"].updated} | set(changes["topics"].deleted)
     spus = spu_infos(snapshot)
     chain = read_chain(snapshot)
+    chain_free = not busy(CHAIN_KEY)
     cursor = chain.start_index
-    needs_assignment = any(_load_aware(entry.obj) for entry in topics.values())
+    needs_assignment = chain_free and any(_load_aware(entry.obj) for entry in topics.values())
     existing = _assignment(snapshot) if needs_assignment else []
     decided: list[actions.Action] = []
     provisions: list[actions.TopicProvision] = []
@@ -157,16 +182,21 @@ def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes] | None
     for entry in sorted(topics.values(), key=lambda entry: entry.mod_revision):
         topic: models.Topic = entry.obj  # type: ignore[assignment]
         resolution = topic.status.resolution
-        if resolution in (INIT, INVALID):
+        if resolution is PROVISIONED and (topic.spec.is_manual or (topic.spec.partitions or 0) <= len(topic.status.replica_map)):
+            continue  # the common case, first: nothing to do
+        if busy(topic.key):
+            continue
+        retry = full or retry_unplaced or topic.name in touched
+        if resolution is INIT or (resolution is INVALID and retry):
             decided += _validated(entry, spus)
             continue
         wants_more = resolution is PROVISIONED and not topic.spec.is_manual and (
             (topic.spec.partitions or 0) > len(current_map(topic))
         )
-        if resolution not in (PENDING, INSUFFICIENT) and not wants_more:
+        if not (resolution is PENDING or wants_more or (resolution is INSUFFICIENT and retry)):
             continue
-        if room < 1:
-            continue  # this transaction is full: a later pass, after the echo
+        if not chain_free or room < 1:
+            continue  # the chain is being written, or this transaction is full: a later pass
         try:
             result = placement.compute(placement_request(topic, spus, cursor, existing))
         except placement.PlacementError as error:
@@ -194,7 +224,11 @@ def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes] | None
 
     if provisions:
         decided.append(actions.provision(CHAIN_KEY, chain.encode(cursor), chain.mod_revision, provisions))
-    decided += _partition_actions(topics, partitions, placed_now)
+    if full:
+        decided += _partition_actions(snapshot, topics, snapshot.entries("partitions").keys(), topics.keys(), placed_now, busy)
+    else:
+        changed_partitions = [entry.name for entry in changes["partitions"].updated] if "partitions" in changes else []  # type: ignore[operator, index]
+        decided += _partition_actions(snapshot, topics, changed_partitions, touched, placed_now, busy)
     return decided
 
 
@@ -238,51 +272,58 @@ def _partition(topic: str, index: int, replicas: list[int]) -> models.Partition:
 
 
 def _partition_actions(
-    topics: Mapping[str, local.Entry], partitions: Mapping[str, local.Entry], placed_now: set[str]
+    snapshot: local.Snapshot,
+    topics: Mapping[str, local.Entry],
+    partition_names: Iterable[str],
+    topic_names: Iterable[str],
+    placed_now: set[str],
+    busy: Callable[[str], bool],
 ) -> list[actions.Action]:
     """Create missing partitions of provisioned topics; delete partitions no topic maps.
 
-    Sound because the snapshot is a consistent cut: a topic status and the partitions written
-    in the same transaction are always seen together.
+    Looks at ``partition_names`` and at every partition of ``topic_names`` (all of them on a full
+    pass). Sound because the snapshot is a consistent cut: a topic status and the partitions
+    written in the same transaction are always seen together.
     """
+    partitions: Mapping[str, local.Entry] = snapshot.entries("partitions")
     decided: list[actions.Action] = []
-    for entry in partitions.values():
-        partition: models.Partition = entry.obj  # type: ignore[assignment]
-        topic_entry = topics.get(partition.topic)
-        if topic_entry is None:
-            decided.append(
-                actions.delete("partitions", partition.name, entry.mod_revision, f"topic {partition.topic} was deleted")
-            )
+    topic_names = list(topic_names)
+    candidates = set(partition_names)
+    for topic_name in topic_names:
+        candidates |= snapshot.partitions_of(topic_name)
+    for name in sorted(candidates):
+        entry = partitions.get(name)
+        if entry is None or busy(models.object_key("partitions", name)):
             continue
-        replica_map = topic_entry.obj.status.replica_map  # type: ignore[attr-defined]
-        wanted = replica_map.get(partition.index)
-        if partition.topic in placed_now:
+        if entry.obj.topic in placed_now:  # type: ignore[attr-defined]
+            continue  # its topic's new replica map is being written: judge it after the echo
+        decided += _orphan(entry, topics)
+    for topic_name in topic_names:
+        topic_entry = topics.get(topic_name)
+        if topic_entry is None or topic_name in placed_now:
             continue
-        if wanted is None:
-            decided.append(
-                actions.delete(
-                    "partitions",
-                    partition.name,
-                    entry.mod_revision,
-                    f"topic {partition.topic} has no partition {partition.index} in its replica map",
-                )
-            )
-        elif list(wanted) != list(partition.spec.replicas):
-            decided.append(
-                actions.delete(
-                    "partitions",
-                    partition.name,
-                    entry.mod_revision,
-                    f"replicas {partition.spec.replicas} differ from the topic's replica map {wanted}",
-                )
-            )
-    for entry in topics.values():
-        topic: models.Topic = entry.obj  # type: ignore[assignment]
-        if topic.name in placed_now or topic.status.resolution not in (PROVISIONED, INSUFFICIENT):
+        topic: models.Topic = topic_entry.obj  # type: ignore[assignment]
+        if topic.status.resolution not in (PROVISIONED, INSUFFICIENT):
             continue
         for index, replicas in topic.status.replica_map.items():
-            if models.partition_name(topic.name, index) not in partitions:
+            name = models.partition_name(topic.name, index)
+            if name not in partitions and not busy(models.object_key("partitions", name)):
                 decided.append(
                     actions.create(_partition(topic.name, index, list(replicas)), f"partition {index} of topic {topic.name}")
                 )
     return decided
+
+
+def _orphan(entry: local.Entry, topics: Mapping[str, local.Entry]) -> list[actions.Action]:
+    partition: models.Partition = entry.obj  # type: ignore[assignment]
+    topic_entry = topics.get(partition.topic)
+    if topic_entry is None:
+        return [actions.delete("partitions", partition.name, entry.mod_revision, f"topic {partition.topic} was deleted")]
+    wanted = topic_entry.obj.status.replica_map.get(partition.index)  # type: ignore[attr-defined]
+    if wanted is None:
+        reason = f"topic {partition.topic} has no partition {partition.index} in its replica map"
+    elif list(wanted) != list(partition.spec.replicas):
+        reason = f"replicas {partition.spec.replicas} differ from the topic's replica map {wanted}"
+    else:
+        return []
+    return [actions.delete("partitions", partition.name, entry.mod_revision, reason)]

@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import types
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from store import models
+
+T = TypeVar("T")
 
 # Deleted names remembered for listeners that have not read the delete yet. A listener older
 # than the oldest forgotten tombstone gets the full set instead of a delta.
@@ -66,6 +69,10 @@ class KindStore:
 
     def __init__(self, kind: str, tombstone_limit: int = DEFAULT_TOMBSTONE_LIMIT) -> None:
         self.kind = kind
+        # Partitions by topic, so deleting a topic or checking its partitions is not a full scan.
+        self._groups: dict[str, set[str]] | None = {} if kind == "partitions" else None
+        # Values computed from the whole table, kept while the table's epoch does not move.
+        self._derived: dict[str, tuple[int, object]] = {}
         self.epoch = 0
         self.fence = 0
         self.revision = 0  # the KV revision this table reflects
@@ -91,6 +98,25 @@ class KindStore:
 
     def objects(self) -> list[models.ClusterObject]:
         return [entry.obj for entry in self._entries.values()]
+
+    def group(self, owner: str) -> frozenset[str]:
+        """Names of the partitions of topic ``owner`` (partitions table only)."""
+        if self._groups is None:
+            raise ValueError(f"the {self.kind} table is not grouped")
+        return frozenset(self._groups.get(owner, ()))
+
+    def _grouped(self, name: str, present: bool) -> None:
+        if self._groups is None:
+            return
+        owner = name.rpartition("-")[0]
+        if present:
+            self._groups.setdefault(owner, set()).add(name)
+        else:
+            members = self._groups.get(owner)
+            if members is not None:
+                members.discard(name)
+                if not members:
+                    del self._groups[owner]
 
     # ------------------------------------------------------------------ writes (Reader only)
 
@@ -125,6 +151,8 @@ class KindStore:
         create_revision = mod_revision if current is None else current.create_revision
         self._entries.pop(obj.name, None)
         self._entries[obj.name] = Entry(obj, mod_revision, spec_epoch, status_epoch, create_revision)
+        if current is None:
+            self._grouped(obj.name, True)
         self._tombstones.pop(obj.name, None)
         self._notify(changed)
         return changed
@@ -133,6 +161,7 @@ class KindStore:
         self.revision = max(self.revision, revision)
         if self._entries.pop(name, None) is None:
             return False
+        self._grouped(name, False)
         self.epoch += 1
         self._tombstones.pop(name, None)
         self._tombstones[name] = self.epoch
@@ -152,12 +181,14 @@ class KindStore:
         fresh = {obj.name: (obj, mod_revision, create_revision) for obj, mod_revision, create_revision in objects}
         for name in [name for name in self._entries if name not in fresh]:
             del self._entries[name]
+            self._grouped(name, False)
         for name, (obj, mod_revision, create_revision) in fresh.items():
             current = self._entries.get(name)
             if current is not None and current.obj == obj:
                 self._entries[name] = Entry(obj, mod_revision, current.spec_epoch, current.status_epoch, create_revision)
             else:
-                self._entries.pop(name, None)
+                if self._entries.pop(name, None) is None:
+                    self._grouped(name, True)
                 self._entries[name] = Entry(obj, mod_revision, self.epoch, self.epoch, create_revision)
         # Behind a fence everybody gets the full set, so the tombstones are not needed.
         self._tombstones.clear()
@@ -243,6 +274,7 @@ class Snapshot:
     """
 
     def __init__(self, tables: Mapping[str, KindStore], meta: MetaTable | None = None) -> None:
+        self._tables = tables
         self._views = {kind: table.view for kind, table in tables.items()}
         self.epochs = {kind: table.epoch for kind, table in tables.items()}
         # The KV revision this view reflects (every kind: the Reader applies one ordered stream).
@@ -262,6 +294,21 @@ class Snapshot:
 
     def objects(self, kind: str) -> list[models.ClusterObject]:
         return [entry.obj for entry in self._views[kind].values()]
+
+    def derived(self, kind: str, name: str, compute: Callable[[], T]) -> T:
+        """``compute()``, remembered until ``kind``'s table changes (for example the SPU list
+        placement needs, which every topic of a pass would otherwise rebuild)."""
+        table = self._tables[kind]
+        cached = table._derived.get(name)
+        if cached is not None and cached[0] == table.epoch:
+            return cached[1]  # type: ignore[return-value]
+        value = compute()
+        table._derived[name] = (table.epoch, value)
+        return value
+
+    def partitions_of(self, topic: str) -> frozenset[str]:
+        """Names of the partitions of ``topic`` in the store (whatever the topic's replica map says)."""
+        return self._tables["partitions"].group(topic)
 
 
 class LocalStore:

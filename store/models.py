@@ -292,6 +292,12 @@ class PartitionStatus(Model):
     lrs: Annotated[int, Field(ge=0)] = 0
 
 
+_DEFAULT_SPU_STATUS = SpuStatus()
+_DEFAULT_SPUGROUP_STATUS = SpuGroupStatus()
+_DEFAULT_TOPIC_STATUS = TopicStatus()
+_DEFAULT_PARTITION_STATUS = PartitionStatus()
+
+
 def partition_name(topic: str, index: int) -> str:
     return f"{topic}-{index}"
 
@@ -326,25 +332,29 @@ class ClusterObject(Model):
 class Spu(ClusterObject):
     kind: ClassVar[str] = "spus"
     spec: SpuSpec
-    status: SpuStatus = SpuStatus()
+    # One shared default: statuses are immutable, and copying a default per object costs time and memory.
+    status: SpuStatus = Field(default_factory=lambda: _DEFAULT_SPU_STATUS)
 
 
 class SpuGroup(ClusterObject):
     kind: ClassVar[str] = "spu-groups"
     spec: SpuGroupSpec
-    status: SpuGroupStatus = SpuGroupStatus()
+    # One shared default: statuses are immutable, and copying a default per object costs time and memory.
+    status: SpuGroupStatus = Field(default_factory=lambda: _DEFAULT_SPUGROUP_STATUS)
 
 
 class Topic(ClusterObject):
     kind: ClassVar[str] = "topics"
     spec: TopicSpec
-    status: TopicStatus = TopicStatus()
+    # One shared default: statuses are immutable, and copying a default per object costs time and memory.
+    status: TopicStatus = Field(default_factory=lambda: _DEFAULT_TOPIC_STATUS)
 
 
 class Partition(ClusterObject):
     kind: ClassVar[str] = "partitions"
     spec: PartitionSpec
-    status: PartitionStatus = PartitionStatus()
+    # One shared default: statuses are immutable, and copying a default per object costs time and memory.
+    status: PartitionStatus = Field(default_factory=lambda: _DEFAULT_PARTITION_STATUS)
 
     @field_validator("name")
     @classmethod

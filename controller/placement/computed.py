@@ -5,6 +5,7 @@ Purely computational, no I/O. Racks written as paths are handed to the multi-lev
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 from controller.placement import cluster, model, multilevel, rings
@@ -16,7 +17,7 @@ def place(run: model.Run) -> list[list[int]]:
     if layout == "paths":
         return multilevel.place(run)
     if layout == "flat":
-        return _from_sequence(rack_sequence(run.spus), run)
+        return _from_sequence(_rack_sequence_of(tuple(run.spus)), run)
     return round_robin(run.ids, run.count, run.replication_factor, run.start_index)
 
 
@@ -84,7 +85,13 @@ def rack_sequence(spus: Sequence[model.SpuInfo]) -> list[int]:
     return sequence
 
 
-def _from_sequence(sequence: list[int], run: model.Run) -> list[list[int]]:
+@functools.lru_cache(maxsize=8)
+def _rack_sequence_of(spus: tuple[model.SpuInfo, ...]) -> tuple[int, ...]:
+    """rack_sequence, remembered per SPU set (many topics are placed on the same cluster)."""
+    return tuple(rack_sequence(spus))
+
+
+def _from_sequence(sequence: Sequence[int], run: model.Run) -> list[list[int]]:
     """Stage 3: replica r of the partition at index i = s + p is sequence[(i + r) % n]."""
     offsets = list(range(run.replication_factor))
     return _by_pass(sequence, run.count, run.start_index, lambda _pass: offsets)

@@ -5,6 +5,7 @@ Purely computational, no I/O (a plug-in named in the request is imported, nothin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from controller.placement import cluster, computed, kafka, least_loaded, manual, model, multilevel, plugins, policies
@@ -27,7 +28,7 @@ def compute(request: model.PlacementRequest) -> model.PlacementResult:
     strategy unless another one is named. A plug-in, when named, is asked first; if it
     returns None the strategy runs.
     """
-    _check_spus(request)
+    _check_spus_once(request.spus)
     strategy, plugin = _strategy_and_plugin(request)
     if strategy == "manual":
         return manual.place(request)
@@ -40,7 +41,7 @@ def compute(request: model.PlacementRequest) -> model.PlacementResult:
         return model.PlacementResult(replica_map=replica_map, next_start_index=request.start_index)
     cluster.require_replicas(request.spus, request.replication_factor)
     run = model.Run(
-        spus=cluster.eligible_spus(request.spus),
+        spus=_eligible(request.spus),
         count=count,
         first_partition=len(current),
         replication_factor=request.replication_factor,
@@ -58,9 +59,37 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_spus(request: model.PlacementRequest) -> None:
+def _check_spus_once(spus: object) -> None:
+    """The SPU checks, remembered for the last few SPU lists: a controller pass places many
+    topics on the same cluster, and checking 1,000 SPUs each time would dominate."""
+    try:
+        key = tuple(spus)  # type: ignore[call-overload]
+        hash(key)
+    except TypeError:
+        _check_spus(spus)
+        return
+    _checked_spus(key)
+
+
+@functools.lru_cache(maxsize=8)
+def _checked_spus(spus: tuple[model.SpuInfo, ...]) -> None:
+    _check_spus(spus)
+
+
+def _eligible(spus: object) -> tuple[model.SpuInfo, ...]:
+    return _eligible_cached(tuple(spus))  # type: ignore[call-overload]
+
+
+@functools.lru_cache(maxsize=8)
+def _eligible_cached(spus: tuple[model.SpuInfo, ...]) -> tuple[model.SpuInfo, ...]:
+    return cluster.eligible_spus(spus)
+
+
+def _check_spus(spus: object) -> None:
+    if not isinstance(spus, list | tuple):
+        raise model.InvalidConfig(f"spus must be a list of SpuInfo values, got {spus!r}")
     seen: set[int] = set()
-    for spu in request.spus:
+    for spu in spus:
         if not isinstance(spu, model.SpuInfo):
             raise model.InvalidConfig(f"spus must be SpuInfo values, got {spu!r}")
         if not _is_int(spu.id) or spu.id < 0:
