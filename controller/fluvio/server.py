@@ -28,6 +28,11 @@ SERVED_APIS = (codec.CREATE, codec.DELETE, codec.LIST, codec.WATCH, codec.UPDATE
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 # Writes (create, delete, update) answered concurrently per connection; beyond, reading waits.
 MAX_IN_FLIGHT = 32
+# Answers queued for a client that is not reading them; beyond, reading its requests waits.
+MAX_QUEUED_REPLIES = 64
+# Watches per connection (the real client opens three, plus one per watch_topic()); a client that
+# asks for more is closed rather than given a listener each.
+MAX_WATCHES = 256
 # A watch waits this long after a change before building its frame, so a burst goes out as one
 # frame: the client buffers only 10 frames per watch before its whole connection stalls.
 WATCH_LINGER_SECONDS = 0.02
@@ -143,8 +148,10 @@ class Session:
         # Watches with a frame to build, in the order they asked (an ordered set).
         self._dirty: dict[WatchStream, None] = {}
         self._wake = asyncio.Event()
+        self._room = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._watches = 0
 
     async def run(self) -> None:
         reading = asyncio.create_task(self._read_loop(), name="fluvio-read")
@@ -178,24 +185,34 @@ class Session:
             except codec.DecodeError as error:
                 log.warning("closing a Fluvio connection: undecodable frame", peer=self.peer, error=str(error))
                 return
-            await self._dispatch(request)
+            if not await self._dispatch(request):
+                return
 
-    async def _dispatch(self, request: codec.Request) -> None:
+    async def _dispatch(self, request: codec.Request) -> bool:
+        """Start answering one request; False when the connection must close."""
+        while len(self._replies) >= MAX_QUEUED_REPLIES:
+            self._room.clear()
+            await self._room.wait()
         header, body = request.header, request.body
         correlation_id, version = header.correlation_id, header.api_version
         if isinstance(body, codec.ApiVersionsRequest):
             self.reply(correlation_id, self.server.api_versions)
-            return
+            return True
         if isinstance(body, (codec.ListRequest, codec.WatchRequest)):
             # Before the store has synced a list would be empty, not true.
             await self.server.context.synced.wait()
         if isinstance(body, codec.ListRequest):
             self.reply(correlation_id, self.server.list_body(body, version))
         elif isinstance(body, codec.WatchRequest):
+            self._watches += 1
+            if self._watches > MAX_WATCHES:
+                log.warning("closing a Fluvio connection: too many watches", peer=self.peer, limit=MAX_WATCHES)
+                return False
             self._spawn(WatchStream(self, correlation_id, body.label, version).run(), "fluvio-watch")
         else:
             await self._slots.acquire()
             self._spawn(self._answer(correlation_id, version, body), "fluvio-request")
+        return True
 
     async def _answer(
         self, correlation_id: int, version: int, body: codec.CreateRequest | codec.DeleteRequest | codec.UpdateRequest
@@ -228,6 +245,7 @@ class Session:
             data: bytes | None
             if self._replies:
                 data = self._replies.popleft()
+                self._room.set()
             elif self._dirty:
                 watch = next(iter(self._dirty))
                 del self._dirty[watch]

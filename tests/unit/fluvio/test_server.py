@@ -281,3 +281,44 @@ async def test_replies_go_out_before_pending_watch_frames(store_server: StoreSer
     assert writer.frames[0] == codec.response_frame(9, b"reply")
     epoch = store_server.local_store["topics"].epoch
     assert writer.frames[1] == codec.response_frame(3, codec.watch_body(codec.TOPIC, epoch, [], []))
+
+
+class BlockedWriter(RecordingWriter):
+    """A client that has stopped reading: every drain waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = asyncio.Event()
+
+    async def drain(self) -> None:
+        await self.reading.wait()
+
+
+async def test_a_client_that_stops_reading_stops_being_read(store_server: StoreServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "MAX_QUEUED_REPLIES", 2)
+    writer = BlockedWriter()
+    session = server_module.Session(store_server.server, asyncio.StreamReader(), writer)  # type: ignore[arg-type]
+    request = codec.Request(codec.RequestHeader(codec.LIST, 19, 1), codec.ListRequest(codec.TOPIC))
+    loop = asyncio.create_task(session._write_loop())
+    try:
+        for _ in range(3):  # one being written (its drain blocks), two queued
+            assert await asyncio.wait_for(session._dispatch(request), 1) is True
+        fourth = asyncio.create_task(session._dispatch(request))
+        await asyncio.sleep(0.1)
+        assert not fourth.done() and len(writer.frames) == 1
+        writer.reading.set()
+        assert await asyncio.wait_for(fourth, 1) is True
+    finally:
+        loop.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await loop
+
+
+async def test_too_many_watches_close_the_connection(client: client_module.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "MAX_WATCHES", 3)
+    watches = [client.watch(codec.TOPIC) for _ in range(3)]
+    for frames in watches:
+        await next_frame(frames)
+    client.watch(codec.SPU)
+    async with asyncio.timeout(5):
+        await client.closed.wait()
