@@ -4,9 +4,10 @@ a real `sc run` on its own etcd (started here, without fsync: this measures the 
   1. List of 10,000 topics over the Fluvio protocol and over HTTP: latency to the last byte (first
      call, then median and p95 of the next ones) and bytes per answer; with the real `fluvio`
      client (if installed, in a subprocess) the latency of all_topics() including its decode.
-  2. Watch fan-out: 50 Fluvio watchers, then 50 HTTP watchers (JSON lines), each while 1,000
-     topics are created through the HTTP API: seconds until every watcher has seen every topic
-     Provisioned, frames and bytes per watcher.
+  2. Watch fan-out: 1,000 topics created through the HTTP API with nobody watching (the baseline),
+     then with 50 Fluvio watchers, then with 50 HTTP watchers (JSON lines): seconds until every
+     watcher has seen every topic Provisioned, frames and bytes per watcher. The watchers run in
+     this process, so their decoding shares the machine with the SC.
 
     .venv/bin/python bench/fluvio_wire.py [--topics 10000] [--watchers 50] [--created 1000]
 """
@@ -221,6 +222,20 @@ async def fan_out(sc: provisioning.Sc, protocol: str, watchers: int, created: in
     return max(done), statistics.median(done), statistics.mean(w.frames for w in state), statistics.mean(w.bytes for w in state)
 
 
+async def unwatched(sc: provisioning.Sc, created: int) -> float:
+    """Seconds until the same creates are all Provisioned with nobody watching (polled over HTTP)."""
+    async with aiohttp.ClientSession() as session:
+        started = time.perf_counter()
+        await create_topics(session, sc.url, "fan-none", created)
+        while True:
+            async with session.get(f"{sc.url}/v1/topics") as response:
+                topics = await response.json()
+            done = sum(1 for topic in topics if topic["name"].startswith("fan-none") and topic["status"]["resolution"] == "Provisioned")
+            if done >= created:
+                return time.perf_counter() - started
+            await asyncio.sleep(0.05)
+
+
 async def fan_out_run(endpoints: list[str], workdir: Path, watchers: int, created: int) -> None:
     prefix = "/bench/fluvio-fanout/"
     store = await etcd.EtcdStore.open(endpoints, prefix)
@@ -231,11 +246,13 @@ async def fan_out_run(endpoints: list[str], workdir: Path, watchers: int, create
     sc = provisioning.Sc(endpoints, prefix, workdir / "sc-fanout.log")
     try:
         await sc.start_and_wait_healthy()
+        baseline = await unwatched(sc, created)
         fluvio = await fan_out(sc, "fluvio", watchers, created)
         http = await fan_out(sc, "http", watchers, created)
     finally:
         sc.stop()
     print(f"\n2. Watch fan-out: {watchers} watchers while {created:,} topics are created (HTTP, 16 at a time)")
+    print(f"   nobody watching: all Provisioned in {baseline:6.2f} s (the creates alone)")
     for name, (last, median, frames, size) in (("Fluvio", fluvio), ("HTTP", http)):
         print(
             f"   {name:6}  all watchers done {last:6.2f} s   median {median:6.2f} s   "
