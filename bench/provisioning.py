@@ -88,7 +88,8 @@ class Sc:
     def __init__(self, endpoints: list[str], prefix: str, log_path: Path) -> None:
         self.port, self.private_port = embedded_etcd.free_ports(2)
         # SC_BENCH_PROFILE=FILE runs the provisioning SC under cProfile (to find where its time goes).
-        profile = os.environ.get("SC_BENCH_PROFILE") if "provision" in prefix else None
+        # SC_BENCH_PROFILE_STARTUP=FILE does the same for the SC started on 100k partitions.
+        profile = os.environ.get("SC_BENCH_PROFILE" if "provision" in prefix else "SC_BENCH_PROFILE_STARTUP" if "loaded" in prefix else "")
         self.command = [
             sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "controller.cli", "run",
             "--etcd-endpoints", ",".join(f"http://{endpoint}" for endpoint in endpoints),

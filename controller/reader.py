@@ -39,6 +39,7 @@ class Reader:
         self.retry_delay = retry_delay
         self.history = history
         self.synced = asyncio.Event()
+        self.interner = models.Interner()
 
     async def run(self) -> None:
         """List, then watch, until cancelled or the store closes; relist after any break.
@@ -158,7 +159,7 @@ class Reader:
             self.metrics.malformed_objects.labels(kind).inc()
             log.error("object stored under another object's key, ignored", key=key, name=obj.name)
             return None
-        return obj
+        return self.interner.intern(obj)
 
 
 def _operation(event: kv.WatchEvent) -> str:

@@ -17,6 +17,8 @@ from pydantic.alias_generators import to_camel
 NAME_MAX_LENGTH = 63
 _NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _PARTITION_NAME = re.compile(r"^(?P<topic>.+)-(?P<index>0|[1-9][0-9]*)$")
+# The common case in one match: a valid topic name, '-', an index (partition names are hot: 100k per startup).
+_VALID_PARTITION_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-(?:0|[1-9][0-9]*)$")
 _PLUGIN_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 PLACEMENT_STRATEGIES = ("computed", "kafka", "least-loaded", "multi-level", "policies")
@@ -359,6 +361,9 @@ class Partition(ClusterObject):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, name: str) -> str:
+        if _VALID_PARTITION_NAME.match(name) and name.rindex("-") <= NAME_MAX_LENGTH:
+            return name
+        # The slow path only to say exactly what is wrong.
         topic, _ = split_partition_name(name)
         validate_name(topic, "partition's topic name")
         return name
@@ -415,3 +420,31 @@ def describe_validation_error(error: pydantic.ValidationError) -> str:
         else:
             lines.append(f"{location}: {message} (got {problem['input']!r})")
     return "; ".join(lines)
+
+
+class Interner:
+    """Shares equal partition specs and offset-free statuses between partition objects.
+
+    A cluster of 100,000 partitions has a few thousand distinct replica lists and a handful of
+    distinct fresh statuses; sharing them (they are immutable) more than halves the local
+    store's memory. Use only on objects nobody else holds yet (just decoded).
+    """
+
+    def __init__(self) -> None:
+        self._specs: dict[tuple[int, tuple[int, ...]], PartitionSpec] = {}
+        self._statuses: dict[tuple[PartitionResolution, int], PartitionStatus] = {}
+        self._all_fields = {"name", "spec", "status"}
+
+    def intern(self, obj: ClusterObject) -> ClusterObject:
+        if not isinstance(obj, Partition):
+            return obj
+        fields = obj.__dict__  # frozen for users; the values put back here are equal
+        spec = obj.spec
+        fields["spec"] = self._specs.setdefault((spec.leader, tuple(spec.replicas)), spec)
+        status = obj.status
+        if status.leader is None and not status.replicas:
+            fields["status"] = self._statuses.setdefault((status.resolution, status.lrs), status)
+        if obj.__pydantic_fields_set__ == self._all_fields:
+            # pydantic copies this set before changing it (model_copy): sharing it is safe.
+            object.__setattr__(obj, "__pydantic_fields_set__", self._all_fields)
+        return obj

@@ -249,3 +249,29 @@ def test_topic_round_trip_property(name: str, partitions: int, replication_facto
     encoded = models.encode(topic)
     assert models.decode("topics", encoded) == topic
     assert models.encode(models.decode("topics", encoded)) == encoded
+
+
+def test_the_interner_shares_equal_parts_without_changing_any_value() -> None:
+    interner = models.Interner()
+    encoded = [
+        models.encode(models.Partition(name=f"orders-{index}", spec=models.PartitionSpec(leader=1, replicas=[1, 2, 3])))
+        for index in range(3)
+    ]
+    first, second, third = (interner.intern(models.decode("partitions", value)) for value in encoded)
+    assert first.spec is second.spec is third.spec  # type: ignore[attr-defined]
+    assert first.status is second.status  # type: ignore[attr-defined]
+    assert [models.encode(obj) for obj in (first, second, third)] == encoded
+    # Copies made from an interned object are independent of the shared parts.
+    online = first.model_copy(update={"status": models.PartitionStatus(resolution=models.PartitionResolution.ONLINE)})
+    assert second.status.resolution is models.PartitionResolution.OFFLINE  # type: ignore[attr-defined]
+    assert online.model_fields_set == {"name", "spec", "status"}
+    assert second.model_fields_set == {"name", "spec", "status"}
+    # A status with offsets is kept as it is; other kinds pass through untouched.
+    reported = models.Partition(
+        name="orders-9",
+        spec=models.PartitionSpec(leader=1, replicas=[1]),
+        status=models.PartitionStatus(resolution=models.PartitionResolution.ONLINE, leader=models.ReplicaStatus(spu=1, hw=3, leo=4)),
+    )
+    assert interner.intern(reported).status is reported.status  # type: ignore[attr-defined]
+    topic = models.Topic(name="orders", spec=models.TopicSpec(partitions=1, replication_factor=1))
+    assert interner.intern(topic) is topic

@@ -1,0 +1,315 @@
+"""Failover benchmark (issue 5): how fast the SC moves leaderships off an SPU whose connection closes.
+
+Starts its own etcd WITH fsync and a real `sc run`. 50 SPUs connect to the private port as
+protocol-level clients (register, follow Sync/Update, report LRS every 400 ms for the partitions
+they lead, every follower in sync): the SC is measured, not a data plane. 10,000 partitions x RF 3.
+Then, for several SPUs in turn: close its connection and measure
+  - from the close to the last new leader written in etcd (every partition it led), and
+  - from the close to the last surviving SPU being told (the Update frame carrying the new leader);
+the SPU reconnects and leadership returns to it (preferred leader) before the next round.
+Finally LRS intake: every SPU reports as fast as it can for a few seconds; updates/s absorbed
+by the SC and the etcd writes they caused (target: none, only offsets change).
+
+    .venv/bin/python bench/failover.py [--spus 50] [--partitions 10000] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+import aiohttp  # noqa: E402
+
+from connection_manager import wire  # noqa: E402
+from store import embedded_etcd, etcd, kv, models  # noqa: E402
+
+TARGET_SECONDS = 1.0
+
+
+class BenchSpu:
+    """One SPU at the protocol level: keeps its replica view, reports LRS for what it leads."""
+
+    def __init__(self, spu_id: int, url: str, session: aiohttp.ClientSession) -> None:
+        self.spu_id = spu_id
+        self.url = url
+        self.session = session
+        self.replicas: dict[str, wire.ReplicaInfo] = {}
+        self.websocket: aiohttp.ClientWebSocketResponse | None = None
+        self.told: dict[str, float] = {}  # partition -> when an Update made it leader elsewhere/here
+        self.offset = 100
+        self.tasks: list[asyncio.Task[None]] = []
+        self.synced = asyncio.Event()
+
+    async def connect(self) -> None:
+        self.synced.clear()
+        self.websocket = await self.session.ws_connect(self.url, max_msg_size=wire.MAX_FRAME_BYTES)
+        await self.websocket.send_bytes(wire.encode(wire.Register(spu_id=self.spu_id)))
+        self.tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._report_loop())]
+        await asyncio.wait_for(self.synced.wait(), 30)
+
+    async def _read(self) -> None:
+        assert self.websocket is not None
+        async for message in self.websocket:
+            if message.type not in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                break
+            parsed = wire.parse_sc_message(message.data)
+            now = time.perf_counter()
+            if isinstance(parsed, wire.Sync):
+                self.replicas = {info.partition: info for info in parsed.replicas}
+                self.synced.set()
+            elif isinstance(parsed, wire.Update):
+                for info in parsed.replicas:
+                    previous = self.replicas.get(info.partition)
+                    if previous is not None and previous.leader != info.leader:
+                        self.told[info.partition] = now
+                    self.replicas[info.partition] = info
+                for name in parsed.deleted_replicas:
+                    self.replicas.pop(name, None)
+
+    def report(self) -> wire.LiveReplicas:
+        self.offset += 10
+        return wire.LiveReplicas(
+            leaders=[
+                wire.LeaderReport(
+                    partition=name,
+                    hw=self.offset,
+                    leo=self.offset,
+                    followers=[
+                        wire.ReplicaOffsets(spu=spu, hw=self.offset, leo=self.offset)
+                        for spu in info.replicas
+                        if spu != self.spu_id
+                    ],
+                )
+                for name, info in self.replicas.items()
+                if info.leader == self.spu_id
+            ]
+        )
+
+    async def _report_loop(self) -> None:
+        assert self.websocket is not None
+        while not self.websocket.closed:
+            await self.websocket.send_bytes(wire.encode(self.report()))
+            await asyncio.sleep(0.4)
+
+    async def close(self) -> None:
+        if self.websocket is not None:
+            await self.websocket.close()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+
+
+async def wait_until(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.perf_counter() + timeout
+    while not await check():
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout} s")
+        await asyncio.sleep(0.1)
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--spus", type=int, default=50)
+    parser.add_argument("--partitions", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--intake-seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    topics, per_topic = args.partitions // 100, 100
+    with tempfile.TemporaryDirectory(prefix="sc-failover-") as workdir:
+        work = Path(workdir)
+        client_port, peer_port, public_port, private_port = embedded_etcd.free_ports(4)
+        server = embedded_etcd.EmbeddedEtcd(work / "etcd", client_port, peer_port)
+        server.start()
+        prefix = "/bench/failover/"
+        log_path = work / "sc.log"
+        command = [
+            sys.executable, "-m", "controller.cli", "run",
+            "--etcd-endpoints", ",".join(f"http://{endpoint}" for endpoint in server.endpoints),
+            "--key-prefix", prefix, "--bind-host", "127.0.0.1",
+            "--public-port", str(public_port), "--private-port", str(private_port),
+            "--log-format", "json", "--log-level", "warning",
+        ]
+        with log_path.open("wb") as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        store = await etcd.EtcdStore.open(server.endpoints, prefix, 30)
+        spus: list[BenchSpu] = []
+        try:
+            async with aiohttp.ClientSession(f"http://127.0.0.1:{public_port}") as api, aiohttp.ClientSession() as ws:
+                async def healthy() -> bool:
+                    if process.poll() is not None:
+                        raise RuntimeError(log_path.read_text()[-2000:])
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with api.get("/healthz") as response:
+                            return response.status == 200
+                    return False
+
+                await wait_until(healthy, 60, "sc run healthy")
+                for spu_id in range(args.spus):
+                    body = {
+                        "name": f"spu-{spu_id}",
+                        "spec": {
+                            "id": spu_id,
+                            "publicEndpoint": {"host": "127.0.0.1", "port": 20000 + spu_id},
+                            "privateEndpoint": {"host": "127.0.0.1", "port": 30000 + spu_id},
+                        },
+                    }
+                    async with api.post("/v1/spus", json=body) as response:
+                        assert response.status == 201, await response.text()
+                url = f"ws://127.0.0.1:{private_port}{wire.SPU_PATH}"
+                spus = [BenchSpu(spu_id, url, ws) for spu_id in range(args.spus)]
+                await asyncio.gather(*(spu.connect() for spu in spus))
+
+                async def all_spus_online() -> bool:
+                    listed = await store.list("spus/")
+                    return sum(b'"Online"' in item.value for item in listed.items) == args.spus
+
+                await wait_until(all_spus_online, 60, "every SPU Online")
+                for topic_index in range(topics):
+                    body = {"name": f"topic-{topic_index}", "spec": {"partitions": per_topic, "replicationFactor": 3}}
+                    async with api.post("/v1/topics", json=body) as response:
+                        assert response.status == 201, await response.text()
+
+                async def all_online() -> bool:
+                    listed = await store.list("partitions/")
+                    online = sum(b'"resolution":"Online"' in item.value for item in listed.items)
+                    return len(listed.items) == args.partitions and online == args.partitions
+
+                setup_started = time.perf_counter()
+                await wait_until(all_online, 300, "every partition Online")
+                print(f"setup: {args.spus} SPUs, {args.partitions} partitions Online ({time.perf_counter() - setup_started:.1f} s after the topics)")
+
+                etcd_seconds: list[float] = []
+                told_seconds: list[float] = []
+                for round_index in range(args.rounds):
+                    victim = spus[(round_index * 7) % args.spus]
+                    listed = await store.list("partitions/")
+                    led = {
+                        (p := models.decode("partitions", item.value)).name
+                        for item in listed.items
+                        if p.spec.leader == victim.spu_id  # type: ignore[attr-defined]
+                    }
+                    moved_at: dict[str, float] = {}
+                    for spu in spus:
+                        spu.told.clear()
+
+                    async def follow(start_revision: int) -> None:
+                        async for event in store.watch("partitions/", start_revision):
+                            if event.value is None:
+                                continue
+                            partition = models.decode("partitions", event.value)
+                            if partition.name in led and partition.spec.leader != victim.spu_id:  # type: ignore[attr-defined]
+                                moved_at.setdefault(partition.name, time.perf_counter())
+
+                    watcher = asyncio.create_task(follow(await store.revision() + 1))
+                    await asyncio.sleep(0.2)
+                    closed_at = time.perf_counter()
+                    await victim.close()
+
+                    async def all_moved() -> bool:
+                        return len(moved_at) == len(led)
+
+                    await wait_until(all_moved, 60, f"new leaders for SPU {victim.spu_id}'s {len(led)} partitions")
+                    survivors = [spu for spu in spus if spu is not victim]
+
+                    async def all_told() -> bool:
+                        told = [max((spu.told[name] for spu in survivors if name in spu.told), default=0.0) for name in led]
+                        return all(told)
+
+                    await wait_until(all_told, 60, "surviving SPUs told")
+                    watcher.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watcher
+                    last_written = max(moved_at.values()) - closed_at
+                    last_told = max(max(spu.told.get(name, 0.0) for spu in survivors) for name in led) - closed_at
+                    etcd_seconds.append(last_written)
+                    told_seconds.append(last_told)
+                    print(f"round {round_index + 1}: SPU {victim.spu_id} led {len(led)}: last leader in etcd {last_written * 1000:.0f} ms, last SPU told {last_told * 1000:.0f} ms")
+                    await victim.connect()
+
+                    async def preferred_back() -> bool:
+                        listed = await store.list("partitions/")
+                        return all(
+                            (p := models.decode("partitions", item.value)).spec.leader == p.spec.replicas[0]  # type: ignore[attr-defined]
+                            for item in listed.items
+                        )
+
+                    await wait_until(preferred_back, 120, "preferred leaders back")
+
+                # LRS intake: everybody reports flat out; nothing but offsets changes.
+                revision = await store.revision()
+                reports_before = await lrs_reports(api)
+                sent = 0
+                stop_at = time.perf_counter() + args.intake_seconds
+
+                async def flood(spu: BenchSpu) -> None:
+                    nonlocal sent
+                    assert spu.websocket is not None
+                    while time.perf_counter() < stop_at:
+                        frame = spu.report()
+                        await spu.websocket.send_bytes(wire.encode(frame))
+                        sent += len(frame.leaders)
+                        await asyncio.sleep(0)
+
+                started = time.perf_counter()
+                await asyncio.gather(*(flood(spu) for spu in spus))
+                await asyncio.sleep(1.0)  # let the SC drain what is in flight
+                absorbed = await lrs_reports(api) - reports_before
+                elapsed = time.perf_counter() - started
+                writes_during = (await store.revision()) - revision
+        finally:
+            for spu in spus:
+                await spu.close()
+            await store.close()
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            server.stop()
+
+    rows = [
+        (f"leaderships moved per round (RF 3, {args.partitions} partitions / {args.spus} SPUs)", f"~{args.partitions // args.spus}", "", ""),
+        ("close -> last new leader in etcd, p50 (ms)", f"{statistics.median(etcd_seconds) * 1000:.0f}", "", ""),
+        ("close -> last new leader in etcd, p99 (ms)", f"{percentile(etcd_seconds, 0.99) * 1000:.0f}", "", ""),
+        ("close -> last new leader in etcd, max (ms)", f"{max(etcd_seconds) * 1000:.0f}", "< 1000", "ok" if max(etcd_seconds) < TARGET_SECONDS else "MISSED"),
+        ("close -> last SPU told, p50 (ms)", f"{statistics.median(told_seconds) * 1000:.0f}", "", ""),
+        ("close -> last SPU told, max (ms)", f"{max(told_seconds) * 1000:.0f}", "< 1000", "ok" if max(told_seconds) < TARGET_SECONDS else "MISSED"),
+        ("  ratio to Kafka 1.1's ~3 s controlled shutdown (max etcd)", f"{max(etcd_seconds) / 3.0:.2f}", "", ""),
+        (f"LRS intake, {args.spus} SPUs flat out: reports/s sent", f"{sent / elapsed:,.0f}", "", ""),
+        ("  reports/s absorbed by the SC", f"{absorbed / elapsed:,.0f}", "", ""),
+        ("  etcd writes caused", f"{writes_during}", "0", "ok" if writes_during == 0 else "MISSED"),
+    ]
+    width = max(len(row[0]) for row in rows)
+    for name, value, target, verdict in rows:
+        print(f"{name:<{width}}  {value:>10}  {target:>7}  {verdict}")
+    return 0 if all(row[3] != "MISSED" for row in rows) else 1
+
+
+async def lrs_reports(api: aiohttp.ClientSession) -> float:
+    async with api.get("/metrics") as response:
+        text = await response.text()
+    for line in text.splitlines():
+        if line.startswith("sc_lrs_reports_total "):
+            return float(line.split()[1])
+    raise RuntimeError("no sc_lrs_reports_total in /metrics")
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
