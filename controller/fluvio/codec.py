@@ -100,9 +100,12 @@ class Int(Codec):
         self.high = 2 ** (bits - 1) - 1 if signed else 2**bits - 1
 
     def encode(self, out: bytearray, value: Any, version: int) -> None:
-        if type(value) is bool or not isinstance(value, int) or not self.low <= value <= self.high:
-            raise EncodeError(f"{self.name} must be a whole number in [{self.low}, {self.high}], got {value!r}")
-        out += self.packer.pack(value)
+        try:
+            if type(value) is bool:
+                raise struct.error("a bool is not a number")
+            out += self.packer.pack(value)
+        except struct.error:
+            raise EncodeError(f"{self.name} must be a whole number in [{self.low}, {self.high}], got {value!r}") from None
 
     def decode(self, reader: Reader, version: int) -> int:
         pos = reader.pos
@@ -265,16 +268,25 @@ class Struct(Codec):
     def __init__(self, cls: type, *fields: Field) -> None:
         self.cls = cls
         self.fields = fields
+        # Per version: the present fields' (name, bound encoder), so encoding tests no gates.
+        self._encoders: dict[int, tuple[tuple[str, Callable[[bytearray, Any, int], None]], ...]] = {}
+
+    def _present(self, version: int) -> tuple[tuple[str, Callable[[bytearray, Any, int], None]], ...]:
+        present = tuple(
+            (spec.name, spec.codec.encode) for spec in self.fields if spec.min_version <= version <= spec.max_version
+        )
+        self._encoders[version] = present
+        return present
 
     def encode(self, out: bytearray, value: Any, version: int) -> None:
         if not isinstance(value, self.cls):
             raise EncodeError(f"{self.cls.__name__} expected, got {value!r}")
-        for spec in self.fields:
-            if spec.min_version <= version <= spec.max_version:
-                try:
-                    spec.codec.encode(out, getattr(value, spec.name), version)
-                except EncodeError as error:
-                    raise EncodeError(f"{self.cls.__name__}.{spec.name}: {error}") from None
+        present = self._encoders.get(version) or self._present(version)
+        for name, encode in present:
+            try:
+                encode(out, getattr(value, name), version)
+            except EncodeError as error:
+                raise EncodeError(f"{self.cls.__name__}.{name}: {error}") from None
 
     def decode_fields(self, reader: Reader, version: int) -> dict[str, Any]:
         values = {}

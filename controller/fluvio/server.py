@@ -38,6 +38,9 @@ MAX_WATCHES = 256
 WATCH_LINGER_SECONDS = 0.02
 # A client that accepts no bytes for this long is disconnected (its watches would pin tombstones).
 WRITE_STALL_SECONDS = 60.0
+# Items encoded between two yields to the loop: a first list of 100,000 partitions must not hold
+# up every other connection (and the HTTP API) while it is encoded.
+ENCODE_CHUNK = 1000
 
 _SORT_KEYS: dict[str, Callable[[Any], Any]] = {
     "spus": lambda obj: (obj.spec.id, obj.name),
@@ -117,7 +120,17 @@ class FluvioServer:
         self._sessions.add(task)
         task.add_done_callback(self._sessions.discard)
 
-    def list_body(self, request: codec.ListRequest, version: int) -> bytes:
+    async def encode_all(self, label: str, version: int, objects: list[models.ClusterObject]) -> list[bytes | None]:
+        """The item of each object (None where it cannot be carried), yielding to the loop between
+        chunks; the caller captured ``objects`` at one moment, so the answer stays consistent."""
+        encoded: list[bytes | None] = []
+        for start in range(0, len(objects), ENCODE_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+            encoded += [self.items.encoded(label, version, obj) for obj in objects[start : start + ENCODE_CHUNK]]
+        return encoded
+
+    async def list_body(self, request: codec.ListRequest, version: int) -> bytes:
         """Topic: name filters are substrings OR-ed, and system selects system topics (we have none);
         Partition: filters ignored; SPU, CustomSpu, SpuGroup: substring filters. Unserved labels: []."""
         label = request.label
@@ -131,7 +144,7 @@ class FluvioServer:
         if filters and label != codec.PARTITION:
             objects = [obj for obj in objects if any(part in obj.name for part in filters)]
         objects.sort(key=_SORT_KEYS.get(kind, lambda obj: obj.name))
-        encoded = [self.items.encoded(label, version, obj) for obj in objects]
+        encoded = await self.encode_all(label, version, objects)
         self.items.prune(label, version, table.view)
         return codec.list_body(label, [item for item in encoded if item is not None])
 
@@ -202,7 +215,7 @@ class Session:
             # Before the store has synced a list would be empty, not true.
             await self.server.context.synced.wait()
         if isinstance(body, codec.ListRequest):
-            self.reply(correlation_id, self.server.list_body(body, version))
+            self.reply(correlation_id, await self.server.list_body(body, version))
         elif isinstance(body, codec.WatchRequest):
             self._watches += 1
             if self._watches > MAX_WATCHES:
@@ -249,7 +262,7 @@ class Session:
             elif self._dirty:
                 watch = next(iter(self._dirty))
                 del self._dirty[watch]
-                data = watch.build_frame()
+                data = await watch.build_frame()
             else:
                 self._wake.clear()
                 await self._wake.wait()
@@ -307,7 +320,7 @@ class WatchStream:
         finally:
             self.listener.close()
 
-    def build_frame(self) -> bytes | None:
+    async def build_frame(self) -> bytes | None:
         """The next frame (None if nothing visible changed since the last)."""
         self._built.set()
         if self.table is None or self.listener is None:
@@ -318,12 +331,14 @@ class WatchStream:
             objects = [entry.obj for entry in changes.updated if self.keep is None or self.keep(entry.obj)]
             objects.sort(key=_SORT_KEYS.get(self.table.kind, lambda obj: obj.name))
             self.known = {obj.name: obj for obj in objects}
-            snapshot = self._encoded(objects)
+            encoded = await self.session.server.encode_all(self.label, self.version, objects)
+            snapshot = [item for item in encoded if item is not None]
             return codec.response_frame(self.correlation_id, codec.watch_body(self.label, changes.epoch, [], snapshot))
         messages = self._messages(changes)
         if not messages:
             return None
-        encoded = [(header, item) for header, obj in messages if (item := self._item(obj)) is not None]
+        items = await self.session.server.encode_all(self.label, self.version, [obj for _, obj in messages])
+        encoded = [(header, item) for (header, _), item in zip(messages, items, strict=True) if item is not None]
         self.session.server.items.prune(self.label, self.version, self.table.view)
         return codec.response_frame(self.correlation_id, codec.watch_body(self.label, changes.epoch, encoded, []))
 
@@ -351,8 +366,3 @@ class WatchStream:
                 messages.append((codec.MessageType.DELETE, gone))
         return messages
 
-    def _item(self, obj: models.ClusterObject) -> bytes | None:
-        return self.session.server.items.encoded(self.label, self.version, obj)
-
-    def _encoded(self, objects: list[models.ClusterObject]) -> list[bytes]:
-        return [item for obj in objects if (item := self._item(obj)) is not None]

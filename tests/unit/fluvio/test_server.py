@@ -322,3 +322,32 @@ async def test_too_many_watches_close_the_connection(client: client_module.Clien
     client.watch(codec.SPU)
     async with asyncio.timeout(5):
         await client.closed.wait()
+
+
+async def test_large_answers_are_encoded_in_chunks_between_other_work(
+    store_server: StoreServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(server_module, "ENCODE_CHUNK", 10)
+    store_server.apply(*(topic(f"t-{index:03d}") for index in range(100)))
+    ticks = 0
+
+    async def other_work() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0)
+            ticks += 1
+
+    ticker = asyncio.create_task(other_work())
+    try:
+        await asyncio.sleep(0)  # the ticker starts
+        before = ticks
+        body = await store_server.server.list_body(codec.ListRequest(codec.TOPIC), 19)
+        during = ticks - before
+    finally:
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+    assert during >= 9  # the loop ran other work between the ten chunks
+    assert codec.decode_response(codec.response_frame(1, body)[4:], codec.LIST, 19)[1] == codec.ListResponse(
+        codec.TOPIC, [item(codec.TOPIC, topic(f"t-{index:03d}")) for index in range(100)]
+    )
