@@ -48,6 +48,7 @@ class BenchSpu:
         self.websocket: aiohttp.ClientWebSocketResponse | None = None
         self.told: dict[str, float] = {}  # partition -> when an Update made it leader elsewhere/here
         self.offset = 100
+        self.reports_sent = 0
         self.tasks: list[asyncio.Task[None]] = []
         self.synced = asyncio.Event()
 
@@ -77,29 +78,28 @@ class BenchSpu:
                 for name in parsed.deleted_replicas:
                     self.replicas.pop(name, None)
 
-    def report(self) -> wire.LiveReplicas:
+    def report(self) -> bytes:
+        """An LRS frame for every partition this SPU leads, every follower caught up.
+
+        Written as JSON text directly (the same bytes wire.encode would give): the bench's own
+        CPU must not be what limits 50 SPUs reporting."""
         self.offset += 10
-        return wire.LiveReplicas(
-            leaders=[
-                wire.LeaderReport(
-                    partition=name,
-                    hw=self.offset,
-                    leo=self.offset,
-                    followers=[
-                        wire.ReplicaOffsets(spu=spu, hw=self.offset, leo=self.offset)
-                        for spu in info.replicas
-                        if spu != self.spu_id
-                    ],
-                )
-                for name, info in self.replicas.items()
-                if info.leader == self.spu_id
-            ]
-        )
+        offset = self.offset
+        leaders = []
+        for name, info in self.replicas.items():
+            if info.leader != self.spu_id:
+                continue
+            followers = ",".join(
+                f'{{"spu":{spu},"hw":{offset},"leo":{offset}}}' for spu in info.replicas if spu != self.spu_id
+            )
+            leaders.append(f'{{"partition":"{name}","hw":{offset},"leo":{offset},"followers":[{followers}]}}')
+        self.reports_sent += len(leaders)
+        return ('{"v":1,"type":"lrs","leaders":[' + ",".join(leaders) + "]}").encode()
 
     async def _report_loop(self) -> None:
         assert self.websocket is not None
         while not self.websocket.closed:
-            await self.websocket.send_bytes(wire.encode(self.report()))
+            await self.websocket.send_bytes(self.report())
             await asyncio.sleep(0.4)
 
     async def close(self) -> None:
@@ -182,8 +182,8 @@ async def main() -> int:
                 await wait_until(all_spus_online, 60, "every SPU Online")
                 for topic_index in range(topics):
                     body = {"name": f"topic-{topic_index}", "spec": {"partitions": per_topic, "replicationFactor": 3}}
-                    async with api.post("/v1/topics", json=body) as response:
-                        assert response.status == 201, await response.text()
+                    async with api.post("/v1/topics", json=body, params={"timeout": "0"}) as response:
+                        assert response.status in (201, 202), await response.text()
 
                 async def all_online() -> bool:
                     listed = await store.list("partitions/")
@@ -199,11 +199,8 @@ async def main() -> int:
                 for round_index in range(args.rounds):
                     victim = spus[(round_index * 7) % args.spus]
                     listed = await store.list("partitions/")
-                    led = {
-                        (p := models.decode("partitions", item.value)).name
-                        for item in listed.items
-                        if p.spec.leader == victim.spu_id  # type: ignore[attr-defined]
-                    }
+                    decoded = [models.decode("partitions", item.value) for item in listed.items]
+                    led = {p.name for p in decoded if p.spec.leader == victim.spu_id}  # type: ignore[attr-defined]
                     moved_at: dict[str, float] = {}
                     for spu in spus:
                         spu.told.clear()
@@ -244,26 +241,27 @@ async def main() -> int:
 
                     async def preferred_back() -> bool:
                         listed = await store.list("partitions/")
-                        return all(
-                            (p := models.decode("partitions", item.value)).spec.leader == p.spec.replicas[0]  # type: ignore[attr-defined]
-                            for item in listed.items
-                        )
+                        decoded = [models.decode("partitions", item.value) for item in listed.items]
+                        return all(p.spec.leader == p.spec.replicas[0] for p in decoded)  # type: ignore[attr-defined]
 
                     await wait_until(preferred_back, 120, "preferred leaders back")
 
-                # LRS intake: everybody reports flat out; nothing but offsets changes.
+                # LRS intake: everybody reports flat out; nothing but offsets changes. First let
+                # the last round settle (the returning leaders' first reports are real changes).
                 revision = await store.revision()
+                while True:
+                    await asyncio.sleep(2.0)
+                    settled, revision = revision, await store.revision()
+                    if settled == revision:
+                        break
                 reports_before = await lrs_reports(api)
-                sent = 0
+                sent_before = sum(spu.reports_sent for spu in spus)
                 stop_at = time.perf_counter() + args.intake_seconds
 
                 async def flood(spu: BenchSpu) -> None:
-                    nonlocal sent
                     assert spu.websocket is not None
                     while time.perf_counter() < stop_at:
-                        frame = spu.report()
-                        await spu.websocket.send_bytes(wire.encode(frame))
-                        sent += len(frame.leaders)
+                        await spu.websocket.send_bytes(spu.report())
                         await asyncio.sleep(0)
 
                 started = time.perf_counter()
@@ -271,7 +269,14 @@ async def main() -> int:
                 await asyncio.sleep(1.0)  # let the SC drain what is in flight
                 absorbed = await lrs_reports(api) - reports_before
                 elapsed = time.perf_counter() - started
+                sent = sum(spu.reports_sent for spu in spus) - sent_before
                 writes_during = (await store.revision()) - revision
+                if writes_during:
+                    async with contextlib.aclosing(store.watch("", revision + 1)) as events:
+                        async for event in events:
+                            print(f"  written during the intake: {event.key} at revision {event.revision} (intake from {revision}): {event.value!r:.300}")
+                            if event.revision >= revision + writes_during:
+                                break
         finally:
             for spu in spus:
                 await spu.close()

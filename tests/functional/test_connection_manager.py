@@ -4,6 +4,7 @@ real WebSocket clients on 127.0.0.1 whose offsets the test scripts, results read
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -352,3 +353,101 @@ async def test_drain_of_a_sole_replica_says_what_could_not_move(cluster: Cluster
     assert body["error"]["code"] == "DrainIncomplete" and body["leading"] == ["solo-0"]
     assert (await cluster.partition("solo-0")).status.resolution is models.PartitionResolution.ONLINE
     await spus[0].close()
+
+
+# ---------------------------------------------------------------------------- robustness
+
+
+async def test_random_and_truncated_frames_leave_the_daemon_and_the_store_untouched(cluster: Cluster) -> None:
+    import random
+
+    spus = [await cluster.connect(spu_id) for spu_id in range(3)]
+    await create_topic(cluster.sc, "orders", 2, 3)
+    for spu in spus:
+        await spu.wait_for(lambda spu=spu: len(spu.replicas) == 2)
+    leader = spus[0]
+    led = [name for name, info in leader.replicas.items() if info.leader == 0]
+    await leader.report(*[(name, 10, 10, {1: 10, 2: 10}) for name in led])
+    for name in led:
+        await cluster.wait_partition(name, resolution="Online", lrs=2)
+    before = {item.key: item.mod_revision for item in (await cluster.sc.kv_store.list("")).items}
+    valid = wire.encode(wire.LiveReplicas(leaders=[wire.LeaderReport(partition=led[0], hw=10, leo=10)]))
+    chooser = random.Random(20261122)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 3.0
+    sent = 0
+    await cluster.sc.register_spu(3, online=False)  # the fuzzer's own identity: hosts nothing
+    while loop.time() < deadline:
+        fuzzer = ScriptedSpu(cluster.client, cluster.private_port, 3)
+        registered = chooser.random() < 0.5
+        if registered:  # frames reach the LRS path of an accepted session
+            assert isinstance(await fuzzer.connect(heartbeat=None), wire.Accepted)
+        else:  # frames are the first frame of a connection
+            fuzzer.websocket = await cluster.client.ws_connect(fuzzer.url)
+        assert fuzzer.websocket is not None
+        for _ in range(20):
+            choice = chooser.random()
+            if choice < 0.3:
+                frame = chooser.randbytes(chooser.randint(0, 300))
+            elif choice < 0.6:
+                frame = valid[: chooser.randint(0, len(valid) - 1)]
+            else:
+                corrupted = bytearray(valid)
+                corrupted[chooser.randrange(len(corrupted))] = chooser.randrange(256)
+                frame = bytes(corrupted)
+            with contextlib.suppress(ConnectionError):
+                await fuzzer.websocket.send_bytes(frame)
+            sent += 1
+        await fuzzer.close()
+    assert sent > 100
+    # The registered SPUs were never disturbed and nothing was written.
+    status, _ = await cluster.sc.call("GET", "/healthz")
+    assert status == 200
+    connections = cluster.sc.daemon.connections
+    assert connections is not None and set(connections.sessions) <= {0, 1, 2, 3}
+    assert {0, 1, 2} <= set(connections.sessions)
+    assert sum(connections.stats.frame_errors.values()) > 50
+    await leader.report(*[(name, 10, 10, {1: 10, 2: 10}) for name in led])
+    await asyncio.sleep(0.3)
+    after = {item.key: item.mod_revision for item in (await cluster.sc.kv_store.list("")).items}
+    # Only SPU 3's own registration and online/offline flips changed.
+    assert {key: revision for key, revision in after.items() if key != "spus/spu-3"} == before
+
+
+async def test_an_spu_flapping_50_times_leaves_no_partition_stuck(cluster: Cluster) -> None:
+    spus = [await cluster.connect(spu_id) for spu_id in range(3)]
+    await create_topic(cluster.sc, "orders", 6, 3)
+    for spu in spus:
+        await spu.wait_for(lambda spu=spu: len(spu.replicas) == 6)
+
+    async def report_all() -> None:
+        for spu in cluster.spus.values():
+            led = [name for name, info in spu.replicas.items() if info.leader == spu.spu_id]
+            if led and spu.websocket is not None and not spu.websocket.closed:
+                others = {name: [r for r in spu.replicas[name].replicas if r != spu.spu_id] for name in led}
+                await spu.report(*[(name, 10, 10, {f: 10 for f in others[name]}) for name in led])
+
+    await report_all()
+    for flap in range(50):
+        await cluster.spus[1].close()
+        del cluster.spus[1]
+        await asyncio.sleep(0.01 * (flap % 3))
+        await cluster.connect(1)
+        await report_all()
+    # Once it stays: every partition is Online, led by an online replica, the preferred one again.
+    for _ in range(3):
+        await asyncio.sleep(0.3)
+        await report_all()
+
+    async def settled() -> None:
+        await report_all()
+        partitions = await cluster.sc.read_all("partitions")
+        assert len(partitions) == 6
+        for partition in partitions.values():
+            assert partition.status.resolution is models.PartitionResolution.ONLINE, partition
+            assert partition.spec.leader == partition.spec.replicas[0], partition
+        for spu in cluster.spus.values():
+            led = {name for name, info in spu.replicas.items() if info.leader == spu.spu_id}
+            assert led == {name for name, p in partitions.items() if p.spec.leader == spu.spu_id}
+
+    await cluster.sc.eventually(settled, timeout=20)
