@@ -1,0 +1,460 @@
+"""The Spark audit jobs over the exported history; the only module of the project that imports pyspark.
+
+Leader changes with their cause, unavailability windows, provisioning latency, SPU intervals and
+flapping, placement balance at a chosen time, spec changes. Run by `sc audit report`, or on a real
+cluster: `spark-submit controller/audit/jobs.py --history DIR --out DIR` (the package on the driver).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+# The causes a leader change may have (controller/partition.py writes them as Action.cause).
+CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean")
+# Buckets of the "leaders per SPU over time" series.
+TIMELINE_BUCKETS = 200
+# Jobs submitted at once by the driver.
+PARALLEL_JOBS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    at: datetime.datetime | None = None  # balance at this time (default: the end of the history)
+    flap_count: int = 3  # an SPU that goes offline this many times ...
+    flap_window: float = 600.0  # ... within this many seconds is flapping
+
+    def __post_init__(self) -> None:
+        if self.flap_count < 2:
+            raise ValueError(f"--flap-count {self.flap_count} is too small: an SPU flaps when it goes offline at least twice")
+        if self.flap_window <= 0:
+            raise ValueError(f"--flap-window {self.flap_window:g} must be a positive number of seconds")
+
+
+@dataclass(slots=True)
+class Results:
+    """What the jobs found, collected on the driver: rows as dicts, times as epoch microseconds."""
+
+    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    history: dict[str, Any] = field(default_factory=dict)  # records, first/last time, gaps
+    balance_at_us: int = 0
+
+
+def session(master: str | None = None, app_name: str = "sc-audit", shuffle_partitions: int | None = None) -> SparkSession:
+    """A SparkSession in UTC. ``master`` None: whatever spark-submit (or the environment) says."""
+    builder = SparkSession.builder.appName(app_name)
+    if master:
+        builder = builder.master(master)
+    builder = (
+        builder.config("spark.sql.session.timeZone", "UTC")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.parquet.mergeSchema", "false")
+    )
+    if shuffle_partitions is not None:
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    if master and master.startswith("local"):
+        builder = builder.config("spark.ui.enabled", "false")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def load(spark: SparkSession, history_dir: Path | str) -> DataFrame:
+    path = Path(history_dir)
+    if not path.is_dir() or not any(path.glob("date=*")):
+        raise ValueError(
+            f"{str(history_dir)!r} holds no exported history (no date=... directories): "
+            "run `sc audit export --out DIR` first and pass that DIR"
+        )
+    return spark.read.parquet(str(path))
+
+
+def run(spark: SparkSession, history_dir: Path | str, options: Options = Options()) -> Results:
+    """Every audit over the exported history at ``history_dir``."""
+    frame = load(spark, history_dir).cache()
+    # Every job looks at one object's records in order: partition them by object once, so that
+    # the windows and aggregations below need no further shuffle.
+    changes = frame.filter(F.col("type") == "change").repartition("kind", "name").cache()
+    summary = frame.agg(
+        F.count(F.lit(1)).alias("records"),
+        F.min(F.unix_micros("time")).alias("first_us"),
+        F.max(F.unix_micros("time")).alias("last_us"),
+    ).first()
+    assert summary is not None
+    last_us = summary["last_us"]
+    results = Results(history={"records": summary["records"], "first_us": summary["first_us"], "last_us": last_us})
+    at_us = _micros(options.at) if options.at is not None else last_us
+    results.balance_at_us = at_us
+
+    applied = _applied_writes(frame)
+    partitions = changes.filter(F.col("kind") == "partitions").select(
+        "seq", "time", "kind", "name", "op", "revision", "resolution", "leader", "source"
+    ).withColumn("topic", _topic(F.col("name")))
+
+    leader_changes = _leader_changes(partitions, applied)
+    unavailability = _unavailability(partitions, last_us)
+    intervals = _spu_intervals(changes, last_us)
+    spus, racks, violations = balance(frame, changes, at_us)
+    gaps = frame.filter(F.col("type") == "gap").select(
+        "seq", F.unix_micros("time").alias("at_us"), "first_revision", F.col("revision").alias("last_revision"),
+        "reason", "dropped",
+    )
+    queries: dict[str, tuple[DataFrame, tuple[str, ...]]] = {
+        "leader_changes": (leader_changes, ("at_us", "partition")),
+        "leader_changes_by_spu": (_leader_changes_by_spu(leader_changes), ("spu", "cause")),
+        "unavailability": (unavailability, ("start_us", "partition")),
+        "unavailability_by_topic": (_unavailability_by_topic(unavailability), ("topic",)),
+        "provisioning": (_provisioning(changes), ("created_us", "topic")),
+        "spu_intervals": (intervals, ("spu", "start_us")),
+        "flapping_spus": (_flapping(intervals, options), ("spu",)),
+        "balance_spus": (spus, ("spu",)),
+        "balance_racks": (racks, ("rack",)),
+        "rack_violations": (violations, ("partition",)),
+        "spec_changes": (_spec_changes(changes, applied), ("seq",)),
+        "gaps": (gaps, ("seq",)),
+        "leaders_over_time": (_leaders_over_time(partitions, summary["first_us"], last_us), ("bucket_us", "spu")),
+    }
+    # Submitted together, the jobs share the executors instead of waiting on each other's latency.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL_JOBS) as pool:
+        futures = {name: pool.submit(_collect, query, *order) for name, (query, order) in queries.items()}
+        results.tables = {name: future.result() for name, future in futures.items()}
+    changes.unpersist()
+    frame.unpersist()
+    return results
+
+
+# ---------------------------------------------------------------------------- the jobs
+
+
+def _applied_writes(frame: DataFrame) -> DataFrame:
+    """(key, revision, cause) of every key an applied action wrote: what the SC itself changed."""
+    return frame.filter((F.col("type") == "action") & (F.col("outcome") == "applied")).select(
+        F.explode("keys").alias("key"), F.col("revision").alias("action_revision"), F.col("cause").alias("action_cause")
+    )
+
+
+def _leader_changes(partitions: DataFrame, applied: DataFrame) -> DataFrame:
+    """A partition's spec.leader moving from one SPU to another, with the cause of the action that moved it."""
+    ordered = Window.partitionBy("kind", "name").orderBy("seq")
+    moved = partitions.withColumn("from_spu", F.lag("leader").over(ordered)).filter(
+        F.col("from_spu").isNotNull() & F.col("leader").isNotNull() & (F.col("leader") != F.col("from_spu"))
+    )
+    joined = moved.join(
+        applied,
+        (F.concat(F.lit("partitions/"), moved["name"]) == applied["key"]) & (moved["revision"] == applied["action_revision"]),
+        "left",
+    )
+    return joined.select(
+        F.col("name").alias("partition"),
+        "topic",
+        "from_spu",
+        F.col("leader").alias("to_spu"),
+        F.col("action_cause").alias("cause"),
+        F.unix_micros("time").alias("at_us"),
+        "revision",
+    )
+
+
+def _leader_changes_by_spu(leader_changes: DataFrame) -> DataFrame:
+    gained = leader_changes.groupBy(F.col("to_spu").alias("spu"), "cause").agg(F.count(F.lit(1)).alias("gained"))
+    lost = leader_changes.groupBy(F.col("from_spu").alias("spu"), "cause").agg(F.count(F.lit(1)).alias("lost"))
+    return gained.join(lost, ["spu", "cause"], "full_outer").select(
+        "spu", "cause", F.coalesce("gained", F.lit(0)).alias("gained"), F.coalesce("lost", F.lit(0)).alias("lost")
+    )
+
+
+def _incarnations(changes: DataFrame) -> DataFrame:
+    """Number each object's lives: a create starts a new one (a deleted topic may come back)."""
+    running = Window.partitionBy("kind", "name").orderBy("seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    return changes.withColumn("incarnation", F.sum(F.when(F.col("op") == "create", 1).otherwise(0)).over(running))
+
+
+def _runs(frame: DataFrame, state: Column, partition_by: Sequence[str]) -> DataFrame:
+    """Consecutive records of an object in the same ``state``: one row per run, with its start and
+    end (the time of the first record after the run; None while it lasts)."""
+    ordered = Window.partitionBy(*partition_by).orderBy("seq")
+    running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    marked = frame.withColumn("state", state).withColumn("next_time", F.lead("time").over(ordered))
+    marked = marked.withColumn(
+        "run", F.sum(F.when(F.col("state").eqNullSafe(F.lag("state").over(ordered)), 0).otherwise(1)).over(running)
+    )
+    return marked.groupBy(*partition_by, "run", "state").agg(
+        F.min("time").alias("start"), F.max_by("next_time", "seq").alias("end"), F.min("seq").alias("first_seq")
+    )
+
+
+def _seconds(start: Column, end: Column, last_us: int) -> Column:
+    end_us = F.coalesce(F.unix_micros(end), F.lit(last_us))
+    return ((end_us - F.unix_micros(start)) / F.lit(1_000_000.0)).alias("seconds")
+
+
+def _unavailability(partitions: DataFrame, last_us: int) -> DataFrame:
+    """Windows with no serving leader: LeaderOffline, or Offline after having been Online (a new
+    partition that has never been Online counts as provisioning, not as unavailability)."""
+    lives = _incarnations(partitions)
+    so_far = Window.partitionBy("kind", "name", "incarnation").orderBy("seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    lives = lives.withColumn("was_online", F.max((F.col("resolution") == "Online").cast("int")).over(so_far))
+    down = F.coalesce(
+        (F.col("resolution") == "LeaderOffline") | ((F.col("resolution") == "Offline") & (F.col("was_online") == 1)),
+        F.lit(False),
+    )
+    runs = _runs(lives, down, ["kind", "name"]).filter(F.col("state"))
+    return runs.select(
+        F.col("name").alias("partition"),
+        _topic(F.col("name")).alias("topic"),
+        F.unix_micros("start").alias("start_us"),
+        F.unix_micros("end").alias("end_us"),
+        _seconds(F.col("start"), F.col("end"), last_us),
+    )
+
+
+def _unavailability_by_topic(unavailability: DataFrame) -> DataFrame:
+    return unavailability.groupBy("topic").agg(
+        F.count(F.lit(1)).alias("windows"),
+        F.expr("percentile(seconds, 0.5)").alias("p50"),
+        F.expr("percentile(seconds, 0.99)").alias("p99"),
+        F.max("seconds").alias("max"),
+        F.sum("seconds").alias("total"),
+    )
+
+
+def _provisioning(changes: DataFrame) -> DataFrame:
+    """From a topic's creation (as seen live, not from a listing) to its first Provisioned status."""
+    topics = _incarnations(changes.filter(F.col("kind") == "topics"))
+    created = topics.filter((F.col("op") == "create") & (F.col("source") != "list")).select(
+        "name", "incarnation", F.col("time").alias("created")
+    )
+    provisioned = topics.filter(F.col("resolution") == "Provisioned").groupBy("name", "incarnation").agg(
+        F.min("time").alias("provisioned")
+    )
+    joined = created.join(provisioned, ["name", "incarnation"], "left")
+    return joined.select(
+        F.col("name").alias("topic"),
+        F.unix_micros("created").alias("created_us"),
+        F.unix_micros("provisioned").alias("provisioned_us"),
+        ((F.unix_micros("provisioned") - F.unix_micros("created")) / F.lit(1_000_000.0)).alias("seconds"),
+    )
+
+
+def _spu_intervals(changes: DataFrame, last_us: int) -> DataFrame:
+    """Each SPU's Online and Offline periods (Init and deletion end a period, and start none)."""
+    running = Window.partitionBy("kind", "name").orderBy("seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    spus = changes.filter(F.col("kind") == "spus").withColumn(
+        "spu", F.last("spu_id", ignorenulls=True).over(running)  # a delete record has no spec
+    )
+    state = (
+        F.when(F.col("op") == "delete", F.lit("deleted"))
+        .when(F.col("resolution").isin("Online", "Offline"), F.col("resolution"))
+        .otherwise(F.lit("other"))
+    )
+    runs = _runs(spus, state, ["kind", "name"]).filter(F.col("state").isin("Online", "Offline"))
+    spu_ids = spus.select("name", F.col("seq").alias("first_seq"), "spu")
+    runs = runs.join(spu_ids, ["name", "first_seq"])
+    return runs.select(
+        "spu",
+        "state",
+        F.unix_micros("start").alias("start_us"),
+        F.unix_micros("end").alias("end_us"),
+        _seconds(F.col("start"), F.col("end"), last_us),
+    )
+
+
+def _flapping(intervals: DataFrame, options: Options) -> DataFrame:
+    """SPUs that went offline at least ``flap_count`` times within ``flap_window`` seconds."""
+    window_us = int(options.flap_window * 1_000_000)
+    offline = intervals.filter(F.col("state") == "Offline")
+    recent = Window.partitionBy("spu").orderBy("start_us").rangeBetween(-window_us, 0)
+    counted = offline.withColumn("in_window", F.count(F.lit(1)).over(recent))
+    return (
+        counted.groupBy("spu")
+        .agg(F.count(F.lit(1)).alias("offline_count"), F.max("in_window").alias("max_in_window"))
+        .filter(F.col("max_in_window") >= options.flap_count)
+    )
+
+
+def _state_at(frame: DataFrame, changes: DataFrame, at_us: int) -> DataFrame:
+    """The objects that existed at ``at_us``: each one's last record by then, unless a delete.
+
+    A snapshot (list records closed by a sync record, after a gap) is a barrier: an object whose
+    last record is older and that the snapshot did not list had gone by then.
+    """
+    barrier = frame.filter((F.col("type") == "sync") & F.col("snapshot") & (F.unix_micros("time") <= at_us)).agg(
+        F.max("seq").alias("barrier_seq"), F.max_by("revision", "seq").alias("barrier_revision")
+    )
+    upto = changes.filter(F.unix_micros("time") <= at_us)
+    latest = Window.partitionBy("kind", "name").orderBy(F.col("seq").desc())
+    last = upto.withColumn("newest", F.row_number().over(latest)).filter(F.col("newest") == 1)
+    return last.crossJoin(F.broadcast(barrier)).filter(
+        (F.col("op") != "delete")
+        & (
+            F.col("barrier_seq").isNull()
+            | (F.col("seq") > F.col("barrier_seq"))
+            | ((F.col("source") == "list") & (F.col("snapshot_revision") == F.col("barrier_revision")))
+        )
+    )
+
+
+def balance(frame: DataFrame, changes: DataFrame, at_us: int) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """Replicas and leaders per SPU and per rack at ``at_us``, and partitions whose replicas share a
+    rack although enough racks existed (topics that ignore rack assignment excepted)."""
+    alive = _state_at(frame, changes, at_us)
+    spus = alive.filter(F.col("kind") == "spus").select(F.col("spu_id").alias("spu"), "rack")
+    partitions = alive.filter(F.col("kind") == "partitions").select(
+        "name", _topic(F.col("name")).alias("topic"), "leader", "replicas"
+    )
+    topics = alive.filter(F.col("kind") == "topics").select(
+        F.col("name").alias("topic"), "ignore_rack_assignment"
+    )
+    replicas = partitions.select("name", "topic", F.posexplode("replicas").alias("position", "spu"))
+    replica_counts = replicas.groupBy("spu").agg(F.count(F.lit(1)).alias("replicas"))
+    leader_counts = partitions.groupBy(F.col("leader").alias("spu")).agg(F.count(F.lit(1)).alias("leaders"))
+    per_spu = (
+        spus.join(replica_counts, "spu", "full_outer")
+        .join(leader_counts, "spu", "full_outer")
+        .select(
+            "spu", "rack", F.coalesce("replicas", F.lit(0)).alias("replicas"), F.coalesce("leaders", F.lit(0)).alias("leaders")
+        )
+    )
+    per_rack = (
+        per_spu.filter(F.col("rack").isNotNull())
+        .groupBy("rack")
+        .agg(F.sum("replicas").alias("replicas"), F.sum("leaders").alias("leaders"), F.count(F.lit(1)).alias("spus"))
+    )
+    rack_count = spus.agg(F.count_distinct("rack").alias("rack_count"))  # nulls are not counted
+    placed = replicas.join(spus, "spu", "left").groupBy("name", "topic").agg(
+        F.sort_array(F.collect_list(F.struct("position", "spu", "rack"))).alias("placed"),
+        F.count_distinct("rack").alias("distinct_racks"),
+    )
+    violations = (
+        placed.join(topics, "topic", "left")
+        .crossJoin(F.broadcast(rack_count))
+        .withColumn("required_racks", F.least(F.size("placed"), F.col("rack_count").cast("int")))
+        .filter((F.col("distinct_racks") < F.col("required_racks")) & ~F.coalesce("ignore_rack_assignment", F.lit(False)))
+        .select(
+            F.col("name").alias("partition"),
+            "topic",
+            F.col("placed.spu").alias("replicas"),
+            F.col("placed.rack").alias("racks"),
+            "distinct_racks",
+            "required_racks",
+        )
+    )
+    return per_spu, per_rack, violations
+
+
+def _spec_changes(changes: DataFrame, applied: DataFrame) -> DataFrame:
+    """Creates, deletes and updates that changed the spec (status-only writes are not spec changes),
+    as seen live; ``by`` is "sc" when an action of the SC wrote it, else "user"."""
+    ordered = Window.partitionBy("kind", "name").orderBy("seq")
+    marked = changes.withColumn("previous_spec", F.lag("spec").over(ordered)).filter(F.col("source") != "list")
+    kept = marked.filter(
+        F.col("op").isin("create", "delete")
+        | ((F.col("op") == "update") & ~F.col("spec").eqNullSafe(F.col("previous_spec")))
+    )
+    joined = kept.join(
+        applied,
+        (F.concat(kept["kind"], F.lit("/"), kept["name"]) == applied["key"]) & (kept["revision"] == applied["action_revision"]),
+        "left",
+    )
+    return joined.select(
+        "seq",
+        "kind",
+        "name",
+        "op",
+        F.unix_micros("time").alias("at_us"),
+        "revision",
+        F.when(F.col("key").isNotNull(), F.lit("sc")).otherwise(F.lit("user")).alias("by"),
+    )
+
+
+def _leaders_over_time(partitions: DataFrame, first_us: int, last_us: int) -> DataFrame:
+    """Leaders per SPU at the end of each of TIMELINE_BUCKETS time buckets (for the chart)."""
+    bucket_us = max(1, -(-(last_us - first_us) // TIMELINE_BUCKETS))
+    ordered = Window.partitionBy("kind", "name").orderBy("seq")
+    with_previous = partitions.withColumn("now_leader", F.when(F.col("op") != "delete", F.col("leader"))).withColumn(
+        "was_leader", F.lag("now_leader").over(ordered)
+    )
+    moved = with_previous.filter(~F.col("now_leader").eqNullSafe(F.col("was_leader")))
+    bucket = (F.floor((F.unix_micros("time") - F.lit(first_us)) / F.lit(bucket_us)) + 1) * F.lit(bucket_us) + F.lit(first_us)
+    gained = moved.filter(F.col("now_leader").isNotNull()).select(bucket.alias("bucket_us"), F.col("now_leader").alias("spu"), F.lit(1).alias("delta"))
+    lost = moved.filter(F.col("was_leader").isNotNull()).select(bucket.alias("bucket_us"), F.col("was_leader").alias("spu"), F.lit(-1).alias("delta"))
+    deltas = gained.unionByName(lost).groupBy("bucket_us", "spu").agg(F.sum("delta").alias("delta"))
+    running = Window.partitionBy("spu").orderBy("bucket_us").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    return deltas.select("bucket_us", "spu", F.sum("delta").over(running).alias("leaders"))
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _topic(name: Column) -> Column:
+    return F.regexp_extract(name, r"^(.*)-[0-9]+$", 1)
+
+
+def _collect(frame: DataFrame, *order: str) -> list[dict[str, Any]]:
+    return [row.asDict(recursive=True) for row in frame.orderBy(*order).collect()]
+
+
+def _micros(value: datetime.datetime) -> int:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.UTC)
+    return (value - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)) // datetime.timedelta(microseconds=1)
+
+
+# ---------------------------------------------------------------------------- spark-submit entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="jobs.py", description="The SC's Spark audit jobs over an exported history (sc audit export)."
+    )
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--history", type=Path, required=True, help="the exported history (sc audit export --out DIR)")
+    parser.add_argument("--out", type=Path, required=True, help="where the report goes (created if absent)")
+    parser.add_argument("--master", help="Spark master: local[*] (default of sc audit report), spark://host:7077, ...")
+    parser.add_argument("--at", help="placement balance at this ISO 8601 time (default: the end of the history)")
+    parser.add_argument("--flap-count", type=int, default=3, help="offline transitions that make an SPU flapping (default 3)")
+    parser.add_argument("--flap-window", type=float, default=600.0, help="... within this many seconds (default 600)")
+
+
+def main(argv: Sequence[str] | None = None, default_master: str | None = None) -> int:
+    """Run every job and write the report; the exit status of `sc audit report` and of spark-submit."""
+    from controller.audit import export, report  # the report needs no Spark; imported here for spark-submit
+
+    args = build_parser().parse_args(argv)
+    try:
+        options = Options(
+            at=export.parse_time(args.at) if args.at else None, flap_count=args.flap_count, flap_window=args.flap_window
+        )
+    except (ValueError, export.ExportError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = session(args.master or default_master)
+    try:
+        results = run(spark, args.history, options)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    written = report.write(results, args.out)
+    print(f"report written to {args.out}: {', '.join(sorted(str(path.relative_to(args.out)) for path in written))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
