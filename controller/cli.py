@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from controller import admin_cli, run_cli
+from controller.audit import cli as audit_cli
 from controller.placement import cli as placement_cli
 
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_cli.register(commands)
     admin_cli.register(commands)
     placement_cli.register(commands)
+    audit_cli.register(commands)
     return parser
 
 

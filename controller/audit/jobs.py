@@ -410,31 +410,13 @@ def _micros(value: datetime.datetime) -> int:
     return (value - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)) // datetime.timedelta(microseconds=1)
 
 
-# ---------------------------------------------------------------------------- spark-submit entry point
+# ---------------------------------------------------------------------------- entry points
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="jobs.py", description="The SC's Spark audit jobs over an exported history (sc audit export)."
-    )
-    add_arguments(parser)
-    return parser
+def report_command(args: argparse.Namespace, default_master: str | None = None) -> int:
+    """Run every job and write the report (the arguments of controller.audit.cli); an exit status."""
+    from controller.audit import export, report  # no Spark in either
 
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--history", type=Path, required=True, help="the exported history (sc audit export --out DIR)")
-    parser.add_argument("--out", type=Path, required=True, help="where the report goes (created if absent)")
-    parser.add_argument("--master", help="Spark master: local[*] (default of sc audit report), spark://host:7077, ...")
-    parser.add_argument("--at", help="placement balance at this ISO 8601 time (default: the end of the history)")
-    parser.add_argument("--flap-count", type=int, default=3, help="offline transitions that make an SPU flapping (default 3)")
-    parser.add_argument("--flap-window", type=float, default=600.0, help="... within this many seconds (default 600)")
-
-
-def main(argv: Sequence[str] | None = None, default_master: str | None = None) -> int:
-    """Run every job and write the report; the exit status of `sc audit report` and of spark-submit."""
-    from controller.audit import export, report  # the report needs no Spark; imported here for spark-submit
-
-    args = build_parser().parse_args(argv)
     try:
         options = Options(
             at=export.parse_time(args.at) if args.at else None, flap_count=args.flap_count, flap_window=args.flap_window
@@ -442,6 +424,7 @@ def main(argv: Sequence[str] | None = None, default_master: str | None = None) -
     except (ValueError, export.ExportError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    # Spark's Python workers must run this interpreter (the one with the project installed).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = session(args.master or default_master)
     try:
@@ -452,8 +435,17 @@ def main(argv: Sequence[str] | None = None, default_master: str | None = None) -
     finally:
         spark.stop()
     written = report.write(results, args.out)
-    print(f"report written to {args.out}: {', '.join(sorted(str(path.relative_to(args.out)) for path in written))}")
+    print(f"report written to {args.out}: {len(written)} files (report.json, report.md, tables/, charts/)")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """spark-submit controller/audit/jobs.py --history DIR --out DIR (the master: spark-submit's)."""
+    from controller.audit import cli
+
+    parser = argparse.ArgumentParser(prog="jobs.py", description="The SC's Spark audit jobs over an exported history.")
+    cli.add_report_arguments(parser)
+    return report_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
