@@ -426,14 +426,16 @@ def report_command(args: argparse.Namespace, default_master: str | None = None) 
         return 2
     # Spark's Python workers must run this interpreter (the one with the project installed).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = session(args.master or default_master)
+    already = SparkSession.getActiveSession()  # e.g. a notebook's: used as it is, and left running
+    spark = already or session(args.master or default_master)
     try:
         results = run(spark, args.history, options)
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     finally:
-        spark.stop()
+        if already is None:
+            spark.stop()
     written = report.write(results, args.out)
     print(f"report written to {args.out}: {len(written)} files (report.json, report.md, tables/, charts/)")
     return 0
