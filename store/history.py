@@ -317,6 +317,7 @@ class Recorder:
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self._closed = False
+        self._writing = 0  # records handed to the worker thread and not yet written
 
     @classmethod
     def open(
@@ -368,7 +369,8 @@ class Recorder:
 
     @property
     def queue_depth(self) -> int:
-        return len(self._queue)
+        """Records waiting to be written (those being written included)."""
+        return len(self._queue) + self._writing
 
     def lag(self) -> float:
         """Seconds the oldest queued record has been waiting (0 when nothing waits)."""
@@ -392,7 +394,7 @@ class Recorder:
         """
         fields: dict[str, Any] = {"type": CHANGE, "kind": kind, "name": name, "op": op, "revision": revision, "source": source}
         if snapshot is not None:
-            fields["snapshot"] = snapshot
+            fields["snapshotRevision"] = snapshot
         if self._push(fields, value, revision) and source != LIST:
             self._advance(revision)
 
@@ -491,6 +493,7 @@ class Recorder:
                 self._queue_drop_gap()
             batch = [self._queue.popleft() for _ in range(min(WRITE_BATCH, len(self._queue)))]
             first_seq = self._log.next_seq
+            self._writing = len(batch)
             try:
                 await asyncio.to_thread(self._write, batch, first_seq)
             except OSError as error:
@@ -498,6 +501,8 @@ class Recorder:
                 self.stats.dropped += len(batch)
                 _log.error("cannot write %d history records: %s", len(batch), error)
                 continue
+            finally:
+                self._writing = 0
             for pending in batch:
                 self.stats.recorded[pending.fields["type"]] += 1
 
@@ -512,7 +517,7 @@ class Recorder:
         """Return once everything queued so far is written (and handed to the OS)."""
         if self._writer is None or self._writer.done():
             return
-        while self._queue or self._dropped_since_gap:
+        while self._queue or self._dropped_since_gap or self._writing:
             await asyncio.sleep(0.005)
 
     async def close(self) -> None:

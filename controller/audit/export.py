@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
+import pyarrow.json as pajson
 
 from store import history
 
@@ -121,111 +123,173 @@ def export(
             f"{history_id}): export into an empty directory"
         )
     after_seq = state["lastSeq"] if state else 0
-    since_us = micros(since) if since is not None else None
-    until_us = micros(until) if until is not None else None
     reader = history.HistoryReader(history_dir)
     rows = files = 0
     first_seq: int | None = None
     last_seq = after_seq
-    for chunk in _chunks(_selected(reader.records(after_seq), since_us, until_us), chunk_rows):
-        records, chunk_last = chunk
-        last_seq = chunk_last
-        if not records:
-            continue
-        first_seq = first_seq if first_seq is not None else records[0]["seq"]
-        files += _write_chunk(records, out)
-        rows += len(records)
+    for payloads in _batches(reader.payloads(after_seq), chunk_rows):
+        table = to_table(payloads)
+        times = table.column("time").cast(pa.int64())
+        if until is not None:
+            beyond = pc.greater_equal(times, micros(until))
+            if pc.any(beyond).as_py():
+                cut = pc.index(beyond, True).as_py()
+                table, times = table.slice(0, cut), times.slice(0, cut)
+                payloads = []  # nothing after the cut is read
+        if table.num_rows:
+            last_seq = table.column("seq")[-1].as_py()
+        if since is not None:
+            table = table.filter(pc.greater_equal(times, micros(since)))
+        if table.num_rows:
+            first_seq = first_seq if first_seq is not None else table.column("seq")[0].as_py()
+            files += _write_chunk(table, out)
+            rows += table.num_rows
+        if until is not None and not payloads:
+            break
     _write_state(out, history_id, last_seq)
     problems = [f"{problem.segment}@{problem.offset}" for problem in reader.problems]
     return ExportResult(rows, first_seq, last_seq, files, time.monotonic() - started, problems)
 
 
-def _selected(
-    records: Iterable[dict[str, Any]], since_us: int | None, until_us: int | None
-) -> Iterator[tuple[dict[str, Any] | None, int]]:
-    """(record or None if before --since, its seq), stopping at the first record at/after --until."""
-    for record in records:
-        if until_us is not None and record["time"] >= until_us:
-            return
-        keep = since_us is None or record["time"] >= since_us
-        yield (record if keep else None), record["seq"]
+def _batches(payloads: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
+    batch: list[bytes] = []
+    for payload in payloads:
+        batch.append(payload)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
-def _chunks(
-    selected: Iterable[tuple[dict[str, Any] | None, int]], chunk_rows: int
-) -> Iterator[tuple[list[dict[str, Any]], int]]:
-    chunk: list[dict[str, Any]] = []
-    last_seq = 0
-    for record, seq in selected:
-        last_seq = seq
-        if record is not None:
-            chunk.append(record)
-            if len(chunk) >= chunk_rows:
-                yield chunk, last_seq
-                chunk = []
-    if chunk or last_seq:
-        yield chunk, last_seq
+# How the history's JSON records are read (C++ parsing; nested fields other than these are ignored).
+_RECORD_SCHEMA = pa.schema(
+    [
+        ("seq", pa.int64()), ("type", pa.string()), ("time", pa.int64()), ("kind", pa.string()),
+        ("name", pa.string()), ("op", pa.string()), ("revision", pa.int64()), ("source", pa.string()),
+        ("snapshotRevision", pa.int64()), ("verb", pa.string()), ("reason", pa.string()), ("cause", pa.string()),
+        ("causeRevision", pa.int64()), ("outcome", pa.string()), ("keys", pa.list_(pa.string())),
+        ("detail", pa.string()), ("firstRevision", pa.int64()), ("lastRevision", pa.int64()),
+        ("dropped", pa.int64()), ("snapshot", pa.bool_()),
+        (
+            "object",
+            pa.struct(
+                [
+                    (
+                        "spec",
+                        pa.struct(
+                            [
+                                ("id", pa.int32()), ("rack", pa.string()), ("leader", pa.int32()),
+                                ("replicas", pa.list_(pa.int32())), ("ignoreRackAssignment", pa.bool_()),
+                            ]
+                        ),
+                    ),
+                    (
+                        "status",
+                        pa.struct([("resolution", pa.string()), ("reason", pa.string()), ("leader", pa.struct([("spu", pa.int32())]))]),
+                    ),
+                ]
+            ),
+        ),
+    ]
+)
+_PARSE = pajson.ParseOptions(explicit_schema=_RECORD_SCHEMA, unexpected_field_behavior="ignore")
 
 
-def to_columns(records: list[dict[str, Any]]) -> dict[str, list[Any]]:
-    """The dataset's columns for ``records`` (the history's JSON records, in order)."""
-    columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
-    dumps = json.dumps
-    for record in records:
-        record_type = record["type"]
-        row: dict[str, Any] = dict.fromkeys(SCHEMA.names)
-        row["seq"], row["type"], row["time"] = record["seq"], record_type, record["time"]
-        row["date"] = datetime.datetime.fromtimestamp(record["time"] / 1_000_000, datetime.UTC).strftime("%Y-%m-%d")
-        if record_type == history.CHANGE:
-            kind = record["kind"]
-            row.update(
-                kind=kind, name=record["name"], op=record["op"], revision=record["revision"],
-                source=record["source"], snapshot_revision=record.get("snapshot"),
-            )
-            obj = record["object"]
-            if obj is not None:
-                spec, status = obj.get("spec") or {}, obj.get("status") or {}
-                row["spec"] = dumps(spec, separators=(",", ":"))
-                row["status"] = dumps(status, separators=(",", ":"))
-                row["resolution"] = status.get("resolution")
-                row["reason"] = status.get("reason")
-                if kind == "spus":
-                    row["spu_id"], row["rack"] = spec.get("id"), spec.get("rack")
-                elif kind == "partitions":
-                    row["leader"], row["replicas"] = spec.get("leader"), spec.get("replicas")
-                    status_leader = status.get("leader")
-                    row["status_leader"] = status_leader.get("spu") if status_leader else None
-                elif kind == "topics":
-                    row["ignore_rack_assignment"] = bool(spec.get("ignoreRackAssignment", False))
-        elif record_type == history.ACTION:
-            row.update(
-                kind=record["kind"], name=record["name"], verb=record["verb"], reason=record["reason"],
-                cause=record["cause"] or None, cause_revision=record["causeRevision"], outcome=record["outcome"],
-                revision=record["revision"], keys=record["keys"], detail=record["detail"] or None,
-            )
-        elif record_type == history.GAP:
-            row.update(
-                kind=HISTORY_KIND, first_revision=record["firstRevision"], revision=record["lastRevision"],
-                reason=record["reason"], dropped=record["dropped"],
-            )
-        elif record_type == history.SYNC:
-            row.update(kind=HISTORY_KIND, revision=record["revision"], snapshot=record["snapshot"])
-        else:
-            raise ExportError(f"history record {record['seq']} has an unknown type {record_type!r}")
-        for name, value in row.items():
-            columns[name].append(value)
-    return columns
+def to_table(payloads: list[bytes]) -> pa.Table:
+    """The dataset's rows for ``payloads`` (the history's JSON records, in order)."""
+    data = b"\n".join(payloads) + b"\n"
+    block = max(1 << 20, 2 * max(len(payload) for payload in payloads))
+    parsed = pajson.read_json(
+        pa.BufferReader(data), read_options=pajson.ReadOptions(block_size=block), parse_options=_PARSE
+    )
+    column = parsed.column
+    record_type = column("type")
+    unknown = pc.invert(pc.is_in(record_type, pa.array([history.CHANGE, history.ACTION, history.GAP, history.SYNC])))
+    if pc.any(unknown).as_py():
+        bad = parsed.filter(unknown)
+        raise ExportError(
+            f"history record {bad.column('seq')[0].as_py()} has an unknown type {bad.column('type')[0].as_py()!r}"
+        )
+    is_change = pc.equal(record_type, history.CHANGE)
+    is_gap = pc.equal(record_type, history.GAP)
+    obj = column("object")
+    spec, status = pc.struct_field(obj, "spec"), pc.struct_field(obj, "status")
+    kinds = column("kind")
+
+    def for_kind(kind: str, values: pa.ChunkedArray) -> pa.ChunkedArray:
+        return pc.if_else(pc.equal(kinds, kind), values, pa.scalar(None, values.type))
+
+    spec_texts, status_texts = zip(*map(_spec_and_status, payloads)) if payloads else ((), ())
+    timestamps = column("time").cast(pa.timestamp("us", tz="UTC"))
+    columns = {
+        "seq": column("seq"),
+        "type": record_type,
+        "time": timestamps,
+        "revision": pc.if_else(is_gap, column("lastRevision"), column("revision")),
+        "name": column("name"),
+        "op": pc.if_else(is_change, column("op"), pa.scalar(None, pa.string())),
+        "source": column("source"),
+        "snapshot_revision": column("snapshotRevision"),
+        "spec": pa.array(spec_texts, pa.string()),
+        "status": pa.array(status_texts, pa.string()),
+        "resolution": pc.struct_field(status, "resolution"),
+        "reason": pc.if_else(is_change, pc.struct_field(status, "reason"), column("reason")),
+        "spu_id": for_kind("spus", pc.struct_field(spec, "id")),
+        "rack": for_kind("spus", pc.struct_field(spec, "rack")),
+        "leader": for_kind("partitions", pc.struct_field(spec, "leader")),
+        "replicas": for_kind("partitions", pc.struct_field(spec, "replicas")),
+        "status_leader": for_kind("partitions", pc.struct_field(pc.struct_field(status, "leader"), "spu")),
+        "ignore_rack_assignment": pc.if_else(
+            pc.and_(pc.equal(kinds, "topics"), pc.is_valid(spec)),
+            pc.fill_null(pc.struct_field(spec, "ignoreRackAssignment"), False),
+            pa.scalar(None, pa.bool_()),
+        ),
+        "verb": column("verb"),
+        "cause": _empty_as_null(column("cause")),
+        "cause_revision": column("causeRevision"),
+        "outcome": column("outcome"),
+        "keys": column("keys"),
+        "detail": _empty_as_null(column("detail")),
+        "first_revision": column("firstRevision"),
+        "dropped": column("dropped"),
+        "snapshot": column("snapshot"),
+        "date": pc.strftime(timestamps, format="%Y-%m-%d"),
+        "kind": pc.fill_null(kinds, HISTORY_KIND),
+    }
+    return pa.table(columns).cast(SCHEMA)
 
 
-def _write_chunk(records: list[dict[str, Any]], out: Path) -> int:
-    table = pa.Table.from_pydict(to_columns(records), schema=SCHEMA)
+def _empty_as_null(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
+
+
+def _spec_and_status(payload: bytes) -> tuple[str | None, str | None]:
+    """A change record's spec and status as JSON text, cut from the stored object without parsing it
+    when it has the SC's own layout ({"name":..,"spec":{..},"status":{..}}), else re-encoded."""
+    start = payload.find(b',"object":{')
+    if start < 0:
+        return None, None  # not a change, or a delete
+    obj = payload[start + 10 : -1]
+    spec_at = obj.find(b'"spec":')
+    status_at = obj.rfind(b',"status":')
+    if obj.startswith(b'{"name":"') and 0 < spec_at < status_at and obj.endswith(b"}"):
+        return obj[spec_at + 7 : status_at].decode(), obj[status_at + 10 : -1].decode()
+    parsed = json.loads(obj)  # written by another program in another layout
+    return (
+        json.dumps(parsed.get("spec"), separators=(",", ":")),
+        json.dumps(parsed.get("status"), separators=(",", ":")),
+    )
+
+
+def _write_chunk(table: pa.Table, out: Path) -> int:
     written: list[str] = []
     pads.write_dataset(
         table,
         out,
         format="parquet",
         partitioning=PARTITIONING,
-        basename_template=f"part-{records[0]['seq']:020d}-{{i}}.parquet",
+        basename_template=f"part-{table.column('seq')[0].as_py():020d}-{{i}}.parquet",
         existing_data_behavior="overwrite_or_ignore",
         file_visitor=lambda written_file: written.append(written_file.path),
     )

@@ -60,10 +60,12 @@ def session(master: str | None = None, app_name: str = "sc-audit", shuffle_parti
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.parquet.mergeSchema", "false")
     )
+    if master and master.startswith("local"):
+        # One machine: a few shuffle partitions per core, not Spark's cluster default of 200.
+        shuffle_partitions = shuffle_partitions or 2 * (os.cpu_count() or 1)
+        builder = builder.config("spark.ui.enabled", "false")
     if shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-    if master and master.startswith("local"):
-        builder = builder.config("spark.ui.enabled", "false")
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

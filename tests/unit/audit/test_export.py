@@ -148,3 +148,15 @@ def test_times_are_iso_8601_and_naive_means_utc(text: str, expected: datetime.da
 def test_a_malformed_time_is_named(text: str = "yesterday") -> None:
     with pytest.raises(export.ExportError, match=r"time 'yesterday' is not ISO 8601"):
         export.parse_time(text)
+
+
+async def test_an_object_stored_in_another_layout_still_gives_its_spec_and_status(tmp_path: Path) -> None:
+    recorder = history.Recorder.open(tmp_path / "history")
+    value = b'{"status": {"resolution": "Online"}, "name": "spu-9", "spec": {"id": 9, "rack": "r,\\"status\\":"}}'
+    recorder.record_change("spus", "spu-9", history.CREATE, 3, value)
+    await recorder.start()
+    await recorder.close()
+    export.export(tmp_path / "history", tmp_path / "out")
+    [row] = read(tmp_path / "out")
+    assert (row["spec"], row["status"]) == ('{"id":9,"rack":"r,\\"status\\":"}', '{"resolution":"Online"}')
+    assert (row["spu_id"], row["rack"], row["resolution"]) == (9, 'r,"status":', "Online")
