@@ -105,7 +105,9 @@ class Reader:
             # Restored from a backup, or another etcd: records after its revision came from before.
             log.warning("history gap: the store is behind the history", history=resume, listed=listed.revision)
             self.history.record_gap(listed.revision + 1, resume, "store-behind-history")
-        since = resume or 0
+        # What the listing holds that was created after the last record is new; after a store went
+        # back, revisions say nothing of what the history saw: every object starts afresh.
+        since = resume if resume is not None and compacted else 0
         for item in objects:
             kind, _, name = item.key.partition("/")
             op = history_module.CREATE if item.create_revision > since else history_module.UPDATE

@@ -218,3 +218,27 @@ async def test_only_one_recorder_per_history_directory(tmp_path: Path) -> None:
 def test_a_directory_without_an_id_is_not_a_history(tmp_path: Path) -> None:
     with pytest.raises(history.HistoryError, match=r"is not a history directory: it has no history.id"):
         history.read_history_id(tmp_path)
+
+
+async def test_the_metrics_read_the_recorder_at_scrape_time(tmp_path: Path) -> None:
+    from controller import metrics
+
+    clock = FakeClock()
+    recorder = history.Recorder.open(tmp_path, max_queue=2, clock=clock)
+    registry = metrics.Metrics()
+    registry.watch_history(recorder)
+    for revision in (1, 2, 3):
+        recorder.record_change("topics", "orders", history.UPDATE, revision, TOPIC)
+    clock.now += 1.5
+    exposition = registry.exposition().decode()
+    for line in (
+        "sc_history_queue_depth 2.0",
+        "sc_history_lag_seconds 1.5",
+        "sc_history_revision 2.0",
+        "sc_history_dropped_records_total 1.0",
+    ):
+        assert line in exposition.splitlines(), line
+    await recorder.start()
+    await recorder.close()
+    assert 'sc_history_records_total{type="change"} 2.0' in registry.exposition().decode().splitlines()
+    assert 'sc_history_records_total{type="gap"} 1.0' in registry.exposition().decode().splitlines()

@@ -185,3 +185,30 @@ async def test_without_a_history_the_reader_records_nothing_and_watches_from_the
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+async def test_a_store_behind_the_history_gives_a_gap_record_and_a_snapshot(tmp_path: Path) -> None:
+    from store import memory
+
+    first_store = memory.MemoryStore()
+    for name in ("a", "b", "c"):
+        await first_store.create(f"topics/{name}", topic(name))
+    runner = RunningReader(first_store, tmp_path)
+    await runner.start()
+    await runner.until_recorded(4)
+    await runner.stop()
+    await first_store.close()
+
+    restored = memory.MemoryStore()  # e.g. etcd restored from an older backup: revision 2
+    created = await restored.create("topics/z", topic("z"))
+    runner = RunningReader(restored, tmp_path)
+    await runner.start()
+    await runner.until_recorded(created)
+    assert runner.recorder.resume_revision == created
+    await runner.stop()
+    await restored.close()
+    assert changes(tmp_path)[4:] == [
+        ("gap", "store-behind-history", created + 1, 4),
+        ("change", "list", "create", "topics", "z", created, "Init"),
+        ("sync", created, True),
+    ]
