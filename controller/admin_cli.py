@@ -430,6 +430,21 @@ def _whole_number(text: str) -> int:
     return int(text)
 
 
+def command_group(commands: argparse._SubParsersAction, name: str, summary: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
+    """The subcommands of group ``name`` (``sc spu ...``), created if absent.
+
+    `sc spu run` (the SPU simulator) lives in another module: whichever registers first
+    creates the group, the other adds its commands to it.
+    """
+    existing = commands.choices.get(name)
+    if existing is not None:
+        for action in existing._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                return action
+    parser = commands.add_parser(name, help=summary, description=summary)
+    return parser.add_subparsers(dest=f"{name}_command", metavar="COMMAND", required=True)
+
+
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -443,15 +458,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         return parser
 
     def group_of(name: str, summary: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
-        # `sc spu run` (the SPU simulator) lives in another module: whichever registers first
-        # creates the group, the other adds its commands to it.
-        existing = commands.choices.get(name)
-        if existing is not None:
-            for action in existing._actions:
-                if isinstance(action, argparse._SubParsersAction):
-                    return action
-        parser = commands.add_parser(name, help=summary, description=summary)
-        return parser.add_subparsers(dest=f"{name}_command", metavar="COMMAND", required=True)
+        return command_group(commands, name, summary)
 
     topics = group_of("topic", "create, list, describe and delete topics; add partitions")
     create = command(topics, "create", _topic_create, "create a topic (waits until it is provisioned or cannot be)")
@@ -483,7 +490,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     add.add_argument("name", metavar="NAME")
     add.add_argument("-c", "--count", type=_whole_number, default=1, metavar="N", help="partitions to add (default 1)")
 
-    spus = group_of("spu", "register, list and unregister SPUs")
+    spus = group_of("spu", "register, list and unregister SPUs; run simulated SPUs")
     register_spu = command(spus, "register", _spu_register, "register a custom SPU")
     register_spu.add_argument("--id", type=_whole_number, required=True, metavar="ID", help="SPU id, unique in the cluster")
     register_spu.add_argument("--name", dest="spu_name", required=True, metavar="NAME", help="SPU name")

@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controller import admin_cli, run_cli
+from controller import admin_cli, run_cli, spu_cli
 from controller.audit import cli as audit_cli
 from controller.placement import cli as placement_cli
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run_cli.register(commands)
     admin_cli.register(commands)
+    spu_cli.register(commands)
     placement_cli.register(commands)
     audit_cli.register(commands)
     return parser

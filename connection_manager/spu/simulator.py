@@ -1,0 +1,212 @@
+"""The SPU simulator: ``SimulatedSpu`` joins the SC, hosts its replicas and replicates their offsets, no payloads.
+
+Usable in-process (``await spu.start()`` / ``await spu.stop()``, K of them on one loop) and by
+``sc spu run``. It wires the pure ``SpuState`` to its I/O: the SC session, the fetch server on the
+SPU's own private endpoint (as the SC describes it), the fetch loops, the append bursts and the checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from connection_manager.spu import (
+    backoff as backoff_module,
+    checkpoint,
+    fetch,
+    replica as replica_module,
+    session as session_module,
+    settings as settings_module,
+    state as state_module,
+)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); ValueError naming the text otherwise."""
+    host, separator, port = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not HOST:PORT (for example 127.0.0.1:9004)")
+    return host, int(port)
+
+
+class SimulatedSpu:
+    """SPU ``spu_id`` connecting to the SC's private port at ``sc_address`` (``HOST:PORT`` or (host, port)).
+
+    ``token``: sent in Register when the SC requires one. ``data_dir``: offsets are saved under it
+    (``spu-<id>/offsets.json``) every ``settings.checkpoint_interval`` and on ``stop``, and resumed
+    on ``start``; without it the SPU starts from offset 0. ``listen_host``: bind the fetch server
+    there instead of the host of the SPU's registered private endpoint (its port is always the
+    registered one), for a container whose registered name is not a local address.
+    """
+
+    def __init__(
+        self,
+        spu_id: int,
+        sc_address: str | tuple[str, int],
+        token: str | None = None,
+        *,
+        settings: settings_module.SpuSettings | None = None,
+        data_dir: Path | None = None,
+        listen_host: str | None = None,
+    ) -> None:
+        self.spu_id = spu_id
+        self.sc_address = parse_address(sc_address) if isinstance(sc_address, str) else sc_address
+        self.token = token
+        self.settings = settings or settings_module.SpuSettings()
+        self.checkpoint_path = None if data_dir is None else checkpoint.path_for(data_dir, spu_id)
+        self.listen_host = listen_host
+        self.state = state_module.SpuState(spu_id, self.settings.replica_lag_time)
+        self.server = fetch.FetchServer(self.state)
+        self.fetchers = fetch.Fetchers(self.state, self.settings)
+        self.session = session_module.ScSession(
+            self.state, self.sc_address, token, self.settings, on_change=self._picture_changed
+        )
+        self._roles: dict[str, tuple[replica_module.Role, int | None]] = {}
+        self._endpoint_changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.log = structlog.get_logger(__name__).bind(spu=spu_id)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Resume offsets from the checkpoint, then connect, listen, append and fetch in the background."""
+        if self._tasks:
+            raise RuntimeError(f"SPU {self.spu_id} is already started")
+        if self.checkpoint_path is not None:
+            restored = await asyncio.to_thread(checkpoint.load, self.checkpoint_path)
+            self.state.restore(restored)
+            self.log.info("offsets restored", path=str(self.checkpoint_path), partitions=len(restored))
+        self._spawn(self.session.run(), "session")
+        self._spawn(self._listen(), "listen")
+        self._spawn(self._append(), "append")
+        if self.checkpoint_path is not None:
+            self._spawn(self._checkpoint(), "checkpoint")
+        self.log.info("spu started", sc=f"{self.sc_address[0]}:{self.sc_address[1]}")
+
+    async def stop(self) -> None:
+        """Stop everything it started, drop its connections, and save its offsets last."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.fetchers.close()
+        await self.server.close()
+        if self.checkpoint_path is not None and tasks:
+            await self._save()
+        self.log.info("spu stopped")
+
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=f"spu-{self.spu_id}-{name}")
+        task.add_done_callback(self._crashed)
+        self._tasks.append(task)
+
+    def _crashed(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.log.error("spu task failed", task=task.get_name(), exc_info=task.exception())
+
+    # ------------------------------------------------------------------ observing
+
+    @property
+    def connected(self) -> bool:
+        """Accepted by the SC and synced on the current connection."""
+        return self.session.connected
+
+    @property
+    def listening(self) -> tuple[str, int] | None:
+        """Where its fetch server listens, once the SC told it its endpoint."""
+        return self.server.address
+
+    def status(self, partition: str) -> state_module.ReplicaStatus | None:
+        return self.state.status(partition, asyncio.get_running_loop().time())
+
+    # ------------------------------------------------------------------ background work
+
+    def _picture_changed(self) -> None:
+        roles = {name: (replica.role, replica.leader) for name, replica in self.state.replicas.items()}
+        if not self._roles:
+            counts = {role.value: sum(1 for held, _ in roles.values() if held is role) for role in replica_module.Role}
+            self.log.info("replicas assigned", **counts)
+        else:
+            # After the first picture, each change is news (a failover, a new topic): one line each.
+            for name, (role, leader) in sorted(roles.items()):
+                if self._roles.get(name) != (role, leader):
+                    self.log.info("replica role", partition=name, role=role.value, leader=leader, leo=self.state.replicas[name].leo)
+            for name in sorted(self._roles.keys() - roles.keys()):
+                self.log.info("replica removed", partition=name)
+        self._roles = roles
+        self._endpoint_changed.set()
+        self.fetchers.reconcile()
+
+    async def _listen(self) -> None:
+        """Keep the fetch server on this SPU's private endpoint; retry with backoff if it cannot bind."""
+        backoff = backoff_module.Backoff(self.settings.fetch_retry_initial, self.settings.fetch_retry_max * 5)
+        while True:
+            await self._endpoint_changed.wait()
+            self._endpoint_changed.clear()
+            endpoint = self.state.endpoint_of(self.spu_id)
+            if endpoint is None:
+                self.log.warning("the SC does not describe this SPU's private endpoint; not listening yet")
+                continue
+            address = (self.listen_host or endpoint.host, endpoint.port)
+            if address == self.server.address:
+                continue
+            try:
+                await self.server.listen(*address)
+                backoff.reset()
+            except OSError as error:
+                delay = backoff.next_delay()
+                self.log.error(
+                    "cannot listen on the private endpoint", host=address[0], port=address[1], error=str(error), retry_in=round(delay, 3)
+                )
+                await asyncio.sleep(delay)
+                self._endpoint_changed.set()
+
+    async def _append(self) -> None:
+        """Bursts of ``append_records`` records in every partition it leads, every ``append_interval`` s."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time() + self.settings.append_interval
+        while True:
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            next_at += self.settings.append_interval
+            self.state.append(self.settings.append_records, loop.time())
+
+    async def _checkpoint(self) -> None:
+        saved = b""
+        while True:
+            await asyncio.sleep(self.settings.checkpoint_interval)
+            data = checkpoint.encode(self.state.offsets())
+            if data != saved:
+                try:
+                    await self._save(data)
+                    saved = data
+                except OSError as error:
+                    self.log.error("cannot save offsets", path=str(self.checkpoint_path), error=str(error))
+
+    async def _save(self, data: bytes | None = None) -> None:
+        assert self.checkpoint_path is not None
+        await asyncio.to_thread(checkpoint.save, self.checkpoint_path, data or checkpoint.encode(self.state.offsets()))
+
+
+async def run_until_signalled(spus: Sequence[SimulatedSpu]) -> None:
+    """Run ``spus`` until SIGTERM or SIGINT, then stop them all (each saves its offsets)."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    started: list[SimulatedSpu] = []
+    try:
+        for spu in spus:
+            await spu.start()
+            started.append(spu)
+        await stopping.wait()
+        structlog.get_logger(__name__).info("stopping", spus=[spu.spu_id for spu in started])
+    finally:
+        await asyncio.gather(*(spu.stop() for spu in started), return_exceptions=True)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)

@@ -1,0 +1,447 @@
+"""The SPU simulator on real sockets: its SC session against a minimal in-test SC, and SPUs replicating offsets.
+
+``FakeSc`` stands in for the SC's private port only to test the SPU side in isolation (registration,
+reconnect with backoff, applying updates); it decides nothing. Replication runs between real
+SimulatedSpu instances over their own fetch servers on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from aiohttp import WSMsgType, web
+
+from connection_manager import wire
+from connection_manager.spu import checkpoint, fetch_wire
+from connection_manager.spu.replica import Role
+from connection_manager.spu.settings import SpuSettings
+from connection_manager.spu.simulator import SimulatedSpu
+from connection_manager.spu.state import Offsets
+from controller import cli
+
+FAST = SpuSettings(
+    append_interval=0.1,
+    append_records=100,
+    fetch_interval=0.02,
+    fetch_max_records=100,
+    replica_lag_time=1.0,
+    reconnect_initial=0.05,
+    reconnect_max=0.4,
+    fetch_retry_initial=0.02,
+    fetch_retry_max=0.2,
+    checkpoint_interval=0.2,
+)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def spu_info(spu_id: int, port: int) -> wire.SpuInfo:
+    return wire.SpuInfo(
+        id=spu_id,
+        name=f"spu-{spu_id}",
+        public_endpoint=wire.Endpoint(host="127.0.0.1", port=1),
+        private_endpoint=wire.Endpoint(host="127.0.0.1", port=port),
+    )
+
+
+@dataclass
+class Connection:
+    spu_id: int
+    registered_at: float
+    register: wire.Register
+    websocket: web.WebSocketResponse
+    reports: list[tuple[float, wire.LiveReplicas]] = field(default_factory=list)
+
+
+class FakeSc:
+    """Accepts the SPUs it knows (and the token, if set), sends each a Sync of its picture, records what they send."""
+
+    def __init__(self, spus: list[wire.SpuInfo], replicas: list[wire.ReplicaInfo], token: str | None = None) -> None:
+        self.spus = {spu.id: spu for spu in spus}
+        self.replicas = {info.partition: info for info in replicas}
+        self.token = token
+        self.epoch = 1
+        self.connections: list[Connection] = []
+        self.drop_after_accept = 0  # the next N connections are closed right after Accepted, before any Sync
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def live(self, spu_id: int) -> Connection | None:
+        for connection in reversed(self.connections):
+            if connection.spu_id == spu_id and not connection.websocket.closed:
+                return connection
+        return None
+
+    def reports_of(self, spu_id: int) -> list[tuple[float, wire.LiveReplicas]]:
+        return [report for c in self.connections if c.spu_id == spu_id for report in c.reports]
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get(wire.SPU_PATH, self._handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.WebSocketResponse:
+        websocket = web.WebSocketResponse()
+        await websocket.prepare(request)
+        loop = asyncio.get_running_loop()
+        register = wire.parse_spu_message((await websocket.receive()).data)
+        assert isinstance(register, wire.Register)
+        connection = Connection(register.spu_id, loop.time(), register, websocket)
+        self.connections.append(connection)
+        if register.spu_id not in self.spus or register.token != self.token:
+            code = "unknown-spu" if register.spu_id not in self.spus else "bad-token"
+            await websocket.send_bytes(wire.encode(wire.Rejected(code=code, reason=f"SPU {register.spu_id} refused")))
+            await websocket.close()
+            return websocket
+        await websocket.send_bytes(wire.encode(wire.Accepted(spu_id=register.spu_id, heartbeat_timeout=2.0)))
+        if self.drop_after_accept:
+            self.drop_after_accept -= 1
+            await websocket.close()
+            return websocket
+        await websocket.send_bytes(wire.encode(self.sync_for(register.spu_id)))
+        async for frame in websocket:
+            if frame.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                message = wire.parse_spu_message(frame.data)
+                assert isinstance(message, wire.LiveReplicas)
+                connection.reports.append((loop.time(), message))
+        return websocket
+
+    def sync_for(self, spu_id: int) -> wire.Sync:
+        hosted = [info for info in self.replicas.values() if spu_id in info.replicas]
+        return wire.Sync(epoch=self.epoch, spus=list(self.spus.values()), replicas=hosted)
+
+    async def update(self, spus: list[wire.SpuInfo] = [], replicas: list[wire.ReplicaInfo] = [], deleted_replicas: list[str] = []) -> None:  # noqa: B006
+        """Change the picture and send each connected SPU what concerns it."""
+        self.epoch += 1
+        for spu in spus:
+            self.spus[spu.id] = spu
+        for name in deleted_replicas:
+            self.replicas.pop(name, None)
+        for info in replicas:
+            self.replicas[info.partition] = info
+        for spu_id in list(self.spus):
+            connection = self.live(spu_id)
+            if connection is None:
+                continue
+            update = wire.Update(
+                epoch=self.epoch,
+                spus=spus,
+                replicas=[info for info in replicas if spu_id in info.replicas],
+                deleted_replicas=deleted_replicas,
+            )
+            await connection.websocket.send_bytes(wire.encode(update))
+
+
+@pytest.fixture
+async def make_sc() -> AsyncIterator[Callable[..., FakeSc]]:
+    started: list[FakeSc] = []
+
+    def make(spus: list[wire.SpuInfo], replicas: list[wire.ReplicaInfo], token: str | None = None) -> FakeSc:
+        sc = FakeSc(spus, replicas, token)
+        started.append(sc)
+        return sc
+
+    yield make
+    for sc in started:
+        await sc.close()
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[Callable[[SimulatedSpu], SimulatedSpu]]:
+    """Starts SPUs for a test and stops whatever is still running at its end."""
+    spus: list[SimulatedSpu] = []
+
+    def run(spu: SimulatedSpu) -> SimulatedSpu:
+        spus.append(spu)
+        return spu
+
+    yield run
+    for spu in spus:
+        await spu.stop()
+
+
+async def eventually(check: Callable[[], object], timeout: float = 10.0, interval: float = 0.01) -> None:
+    """Polls ``check`` until it stops raising AssertionError, or re-raises its last one at the deadline."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            check()
+            return
+        except AssertionError:
+            if loop.time() > deadline:
+                raise
+        await asyncio.sleep(interval)
+
+
+def offsets(spu: SimulatedSpu, partition: str = "t-0") -> tuple[Role, int, int]:
+    status = spu.status(partition)
+    assert status is not None
+    return status.role, status.leo, status.hw
+
+
+# ---------------------------------------------------------------------------- the SC session
+
+
+async def test_an_spu_registers_listens_on_its_endpoint_and_reports_every_400_ms(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    sc = make_sc([spu_info(0, port)], [wire.ReplicaInfo(partition="t-0", leader=0, replicas=[0])], token="secret")
+    await sc.start()
+    spu = running(SimulatedSpu(0, sc.address, token="secret", settings=FAST))
+    await spu.start()
+
+    await eventually(lambda: _assert(spu.connected and spu.listening == ("127.0.0.1", port)))
+    assert sc.connections[0].register == wire.Register(spu_id=0, token="secret")
+    await eventually(lambda: _assert(len(sc.reports_of(0)) >= 6), timeout=5.0)
+    times = [at for at, _ in sc.reports_of(0)]
+    gaps = [later - earlier for earlier, later in zip(times[1:], times[2:])]
+    assert 0.35 <= sum(gaps) / len(gaps) <= 0.5, gaps
+    leos = [report.leaders[0].leo for _, report in sc.reports_of(0)[1:]]
+    assert leos == sorted(leos) and leos[-1] > leos[0]
+    report = sc.reports_of(0)[-1][1].leaders[0]
+    assert (report.partition, report.hw, report.followers) == ("t-0", report.leo, [])  # alone in its ISR
+
+
+async def test_a_dropped_spu_reconnects_with_growing_delays_then_from_the_initial_delay_after_a_sync(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+    sc = make_sc([spu_info(0, free_port())], [])
+    await sc.start()
+    sc.drop_after_accept = 4
+    spu = running(SimulatedSpu(0, sc.address, settings=FAST))
+    await spu.start()
+    await eventually(lambda: _assert(spu.connected and len(sc.connections) == 5))
+    times = [connection.registered_at for connection in sc.connections]
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    # Ceilings 0.05, 0.1, 0.2, 0.4 (capped) s; each delay is in [ceiling / 2, ceiling], plus connect
+    # time (generous: the machine is shared). The lower bounds alone show the growth.
+    for gap, ceiling in zip(gaps, [0.05, 0.1, 0.2, 0.4]):
+        assert ceiling / 2 <= gap <= ceiling + 0.3, gaps
+    assert spu.session.connections == 5
+
+    # Synced, then dropped: the backoff starts again from the initial delay.
+    await sc.live(0).websocket.close()  # type: ignore[union-attr]
+    dropped_at = asyncio.get_running_loop().time()
+    await eventually(lambda: _assert(spu.connected and len(sc.connections) == 6))
+    assert sc.connections[5].registered_at - dropped_at <= 0.05 + 0.3
+
+
+async def test_a_refused_spu_keeps_retrying_and_joins_once_the_sc_knows_it(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    sc = make_sc([], [])
+    await sc.start()
+    spu = running(SimulatedSpu(5, sc.address, settings=FAST))
+    await spu.start()
+    await eventually(lambda: _assert(len(sc.connections) >= 3))
+    assert spu.session.last_rejection == wire.Rejected(code="unknown-spu", reason="SPU 5 refused")
+    assert not spu.connected and spu.listening is None
+    sc.spus[5] = spu_info(5, port)
+    await eventually(lambda: _assert(spu.connected and spu.listening == ("127.0.0.1", port)), timeout=5.0)
+
+
+async def test_updates_switch_roles_at_once_move_the_endpoint_and_remove_replicas(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+    port, other_port = free_port(), free_port()
+    sc = make_sc(
+        [spu_info(0, port), spu_info(1, free_port())],
+        [
+            wire.ReplicaInfo(partition="t-0", leader=0, replicas=[0, 1]),
+            wire.ReplicaInfo(partition="t-1", leader=1, replicas=[1, 0]),
+        ],
+    )
+    await sc.start()
+    spu = running(SimulatedSpu(0, sc.address, settings=FAST))
+    await spu.start()
+    await eventually(lambda: _assert(spu.listening == ("127.0.0.1", port)))
+    assert (spu.status("t-0").role, spu.status("t-1").role) == (Role.LEADER, Role.FOLLOWER)  # type: ignore[union-attr]
+
+    await sc.update(
+        spus=[spu_info(0, other_port)],
+        replicas=[
+            wire.ReplicaInfo(partition="t-0", leader=1, replicas=[0, 1]),
+            wire.ReplicaInfo(partition="t-1", leader=None, replicas=[1, 0]),
+            wire.ReplicaInfo(partition="t-2", leader=0, replicas=[0]),
+        ],
+    )
+    await eventually(lambda: _assert(spu.state.epoch == 2 and spu.listening == ("127.0.0.1", other_port)))
+    roles = {name: (spu.status(name).role, spu.status(name).leader) for name in ("t-0", "t-1", "t-2")}  # type: ignore[union-attr]
+    assert roles == {"t-0": (Role.FOLLOWER, 1), "t-1": (Role.IDLE, None), "t-2": (Role.LEADER, 0)}
+    with pytest.raises(ConnectionRefusedError):
+        await asyncio.open_connection("127.0.0.1", port)
+
+    await sc.update(deleted_replicas=["t-0", "t-1"])
+    await eventually(lambda: _assert(sorted(spu.state.replicas) == ["t-2"]))
+    await eventually(lambda: _assert([leader.partition for leader in sc.reports_of(0)[-1][1].leaders] == ["t-2"]))
+
+
+async def test_the_fetch_server_refuses_a_malformed_frame_and_closes(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+    port = free_port()
+    sc = make_sc([spu_info(0, port)], [])
+    await sc.start()
+    spu = running(SimulatedSpu(0, sc.address, settings=FAST))
+    await spu.start()
+    await eventually(lambda: _assert(spu.listening is not None))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(len(b"{oops").to_bytes(4, "big") + b"{oops")
+    header = await reader.readexactly(4)
+    answer = fetch_wire.parse_response(await reader.readexactly(fetch_wire.body_length(header)))
+    assert isinstance(answer, fetch_wire.FetchError) and answer.code == "malformed"
+    assert await reader.read() == b""
+    writer.close()
+    await writer.wait_closed()
+
+
+# ---------------------------------------------------------------------------- replication between SPUs
+
+
+async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_followers(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+    ports = [free_port() for _ in range(3)]
+    sc = make_sc([spu_info(i, ports[i]) for i in range(3)], [wire.ReplicaInfo(partition="t-0", leader=0, replicas=[0, 1, 2])])
+    await sc.start()
+    # Catching up runs at 20 records / 20 ms, against 100 appended / 200 ms: a visible second or so.
+    settings = SpuSettings(
+        append_interval=0.2, append_records=100, fetch_interval=0.02, fetch_max_records=20, replica_lag_time=1.0,
+        reconnect_initial=0.05, reconnect_max=0.4, fetch_retry_initial=0.02, fetch_retry_max=0.2,
+    )
+    leader, first, second = (running(SimulatedSpu(i, sc.address, settings=settings)) for i in range(3))
+    for spu in (leader, first, second):
+        await spu.start()
+
+    # Followers catch up between bursts: at some moment all three hold the same records.
+    await eventually(lambda: _assert(offsets(leader)[1] >= 300 and offsets(leader)[1] == offsets(first)[1] == offsets(second)[1]))
+    await eventually(lambda: _assert(leader_status(leader).in_sync == (1, 2)))
+    status = leader_status(leader)
+    assert status.hw == min(status.leo, *(status.followers[spu] for spu in status.in_sync))
+    assert offsets(first)[1] >= status.hw and offsets(second)[1] >= status.hw
+    report = sc.reports_of(0)[-1][1].leaders[0]
+    assert [follower.spu for follower in report.followers] == [1, 2]
+
+    # A follower restarted without its records is out of sync while it catches up, then in sync.
+    await second.stop()
+    await asyncio.sleep(0.5)
+    second = running(SimulatedSpu(2, sc.address, settings=settings))
+    await second.start()
+    await eventually(lambda: _assert(offsets(second)[1] > 0), interval=0.005)
+    catching_up = leader.status("t-0")
+    assert catching_up is not None and catching_up.in_sync == (1,) and offsets(second)[1] < catching_up.hw
+    await eventually(lambda: _assert(leader.status("t-0").in_sync == (1, 2)))  # type: ignore[union-attr]
+    # The SC saw it too: a report with follower 2 below the HW, then one with it at or above.
+    follower_states = [
+        next(f.leo >= entry.hw for f in entry.followers if f.spu == 2)
+        for _, lrs in sc.reports_of(0)
+        for entry in lrs.leaders
+        if any(f.spu == 2 for f in entry.followers)
+    ]
+    assert False in follower_states
+    await eventually(lambda: _assert(_follower_in_sync(sc.reports_of(0)[-1][1], 2)))
+
+    # The leader dies: its followers stop advancing (once they have read what was already sent).
+    await leader.stop()
+    await asyncio.sleep(0.2)
+    frozen = (offsets(first), offsets(second))
+    await asyncio.sleep(4 * settings.append_interval)
+    assert (offsets(first), offsets(second)) == frozen
+    assert frozen[0][0] is Role.FOLLOWER
+
+
+async def test_a_new_leader_truncates_a_follower_that_was_ahead_and_offsets_resume_from_the_data_dir(make_sc, running, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    checkpoint.save(checkpoint.path_for(tmp_path, 0), checkpoint.encode({"t-0": Offsets(500, 450)}))
+    checkpoint.save(checkpoint.path_for(tmp_path, 1), checkpoint.encode({"t-0": Offsets(50, 50)}))
+    sc = make_sc([spu_info(0, free_port()), spu_info(1, free_port())], [wire.ReplicaInfo(partition="t-0", leader=1, replicas=[1, 0])])
+    await sc.start()
+    quiet = SpuSettings(append_interval=60.0, fetch_interval=0.02, checkpoint_interval=0.1)  # no append during the test
+    old, new = (running(SimulatedSpu(i, sc.address, settings=quiet, data_dir=tmp_path)) for i in (0, 1))
+    await new.start()
+    await old.start()
+    await eventually(lambda: _assert(offsets(old) == (Role.FOLLOWER, 50, 50) and offsets(new) == (Role.LEADER, 50, 50)))
+    await eventually(lambda: _assert(leader_status(new).in_sync == (0,)))
+    await eventually(lambda: _assert(checkpoint.load(checkpoint.path_for(tmp_path, 0)) == {"t-0": Offsets(50, 50)}))
+
+    # A restart resumes the saved LEO (the checkpoint is written on stop as well).
+    await new.stop()
+    await sc.update(replicas=[wire.ReplicaInfo(partition="t-0", leader=None, replicas=[1, 0])])
+    restarted = running(SimulatedSpu(1, sc.address, settings=quiet, data_dir=tmp_path))
+    await restarted.start()
+    await eventually(lambda: _assert(offsets(restarted) == (Role.IDLE, 50, 50)))
+
+
+def leader_status(spu: SimulatedSpu):  # type: ignore[no-untyped-def]
+    status = spu.status("t-0")
+    assert status is not None
+    return status
+
+
+# ---------------------------------------------------------------------------- sc spu run
+
+
+async def test_sc_spu_run_starts_k_spus_and_exits_cleanly_on_sigterm(make_sc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    sc = make_sc([spu_info(3, free_port()), spu_info(4, free_port())], [wire.ReplicaInfo(partition="t-0", leader=3, replicas=[3, 4])], token="s3cret")
+    await sc.start()
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "controller.cli", "spu", "run", "--first-id", "3", "--count", "2",
+        "--sc-private", sc.address, "--token-file", str(token_file), "--data-dir", str(tmp_path / "data"),
+        "--append-interval", "0.1", "--log-format", "json",
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    try:
+        await eventually(lambda: _assert(_follower_in_sync(sc.reports_of(3)[-1][1], 4) if sc.reports_of(3) else False), timeout=20.0)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = await asyncio.wait_for(process.communicate(), 10.0)
+    assert process.returncode == 0, stderr.decode()
+    assert stderr.decode().count('"event": "spu stopped"') == 2
+    saved = checkpoint.load(checkpoint.path_for(tmp_path / "data", 3))
+    assert saved["t-0"].leo >= 100
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--id", "1", "--count", "2"], "--count 2 runs several SPUs: give --first-id N instead of --id"),
+        (["--first-id", "1", "--count", "0"], "--count must be at least 1"),
+        (["--count", "2"], "one of the arguments --id --first-id is required"),
+        (["--id", "1", "--sc-private", "nowhere"], "argument --sc-private: 'nowhere' is not HOST:PORT (for example 127.0.0.1:9004)"),
+        (["--id", "1", "--token-file", "{tmp}/absent"], "error: cannot read the token file '{tmp}/absent': No such file or directory"),
+        (["--id", "1", "--append-interval", "0"], "error: append_interval must be a positive number of seconds, got 0.0"),
+    ],
+)
+def test_sc_spu_run_refuses_bad_flags_with_the_reason(
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = cli.main(["spu", "run", *(flag.replace("{tmp}", str(tmp_path)) for flag in flags)])
+    except SystemExit as exit_:
+        code = int(exit_.code or 0)
+    assert (code, capsys.readouterr().err.splitlines()[-1].endswith(message.replace("{tmp}", str(tmp_path)))) == (2, True)
+
+
+def _follower_in_sync(report: wire.LiveReplicas, follower: int) -> bool:
+    return any(f.spu == follower and f.leo >= entry.hw for entry in report.leaders for f in entry.followers)
+
+
+def _assert(condition: object) -> None:
+    assert condition
