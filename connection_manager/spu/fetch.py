@@ -52,10 +52,15 @@ class FetchServer:
             return
         server.close()
         # Server.close leaves accepted connections open: followers must see their leader go away.
-        for task, writer in list(self._connections.items()):
+        # Closing the transport ends each handler's read; cancelling a handler is the last resort,
+        # because 3.11's StreamReaderProtocol logs a cancelled handler as an error.
+        for writer in self._connections.values():
             writer.close()
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        if self._connections:
+            _, stuck = await asyncio.wait(list(self._connections), timeout=1.0)
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
         await server.wait_closed()
         self.log.info("fetch server closed", address=self.address)
         self.address = None

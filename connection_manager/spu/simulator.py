@@ -67,7 +67,7 @@ class SimulatedSpu:
         self.session = session_module.ScSession(
             self.state, self.sc_address, token, self.settings, on_change=self._picture_changed
         )
-        self._roles: dict[str, tuple[replica_module.Role, int | None]] = {}
+        self._roles: dict[str, tuple[replica_module.Role, int | None]] | None = None  # None: no picture yet
         self._endpoint_changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.log = structlog.get_logger(__name__).bind(spu=spu_id)
@@ -129,7 +129,7 @@ class SimulatedSpu:
 
     def _picture_changed(self) -> None:
         roles = {name: (replica.role, replica.leader) for name, replica in self.state.replicas.items()}
-        if not self._roles:
+        if self._roles is None:
             counts = {role.value: sum(1 for held, _ in roles.values() if held is role) for role in replica_module.Role}
             self.log.info("replicas assigned", **counts)
         else:
