@@ -36,6 +36,7 @@ class ScSession:
         self.settings = settings
         self.on_change = on_change  # called after each Sync or Update is applied
         self.connected = False  # accepted and synced on the current connection
+        self._synced_here = False  # a Sync was applied on the current (or just ended) connection
         self.connections = 0  # connections the SC accepted since start
         self.last_rejection: wire.Rejected | None = None
         self.log = structlog.get_logger(__name__).bind(spu=state.spu_id)
@@ -45,23 +46,25 @@ class ScSession:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.request_timeout)
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while True:
-                synced = False
+                self._synced_here = False
                 try:
-                    synced = await self._serve_connection(http)
+                    await self._serve_connection(http)
                 except (aiohttp.ClientError, OSError, TimeoutError) as error:
-                    self.log.info("sc connection failed", url=self.url, error=_describe(error))
+                    # The first failure in a row is news; the retries of an SC that stays down are not.
+                    log = self.log.info if backoff.attempt == 0 or self._synced_here else self.log.debug
+                    log("sc connection failed; retrying with backoff", url=self.url, error=_describe(error))
                 except (wire.FrameError, SessionError, state_module.SyncRequired) as error:
                     self.log.warning("sc broke the protocol; reconnecting for a fresh sync", url=self.url, error=str(error))
                 finally:
                     self.connected = False
-                if synced:
+                if self._synced_here:
                     backoff.reset()
                 delay = backoff.next_delay()
-                self.log.info("sc reconnect scheduled", delay=round(delay, 3), attempt=backoff.attempt)
+                self.log.debug("sc reconnect scheduled", delay=round(delay, 3), attempt=backoff.attempt)
                 await asyncio.sleep(delay)
 
-    async def _serve_connection(self, http: aiohttp.ClientSession) -> bool:
-        """One connection, until it ends; True if a Sync was applied on it."""
+    async def _serve_connection(self, http: aiohttp.ClientSession) -> None:
+        """One connection, until it ends."""
         async with http.ws_connect(
             self.url,
             heartbeat=self.settings.sc_ping_interval,
@@ -74,35 +77,40 @@ class ScSession:
             if isinstance(answer, wire.Rejected):
                 self.last_rejection = answer
                 self.log.error("sc rejected the registration", code=answer.code, reason=answer.reason)
-                return False
+                return
             if not isinstance(answer, wire.Accepted):
                 raise SessionError(f"expected accepted or rejected after register, got {_kind(answer)}")
             if answer.spu_id != self.state.spu_id:
                 raise SessionError(f"the SC accepted SPU {answer.spu_id}, but this is SPU {self.state.spu_id}")
             self.connections += 1
             self.log.info("sc accepted", url=self.url, heartbeat_timeout=answer.heartbeat_timeout)
+            if answer.heartbeat_timeout <= self.settings.lrs_interval:
+                self.log.warning(
+                    "the SC's heartbeat timeout is not above this SPU's report interval: it will be marked offline",
+                    heartbeat_timeout=answer.heartbeat_timeout,
+                    lrs_interval=self.settings.lrs_interval,
+                )
             reporter = asyncio.create_task(self._report(ws), name=f"spu-{self.state.spu_id}-lrs")
             try:
-                return await self._apply_messages(ws)
+                await self._apply_messages(ws)
             finally:
                 reporter.cancel()
                 await asyncio.gather(reporter, return_exceptions=True)
 
-    async def _apply_messages(self, ws: aiohttp.ClientWebSocketResponse) -> bool:
-        synced = False
+    async def _apply_messages(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         loop = asyncio.get_running_loop()
         while True:
             message = await self._receive(ws, None)
             if message is None:
                 self.log.info("sc closed the connection", close_code=ws.close_code)
-                return synced
+                return
             if isinstance(message, wire.Sync):
                 self.state.apply_sync(message, loop.time())
-                synced = self.connected = True
+                self._synced_here = self.connected = True
                 self.log.info("sc sync applied", epoch=message.epoch, spus=len(message.spus), replicas=len(message.replicas))
                 self.on_change()
             elif isinstance(message, wire.Update):
-                if not synced:
+                if not self._synced_here:
                     raise SessionError(f"update of epoch {message.epoch} arrived before the sync on this connection")
                 self.state.apply_update(message, loop.time())
                 self.log.debug(
@@ -119,7 +127,7 @@ class ScSession:
             elif isinstance(message, wire.Rejected):
                 self.last_rejection = message
                 self.log.error("sc ended the session", code=message.code, reason=message.reason)
-                return synced
+                return
             else:
                 raise SessionError(f"unexpected {_kind(message)} message after the registration was accepted")
 
