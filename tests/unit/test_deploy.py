@@ -1,0 +1,366 @@
+"""The files under deploy/, checked offline: the Kubernetes manifests against Kubernetes' schemas
+(kubernetes-validate, strict), the Compose file against the Compose specification's schema
+(vendored in tests/data), the Dockerfile and the systemd unit read as their tools read them, and
+the references between them (names, ports, labels, endpoints) that no schema sees.
+tests/functional/test_deploy.py runs their commands.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+from packaging.specifiers import SpecifierSet
+
+from controller import config
+from tests import deploy_files as files
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+# The oldest Kubernetes release still commonly run, and the newest kubernetes-validate knows.
+KUBERNETES_VERSIONS = ["1.27", kubernetes_validate.utils.major_minor(kubernetes_validate.utils.latest_version())]
+IMAGE = f"streaming-controller:{files.pyproject()['project']['version']}"
+PART_OF = {"app.kubernetes.io/part-of": "streaming-controller"}
+
+
+# ---------------------------------------------------------------------------------------- Kubernetes
+
+
+def test_kubernetes_manifests_hold_exactly_these_objects() -> None:
+    assert [(path.name, doc["kind"], doc["metadata"]["name"]) for path, doc in files.kubernetes_documents()] == [
+        ("etcd.yaml", "Service", "etcd"),
+        ("etcd.yaml", "StatefulSet", "etcd"),
+        ("etcd.yaml", "PodDisruptionBudget", "etcd"),
+        ("sc.yaml", "ConfigMap", "sc-config"),
+        ("sc.yaml", "PersistentVolumeClaim", "sc-history"),
+        ("sc.yaml", "Deployment", "sc"),
+        ("sc.yaml", "Service", "sc"),
+    ]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_kubernetes_manifests_match_the_schemas(version: str) -> None:
+    """Strict: an unknown field (a misspelt probe, say) fails, as `kubectl apply` would reject it."""
+    for path, document in files.kubernetes_documents():
+        assert kubernetes_validate.validate(document, version, strict=True) == version, (path, document["kind"])
+
+
+def test_kubernetes_validation_rejects_a_misspelt_field() -> None:
+    deployment = copy.deepcopy(files.kubernetes_object("Deployment", "sc"))
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    container["livenesProbe"] = container.pop("livenessProbe")
+    with pytest.raises(kubernetes_validate.ValidationError, match="'livenesProbe' was unexpected"):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return bool(selector) and all(labels.get(key) == value for key, value in selector.items())
+
+
+def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"]["labels"]
+    assert workload["spec"]["selector"] == {"matchLabels": labels}
+    return labels
+
+
+def named_ports(container: dict[str, Any]) -> dict[str, int]:
+    return {port["name"]: port["containerPort"] for port in container["ports"]}
+
+
+def test_etcd_statefulset_members_find_each_other() -> None:
+    service = files.kubernetes_object("Service", "etcd")
+    statefulset = files.kubernetes_object("StatefulSet", "etcd")
+    spec = statefulset["spec"]
+    etcd = files.container(statefulset, "etcd")
+    # Headless, selecting the members, publishing them before they are ready (no quorum before two are up).
+    assert (service["spec"]["clusterIP"], service["spec"]["publishNotReadyAddresses"]) == ("None", True)
+    assert selects(service["spec"]["selector"], pod_labels(statefulset))
+    assert spec["serviceName"] == service["metadata"]["name"]
+    assert (spec["replicas"], spec["podManagementPolicy"]) == (3, "Parallel")
+    ports = named_ports(etcd)
+    assert {port["name"]: ports[port["targetPort"]] for port in service["spec"]["ports"]} == {"client": 2379, "peer": 2380}
+    # Each member: its pod name, advertised under the headless Service; the initial cluster names them all.
+    assert etcd["env"] == [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    members = [f"{statefulset['metadata']['name']}-{index}" for index in range(spec["replicas"])]
+    args = etcd["args"]
+    assert files.flag_value(args, "--name") == "$(POD_NAME)"
+    assert files.flag_value(args, "--advertise-client-urls") == "http://$(POD_NAME).etcd:2379"
+    assert files.flag_value(args, "--initial-advertise-peer-urls") == "http://$(POD_NAME).etcd:2380"
+    assert files.flag_value(args, "--initial-cluster") == ",".join(f"{m}=http://{m}.etcd:2380" for m in members)
+    assert files.flag_value(args, "--listen-metrics-urls") == f"http://0.0.0.0:{ports['metrics']}"
+    # Its data on the claim of each member.
+    [claim] = spec["volumeClaimTemplates"]
+    [mount] = etcd["volumeMounts"]
+    assert mount["name"] == claim["metadata"]["name"]
+    assert files.flag_value(args, "--data-dir").startswith(mount["mountPath"] + "/")
+    # Probes: alive on the member's own health, ready with the cluster's (quorum) health.
+    assert etcd["livenessProbe"]["httpGet"] == {"path": "/health?exclude=NOSPACE&serializable=true", "port": "metrics"}
+    assert etcd["readinessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
+
+
+def test_etcd_disruption_budget_keeps_a_quorum() -> None:
+    statefulset = files.kubernetes_object("StatefulSet", "etcd")
+    budget = files.kubernetes_object("PodDisruptionBudget", "etcd")
+    assert budget["spec"]["selector"] == {"matchLabels": pod_labels(statefulset)}
+    replicas = statefulset["spec"]["replicas"]
+    assert replicas - budget["spec"]["maxUnavailable"] >= replicas // 2 + 1
+
+
+def test_sc_deployment_config_ports_and_probes_agree() -> None:
+    deployment = files.kubernetes_object("Deployment", "sc")
+    service = files.kubernetes_object("Service", "sc")
+    statefulset = files.kubernetes_object("StatefulSet", "etcd")
+    sc = files.container(deployment, "sc")
+    # A single active controller: one replica, never two during a rollout.
+    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]) == (1, {"type": "Recreate"})
+    assert sc["image"] == IMAGE
+    assert sc["args"] == ["run", "--config", "/etc/sc/sc.toml"]
+    settings = tomllib.loads(files.kubernetes_object("ConfigMap", "sc-config")["data"]["sc.toml"])
+    config.Settings(**settings)  # every key is a setting, every value valid
+    # The members of the etcd StatefulSet, by their stable names.
+    assert settings["etcd_endpoints"] == [f"http://etcd-{i}.etcd:2379" for i in range(statefulset["spec"]["replicas"])]
+    ports = named_ports(sc)
+    assert ports == {"public": settings["public_port"], "private": settings["private_port"]}
+    assert selects(service["spec"]["selector"], pod_labels(deployment))
+    assert [(port["port"], ports[port["targetPort"]]) for port in service["spec"]["ports"]] == [(9003, 9003), (9004, 9004)]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert sc[probe]["httpGet"] == {"path": "/healthz", "port": "public"}, probe
+
+
+def test_every_pod_runs_non_root_read_only_and_bounded() -> None:
+    uid, gid = dockerfile_user()
+    for kind, name in (("Deployment", "sc"), ("StatefulSet", "etcd")):
+        pod = files.kubernetes_object(kind, name)["spec"]["template"]["spec"]
+        context = pod["securityContext"]
+        assert context["runAsNonRoot"] is True and context["runAsUser"] != 0, name
+        assert context["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        if name == "sc":
+            assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (uid, gid, gid)
+        for container in pod["containers"]:
+            assert container["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+            }, name
+            assert set(container["resources"]) == {"requests", "limits"}, name
+            assert set(container["resources"]["requests"]) == set(container["resources"]["limits"]) == {"cpu", "memory"}
+
+
+def test_sc_writes_only_to_its_volumes() -> None:
+    """With a read-only root file system, the history must be on a writable mounted volume."""
+    deployment = files.kubernetes_object("Deployment", "sc")
+    sc = files.container(deployment, "sc")
+    settings = tomllib.loads(files.kubernetes_object("ConfigMap", "sc-config")["data"]["sc.toml"])
+    writable = [m["mountPath"] for m in sc["volumeMounts"] if not m.get("readOnly")]
+    assert [path for path in writable if settings["history_dir"].startswith(path + "/")] == ["/var/lib/sc"]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    [history] = [m for m in sc["volumeMounts"] if m["mountPath"] == "/var/lib/sc"]
+    claim = volumes[history["name"]]["persistentVolumeClaim"]["claimName"]
+    assert files.kubernetes_object("PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+
+def test_every_object_is_labelled_part_of_the_cluster() -> None:
+    for _, document in files.kubernetes_documents():
+        assert selects(PART_OF, document["metadata"]["labels"]), document["metadata"]["name"]
+
+
+# ------------------------------------------------------------------------------------------- Compose
+
+
+@functools.cache
+def compose_validator() -> jsonschema.Draft202012Validator:
+    schema = json.loads((DATA / "compose-spec.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def test_compose_file_matches_the_compose_spec() -> None:
+    assert [error.message for error in compose_validator().iter_errors(files.compose())] == []
+
+
+def test_compose_validation_rejects_a_misspelt_field() -> None:
+    document = files.compose()
+    document["services"]["sc"]["healthchek"] = document["services"]["sc"].pop("healthcheck")
+    [error] = compose_validator().iter_errors(document)
+    assert list(error.absolute_path) == ["services", "sc"]
+    assert "'healthchek' was unexpected" in error.message
+
+
+def test_compose_vendored_schema_is_the_recorded_one() -> None:
+    """tests/data/README.md names where the schema comes from and its sha256."""
+    digest = hashlib.sha256((DATA / "compose-spec.json").read_bytes()).hexdigest()
+    assert digest in (DATA / "README.md").read_text()
+
+
+def test_compose_services_and_their_order() -> None:
+    services = files.compose()["services"]
+    assert list(services) == ["etcd-0", "etcd-1", "etcd-2", "sc", "spu-init", "spu-0", "spu-1", "spu-2"]
+    healthy = {"condition": "service_healthy"}
+    assert services["sc"]["depends_on"] == {"etcd-0": healthy, "etcd-1": healthy, "etcd-2": healthy}
+    assert services["spu-init"]["depends_on"] == {"sc": healthy}
+    for name in ("spu-0", "spu-1", "spu-2"):
+        assert services[name]["depends_on"] == {"spu-init": {"condition": "service_completed_successfully"}}
+    # Every long-running service has a health check; the one-shot registration does not restart.
+    assert sorted(name for name, service in services.items() if "healthcheck" in service) == sorted(set(services) - {"spu-init"})
+    assert services["spu-init"]["restart"] == "no"
+
+
+def test_compose_etcd_members_form_one_cluster() -> None:
+    services = files.compose()["services"]
+    members = ["etcd-0", "etcd-1", "etcd-2"]
+    expected_cluster = ",".join(f"{m}=http://{m}:2380" for m in members)
+    for name in members:
+        etcd = services[name]
+        assert etcd["image"] == files.kubernetes_object("StatefulSet", "etcd")["spec"]["template"]["spec"]["containers"][0]["image"]
+        assert etcd["environment"]["ETCD_INITIAL_CLUSTER"] == expected_cluster
+        command = etcd["command"]
+        assert command[0] == "etcd"
+        assert files.flag_value(command, "--name") == name
+        assert files.flag_value(command, "--initial-advertise-peer-urls") == f"http://{name}:2380"
+        assert files.flag_value(command, "--advertise-client-urls") == f"http://{name}:2379"
+        assert etcd["volumes"] == [f"{name}:{etcd['environment']['ETCD_DATA_DIR'].rsplit('/', 1)[0]}"]
+    sc_command = services["sc"]["command"]
+    assert files.flag_value(sc_command, "--etcd-endpoints") == ",".join(f"http://{m}:2379" for m in members)
+
+
+def test_compose_sc_image_and_build() -> None:
+    services = files.compose()["services"]
+    build = services["sc"]["build"]
+    context = (files.COMPOSE_FILE.parent / build["context"]).resolve()
+    assert context == files.REPO
+    assert (context / build["dockerfile"]).resolve() == files.DOCKERFILE
+    # One image, built by `sc`, run by the registration and the SPUs too (Compose does not pull it).
+    assert {name: s["image"] for name, s in services.items() if not name.startswith("etcd")} == dict.fromkeys(
+        ["sc", "spu-init", "spu-0", "spu-1", "spu-2"], IMAGE
+    )
+    assert [name for name, s in services.items() if "build" in s] == ["sc"]
+    assert services["sc"]["ports"] == ["127.0.0.1:9003:9003", "127.0.0.1:9004:9004"]
+
+
+def test_compose_spus_differ_only_by_id_and_volume() -> None:
+    services = files.compose()["services"]
+    commands = [services[f"spu-{i}"]["command"] for i in range(3)]
+    assert [files.flag_value(command, "--id") for command in commands] == ["0", "1", "2"]
+    assert [files.replace_flag(command, "--id", "N") for command in commands] == [files.replace_flag(commands[0], "--id", "N")] * 3
+    assert [services[f"spu-{i}"]["volumes"] for i in range(3)] == [[f"spu-{i}:/var/lib/sc"] for i in range(3)]
+
+
+def test_compose_strings_escape_their_dollars() -> None:
+    """A `$` meant for the shell must be `$$`, or Compose substitutes a host variable (often empty)."""
+    strings = files.compose_strings(files.compose())
+    assert any("$$" in text for text in strings)  # the registration script's
+    for text in strings:
+        files.unescape_compose(text)
+
+
+# ----------------------------------------------------------------------------------------- Dockerfile
+
+
+def dockerfile_user() -> tuple[int, int]:
+    user = files.only(files.final_stage(), "USER").arguments
+    match = re.fullmatch(r"(\d+):(\d+)", user)
+    assert match, f"USER {user}: give numeric uid:gid, so Kubernetes can check runAsNonRoot"
+    return int(match[1]), int(match[2])
+
+
+def test_dockerfile_runs_sc_as_a_non_root_user_it_creates() -> None:
+    stage = files.final_stage()
+    uid, gid = dockerfile_user()
+    assert uid != 0 and gid != 0
+    creates = " ".join(i.arguments for i in stage if i.keyword == "RUN")
+    assert f"groupadd --system --gid {gid} sc" in creates
+    assert f"useradd --system --uid {uid} --gid {gid} --home-dir {files.image_workdir()} --create-home" in creates
+    # `sc` is the project's console script, found on the PATH at the venv the build stage filled.
+    assert files.image_entrypoint() == ["sc"]
+    assert files.pyproject()["project"]["scripts"]["sc"] == "controller.cli:main"
+    assert files.image_cmd() == ["run"]
+    assert files.image_env(base_path="/usr/local/bin")["PATH"] == "/opt/sc/bin:/usr/local/bin"
+    assert files.image_env(base_path="")["PYTHONUNBUFFERED"] == "1"  # log lines leave as written
+    assert [i.arguments for i in stage if i.keyword == "COPY"] == ["--from=build /opt/sc /opt/sc"]
+    assert files.only(stage, "EXPOSE").arguments.split() == [
+        str(config.Settings.model_fields["public_port"].default),
+        str(config.Settings.model_fields["private_port"].default),
+    ]
+
+
+def test_dockerfile_base_is_a_slim_python_the_project_supports() -> None:
+    stages = files.dockerfile_stages()
+    bases = [stage[0].arguments.split()[0] for stage in stages]
+    assert bases == ["python:3.11-slim", "python:3.11-slim"]
+    version = bases[0].split(":")[1].removesuffix("-slim")
+    assert SpecifierSet(files.pyproject()["project"]["requires-python"]).contains(version + ".0")
+
+
+def test_dockerfile_installs_the_project_as_pyproject_declares_it() -> None:
+    """The build stage copies what `pip install .` reads (pyproject, its readme, every package it
+    includes) and installs it into the venv the final stage copies; the .dockerignore lets them in."""
+    build = files.dockerfile_stages()[0]
+    project = files.pyproject()
+    packages = sorted(p.removesuffix("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert packages == sorted(path.parent.name for path in files.REPO.glob("*/__init__.py") if path.parent.name != "tests")
+    copied = [i.arguments.split()[:-1] for i in build if i.keyword == "COPY"]
+    sources = sorted(source.rstrip("/") for words in copied for source in words)
+    assert sources == sorted(["pyproject.toml", project["project"]["readme"], *packages])
+    assert [i.arguments for i in build if i.keyword == "RUN"] == ["python -m venv /opt/sc", "/opt/sc/bin/pip install ."]
+    assert [i.arguments for i in build if i.keyword == "WORKDIR"] == ["/src"]
+    ignore = [line for line in (files.DOCKERFILE.parent / "Dockerfile.dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    assert ignore[0] == "*"
+    assert sorted(line.removeprefix("!") for line in ignore if line.startswith("!")) == sources
+
+
+# ------------------------------------------------------------------------------------------- systemd
+
+
+def test_systemd_unit_restarts_on_failure_hardened() -> None:
+    unit = files.systemd_unit()
+    service = unit["Service"]
+    assert {key: service[key] for key in ("Type", "User", "Restart", "RestartSec", "KillSignal", "TimeoutStopSec")} == {
+        "Type": ["simple"],
+        "User": ["sc"],
+        "Restart": ["on-failure"],
+        "RestartSec": ["2"],
+        "KillSignal": ["SIGTERM"],
+        "TimeoutStopSec": ["30"],
+    }
+    for setting in ("NoNewPrivileges", "ProtectHome", "PrivateTmp", "PrivateDevices", "RestrictSUIDSGID", "MemoryDenyWriteExecute"):
+        assert service[setting] == ["true"], setting
+    assert service["ProtectSystem"] == ["strict"]
+    assert service["CapabilityBoundingSet"] == [""]
+    assert unit["Install"]["WantedBy"] == ["multi-user.target"]
+    config.Settings(**tomllib.loads(files.SYSTEMD_CONFIG.read_text()))  # the example config is valid
+
+
+def test_systemd_analyze_verify_finds_nothing(tmp_path: Path) -> None:
+    """systemd's own check of the unit (unknown keys, bad values), with ExecStart at a binary that exists here."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    unit = tmp_path / "sc.service"
+    unit.write_text(files.SYSTEMD_UNIT.read_text().replace("/opt/sc/bin/sc", shutil.which("true") or "/bin/true"))
+    checked = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=30)
+    assert (checked.returncode, checked.stdout, checked.stderr) == (0, "", "")
+
+
+def test_sc_environment_variables_are_settings() -> None:
+    """The SC ignores an SC_* variable that is no setting, so a misspelt one would pass unnoticed."""
+    services = files.compose()["services"]
+    deployment = files.kubernetes_object("Deployment", "sc")
+    variables = [
+        *services["sc"]["environment"],
+        *(variable["name"] for variable in files.container(deployment, "sc").get("env", [])),
+    ]
+    assert variables == ["SC_KEY_PREFIX", "SC_LOG_FORMAT"]
+    for variable in variables:
+        assert variable.removeprefix("SC_").lower() in config.Settings.model_fields, variable
+    # The others' SC_ADDR is the admin commands' address of the SC, which they reach by its service name.
+    assert services["spu-init"]["environment"] == {"SC_ADDR": "http://sc:9003"}
