@@ -1,0 +1,459 @@
+"""The commands of deploy/ run for real: the SC as Compose, Kubernetes and systemd start it, the
+Compose stack's SPU registration and SPU simulators, and the health checks they declare.
+
+Each runs the manifest's exact argv and environment through the image's entrypoint (or the
+unit's ExecStart), swapping only what must differ on one test machine: etcd endpoints (the test
+etcd), ports (free ones), paths (a temp dir), the key prefix (a fresh one on the shared etcd) and
+host names. A flag that no longer exists, a setting the SC rejects or a health check that does
+not check fails here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from asyncio.subprocess import PIPE
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller import config
+from store import embedded_etcd
+from tests import deploy_files as files
+from tests.fixtures import daemon as daemon_fixture
+
+BIN = str(Path(sys.executable).parent)  # where this environment's `sc` is: /opt/sc/bin in the image
+STOP_TIMEOUT = 30.0  # the manifests' grace period (checked against them below)
+
+
+class Process:
+    """A child process with its stdout and stderr in files."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, logs: Path, name: str) -> None:
+        self.argv = argv
+        self.stdout = logs / f"{name}.out"
+        self.stderr = logs / f"{name}.err"
+        with self.stdout.open("wb") as out, self.stderr.open("wb") as err:
+            self.popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err)
+
+    def output(self) -> str:
+        return f"$ {shlex.join(self.argv)}\n{self.stdout.read_text()[-3000:]}\n{self.stderr.read_text()[-3000:]}"
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> int:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signum)
+        return self.popen.wait(timeout)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(10)
+
+
+@contextlib.contextmanager
+def started(argv: list[str], env: dict[str, str], cwd: Path, logs: Path, name: str) -> Iterator[Process]:
+    process = Process(argv, env, cwd, logs, name)
+    try:
+        yield process
+    finally:
+        process.kill()
+
+
+def base_env(extra: dict[str, str]) -> dict[str, str]:
+    """Only what the container or unit would set: nothing of the test's own SC_* environment leaks in."""
+    return {"HOME": os.environ.get("HOME", "/"), **extra}
+
+
+def get_json(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def wait_healthy(process: Process, port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert process.popen.poll() is None, f"exited with {process.popen.returncode}:\n{process.output()}"
+        with contextlib.suppress(OSError):
+            if get_json(f"http://127.0.0.1:{port}/healthz") == (200, {"status": "ok"}):
+                return
+        assert time.monotonic() < deadline, f"not healthy within {timeout} s:\n{process.output()}"
+        time.sleep(0.05)
+
+
+def wait_for(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what} within {timeout} s"
+        time.sleep(0.05)
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """Every line of a JSON log (a line that is not JSON fails the test)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def etcd_urls(server: embedded_etcd.EmbeddedEtcd) -> list[str]:
+    if not server.running:
+        server.start()
+    return [f"http://{endpoint}" for endpoint in server.endpoints]
+
+
+def fresh_prefix() -> str:
+    return f"/deploy-{uuid.uuid4().hex[:8]}/"
+
+
+def image_env() -> dict[str, str]:
+    """The image's ENV, its /opt/sc/bin being this environment's bin directory."""
+    env = files.image_env(base_path=os.environ["PATH"])
+    assert env["PATH"].startswith("/opt/sc/bin:"), env["PATH"]
+    return {**env, "PATH": env["PATH"].replace("/opt/sc/bin", BIN, 1)}
+
+
+def stop_cleanly(process: Process, stop_signal: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> None:
+    """The SC stops with status 0 on the signal, having logged JSON lines only, to stderr."""
+    assert process.stop(stop_signal, timeout) == 0, process.output()
+    assert process.stdout.read_text() == ""
+    events = [line["event"] for line in json_lines(process.stderr)]
+    assert "SC ready" in events, events
+
+
+# ------------------------------------------------------------------------------------------- Compose
+
+
+def compose_healthcheck(service: dict[str, Any], **replacements: str) -> list[str]:
+    """A healthcheck's exec-form command, with host-specific text replaced (each must occur)."""
+    test = service["healthcheck"]["test"]
+    assert test[0] == "CMD", test
+    argv = [files.unescape_compose(word) for word in test[1:]]
+    for old, new in replacements.items():
+        assert any(old in word for word in argv), f"{old!r} not in {argv}"
+        argv = [word.replace(old, new) for word in argv]
+    return argv
+
+
+def compose_env(service: dict[str, Any], **replacements: str) -> dict[str, str]:
+    environment = {key: files.unescape_compose(str(value)) for key, value in service.get("environment", {}).items()}
+    missing = set(replacements) - set(environment)
+    assert not missing, f"the service sets no {sorted(missing)}"
+    return {**environment, **replacements}
+
+
+
+@pytest.mark.etcd
+def test_compose_sc_runs_as_composed(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
+    sc = files.compose()["services"]["sc"]
+    public, private = embedded_etcd.free_ports(2)
+    workdir = tmp_path / "sc"  # the image's WORKDIR, where the service's volume is
+    workdir.mkdir()
+    assert files.image_workdir() == "/var/lib/sc"
+    argv = files.image_entrypoint() + [files.unescape_compose(word) for word in sc["command"]]
+    argv = files.replace_flag(argv, "--etcd-endpoints", ",".join(etcd_urls(etcd_server)))
+    argv = files.replace_flag(argv, "--public-port", str(public))
+    argv = files.replace_flag(argv, "--private-port", str(private))
+    history = files.flag_value(argv, "--history-dir")
+    assert history == "/var/lib/sc/history"
+    argv = files.replace_flag(argv, "--history-dir", str(workdir / "history"))
+    env = base_env({**image_env(), **compose_env(sc, SC_KEY_PREFIX=fresh_prefix())})
+    healthcheck = compose_healthcheck(sc, **{"127.0.0.1:9003": f"127.0.0.1:{public}"})
+
+    with started(argv, env, workdir, tmp_path, "sc") as process:
+        wait_healthy(process, public)
+        checked = subprocess.run(healthcheck, env=env, capture_output=True, timeout=10)
+        assert (checked.returncode, checked.stdout, checked.stderr) == (0, b"", b"")
+        assert sorted(path.name for path in workdir.iterdir()) == ["history"]  # the only thing it writes
+        assert sc["stop_grace_period"] == f"{STOP_TIMEOUT:.0f}s"
+        stop_cleanly(process)
+    # Stopped, it fails its health check.
+    assert subprocess.run(healthcheck, env=env, capture_output=True, timeout=10).returncode == 1
+
+
+async def run(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(*argv, env=env, cwd=cwd, stdout=PIPE, stderr=PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_compose_spu_init_and_spus_join_the_sc(tmp_path: Path) -> None:
+    """spu-init registers the SPUs (and succeeds again on a second `up`); each SPU service connects."""
+    services = files.compose()["services"]
+    spu_services = sorted(name for name in services if name.startswith("spu-") and name != "spu-init")
+    assert spu_services == ["spu-0", "spu-1", "spu-2"]
+    settings = config.Settings(store=config.StoreKind.MEMORY, **daemon_fixture.COMMON_SETTINGS)
+    async with daemon_fixture.running(settings) as sc:
+        init = services["spu-init"]
+        init_argv = [files.unescape_compose(word) for word in init["entrypoint"] + init["command"]]
+        init_env = base_env({**image_env(), **compose_env(init, SC_ADDR=sc.url)})
+        first = await run(init_argv, init_env, tmp_path)
+        assert first[0] == 0 and first[2] == "", first
+        # Each SPU is registered under its service's name, with its service's name as host (its
+        # address on the Compose network) and the private port its health check probes.
+        spu_port = {name: int(re.findall(r"\('127\.0\.0\.1', (\d+)\)", compose_healthcheck(services[name])[-1])[0]) for name in spu_services}
+        status, spus = await sc.call("GET", "/v1/spus")
+        assert status == 200
+        assert sorted((spu["name"], spu["spec"]["id"], spu["spec"]["privateEndpoint"], spu["status"]["resolution"]) for spu in spus) == [
+            (name, int(files.flag_value(services[name]["command"], "--id")), {"host": name, "port": spu_port[name]}, "Init")
+            for name in spu_services
+        ]
+
+        # The SPUs, each as its `command:`. Three containers each have their own 0.0.0.0:9006;
+        # here they share one machine, so each listens on a loopback address of its own.
+        processes = []
+        for index, name in enumerate(spu_services):
+            spu = services[name]
+            argv = files.image_entrypoint() + [files.unescape_compose(word) for word in spu["command"]]
+            assert files.flag_value(argv, "--sc-private") == "sc:9004"
+            argv = files.replace_flag(argv, "--sc-private", f"127.0.0.1:{sc.daemon.private_port}")
+            assert files.flag_value(argv, "--listen-host") == "0.0.0.0"
+            argv = files.replace_flag(argv, "--listen-host", f"127.0.0.{index + 2}")
+            assert files.flag_value(argv, "--data-dir") == "/var/lib/sc"
+            data = tmp_path / name
+            data.mkdir()
+            argv = files.replace_flag(argv, "--data-dir", str(data))
+            with (tmp_path / f"{name}.out").open("wb") as out, (tmp_path / f"{name}.err").open("wb") as err:
+                processes.append(await asyncio.create_subprocess_exec(*argv, env=base_env({**image_env(), **compose_env(spu)}), cwd=data, stdout=out, stderr=err))
+        try:
+            # Meanwhile, a second `up`: the SPUs are registered already.
+            again = await run(init_argv, init_env, tmp_path)
+            assert again == (0, "spu-0 is already registered\nspu-1 is already registered\nspu-2 is already registered\n", "")
+
+            async def all_online() -> None:
+                _, listed = await sc.call("GET", "/v1/spus")
+                assert [spu["status"]["resolution"] for spu in listed] == ["Online"] * 3
+
+            await sc.eventually(all_online, timeout=20.0)
+            for index, name in enumerate(spu_services):
+                probe = compose_healthcheck(services[name], **{"'127.0.0.1'": f"'127.0.0.{index + 2}'"})
+
+                async def listening() -> None:
+                    assert (await run(probe, base_env(image_env()), tmp_path))[0] == 0
+
+                await sc.eventually(listening, timeout=10.0)
+        finally:
+            for process in processes:
+                if process.returncode is None:
+                    process.send_signal(signal.SIGTERM)
+            codes = [await asyncio.wait_for(process.wait(), STOP_TIMEOUT) for process in processes]
+        assert codes == [0, 0, 0]
+        for name in spu_services:
+            assert (tmp_path / f"{name}.out").read_text() == ""
+            events = [line["event"] for line in json_lines(tmp_path / f"{name}.err")]
+            assert events[-1] == "spu stopped" and "sc accepted" in events, events
+            assert (tmp_path / name / name / "offsets.json").is_file()  # its volume keeps its offsets
+
+
+# ---------------------------------------------------------------------------------------- Kubernetes
+
+
+@pytest.mark.etcd
+def test_kubernetes_sc_runs_as_deployed(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
+    """The Deployment's args and env, through the image's entrypoint, with the ConfigMap's file as mounted."""
+    deployment = files.kubernetes_object("Deployment", "sc")
+    container = files.container(deployment, "sc")
+    pod = deployment["spec"]["template"]["spec"]
+    assert "command" not in container  # the image's entrypoint, `sc`
+    argv = files.image_entrypoint() + container["args"]
+    # --config names a file of the ConfigMap volume mounted at its directory.
+    config_path = Path(files.flag_value(argv, "--config"))
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(config_path.parent)]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    config_map = files.kubernetes_object("ConfigMap", volume["configMap"]["name"])
+    # The history goes to the volume mounted at /var/lib/sc (the root file system is read-only).
+    [history_mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/var/lib/sc"]
+    assert "readOnly" not in history_mount
+    workdir = tmp_path / "sc"
+    workdir.mkdir()
+    public, private = embedded_etcd.free_ports(2)
+    settings = files.replace_settings(
+        config_map["data"][config_path.name],
+        etcd_endpoints=etcd_urls(etcd_server),
+        key_prefix=fresh_prefix(),
+        public_port=public,
+        private_port=private,
+        history_dir=str(workdir / "history"),
+    )
+    local_config = tmp_path / config_path.name
+    local_config.write_text(settings)
+    argv = files.replace_flag(argv, "--config", str(local_config))
+    env = base_env({**image_env(), **{variable["name"]: variable["value"] for variable in container.get("env", [])}})
+
+    with started(argv, env, workdir, tmp_path, "sc") as process:
+        wait_healthy(process, public)
+        assert sorted(path.name for path in workdir.iterdir()) == ["history"]
+        stop_cleanly(process, timeout=pod["terminationGracePeriodSeconds"])
+
+
+# ------------------------------------------------------------------------------------------- systemd
+
+
+def systemd_command(unit: dict[str, dict[str, list[str]]], config_text: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """ExecStart with /opt/sc/bin/sc as this environment's and --config as a local copy of ``config_text``."""
+    [exec_start] = unit["Service"]["ExecStart"]
+    argv = shlex.split(exec_start)
+    assert argv[0] == "/opt/sc/bin/sc"
+    argv[0] = str(Path(BIN) / "sc")
+    assert files.flag_value(argv, "--config") == "/etc/sc/sc.toml"
+    local_config = tmp_path / "sc.toml"
+    local_config.write_text(config_text)
+    argv = files.replace_flag(argv, "--config", str(local_config))
+    env = base_env({"PATH": os.environ["PATH"], **files.systemd_environment(unit["Service"].get("Environment", []))})
+    return argv, env
+
+
+@pytest.mark.etcd
+def test_systemd_sc_runs_as_the_unit_starts_it(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
+    """ExecStart with deploy/systemd/sc.toml as /etc/sc/sc.toml; stopped by the unit's KillSignal in its TimeoutStopSec."""
+    unit = files.systemd_unit()
+    service = unit["Service"]
+    assert service["WorkingDirectory"] == ["/var/lib/sc"] and service["StateDirectory"] == ["sc"]
+    state = tmp_path / "state"  # /var/lib/sc
+    state.mkdir()
+    public, private = embedded_etcd.free_ports(2)
+    text = files.SYSTEMD_CONFIG.read_text()
+    history = Path(files.tomllib.loads(text)["history_dir"])
+    assert history.parent == Path("/var/lib/sc")  # under the StateDirectory, writable despite ProtectSystem=strict
+    settings = files.replace_settings(
+        text,
+        etcd_endpoints=etcd_urls(etcd_server),
+        key_prefix=fresh_prefix(),
+        public_port=public,
+        private_port=private,
+        history_dir=str(state / history.name),
+    )
+    argv, env = systemd_command(unit, settings, tmp_path)
+    [kill_signal] = service["KillSignal"]
+    [stop_timeout] = service["TimeoutStopSec"]
+    with started(argv, env, state, tmp_path, "sc") as process:
+        wait_healthy(process, public)
+        assert sorted(path.name for path in state.iterdir()) == ["history"]
+        stop_cleanly(process, getattr(signal, kill_signal), float(stop_timeout))
+
+
+def test_systemd_bad_config_exits_with_the_status_the_unit_does_not_restart(tmp_path: Path) -> None:
+    """A setting the SC rejects exits 2, which RestartPreventExitStatus keeps from a restart loop."""
+    unit = files.systemd_unit()
+    assert unit["Service"]["RestartPreventExitStatus"] == ["2"]
+    argv, env = systemd_command(unit, files.SYSTEMD_CONFIG.read_text() + "public_prot = 9003\n", tmp_path)
+    finished = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert finished.returncode == 2
+    assert "public_prot" in finished.stderr and "Extra inputs are not permitted" in finished.stderr
+
+
+# -------------------------------------------------------------------------------------- etcd members
+
+
+@dataclass
+class EtcdMember:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    health: list[str]  # Compose: the health check's command
+    probes: list[str]  # Kubernetes: the liveness and readiness probes' URLs
+
+
+def etcd_members(where: str, tmp_path: Path) -> list[EtcdMember]:
+    """Each etcd member as Compose or the StatefulSet runs it, on 127.0.0.1 with ports of its own:
+    the members' host names and their 0.0.0.0 become 127.0.0.1:<port>, the data dir a temp dir.
+    Everything else is the manifest's."""
+    etcd_bin = Path(embedded_etcd.find_etcd_binary()).parent
+    if where == "compose":
+        services = files.compose()["services"]
+        names = [name for name in services if name.startswith("etcd-")]
+        hosts = {name: name for name in names}
+        raw = [(name, services[name]["command"], services[name]["environment"], services[name]["healthcheck"]["test"]) for name in names]
+        volume = services[names[0]]["volumes"][0].split(":")[1]
+        probe_paths: list[str] = []
+    else:
+        statefulset = files.kubernetes_object("StatefulSet", "etcd")
+        etcd = files.container(statefulset, "etcd")
+        names = [f"etcd-{index}" for index in range(statefulset["spec"]["replicas"])]
+        hosts = {name: f"{name}.{statefulset['spec']['serviceName']}" for name in names}
+        # The kubelet's part: $(POD_NAME) from the downward API.
+        raw = [(name, [w.replace("$(POD_NAME)", name) for w in etcd["command"] + etcd["args"]], {}, []) for name in names]
+        volume = etcd["volumeMounts"][0]["mountPath"]
+        probe_paths = [etcd[probe]["httpGet"]["path"] for probe in ("livenessProbe", "readinessProbe")]
+        assert {etcd[probe]["httpGet"]["port"] for probe in ("livenessProbe", "readinessProbe")} == {"metrics"}
+    ports = {name: embedded_etcd.free_ports(3) for name in names}  # client, peer, metrics
+    members = []
+    for name, command, environment, test in raw:
+        replacements = {f"0.0.0.0:{port}": f"127.0.0.1:{mine}" for port, mine in zip((2379, 2380, 2381), ports[name], strict=True)}
+        replacements["127.0.0.1:2379"] = f"127.0.0.1:{ports[name][0]}"  # the health check's own member
+        for other in names:
+            replacements[f"{hosts[other]}:2379"] = f"127.0.0.1:{ports[other][0]}"
+            replacements[f"{hosts[other]}:2380"] = f"127.0.0.1:{ports[other][1]}"
+
+        replacements[volume + "/"] = f"{tmp_path / name}/"
+        # One pass, so that a replacement is never replaced again (127.0.0.1:23791 is no 127.0.0.1:2379).
+        pattern = re.compile("|".join(re.escape(old) for old in sorted(replacements, key=len, reverse=True)))
+
+        def local(text: str, pattern: re.Pattern[str] = pattern, replacements: dict[str, str] = replacements) -> str:
+            return pattern.sub(lambda match: replacements[match[0]], text)
+
+        argv = [local(word) for word in command]
+        assert argv[0] == "etcd"
+        argv[0] = str(etcd_bin / "etcd")
+        env = {key: local(files.unescape_compose(value)) for key, value in environment.items()}
+        health = [local(word) for word in test[1:]]
+        if health:
+            assert test[0] == "CMD" and health[0] == "etcdctl"
+            health[0] = str(etcd_bin / "etcdctl")
+        metrics = f"http://127.0.0.1:{ports[name][2]}"
+        members.append(EtcdMember(name, argv, base_env({"PATH": os.environ["PATH"], **env}), health, [metrics + p for p in probe_paths]))
+    return members
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return error.code
+    except OSError:
+        return 0
+
+
+@pytest.mark.parametrize("where", ["compose", "kubernetes"])
+def test_etcd_members_form_a_healthy_cluster(where: str, tmp_path: Path) -> None:
+    """The three members' exact flags (and Compose's ETCD_* variables) make one cluster with a
+    quorum, which Compose's health checks and the Kubernetes probes see."""
+    members = etcd_members(where, tmp_path)
+    assert [member.name for member in members] == ["etcd-0", "etcd-1", "etcd-2"]
+    assert all(bool(member.health) == (where == "compose") and bool(member.probes) == (where == "kubernetes") for member in members)
+    with contextlib.ExitStack() as stack:
+        processes = [stack.enter_context(started(m.argv, m.env, tmp_path, tmp_path, m.name)) for m in members]
+        for member, process in zip(members, processes, strict=True):
+
+            def healthy(member: EtcdMember = member, process: Process = process) -> bool:
+                assert process.popen.poll() is None, process.output()
+                if member.health:
+                    return subprocess.run(member.health, env=member.env, capture_output=True, timeout=10).returncode == 0
+                return [http_status(url) for url in member.probes] == [200, 200]
+
+            wait_for(healthy, 30.0, f"{member.name} healthy")
+        # All under the data dirs they were given: the volume's.
+        assert sorted(path.name for path in tmp_path.iterdir() if path.is_dir()) == ["etcd-0", "etcd-1", "etcd-2"]
+        client = files.flag_value(members[0].argv, "--advertise-client-urls")
+        etcdctl = str(Path(embedded_etcd.find_etcd_binary()).parent / "etcdctl")
+        listed = subprocess.run([etcdctl, f"--endpoints={client}", "member", "list", "-w", "json"], capture_output=True, text=True, timeout=10)
+        assert sorted(member["name"] for member in json.loads(listed.stdout)["members"]) == ["etcd-0", "etcd-1", "etcd-2"]
+        for process in processes:
+            # etcd shuts down, then re-raises the signal to itself: that is its clean stop.
+            assert process.stop() == -signal.SIGTERM, process.output()
+            assert '"msg":"closed etcd server"' in process.stderr.read_text()
