@@ -84,7 +84,7 @@ class SimulatedSpu:
             self.log.info("offsets restored", path=str(self.checkpoint_path), partitions=len(restored))
         self._spawn(self.session.run(), "session")
         self._spawn(self._listen(), "listen")
-        self._spawn(self._append(), "append")
+        self._spawn(append_bursts(self.state, self.settings), "append")
         if self.checkpoint_path is not None:
             self._spawn(self._checkpoint(), "checkpoint")
         self.log.info("spu started", sc=f"{self.sc_address[0]}:{self.sc_address[1]}")
@@ -167,15 +167,6 @@ class SimulatedSpu:
                 await asyncio.sleep(delay)
                 self._endpoint_changed.set()
 
-    async def _append(self) -> None:
-        """Bursts of ``append_records`` records in every partition it leads, every ``append_interval`` s."""
-        loop = asyncio.get_running_loop()
-        next_at = loop.time() + self.settings.append_interval
-        while True:
-            await asyncio.sleep(max(0.0, next_at - loop.time()))
-            next_at += self.settings.append_interval
-            self.state.append(self.settings.append_records, loop.time())
-
     async def _checkpoint(self) -> None:
         saved = b""
         while True:
@@ -191,6 +182,16 @@ class SimulatedSpu:
     async def _save(self, data: bytes | None = None) -> None:
         assert self.checkpoint_path is not None
         await asyncio.to_thread(checkpoint.save, self.checkpoint_path, data or checkpoint.encode(self.state.offsets()))
+
+
+async def append_bursts(state: state_module.SpuState, settings: settings_module.SpuSettings) -> None:
+    """Bursts of ``append_records`` records in every partition ``state`` leads, every ``append_interval`` s, forever."""
+    loop = asyncio.get_running_loop()
+    next_at = loop.time() + settings.append_interval
+    while True:
+        await asyncio.sleep(max(0.0, next_at - loop.time()))
+        next_at += settings.append_interval
+        state.append(settings.append_records, loop.time())
 
 
 async def run_until_signalled(spus: Sequence[SimulatedSpu]) -> None:
