@@ -1,8 +1,7 @@
-"""The SPU<->SPU private endpoint: the fetch server a leader runs, and one fetch loop per leader a follower follows.
+"""The SPU<->SPU private endpoint: the fetch server a leader runs, and one fetch loop per leader followed.
 
-Frames are ``fetch_wire``'s over plain TCP; the offsets are ``SpuState``'s. Each loop fetches every
-partition followed from its leader in one request a round, then waits ``fetch_interval``. A follower
-whose leader cannot be reached retries with backoff, and meanwhile does not advance.
+``fetch_wire`` frames over TCP; offsets are ``SpuState``'s. A round fetches every partition followed
+from that leader, then waits ``fetch_interval``; an unreachable leader means no progress, and retries.
 """
 
 from __future__ import annotations

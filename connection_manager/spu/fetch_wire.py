@@ -1,9 +1,7 @@
-"""The fetch protocol between simulated SPUs (a follower asks its leader for records, offsets only).
+"""The fetch protocol between simulated SPUs: a follower asks its leader for records (offsets only).
 
-Purely computational, no I/O. A frame is a 4-byte big-endian body length, then one JSON object
-with a ``type`` tag and the version ``v``, as in ``wire``. A follower sends ``fetch`` frames on
-one connection per leader, one request in flight; the leader answers each with ``fetched``, or
-with ``error`` and closes the connection when a frame is malformed.
+Purely computational, no I/O. A frame: a 4-byte big-endian length, then a JSON object tagged like
+``wire``'s. ``fetch`` requests, one in flight a connection; ``fetched`` answers, or ``error`` and close.
 """
 
 from __future__ import annotations

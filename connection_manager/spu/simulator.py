@@ -1,8 +1,7 @@
 """The SPU simulator: ``SimulatedSpu`` joins the SC, hosts its replicas and replicates their offsets, no payloads.
 
-Usable in-process (``await spu.start()`` / ``await spu.stop()``, K of them on one loop) and by
-``sc spu run``. It wires the pure ``SpuState`` to its I/O: the SC session, the fetch server on the
-SPU's own private endpoint (as the SC describes it), the fetch loops, the append bursts and the checkpoint.
+In-process (``start``/``stop``, K on one loop) or by ``sc spu run``. Wires the pure ``SpuState`` to its
+I/O: SC session, fetch server on its own private endpoint, fetch loops, append bursts, checkpoint.
 """
 
 from __future__ import annotations
@@ -70,14 +69,18 @@ class SimulatedSpu:
         self._roles: dict[str, tuple[replica_module.Role, int | None]] | None = None  # None: no picture yet
         self._endpoint_changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False
         self.log = structlog.get_logger(__name__).bind(spu=spu_id)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Resume offsets from the checkpoint, then connect, listen, append and fetch in the background."""
-        if self._tasks:
-            raise RuntimeError(f"SPU {self.spu_id} is already started")
+        """Resume offsets from the checkpoint, then connect, listen, append and fetch in the background.
+
+        Once: a stopped SPU is not started again; make a new one, as a restarted process would be.
+        """
+        if self._tasks or self._stopped:
+            raise RuntimeError(f"SPU {self.spu_id} was already started: create a new SimulatedSpu to run it again")
         if self.checkpoint_path is not None:
             restored = await asyncio.to_thread(checkpoint.load, self.checkpoint_path)
             self.state.restore(restored)
@@ -91,14 +94,20 @@ class SimulatedSpu:
 
     async def stop(self) -> None:
         """Stop everything it started, drop its connections, and save its offsets last."""
+        if self._stopped or not self._tasks:
+            return
+        self._stopped = True
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.fetchers.close()
         await self.server.close()
-        if self.checkpoint_path is not None and tasks:
-            await self._save()
+        if self.checkpoint_path is not None:
+            try:
+                await self._save(checkpoint.encode(self.state.offsets()))
+            except OSError as error:
+                self.log.error("cannot save offsets", path=str(self.checkpoint_path), error=str(error))
         self.log.info("spu stopped")
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
@@ -123,6 +132,7 @@ class SimulatedSpu:
         return self.server.address
 
     def status(self, partition: str) -> state_module.ReplicaStatus | None:
+        """A snapshot of one replica it hosts (role, LEO, HW, and if it leads: ISR, followers' LEOs); None if not hosted."""
         return self.state.status(partition, asyncio.get_running_loop().time())
 
     # ------------------------------------------------------------------ background work
@@ -145,7 +155,7 @@ class SimulatedSpu:
 
     async def _listen(self) -> None:
         """Keep the fetch server on this SPU's private endpoint; retry with backoff if it cannot bind."""
-        backoff = backoff_module.Backoff(self.settings.fetch_retry_initial, self.settings.fetch_retry_max * 5)
+        backoff = backoff_module.Backoff(self.settings.reconnect_initial, self.settings.reconnect_max)
         while True:
             await self._endpoint_changed.wait()
             self._endpoint_changed.clear()
@@ -179,9 +189,9 @@ class SimulatedSpu:
                 except OSError as error:
                     self.log.error("cannot save offsets", path=str(self.checkpoint_path), error=str(error))
 
-    async def _save(self, data: bytes | None = None) -> None:
+    async def _save(self, data: bytes) -> None:
         assert self.checkpoint_path is not None
-        await asyncio.to_thread(checkpoint.save, self.checkpoint_path, data or checkpoint.encode(self.state.offsets()))
+        await asyncio.to_thread(checkpoint.save, self.checkpoint_path, data)
 
 
 async def append_bursts(state: state_module.SpuState, settings: settings_module.SpuSettings) -> None:

@@ -378,12 +378,25 @@ async def test_a_new_leader_truncates_a_follower_that_was_ahead_and_offsets_resu
     await eventually(lambda: _assert(leader_status(new).in_sync == (0,)))
     await eventually(lambda: _assert(checkpoint.load(checkpoint.path_for(tmp_path, 0)) == {"t-0": Offsets(50, 50)}))
 
-    # A restart resumes the saved LEO (the checkpoint is written on stop as well).
+    # A restart resumes the saved LEO; a stopped SimulatedSpu itself is not restarted.
     await new.stop()
+    with pytest.raises(RuntimeError, match=r"^SPU 1 was already started: create a new SimulatedSpu to run it again$"):
+        await new.start()
     await sc.update(replicas=[wire.ReplicaInfo(partition="t-0", leader=None, replicas=[1, 0])])
     restarted = running(SimulatedSpu(1, sc.address, settings=quiet, data_dir=tmp_path))
     await restarted.start()
     await eventually(lambda: _assert(offsets(restarted) == (Role.IDLE, 50, 50)))
+
+
+async def test_a_clean_stop_saves_the_offsets_it_stopped_at(make_sc, running, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    sc = make_sc([spu_info(0, free_port())], [wire.ReplicaInfo(partition="t-0", leader=0, replicas=[0])])
+    await sc.start()
+    never_periodically = SpuSettings(append_interval=0.05, append_records=10, checkpoint_interval=3600.0)
+    spu = running(SimulatedSpu(0, sc.address, settings=never_periodically, data_dir=tmp_path))
+    await spu.start()
+    await eventually(lambda: _assert(offsets(spu)[1] >= 50))
+    await spu.stop()
+    assert checkpoint.load(checkpoint.path_for(tmp_path, 0)) == {"t-0": Offsets(offsets(spu)[1], offsets(spu)[2])}
 
 
 def leader_status(spu: SimulatedSpu):  # type: ignore[no-untyped-def]
