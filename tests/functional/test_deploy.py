@@ -198,23 +198,26 @@ async def test_compose_spu_init_and_spus_join_the_sc(tmp_path: Path) -> None:
     assert spu_services == ["spu-0", "spu-1", "spu-2"]
     settings = config.Settings(store=config.StoreKind.MEMORY, **daemon_fixture.COMMON_SETTINGS)
     async with daemon_fixture.running(settings) as sc:
+        # Each SPU container has its own 0.0.0.0:9006; here the three share one machine, so each
+        # listens on a loopback address of its own, on a port free here.
+        port = embedded_etcd.free_ports(1)[0]
         init = services["spu-init"]
         init_argv = [files.unescape_compose(word) for word in init["entrypoint"] + init["command"]]
+        assert sum(word.count(':9006"') for word in init_argv) == 1
+        init_argv = [word.replace(':9006"', f':{port}"') for word in init_argv]
         init_env = base_env({**image_env(), **compose_env(init, SC_ADDR=sc.url)})
         first = await run(init_argv, init_env, tmp_path)
         assert first[0] == 0 and first[2] == "", first
-        # Each SPU is registered under its service's name, with its service's name as host (its
-        # address on the Compose network) and the private port its health check probes.
-        spu_port = {name: int(re.findall(r"\('127\.0\.0\.1', (\d+)\)", compose_healthcheck(services[name])[-1])[0]) for name in spu_services}
+        # Each SPU is registered under its service's name and id, with its service's name as host
+        # (its address on the Compose network).
         status, spus = await sc.call("GET", "/v1/spus")
         assert status == 200
         assert sorted((spu["name"], spu["spec"]["id"], spu["spec"]["privateEndpoint"], spu["status"]["resolution"]) for spu in spus) == [
-            (name, int(files.flag_value(services[name]["command"], "--id")), {"host": name, "port": spu_port[name]}, "Init")
+            (name, int(files.flag_value(services[name]["command"], "--id")), {"host": name, "port": port}, "Init")
             for name in spu_services
         ]
 
-        # The SPUs, each as its `command:`. Three containers each have their own 0.0.0.0:9006;
-        # here they share one machine, so each listens on a loopback address of its own.
+        # The SPUs, each as its `command:`.
         processes = []
         for index, name in enumerate(spu_services):
             spu = services[name]
@@ -240,7 +243,7 @@ async def test_compose_spu_init_and_spus_join_the_sc(tmp_path: Path) -> None:
 
             await sc.eventually(all_online, timeout=20.0)
             for index, name in enumerate(spu_services):
-                probe = compose_healthcheck(services[name], **{"'127.0.0.1'": f"'127.0.0.{index + 2}'"})
+                probe = compose_healthcheck(services[name], **{"('127.0.0.1', 9006)": f"('127.0.0.{index + 2}', {port})"})
 
                 async def listening() -> None:
                     assert (await run(probe, base_env(image_env()), tmp_path))[0] == 0

@@ -255,6 +255,19 @@ def test_compose_spus_differ_only_by_id_and_volume() -> None:
     assert [services[f"spu-{i}"]["volumes"] for i in range(3)] == [[f"spu-{i}:/var/lib/sc"] for i in range(3)]
 
 
+def test_compose_spus_are_registered_where_they_listen() -> None:
+    """spu-init registers each SPU at its service's name and the port its health check probes."""
+    services = files.compose()["services"]
+    [script] = services["spu-init"]["command"]
+    assert services["spu-init"]["entrypoint"] == ["/bin/sh", "-c"]
+    assert 'for id in 0 1 2; do' in script
+    assert '--id "$$id" --name "spu-$$id" --public-server "spu-$$id:9005" --private-server "spu-$$id:9006"' in script
+    for index in range(3):
+        spu = services[f"spu-{index}"]
+        assert "('127.0.0.1', 9006)" in spu["healthcheck"]["test"][-1]
+        assert files.flag_value(spu["command"], "--listen-host") == "0.0.0.0"
+
+
 def test_compose_strings_escape_their_dollars() -> None:
     """A `$` meant for the shell must be `$$`, or Compose substitutes a host variable (often empty)."""
     strings = files.compose_strings(files.compose())
