@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import pydantic
 from pydantic import Field
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 from store import kv
 
@@ -38,7 +38,8 @@ class Settings(BaseSettings):
     public_port: Port = 9003
     private_port: Port = 9004
     store: StoreKind = StoreKind.ETCD
-    etcd_endpoints: list[str] = Field(default_factory=list)
+    # NoDecode: SC_ETCD_ENDPOINTS is written like the flag (comma-separated), not as a JSON list.
+    etcd_endpoints: Annotated[list[str], NoDecode] = Field(default_factory=list)
     key_prefix: str = kv.DEFAULT_PREFIX
     data_dir: Path = Path("./sc-data")
     # The metadata history (store/history.py); None: <data_dir>/history with the embedded etcd, else none.
