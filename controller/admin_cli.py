@@ -375,19 +375,33 @@ def _spu_register(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spu_name_of(client: Client, spu_id: int) -> str:
+    _, spus = client.call("GET", "/v1/spus")
+    matching = [spu["name"] for spu in spus if spu["spec"]["id"] == spu_id]
+    if not matching:
+        raise CliError(f"no SPU has id {spu_id}")
+    return str(matching[0])
+
+
 def _spu_unregister(args: argparse.Namespace) -> int:
     if (args.name is None) == (args.id is None):
         args.usage("name the SPU to unregister: give its NAME or --id ID (one of them)")
     client = Client(_address(args))
-    name = args.name
-    if name is None:
-        _, spus = client.call("GET", "/v1/spus")
-        matching = [spu["name"] for spu in spus if spu["spec"]["id"] == args.id]
-        if not matching:
-            raise CliError(f"no SPU has id {args.id}")
-        name = matching[0]
+    name = args.name if args.name is not None else _spu_name_of(client, args.id)
     _, answer = client.call("DELETE", _path("spus", name))
     _report_deleted(args, "SPU", name, answer)
+    return 0
+
+
+def _spu_drain(args: argparse.Namespace) -> int:
+    """Controlled shutdown: every leadership moves off the SPU before it is stopped."""
+    client = Client(_address(args))
+    name = _spu_name_of(client, int(args.spu)) if args.spu.isdigit() else args.spu
+    _, answer = client.call("POST", _path("spus", name, "drain"), query={"timeout": str(args.timeout_ms)})
+    if args.output == "json":
+        print(json.dumps(answer, indent=2))
+    else:
+        print(f"SPU {answer['spu']} ({answer['name']}) leads no partition: it can be stopped")
     return 0
 
 
@@ -505,6 +519,9 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     unregister = command(spus, "unregister", _spu_unregister, "unregister a custom SPU (by NAME or --id)")
     unregister.add_argument("name", metavar="NAME", nargs="?")
     unregister.add_argument("--id", type=_whole_number, metavar="ID")
+    drain = command(spus, "drain", _spu_drain, "move every leadership off an SPU before stopping it")
+    drain.add_argument("spu", metavar="ID|NAME", help="the SPU's id or name")
+    drain.add_argument("--timeout-ms", type=_whole_number, default=30_000, metavar="MS", help="longest wait (default 30000)")
 
     groups = group_of("spu-group", "create, scale, list and delete SPU groups (managed SPUs)")
     create_group = command(groups, "create", _spu_group_create, "create an SPU group")

@@ -451,3 +451,16 @@ async def test_an_spu_flapping_50_times_leaves_no_partition_stuck(cluster: Clust
             assert led == {name for name, p in partitions.items() if p.spec.leader == spu.spu_id}
 
     await cluster.sc.eventually(settled, timeout=20)
+
+
+async def test_sc_spu_drain_by_id_from_the_cli(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
+    from controller import cli
+
+    spus = await online_topic(cluster, "orders", 2, (10, 10, {1: 10}))
+    await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=1)
+    assert await asyncio.to_thread(cli.main, ["spu", "drain", "0", "--sc", cluster.sc.url]) == 0
+    assert "SPU 0 (spu-0) leads no partition: it can be stopped" in capsys.readouterr().out
+    assert (await cluster.partition("orders-0")).spec.leader == 1
+    assert await asyncio.to_thread(cli.main, ["spu", "drain", "spu-9", "--sc", cluster.sc.url]) == 1
+    assert "spu-9" in capsys.readouterr().err
+    await spus[0].close()
