@@ -169,6 +169,9 @@ def _elect(
     replicas = partition.spec.replicas
     new_leader = chosen.leader
     unknown = election.UNKNOWN_OFFSET
+    # The former leader leaves the in-sync set at once (Kafka shrinks the ISR the same way): from
+    # now on the new leader commits records it does not have, until it is reported caught up.
+    leo = {spu: offset for spu, offset in leo.items() if spu != partition.spec.leader}
     followers = [
         models.ReplicaStatus(spu=spu, hw=min(leader_hw, leo.get(spu, unknown)), leo=leo.get(spu, unknown))
         for spu in replicas

@@ -152,8 +152,9 @@ def test_leader_offline_elects_from_live_offsets() -> None:
                 "status": {
                     "resolution": "Online",
                     "leader": {"spu": 1, "hw": 20, "leo": 24},
-                    "replicas": [{"spu": 0, "hw": 20, "leo": 25}, {"spu": 2, "hw": 19, "leo": 19}],
-                    "lrs": 1,
+                    # The former leader is out of the in-sync set until the new leader reports it.
+                    "replicas": [{"spu": 0, "hw": -1, "leo": -1}, {"spu": 2, "hw": 19, "leo": 19}],
+                    "lrs": 0,
                 },
             },
         )

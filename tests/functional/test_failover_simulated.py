@@ -1,0 +1,182 @@
+"""Failover with simulator SPUs: the daemon on a real etcd, SPUs replicating offsets over real sockets,
+SPU processes killed with SIGKILL; every result read back from etcd."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from connection_manager.spu import simulator
+from store import embedded_etcd, models
+from tests.fixtures.daemon import Running, etcd_settings, running
+
+pytestmark = pytest.mark.etcd
+
+SPUS = 3
+
+
+@pytest.fixture
+async def sc(etcd_server: embedded_etcd.EmbeddedEtcd) -> AsyncIterator[Running]:
+    settings = etcd_settings(etcd_server, spu_heartbeat_timeout=2.0, spu_offline_grace=5.0)
+    async with running(settings) as handle:
+        for spu_id, (public, private) in enumerate(zip(*[iter(embedded_etcd.free_ports(2 * SPUS))] * 2)):
+            spec = {
+                "id": spu_id,
+                "publicEndpoint": {"host": "127.0.0.1", "port": public},
+                "privateEndpoint": {"host": "127.0.0.1", "port": private},
+            }
+            status, body = await handle.call("POST", "/v1/spus", {"name": f"spu-{spu_id}", "spec": spec})
+            assert status == 201, body
+        yield handle
+
+
+def private_address(sc: Running) -> str:
+    return f"127.0.0.1:{sc.daemon.private_port}"
+
+
+async def partitions(sc: Running) -> dict[str, models.Partition]:
+    return await sc.read_all("partitions")
+
+
+async def spus_online(sc: Running, count: int) -> None:
+    found = await sc.read_all("spus")
+    online = [spu for spu in found.values() if spu.status.resolution is models.SpuResolution.ONLINE]
+    assert len(online) == count, found
+
+
+async def create_topic(sc: Running, name: str, count: int, replication_factor: int) -> None:
+    await sc.eventually(lambda: spus_online(sc, replication_factor), timeout=30)
+    body: dict[str, Any] = {"name": name, "spec": {"partitions": count, "replicationFactor": replication_factor}}
+    status, answer = await sc.call("POST", "/v1/topics", body)
+    assert status == 201, answer
+
+
+async def all_online_in_sync(sc: Running, lrs: int) -> None:
+    found = await partitions(sc)
+    assert found, "no partitions yet"
+    for partition in found.values():
+        assert partition.status.resolution is models.PartitionResolution.ONLINE, partition
+        assert partition.status.lrs == lrs, partition
+
+
+def spu_process(sc: Running, spu_id: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", "spu", "run", "--id", str(spu_id), "--sc-private", private_address(sc),
+         "--log-format", "json", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop(process: subprocess.Popen[bytes], how: signal.Signals = signal.SIGTERM) -> None:
+    if process.poll() is None:
+        process.send_signal(how)
+    process.wait(20)
+
+
+async def test_killing_the_leader_process_moves_every_leadership_to_an_in_sync_follower_and_back(sc: Running) -> None:
+    processes = {spu_id: spu_process(sc, spu_id) for spu_id in range(SPUS)}
+    try:
+        await create_topic(sc, "orders", 6, 3)
+        await sc.eventually(lambda: all_online_in_sync(sc, lrs=2), timeout=30)
+        before = await partitions(sc)
+        led_by_0 = sorted(name for name, p in before.items() if p.spec.leader == 0)
+        assert len(led_by_0) == 2
+        stop(processes[0], signal.SIGKILL)
+
+        async def moved() -> None:
+            now = await partitions(sc)
+            for name in led_by_0:
+                partition = now[name]
+                assert partition.spec.leader in (1, 2) and partition.status.resolution is models.PartitionResolution.ONLINE, partition
+                # The new leader held every committed record: its LEO was at least the old HW.
+                old = before[name].status
+                assert old.leader is not None and partition.status.leader is not None
+                assert partition.status.leader.leo >= old.leader.hw
+
+        await sc.eventually(moved, timeout=15)
+        spu = await sc.read("spus", "spu-0")
+        assert spu is not None and spu.status.resolution is models.SpuResolution.OFFLINE  # type: ignore[attr-defined]
+        # SPU 0 comes back empty (no data dir): it catches up, is in sync, and leads again.
+        processes[0] = spu_process(sc, 0)
+
+        async def preferred_back() -> None:
+            now = await partitions(sc)
+            assert sorted(name for name, p in now.items() if p.spec.leader == 0) == led_by_0
+            assert all(p.spec.leader == p.spec.replicas[0] for p in now.values())
+
+        await sc.eventually(preferred_back, timeout=30)
+        await sc.eventually(lambda: all_online_in_sync(sc, lrs=2), timeout=30)
+    finally:
+        for process in processes.values():
+            stop(process)
+    assert [process.returncode for spu_id, process in sorted(processes.items())] == [0, 0, 0]
+
+
+async def test_all_replicas_gone_is_leader_offline_until_the_last_leader_returns(sc: Running) -> None:
+    spus = {spu_id: simulator.SimulatedSpu(spu_id, private_address(sc)) for spu_id in (0, 1)}
+    for spu in spus.values():
+        await spu.start()
+    try:
+        await sc.eventually(lambda: spus_online(sc, 2), timeout=30)
+        body = {"name": "pair", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}]}}
+        status, answer = await sc.call("POST", "/v1/topics", body)
+        assert status == 201, answer
+        await sc.eventually(lambda: all_online_in_sync(sc, lrs=1), timeout=20)
+        await spus[0].stop()  # the leader: SPU 1 takes over
+        await sc.eventually(lambda: _leader_is(sc, "pair-0", 1, models.PartitionResolution.ONLINE), timeout=15)
+        await spus[1].stop()  # the last replica: nobody may lead
+        await sc.eventually(lambda: _leader_is(sc, "pair-0", 1, models.PartitionResolution.LEADER_OFFLINE), timeout=15)
+        # SPU 0 missed what SPU 1 committed alone: it may not lead. SPU 1, the last leader, may.
+        spus[0] = simulator.SimulatedSpu(0, private_address(sc))
+        await spus[0].start()
+        await asyncio.sleep(1.0)
+        await _leader_is(sc, "pair-0", 1, models.PartitionResolution.LEADER_OFFLINE)
+        spus[1] = simulator.SimulatedSpu(1, private_address(sc))
+        await spus[1].start()
+        await sc.eventually(lambda: _leader_is(sc, "pair-0", None, models.PartitionResolution.ONLINE), timeout=15)
+    finally:
+        for spu in spus.values():
+            await spu.stop()
+
+
+async def _leader_is(sc: Running, name: str, leader: int | None, resolution: models.PartitionResolution) -> None:
+    partition = (await partitions(sc))[name]
+    assert partition.status.resolution is resolution, partition
+    if leader is not None:
+        assert partition.spec.leader == leader, partition
+
+
+async def test_drain_never_leaves_a_partition_without_a_leader(sc: Running) -> None:
+    spus = [simulator.SimulatedSpu(spu_id, private_address(sc)) for spu_id in range(SPUS)]
+    for spu in spus:
+        await spu.start()
+    try:
+        await create_topic(sc, "orders", 6, 3)
+        await sc.eventually(lambda: all_online_in_sync(sc, lrs=2), timeout=30)
+        seen: list[models.PartitionResolution] = []
+        start = await sc.kv_store.revision() + 1
+
+        async def watch() -> None:
+            async for event in sc.kv_store.watch("partitions/", start):
+                if event.value is not None:
+                    seen.append(models.decode("partitions", event.value).status.resolution)  # type: ignore[attr-defined]
+
+        watcher = asyncio.create_task(watch())
+        status, body = await sc.call("POST", "/v1/spus/spu-0/drain")
+        assert (status, body["drained"]) == (200, True), body
+        await spus[0].stop()
+        await asyncio.sleep(0.5)
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
+        assert seen and models.PartitionResolution.LEADER_OFFLINE not in seen
+        assert all(p.spec.leader != 0 and p.status.resolution is models.PartitionResolution.ONLINE for p in (await partitions(sc)).values())
+    finally:
+        for spu in spus:
+            await spu.stop()
