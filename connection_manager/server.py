@@ -24,7 +24,8 @@ from store import local, models
 log = structlog.get_logger(__name__)
 
 REGISTER_TIMEOUT = 10.0  # seconds a new connection has to send its Register frame
-SEND_QUEUE_LIMIT = 1_000  # frames queued for one SPU before it is considered stuck
+SEND_QUEUE_LIMIT = 1_000
+HEARTBEAT_SECOND_LOOK = 0.5  # seconds  # frames queued for one SPU before it is considered stuck
 
 
 @dataclass
@@ -217,7 +218,12 @@ class ConnectionManager:
         websocket = session.websocket
         while session.closing is None:
             try:
-                message = await websocket.receive(timeout=self.heartbeat_timeout)
+                try:
+                    message = await websocket.receive(timeout=self.heartbeat_timeout)
+                except asyncio.TimeoutError:
+                    # The timer may have fired only because this loop was busy while the SPU's
+                    # frames sat in the socket buffer: a short second look tells the two apart.
+                    message = await websocket.receive(timeout=HEARTBEAT_SECOND_LOOK)
             except asyncio.TimeoutError:
                 self.stats.heartbeat_timeouts += 1
                 session.close(
