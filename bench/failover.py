@@ -182,8 +182,15 @@ async def main() -> int:
                 await wait_until(all_spus_online, 60, "every SPU Online")
                 for topic_index in range(topics):
                     body = {"name": f"topic-{topic_index}", "spec": {"partitions": per_topic, "replicationFactor": 3}}
-                    async with api.post("/v1/topics", json=body, params={"timeout": "0"}) as response:
-                        assert response.status in (201, 202), await response.text()
+                    for _attempt in range(5):
+                        async with api.post("/v1/topics", json=body, params={"timeout": "0"}) as response:
+                            if response.status in (201, 202):
+                                break
+                            text = await response.text()
+                            if response.status != 503:  # etcd slow on a busy machine: retry; else stop
+                                raise RuntimeError(f"create topic-{topic_index}: {response.status} {text}")
+                            print(f"retrying topic-{topic_index}: {text[:200]}")
+                            await asyncio.sleep(1.0)
 
                 async def all_online() -> bool:
                     listed = await store.list("partitions/")
