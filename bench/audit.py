@@ -209,7 +209,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topics", type=int, default=1000)
     parser.add_argument("--partitions", type=int, default=10)
-    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--records", type=int, default=1_000_000, help="synthetic history size (0: only part 1)")
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
     logs.configure(config.LogFormat.CONSOLE, "warning")
@@ -222,6 +222,8 @@ def main() -> None:
     print(f"   with the history: {seconds:.2f} s, {written} records written ({written / seconds:,.0f} records/s), {dropped} dropped")
     print(f"   baseline without: {baseline:.2f} s; ratio with/without {seconds / baseline:.2f}")
 
+    if not args.records:
+        return
     seconds, written = asyncio.run(synthetic_history(work / "history", args.records))
     print(f"2. synthetic history: {written:,} records through the recorder in {seconds:.1f} s ({written / seconds:,.0f} records/s)")
 

@@ -32,6 +32,8 @@ DEFAULT_MAX_QUEUE = 100_000
 # Records handed to the writer thread at once: large enough to amortise the hop, small enough
 # that one batch never holds the queue's whole content for long.
 WRITE_BATCH = 4096
+# How long the writer lets records gather before writing them (the lag it adds, at most).
+BATCH_DELAY = 0.01
 # A record larger than this is not a record: the length field is garbage (a torn or corrupt frame).
 MAX_RECORD_BYTES = 64 * 1024 * 1024
 
@@ -482,6 +484,10 @@ class Recorder:
     async def _run(self) -> None:
         while True:
             await self._wake.wait()
+            if len(self._queue) < WRITE_BATCH and not self._closing:
+                # Gather a batch: one hop to the worker thread per record would cost the loop more
+                # than the records themselves.
+                await asyncio.sleep(BATCH_DELAY)
             self._wake.clear()
             await self._write_queued()
             if self._closing:

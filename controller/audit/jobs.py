@@ -83,29 +83,23 @@ def load(spark: SparkSession, history_dir: Path | str) -> DataFrame:
 
 def run(spark: SparkSession, history_dir: Path | str, options: Options = Options()) -> Results:
     """Every audit over the exported history at ``history_dir``."""
-    frame = load(spark, history_dir).cache()
-    # Every job looks at one object's records in order: partition them by object once, so that
-    # the windows and aggregations below need no further shuffle.
-    changes = frame.filter(F.col("type") == "change").repartition("kind", "name").cache()
+    frame = load(spark, history_dir)
     summary = frame.agg(
         F.count(F.lit(1)).alias("records"),
         F.min(F.unix_micros("time")).alias("first_us"),
         F.max(F.unix_micros("time")).alias("last_us"),
     ).first()
     assert summary is not None
-    last_us = summary["last_us"]
-    results = Results(history={"records": summary["records"], "first_us": summary["first_us"], "last_us": last_us})
+    first_us, last_us = summary["first_us"], summary["last_us"]
+    results = Results(history={"records": summary["records"], "first_us": first_us, "last_us": last_us})
     at_us = _micros(options.at) if options.at is not None else last_us
     results.balance_at_us = at_us
 
-    applied = _applied_writes(frame)
-    partitions = changes.filter(F.col("kind") == "partitions").select(
-        "seq", "time", "kind", "name", "op", "revision", "resolution", "leader", "source"
-    ).withColumn("topic", _topic(F.col("name")))
-
-    leader_changes = _leader_changes(partitions, applied)
-    unavailability = _unavailability(partitions, last_us)
-    intervals = _spu_intervals(changes, last_us)
+    changes = enrich(frame).cache()
+    runs = _runs(changes).cache()
+    leader_changes = _leader_changes(changes)
+    unavailability = _unavailability(runs, last_us)
+    intervals = _spu_intervals(runs, last_us)
     spus, racks, violations = balance(frame, changes, at_us)
     gaps = frame.filter(F.col("type") == "gap").select(
         "seq", F.unix_micros("time").alias("at_us"), "first_revision", F.col("revision").alias("last_revision"),
@@ -122,44 +116,94 @@ def run(spark: SparkSession, history_dir: Path | str, options: Options = Options
         "balance_spus": (spus, ("spu",)),
         "balance_racks": (racks, ("rack",)),
         "rack_violations": (violations, ("partition",)),
-        "spec_changes": (_spec_changes(changes, applied), ("seq",)),
+        "spec_changes": (_spec_changes(changes), ("seq",)),
         "gaps": (gaps, ("seq",)),
-        "leaders_over_time": (_leaders_over_time(partitions, summary["first_us"], last_us), ("bucket_us", "spu")),
+        "leaders_over_time": (_leaders_over_time(changes, first_us, last_us), ("bucket_us", "spu")),
     }
     # Submitted together, the jobs share the executors instead of waiting on each other's latency.
     with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL_JOBS) as pool:
         futures = {name: pool.submit(_collect, query, *order) for name, (query, order) in queries.items()}
         results.tables = {name: future.result() for name, future in futures.items()}
+    runs.unpersist()
     changes.unpersist()
-    frame.unpersist()
     return results
 
 
 # ---------------------------------------------------------------------------- the jobs
 
 
-def _applied_writes(frame: DataFrame) -> DataFrame:
-    """(key, revision, cause) of every key an applied action wrote: what the SC itself changed."""
-    return frame.filter((F.col("type") == "action") & (F.col("outcome") == "applied")).select(
-        F.explode("keys").alias("key"), F.col("revision").alias("action_revision"), F.col("cause").alias("action_cause")
+def enrich(frame: DataFrame) -> DataFrame:
+    """Every change record with what the jobs need from the records before and after it of the same
+    object (one sort of the history by object and sequence number, shared by every job):
+
+    ``by_sc`` and ``action_cause`` (an applied action of the SC wrote this key at this revision),
+    ``prev_leader``, ``prev_spec_hash``, ``next_time``, ``incarnation`` (a create starts a new life of
+    the object), ``spu`` (an SPU's id, also on its delete record) and ``state`` (partitions: "down"
+    while unavailable, else "up"; SPUs: Online, Offline, "other" or "deleted").
+    """
+    applied = (
+        frame.filter((F.col("type") == "action") & (F.col("outcome") == "applied"))
+        .select(F.explode("keys").alias("key"), F.col("revision").alias("action_revision"), F.col("cause").alias("action_cause"))
+        .select(
+            F.split("key", "/", 2)[0].alias("kind"), F.split("key", "/", 2)[1].alias("name"),
+            F.col("action_revision").alias("revision"), "action_cause", F.lit(True).alias("by_sc"),
+        )
     )
-
-
-def _leader_changes(partitions: DataFrame, applied: DataFrame) -> DataFrame:
-    """A partition's spec.leader moving from one SPU to another, with the cause of the action that moved it."""
+    changes = frame.filter(F.col("type") == "change").select(
+        "seq", "time", "kind", "name", "op", "revision", "source", "snapshot_revision", "resolution", "leader",
+        "replicas", "spu_id", "rack", "ignore_rack_assignment", F.xxhash64("spec").alias("spec_hash"),
+    )
+    joined = changes.join(applied, ["kind", "name", "revision"], "left").repartition("kind", "name")
     ordered = Window.partitionBy("kind", "name").orderBy("seq")
-    moved = partitions.withColumn("from_spu", F.lag("leader").over(ordered)).filter(
-        F.col("from_spu").isNotNull() & F.col("leader").isNotNull() & (F.col("leader") != F.col("from_spu"))
+    running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    enriched = joined.select(
+        "*",
+        F.lag("leader").over(ordered).alias("prev_leader"),
+        F.lag("spec_hash").over(ordered).alias("prev_spec_hash"),
+        F.lead("time").over(ordered).alias("next_time"),
+        F.sum(F.when(F.col("op") == "create", 1).otherwise(0)).over(running).alias("incarnation"),
+        F.last("spu_id", ignorenulls=True).over(running).alias("spu"),  # a delete record has no spec
     )
-    joined = moved.join(
-        applied,
-        (F.concat(F.lit("partitions/"), moved["name"]) == applied["key"]) & (moved["revision"] == applied["action_revision"]),
-        "left",
+    # Online at some point of this life so far: a partition Offline after that has lost its leader.
+    was_online = F.max(F.when(F.col("resolution") == "Online", F.col("incarnation"))).over(running) == F.col("incarnation")
+    partition_down = (F.col("resolution") == "LeaderOffline") | ((F.col("resolution") == "Offline") & was_online)
+    state = (
+        F.when(F.col("kind") == "partitions", F.when(F.coalesce(partition_down, F.lit(False)), "down").otherwise("up"))
+        .when(F.col("kind") != "spus", F.lit(None))
+        .when(F.col("op") == "delete", F.lit("deleted"))
+        .when(F.col("resolution").isin("Online", "Offline"), F.col("resolution"))
+        .otherwise(F.lit("other"))
     )
-    return joined.select(
+    return enriched.withColumn("state", state).withColumn("topic", _topic(F.col("name")))
+
+
+def _runs(changes: DataFrame) -> DataFrame:
+    """Consecutive records of an object in the same ``state``: one row per run, with its start and
+    end (the time of the first record after the run; None while it lasts)."""
+    ordered = Window.partitionBy("kind", "name").orderBy("seq")
+    running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    new_run = F.when(F.col("state").eqNullSafe(F.lag("state").over(ordered)), 0).otherwise(1)
+    marked = changes.filter(F.col("kind").isin("partitions", "spus")).withColumn("run", F.sum(new_run).over(running))
+    return marked.groupBy("kind", "name", "run", "state").agg(
+        F.min("time").alias("start"),
+        F.max_by("next_time", "seq").alias("end"),
+        F.min_by("spu", "seq").alias("spu"),
+        F.first("topic").alias("topic"),
+    )
+
+
+def _leader_changes(changes: DataFrame) -> DataFrame:
+    """A partition's spec.leader moving from one SPU to another, with the cause of the action that moved it."""
+    moved = changes.filter(
+        (F.col("kind") == "partitions")
+        & F.col("prev_leader").isNotNull()
+        & F.col("leader").isNotNull()
+        & (F.col("leader") != F.col("prev_leader"))
+    )
+    return moved.select(
         F.col("name").alias("partition"),
         "topic",
-        "from_spu",
+        F.col("prev_leader").alias("from_spu"),
         F.col("leader").alias("to_spu"),
         F.col("action_cause").alias("cause"),
         F.unix_micros("time").alias("at_us"),
@@ -175,45 +219,17 @@ def _leader_changes_by_spu(leader_changes: DataFrame) -> DataFrame:
     )
 
 
-def _incarnations(changes: DataFrame) -> DataFrame:
-    """Number each object's lives: a create starts a new one (a deleted topic may come back)."""
-    running = Window.partitionBy("kind", "name").orderBy("seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    return changes.withColumn("incarnation", F.sum(F.when(F.col("op") == "create", 1).otherwise(0)).over(running))
-
-
-def _runs(frame: DataFrame, state: Column, partition_by: Sequence[str]) -> DataFrame:
-    """Consecutive records of an object in the same ``state``: one row per run, with its start and
-    end (the time of the first record after the run; None while it lasts)."""
-    ordered = Window.partitionBy(*partition_by).orderBy("seq")
-    running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    marked = frame.withColumn("state", state).withColumn("next_time", F.lead("time").over(ordered))
-    marked = marked.withColumn(
-        "run", F.sum(F.when(F.col("state").eqNullSafe(F.lag("state").over(ordered)), 0).otherwise(1)).over(running)
-    )
-    return marked.groupBy(*partition_by, "run", "state").agg(
-        F.min("time").alias("start"), F.max_by("next_time", "seq").alias("end"), F.min("seq").alias("first_seq")
-    )
-
-
 def _seconds(start: Column, end: Column, last_us: int) -> Column:
     end_us = F.coalesce(F.unix_micros(end), F.lit(last_us))
     return ((end_us - F.unix_micros(start)) / F.lit(1_000_000.0)).alias("seconds")
 
 
-def _unavailability(partitions: DataFrame, last_us: int) -> DataFrame:
+def _unavailability(runs: DataFrame, last_us: int) -> DataFrame:
     """Windows with no serving leader: LeaderOffline, or Offline after having been Online (a new
     partition that has never been Online counts as provisioning, not as unavailability)."""
-    lives = _incarnations(partitions)
-    so_far = Window.partitionBy("kind", "name", "incarnation").orderBy("seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    lives = lives.withColumn("was_online", F.max((F.col("resolution") == "Online").cast("int")).over(so_far))
-    down = F.coalesce(
-        (F.col("resolution") == "LeaderOffline") | ((F.col("resolution") == "Offline") & (F.col("was_online") == 1)),
-        F.lit(False),
-    )
-    runs = _runs(lives, down, ["kind", "name"]).filter(F.col("state"))
-    return runs.select(
+    return runs.filter((F.col("kind") == "partitions") & (F.col("state") == "down")).select(
         F.col("name").alias("partition"),
-        _topic(F.col("name")).alias("topic"),
+        "topic",
         F.unix_micros("start").alias("start_us"),
         F.unix_micros("end").alias("end_us"),
         _seconds(F.col("start"), F.col("end"), last_us),
@@ -232,15 +248,12 @@ def _unavailability_by_topic(unavailability: DataFrame) -> DataFrame:
 
 def _provisioning(changes: DataFrame) -> DataFrame:
     """From a topic's creation (as seen live, not from a listing) to its first Provisioned status."""
-    topics = _incarnations(changes.filter(F.col("kind") == "topics"))
-    created = topics.filter((F.col("op") == "create") & (F.col("source") != "list")).select(
-        "name", "incarnation", F.col("time").alias("created")
+    topics = changes.filter(F.col("kind") == "topics")
+    lives = topics.groupBy("name", "incarnation").agg(
+        F.min(F.when((F.col("op") == "create") & (F.col("source") != "list"), F.col("time"))).alias("created"),
+        F.min(F.when(F.col("resolution") == "Provisioned", F.col("time"))).alias("provisioned"),
     )
-    provisioned = topics.filter(F.col("resolution") == "Provisioned").groupBy("name", "incarnation").agg(
-        F.min("time").alias("provisioned")
-    )
-    joined = created.join(provisioned, ["name", "incarnation"], "left")
-    return joined.select(
+    return lives.filter(F.col("created").isNotNull()).select(
         F.col("name").alias("topic"),
         F.unix_micros("created").alias("created_us"),
         F.unix_micros("provisioned").alias("provisioned_us"),
@@ -248,21 +261,9 @@ def _provisioning(changes: DataFrame) -> DataFrame:
     )
 
 
-def _spu_intervals(changes: DataFrame, last_us: int) -> DataFrame:
+def _spu_intervals(runs: DataFrame, last_us: int) -> DataFrame:
     """Each SPU's Online and Offline periods (Init and deletion end a period, and start none)."""
-    running = Window.partitionBy("kind", "name").orderBy("seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    spus = changes.filter(F.col("kind") == "spus").withColumn(
-        "spu", F.last("spu_id", ignorenulls=True).over(running)  # a delete record has no spec
-    )
-    state = (
-        F.when(F.col("op") == "delete", F.lit("deleted"))
-        .when(F.col("resolution").isin("Online", "Offline"), F.col("resolution"))
-        .otherwise(F.lit("other"))
-    )
-    runs = _runs(spus, state, ["kind", "name"]).filter(F.col("state").isin("Online", "Offline"))
-    spu_ids = spus.select("name", F.col("seq").alias("first_seq"), "spu")
-    runs = runs.join(spu_ids, ["name", "first_seq"])
-    return runs.select(
+    return runs.filter((F.col("kind") == "spus") & F.col("state").isin("Online", "Offline")).select(
         "spu",
         "state",
         F.unix_micros("start").alias("start_us"),
@@ -293,9 +294,13 @@ def _state_at(frame: DataFrame, changes: DataFrame, at_us: int) -> DataFrame:
     barrier = frame.filter((F.col("type") == "sync") & F.col("snapshot") & (F.unix_micros("time") <= at_us)).agg(
         F.max("seq").alias("barrier_seq"), F.max_by("revision", "seq").alias("barrier_revision")
     )
-    upto = changes.filter(F.unix_micros("time") <= at_us)
-    latest = Window.partitionBy("kind", "name").orderBy(F.col("seq").desc())
-    last = upto.withColumn("newest", F.row_number().over(latest)).filter(F.col("newest") == 1)
+    fields = ["seq", "op", "source", "snapshot_revision", "spu_id", "rack", "leader", "replicas", "ignore_rack_assignment"]
+    last = (
+        changes.filter(F.unix_micros("time") <= at_us)
+        .groupBy("kind", "name")
+        .agg(F.max_by(F.struct(*fields), "seq").alias("last"))
+        .select("kind", "name", "last.*")
+    )
     return last.crossJoin(F.broadcast(barrier)).filter(
         (F.col("op") != "delete")
         & (
@@ -308,7 +313,10 @@ def _state_at(frame: DataFrame, changes: DataFrame, at_us: int) -> DataFrame:
 
 def balance(frame: DataFrame, changes: DataFrame, at_us: int) -> tuple[DataFrame, DataFrame, DataFrame]:
     """Replicas and leaders per SPU and per rack at ``at_us``, and partitions whose replicas share a
-    rack although enough racks existed (topics that ignore rack assignment excepted)."""
+    rack although enough racks existed (topics that ignore rack assignment excepted).
+
+    ``changes``: the change records (``enrich(frame)``, or simply those of ``frame``).
+    """
     alive = _state_at(frame, changes, at_us)
     spus = alive.filter(F.col("kind") == "spus").select(F.col("spu_id").alias("spu"), "rack")
     partitions = alive.filter(F.col("kind") == "partitions").select(
@@ -333,7 +341,7 @@ def balance(frame: DataFrame, changes: DataFrame, at_us: int) -> tuple[DataFrame
         .agg(F.sum("replicas").alias("replicas"), F.sum("leaders").alias("leaders"), F.count(F.lit(1)).alias("spus"))
     )
     rack_count = spus.agg(F.count_distinct("rack").alias("rack_count"))  # nulls are not counted
-    placed = replicas.join(spus, "spu", "left").groupBy("name", "topic").agg(
+    placed = replicas.join(F.broadcast(spus), "spu", "left").groupBy("name", "topic").agg(
         F.sort_array(F.collect_list(F.struct("position", "spu", "rack"))).alias("placed"),
         F.count_distinct("rack").alias("distinct_racks"),
     )
@@ -354,42 +362,34 @@ def balance(frame: DataFrame, changes: DataFrame, at_us: int) -> tuple[DataFrame
     return per_spu, per_rack, violations
 
 
-def _spec_changes(changes: DataFrame, applied: DataFrame) -> DataFrame:
+def _spec_changes(changes: DataFrame) -> DataFrame:
     """Creates, deletes and updates that changed the spec (status-only writes are not spec changes),
     as seen live; ``by`` is "sc" when an action of the SC wrote it, else "user"."""
-    ordered = Window.partitionBy("kind", "name").orderBy("seq")
-    marked = changes.withColumn("previous_spec", F.lag("spec").over(ordered)).filter(F.col("source") != "list")
-    kept = marked.filter(
-        F.col("op").isin("create", "delete")
-        | ((F.col("op") == "update") & ~F.col("spec").eqNullSafe(F.col("previous_spec")))
+    kept = changes.filter(
+        (F.col("source") != "list")
+        & (
+            F.col("op").isin("create", "delete")
+            | ((F.col("op") == "update") & ~F.col("spec_hash").eqNullSafe(F.col("prev_spec_hash")))
+        )
     )
-    joined = kept.join(
-        applied,
-        (F.concat(kept["kind"], F.lit("/"), kept["name"]) == applied["key"]) & (kept["revision"] == applied["action_revision"]),
-        "left",
-    )
-    return joined.select(
+    return kept.select(
         "seq",
         "kind",
         "name",
         "op",
         F.unix_micros("time").alias("at_us"),
         "revision",
-        F.when(F.col("key").isNotNull(), F.lit("sc")).otherwise(F.lit("user")).alias("by"),
+        F.when(F.col("by_sc"), F.lit("sc")).otherwise(F.lit("user")).alias("by"),
     )
 
 
-def _leaders_over_time(partitions: DataFrame, first_us: int, last_us: int) -> DataFrame:
+def _leaders_over_time(changes: DataFrame, first_us: int, last_us: int) -> DataFrame:
     """Leaders per SPU at the end of each of TIMELINE_BUCKETS time buckets (for the chart)."""
     bucket_us = max(1, -(-(last_us - first_us) // TIMELINE_BUCKETS))
-    ordered = Window.partitionBy("kind", "name").orderBy("seq")
-    with_previous = partitions.withColumn("now_leader", F.when(F.col("op") != "delete", F.col("leader"))).withColumn(
-        "was_leader", F.lag("now_leader").over(ordered)
-    )
-    moved = with_previous.filter(~F.col("now_leader").eqNullSafe(F.col("was_leader")))
+    moved = changes.filter((F.col("kind") == "partitions") & ~F.col("leader").eqNullSafe(F.col("prev_leader")))
     bucket = (F.floor((F.unix_micros("time") - F.lit(first_us)) / F.lit(bucket_us)) + 1) * F.lit(bucket_us) + F.lit(first_us)
-    gained = moved.filter(F.col("now_leader").isNotNull()).select(bucket.alias("bucket_us"), F.col("now_leader").alias("spu"), F.lit(1).alias("delta"))
-    lost = moved.filter(F.col("was_leader").isNotNull()).select(bucket.alias("bucket_us"), F.col("was_leader").alias("spu"), F.lit(-1).alias("delta"))
+    gained = moved.filter(F.col("leader").isNotNull()).select(bucket.alias("bucket_us"), F.col("leader").alias("spu"), F.lit(1).alias("delta"))
+    lost = moved.filter(F.col("prev_leader").isNotNull()).select(bucket.alias("bucket_us"), F.col("prev_leader").alias("spu"), F.lit(-1).alias("delta"))
     deltas = gained.unionByName(lost).groupBy("bucket_us", "spu").agg(F.sum("delta").alias("delta"))
     running = Window.partitionBy("spu").orderBy("bucket_us").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     return deltas.select("bucket_us", "spu", F.sum("delta").over(running).alias("leaders"))

@@ -124,8 +124,7 @@ def test_placement_balance_at_the_end_of_the_history(results: jobs.Results) -> N
 
 def test_placement_balance_at_a_chosen_time(spark: Any, story: Path) -> None:
     frame = jobs.load(spark, story / "export")
-    changes = frame.filter("type = 'change'")
-    spus, racks, violations = jobs.balance(frame, changes, at(22))
+    spus, racks, violations = jobs.balance(frame, frame.filter("type = 'change'"), at(22))
     assert [tuple(row) for row in spus.orderBy("spu").collect()] == [
         (0, "r1", 1, 0), (1, "r1", 0, 0), (2, "r2", 2, 2), (3, "r3", 2, 1),
     ]
