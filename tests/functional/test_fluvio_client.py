@@ -1,10 +1,8 @@
 """The real `fluvio` Python client (PyPI 0.21.0) against a running SC on a real etcd.
 
 The client holds Python's global lock while it waits, so it runs in a subprocess with a hard
-timeout, never in the test's event loop. SPUs are registered records made online through the
-health view; partition leaders are asserted from placement. Once SPU simulators report partition
-status, run the daemon with controller.fluvio.admin.Readiness.ONLINE (the hook the create waits
-on) and assert here that the created topics' partitions are Online too.
+timeout, never in the test's event loop. SPUs are simulator SPUs (in-process, over real sockets):
+the created topics' partitions go Online with the leaders of our placement.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from connection_manager import health as health_module
+from connection_manager.spu import simulator
 from store import embedded_etcd, models
 from tests.fixtures import daemon as daemon_fixtures
 
@@ -105,25 +103,32 @@ async def fake_spus() -> AsyncIterator[FakeSpus]:
 
 @pytest.fixture
 async def fluvio_sc(etcd_server: embedded_etcd.EmbeddedEtcd, fake_spus: FakeSpus) -> AsyncIterator[daemon_fixtures.Running]:
+    """The daemon with simulator SPUs (so partitions go Online); their public ports are the fakes'."""
     async with daemon_fixtures.running(daemon_fixtures.etcd_settings(etcd_server)) as sc:
         ports = await fake_spus.start(len(SPU_IDS))
-        for spu_id, port in zip(SPU_IDS, ports, strict=True):
+        private_ports = embedded_etcd.free_ports(len(SPU_IDS))
+        for spu_id, port, private_port in zip(SPU_IDS, ports, private_ports, strict=True):
             spec = {
                 "id": spu_id,
                 "publicEndpoint": {"host": "127.0.0.1", "port": port},
-                "privateEndpoint": {"host": "127.0.0.1", "port": 1},
+                "privateEndpoint": {"host": "127.0.0.1", "port": private_port},
             }
             status, body = await sc.call("POST", "/v1/spus", {"name": f"spu-{spu_id}", "spec": spec})
             assert status == 201, body
-            assert sc.daemon.pipeline is not None
-            sc.daemon.pipeline.health.set(spu_id, health_module.Health.ONLINE, asyncio.get_running_loop().time())
+        spus = [simulator.SimulatedSpu(spu_id, f"127.0.0.1:{sc.daemon.private_port}") for spu_id in SPU_IDS]
+        for spu in spus:
+            await spu.start()
 
         async def all_online() -> None:
-            spus = await sc.read_all("spus")
-            assert {spu.status.resolution for spu in spus.values()} == {models.SpuResolution.ONLINE}
+            found = await sc.read_all("spus")
+            assert {spu.status.resolution for spu in found.values()} == {models.SpuResolution.ONLINE}
 
-        await sc.eventually(all_online)
-        yield sc
+        try:
+            await sc.eventually(all_online)
+            yield sc
+        finally:
+            for spu in spus:
+                await spu.stop()
 
 
 class ClientRun:
@@ -227,6 +232,15 @@ async def test_admin_topics_end_to_end(fluvio_sc: daemon_fixtures.Running) -> No
         index: replicas[0] for index, replicas in replica_map.items()
     }
     assert {p.spec.leader for p in partitions.values() if p.topic == "b-topic"} <= set(SPU_IDS)
+
+    async def b_topic_online() -> None:
+        found = await fluvio_sc.read_all("partitions")
+        for index, replicas in replica_map.items():
+            partition = found[f"b-topic-{index}"]
+            assert partition.status.resolution is models.PartitionResolution.ONLINE, partition
+            assert partition.status.leader is not None and partition.status.leader.spu == replicas[0], partition
+
+    await fluvio_sc.eventually(b_topic_online, timeout=20)
 
     async def a_topic_gone() -> None:
         assert await fluvio_sc.read("topics", "a-topic") is None
