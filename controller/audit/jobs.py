@@ -95,8 +95,11 @@ def run(spark: SparkSession, history_dir: Path | str, options: Options = Options
     at_us = _micros(options.at) if options.at is not None else last_us
     results.balance_at_us = at_us
 
+    # Cached and computed before the jobs start: jobs started together on an uncomputed cache would
+    # each run its shuffles again.
     changes = enrich(frame).cache()
     runs = _runs(changes).cache()
+    runs.count()
     leader_changes = _leader_changes(changes)
     unavailability = _unavailability(runs, last_us)
     intervals = _spu_intervals(runs, last_us)
@@ -403,7 +406,8 @@ def _topic(name: Column) -> Column:
 
 
 def _collect(frame: DataFrame, *order: str) -> list[dict[str, Any]]:
-    return [row.asDict(recursive=True) for row in frame.orderBy(*order).collect()]
+    """The rows, in order, as dicts (through Arrow: several times faster than Row objects)."""
+    return frame.orderBy(*order).toArrow().to_pylist()
 
 
 def _micros(value: datetime.datetime) -> int:
