@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import fcntl
 import json
 import logging
@@ -216,19 +217,28 @@ class SegmentLog:
 
     def append(self, payloads: Sequence[bytes]) -> None:
         """Write framed records (already numbered from ``next_seq``), rotating first when full."""
-        for payload in payloads:
-            if self._file is None or self._size >= self.segment_bytes:
-                self._rotate()
-            record = frame(payload)
-            self._file.write(record)
-            self._size += len(record)
-            self.next_seq += 1
-        if self._file is not None:
-            self._file.flush()
-            now = time.monotonic()
-            if now - self._last_fsync >= self.fsync_interval:
-                os.fsync(self._file.fileno())
-                self._last_fsync = now
+        try:
+            for payload in payloads:
+                if self._file is None or self._size >= self.segment_bytes:
+                    self._rotate()
+                record = frame(payload)
+                self._file.write(record)
+                self._size += len(record)
+                self.next_seq += 1
+            if self._file is not None:
+                self._file.flush()
+                now = time.monotonic()
+                if now - self._last_fsync >= self.fsync_interval:
+                    os.fsync(self._file.fileno())
+                    self._last_fsync = now
+        except OSError:
+            # The segment may now end in a partial record: the next batch starts a new segment,
+            # and readers stop this one where its good records end.
+            if self._file is not None:
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                self._file = None
+            raise
 
     def close(self) -> None:
         if self._file is not None:

@@ -242,3 +242,28 @@ async def test_the_metrics_read_the_recorder_at_scrape_time(tmp_path: Path) -> N
     await recorder.close()
     assert 'sc_history_records_total{type="change"} 2.0' in registry.exposition().decode().splitlines()
     assert 'sc_history_records_total{type="gap"} 1.0' in registry.exposition().decode().splitlines()
+
+
+async def test_a_failed_write_is_counted_as_dropped_and_the_log_goes_on_in_a_new_segment(tmp_path: Path) -> None:
+    recorder = await open_started(tmp_path, clock=FakeClock())
+    recorder.record_change("topics", "orders", history.UPDATE, 1, TOPIC)
+    await recorder.flush()
+    log = recorder._log
+    real_file = log._file
+
+    class FullDisk:
+        def write(self, data: bytes) -> int:
+            real_file.write(data[:10])  # a partial record reaches the file, then the disk is full
+            raise OSError(28, "No space left on device")
+
+        def close(self) -> None:
+            real_file.close()
+
+    log._file = FullDisk()
+    recorder.record_change("topics", "orders", history.UPDATE, 2, TOPIC)
+    await recorder.flush()
+    assert recorder.stats.dropped == 1
+    recorder.record_change("topics", "orders", history.UPDATE, 3, TOPIC)
+    await recorder.close()
+    assert [path.name for path in history.segment_paths(tmp_path)] == [history.segment_name(1), history.segment_name(2)]
+    assert [(record["seq"], record["revision"]) for record in read_all(tmp_path)] == [(1, 1), (2, 3)]
