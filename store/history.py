@@ -554,8 +554,20 @@ class Recorder:
 
 
 def encode(fields: dict[str, Any], raw_object: bytes | None) -> bytes:
-    """One record's JSON payload; the object's stored JSON is embedded as is (it already is JSON)."""
-    head = json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
+    """One record's JSON payload; the object's stored JSON is embedded as is (it already is JSON).
+
+    Change records (most of the history) are formatted directly: json.dumps of the whole dict
+    cost the writer thread, and so the event loop waiting for the GIL, twice as much.
+    """
     if fields["type"] != CHANGE:
-        return head
-    return head[:-1] + b',"object":' + (raw_object if raw_object is not None else b"null") + b"}"
+        return json.dumps(fields, separators=(",", ":"), ensure_ascii=False).encode()
+    snapshot = fields.get("snapshotRevision")
+    head = (
+        f'{{"seq":{fields["seq"]:d},"type":"change","kind":{_dumps(fields["kind"])},"name":{_dumps(fields["name"])},'
+        f'"op":{_dumps(fields["op"])},"revision":{fields["revision"]:d},"source":{_dumps(fields["source"])},'
+        f'"time":{fields["time"]:d},' + ("" if snapshot is None else f'"snapshotRevision":{snapshot:d},') + '"object":'
+    )
+    return head.encode() + (raw_object if raw_object is not None else b"null") + b"}"
+
+
+_dumps = json.JSONEncoder(ensure_ascii=False).encode
