@@ -298,8 +298,9 @@ def _charts(results: Results, directory: Path) -> list[Path]:
             series[row["spu"]].append((when(row["bucket_us"]), row["leaders"]))
         busiest = sorted(series, key=lambda spu: (-max(count for _, count in series[spu]), spu))[:CHART_SERIES]
         figure, axes = plt.subplots(figsize=(10, 5))
+        end = when(results.history["last_us"])
         for spu in sorted(busiest):
-            points = series[spu]
+            points = series[spu] + [(end, series[spu][-1][1])]  # the last count holds to the end
             axes.step([point[0] for point in points], [point[1] for point in points], where="post", label=f"SPU {spu}")
         axes.set_ylabel("partitions led")
         axes.set_title("Leaders per SPU over time")
