@@ -54,15 +54,8 @@ class KvUpdater:
                 if write.expected_revision is not None:
                     compares.append(kv.Compare(write.key, write.expected_revision))
                 operations.append(kv.Delete(write.key) if write.value is None else kv.Put(write.key, write.value))
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        try:
+        with self.metrics.etcd_request("txn"):
             return await self.kv_store.txn(compares, operations)
-        except kv.StoreError:
-            self.metrics.etcd_errors.labels("txn").inc()
-            raise
-        finally:
-            self.metrics.etcd_request_seconds.observe(loop.time() - started)
 
 
 class ActionDispatcher:
@@ -261,7 +254,7 @@ class ActionDispatcher:
         if result.outcome is not Outcome.UNAVAILABLE:
             self._failures.pop(action.key, None)
             self._not_before.pop(action.key, None)
-        self.metrics.actions.labels(action.kind, action.verb.value, result.outcome.value).inc()
+        self.metrics.action_done(action, result.outcome.value)  # elections also count by cause
         if result.outcome is Outcome.APPLIED:
             log.info("action applied", key=action.key, verb=action.verb.value, reason=action.reason, revision=result.revision)
         elif result.outcome is Outcome.CONFLICT:

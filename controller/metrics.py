@@ -6,6 +6,8 @@ store at scrape time, so they can never drift from what the SC actually holds.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import Counter as Tally
 from collections.abc import Iterator
 
@@ -14,7 +16,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from connection_manager import server as cm_server
-from store import history, local
+from controller import actions, partition
+from store import history, kv, local, models
+
+# Every cause a leader election is recorded with (Action.cause), so each series exists from the start.
+ELECTION_CAUSES = (partition.CAUSE_SPU_OFFLINE, partition.CAUSE_PREFERRED, partition.CAUSE_DRAIN, partition.CAUSE_UNCLEAN)
+# The KV store requests the SC times: the Reader's listing and the dispatcher's transactions.
+ETCD_OPERATIONS = ("list", "txn")
 
 
 class Metrics:
@@ -42,16 +50,48 @@ class Metrics:
         )
         self.etcd_request_seconds = prometheus_client.Histogram(
             "sc_etcd_request_seconds",
-            "KV store transaction latency",
+            "KV store request latency, by operation (list, txn)",
+            ["operation"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
             registry=r,
         )
+        for operation in ETCD_OPERATIONS:
+            self.etcd_request_seconds.labels(operation)
+        for operation in (*ETCD_OPERATIONS, "watch"):
+            self.etcd_errors.labels(operation)
+        self.leader_elections = prometheus_client.Counter(
+            "sc_leader_elections", "Leader changes written to the store, by cause", ["cause"], registry=r
+        )
+        for cause in ELECTION_CAUSES:
+            self.leader_elections.labels(cause)
         self.relists = prometheus_client.Counter(
             "sc_reader_relists", "Full relists of a kind (startup, compaction, broken watch)", ["kind"], registry=r
         )
         self.malformed_objects = prometheus_client.Counter(
             "sc_malformed_objects", "Values in the store that failed validation and were skipped", ["kind"], registry=r
         )
+
+    def action_done(self, action: actions.Action, outcome: str) -> None:
+        """Count one action's outcome; an applied election also counts under its cause."""
+        self.actions.labels(action.kind, action.verb.value, outcome).inc()
+        if outcome == "applied" and action.verb is actions.Verb.ELECT:
+            self.leader_elections.labels(action.cause or "unspecified").inc()
+
+    @contextlib.contextmanager
+    def etcd_request(self, operation: str) -> Iterator[None]:
+        """Time one KV store request; a failure counts as an error, a lost compare-and-swap does not
+        (it is etcd's answer, and the key's controller decides again)."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            yield
+        except kv.Conflict:
+            raise
+        except kv.StoreError:
+            self.etcd_errors.labels(operation).inc()
+            raise
+        finally:
+            self.etcd_request_seconds.labels(operation).observe(loop.time() - started)
 
     def watch_history(self, recorder: history.Recorder) -> None:
         self.registry.register(_HistoryCollector(recorder))
@@ -105,16 +145,52 @@ class _ObjectsCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         objects = GaugeMetricFamily(
-            "sc_objects", "Objects in the local store by kind and resolution", labels=["kind", "resolution"]
+            "sc_objects",
+            "Objects in the local store by kind and resolution (every resolution listed, 0 included)",
+            labels=["kind", "resolution"],
         )
         for kind, table in self.local_store.tables.items():
             tally = Tally(str(entry.obj.status.resolution.value) for entry in table)  # type: ignore[attr-defined]
+            for resolution in RESOLUTIONS[kind]:
+                tally.setdefault(resolution, 0)
             for resolution, count in sorted(tally.items()):
                 objects.add_metric([kind, resolution], count)
         yield objects
+        leaderless = GaugeMetricFamily(
+            "sc_partitions_without_leader",
+            "Partitions that are LeaderOffline, or whose leader is not an Online SPU (an election is due)",
+        )
+        leaderless.add_metric([], partitions_without_leader(self.local_store))
+        yield leaderless
         synced = GaugeMetricFamily("sc_store_synced", "1 once every kind is listed and watched")
         synced.add_metric([], 1.0 if self.local_store.synced else 0.0)
         yield synced
+
+
+RESOLUTIONS: dict[str, tuple[str, ...]] = {
+    "spus": tuple(resolution.value for resolution in models.SpuResolution),
+    "spu-groups": tuple(resolution.value for resolution in models.SpuGroupResolution),
+    "topics": tuple(resolution.value for resolution in models.TopicResolution),
+    "partitions": tuple(resolution.value for resolution in models.PartitionResolution),
+}
+
+
+def partitions_without_leader(local_store: local.LocalStore) -> int:
+    """Partitions nobody leads now: LeaderOffline, or led by an SPU the store does not hold Online.
+
+    A new partition whose leader is online but has not reported yet is not counted: it has a leader.
+    """
+    online = {
+        entry.obj.spec.id  # type: ignore[attr-defined]
+        for entry in local_store["spus"]
+        if entry.obj.status.resolution is models.SpuResolution.ONLINE  # type: ignore[attr-defined]
+    }
+    return sum(
+        1
+        for entry in local_store["partitions"]
+        if entry.obj.status.resolution is models.PartitionResolution.LEADER_OFFLINE  # type: ignore[attr-defined]
+        or entry.obj.spec.leader not in online  # type: ignore[attr-defined]
+    )
 
 
 class _ConnectionsCollector(Collector):

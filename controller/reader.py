@@ -49,8 +49,11 @@ class Reader:
         """
         compacted = False
         while True:
+            listing = True
             try:
-                listed = await self.kv_store.list("")
+                with self.metrics.etcd_request("list"):
+                    listed = await self.kv_store.list("")
+                listing = False
                 objects = self._resync(listed)
                 start = listed.revision + 1 if self.history is None else self._history_start(listed, objects, compacted)
                 compacted = False
@@ -66,7 +69,8 @@ class Reader:
                 compacted = True
                 log.warning("watch compacted, relisting", revision=error.revision)
             except kv.Unavailable as unavailable:
-                self.metrics.etcd_errors.labels("watch").inc()
+                if not listing:  # a failed listing is counted by etcd_request
+                    self.metrics.etcd_errors.labels("watch").inc()
                 log.warning("store unavailable, relisting after a pause", error=str(unavailable))
                 await asyncio.sleep(self.retry_delay)
 
