@@ -1,0 +1,105 @@
+"""/metrics of a daemon on a real etcd through a real failover: simulator SPUs stopped, elections by
+cause, partitions left without a leader, SPUs by resolution, etcd requests by operation."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from prometheus_client import parser
+
+from connection_manager.spu import simulator
+from store import embedded_etcd, models
+from tests.fixtures.daemon import Running, etcd_settings, running
+
+pytestmark = pytest.mark.etcd
+
+
+@pytest.fixture
+async def sc(etcd_server: embedded_etcd.EmbeddedEtcd) -> AsyncIterator[Running]:
+    settings = etcd_settings(etcd_server, spu_heartbeat_timeout=2.0, spu_offline_grace=5.0)
+    async with running(settings) as handle:
+        for spu_id, (public, private) in enumerate(zip(*[iter(embedded_etcd.free_ports(4))] * 2)):
+            spec = {
+                "id": spu_id,
+                "publicEndpoint": {"host": "127.0.0.1", "port": public},
+                "privateEndpoint": {"host": "127.0.0.1", "port": private},
+            }
+            status, body = await handle.call("POST", "/v1/spus", {"name": f"spu-{spu_id}", "spec": spec})
+            assert status == 201, body
+        yield handle
+
+
+async def scrape(sc: Running) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with sc.session.get("/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in parser.text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(scraped: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float | None:
+    return scraped.get((name, tuple(sorted(labels.items()))))
+
+
+async def partition_is(sc: Running, leader: int, resolution: models.PartitionResolution) -> None:
+    found = await sc.read("partitions", "pair-0")
+    assert found is not None and found.spec.leader == leader and found.status.resolution is resolution, found  # type: ignore[attr-defined]
+
+
+async def test_metrics_show_the_election_by_cause_and_the_partition_left_without_a_leader(sc: Running) -> None:
+    address = f"127.0.0.1:{sc.daemon.private_port}"
+    spus = {spu_id: simulator.SimulatedSpu(spu_id, address) for spu_id in (0, 1)}
+    for spu in spus.values():
+        await spu.start()
+    try:
+        body = {"name": "pair", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}]}}
+
+        async def both_online() -> None:
+            scraped = await scrape(sc)
+            assert sample(scraped, "sc_objects", kind="spus", resolution="Online") == 2.0
+
+        await sc.eventually(both_online, timeout=30)
+        status, answer = await sc.call("POST", "/v1/topics", body)
+        assert status == 201, answer
+        await sc.eventually(lambda: partition_is(sc, 0, models.PartitionResolution.ONLINE), timeout=20)
+        scraped = await scrape(sc)
+        assert sample(scraped, "sc_leader_elections_total", cause="spu-offline") == 0.0
+        assert sample(scraped, "sc_partitions_without_leader") == 0.0
+
+        await spus[0].stop()  # the leader: SPU 1 takes over, an election caused by an SPU going offline
+        await sc.eventually(lambda: partition_is(sc, 1, models.PartitionResolution.ONLINE), timeout=15)
+
+        async def elected() -> None:
+            scraped = await scrape(sc)
+            assert sample(scraped, "sc_leader_elections_total", cause="spu-offline") == 1.0
+            assert sample(scraped, "sc_leader_elections_total", cause="preferred-leader") == 0.0
+            assert sample(scraped, "sc_partitions_without_leader") == 0.0
+            assert sample(scraped, "sc_objects", kind="spus", resolution="Offline") == 1.0
+            assert sample(scraped, "sc_actions_total", kind="partitions", verb="elect", outcome="applied") == 1.0
+
+        await sc.eventually(elected, timeout=10)
+
+        await spus[1].stop()  # the last replica: nobody may lead
+        await sc.eventually(lambda: partition_is(sc, 1, models.PartitionResolution.LEADER_OFFLINE), timeout=15)
+
+        async def leaderless() -> None:
+            scraped = await scrape(sc)
+            assert sample(scraped, "sc_partitions_without_leader") == 1.0
+            assert sample(scraped, "sc_objects", kind="partitions", resolution="LeaderOffline") == 1.0
+            assert sample(scraped, "sc_objects", kind="spus", resolution="Offline") == 2.0
+            assert sample(scraped, "sc_objects", kind="spus", resolution="Online") == 0.0
+            assert sample(scraped, "sc_leader_elections_total", cause="spu-offline") == 1.0
+
+        await sc.eventually(leaderless, timeout=10)
+        scraped = await scrape(sc)
+        # Every write went through a timed etcd transaction, and the Reader listed (at least once).
+        assert (sample(scraped, "sc_etcd_request_seconds_count", operation="txn") or 0.0) >= 4.0
+        assert (sample(scraped, "sc_etcd_request_seconds_count", operation="list") or 0.0) >= 1.0
+        assert sample(scraped, "sc_etcd_errors_total", operation="txn") == 0.0
+    finally:
+        for spu in spus.values():
+            await spu.stop()

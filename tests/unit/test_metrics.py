@@ -1,0 +1,111 @@
+"""The SC's metrics: scrape-time gauges read from a local store, elections by cause, etcd requests by operation."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller import actions, metrics
+from store import kv, local, models
+from tests.objects import spu
+
+
+def partition(name: str, leader: int, replicas: list[int], resolution: str = "Online") -> models.Partition:
+    return models.Partition.model_validate(
+        {"name": name, "spec": {"leader": leader, "replicas": replicas}, "status": {"resolution": resolution}}
+    )
+
+
+def store_of(*objects: models.ClusterObject) -> local.LocalStore:
+    local_store = local.LocalStore()
+    for revision, obj in enumerate(objects, start=1):
+        local_store[obj.kind].apply(obj, revision)
+    return local_store
+
+
+def value(instance: metrics.Metrics, name: str, **labels: str) -> float | None:
+    return instance.registry.get_sample_value(name, labels)
+
+
+def test_every_resolution_of_every_kind_is_exported_even_at_zero() -> None:
+    instance = metrics.Metrics()
+    instance.watch_local_store(store_of(spu(0, "Online"), spu(1, "Offline"), spu(2, "Offline")))
+    spus = {resolution: value(instance, "sc_objects", kind="spus", resolution=resolution) for resolution in ("Init", "Online", "Offline")}
+    assert spus == {"Init": 0.0, "Online": 1.0, "Offline": 2.0}
+    assert value(instance, "sc_objects", kind="topics", resolution="InsufficientResources") == 0.0
+    assert value(instance, "sc_objects", kind="partitions", resolution="LeaderOffline") == 0.0
+    assert value(instance, "sc_objects", kind="spu-groups", resolution="Invalid") == 0.0
+
+
+def test_partitions_without_a_leader_are_leader_offline_or_led_by_an_spu_that_is_not_online() -> None:
+    local_store = store_of(
+        spu(0, "Online"),
+        spu(1, "Offline"),
+        spu(2, "Init"),
+        partition("t-0", 0, [0, 1]),  # led by an online SPU
+        partition("t-1", 0, [0, 1], resolution="Offline"),  # new, its online leader has not reported: has a leader
+        partition("t-2", 1, [1, 0]),  # its leader went offline, no election written yet
+        partition("t-3", 2, [2, 0], resolution="Offline"),  # led by an SPU that never came online
+        partition("t-4", 0, [0], resolution="LeaderOffline"),  # recorded as leaderless
+        partition("t-5", 7, [7]),  # led by an SPU the store does not know
+    )
+    assert metrics.partitions_without_leader(local_store) == 4
+    instance = metrics.Metrics()
+    instance.watch_local_store(local_store)
+    assert value(instance, "sc_partitions_without_leader") == 4.0
+
+
+def test_an_empty_store_has_no_partition_without_a_leader() -> None:
+    instance = metrics.Metrics()
+    instance.watch_local_store(local.LocalStore())
+    assert value(instance, "sc_partitions_without_leader") == 0.0
+    assert value(instance, "sc_store_synced") == 0.0
+
+
+def _election(cause: str) -> actions.Action:
+    before = partition("t-0", 0, [0, 1])
+    after = partition("t-0", 1, [0, 1])
+    return actions.elect(before, after, 5, "SPU 0 went offline: SPU 1 now leads", cause)
+
+
+def test_applied_elections_are_counted_by_cause_and_other_outcomes_are_not() -> None:
+    instance = metrics.Metrics()
+    assert {cause: value(instance, "sc_leader_elections_total", cause=cause) for cause in metrics.ELECTION_CAUSES} == {
+        "spu-offline": 0.0,
+        "preferred-leader": 0.0,
+        "drain": 0.0,
+        "unclean": 0.0,
+    }
+    instance.action_done(_election("spu-offline"), "applied")
+    instance.action_done(_election("spu-offline"), "applied")
+    instance.action_done(_election("drain"), "conflict")
+    instance.action_done(_election("unclean"), "unavailable")
+    instance.action_done(_election("preferred-leader"), "applied")
+    instance.action_done(actions.update_status(spu(0), models.SpuStatus(), 3, "connected"), "applied")
+    assert {cause: value(instance, "sc_leader_elections_total", cause=cause) for cause in metrics.ELECTION_CAUSES} == {
+        "spu-offline": 2.0,
+        "preferred-leader": 1.0,
+        "drain": 0.0,
+        "unclean": 0.0,
+    }
+    assert value(instance, "sc_actions_total", kind="partitions", verb="elect", outcome="applied") == 3.0
+    assert value(instance, "sc_actions_total", kind="partitions", verb="elect", outcome="conflict") == 1.0
+    assert value(instance, "sc_actions_total", kind="spus", verb="update-status", outcome="applied") == 1.0
+
+
+async def test_etcd_requests_are_timed_by_operation_and_failures_counted_but_not_lost_compares() -> None:
+    instance = metrics.Metrics()
+    assert value(instance, "sc_etcd_request_seconds_count", operation="txn") == 0.0
+    assert value(instance, "sc_etcd_errors_total", operation="watch") == 0.0
+    with instance.etcd_request("txn"):
+        pass
+    with pytest.raises(kv.Unavailable), instance.etcd_request("txn"):
+        raise kv.Unavailable("etcd is down")
+    with pytest.raises(kv.Conflict), instance.etcd_request("txn"):
+        raise kv.Conflict("spus/spu-0", 4, 5)
+    with pytest.raises(kv.Unavailable), instance.etcd_request("list"):
+        raise kv.Unavailable("etcd is down")
+    assert value(instance, "sc_etcd_request_seconds_count", operation="txn") == 3.0
+    assert value(instance, "sc_etcd_request_seconds_count", operation="list") == 1.0
+    assert value(instance, "sc_etcd_errors_total", operation="txn") == 1.0
+    assert value(instance, "sc_etcd_errors_total", operation="list") == 1.0
+    assert value(instance, "sc_etcd_errors_total", operation="watch") == 0.0
