@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controller import admin_cli, run_cli, spu_cli
+from controller import admin_cli, demo, run_cli, spu_cli
 from controller.audit import cli as audit_cli
 from controller.placement import cli as placement_cli
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     spu_cli.register(commands)
     placement_cli.register(commands)
     audit_cli.register(commands)
+    demo.register(commands)
     return parser
 
 
