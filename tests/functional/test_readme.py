@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import parser
 
 from controller import config, run_cli
 from store import embedded_etcd
@@ -308,3 +309,17 @@ def test_the_readme_commands_run_as_written_and_print_what_it_shows(session: Ses
             ran += 1
     assert ran >= 10
     assert session.daemon is not None and session.daemon.poll() is None, session.daemon_log()
+    # Every metric the Observability section names is served by the tour's SC.
+    with urllib.request.urlopen(session.env["SC_ADDR"] + "/metrics", timeout=10) as response:
+        served = set()
+        for family in parser.text_string_to_metric_families(response.read().decode()):
+            served |= {family.name, *(sample.name for sample in family.samples)}
+            if family.type == "counter":  # a labelled counter with no child yet has no sample
+                served.add(f"{family.name}_total")
+    named = set(re.findall(r"`(sc_[a-z_]+)", observability_section()))
+    assert len(named) >= 20
+    assert named - served == set()
+
+
+def observability_section() -> str:
+    return README.read_text().split("\n## Observability\n", 1)[1].split("\n## ", 1)[0]
