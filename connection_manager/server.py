@@ -168,7 +168,8 @@ class ConnectionManager:
         finally:
             if self.sessions.get(register.spu_id) is session:
                 del self.sessions[register.spu_id]
-                self.health.set(register.spu_id, health_module.Health.OFFLINE, asyncio.get_running_loop().time())
+                if session.closing is None or session.closing[0] != "shutting-down":  # an SC stopping says nothing of its SPUs
+                    self.health.set(register.spu_id, health_module.Health.OFFLINE, asyncio.get_running_loop().time())
                 log.info("SPU disconnected", spu=register.spu_id, reason=session.closing)
             session.close(*(session.closing or ("closed", "connection closed")))
             with contextlib.suppress(asyncio.TimeoutError, ConnectionError, RuntimeError):
