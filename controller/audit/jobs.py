@@ -20,7 +20,9 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-# The causes a leader change may have (controller/partition.py writes them as Action.cause).
+from controller.audit import report
+
+# The causes of the leader changes the SC decided (controller/partition.py writes them as Action.cause).
 CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean")
 # Buckets of the "leaders per SPU over time" series.
 TIMELINE_BUCKETS = 200
@@ -100,7 +102,7 @@ def run(spark: SparkSession, history_dir: Path | str, options: Options = Options
     changes = enrich(frame).cache()
     runs = _runs(changes).cache()
     runs.count()
-    leader_changes = _leader_changes(changes)
+    leader_changes = _leader_changes(changes, frame)
     unavailability = _unavailability(runs, last_us)
     intervals = _spu_intervals(runs, last_us)
     spus, racks, violations = balance(frame, changes, at_us)
@@ -140,7 +142,7 @@ def enrich(frame: DataFrame) -> DataFrame:
     object (one sort of the history by object and sequence number, shared by every job):
 
     ``by_sc`` and ``action_cause`` (an applied action of the SC wrote this key at this revision),
-    ``prev_leader``, ``prev_spec_hash``, ``next_time``, ``incarnation`` (a create starts a new life of
+    ``prev_leader``, ``prev_revision``, ``prev_spec_hash``, ``next_time``, ``incarnation`` (a create starts a new life of
     the object), ``spu`` (an SPU's id, also on its delete record) and ``state`` (partitions: "down"
     while unavailable, else "up"; SPUs: Online, Offline, "other" or "deleted").
     """
@@ -162,6 +164,7 @@ def enrich(frame: DataFrame) -> DataFrame:
     enriched = joined.select(
         "*",
         F.lag("leader").over(ordered).alias("prev_leader"),
+        F.lag("revision").over(ordered).alias("prev_revision"),
         F.lag("spec_hash").over(ordered).alias("prev_spec_hash"),
         F.lead("time").over(ordered).alias("next_time"),
         F.sum(F.when(F.col("op") == "create", 1).otherwise(0)).over(running).alias("incarnation"),
@@ -195,20 +198,46 @@ def _runs(changes: DataFrame) -> DataFrame:
     )
 
 
-def _leader_changes(changes: DataFrame) -> DataFrame:
-    """A partition's spec.leader moving from one SPU to another, with the cause of the action that moved it."""
+def _leader_changes(changes: DataFrame, frame: DataFrame) -> DataFrame:
+    """A partition's spec.leader moving from one SPU to another, with its cause.
+
+    The cause of the SC's election that wrote it: the one applied at that revision, else one whose
+    answer was lost (``unavailable``: the write may have committed) and whose compare-and-swap
+    expected the partition's previous revision, the one this change replaced. No election: "unknown"
+    when a gap record covers the revision (the history lost records there), else "external".
+    """
     moved = changes.filter(
         (F.col("kind") == "partitions")
         & F.col("prev_leader").isNotNull()
         & F.col("leader").isNotNull()
         & (F.col("leader") != F.col("prev_leader"))
     )
-    return moved.select(
+    # Elections record the revision they were decided from (their expected revision) as cause_revision.
+    in_doubt = (
+        frame.filter((F.col("type") == "action") & (F.col("verb") == "elect") & (F.col("outcome") == "unavailable"))
+        .select(F.explode("keys").alias("key"), "cause_revision", "cause", "seq")
+        .filter(F.col("key").startswith("partitions/"))
+        .groupBy(F.split("key", "/", 2)[1].alias("name"), F.col("cause_revision").alias("prev_revision"))
+        .agg(F.max_by("cause", "seq").alias("in_doubt_cause"))  # several: the last one decided
+    )
+    gap_ranges = frame.filter(F.col("type") == "gap").select(
+        F.col("first_revision").alias("gap_first"), F.col("revision").alias("gap_last")
+    )
+    in_gap = (
+        moved.select("name", "revision")
+        .join(F.broadcast(gap_ranges), (F.col("revision") >= F.col("gap_first")) & (F.col("revision") <= F.col("gap_last")), "left_semi")
+        .withColumn("in_gap", F.lit(True))
+    )
+    explained = moved.join(in_doubt, ["name", "prev_revision"], "left").join(in_gap, ["name", "revision"], "left")
+    cause = F.coalesce(
+        F.col("action_cause"), F.col("in_doubt_cause"), F.when(F.col("in_gap"), F.lit(report.UNKNOWN)), F.lit(report.EXTERNAL)
+    )
+    return explained.select(
         F.col("name").alias("partition"),
         "topic",
         F.col("prev_leader").alias("from_spu"),
         F.col("leader").alias("to_spu"),
-        F.col("action_cause").alias("cause"),
+        cause.alias("cause"),
         F.unix_micros("time").alias("at_us"),
         "revision",
     )
@@ -421,7 +450,7 @@ def _micros(value: datetime.datetime) -> int:
 
 def report_command(args: argparse.Namespace, default_master: str | None = None) -> int:
     """Run every job and write the report (the arguments of controller.audit.cli); an exit status."""
-    from controller.audit import export, report  # no Spark in either
+    from controller.audit import export  # no Spark here
 
     try:
         options = Options(

@@ -18,6 +18,12 @@ if TYPE_CHECKING:  # the report is written from results; it never runs a job its
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _TIME = pa.timestamp("us", tz="UTC")
+# The cause of a leader change that no election of the SC explains: another program wrote the
+# partition, or (UNKNOWN) a gap of the history covers it. report.json's leaderChanges keeps to the
+# SC's causes, as API.md promises; these are listed apart, in externalLeaderChanges.
+EXTERNAL = "external"
+UNKNOWN = "unknown"
+NOT_BY_SC = (EXTERNAL, UNKNOWN)
 # Rows shown per table in report.md; every row is in the Parquet tables and report.json.
 MARKDOWN_ROWS = 50
 # Series drawn per chart (the busiest ones), so that a chart of a large cluster stays legible.
@@ -76,11 +82,12 @@ def to_json(results: Results) -> dict[str, Any]:
     """report.json: the keys API.md lists, exactly, then extra keys (API.md: extend freely)."""
     tables = results.tables
     balance_spus = tables["balance_spus"]
+    leader_changes = [
+        {"partition": row["partition"], "from": row["from_spu"], "to": row["to_spu"], "cause": row["cause"], "at": iso(row["at_us"])}
+        for row in tables["leader_changes"]
+    ]
     return {
-        "leaderChanges": [
-            {"partition": row["partition"], "from": row["from_spu"], "to": row["to_spu"], "cause": row["cause"], "at": iso(row["at_us"])}
-            for row in tables["leader_changes"]
-        ],
+        "leaderChanges": [change for change in leader_changes if change["cause"] not in NOT_BY_SC],
         "unavailability": [
             {"partition": row["partition"], "start": iso(row["start_us"]), "end": iso(row["end_us"]), "seconds": _seconds(row["seconds"])}
             for row in tables["unavailability"]
@@ -118,6 +125,7 @@ def to_json(results: Results) -> dict[str, Any]:
             }
             for row in tables["unavailability_by_topic"]
         ],
+        "externalLeaderChanges": [change for change in leader_changes if change["cause"] in NOT_BY_SC],
         "leaderChangesBySpu": [
             {"spu": row["spu"], "cause": row["cause"], "gained": row["gained"], "lost": row["lost"]}
             for row in tables["leader_changes_by_spu"]

@@ -53,7 +53,7 @@ def test_leader_changes_per_partition_carry_the_cause_of_the_action_that_moved_t
         ("orders-0", 2, 0, "preferred-leader", at(26)),
         ("orders-1", 2, 3, "drain", at(70)),
         ("orders-1", 3, 2, "unclean", at(80)),
-        ("orders-1", 2, 3, None, at(85)),  # written by a user: no action, no cause
+        ("orders-1", 2, 3, "external", at(85)),  # written by a user: no action of the SC explains it
     ]
 
 
@@ -61,13 +61,13 @@ def test_leader_changes_per_spu(results: jobs.Results) -> None:
     assert [tuple(row.values()) for row in results.tables["leader_changes_by_spu"]] == [
         (0, "preferred-leader", 1, 0),
         (0, "spu-offline", 0, 1),
-        (2, None, 0, 1),
         (2, "drain", 0, 1),
+        (2, "external", 0, 1),
         (2, "preferred-leader", 0, 1),
         (2, "spu-offline", 1, 0),
         (2, "unclean", 1, 0),
-        (3, None, 1, 0),
         (3, "drain", 1, 0),
+        (3, "external", 1, 0),
         (3, "unclean", 0, 1),
     ]
 
@@ -161,7 +161,11 @@ def test_report_json_has_exactly_the_shape_of_the_api(report_dir: Path) -> None:
     document = json.loads((report_dir / "report.json").read_text())
     assert list(document)[:6] == ["leaderChanges", "unavailability", "provisioning", "spuIntervals", "balance", "specChanges"]
     assert document["leaderChanges"][0] == {"partition": "orders-0", "from": 0, "to": 2, "cause": "spu-offline", "at": iso(20.5)}
-    assert document["leaderChanges"][4]["cause"] is None
+    # The user's write is no decision of the SC: not among leaderChanges (API.md's four causes).
+    assert [change["cause"] for change in document["leaderChanges"]] == ["spu-offline", "preferred-leader", "drain", "unclean"]
+    assert document["externalLeaderChanges"] == [
+        {"partition": "orders-1", "from": 2, "to": 3, "cause": "external", "at": iso(85)}
+    ]
     assert document["unavailability"] == [
         {"partition": "events-0", "start": iso(30), "end": iso(45.5), "seconds": 15.5},
         {"partition": "events-0", "start": iso(60.5), "end": iso(62), "seconds": 1.5},
