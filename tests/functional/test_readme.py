@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 
 MARKER = re.compile(r"^<!-- test: (?P<kind>[a-z-]+)(?P<argument>.*?) -->$")
+FENCE = re.compile(r"^```[a-z]*\s*$")  # an opening fence: three backticks and a language, alone on the line
 SHELL_MARKERS = ("run", "daemon", "skip")
 OUTPUT_MARKERS = {"expect": "text", "expect-json": "json"}
 # The first `scripts/sc` of a fresh checkout installs the project: allow for it.
@@ -59,11 +60,11 @@ def parse(text: str) -> list[Block]:
         found = MARKER.match(line.strip())
         if found:
             pending = (found["kind"], found["argument"].strip())
-        elif line.startswith("```"):
-            fence, language = line[:3], line[3:].strip()
+        elif FENCE.match(line):
+            language = line[3:].strip()
             body: list[str] = []
             index += 1
-            while index < len(lines) and not lines[index].startswith(fence):
+            while index < len(lines) and lines[index].rstrip() != "```":
                 body.append(lines[index])
                 index += 1
             kind, argument = pending if pending is not None else (None, "")
@@ -147,6 +148,8 @@ def test_the_markers_catch_an_unmarked_block_and_a_stray_output() -> None:
         shell_blocks(parse("text\n```sh\nls\n```\n"))
     with pytest.raises(AssertionError, match="must follow a run block"):
         shell_blocks(parse("<!-- test: skip no reason needed here -->\n```sh\nls\n```\n<!-- test: expect -->\n```text\nx\n```\n"))
+    inline = "a ```` ```sh ```` block\n```` ```text ```` too\n<!-- test: skip not run, for a good reason -->\n```sh\nls\n```\n"
+    assert [(block.line, block.marker) for block in shell_blocks(parse(inline))] == [(4, "skip")]
     marked = shell_blocks(parse("<!-- test: run status=1 -->\n\n```sh\nfalse\n```\n<!-- test: expect -->\n```text\n\n```\n"))
     assert [(block.marker, expected_status(block), block.expected is not None) for block in marked] == [("run", 1, True)]
 
