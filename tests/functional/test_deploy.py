@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from controller import config
-from store import embedded_etcd
+from store import embedded_etcd, history
 from tests import deploy_files as files
 from tests.fixtures import daemon as daemon_fixture
 
@@ -126,6 +126,33 @@ def image_env() -> dict[str, str]:
     return {**env, "PATH": env["PATH"].replace("/opt/sc/bin", BIN, 1)}
 
 
+def post_json(url: str, body: Any) -> tuple[int, Any]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.load(response)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def register_spu(public: int) -> str:
+    """Something for the history to record: an SPU registered through the API; its name."""
+    spec = {"id": 7, "publicEndpoint": {"host": "spu-7", "port": 9005}, "privateEndpoint": {"host": "spu-7", "port": 9006}}
+    status, body = post_json(f"http://127.0.0.1:{public}/v1/spus", {"name": "spu-7", "spec": spec})
+    assert status == 201, body
+    return "spu-7"
+
+
+def assert_history_recorded(directory: Path, spu_name: str) -> None:
+    """The SC recorded its history in ``directory``: the snapshot it started from (the key prefix was
+    empty), then the SPU registered while it ran, seen live."""
+    records = list(history.HistoryReader(directory).records())
+    assert (directory / "history.id").is_file()
+    assert [(r["type"], r["snapshot"]) for r in records if r["type"] == "sync"][:1] == [("sync", True)]
+    created = [(r["kind"], r["name"], r["source"]) for r in records if r["type"] == "change" and r["op"] == "create"]
+    assert created == [("spus", spu_name, "watch")]
+
+
 def stop_cleanly(process: Process, stop_signal: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT) -> None:
     """The SC stops with status 0 on the signal, having logged JSON lines only, to stderr."""
     assert process.stop(stop_signal, timeout) == 0, process.output()
@@ -167,8 +194,8 @@ def test_compose_sc_runs_as_composed(etcd_server: embedded_etcd.EmbeddedEtcd, tm
     argv = files.replace_flag(argv, "--etcd-endpoints", ",".join(etcd_urls(etcd_server)))
     argv = files.replace_flag(argv, "--public-port", str(public))
     argv = files.replace_flag(argv, "--private-port", str(private))
-    history = files.flag_value(argv, "--history-dir")
-    assert history == "/var/lib/sc/history"
+    history_flag = files.flag_value(argv, "--history-dir")
+    assert history_flag == "/var/lib/sc/history"  # on the service's volume, mounted at the WORKDIR
     argv = files.replace_flag(argv, "--history-dir", str(workdir / "history"))
     env = base_env({**image_env(), **compose_env(sc, SC_KEY_PREFIX=fresh_prefix())})
     healthcheck = compose_healthcheck(sc, **{"127.0.0.1:9003": f"127.0.0.1:{public}"})
@@ -177,9 +204,11 @@ def test_compose_sc_runs_as_composed(etcd_server: embedded_etcd.EmbeddedEtcd, tm
         wait_healthy(process, public)
         checked = subprocess.run(healthcheck, env=env, capture_output=True, timeout=10)
         assert (checked.returncode, checked.stdout, checked.stderr) == (0, b"", b"")
+        spu = register_spu(public)
         assert sorted(path.name for path in workdir.iterdir()) == ["history"]  # the only thing it writes
         assert sc["stop_grace_period"] == f"{STOP_TIMEOUT:.0f}s"
         stop_cleanly(process)
+    assert_history_recorded(workdir / "history", spu)
     # Stopped, it fails its health check.
     assert subprocess.run(healthcheck, env=env, capture_output=True, timeout=10).returncode == 1
 
@@ -299,8 +328,10 @@ def test_kubernetes_sc_runs_as_deployed(etcd_server: embedded_etcd.EmbeddedEtcd,
 
     with started(argv, env, workdir, tmp_path, "sc") as process:
         wait_healthy(process, public)
+        spu = register_spu(public)
         assert sorted(path.name for path in workdir.iterdir()) == ["history"]
         stop_cleanly(process, timeout=pod["terminationGracePeriodSeconds"])
+    assert_history_recorded(workdir / "history", spu)
 
 
 # ------------------------------------------------------------------------------------------- systemd
@@ -330,23 +361,25 @@ def test_systemd_sc_runs_as_the_unit_starts_it(etcd_server: embedded_etcd.Embedd
     state.mkdir()
     public, private = embedded_etcd.free_ports(2)
     text = files.SYSTEMD_CONFIG.read_text()
-    history = Path(files.tomllib.loads(text)["history_dir"])
-    assert history.parent == Path("/var/lib/sc")  # under the StateDirectory, writable despite ProtectSystem=strict
+    history_dir = Path(files.tomllib.loads(text)["history_dir"])
+    assert history_dir.parent == Path("/var/lib/sc")  # under the StateDirectory, writable despite ProtectSystem=strict
     settings = files.replace_settings(
         text,
         etcd_endpoints=etcd_urls(etcd_server),
         key_prefix=fresh_prefix(),
         public_port=public,
         private_port=private,
-        history_dir=str(state / history.name),
+        history_dir=str(state / history_dir.name),
     )
     argv, env = systemd_command(unit, settings, tmp_path)
     [kill_signal] = service["KillSignal"]
     [stop_timeout] = service["TimeoutStopSec"]
     with started(argv, env, state, tmp_path, "sc") as process:
         wait_healthy(process, public)
+        spu = register_spu(public)
         assert sorted(path.name for path in state.iterdir()) == ["history"]
         stop_cleanly(process, getattr(signal, kill_signal), float(stop_timeout))
+    assert_history_recorded(state / history_dir.name, spu)
 
 
 def test_systemd_bad_config_exits_with_the_status_the_unit_does_not_restart(tmp_path: Path) -> None:

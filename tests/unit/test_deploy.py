@@ -247,6 +247,21 @@ def test_compose_sc_image_and_build() -> None:
     assert services["sc"]["ports"] == ["127.0.0.1:9003:9003", "127.0.0.1:9004:9004"]
 
 
+def test_compose_sc_history_is_on_its_named_volume() -> None:
+    """The SC's root file system is read-only: --history-dir must be under a named volume's mount,
+    which survives the container (`docker compose down` without -v keeps it)."""
+    document = files.compose()
+    sc = document["services"]["sc"]
+    assert sc["read_only"] is True
+    history_dir = files.flag_value(sc["command"], "--history-dir")
+    mounts = dict(reversed(volume.split(":", 1)) for volume in sc["volumes"])
+    [volume] = [name for path, name in mounts.items() if history_dir.startswith(path.rstrip("/") + "/")]
+    assert volume in document["volumes"]  # named, not a bind mount or an anonymous volume
+    assert (history_dir, volume) == ("/var/lib/sc/history", "sc")
+    # The image's user owns the volume's mount point (a new named volume takes its ownership).
+    assert files.image_workdir() == "/var/lib/sc"
+
+
 def test_compose_spus_differ_only_by_id_and_volume() -> None:
     services = files.compose()["services"]
     commands = [services[f"spu-{i}"]["command"] for i in range(3)]
@@ -351,6 +366,19 @@ def test_systemd_unit_restarts_on_failure_hardened() -> None:
     assert service["CapabilityBoundingSet"] == [""]
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
     config.Settings(**tomllib.loads(files.SYSTEMD_CONFIG.read_text()))  # the example config is valid
+
+
+def test_systemd_history_is_in_the_state_directory() -> None:
+    """ProtectSystem=strict leaves the file system read-only but for the unit's StateDirectory
+    (/var/lib/<name>, created and owned by User=): the history must be under it."""
+    service = files.systemd_unit()["Service"]
+    settings = tomllib.loads(files.SYSTEMD_CONFIG.read_text())
+    [state] = service["StateDirectory"]
+    history_dir = Path(settings["history_dir"])
+    assert history_dir.parent == Path("/var/lib") / state == Path(service["WorkingDirectory"][0])
+    assert "ReadOnlyPaths" not in service and "InaccessiblePaths" not in service
+    # The SC runs against an external etcd there: without history_dir it would record no history.
+    assert settings["etcd_endpoints"] and "data_dir" not in settings
 
 
 def test_systemd_analyze_verify_finds_nothing(tmp_path: Path) -> None:
