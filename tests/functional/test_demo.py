@@ -1,0 +1,203 @@
+"""`sc demo` as a user runs it, in a subprocess without a terminal (plain lines): the whole story
+with the Spark report, and a Ctrl-C in the middle; neither may leave a process behind.
+
+Every process the demo starts inherits this test's environment mark, so /proc tells what is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller import demo
+
+pytestmark = pytest.mark.etcd
+
+MARK = "DEMO_TEST_RUN_MARK"  # no SC_ prefix: the demo keeps SC_* settings from its children
+LINE_TIMEOUT = 180.0
+
+
+def marked(mark: str) -> list[str]:
+    """The command lines of living processes whose environment holds MARK=mark."""
+    wanted = f"{MARK}={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environment = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and wanted in environment.split(b"\0"):
+            found.append(f"{entry.name}: {command}")
+    return found
+
+
+class Demo:
+    """`sc demo ARGS` in a session of its own, its output read line by line as it comes."""
+
+    def __init__(self, *arguments: str) -> None:
+        self.mark = uuid.uuid4().hex
+        environment = {**os.environ, MARK: self.mark}
+        environment.pop("SC_ADDR", None)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "controller.cli", "demo", *arguments],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._queue.put(line.rstrip("\n"))
+        self._queue.put(None)
+
+    def wait_for_line(self, prefix: str) -> str:
+        while True:
+            try:
+                line = self._queue.get(timeout=LINE_TIMEOUT)
+            except queue.Empty:
+                raise AssertionError(f"no line starting {prefix!r} within {LINE_TIMEOUT:g} s; so far:\n" + "\n".join(self.lines)) from None
+            if line is None:
+                raise AssertionError(f"the demo ended before a line starting {prefix!r}:\n" + "\n".join(self.lines))
+            self.lines.append(line)
+            if line.startswith(prefix):
+                return line
+
+    def finish(self, timeout: float) -> int:
+        code = self.process.wait(timeout)
+        self._reader.join(timeout)
+        while not self._queue.empty():
+            line = self._queue.get_nowait()
+            if line is not None:
+                self.lines.append(line)
+        return code
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def cleanup(self) -> None:
+        """Whatever a failed test left running goes, so one failure does not load the next tests."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(LINE_TIMEOUT)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+        for line in marked(self.mark):
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+
+    def assert_nothing_left(self) -> None:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(self.process.pid, 0)  # the demo's own group (its session) is empty
+        assert marked(self.mark) == []
+
+
+@pytest.fixture
+def runs() -> Iterator[list[Demo]]:
+    started: list[Demo] = []
+    yield started
+    for run in started:
+        run.cleanup()
+
+
+def data_dir_of(output: str) -> Path:
+    found = re.search(r"data in (/\S+/data)$", output, re.MULTILINE)
+    assert found, output
+    return Path(found.group(1))
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_the_demo_tells_the_whole_story_and_the_report_holds_the_failover_it_caused(tmp_path: Path, runs: list[Demo]) -> None:
+    out = tmp_path / "report"
+    run = Demo("--out", str(out))
+    runs.append(run)
+    titles = demo.STEP_TITLES + demo.AUDIT_STEP_TITLES
+    run.wait_for_line(f"[{len(titles)}/{len(titles)}] ok (")
+    assert run.finish(timeout=120) == 0, run.output
+    output = run.output
+
+    steps = len(titles)
+    for number, title in enumerate(titles, start=1):
+        assert f"[{number}/{steps}] {title} ..." in run.lines, output
+        assert any(line.startswith(f"[{number}/{steps}] ok (") for line in run.lines), output
+    assert "warning" not in output and "error" not in output, output
+    for name in ("orders-5", "clicks-3", "payments-2"):
+        assert re.search(rf"^  {name} +\d+ ", output, re.MULTILINE), output  # in the placement table
+    assert "scripts/sc run --etcd-endpoints" in output
+
+    killed = re.search(r"SPU (\d+) killed; it led \d+ partitions \(([^)]*)\)", output)
+    assert killed, output
+    victim, led = int(killed.group(1)), killed.group(2).split(", ")
+    assert led and all(re.fullmatch(r"(orders|clicks|payments)-\d+", name) for name in led), led
+
+    report = json.loads((out / "report.json").read_text())
+    changes = report["leaderChanges"]
+    # Exactly the demo's failover: the victim's partitions moved away (spu-offline) and came back to
+    # it (preferred-leader); the SC was stopped before its SPUs, so nothing else moved.
+    lost = sorted((change["partition"], change["from"]) for change in changes if change["cause"] == "spu-offline")
+    returned = sorted((change["partition"], change["to"]) for change in changes if change["cause"] == "preferred-leader")
+    assert lost == [(name, victim) for name in sorted(led)], changes
+    assert returned == [(name, victim) for name in sorted(led)], changes
+    assert len(changes) == 2 * len(led), changes
+    interim = {change["partition"]: change["to"] for change in changes if change["cause"] == "spu-offline"}
+    assert all(change["from"] == interim[change["partition"]] for change in changes if change["cause"] == "preferred-leader")
+    assert (out / "report.md").is_file()
+    assert f"The report: {out.resolve() / 'report.md'}" in output
+
+    run.assert_nothing_left()
+    assert not data_dir_of(output).parent.exists()  # the temporary data dir is gone
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_stops_the_sc_its_etcd_and_every_spu_and_exits_130(tmp_path: Path, runs: list[Demo]) -> None:
+    run = Demo("--no-audit", "--out", str(tmp_path / "out"))
+    runs.append(run)
+    steps = len(demo.STEP_TITLES)
+    first = run.wait_for_line(f"[1/{steps}] ok (")
+    run.wait_for_line(f"[2/{steps}] ok (")  # the SC, its etcd and six SPUs are up
+    assert len(marked(run.mark)) >= 8, marked(run.mark)  # demo aside: the SC, etcd, six SPUs
+    os.killpg(run.process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the demo's group
+    assert run.finish(timeout=120) == 130, run.output
+    assert "interrupted: the SC, its etcd and the SPUs are stopped" in run.output
+    run.assert_nothing_left()
+    assert not data_dir_of(first).parent.exists()
+
+
+def test_an_out_dir_holding_something_else_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    out = tmp_path / "precious"
+    out.mkdir()
+    (out / "thesis.tex").write_text("keep me")
+    finished = subprocess.run(
+        [sys.executable, "-m", "controller.cli", "demo", "--out", str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert finished.returncode == 2
+    assert finished.stdout == ""
+    assert finished.stderr == (
+        f"error: --out {str(out)!r} is not empty and holds no earlier demo's output (no .sc-demo file): "
+        "give a new or empty directory\n"
+    )
+    assert (out / "thesis.tex").read_text() == "keep me"
