@@ -1,9 +1,6 @@
-"""`sc demo`: a whole cluster on this machine (the SC on its embedded etcd, six simulated SPUs in three
-racks), placement, a failover and its return, then the Spark audit of what happened.
-
-Owns the story and its waits; talks to the SC only over its HTTP API and runs everything as
-subprocesses it always stops (demo_processes), shown through demo_output.
-"""
+"""`sc demo`: the SC on its embedded etcd and six simulated SPUs in three racks; placement, a failover
+and its return, then the Spark audit. Owns the story and its waits; talks to the SC only over its HTTP
+API, runs everything as subprocesses it always stops (demo_processes), shows it through demo_output."""
 
 from __future__ import annotations
 
@@ -80,8 +77,8 @@ class DemoError(Exception):
     """Something the demo needs did not happen; the message says what and where to look."""
 
 
-class Terminated(Exception):
-    """SIGTERM reached the demo: stop everything, as for Ctrl-C."""
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the demo: stop everything and say so, as for Ctrl-C."""
 
 
 # ---------------------------------------------------------------------------- the command
@@ -123,10 +120,10 @@ def handle_demo(args: argparse.Namespace) -> int:
     code, problem = 0, ""
     try:
         demo.run()
-    except KeyboardInterrupt:
-        code, problem = SIGINT_EXIT, "interrupted"
     except Terminated:
         code, problem = SIGTERM_EXIT, "terminated"
+    except KeyboardInterrupt:
+        code, problem = SIGINT_EXIT, "interrupted"
     except DemoError as error:
         code, problem = 1, str(error)
     finally:
@@ -143,7 +140,10 @@ def handle_demo(args: argparse.Namespace) -> int:
     if leftovers:
         print(f"warning: stopped {len(leftovers)} process(es) left behind:", *leftovers, sep="\n  ", file=sys.stderr)
     if args.keep_data:
-        output.note(f"Data kept in {work_dir} (etcd data and history in {work_dir / 'data'}).")
+        output.note(
+            f"Data kept in {work_dir}: `scripts/sc run --data-dir {work_dir / 'data'}` starts an SC on it again "
+            "(etcd data and the history are there)."
+        )
     if code == SIGINT_EXIT or code == SIGTERM_EXIT:
         print(f"{problem}: the SC, its etcd and the SPUs are stopped; logs in {out_dir / 'logs'}", file=sys.stderr)
     elif code:

@@ -1,7 +1,5 @@
 """What `sc demo` shows: numbered steps, tables and notes; rich on a terminal, plain lines otherwise.
-
-Owns presentation only: the demo hands it titles, details and rows, and never formats for a medium.
-"""
+Presentation only: the demo hands it titles, details and rows, and never formats for a medium."""
 
 from __future__ import annotations
 
@@ -148,7 +146,11 @@ class RichOutput:
         from rich import box
         from rich.table import Table
 
-        table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", title_style="bold")
+        from rich.markup import escape
+
+        self.console.print()
+        self.console.print(f"[bold]{escape(title)}[/bold]")  # not the table's title: that wraps at the table's width
+        table = Table(box=box.SIMPLE_HEAD)
         for header in headers:
             table.add_column(header)
         for section in sections:

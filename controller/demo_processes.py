@@ -1,8 +1,6 @@
-"""The processes `sc demo` owns: each started in a session of its own, stopped SIGTERM-then-SIGKILL
-by process group, and a final sweep of anything that still carries the demo's environment mark.
-
-Owns no cluster logic; every child inherits ``MARK_VARIABLE`` so nothing it spawns escapes the sweep.
-"""
+"""The processes `sc demo` owns: each in a session of its own, stopped SIGTERM-then-SIGKILL by process
+group, then a sweep of anything still carrying the demo's environment mark (which every child and
+everything it starts inherits). No cluster logic here."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""`sc demo` as a user runs it, in a subprocess without a terminal (plain lines): the whole story
-with the Spark report, and a Ctrl-C in the middle; neither may leave a process behind.
-
-Every process the demo starts inherits this test's environment mark, so /proc tells what is left.
-"""
+"""`sc demo` as a user runs it, in a subprocess without a terminal (plain lines): the whole story with the
+Spark report, and a Ctrl-C in the middle; neither may leave a process behind (every process the demo
+starts inherits this test's environment mark, so /proc tells what is left)."""
 
 from __future__ import annotations
 
