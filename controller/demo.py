@@ -124,7 +124,7 @@ def handle_demo(args: argparse.Namespace) -> int:
         code, problem = SIGTERM_EXIT, "terminated"
     except KeyboardInterrupt:
         code, problem = SIGINT_EXIT, "interrupted"
-    except DemoError as error:
+    except (DemoError, OSError) as error:  # OSError: a process that could not start, a file not written
         code, problem = 1, str(error)
     finally:
         # Stopping takes a few seconds and must not be cut short by a second Ctrl-C.
@@ -187,7 +187,7 @@ class Demo:
         self.data_dir = work_dir / "data"
         self.audit = audit
         self.processes = demo_processes.Processes(mark=str(work_dir), log_dir=out_dir / "logs")
-        self.client = admin_cli.Client("http://127.0.0.1:0")
+        self.client = admin_cli.Client("http://127.0.0.1:0")  # the SC's real port once start_sc has chosen it
         self.private_address = ""
         self.spu_ports: list[int] = []
         self.racks: dict[int, str] = {}
