@@ -8,31 +8,43 @@ change many times a second and never reach the KV store.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from connection_manager import wire
 
 
-@dataclass(frozen=True, slots=True)
-class ReplicaOffsets:
+class ReplicaOffsets(NamedTuple):
     spu: int
     hw: int
     leo: int
 
 
-@dataclass(frozen=True, slots=True)
 class LiveStatus:
-    """The last report of a partition's leader: its offsets and its followers' as it tracks them."""
+    """The last report of a partition's leader: its offsets and its followers' as it tracks them.
 
-    leader: int
-    hw: int
-    leo: int
-    followers: tuple[ReplicaOffsets, ...]
-    reported_at: float
+    Immutable by convention; its in-sync set is computed once, when the report is taken in."""
+
+    __slots__ = ("leader", "hw", "leo", "followers", "reported_at", "_in_sync")
+
+    def __init__(
+        self,
+        leader: int,
+        hw: int,
+        leo: int,
+        followers: tuple[ReplicaOffsets, ...],
+        reported_at: float,
+        in_sync: frozenset[int] | None = None,
+    ) -> None:
+        self.leader = leader
+        self.hw = hw
+        self.leo = leo
+        self.followers = followers
+        self.reported_at = reported_at
+        self._in_sync = in_sync_followers(hw, followers) if in_sync is None else in_sync
 
     def in_sync(self) -> frozenset[int]:
         """Followers holding every committed record: last reported LEO >= the leader's HW."""
-        return in_sync_followers(self.hw, self.followers)
+        return self._in_sync
 
     def offsets_of(self, spu: int) -> ReplicaOffsets | None:
         if spu == self.leader:
@@ -41,6 +53,20 @@ class LiveStatus:
             if follower.spu == spu:
                 return follower
         return None
+
+    def _key(self) -> tuple[int, int, int, tuple[ReplicaOffsets, ...], float]:
+        return (self.leader, self.hw, self.leo, self.followers, self.reported_at)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LiveStatus) and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"LiveStatus(leader={self.leader}, hw={self.hw}, leo={self.leo}, "
+            f"followers={self.followers!r}, reported_at={self.reported_at!r})"
+        )
 
 
 def in_sync_followers(leader_hw: int, followers: Iterable[ReplicaOffsets]) -> frozenset[int]:
@@ -62,15 +88,18 @@ class LiveReplicas:
         return self._status
 
     def merge(self, reporter: int, report: wire.LeaderReport, now: float) -> bool:
-        """Store ``reporter``'s report; True when the reporter or the in-sync set changed."""
+        """Store ``reporter``'s report; True when the reporter or the in-sync set changed.
+
+        Called for every partition of every LRS frame (tens of thousands a second in a large
+        cluster), so it builds one tuple and one set and compares nothing else."""
         self.reports += 1
-        followers = tuple(ReplicaOffsets(item.spu, item.hw, item.leo) for item in report.followers)
-        previous = self._status.get(report.partition)
-        status = LiveStatus(reporter, report.hw, report.leo, followers, now)
-        self._status[report.partition] = status
-        if previous is None or previous.leader != reporter:
-            return True
-        return previous.in_sync() != status.in_sync()
+        hw = report["hw"]
+        followers = tuple([ReplicaOffsets(item["spu"], item["hw"], item["leo"]) for item in report.get("followers", ())])
+        in_sync = frozenset([item.spu for item in followers if item.leo >= hw])
+        name = report["partition"]
+        previous = self._status.get(name)
+        self._status[name] = LiveStatus(reporter, hw, report["leo"], followers, now, in_sync)
+        return previous is None or previous.leader != reporter or previous._in_sync != in_sync
 
     def forget(self, partition: str) -> None:
         self._status.pop(partition, None)

@@ -36,6 +36,7 @@ class Stats:
     rejected: dict[str, int] = field(default_factory=dict)
     frame_errors: dict[str, int] = field(default_factory=dict)
     lrs_frames: int = 0
+    lrs_frames_skipped: int = 0  # superseded by a newer frame of the same SPU before being parsed
     heartbeat_timeouts: int = 0
     updates_sent: int = 0
 
@@ -75,6 +76,28 @@ class Session:
                 await self.websocket.close(message=reason[:120].encode())
                 return
             await self.websocket.send_bytes(frame)
+
+
+class _LatestFrame:
+    """A one-frame mailbox: a new frame replaces one not yet taken."""
+
+    def __init__(self) -> None:
+        self._frame: bytes | str | None = None
+        self._ready = asyncio.Event()
+
+    def put(self, frame: bytes | str) -> bool:
+        """Leave ``frame``; True when it replaced one that was never taken."""
+        replaced = self._frame is not None
+        self._frame = frame
+        self._ready.set()
+        return replaced
+
+    async def take(self) -> bytes | str:
+        await self._ready.wait()
+        self._ready.clear()
+        frame, self._frame = self._frame, None
+        assert frame is not None
+        return frame
 
 
 class ConnectionManager:
@@ -216,6 +239,23 @@ class ConnectionManager:
         return None
 
     async def _read_reports(self, session: Session) -> None:
+        """Receive frames as fast as they come; a second task parses the newest one.
+
+        Receiving is cheap, parsing and merging a report of thousands of partitions is not. An
+        LRS frame is a complete snapshot, so when this SPU's frames come faster than the SC takes
+        them in (an SC busy elsewhere, or a backlog in the socket buffers) only the newest one
+        is worth parsing: the ones it replaces are counted as skipped, and every frame still
+        counts as a heartbeat. So intake never falls behind its SPUs, and stale reports are
+        never applied after fresher ones."""
+        inbox = _LatestFrame()
+        taker = asyncio.create_task(self._take_frames(session, inbox), name=f"cm-lrs-{session.spu_id}")
+        try:
+            await self._receive_frames(session, inbox)
+        finally:
+            taker.cancel()
+            await asyncio.gather(taker, return_exceptions=True)
+
+    async def _receive_frames(self, session: Session, inbox: _LatestFrame) -> None:
         websocket = session.websocket
         while session.closing is None:
             try:
@@ -238,8 +278,14 @@ class ConnectionManager:
                 session.closing = ("protocol-error", str(websocket.exception()))
                 log.warning("SPU connection error", spu=session.spu_id, error=str(websocket.exception()))
                 return
+            if inbox.put(message.data):
+                self.stats.lrs_frames_skipped += 1
+
+    async def _take_frames(self, session: Session, inbox: _LatestFrame) -> None:
+        while True:
+            frame = await inbox.take()
             try:
-                parsed = wire.parse_spu_message(message.data, self.max_frame_bytes)
+                parsed = wire.parse_spu_message(frame, self.max_frame_bytes)
                 if isinstance(parsed, wire.Register):
                     raise wire.FrameError("already-registered", f"SPU {session.spu_id} is already registered")
                 self._take_reports(session, parsed)
@@ -247,29 +293,38 @@ class ConnectionManager:
                 self.stats.count(self.stats.frame_errors, error.code)
                 log.warning("frame refused", spu=session.spu_id, code=error.code, error=str(error))
                 session.send(wire.Error(code=error.code, message=str(error)))
+            # One frame at a time per SPU, then let everybody else run: fifty SPUs reporting
+            # never starve the controllers, the API or the heartbeats.
+            await asyncio.sleep(0)
 
     def _take_reports(self, session: Session, message: wire.LiveReplicas) -> None:
         """Check the whole frame first, so a bad entry changes nothing at all."""
         self.stats.lrs_frames += 1
         accepted = []
+        spu_id, hosted_by_name = session.spu_id, session.hosted
         for report in message.leaders:
-            hosted = session.hosted.get(report.partition)
+            hosted = hosted_by_name.get(report["partition"])
             if hosted is None:
                 raise wire.FrameError(
-                    "not-hosted", f"SPU {session.spu_id} reported partition {report.partition!r}, which it does not host"
+                    "not-hosted", f"SPU {spu_id} reported partition {report['partition']!r}, which it does not host"
                 )
-            strangers = [follower.spu for follower in report.followers if follower.spu not in hosted.replicas]
-            if strangers or any(follower.spu == session.spu_id for follower in report.followers):
-                raise wire.FrameError(
-                    "not-a-replica",
-                    f"SPU {session.spu_id} reported followers {strangers or [session.spu_id]} for partition "
-                    f"{report.partition!r}, whose replicas are {hosted.replicas}",
-                )
-            if hosted.leader == session.spu_id:
+            followers = report.get("followers")
+            if followers:
+                replicas = hosted.replicas
+                for follower in followers:
+                    if follower["spu"] not in replicas or follower["spu"] == spu_id:
+                        strangers = [f["spu"] for f in followers if f["spu"] not in replicas] or [spu_id]
+                        raise wire.FrameError(
+                            "not-a-replica",
+                            f"SPU {spu_id} reported followers {strangers} for partition "
+                            f"{report['partition']!r}, whose replicas are {replicas}",
+                        )
+            if hosted.leader == spu_id:
                 accepted.append(report)
             # A report for a partition it no longer leads is a race with a leader change: ignored.
         now = asyncio.get_running_loop().time()
-        changed = {report.partition for report in accepted if self.live.merge(session.spu_id, report, now)}
+        merge = self.live.merge
+        changed = {report["partition"] for report in accepted if merge(spu_id, report, now)}
         if changed:
             self.on_live_change(changed)
 

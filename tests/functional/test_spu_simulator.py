@@ -220,10 +220,10 @@ async def test_an_spu_registers_listens_on_its_endpoint_and_reports_every_400_ms
     times = [at for at, _ in sc.reports_of(0)]
     gaps = [later - earlier for earlier, later in zip(times[1:], times[2:])]
     assert 0.35 <= sum(gaps) / len(gaps) <= 0.5, gaps
-    leos = [report.leaders[0].leo for _, report in sc.reports_of(0)[1:]]
+    leos = [report.leaders[0]["leo"] for _, report in sc.reports_of(0)[1:]]
     assert leos == sorted(leos) and leos[-1] > leos[0]
     report = sc.reports_of(0)[-1][1].leaders[0]
-    assert (report.partition, report.hw, report.followers) == ("t-0", report.leo, [])  # alone in its ISR
+    assert (report["partition"], report["hw"], report["followers"]) == ("t-0", report["leo"], [])  # alone in its ISR
 
 
 async def test_a_dropped_spu_reconnects_with_growing_delays_then_from_the_initial_delay_after_a_sync(make_sc, running) -> None:  # type: ignore[no-untyped-def]
@@ -292,7 +292,7 @@ async def test_updates_switch_roles_at_once_move_the_endpoint_and_remove_replica
 
     await sc.update(deleted_replicas=["t-0", "t-1"])
     await eventually(lambda: _assert(sorted(spu.state.replicas) == ["t-2"]))
-    await eventually(lambda: _assert([leader.partition for leader in sc.reports_of(0)[-1][1].leaders] == ["t-2"]))
+    await eventually(lambda: _assert([leader["partition"] for leader in sc.reports_of(0)[-1][1].leaders] == ["t-2"]))
 
 
 async def test_the_fetch_server_refuses_a_malformed_frame_and_closes(make_sc, running) -> None:  # type: ignore[no-untyped-def]
@@ -335,7 +335,7 @@ async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_fo
     assert status.hw == min(status.leo, *(status.followers[spu] for spu in status.in_sync))
     assert offsets(first)[1] >= status.hw and offsets(second)[1] >= status.hw
     report = sc.reports_of(0)[-1][1].leaders[0]
-    assert [follower.spu for follower in report.followers] == [1, 2]
+    assert [follower["spu"] for follower in report["followers"]] == [1, 2]
 
     # A follower restarted without its records is out of sync while it catches up, then in sync.
     await second.stop()
@@ -348,10 +348,10 @@ async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_fo
     await eventually(lambda: _assert(leader.status("t-0").in_sync == (1, 2)))  # type: ignore[union-attr]
     # The SC saw it too: a report with follower 2 below the HW, then one with it at or above.
     follower_states = [
-        next(f.leo >= entry.hw for f in entry.followers if f.spu == 2)
+        next(f["leo"] >= entry["hw"] for f in entry["followers"] if f["spu"] == 2)
         for _, lrs in sc.reports_of(0)
         for entry in lrs.leaders
-        if any(f.spu == 2 for f in entry.followers)
+        if any(f["spu"] == 2 for f in entry["followers"])
     ]
     assert False in follower_states
     await eventually(lambda: _assert(_follower_in_sync(sc.reports_of(0)[-1][1], 2)))
@@ -453,7 +453,7 @@ def test_sc_spu_run_refuses_bad_flags_with_the_reason(
 
 
 def _follower_in_sync(report: wire.LiveReplicas, follower: int) -> bool:
-    return any(f.spu == follower and f.leo >= entry.hw for entry in report.leaders for f in entry.followers)
+    return any(f["spu"] == follower and f["leo"] >= entry["hw"] for entry in report.leaders for f in entry["followers"])
 
 
 def _assert(condition: object) -> None:
