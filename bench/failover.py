@@ -129,6 +129,7 @@ async def main() -> int:
     parser.add_argument("--partitions", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--intake-seconds", type=float, default=5.0)
+    parser.add_argument("--sc-log", type=Path, help="write the SC's log (info level) here instead of a temporary file")
     args = parser.parse_args()
     topics, per_topic = args.partitions // 100, 100
     with tempfile.TemporaryDirectory(prefix="sc-failover-") as workdir:
@@ -137,13 +138,13 @@ async def main() -> int:
         server = embedded_etcd.EmbeddedEtcd(work / "etcd", client_port, peer_port)
         server.start()
         prefix = "/bench/failover/"
-        log_path = work / "sc.log"
+        log_path = args.sc_log or work / "sc.log"
         command = [
             sys.executable, "-m", "controller.cli", "run",
             "--etcd-endpoints", ",".join(f"http://{endpoint}" for endpoint in server.endpoints),
             "--key-prefix", prefix, "--bind-host", "127.0.0.1",
             "--public-port", str(public_port), "--private-port", str(private_port),
-            "--log-format", "json", "--log-level", "warning",
+            "--log-format", "json", "--log-level", "info" if args.sc_log else "warning",
         ]
         with log_path.open("wb") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
