@@ -221,6 +221,11 @@ class _ConnectionsCollector(Collector):
         lrs_frames = CounterMetricFamily("sc_lrs_frames", "Live-replica status frames taken in")
         lrs_frames.add_metric([], stats.lrs_frames)
         yield lrs_frames
+        skipped = CounterMetricFamily(
+            "sc_lrs_frames_skipped", "Live-replica status frames superseded by a newer one before the SC parsed them"
+        )
+        skipped.add_metric([], stats.lrs_frames_skipped)
+        yield skipped
         reports = CounterMetricFamily("sc_lrs_reports", "Per-partition live-replica reports merged")
         reports.add_metric([], self.connections.live.reports)
         yield reports

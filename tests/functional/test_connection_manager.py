@@ -228,6 +228,33 @@ async def test_offsets_alone_never_write_to_etcd_but_the_api_shows_them(cluster:
     assert await cluster.mod_revision("orders-0") > revision
 
 
+async def test_a_backlog_of_reports_is_taken_newest_first_and_every_frame_is_counted(cluster: Cluster) -> None:
+    """Fifty reports land in one read (the test and the SC share one event loop, so nothing is
+    read until the test yields): the SC parses the newest and counts the others as skipped,
+    never applying an older one after it."""
+    spus = [await cluster.connect(spu_id, heartbeat=None) for spu_id in range(3)]
+    await create_topic(cluster.sc, "orders", 1, 3)
+    leader = spus[0]
+    await leader.wait_for(lambda: "orders-0" in leader.replicas)
+    connections = cluster.sc.daemon.connections
+    assert connections is not None
+    stats = connections.stats
+    taken, skipped = stats.lrs_frames, stats.lrs_frames_skipped
+    for step in range(1, 51):
+        await leader.report(("orders-0", step * 10, step * 10 + 2, {1: step * 10, 2: step * 10}))
+
+    async def newest_applied() -> None:
+        status, body = await cluster.sc.call("GET", "/v1/partitions/orders-0")
+        assert status == 200 and body["status"].get("leader") == {"spu": 0, "hw": 500, "leo": 502}, body
+
+    await cluster.sc.eventually(newest_applied)
+    assert (stats.lrs_frames - taken) + (stats.lrs_frames_skipped - skipped) == 50
+    assert stats.lrs_frames_skipped > skipped
+    async with cluster.sc.session.get("/metrics") as response:
+        metrics = await response.text()
+    assert f"sc_lrs_frames_skipped_total {float(stats.lrs_frames_skipped)}" in metrics
+
+
 async def test_silence_longer_than_the_heartbeat_timeout_marks_the_spu_offline(cluster: Cluster) -> None:
     await cluster.connect(0, heartbeat=None)
 
