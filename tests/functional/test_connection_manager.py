@@ -345,6 +345,24 @@ async def test_leadership_returns_to_the_preferred_leader_once_it_is_in_sync(clu
     await cluster.wait_partition("orders-0", leader=0)
 
 
+async def test_the_preferred_leader_returns_without_waiting_for_a_resync(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    """The report that puts the preferred leader back in sync first changes the in-sync set
+    (a status write); the election must follow as soon as that write is seen, not at the next
+    periodic resync (an hour here), whichever of the write's answer and its echo comes first."""
+    async for cluster in start_cluster(etcd_server, range(3), spu_heartbeat_timeout=1.0, resync_interval=3600.0):
+        spus = await online_topic(cluster, "orders", 3, (100, 100, {1: 100, 2: 100}))
+        await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
+        await spus[0].close()
+        await cluster.wait_partition("orders-0", leader=1)
+        new_leader = spus[1]
+        await new_leader.wait_for(lambda: new_leader.replicas["orders-0"].leader == 1)
+        await new_leader.report(("orders-0", 150, 160, {2: 160}))
+        await cluster.wait_partition("orders-0", leader=1, lrs=1)
+        await cluster.connect(0)
+        await new_leader.report(("orders-0", 160, 160, {2: 160, 0: 160}))
+        await cluster.wait_partition("orders-0", leader=0)
+
+
 async def test_drain_moves_every_leadership_off_the_spu(cluster: Cluster) -> None:
     spus = [await cluster.connect(spu_id) for spu_id in range(3)]
     await create_topic(cluster.sc, "orders", 6, 2)
