@@ -201,6 +201,10 @@ class ActionDispatcher:
             for action in batch:
                 self._requeue(action, backoff=True)
             results = [Result(action, Outcome.UNAVAILABLE, 0, str(unavailable)) for action in batch]
+            log.warning(
+                "store unavailable, actions kept and retried with backoff",
+                actions=len(batch), keys=[action.key for action in batch[:5]], error=str(unavailable),
+            )
         except (kv.StoreError, ValueError) as error:
             if len(batch) > 1:
                 # Find the culprit: a bad action must not drop the whole batch.
@@ -256,8 +260,12 @@ class ActionDispatcher:
             self._not_before.pop(action.key, None)
         self.metrics.action_done(action, result.outcome.value)  # elections also count by cause
         if result.outcome is Outcome.APPLIED:
-            log.info("action applied", key=action.key, verb=action.verb.value, reason=action.reason, revision=result.revision)
+            extra = {"cause": action.cause} if action.cause else {}
+            log.info(
+                "action applied", key=action.key, verb=action.verb.value, reason=action.reason, revision=result.revision, **extra
+            )
         elif result.outcome is Outcome.CONFLICT:
-            log.debug("action conflict", key=action.key, verb=action.verb.value, detail=result.detail)
+            # Routine (the controller re-decides from the newer value), so below info.
+            log.debug("action conflict", key=action.key, verb=action.verb.value, reason=action.reason, detail=result.detail)
         for hook in self._hooks:
             hook(result)

@@ -23,11 +23,12 @@ def configure(log_format: config.LogFormat = config.LogFormat.AUTO, level: str =
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer() if as_json else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            timestamper,
             structlog.processors.format_exc_info,
             renderer,
         ],
@@ -35,5 +36,19 @@ def configure(log_format: config.LogFormat = config.LogFormat.AUTO, level: str =
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
-    # Libraries that use the standard logging module (the etcd supervisor, aiohttp) go to stderr.
-    logging.basicConfig(level=max(numeric_level, logging.INFO), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    # Libraries that use the standard logging module (the etcd supervisor, aiohttp, grpc) are
+    # rendered by the same renderer: one JSON object per line off a terminal, like our events.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name, timestamper],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(numeric_level, logging.INFO))
