@@ -177,15 +177,18 @@ def encode(message: Message) -> bytes:
 
 def parse_spu_message(frame: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> Register | LiveReplicas:
     """A frame an SPU sent, validated; raises FrameError (oversized, not JSON, bad version, bad field)."""
-    return _parse(_SPU_MESSAGES, frame, max_bytes)
+    return parse_with(_SPU_MESSAGES, frame, max_bytes)
 
 
 def parse_sc_message(frame: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> Accepted | Rejected | Sync | Update | Error:
     """A frame the SC sent, validated (the SPU side of the same checks)."""
-    return _parse(_SC_MESSAGES, frame, max_bytes)
+    return parse_with(_SC_MESSAGES, frame, max_bytes)
 
 
-def _parse(adapter: pydantic.TypeAdapter, frame: bytes | str, max_bytes: int):  # type: ignore[no-untyped-def]
+def parse_with(adapter: pydantic.TypeAdapter, frame: bytes | str, max_bytes: int):  # type: ignore[no-untyped-def]
+    """``frame`` validated by ``adapter`` under the size limit; FrameError names what is wrong.
+
+    The one frame validator of the package: the SPU-to-SPU fetch protocol uses it too."""
     size = len(frame.encode() if isinstance(frame, str) else frame)
     if size > max_bytes:
         raise FrameError("frame-too-large", f"frame of {size} bytes is over the limit of {max_bytes} bytes")

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pydantic
 
-from controller import config, daemon, logs
-from store import embedded_etcd, history, kv
+from controller import config, logs
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -60,6 +59,11 @@ def handle_run(args: argparse.Namespace) -> int:
     except (pydantic.ValidationError, ValueError) as error:
         print(f"error: invalid configuration: {error}", file=sys.stderr)
         return 2
+    # Imported here: every other `sc` command (an SPU simulator, an admin call) starts faster
+    # without the daemon's modules.
+    from controller import daemon
+    from store import embedded_etcd, history, kv
+
     try:
         asyncio.run(daemon.Daemon(settings).run_until_signalled())
     except (embedded_etcd.EtcdError, history.HistoryError, kv.Unavailable, OSError) as error:

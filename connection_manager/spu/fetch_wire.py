@@ -89,9 +89,9 @@ def body_length(header: bytes, max_bytes: int = MAX_FRAME_BYTES) -> int:
 
 def parse_request(body: bytes, max_bytes: int = MAX_FRAME_BYTES) -> FetchRequest:
     """A follower's frame body, validated; raises wire.FrameError naming what was wrong."""
-    return wire._parse(_REQUESTS, body, max_bytes)  # noqa: SLF001 (the package's one frame validator)
+    return wire.parse_with(_REQUESTS, body, max_bytes)
 
 
 def parse_response(body: bytes, max_bytes: int = MAX_FRAME_BYTES) -> FetchResponse | FetchError:
     """A leader's frame body, validated; raises wire.FrameError naming what was wrong."""
-    return wire._parse(_RESPONSES, body, max_bytes)  # noqa: SLF001
+    return wire.parse_with(_RESPONSES, body, max_bytes)
