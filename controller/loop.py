@@ -41,6 +41,11 @@ class ControllerLoop:
         # Write key -> the revision the local store must reach before we decide on that key again.
         self._expected: dict[str, int] = {}
         self._submitted: set[str] = set()
+        # Objects whose action was set aside (its key busy, or its write lost a compare): they
+        # count as changed in the first pass after their keys are free, so an incremental
+        # controller looks at them again even when no listener reports them (the echo of a
+        # write can reach the local store before the write's answer, or come from another loop).
+        self._deferred: dict[tuple[str, str], tuple[str, ...]] = {}
         self._kick = asyncio.Event()
         self._kick.set()
         self.passes = 0
@@ -72,15 +77,47 @@ class ControllerLoop:
         self._forget_caught_up()
         loop = asyncio.get_running_loop()
         started = loop.time()
-        decided = self.decide(self.local_store.snapshot(), changes)
+        snapshot = self.local_store.snapshot()
+        if self._deferred:
+            changes = self._with_deferred(changes, snapshot)
+        decided = self.decide(snapshot, changes)
         self.passes += 1
         self.metrics.reconcile_passes.labels(self.name).inc()
         self.metrics.reconcile_seconds.labels(self.name).observe(loop.time() - started)
         for action in decided:
-            if any(key in self._expected or self.dispatcher.writing(key) for key in action.write_keys):
-                continue  # decided from a store behind our own write: we are woken again later
+            if any(self.busy(key) for key in action.write_keys):
+                # Decided from a store behind a write to the same key: decide again once free.
+                self._defer(action)
+                continue
             self._submitted.add(action.key)
             self.dispatcher.submit(action)
+
+    def _defer(self, action: actions.Action) -> None:
+        # A provision spans several topics, and pending topics are looked at on every pass.
+        if action.kind in self.listeners and action.verb is not actions.Verb.PROVISION:
+            self._deferred[(action.kind, action.name)] = tuple(action.write_keys)
+
+    def _with_deferred(self, changes: dict[str, local.Changes], snapshot: local.Snapshot) -> dict[str, local.Changes]:
+        """``changes`` plus the deferred objects whose keys are free now (as updated, or deleted)."""
+        ready: dict[str, list[str]] = {}
+        for (kind, name), keys in list(self._deferred.items()):
+            if not any(self.busy(key) for key in keys):
+                del self._deferred[(kind, name)]
+                ready.setdefault(kind, []).append(name)
+        for kind, names in ready.items():
+            change = changes[kind]
+            if change.full:
+                continue  # everything is looked at anyway
+            table = snapshot.entries(kind)
+            seen = {entry.name for entry in change.updated} | set(change.deleted)
+            fresh = sorted(name for name in names if name not in seen)
+            changes[kind] = local.Changes(
+                full=False,
+                updated=[*change.updated, *(table[name] for name in fresh if name in table)],
+                deleted=[*change.deleted, *(name for name in fresh if name not in table)],
+                epoch=change.epoch,
+            )
+        return changes
 
     async def _wait(self) -> bool:
         """Until a change, a kick or the resync timer; True if it was the timer."""
@@ -97,14 +134,21 @@ class ControllerLoop:
     def _on_result(self, result: dispatcher_module.Result) -> None:
         action = result.action
         if action.key not in self._submitted:
+            # Another loop's write: it may free a key one of ours was set aside for.
+            if self._deferred and any(
+                key in keys for keys in self._deferred.values() for key in action.write_keys
+            ):
+                self.kick()
             return
         self._submitted.discard(action.key)
         if result.outcome is dispatcher_module.Outcome.APPLIED:
             for key in action.write_keys:
                 self._expected[key] = max(self._expected.get(key, 0), result.revision)
-        elif result.outcome is dispatcher_module.Outcome.CONFLICT and result.revision:
-            for key in action.write_keys:
-                self._expected[key] = max(self._expected.get(key, 0), result.revision)
+        elif result.outcome is dispatcher_module.Outcome.CONFLICT:
+            if result.revision:
+                for key in action.write_keys:
+                    self._expected[key] = max(self._expected.get(key, 0), result.revision)
+            self._defer(action)  # decided again once the store has the value that won
         self.kick()
 
     def _forget_caught_up(self) -> None:

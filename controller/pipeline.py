@@ -45,9 +45,10 @@ class Pipeline:
         )
         if context.history is not None:
             self.dispatcher.on_result(self._record_action)
-        self.dispatcher.on_result(self._on_partition_result)
         self.loops = [
-            self._loop("topic", self._decide_topics, {"topics": ALL, "spus": ALL, "partitions": SPEC}),
+            # Partition statuses too: the echo of a status write may be what frees a partition
+            # this loop set aside (an orphan to delete whose write lost to a status update).
+            self._loop("topic", self._decide_topics, {"topics": ALL, "spus": ALL, "partitions": ALL}),
             self._loop("spu-group", spu_group.decide, {"spu-groups": SPEC, "spus": SPEC}),
             self._loop("spu", self._decide_spus, {"spus": ALL}),
             self._loop("partition", self._decide_partitions, {"partitions": ALL, "spus": ALL}),
@@ -108,17 +109,6 @@ class Pipeline:
     def _kick_all_partitions(self) -> None:
         self._partitions_due = None
         self._partition_loop.kick()
-
-    def _on_partition_result(self, result: dispatcher_module.Result) -> None:
-        """A partition whose write just finished is looked at again in the pass this wakes.
-
-        Its echo may have reached the local store before the write's answer: the pass the echo
-        woke then skipped the partition as busy (for example the preferred-leader election that
-        follows an in-sync status write), and no later change would bring it back before the
-        periodic resync."""
-        action = result.action
-        if action.kind == "partitions" and self._partitions_due is not None:
-            self._partitions_due.add(action.name)
 
     def _on_live_change(self, names: set[str]) -> None:
         if self._partitions_due is not None:

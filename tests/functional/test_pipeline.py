@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
@@ -18,12 +18,12 @@ from tests import objects
 
 
 class Cluster:
-    def __init__(self, kv_store: kv.KVStore) -> None:
+    def __init__(self, kv_store: kv.KVStore, resync_interval: float = 5.0) -> None:
         self.kv_store = kv_store
         loop = asyncio.get_running_loop()
         self.health = health_module.HealthView(started_at=loop.time())
         self.context = context_module.Context(
-            settings=config.Settings(resync_interval=5.0, spu_offline_grace=60.0),
+            settings=config.Settings(resync_interval=resync_interval, spu_offline_grace=60.0),
             kv_store=kv_store,
             local_store=local.LocalStore(),
             metrics=metrics.Metrics(),
@@ -209,6 +209,88 @@ async def test_deleting_a_topic_deletes_its_partitions(cluster: Cluster) -> None
         assert names == ["kept-0", "kept-1"]
 
     await cluster.eventually(gone)
+
+
+class GatedStore(kv.KVStore):
+    """A real store whose transactions writing the gated key, once armed, wait until the test
+    opens the gate: a write held in flight, to decide around it."""
+
+    def __init__(self, inner: kv.KVStore, gated: str) -> None:
+        self.inner = inner
+        self.gated = gated
+        self.armed = False
+        self.held = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
+        if self.armed and any(operation.key == self.gated for operation in operations) and not self.opened.is_set():
+            self.held.set()
+            await self.opened.wait()
+        return await self.inner.txn(compares, operations)
+
+    async def get(self, key: str) -> kv.KeyValue | None:
+        return await self.inner.get(key)
+
+    async def list(self, prefix: str) -> kv.ListResult:
+        return await self.inner.list(prefix)
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self.inner.create(key, value)
+
+    async def update(self, key: str, value: bytes, mod_revision: int) -> int:
+        return await self.inner.update(key, value, mod_revision)
+
+    async def delete(self, key: str, mod_revision: int | None = None) -> int:
+        return await self.inner.delete(key, mod_revision)
+
+    def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
+        return self.inner.watch(prefix, from_revision)
+
+    async def revision(self) -> int:
+        return await self.inner.revision()
+
+    async def compact(self, revision: int) -> None:
+        await self.inner.compact(revision)
+
+    async def close(self) -> None:
+        pass  # the fixture closes the inner store
+
+
+async def test_an_orphan_busy_when_its_topic_is_deleted_is_deleted_once_free(kv_store: kv.KVStore) -> None:
+    """The topic is deleted while the partition controller's write to one of its partitions is
+    in flight: the topic controller sets the partition aside, and deletes it as soon as that
+    write is done, not at the next periodic resync (an hour here)."""
+    gated = GatedStore(kv_store, models.object_key("partitions", "doomed-0"))
+    cluster = Cluster(gated, resync_interval=3600.0)
+    await cluster.pipeline.start(sync_timeout=10)
+    try:
+        for spu_id in range(3):
+            await cluster.add_spu(spu_id)
+        await cluster.eventually(lambda: _all_online(cluster, 3))
+        await cluster.create(computed_topic("doomed", 1, 2))
+        await cluster.create(computed_topic("kept", 1, 2))
+        await provisioned(cluster, "doomed")
+        await provisioned(cluster, "kept")
+        doomed = await cluster.read("partitions", "doomed-0")
+        assert doomed is not None
+        gated.armed = True
+        for spu_id in doomed.spec.replicas:  # every replica down: the partition controller writes
+            cluster.set_online(spu_id, online=False)  # doomed-0's status alone (LeaderOffline)
+        await asyncio.wait_for(gated.held.wait(), 10)
+        await kv_store.delete("topics/doomed")
+        topics = cluster.context.local_store["topics"]
+        while "doomed" in topics.view:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # the topic controller's pass on the deletion: doomed-0 is busy
+        gated.opened.set()
+
+        async def orphan_deleted() -> None:
+            assert sorted(await cluster.read_all("partitions")) == ["kept-0"]
+
+        await cluster.eventually(orphan_deleted)
+    finally:
+        gated.opened.set()
+        await cluster.pipeline.stop()
 
 
 async def test_spu_group_reserves_creates_scales_and_deletes(cluster: Cluster) -> None:
