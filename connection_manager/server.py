@@ -249,6 +249,7 @@ class ConnectionManager:
         never applied after fresher ones."""
         inbox = _LatestFrame()
         taker = asyncio.create_task(self._take_frames(session, inbox), name=f"cm-lrs-{session.spu_id}")
+        taker.add_done_callback(lambda task: self._taker_done(session, task))
         try:
             await self._receive_frames(session, inbox)
         finally:
@@ -280,6 +281,15 @@ class ConnectionManager:
                 return
             if inbox.put(message.data):
                 self.stats.lrs_frames_skipped += 1
+
+    def _taker_done(self, session: Session, task: asyncio.Task[None]) -> None:
+        """A bug while taking a frame in must not leave the SPU connected but unheard: drop it
+        (it reconnects and gets a fresh Sync)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        log.error("SPU frame handling failed", spu=session.spu_id, error=repr(error))
+        session.close("internal-error", f"the SC failed to take a frame of SPU {session.spu_id} in: {error!r}")
 
     async def _take_frames(self, session: Session, inbox: _LatestFrame) -> None:
         while True:

@@ -255,6 +255,33 @@ async def test_a_backlog_of_reports_is_taken_newest_first_and_every_frame_is_cou
     assert f"sc_lrs_frames_skipped_total {float(stats.lrs_frames_skipped)}" in metrics
 
 
+async def test_a_failure_taking_a_frame_in_drops_that_spu_which_reconnects(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug while taking a report in (injected here) must not leave the SPU connected but
+    unheard: it is told why, dropped and marked offline; its next connection works."""
+    connections = cluster.sc.daemon.connections
+    assert connections is not None
+    spu = await cluster.connect(0, heartbeat=None)
+    await create_topic(cluster.sc, "orders", 1, 1)
+    await spu.wait_for(lambda: "orders-0" in spu.replicas)
+
+    def broken(session: object, message: object) -> None:
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(connections, "_take_reports", broken)
+    await spu.report(("orders-0", 1, 1, {}))
+    await spu.wait_for(lambda: any(isinstance(m, wire.Rejected) and m.code == "internal-error" for m in spu.received))
+
+    async def offline() -> None:
+        stored = await cluster.sc.read("spus", "spu-0")
+        assert stored is not None and stored.status.resolution is models.SpuResolution.OFFLINE, stored
+
+    await cluster.sc.eventually(offline)
+    monkeypatch.undo()
+    back = await cluster.connect(0, heartbeat=None)
+    await back.report(("orders-0", 5, 5, {}))
+    await cluster.wait_partition("orders-0", resolution="Online", leader=0)
+
+
 async def test_silence_longer_than_the_heartbeat_timeout_marks_the_spu_offline(cluster: Cluster) -> None:
     await cluster.connect(0, heartbeat=None)
 
