@@ -172,33 +172,50 @@ def decide(
     chain = read_chain(snapshot)
     chain_free = not busy(CHAIN_KEY)
     cursor = chain.start_index
-    needs_assignment = chain_free and any(_load_aware(entry.obj) for entry in topics.values())
-    existing = _assignment(snapshot) if needs_assignment else []
     decided: list[actions.Action] = []
     provisions: list[actions.TopicProvision] = []
     room = PROVISION_WRITES - 1  # the chain key takes one write
     placed_now: set[str] = set()
 
-    for entry in sorted(topics.values(), key=lambda entry: entry.mod_revision):
+    # Only topics with something left to do, from indexes the local store keeps up to date: a
+    # pass costs what those topics cost, not what the whole table does.
+    # Validation depends on the topic's spec and the SPUs alone: without a retry, only the
+    # topics that changed (a topic whose write was set aside comes back as changed).
+    if full or retry_unplaced:
+        unvalidated: Iterable[local.Entry] = snapshot.indexed("topics", "unvalidated", _unvalidated)
+    else:
+        unvalidated = sorted(
+            (topics[name] for name in touched if name in topics and _unvalidated(topics[name].obj)),
+            key=lambda entry: entry.mod_revision,
+        )
+    for entry in unvalidated:
         topic: models.Topic = entry.obj  # type: ignore[assignment]
-        resolution = topic.status.resolution
-        if resolution is PROVISIONED and (topic.spec.is_manual or (topic.spec.partitions or 0) <= len(topic.status.replica_map)):
-            continue  # the common case, first: nothing to do
         if busy(topic.key):
             continue
-        retry = full or retry_unplaced or topic.name in touched
-        if resolution is INIT or (resolution is INVALID and retry):
+        if topic.status.resolution is INIT or full or retry_unplaced or topic.name in touched:
             decided += _validated(entry, spus)
+
+    # Placement only while the chain is free (one provision in flight keeps it unforked).
+    unplaced = snapshot.indexed("topics", "unplaced", _unplaced) if chain_free else ()
+    # Every partition's replicas, read (O(partitions)) only for a load-aware strategy; with
+    # what this pass placed before it.
+    existing: list[tuple[str, int, list[int]]] | None = None
+    placed_rows: list[tuple[str, int, list[int]]] = []
+    for entry in unplaced:
+        if room < 1:
+            break  # this transaction is full: the next pass, once it is written
+        topic = entry.obj  # type: ignore[assignment]
+        resolution = topic.status.resolution
+        if busy(topic.key):
             continue
-        wants_more = resolution is PROVISIONED and not topic.spec.is_manual and (
-            (topic.spec.partitions or 0) > len(current_map(topic))
-        )
-        if not (resolution is PENDING or wants_more or (resolution is INSUFFICIENT and retry)):
+        if resolution is INSUFFICIENT and not (full or retry_unplaced or topic.name in touched):
+            continue  # only SPU changes or its own spec can change the outcome
+        if resolution is PROVISIONED and (topic.spec.partitions or 0) <= len(current_map(topic)):
             continue
-        if not chain_free or room < 1:
-            continue  # the chain is being written, or this transaction is full: a later pass
+        if existing is None and _load_aware(topic):
+            existing = _assignment(snapshot) + placed_rows
         try:
-            result = placement.compute(placement_request(topic, spus, cursor, existing))
+            result = placement.compute(placement_request(topic, spus, cursor, existing or ()))
         except placement.PlacementError as error:
             target = INSUFFICIENT if isinstance(error, placement.InsufficientResources) else INVALID
             decided += _status(entry, target, error.message, keep_map=True)
@@ -219,7 +236,8 @@ def decide(
         )
         provisions.append(actions.TopicProvision(provisioned, entry.mod_revision, (), reason))
         placed_now.add(topic.name)
-        existing += [(topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept]
+        rows = [(topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept]
+        (placed_rows if existing is None else existing).extend(rows)
         cursor = result.next_start_index
 
     if provisions:
@@ -230,6 +248,19 @@ def decide(
         changed_partitions = [entry.name for entry in changes["partitions"].updated] if "partitions" in changes else []  # type: ignore[operator, index]
         decided += _partition_actions(snapshot, topics, changed_partitions, touched, placed_now, busy)
     return decided
+
+
+def _unvalidated(topic: models.ClusterObject) -> bool:
+    """Init, or InvalidConfig (valid again after a spec change, or SPU changes, may fix it)."""
+    return topic.status.resolution in (INIT, INVALID)  # type: ignore[attr-defined]
+
+
+def _unplaced(topic: models.ClusterObject) -> bool:
+    """Pending, InsufficientResources, or Provisioned with fewer partitions than it asks for."""
+    status, spec = topic.status, topic.spec  # type: ignore[attr-defined]
+    if status.resolution is PROVISIONED:
+        return not spec.is_manual and (spec.partitions or 0) > len(status.replica_map)
+    return status.resolution in (PENDING, INSUFFICIENT)
 
 
 def _validated(entry: local.Entry, spus: list[placement.SpuInfo]) -> list[actions.Action]:

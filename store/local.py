@@ -73,6 +73,9 @@ class KindStore:
         self._groups: dict[str, set[str]] | None = {} if kind == "partitions" else None
         # Values computed from the whole table, kept while the table's epoch does not move.
         self._derived: dict[str, tuple[int, object]] = {}
+        # Named subsets kept up to date on every change (see ``index``): name -> (predicate,
+        # member names in the order of their last change).
+        self._indexes: dict[str, tuple[Callable[[models.ClusterObject], bool], dict[str, None]]] = {}
         self.epoch = 0
         self.fence = 0
         self.revision = 0  # the KV revision this table reflects
@@ -104,6 +107,30 @@ class KindStore:
         if self._groups is None:
             raise ValueError(f"the {self.kind} table is not grouped")
         return frozenset(self._groups.get(owner, ()))
+
+    def index(self, name: str, predicate: Callable[[models.ClusterObject], bool]) -> Iterable[str]:
+        """Names of the objects for which ``predicate`` holds, oldest change first.
+
+        Built on first use, then kept up to date by every write, so a controller that only
+        cares about a few objects (topics not yet provisioned) need not scan them all on each
+        pass. ``predicate`` must depend on the object alone. The view is live: read it before
+        the next await, like a snapshot.
+        """
+        found = self._indexes.get(name)
+        if found is None:
+            found = (predicate, self._members(predicate))
+            self._indexes[name] = found
+        return found[1].keys()
+
+    def _members(self, predicate: Callable[[models.ClusterObject], bool]) -> dict[str, None]:
+        ordered = sorted(self._entries.values(), key=lambda entry: entry.mod_revision)
+        return {entry.name: None for entry in ordered if predicate(entry.obj)}
+
+    def _indexed(self, obj: models.ClusterObject | None, name: str) -> None:
+        for predicate, members in self._indexes.values():
+            members.pop(name, None)
+            if obj is not None and predicate(obj):
+                members[name] = None
 
     def _grouped(self, name: str, present: bool) -> None:
         if self._groups is None:
@@ -153,6 +180,8 @@ class KindStore:
         self._entries[obj.name] = Entry(obj, mod_revision, spec_epoch, status_epoch, create_revision)
         if current is None:
             self._grouped(obj.name, True)
+        if self._indexes:
+            self._indexed(obj, obj.name)
         self._tombstones.pop(obj.name, None)
         self._notify(changed)
         return changed
@@ -162,6 +191,8 @@ class KindStore:
         if self._entries.pop(name, None) is None:
             return False
         self._grouped(name, False)
+        if self._indexes:
+            self._indexed(None, name)
         self.epoch += 1
         self._tombstones.pop(name, None)
         self._tombstones[name] = self.epoch
@@ -190,6 +221,8 @@ class KindStore:
                 if self._entries.pop(name, None) is None:
                     self._grouped(name, True)
                 self._entries[name] = Entry(obj, mod_revision, self.epoch, self.epoch, create_revision)
+        for name, (predicate, _) in list(self._indexes.items()):
+            self._indexes[name] = (predicate, self._members(predicate))
         # Behind a fence everybody gets the full set, so the tombstones are not needed.
         self._tombstones.clear()
         self._forgotten_up_to = self.epoch
@@ -305,6 +338,13 @@ class Snapshot:
         value = compute()
         table._derived[name] = (table.epoch, value)
         return value
+
+    def indexed(self, kind: str, name: str, predicate: Callable[[models.ClusterObject], bool]) -> Iterator[Entry]:
+        """The entries of ``kind`` for which ``predicate`` holds, oldest change first; kept as
+        an index of the table (see ``KindStore.index``), so the cost is the matches read, not
+        the table's size. Read it before the next await."""
+        view = self._views[kind]
+        return (view[member] for member in self._tables[kind].index(name, predicate))
 
     def partitions_of(self, topic: str) -> frozenset[str]:
         """Names of the partitions of ``topic`` in the store (whatever the topic's replica map says)."""
