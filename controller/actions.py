@@ -49,14 +49,13 @@ class Action:
     # Structured cause for the audits, e.g. a leader election's "spu-offline", "preferred-leader",
     # "drain" or "unclean" (the reason is prose for people; scripts must not parse it).
     cause: str = ""
+    # Derived once (the dispatcher and the loops look them up for every action, several times).
+    key: str = field(init=False, compare=False, repr=False)
+    write_keys: tuple[str, ...] = field(init=False, compare=False, repr=False)
 
-    @property
-    def key(self) -> str:
-        return self.queue_key or models.object_key(self.kind, self.name)
-
-    @property
-    def write_keys(self) -> tuple[str, ...]:
-        return tuple(write.key for write in self.writes)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", self.queue_key or models.object_key(self.kind, self.name))
+        object.__setattr__(self, "write_keys", tuple(write.key for write in self.writes))
 
 
 def create(obj: models.ClusterObject, reason: str, cause_revision: int = 0) -> Action:

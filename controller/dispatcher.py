@@ -148,23 +148,24 @@ class ActionDispatcher:
         batch: list[actions.Action] = []
         batch_keys: set[str] = set()
         writes = 0
-        for key, action in list(self._queued.items()):
-            if key in self._in_flight_keys or self._not_before.get(key, 0.0) > now:
+        in_flight_keys, in_flight_writes, not_before = self._in_flight_keys, self._in_flight_writes, self._not_before
+        for key, action in self._queued.items():  # changed only after this loop
+            if key in in_flight_keys or (not_before and not_before.get(key, 0.0) > now):
                 continue
-            action_writes = set(action.write_keys)
-            if action_writes & (batch_keys | self._in_flight_writes):
+            action_writes = action.write_keys
+            if any(write in batch_keys or write in in_flight_writes for write in action_writes):
                 continue
             if key in self._isolated:
                 if batch:
                     continue
                 batch.append(action)
-                batch_keys |= action_writes
+                batch_keys.update(action_writes)
                 break
-            if writes + len(action.writes) > self.max_batch_writes:
+            if writes + len(action_writes) > self.max_batch_writes:
                 break
             batch.append(action)
-            batch_keys |= action_writes
-            writes += len(action.writes)
+            batch_keys.update(action_writes)
+            writes += len(action_writes)
         for action in batch:
             self._dequeue(action.key)
             self._in_flight_keys.add(action.key)
