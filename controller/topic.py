@@ -295,13 +295,6 @@ def _status(
     return [actions.update_status(topic, status, entry.mod_revision, f"{resolution.value}: {reason}")]
 
 
-def _partition(topic: str, index: int, replicas: list[int]) -> models.Partition:
-    return models.Partition(
-        name=models.partition_name(topic, index),
-        spec=models.PartitionSpec(leader=replicas[0], replicas=list(replicas)),
-    )
-
-
 def _partition_actions(
     snapshot: local.Snapshot,
     topics: Mapping[str, local.Entry],
@@ -342,7 +335,7 @@ def _partition_actions(
             name = models.partition_name(topic.name, index)
             if name not in partitions and not busy(models.object_key("partitions", name)):
                 decided.append(
-                    actions.create(_partition(topic.name, index, list(replicas)), f"partition {index} of topic {topic.name}")
+                    actions.create(models.new_partition(topic, index, replicas), f"partition {index} of topic {topic.name}")
                 )
     return decided
 

@@ -304,6 +304,23 @@ def partition_name(topic: str, index: int) -> str:
     return f"{topic}-{index}"
 
 
+def new_partition(topic: Topic, index: int, replicas: list[int]) -> Partition:
+    """Partition ``index`` of the stored ``topic``: leader = first replica, status Offline.
+
+    Equal to ``Partition(name=..., spec=PartitionSpec(...))`` but built without pydantic's
+    validation, which is most of the cost of provisioning (one per partition). The topic's
+    name is already valid and the index is an int, so only the replicas are checked here,
+    with the same message as the validator.
+    """
+    replicas = list(replicas)
+    if not replicas or any(type(replica) is not int or replica < 0 for replica in replicas) or len(set(replicas)) != len(replicas):
+        return Partition(name=partition_name(topic.name, index), spec=PartitionSpec(leader=replicas[0] if replicas else 0, replicas=replicas))
+    if type(index) is not int or index < 0:
+        raise ValueError(f"partition index {index!r} is not a non-negative integer")
+    spec = PartitionSpec.model_construct(leader=replicas[0], replicas=replicas)
+    return Partition.model_construct(name=partition_name(topic.name, index), spec=spec, status=_DEFAULT_PARTITION_STATUS)
+
+
 def split_partition_name(name: str) -> tuple[str, int]:
     """``orders-7`` -> (``orders``, 7). Raises ValueError naming the value if malformed."""
     match = _PARTITION_NAME.match(name)

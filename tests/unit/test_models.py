@@ -275,3 +275,28 @@ def test_the_interner_shares_equal_parts_without_changing_any_value() -> None:
     assert interner.intern(reported).status is reported.status  # type: ignore[attr-defined]
     topic = models.Topic(name="orders", spec=models.TopicSpec(partitions=1, replication_factor=1))
     assert interner.intern(topic) is topic
+
+
+@given(
+    index=st.integers(min_value=0, max_value=10_000),
+    replicas=st.lists(st.integers(min_value=0, max_value=1_000), min_size=1, max_size=7, unique=True),
+)
+def test_new_partition_is_the_validated_partition(index: int, replicas: list[int]) -> None:
+    topic = models.Topic(name="orders", spec=models.TopicSpec(partitions=1, replication_factor=1))
+    built = models.new_partition(topic, index, replicas)
+    validated = models.Partition(
+        name=f"orders-{index}", spec=models.PartitionSpec(leader=replicas[0], replicas=replicas)
+    )
+    assert built == validated
+    assert models.encode(built) == models.encode(validated)
+    assert models.decode("partitions", models.encode(built)) == built
+
+
+@pytest.mark.parametrize(
+    ("replicas", "message"),
+    [([], "replicas"), ([1, 1], "replicas [1, 1] list an SPU more than once"), ([-1], "replicas.0")],
+)
+def test_new_partition_rejects_what_the_model_rejects(replicas: list[int], message: str) -> None:
+    topic = models.Topic(name="orders", spec=models.TopicSpec(partitions=1, replication_factor=1))
+    with pytest.raises(pydantic.ValidationError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        models.new_partition(topic, 0, replicas)
