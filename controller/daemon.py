@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 from pathlib import Path
 
@@ -20,6 +21,13 @@ from controller.fluvio import listener as fluvio_listener, server as fluvio_serv
 from store import embedded_etcd, etcd, history, kv, local, memory
 
 log = structlog.get_logger(__name__)
+
+# The cyclic garbage collector's first-generation threshold for a running daemon (Python's
+# default is 700). The SC allocates a few objects per watch event and per action, almost none
+# of them in cycles; at the default, provisioning 10,000 partitions ran ~350 collections that
+# traversed the whole local store, 0.3 s of a 3.5 s run. Freezing what startup built (the
+# mirrored store, the imported modules) takes it out of every later full collection.
+GC_GEN0_THRESHOLD = 50_000
 
 
 class Daemon:
@@ -141,7 +149,10 @@ class Daemon:
         stopping = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stopping.set)
+        # Process-wide settings, so only here (the `sc run` process), not in start().
+        gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         await self.start()
+        gc.freeze()
         try:
             await stopping.wait()
             log.info("stopping: draining actions, closing connections")
