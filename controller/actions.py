@@ -14,6 +14,7 @@ from store import kv, models
 
 class Verb(str, enum.Enum):
     CREATE = "create"
+    CREATE_PARTITIONS = "create-partitions"  # a topic's missing partitions, each create-if-absent
     UPDATE_STATUS = "update-status"
     UPDATE_SPEC = "update-spec"
     DELETE = "delete"
@@ -60,6 +61,23 @@ class Action:
 
 def create(obj: models.ClusterObject, reason: str, cause_revision: int = 0) -> Action:
     return Action(obj.kind, obj.name, Verb.CREATE, reason, (Write(obj.key, models.encode(obj), 0),), cause_revision, (obj,))
+
+
+def create_partitions(topic: str, partitions: Sequence[models.Partition], reason: str) -> Action:
+    """Partitions of ``topic`` that do not exist yet, each created only if still absent.
+
+    One action (one queue entry, one result) for a topic's partitions rather than one per
+    partition: the bookkeeping around an action cost more than writing its key. Queued under
+    ``topics/<topic>/partitions/<first index>``, apart from the topic's own key, so a status
+    write to the topic does not wait for its partitions. At most 128 partitions per action.
+    """
+    if not 0 < len(partitions) <= kv.MAX_TXN_OPS:
+        raise ValueError(f"create_partitions takes 1 to {kv.MAX_TXN_OPS} partitions, got {len(partitions)}")
+    writes = tuple(Write(partition.key, models.encode(partition), 0) for partition in partitions)
+    return Action(
+        "topics", topic, Verb.CREATE_PARTITIONS, reason, writes, 0, tuple(partitions),
+        queue_key=f"topics/{topic}/partitions/{partitions[0].index}",
+    )
 
 
 def update_status(

@@ -331,13 +331,31 @@ def _partition_actions(
         topic: models.Topic = topic_entry.obj  # type: ignore[assignment]
         if topic.status.resolution not in (PROVISIONED, INSUFFICIENT):
             continue
-        for index, replicas in topic.status.replica_map.items():
-            name = models.partition_name(topic.name, index)
-            if name not in partitions and not busy(models.object_key("partitions", name)):
-                decided.append(
-                    actions.create(models.new_partition(topic, index, replicas), f"partition {index} of topic {topic.name}")
-                )
+        missing = [
+            models.new_partition(topic, index, replicas)
+            for index, replicas in sorted(topic.status.replica_map.items())
+            if (name := models.partition_name(topic.name, index)) not in partitions
+            and not busy(models.object_key("partitions", name))
+        ]
+        for start in range(0, len(missing), kv.MAX_TXN_OPS):
+            chunk = missing[start : start + kv.MAX_TXN_OPS]
+            decided.append(
+                actions.create_partitions(topic.name, chunk, f"{_describe_indexes(chunk)} of topic {topic.name}")
+            )
     return decided
+
+
+def _describe_indexes(partitions: list[models.Partition]) -> str:
+    """``partition 3``, ``partitions 0..9`` or ``partitions 0..4, 6, 8..9``."""
+    indexes = [partition.index for partition in partitions]
+    runs: list[list[int]] = []
+    for index in indexes:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    text = ", ".join(f"{run[0]}..{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+    return f"{'partition' if len(indexes) == 1 else 'partitions'} {text}"
 
 
 def _orphan(entry: local.Entry, topics: Mapping[str, local.Entry]) -> list[actions.Action]:

@@ -177,9 +177,17 @@ def test_pending_topic_is_provisioned_with_partitions_and_chain_in_one_action() 
     provisioned = models.decode("topics", decided[0].writes[1].value)  # type: ignore[arg-type]
     follow_up = topic.decide(snapshot_of(*spus, (provisioned, 10), meta={topic.CHAIN_KEY: (b'{"nextStartIndex": 3}', 10)}))
     assert summary(follow_up) == [
-        ("create", "partitions", "t-0", [("partitions/t-0", {"name": "t-0", "spec": {"leader": 1, "replicas": [1, 2]}, "status": {"resolution": "Offline", "replicas": [], "lrs": 0}}, 0)]),
-        ("create", "partitions", "t-1", [("partitions/t-1", {"name": "t-1", "spec": {"leader": 2, "replicas": [2, 0]}, "status": {"resolution": "Offline", "replicas": [], "lrs": 0}}, 0)]),
+        (
+            "create-partitions",
+            "topics",
+            "t",
+            [
+                ("partitions/t-0", {"name": "t-0", "spec": {"leader": 1, "replicas": [1, 2]}, "status": {"resolution": "Offline", "replicas": [], "lrs": 0}}, 0),
+                ("partitions/t-1", {"name": "t-1", "spec": {"leader": 2, "replicas": [2, 0]}, "status": {"resolution": "Offline", "replicas": [], "lrs": 0}}, 0),
+            ],
+        ),
     ]
+    assert follow_up[0].key == "topics/t/partitions/0" and follow_up[0].reason == "partitions 0..1 of topic t"
 
 
 def test_insufficient_resources_names_how_many_spus_are_missing() -> None:
@@ -209,7 +217,7 @@ def test_missing_partitions_are_created_and_orphans_deleted() -> None:
     assert [(a.verb.value, a.name, a.reason) for a in topic.decide(snapshot)] == [
         ("delete", "old-0", "topic old was deleted"),
         ("delete", "t-1", "replicas [0, 2] differ from the topic's replica map [1, 0]"),
-        ("create", "t-0", "partition 0 of topic t"),
+        ("create-partitions", "t", "partition 0 of topic t"),
     ]
 
 
@@ -246,3 +254,17 @@ def test_many_pending_topics_share_one_transaction_within_the_limit() -> None:
     # After the chain key, 127 topic statuses; the other topics wait for the next pass.
     assert decided[0].name == ",".join(f"t{index:03d}" for index in range(127))
     assert json.loads(writes[0].value) == {"nextStartIndex": 1270}  # type: ignore[arg-type]
+
+
+def test_a_topic_with_more_partitions_than_a_transaction_holds_creates_them_in_chunks() -> None:
+    replica_map = {str(index): [index % 2] for index in range(300)}
+    provisioned = make_topic("big", {"resolution": "Provisioned", "replicaMap": replica_map}, partitions=300, replicationFactor=1)
+    existing = models.Partition(name="big-5", spec=models.PartitionSpec(leader=1, replicas=[1]))
+    decided = topic.decide(snapshot_of((make_spu(0), 1), (make_spu(1), 2), (provisioned, 3), (existing, 4)))
+    assert [(action.key, len(action.writes)) for action in decided] == [
+        ("topics/big/partitions/0", 128), ("topics/big/partitions/129", 128), ("topics/big/partitions/257", 43),
+    ]
+    assert decided[0].reason == "partitions 0..4, 6..128 of topic big"
+    assert decided[1].reason == "partitions 129..256 of topic big"
+    created = [write.key for action in decided for write in action.writes]
+    assert sorted(created) == sorted(f"partitions/big-{index}" for index in range(300) if index != 5)
