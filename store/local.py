@@ -46,6 +46,12 @@ class Part(enum.Flag):
     ALL = SPEC | STATUS
 
 
+# The hot paths (every watch event, every listener) use the flags' int values: operators on
+# enum.Flag members run Python code, several per event per listener.
+_SPEC, _STATUS, _ALL = Part.SPEC.value, Part.STATUS.value, Part.ALL.value
+_PARTS: dict[int, Part] = {part.value: part for part in (Part.SPEC, Part.STATUS, Part.ALL)}
+
+
 @dataclass(frozen=True, slots=True)
 class Changes:
     """What a listener has not seen yet.
@@ -158,13 +164,11 @@ class KindStore:
         self.revision = max(self.revision, mod_revision)
         current = self._entries.get(obj.name)
         if current is None:
-            changed = Part.ALL
+            changed = _ALL
         else:
-            changed = Part(0)
-            if current.obj.spec != obj.spec:  # type: ignore[attr-defined]
-                changed |= Part.SPEC
-            if current.obj.status != obj.status:  # type: ignore[attr-defined]
-                changed |= Part.STATUS
+            changed = (_SPEC if current.obj.spec != obj.spec else 0) | (  # type: ignore[attr-defined]
+                _STATUS if current.obj.status != obj.status else 0  # type: ignore[attr-defined]
+            )
         if not changed:
             if current is not None and current.mod_revision != mod_revision:
                 # Same content written again: remember the revision (CAS needs it), wake nobody.
@@ -173,8 +177,8 @@ class KindStore:
                 )
             return None
         self.epoch += 1
-        spec_epoch = self.epoch if Part.SPEC in changed or current is None else current.spec_epoch
-        status_epoch = self.epoch if Part.STATUS in changed or current is None else current.status_epoch
+        spec_epoch = self.epoch if changed & _SPEC or current is None else current.spec_epoch
+        status_epoch = self.epoch if changed & _STATUS or current is None else current.status_epoch
         create_revision = mod_revision if current is None else current.create_revision
         self._entries.pop(obj.name, None)
         self._entries[obj.name] = Entry(obj, mod_revision, spec_epoch, status_epoch, create_revision)
@@ -184,7 +188,7 @@ class KindStore:
             self._indexed(obj, obj.name)
         self._tombstones.pop(obj.name, None)
         self._notify(changed)
-        return changed
+        return _PARTS[changed]
 
     def delete(self, name: str, revision: int = 0) -> bool:
         self.revision = max(self.revision, revision)
@@ -199,7 +203,7 @@ class KindStore:
         while len(self._tombstones) > self._tombstone_limit:
             oldest = next(iter(self._tombstones))
             self._forgotten_up_to = self._tombstones.pop(oldest)
-        self._notify(Part.ALL)
+        self._notify(_ALL)
         return True
 
     def resync(self, objects: Iterable[tuple[models.ClusterObject, int, int]], revision: int) -> None:
@@ -228,7 +232,7 @@ class KindStore:
         self._forgotten_up_to = self.epoch
         self.revision = revision
         self.synced = True
-        self._notify(Part.ALL)
+        self._notify(_ALL)
 
     # ------------------------------------------------------------------ listeners
 
@@ -242,12 +246,11 @@ class KindStore:
         if epoch < self.fence or epoch < self._forgotten_up_to:
             return Changes(True, list(self._entries.values()), [], self.epoch)
         updated = []
+        spec, status = bool(part.value & _SPEC), bool(part.value & _STATUS)
         for entry in reversed(self._entries.values()):
-            if entry.last_epoch <= epoch:
-                break
-            if (Part.SPEC in part and entry.spec_epoch > epoch) or (
-                Part.STATUS in part and entry.status_epoch > epoch
-            ):
+            if entry.spec_epoch <= epoch and entry.status_epoch <= epoch:
+                break  # entries are in the order of their last change
+            if (spec and entry.spec_epoch > epoch) or (status and entry.status_epoch > epoch):
                 updated.append(entry)
         updated.reverse()
         deleted = []
@@ -258,9 +261,9 @@ class KindStore:
         deleted.reverse()
         return Changes(False, updated, deleted, self.epoch)
 
-    def _notify(self, changed: Part) -> None:
+    def _notify(self, changed: int) -> None:
         for listener in self._listeners:
-            if listener.part & changed:
+            if listener._mask & changed:
                 listener._wake.set()
 
     def _remove_listener(self, listener: Listener) -> None:
@@ -273,6 +276,7 @@ class Listener:
     def __init__(self, store: KindStore, part: Part) -> None:
         self.store = store
         self.part = part
+        self._mask = part.value
         self.epoch = -1  # behind everything: the first read is the full set
         self._wake = asyncio.Event()
         self._wake.set()
@@ -286,6 +290,12 @@ class Listener:
         changes = self.store.changes_since(self.epoch, self.part)
         self.epoch = changes.epoch
         return changes
+
+    def skip(self) -> None:
+        """Mark everything seen without reading it (cheaper than ``changes()`` when the
+        caller does not care what changed)."""
+        self._wake.clear()
+        self.epoch = self.store.epoch
 
     async def wait(self) -> None:
         """Return once there is something this listener has not seen (at once if there is)."""

@@ -66,6 +66,9 @@ class TopicReadiness:
         try:
             while True:
                 await listener.wait()
+                if not self._waiters:
+                    listener.skip()  # nobody waits: what changed does not matter
+                    continue
                 changes = listener.changes()
                 topics: Iterable[str]
                 if changes.full:

@@ -153,3 +153,13 @@ def test_snapshot_reads_every_kind() -> None:
     assert store.synced
     with pytest.raises(ValueError, match="unknown kind 'widgets'"):
         store["widgets"]
+
+
+def test_a_skipping_listener_sees_only_what_changed_after_the_skip() -> None:
+    table = local.KindStore("topics")
+    listener = table.listener()
+    table.apply(topic("a"), 1)
+    listener.skip()
+    assert listener.changes().empty
+    table.apply(topic("b"), 2)
+    assert [entry.name for entry in listener.changes().updated] == ["b"]
