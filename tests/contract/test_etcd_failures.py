@@ -123,7 +123,9 @@ async def test_watch_killed_during_a_catch_up_replay_loses_and_repeats_nothing(
     async def create(index: int) -> tuple[int, str]:
         async with limit:
             key = f"replay/{index:05d}"
-            return await etcd_store.create(key, value), key
+            # One transaction per key, so one revision each (concurrent create() calls would
+            # share transactions, and so revisions).
+            return await etcd_store.txn([kv.Compare(key, 0)], [kv.Put(key, value)]), key
 
     written = sorted(await asyncio.gather(*(create(index) for index in range(2500))))
     received: list[kv.WatchEvent] = []

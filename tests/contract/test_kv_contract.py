@@ -51,6 +51,28 @@ async def test_create_fails_if_the_key_exists(kv_store: kv.KVStore) -> None:
     assert (await kv_store.get("topics/a")).value == b"one"  # type: ignore[union-attr]
 
 
+async def test_concurrent_creates_each_succeed_or_fail_on_their_own(kv_store: kv.KVStore) -> None:
+    """A burst of creates (etcd sends them together): an existing key and a key created twice in
+    the burst fail only their own create; every other create is applied once."""
+    existing = await kv_store.create("topics/t-3", b"before")
+    names = [f"topics/t-{index}" for index in range(150)] + ["topics/t-7", "topics/t-140"]
+    results = await asyncio.gather(
+        *(kv_store.create(name, f"{name}#{position}".encode()) for position, name in enumerate(names)),
+        return_exceptions=True,
+    )
+    failed = {names[position]: result for position, result in enumerate(results) if isinstance(result, BaseException)}
+    assert sorted(failed) == ["topics/t-140", "topics/t-3", "topics/t-7"]
+    assert all(isinstance(error, kv.AlreadyExists) for error in failed.values())
+    assert failed["topics/t-3"].mod_revision == existing  # type: ignore[attr-defined]
+    listed = {item.key: item for item in (await kv_store.list("topics/")).items}
+    assert len(listed) == 150
+    assert listed["topics/t-3"].value == b"before"
+    for position, name in enumerate(names[:150]):
+        if name != "topics/t-3":
+            item = listed[name]
+            assert (item.value, item.mod_revision) == (f"{name}#{position}".encode(), results[position])
+
+
 async def test_update_is_compare_and_swap_on_the_mod_revision(kv_store: kv.KVStore) -> None:
     first = await kv_store.create("topics/a", b"one")
     second = await kv_store.update("topics/a", b"two", first)
