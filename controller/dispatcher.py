@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import structlog
 
 from controller import actions, metrics as metrics_module
-from store import kv
+from store import kv, local
 
 log = structlog.get_logger(__name__)
 
@@ -42,20 +42,36 @@ ResultHook = Callable[[Result], None]
 class KvUpdater:
     """Turns a batch of actions into one compare-and-swap transaction."""
 
-    def __init__(self, kv_store: kv.KVStore, metrics: metrics_module.Metrics) -> None:
+    def __init__(
+        self, kv_store: kv.KVStore, metrics: metrics_module.Metrics, echoes: local.Echoes | None = None
+    ) -> None:
         self.kv_store = kv_store
         self.metrics = metrics
+        self.echoes = echoes
 
     async def apply(self, batch: Sequence[actions.Action]) -> int:
         compares: list[kv.Compare] = []
         operations: list[kv.Operation] = []
+        echoes = self.echoes
         for action in batch:
+            written = {obj.key: obj for obj in action.objects} if echoes is not None and action.objects else None
             for write in action.writes:
                 if write.expected_revision is not None:
                     compares.append(kv.Compare(write.key, write.expected_revision))
-                operations.append(kv.Delete(write.key) if write.value is None else kv.Put(write.key, write.value))
-        with self.metrics.etcd_request("txn"):
-            return await self.kv_store.txn(compares, operations)
+                if write.value is None:
+                    operations.append(kv.Delete(write.key))
+                    continue
+                operations.append(kv.Put(write.key, write.value))
+                if written is not None and (obj := written.get(write.key)) is not None:
+                    echoes.expect(write.key, write.value, obj)  # type: ignore[union-attr]
+        try:
+            with self.metrics.etcd_request("txn"):
+                return await self.kv_store.txn(compares, operations)
+        except BaseException:
+            if echoes is not None:  # not applied (or maybe not): the events, if any, get decoded
+                for operation in operations:
+                    echoes.forget(operation.key)
+            raise
 
 
 class ActionDispatcher:

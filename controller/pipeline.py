@@ -39,9 +39,13 @@ class Pipeline:
         self.connections = connections
         self.live = connections.live if connections is not None else lrs.LiveReplicas()
         settings = context.settings
-        self.reader = reader_module.Reader(context.kv_store, context.local_store, context.metrics, history=context.history)
+        # The SC's own writes, for the Reader to take back without decoding them.
+        echoes = local.Echoes()
+        self.reader = reader_module.Reader(
+            context.kv_store, context.local_store, context.metrics, history=context.history, echoes=echoes
+        )
         self.dispatcher = dispatcher_module.ActionDispatcher(
-            dispatcher_module.KvUpdater(context.kv_store, context.metrics), context.metrics
+            dispatcher_module.KvUpdater(context.kv_store, context.metrics, echoes), context.metrics
         )
         if context.history is not None:
             self.dispatcher.on_result(self._record_action)

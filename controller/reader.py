@@ -32,6 +32,7 @@ class Reader:
         metrics: metrics_module.Metrics,
         retry_delay: float = 0.5,
         history: history_module.Recorder | None = None,
+        echoes: local.Echoes | None = None,
     ) -> None:
         self.kv_store = kv_store
         self.local_store = local_store
@@ -40,6 +41,8 @@ class Reader:
         self.history = history
         self.synced = asyncio.Event()
         self.interner = models.Interner()
+        # What the SC wrote itself: its echo is taken as written instead of decoded again.
+        self.echoes = echoes if echoes is not None else local.Echoes()
 
     async def run(self) -> None:
         """List, then watch, until cancelled or the store closes; relist after any break.
@@ -135,9 +138,13 @@ class Reader:
             table.delete(name, event.revision)
         else:
             assert event.value is not None
-            obj = self._decode(kind, event.key, event.value)
-            if obj is None:
-                return
+            obj = self.echoes.take(event.key, event.value) if self.echoes else None
+            if obj is not None:
+                obj = self.interner.intern(obj)
+            else:
+                obj = self._decode(kind, event.key, event.value)
+                if obj is None:
+                    return
             table.apply(obj, event.revision)
         if self.history is not None:
             self.history.record_change(kind, name, _operation(event), event.revision, event.value)

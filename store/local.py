@@ -387,6 +387,39 @@ class LocalStore:
         return Snapshot(self.tables, self.meta)
 
 
+class Echoes:
+    """Objects the SC wrote itself, by key, until the watch brings them back.
+
+    The Reader takes the object written instead of decoding the value again when the event
+    carries exactly the bytes written (decoding was most of what an event cost while
+    provisioning). Forgetting is always safe: an event without a match is decoded. Bounded:
+    past ``limit`` entries the oldest is dropped.
+    """
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self.limit = limit
+        self._by_key: dict[str, tuple[bytes, models.ClusterObject]] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+    def expect(self, key: str, value: bytes, obj: models.ClusterObject) -> None:
+        self._by_key.pop(key, None)
+        if len(self._by_key) >= self.limit:
+            del self._by_key[next(iter(self._by_key))]
+        self._by_key[key] = (value, obj)
+
+    def forget(self, key: str) -> None:
+        self._by_key.pop(key, None)
+
+    def take(self, key: str, value: bytes) -> models.ClusterObject | None:
+        """The object written under ``key`` if ``value`` is exactly what was written."""
+        found = self._by_key.pop(key, None)
+        if found is None or found[0] != value:
+            return None
+        return found[1]
+
+
 class MetaTable:
     """Cluster-internal keys (``meta/...``), such as the placement start-index chain.
 

@@ -66,12 +66,32 @@ class Cluster:
             await asyncio.sleep(0.02)
 
 
+async def assert_mirror_is_the_store(cluster: Cluster) -> None:
+    """Once quiet, the local store holds exactly what decoding the KV store gives (the objects the
+    SC took back from its own writes included), and no echo of a write is left waiting."""
+
+    async def check() -> None:
+        assert cluster.pipeline.dispatcher.depth == 0
+        assert cluster.context.local_store.revision >= await cluster.kv_store.revision()
+        for kind in models.KINDS:
+            mirrored = {entry.name: entry.obj for entry in cluster.context.local_store[kind]}
+            assert mirrored == await cluster.read_all(kind), kind
+            for name, obj in mirrored.items():
+                assert models.encode(obj) == (await cluster.kv_store.get(models.object_key(kind, name))).value  # type: ignore[union-attr]
+        assert len(cluster.pipeline.reader.echoes) == 0
+
+    await cluster.eventually(check)
+
+
 @pytest.fixture
 async def cluster(kv_store: kv.KVStore) -> AsyncIterator[Cluster]:
     running = Cluster(kv_store)
     await running.pipeline.start(sync_timeout=10)
     yield running
-    await running.pipeline.stop()
+    try:
+        await assert_mirror_is_the_store(running)
+    finally:
+        await running.pipeline.stop()
 
 
 def computed_topic(name: str, partitions: int, replication_factor: int, **spec: object) -> models.Topic:

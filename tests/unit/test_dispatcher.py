@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from controller import actions, dispatcher as dispatcher_module, metrics
-from store import memory, models
+from store import kv, local, memory, models
 
 Outcome = dispatcher_module.Outcome
 
@@ -62,3 +62,16 @@ async def test_conflict_goes_back_to_the_controller_and_the_rest_of_the_batch_is
     assert outcomes["loses"] == (Outcome.CONFLICT, taken)
     assert outcomes["wins"][0] is Outcome.APPLIED
     assert await store.get("partitions/t-1") is not None
+
+
+async def test_the_updater_leaves_an_echo_for_each_object_written_and_forgets_a_failed_write() -> None:
+    store = memory.MemoryStore()
+    echoes = local.Echoes()
+    updater = dispatcher_module.KvUpdater(store, metrics.Metrics(), echoes)
+    written = partition("t-0")
+    await updater.apply([actions.create(written, "test")])
+    assert echoes.take("partitions/t-0", models.encode(written)) is written
+    with pytest.raises(kv.Conflict):
+        await updater.apply([actions.create(written, "again"), actions.create(partition("t-1"), "test")])
+    assert len(echoes) == 0  # not applied: their events (if any) are decoded
+    await store.close()

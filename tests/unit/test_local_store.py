@@ -163,3 +163,19 @@ def test_a_skipping_listener_sees_only_what_changed_after_the_skip() -> None:
     assert listener.changes().empty
     table.apply(topic("b"), 2)
     assert [entry.name for entry in listener.changes().updated] == ["b"]
+
+
+def test_echoes_give_back_only_the_exact_bytes_written_once() -> None:
+    echoes = local.Echoes(limit=2)
+    written = topic("a")
+    echoes.expect("topics/a", b"value-a", written)
+    assert echoes.take("topics/a", b"other bytes") is None  # somebody else's write: decoded
+    assert echoes.take("topics/a", b"value-a") is None  # a miss consumed the entry
+    echoes.expect("topics/a", b"value-a", written)
+    assert echoes.take("topics/a", b"value-a") is written
+    assert echoes.take("topics/a", b"value-a") is None
+    for name in ("a", "b", "c"):
+        echoes.expect(f"topics/{name}", b"v", topic(name))
+    assert len(echoes) == 2 and echoes.take("topics/a", b"v") is None  # the oldest was dropped
+    echoes.forget("topics/b")
+    assert echoes.take("topics/b", b"v") is None and echoes.take("topics/c", b"v") is not None
