@@ -20,6 +20,15 @@ class SpuInfo:
     rack: str | None = None
     online: bool = True
 
+    def __hash__(self) -> int:
+        # Computed once: placement caches its SPU checks on tuples of SpuInfo, hashed for every
+        # topic placed (100 SPUs x 1,000 topics), and the generated hash is Python code per call.
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.id, self.rack, self.online))
+            object.__setattr__(self, "_hash", cached)
+        return cached  # type: ignore[no-any-return]
+
 
 class ExistingPartition(NamedTuple):
     """A partition of another topic, already placed (a plain 3-tuple works too)."""
