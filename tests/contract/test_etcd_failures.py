@@ -136,6 +136,12 @@ async def test_watch_killed_during_a_catch_up_replay_loses_and_repeats_nothing(
                 if len(received) == 10:
                     etcd_server.kill()
                     etcd_server.start()
+                    # The test etcd runs without fsync, and a SIGKILL can lose its last
+                    # acknowledged writes (seen: the last one, about once in 15 runs). The watch
+                    # owes exactly what the restarted etcd holds.
+                    survived = sorted((item.mod_revision, item.key) for item in (await etcd_store.list("replay/")).items)
+                    assert len(survived) > len(written) - 10 and survived == written[: len(survived)]
+                    written = survived
                 if len(received) == len(written):
                     break
     assert [(event.revision, event.key) for event in received] == written
