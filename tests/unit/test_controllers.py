@@ -268,3 +268,22 @@ def test_a_topic_with_more_partitions_than_a_transaction_holds_creates_them_in_c
     assert decided[1].reason == "partitions 129..256 of topic big"
     created = [write.key for action in decided for write in action.writes]
     assert sorted(created) == sorted(f"partitions/big-{index}" for index in range(300) if index != 5)
+
+
+def test_an_incremental_pass_validates_changed_topics_and_places_every_waiting_one() -> None:
+    """Pending topics wait for the chain key, not for a change of their own: once it is free they
+    are placed though no listener reports them. Init topics are validated when they change."""
+    spus = [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
+    waiting = [(make_topic(f"w{index}", {"resolution": "Pending"}, partitions=1, replicationFactor=1), 10 + index) for index in range(2)]
+    new = (make_topic("new", partitions=1, replicationFactor=1), 20)
+    snapshot = snapshot_of(*spus, *waiting, new)
+    nothing = local.Changes(full=False, updated=[], deleted=[], epoch=0)
+    changed_new = local.Changes(full=False, updated=[snapshot.entries("topics")["new"]], deleted=[], epoch=0)
+
+    def changes(topics: local.Changes) -> dict[str, local.Changes]:
+        return {"topics": topics, "spus": nothing, "partitions": nothing}
+
+    chain_busy = topic.decide(snapshot, changes(changed_new), lambda key: key == topic.CHAIN_KEY, retry_unplaced=False)
+    assert [(action.verb.value, action.name) for action in chain_busy] == [("update-status", "new")]
+    chain_free = topic.decide(snapshot, changes(nothing), lambda key: False, retry_unplaced=False)
+    assert [(action.verb.value, action.name) for action in chain_free] == [("provision", "w0,w1")]

@@ -179,3 +179,25 @@ def test_echoes_give_back_only_the_exact_bytes_written_once() -> None:
     assert len(echoes) == 2 and echoes.take("topics/a", b"v") is None  # the oldest was dropped
     echoes.forget("topics/b")
     assert echoes.take("topics/b", b"v") is None and echoes.take("topics/c", b"v") is not None
+
+
+def test_an_index_follows_every_write_in_the_order_of_last_change() -> None:
+    table = local.KindStore("topics")
+    table.apply(topic("a", resolution="Pending"), 1)
+    table.apply(topic("b"), 2)
+    table.apply(topic("c", resolution="Pending"), 3)
+    pending = lambda obj: obj.status.resolution is models.TopicResolution.PENDING  # noqa: E731
+    assert list(table.index("pending", pending)) == ["a", "c"]  # built on first use
+    table.apply(topic("b", resolution="Pending"), 4)  # joins
+    table.apply(topic("a", resolution="Pending"), 5)  # same content: no move
+    assert list(table.index("pending", pending)) == ["a", "c", "b"]
+    table.apply(topic("a", resolution="Provisioned"), 6)  # leaves
+    table.apply(topic("c", partitions=2, resolution="Pending"), 7)  # changed, still in: moves last
+    assert list(table.index("pending", pending)) == ["b", "c"]
+    table.delete("b", 8)
+    assert list(table.index("pending", pending)) == ["c"]
+    # A resync rebuilds it from the listing, oldest change first.
+    table.resync([(topic("z", resolution="Pending"), 9, 9), (topic("c", resolution="Pending"), 10, 3), (topic("a"), 2, 1)], 10)
+    assert list(table.index("pending", pending)) == ["z", "c"]
+    snapshot = local.Snapshot({"topics": table})
+    assert [entry.name for entry in snapshot.indexed("topics", "pending", pending)] == ["z", "c"]
