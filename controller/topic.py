@@ -190,9 +190,7 @@ def decide(
         )
     for entry in unvalidated:
         topic: models.Topic = entry.obj  # type: ignore[assignment]
-        if busy(topic.key):
-            continue
-        if topic.status.resolution is INIT or full or retry_unplaced or topic.name in touched:
+        if not busy(topic.key):
             decided += _validated(entry, spus)
 
     # Placement only while the chain is free (one provision in flight keeps it unforked).
