@@ -76,13 +76,7 @@ def spus() -> Iterator[list[Spus]]:
 async def register(sc: Running) -> None:
     ports = iter(embedded_etcd.free_ports(2 * len(SPUS)))
     for spu_id in SPUS:
-        spec = {
-            "id": spu_id,
-            "publicEndpoint": {"host": "127.0.0.1", "port": next(ports)},
-            "privateEndpoint": {"host": "127.0.0.1", "port": next(ports)},
-        }
-        status, body = await sc.call("POST", "/v1/spus", {"name": f"spu-{spu_id}", "spec": spec})
-        assert status == 201, body
+        await sc.register_spu(spu_id, online=False, ports=(next(ports), next(ports)))
 
 
 async def create_topic(sc: Running, name: str, assignment: dict[int, list[int]]) -> None:

@@ -25,14 +25,8 @@ SPUS = 3
 async def sc(etcd_server: embedded_etcd.EmbeddedEtcd) -> AsyncIterator[Running]:
     settings = etcd_settings(etcd_server, spu_heartbeat_timeout=2.0, spu_offline_grace=5.0)
     async with running(settings) as handle:
-        for spu_id, (public, private) in enumerate(zip(*[iter(embedded_etcd.free_ports(2 * SPUS))] * 2)):
-            spec = {
-                "id": spu_id,
-                "publicEndpoint": {"host": "127.0.0.1", "port": public},
-                "privateEndpoint": {"host": "127.0.0.1", "port": private},
-            }
-            status, body = await handle.call("POST", "/v1/spus", {"name": f"spu-{spu_id}", "spec": spec})
-            assert status == 201, body
+        for spu_id, ports in enumerate(zip(*[iter(embedded_etcd.free_ports(2 * SPUS))] * 2)):
+            await handle.register_spu(spu_id, online=False, ports=ports)
         yield handle
 
 

@@ -108,13 +108,7 @@ async def fluvio_sc(etcd_server: embedded_etcd.EmbeddedEtcd, fake_spus: FakeSpus
         ports = await fake_spus.start(len(SPU_IDS))
         private_ports = embedded_etcd.free_ports(len(SPU_IDS))
         for spu_id, port, private_port in zip(SPU_IDS, ports, private_ports, strict=True):
-            spec = {
-                "id": spu_id,
-                "publicEndpoint": {"host": "127.0.0.1", "port": port},
-                "privateEndpoint": {"host": "127.0.0.1", "port": private_port},
-            }
-            status, body = await sc.call("POST", "/v1/spus", {"name": f"spu-{spu_id}", "spec": spec})
-            assert status == 201, body
+            await sc.register_spu(spu_id, online=False, ports=(port, private_port))
         spus = [simulator.SimulatedSpu(spu_id, f"127.0.0.1:{sc.daemon.private_port}") for spu_id in SPU_IDS]
         for spu in spus:
             await spu.start()
