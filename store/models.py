@@ -313,8 +313,11 @@ def new_partition(topic: Topic, index: int, replicas: list[int]) -> Partition:
     with the same message as the validator.
     """
     replicas = list(replicas)
-    if not replicas or any(type(replica) is not int or replica < 0 for replica in replicas) or len(set(replicas)) != len(replicas):
-        return Partition(name=partition_name(topic.name, index), spec=PartitionSpec(leader=replicas[0] if replicas else 0, replicas=replicas))
+    plain = all(type(replica) is int and replica >= 0 for replica in replicas)
+    if not replicas or not plain or len(set(replicas)) != len(replicas):
+        # The validated path: raises with the model's own message (or coerces, as it would).
+        spec = PartitionSpec(leader=replicas[0] if replicas else 0, replicas=replicas)
+        return Partition(name=partition_name(topic.name, index), spec=spec)
     if type(index) is not int or index < 0:
         raise ValueError(f"partition index {index!r} is not a non-negative integer")
     spec = PartitionSpec.model_construct(leader=replicas[0], replicas=replicas)
