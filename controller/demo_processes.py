@@ -1,6 +1,7 @@
 """The processes `sc demo` owns: each in a session of its own, stopped SIGTERM-then-SIGKILL by process
 group, then a sweep of anything still carrying the demo's environment mark (which every child and
-everything it starts inherits). No cluster logic here."""
+everything it starts inherits). On Linux each child also gets SIGTERM if the demo dies without
+stopping them (killed outright). No cluster logic here."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from store import embedded_etcd
 
 # Set in every child's environment (and so in everything they start: etcd, Spark's JVM):
 # the sweep finds what a killed parent left behind by this mark, not by a process name.
@@ -61,9 +65,14 @@ class Processes:
         environment = {name: value for name, value in os.environ.items() if not name.startswith("SC_")}
         environment.update(extra_environment or {})
         environment[MARK_VARIABLE] = self.mark
+        command = [sys.executable, "-m", "controller.cli", *sc_arguments]
+        if threading.current_thread() is threading.main_thread():
+            # A demo killed outright (SIGKILL, the OOM killer) cannot stop its children: Linux
+            # sends them SIGTERM instead, and each stops as on Ctrl-C (the SC stops its etcd).
+            command = embedded_etcd.dying_with_parent(command, signal.SIGTERM)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "controller.cli", *sc_arguments],
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

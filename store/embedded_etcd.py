@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -38,20 +39,28 @@ _LOG_TAIL_CHARS = 6000
 _LOG_ROTATE_BYTES = 16 * 1024 * 1024
 
 # Runs in the child between fork and exec, instead of a preexec_fn (which is unsafe in a process
-# with threads, and gRPC has threads): ask Linux to SIGKILL etcd when its parent dies, so a
-# crashed supervisor leaves no etcd behind, then exec etcd in place (same pid).
+# with threads, and gRPC has threads): ask Linux to send a signal to the child when its parent
+# dies, so a crashed supervisor leaves nothing behind, then exec the command in place (same pid).
 _EXEC_SHIM = """
-import ctypes, os, signal, sys
-parent = int(sys.argv[1])
+import ctypes, os, sys
+parent, signum = int(sys.argv[1]), int(sys.argv[2])
 try:
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    libc.prctl(1, signum)  # PR_SET_PDEATHSIG
 except (AttributeError, OSError):
-    pass  # not Linux: the supervisor's stop() is the only cleanup
+    pass  # not Linux: the parent's own stop is the only cleanup
 if os.getppid() != parent:
-    sys.exit("etcd not started: its supervisor exited first")
-os.execv(sys.argv[2], sys.argv[2:])
+    sys.exit(f"{sys.argv[3]} not started: its parent exited first")
+os.execv(sys.argv[3], sys.argv[3:])
 """
+
+
+def dying_with_parent(command: Sequence[str], signum: int = signal.SIGKILL) -> list[str]:
+    """``command`` (an absolute program path first) wrapped so that Linux sends it ``signum`` when
+    this process dies, even by SIGKILL (PR_SET_PDEATHSIG). The signal is tied to the spawning
+    *thread*: start the result from the main thread only. Elsewhere than Linux, ``command`` runs
+    unguarded."""
+    return [sys.executable, "-I", "-S", "-c", _EXEC_SHIM, str(os.getpid()), str(int(signum)), *command]
 
 
 class EtcdError(RuntimeError):
@@ -312,7 +321,7 @@ class EmbeddedEtcd:
             self._open_log(command)
             in_main_thread = threading.current_thread() is threading.main_thread()
             if in_main_thread:
-                argv = [sys.executable, "-I", "-S", "-c", _EXEC_SHIM, str(os.getpid()), *command]
+                argv = dying_with_parent(command, signal.SIGKILL)
             else:
                 argv = command
             with open(self.log_path, "ab") as log:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,6 +184,22 @@ def test_ctrl_c_stops_the_sc_its_etcd_and_every_spu_and_exits_130(tmp_path: Path
     assert "interrupted: the SC, its etcd and the SPUs are stopped" in run.output
     run.assert_nothing_left()
     assert not data_dir_of(first).parent.exists()
+
+
+@pytest.mark.timeout(300)
+def test_a_demo_killed_outright_leaves_no_sc_etcd_or_spu_behind(tmp_path: Path, runs: list[Demo]) -> None:
+    run = Demo("--no-audit", "--out", str(tmp_path / "out"))
+    runs.append(run)
+    steps = len(demo.STEP_TITLES)
+    run.wait_for_line(f"[2/{steps}] ok (")  # the SC, its etcd and six SPUs are up
+    assert len(marked(run.mark)) >= 9, marked(run.mark)  # the demo, the SC, etcd, six SPUs
+    run.process.kill()  # SIGKILL to the demo alone: no handler, no cleanup of its own
+    run.finish(timeout=60)
+    # Linux tells each child (PR_SET_PDEATHSIG); they stop as on Ctrl-C, the SC taking its etcd.
+    deadline = time.monotonic() + 60
+    while marked(run.mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert marked(run.mark) == []
 
 
 def test_an_out_dir_holding_something_else_is_refused_before_anything_starts(tmp_path: Path) -> None:
