@@ -94,9 +94,14 @@ class _LatestFrame:
 
     async def take(self) -> bytes | str:
         await self._ready.wait()
+        frame = self.take_nowait()
+        assert frame is not None
+        return frame
+
+    def take_nowait(self) -> bytes | str | None:
+        """The frame left and not taken yet, if any."""
         self._ready.clear()
         frame, self._frame = self._frame, None
-        assert frame is not None
         return frame
 
 
@@ -255,6 +260,17 @@ class ConnectionManager:
         finally:
             taker.cancel()
             await asyncio.gather(taker, return_exceptions=True)
+            # The SPU's newest report, received but not taken in yet when its connection ended
+            # (an SPU often reports right before it stops): take it before the disconnect is
+            # acted on, since an election judges the followers by these offsets. Not after a
+            # failure taking frames in, nor from a connection another one has replaced.
+            last = inbox.take_nowait()
+            failed = not taker.cancelled() and taker.exception() is not None
+            if last is not None and not failed and self.sessions.get(session.spu_id) is session:
+                try:
+                    self._take_frame(session, last)
+                except Exception as error:  # a bug here must not skip the disconnect's cleanup
+                    log.error("SPU frame handling failed", spu=session.spu_id, error=repr(error))
 
     async def _receive_frames(self, session: Session, inbox: _LatestFrame) -> None:
         websocket = session.websocket
@@ -293,19 +309,21 @@ class ConnectionManager:
 
     async def _take_frames(self, session: Session, inbox: _LatestFrame) -> None:
         while True:
-            frame = await inbox.take()
-            try:
-                parsed = wire.parse_spu_message(frame, self.max_frame_bytes)
-                if isinstance(parsed, wire.Register):
-                    raise wire.FrameError("already-registered", f"SPU {session.spu_id} is already registered")
-                self._take_reports(session, parsed)
-            except wire.FrameError as error:
-                self.stats.count(self.stats.frame_errors, error.code)
-                log.warning("frame refused", spu=session.spu_id, code=error.code, error=str(error))
-                session.send(wire.Error(code=error.code, message=str(error)))
+            self._take_frame(session, await inbox.take())
             # One frame at a time per SPU, then let everybody else run: fifty SPUs reporting
             # never starve the controllers, the API or the heartbeats.
             await asyncio.sleep(0)
+
+    def _take_frame(self, session: Session, frame: bytes | str) -> None:
+        try:
+            parsed = wire.parse_spu_message(frame, self.max_frame_bytes)
+            if isinstance(parsed, wire.Register):
+                raise wire.FrameError("already-registered", f"SPU {session.spu_id} is already registered")
+            self._take_reports(session, parsed)
+        except wire.FrameError as error:
+            self.stats.count(self.stats.frame_errors, error.code)
+            log.warning("frame refused", spu=session.spu_id, code=error.code, error=str(error))
+            session.send(wire.Error(code=error.code, message=str(error)))
 
     def _take_reports(self, session: Session, message: wire.LiveReplicas) -> None:
         """Check the whole frame first, so a bad entry changes nothing at all."""

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from connection_manager import health as health_module
+from connection_manager import server as server_module
 from connection_manager import wire
 from store import embedded_etcd, models
 from tests.fixtures.daemon import Running, etcd_settings, running
@@ -320,6 +321,40 @@ async def test_leader_offline_elects_the_in_sync_follower_with_the_highest_leo(c
     # Both surviving SPUs are told who leads now.
     for spu in spus[1:]:
         await spu.wait_for(lambda spu=spu: spu.replicas["orders-0"].leader == 2)
+
+
+async def test_the_report_an_spu_sends_right_before_it_stops_counts_in_the_election(
+    etcd_server: embedded_etcd.EmbeddedEtcd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frame received but not yet taken in when its connection ends (an SC busy elsewhere,
+    held here at a gate) is taken before the election, not dropped with the connection."""
+    async for cluster in start_cluster(etcd_server, range(3), spu_heartbeat_timeout=5.0):
+        leader = await cluster.connect(0, heartbeat=None)
+        for spu_id in (1, 2):
+            await cluster.connect(spu_id)
+        await create_topic(cluster.sc, "orders", 1, 3)
+        await leader.wait_for(lambda: "orders-0" in leader.replicas)
+        await leader.report(("orders-0", 100, 120, {1: 100, 2: 110}))
+        await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
+
+        # From the next frame on, the SC takes nothing in: its taker waits at a gate.
+        parked, gate = asyncio.Event(), asyncio.Event()
+        take = server_module._LatestFrame.take
+
+        async def held(inbox: server_module._LatestFrame) -> bytes | str:
+            parked.set()
+            await gate.wait()
+            return await take(inbox)
+
+        monkeypatch.setattr(server_module._LatestFrame, "take", held)
+        await leader.report(("orders-0", 100, 120, {1: 100, 2: 110}))  # taken; the taker then parks
+        await asyncio.wait_for(parked.wait(), 5)
+        # Its last word, left untaken: follower 1 has overtaken follower 2. Then it stops.
+        await leader.report(("orders-0", 100, 120, {1: 118, 2: 110}))
+        await leader.close()
+        elected = await cluster.wait_partition("orders-0", resolution="Online", leader=1)
+        assert elected.status.leader == models.ReplicaStatus(spu=1, hw=100, leo=118)
+        gate.set()
 
 
 async def test_a_follower_behind_the_high_watermark_is_never_elected(cluster: Cluster) -> None:
