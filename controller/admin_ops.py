@@ -227,7 +227,7 @@ async def create_topic(context: context_module.Context, topic: models.Topic) -> 
     return await create(context, topic)
 
 
-def dry_run_topic(context: context_module.Context, topic: models.Topic) -> tuple[placement.PlacementResult, list[placement.SpuInfo]]:
+def dry_run_topic(context: context_module.Context, topic: models.Topic) -> tuple[placement.PlacementResult, tuple[placement.SpuInfo, ...]]:
     """The placement a new topic would get now (and the SPUs it was computed over); writes nothing."""
     require_synced(context)
     if context.local_store["topics"].get(topic.name) is not None:

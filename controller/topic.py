@@ -8,7 +8,7 @@ so a crash anywhere converges to exactly the partitions of each topic's replica 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller import actions, placement
@@ -46,9 +46,11 @@ def read_chain(snapshot: local.Snapshot) -> Chain:
     return Chain(start_index, mod_revision)
 
 
-def spu_infos(snapshot: local.Snapshot) -> list[placement.SpuInfo]:
-    """Every registered SPU, online or not, in id order (placement picks only the online)."""
-    return list(snapshot.derived("spus", "placement-spus", lambda: _spu_infos(snapshot)))
+def spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
+    """Every registered SPU, online or not, in id order (placement picks only the online).
+
+    The same tuple until the SPUs change: placement recognises it and skips its SPU checks."""
+    return snapshot.derived("spus", "placement-spus", lambda: _spu_infos(snapshot))  # type: ignore[no-any-return]
 
 
 def _spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
@@ -76,18 +78,17 @@ def current_map(topic: models.Topic) -> list[list[int]]:
 
 def placement_request(
     topic: models.Topic,
-    spus: list[placement.SpuInfo],
+    spus: Sequence[placement.SpuInfo],
     start_index: int,
     existing: Iterable[tuple[str, int, list[int]]],
 ) -> placement.PlacementRequest:
     spec = topic.spec
-    registered = [spu.id for spu in spus]
     if spec.replica_assignment is not None:
         return placement.PlacementRequest(
             spus=spus,
             strategy="manual",
             replica_assignment=[(row.id, list(row.replicas)) for row in spec.replica_assignment],
-            registered_spu_ids=registered,
+            registered_spu_ids=[spu.id for spu in spus],
             current_replica_map=current_map(topic),
         )
     strategy = spec.placement.strategy if spec.placement is not None else "computed"
@@ -105,11 +106,10 @@ def placement_request(
         policies=spec.placement.policies if spec.placement is not None else None,
         existing=list(existing),
         current_replica_map=current_map(topic),
-        registered_spu_ids=registered,
     )
 
 
-def validate(topic: models.Topic, spus: list[placement.SpuInfo]) -> str | None:
+def validate(topic: models.Topic, spus: Sequence[placement.SpuInfo]) -> str | None:
     """Configuration problems that no cluster change can fix (None when valid)."""
     spec = topic.spec
     try:
@@ -261,7 +261,7 @@ def _unplaced(topic: models.ClusterObject) -> bool:
     return status.resolution in (PENDING, INSUFFICIENT)
 
 
-def _validated(entry: local.Entry, spus: list[placement.SpuInfo]) -> list[actions.Action]:
+def _validated(entry: local.Entry, spus: Sequence[placement.SpuInfo]) -> list[actions.Action]:
     topic: models.Topic = entry.obj  # type: ignore[assignment]
     problem = validate(topic, spus)
     if problem is not None:

@@ -28,7 +28,9 @@ def compute(request: model.PlacementRequest) -> model.PlacementResult:
     strategy unless another one is named. A plug-in, when named, is asked first; if it
     returns None the strategy runs.
     """
-    _check_spus_once(request.spus)
+    last = _last_spus
+    if last is None or last[0] is not request.spus:
+        _check_spus_once(request.spus)
     strategy, plugin = _strategy_and_plugin(request)
     if strategy == "manual":
         return manual.place(request)
@@ -76,8 +78,21 @@ def _checked_spus(spus: tuple[model.SpuInfo, ...]) -> None:
     _check_spus(spus)
 
 
+# The last SPU tuple placed on, and its eligible SPUs. A controller pass places every topic on
+# one tuple (immutable, of frozen SpuInfo): while it is the same object, it was checked, and
+# neither the checks nor hashing 100 SPUs twice per topic (for the caches below) are repeated.
+_last_spus: tuple[tuple[model.SpuInfo, ...], tuple[model.SpuInfo, ...]] | None = None
+
+
 def _eligible(spus: object) -> tuple[model.SpuInfo, ...]:
-    return _eligible_cached(tuple(spus))  # type: ignore[call-overload]
+    global _last_spus
+    last = _last_spus
+    if last is not None and last[0] is spus:
+        return last[1]
+    eligible = _eligible_cached(tuple(spus))  # type: ignore[call-overload]
+    if type(spus) is tuple:
+        _last_spus = (spus, eligible)
+    return eligible
 
 
 @functools.lru_cache(maxsize=8)
