@@ -89,6 +89,20 @@ def test_invalid_requests(options: dict[str, object], message: str) -> None:
     assert str(error) == message
 
 
+def test_the_same_spu_tuple_placed_on_again_gives_what_an_equal_fresh_one_gives() -> None:
+    """The engine remembers the last SPU tuple by identity: reusing it changes no result, and a
+    tuple that failed its checks fails them again (nothing is remembered from a failure)."""
+    spus = tuple(placement.SpuInfo(spu_id, rack=f"r{spu_id % 3}", online=spu_id != 4) for spu_id in range(9))
+    for start_index in range(4):
+        again = placement.compute(request(spus=spus, partitions=5, replication_factor=3, start_index=start_index))
+        fresh = placement.compute(request(spus=tuple(list(spus)), partitions=5, replication_factor=3, start_index=start_index))
+        assert again == fresh
+        assert all(4 not in row for row in again.replica_map)  # the offline SPU is still left out
+    duplicated = (placement.SpuInfo(1), placement.SpuInfo(1))
+    for _ in range(2):
+        assert str(error_of(request(spus=duplicated))) == "SPU id 1 appears more than once in spus"
+
+
 # --------------------------------------------------------------------------- add partitions
 
 
