@@ -13,12 +13,30 @@ from controller.placement import cluster, model, multilevel, rings
 
 def place(run: model.Run) -> list[list[int]]:
     """The default strategy: rack-aware when every eligible SPU has a rack, else round robin with gaps."""
-    layout = cluster.rack_layout(run.spus, ignore_racks=run.request.ignore_rack_assignment)
+    layout, sequence = _layout(run.spus, run.request.ignore_rack_assignment)
     if layout == "paths":
         return multilevel.place(run)
-    if layout == "flat":
-        return _from_sequence(_rack_sequence_of(tuple(run.spus)), run)
+    if sequence is not None:
+        return _from_sequence(sequence, run)
     return round_robin(run.ids, run.count, run.replication_factor, run.start_index)
+
+
+# The last eligible-SPU tuple's layout and rack sequence: the engine hands every topic of a pass
+# the same tuple (immutable), so while it is the same object neither is worked out again.
+_last_layout: tuple[tuple[model.SpuInfo, ...], bool, cluster.RackLayout, tuple[int, ...] | None] | None = None
+
+
+def _layout(spus: tuple[model.SpuInfo, ...], ignore_racks: bool) -> tuple[cluster.RackLayout, tuple[int, ...] | None]:
+    """The SPUs' rack layout, and for flat racks the rack-aware sequence (stages 1 and 2)."""
+    global _last_layout
+    last = _last_layout
+    if last is not None and last[0] is spus and last[1] == ignore_racks:
+        return last[2], last[3]
+    layout = cluster.rack_layout(spus, ignore_racks=ignore_racks)
+    sequence = _rack_sequence_of(tuple(spus)) if layout == "flat" else None
+    if type(spus) is tuple:
+        _last_layout = (spus, ignore_racks, layout, sequence)
+    return layout, sequence
 
 
 def round_robin(ids: Sequence[int], count: int, replication_factor: int, start_index: int) -> list[list[int]]:

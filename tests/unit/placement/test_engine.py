@@ -92,12 +92,19 @@ def test_invalid_requests(options: dict[str, object], message: str) -> None:
 def test_the_same_spu_tuple_placed_on_again_gives_what_an_equal_fresh_one_gives() -> None:
     """The engine remembers the last SPU tuple by identity: reusing it changes no result, and a
     tuple that failed its checks fails them again (nothing is remembered from a failure)."""
-    spus = tuple(placement.SpuInfo(spu_id, rack=f"r{spu_id % 3}", online=spu_id != 4) for spu_id in range(9))
+    spus = tuple(placement.SpuInfo(spu_id, rack=f"r{spu_id % 3}", online=spu_id != 9) for spu_id in range(10))
     for start_index in range(4):
-        again = placement.compute(request(spus=spus, partitions=5, replication_factor=3, start_index=start_index))
-        fresh = placement.compute(request(spus=tuple(list(spus)), partitions=5, replication_factor=3, start_index=start_index))
-        assert again == fresh
-        assert all(4 not in row for row in again.replica_map)  # the offline SPU is still left out
+        for ignore in (False, True, False):  # the rack layout is remembered with the flag it was worked out for
+            options = {"partitions": 5, "replication_factor": 3, "start_index": start_index, "ignore_rack_assignment": ignore}
+            again = placement.compute(request(spus=spus, **options))
+            fresh = placement.compute(request(spus=tuple(list(spus)), **options))
+            assert again == fresh
+            assert all(9 not in row for row in again.replica_map)  # the offline SPU is still left out
+            if ignore:  # exactly what the same SPUs without racks get
+                no_racks = tuple(placement.SpuInfo(spu.id, online=spu.online) for spu in spus)
+                assert again == placement.compute(request(spus=no_racks, **options))
+            else:  # rack-aware: a replica in each rack
+                assert all(len({spus[spu_id].rack for spu_id in row}) == 3 for row in again.replica_map)
     duplicated = (placement.SpuInfo(1), placement.SpuInfo(1))
     for _ in range(2):
         assert str(error_of(request(spus=duplicated))) == "SPU id 1 appears more than once in spus"
