@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
@@ -65,16 +66,20 @@ async def raw_txn_keys_per_second(endpoints: list[str], seconds: float, concurre
         loop = asyncio.get_running_loop()
         stop_at = loop.time() + seconds
         written = 0
+        # New keys on every call: the compare (key 0 of the batch absent) fails on keys written
+        # by an earlier call, and a failed transaction writes nothing.
+        prefix = f"/bench/raw/{uuid.uuid4().hex}"
 
         async def worker(index: int) -> None:
             nonlocal written
             iteration = 0
             while loop.time() < stop_at:
-                operations = [
-                    KVService.txn_op_put(f"/bench/raw/{index}/{iteration}/{key}", value) for key in range(128)
-                ]
-                compares = [KVService.txn_compare_create_revision(f"/bench/raw/{index}/{iteration}/0", 0)]
-                await service.txn(compares, operations)
+                batch = f"{prefix}/{index}/{iteration}"
+                operations = [KVService.txn_op_put(f"{batch}/{key}", value) for key in range(128)]
+                compares = [KVService.txn_compare_create_revision(f"{batch}/0", 0)]
+                response = await service.txn(compares, operations)
+                if not response.succeeded:
+                    raise RuntimeError(f"raw baseline transaction on {batch}/ did not apply: its keys already exist")
                 written += 128
                 iteration += 1
 
