@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +38,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 from aiohttp import web  # noqa: E402
 
 from bench import provisioning  # noqa: E402
-from store import embedded_etcd, etcd, kv, models  # noqa: E402
+from store import etcd, kv, models  # noqa: E402
 
 CHAIN_KEY = "meta/placement-start-index"
 TXNS_IN_FLIGHT = 8
@@ -54,7 +56,7 @@ class FloorWriter:
 
     def __init__(self, store: etcd.EtcdStore) -> None:
         self.store = store
-        self.queued: list[tuple[kv.Compare, list[kv.Operation]]] = []
+        self.queued: collections.deque[tuple[kv.Compare, list[kv.Operation]]] = collections.deque()
         self.in_flight = 0
         self.scheduled = False
 
@@ -70,7 +72,7 @@ class FloorWriter:
             compares: list[kv.Compare] = []
             operations: list[kv.Operation] = [kv.Put(CHAIN_KEY, b'{"nextStartIndex":0}')]
             while self.queued and len(operations) + len(self.queued[0][1]) <= kv.MAX_TXN_OPS:
-                compare, unit = self.queued.pop(0)
+                compare, unit = self.queued.popleft()
                 compares.append(compare)
                 operations += unit
             self.in_flight += 1
@@ -138,7 +140,7 @@ async def serve(endpoints: list[str], prefix: str, port: int, spus: int) -> None
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(15, stop.set)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await stop.wait()
     watch.cancel()
     await runner.cleanup()
@@ -172,9 +174,7 @@ async def main() -> int:
     rows: list[tuple[str, dict[str, float], float, float]] = []
     with tempfile.TemporaryDirectory(prefix="sc-bench-floor-") as workdir:
         work = Path(workdir)
-        client_port, peer_port = embedded_etcd.free_ports(2)
-        server = embedded_etcd.EmbeddedEtcd(work / "etcd", client_port, peer_port, extra_args=["--quota-backend-bytes=8589934592"])
-        server.start()
+        server = provisioning.start_etcd(work)
         try:
             for run in range(args.runs):
                 # The baseline again before each pair: this machine's speed drifts within minutes.
