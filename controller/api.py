@@ -190,6 +190,10 @@ GROUP_WAITS = web.AppKey("group_waits", admin_ops.Settlements)
 
 async def healthz(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
+    failing = context.supervisor.failing()
+    if failing:
+        reason = "; ".join(task.describe() for task in failing)
+        return web.json_response({"status": "failing", "reason": reason}, status=503)
     if context.synced.is_set():
         return web.json_response({"status": "ok"})
     waiting = [kind for kind, table in context.local_store.tables.items() if not table.synced]

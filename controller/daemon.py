@@ -57,6 +57,7 @@ class Daemon:
                 history=self.history,
             )
             self.context.metrics.watch_local_store(self.context.local_store)
+            self.context.metrics.watch_tasks(self.context.supervisor)
             if self.history is not None:
                 self.context.metrics.watch_history(self.history)
             health = health_module.HealthView(started_at=loop.time())

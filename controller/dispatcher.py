@@ -138,6 +138,8 @@ class ActionDispatcher:
     # ------------------------------------------------------------------ the loop
 
     async def run(self) -> None:
+        """Until cancelled, which cancels the writes in flight. After a crash the supervisor calls it
+        again: the queue is data and stays; the writes in flight go on and report as usual."""
         loop = asyncio.get_running_loop()
         try:
             while True:
@@ -155,10 +157,11 @@ class ActionDispatcher:
                     await asyncio.wait_for(self._wake.wait(), delay)
                 except TimeoutError:
                     pass
-        finally:
+        except asyncio.CancelledError:
             for task in list(self._batches):
                 task.cancel()
             await asyncio.gather(*self._batches, return_exceptions=True)
+            raise
 
     def _take_batch(self, now: float) -> list[actions.Action]:
         batch: list[actions.Action] = []
