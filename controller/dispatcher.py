@@ -288,4 +288,9 @@ class ActionDispatcher:
             # Routine (the controller re-decides from the newer value), so below info.
             log.debug("action conflict", key=action.key, verb=action.verb.value, reason=action.reason, detail=result.detail)
         for hook in self._hooks:
-            hook(result)
+            try:
+                hook(result)
+            except Exception:
+                # A bug in one listener's bookkeeping must not cost the others their result, nor
+                # this batch its slot (taken for good, eight of them stall every write).
+                log.exception("action result hook failed", key=action.key, hook=getattr(hook, "__qualname__", repr(hook)))
