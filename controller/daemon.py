@@ -68,6 +68,7 @@ class Daemon:
                 token=config.read_token(self.settings.spu_token_file),
                 heartbeat_timeout=self.settings.spu_heartbeat_timeout,
                 max_frame_bytes=self.settings.spu_max_frame_bytes,
+                supervisor=self.context.supervisor,
             )
             self.context.connections = self.connections
             self.context.metrics.watch_connections(self.connections)

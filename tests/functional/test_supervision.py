@@ -17,10 +17,13 @@ from aiohttp import web
 from prometheus_client import parser
 
 from connection_manager import health as health_module
+from connection_manager import wire
 from controller import api, config, context as context_module, metrics, pipeline, topic as topic_controller
 from store import kv, local, models
 from store import supervisor as supervisor_module
 from tests import objects
+from tests.fixtures import daemon as daemon_fixture
+from tests.fixtures.scripted_spu import ScriptedSpu
 
 INJECTED = "etcd at 127.0.0.1:2379 failed watch: INTERNAL: injected by the test"
 
@@ -328,3 +331,48 @@ async def test_a_crashed_dispatcher_keeps_its_queue_and_the_write_in_flight(
             "task action-dispatcher failed (RuntimeError: injected fault in the dispatcher); "
             "restarting it in 0.1 s (failure 1 in a row, restart 1)"
         ]
+
+
+# ---------------------------------------------------------------------------- the connection manager
+
+
+async def test_the_spu_pusher_comes_back_and_tells_every_spu_what_it_missed(
+    settings: config.Settings, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The change being pushed when the pusher crashed was taken from its listeners: the restarted
+    pusher sends each connected SPU a full Sync, then Updates again."""
+    caplog.set_level(logging.ERROR, logger="store.supervisor")
+    async with daemon_fixture.running(settings) as sc, aiohttp.ClientSession() as client:
+        connections = sc.daemon.connections
+        assert connections is not None and sc.daemon.private_port is not None
+        await sc.register_spu(0, online=False)
+        spu = ScriptedSpu(client, sc.daemon.private_port, 0)
+        assert isinstance(await spu.connect(), wire.Accepted)
+        try:
+            await spu.wait_for(lambda: any(isinstance(message, wire.Sync) for message in spu.received))
+            real_push = connections.push
+            pushes: list[int] = []
+
+            def push_raising_once(*args: Any) -> None:
+                pushes.append(1)
+                if len(pushes) == 1:
+                    raise RuntimeError("injected fault in the pusher")
+                real_push(*args)
+
+            monkeypatch.setattr(connections, "push", push_raising_once)
+            status, body = await sc.call("POST", "/v1/topics?timeout=0", {"name": "orders", "spec": {"partitions": 1, "replicationFactor": 1}})
+            assert status in (201, 202), body
+            await spu.wait_for(lambda: "orders-0" in spu.replicas, timeout=10)
+            syncs = [message for message in spu.received if isinstance(message, wire.Sync)]
+            assert len(syncs) == 2 and "orders-0" in {info.partition for info in syncs[1].replicas}
+            status, body = await sc.call("POST", "/v1/topics?timeout=0", {"name": "later", "spec": {"partitions": 1, "replicationFactor": 1}})
+            assert status in (201, 202), body
+            await spu.wait_for(lambda: "later-0" in spu.replicas, timeout=10)
+            assert isinstance(spu.received[-1], wire.Update)
+            assert sc.daemon.context is not None and sc.daemon.context.supervisor.restarts["cm-pusher"] == 1
+            assert failures_logged(caplog, "cm-pusher") == [
+                "task cm-pusher failed (RuntimeError: injected fault in the pusher); "
+                "restarting it in 0.1 s (failure 1 in a row, restart 1)"
+            ]
+        finally:
+            await spu.close()
