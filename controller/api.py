@@ -630,9 +630,11 @@ def build_app(context: context_module.Context) -> web.Application:
 
 
 async def _settlements(app: web.Application) -> Any:
+    # Each run starts with a fresh listener, whose first changes wake every waiter to look again.
+    spawn = app[CONTEXT].supervisor.spawn
     tasks = [
-        asyncio.create_task(app[TOPIC_WAITS].run(), name="api-topic-settlements"),
-        asyncio.create_task(app[GROUP_WAITS].run(), name="api-group-settlements"),
+        spawn("api-topic-settlements", app[TOPIC_WAITS].run),
+        spawn("api-group-settlements", app[GROUP_WAITS].run),
     ]
     yield
     await _cancel(*tasks)

@@ -19,6 +19,7 @@ from connection_manager import server as cm_server
 from controller import api, config, context as context_module, metrics, pipeline
 from controller.fluvio import listener as fluvio_listener, server as fluvio_server
 from store import embedded_etcd, etcd, history, kv, local, memory
+from store import supervisor as supervisor_module
 
 log = structlog.get_logger(__name__)
 
@@ -33,6 +34,8 @@ GC_GEN0_THRESHOLD = 50_000
 class Daemon:
     def __init__(self, settings: config.Settings) -> None:
         self.settings = settings
+        # Every long-lived task of this SC runs under it (see store/supervisor.py).
+        self.supervisor = supervisor_module.Supervisor()
         self.etcd_server: embedded_etcd.EmbeddedEtcd | None = None
         self.context: context_module.Context | None = None
         self.pipeline: pipeline.Pipeline | None = None
@@ -41,7 +44,7 @@ class Daemon:
         self.private_port: int | None = None
         self.connections: cm_server.ConnectionManager | None = None
         self._runner: web.AppRunner | None = None
-        self._supervisor: asyncio.Task[None] | None = None
+        self._etcd_supervision: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         try:
@@ -55,6 +58,7 @@ class Daemon:
                 local_store=local.LocalStore(),
                 metrics=metrics.Metrics(),
                 history=self.history,
+                supervisor=self.supervisor,
             )
             self.context.metrics.watch_local_store(self.context.local_store)
             self.context.metrics.watch_tasks(self.context.supervisor)
@@ -108,7 +112,7 @@ class Daemon:
                 peer_port=settings.embedded_etcd_peer_port,
             )
             await self.etcd_server.start_async()
-            self._supervisor = asyncio.create_task(self.etcd_server.supervise(), name="etcd-supervisor")
+            self._etcd_supervision = self.supervisor.spawn("etcd-supervisor", self.etcd_server.supervise)
             endpoints = self.etcd_server.endpoints
             log.info("embedded etcd started", data_dir=str(data_dir), endpoints=endpoints)
         return await etcd.EtcdStore.open(endpoints, settings.key_prefix, settings.etcd_request_timeout)
@@ -122,7 +126,7 @@ class Daemon:
         if directory is None or not settings.record_history:
             return
         self.history = await asyncio.to_thread(history.Recorder.open, directory)
-        await self.history.start()
+        await self.history.start(self.supervisor)
         log.info("recording the metadata history", directory=str(directory), resume_revision=self.history.resume_revision)
 
     async def stop(self) -> None:
@@ -138,10 +142,10 @@ class Daemon:
             self._runner = None
         if self.context is not None:
             await self.context.kv_store.close()
-        if self._supervisor is not None:
-            self._supervisor.cancel()
+        if self._etcd_supervision is not None:
+            self._etcd_supervision.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+                await self._etcd_supervision
         if self.etcd_server is not None:
             await asyncio.to_thread(self.etcd_server.stop)
             self.etcd_server = None

@@ -133,5 +133,7 @@ class Supervisor:
 
 
 def _describe(error: BaseException) -> str:
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]  # a task group's one failure: name it, not the group
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     return text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 3] + "..."

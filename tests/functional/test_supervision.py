@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -376,3 +377,29 @@ async def test_the_spu_pusher_comes_back_and_tells_every_spu_what_it_missed(
             ]
         finally:
             await spu.close()
+
+
+# ---------------------------------------------------------------------------- the daemon
+
+
+async def test_every_long_lived_task_of_the_daemon_is_supervised_and_exported(
+    settings: config.Settings, tmp_path: Path
+) -> None:
+    async with daemon_fixture.running(settings.model_copy(update={"history_dir": tmp_path / "history"})) as sc:
+        assert sc.daemon.context is not None
+        supervisor = sc.daemon.context.supervisor
+        expected = [
+            "action-dispatcher", "api-group-settlements", "api-topic-settlements", "cm-pusher",
+            "controller-partition", "controller-spu", "controller-spu-group", "controller-topic",
+            "fluvio-admin-waits", "history-writer", "reader", "spu-grace",
+        ]
+        assert supervisor.tasks == expected
+        async with sc.session.get("/metrics") as response:
+            text = await response.text()
+        restarts = {
+            sample.labels["task"]: sample.value
+            for family in parser.text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "sc_task_restarts_total"
+        }
+        assert restarts == dict.fromkeys(expected, 0.0)

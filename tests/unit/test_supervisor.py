@@ -160,3 +160,25 @@ def test_settings_out_of_range_are_refused() -> None:
         supervisor_module.Supervisor(initial_backoff=2.0, max_backoff=1.0)
     with pytest.raises(ValueError, match="failing_after must be at least 1, got 0"):
         supervisor_module.Supervisor(failing_after=0)
+
+
+@pytest.mark.looptime(start=0)
+async def test_a_task_group_failing_with_one_error_is_described_by_that_error() -> None:
+    supervisor = supervisor_module.Supervisor(failing_after=1)
+    runs = []
+
+    async def fails() -> None:
+        raise KeyError("topics")
+
+    async def body() -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(asyncio.Event().wait())
+                group.create_task(fails())
+        await asyncio.Event().wait()
+
+    task = supervisor.spawn("fluvio-admin-waits", body)
+    await asyncio.sleep(0.05)
+    assert supervisor.failing() == [supervisor_module.Failing("fluvio-admin-waits", 1, "KeyError: 'topics'")]
+    await stop(task)
