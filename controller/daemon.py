@@ -111,7 +111,14 @@ class Daemon:
                 client_port=settings.embedded_etcd_client_port,
                 peer_port=settings.embedded_etcd_peer_port,
             )
-            await self.etcd_server.start_async()
+            try:
+                await self.etcd_server.start_async()
+            except embedded_etcd.PortInUse as busy:
+                raise embedded_etcd.PortInUse(
+                    busy.role, busy.host, busy.port, busy.owner,
+                    f"stop that process, or give this SC another {busy.role} port with "
+                    f"--embedded-etcd-{busy.role}-port (or SC_EMBEDDED_ETCD_{busy.role.upper()}_PORT)",
+                ) from None
             self._etcd_supervision = self.supervisor.spawn("etcd-supervisor", self.etcd_server.supervise)
             endpoints = self.etcd_server.endpoints
             log.info("embedded etcd started", data_dir=str(data_dir), endpoints=endpoints)
