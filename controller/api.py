@@ -195,6 +195,9 @@ async def healthz(request: web.Request) -> web.Response:
         reason = "; ".join(task.describe() for task in failing)
         return web.json_response({"status": "failing", "reason": reason}, status=503)
     if context.synced.is_set():
+        problem = context.active.problem() if context.active is not None else None
+        if problem is not None:
+            return web.json_response({"status": "inactive", "reason": f"this SC may not write: {problem}"}, status=503)
         return web.json_response({"status": "ok"})
     waiting = [kind for kind, table in context.local_store.tables.items() if not table.synced]
     if not context.local_store.meta.synced:

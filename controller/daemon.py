@@ -18,7 +18,7 @@ from connection_manager import lrs
 from connection_manager import server as cm_server
 from controller import api, config, context as context_module, metrics, pipeline
 from controller.fluvio import listener as fluvio_listener, server as fluvio_server
-from store import embedded_etcd, etcd, history, kv, local, memory
+from store import active_sc, embedded_etcd, etcd, history, kv, local, memory
 from store import supervisor as supervisor_module
 
 log = structlog.get_logger(__name__)
@@ -45,12 +45,17 @@ class Daemon:
         self.connections: cm_server.ConnectionManager | None = None
         self._runner: web.AppRunner | None = None
         self._etcd_supervision: asyncio.Task[None] | None = None
+        self.active: active_sc.ActiveSc | None = None
+        self._keeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         try:
             # The history first: a second SC on the same data dir is refused before it starts anything.
             await self._open_history()
-            kv_store = await self._open_store()
+            raw_store = await self._open_store()
+            self.active = active_sc.ActiveSc(raw_store, self.settings.active_sc_lease_ttl)
+            # Everything but the claim itself writes through the guard: nothing while not active.
+            kv_store = active_sc.GuardedStore(raw_store, self.active)
             loop = asyncio.get_running_loop()
             self.context = context_module.Context(
                 settings=self.settings,
@@ -59,6 +64,7 @@ class Daemon:
                 metrics=metrics.Metrics(),
                 history=self.history,
                 supervisor=self.supervisor,
+                active=self.active,
             )
             self.context.metrics.watch_local_store(self.context.local_store)
             self.context.metrics.watch_tasks(self.context.supervisor)
@@ -86,6 +92,9 @@ class Daemon:
             await site.start()
             self.public_port = _bound_port(self._runner, self.settings.public_port)
             log.info("public API listening", host=self.settings.bind_host, port=self.public_port)
+            # Once the public port is bound (its address is part of the claim), before any write.
+            await self.active.acquire(f"{self.settings.bind_host}:{self.public_port}")
+            self._keeper = self.supervisor.spawn("active-sc-lease", self.active.run)
             await self.pipeline.start()
             # Only once synced: before, every registered SPU would look unregistered.
             await self.connections.start(self.settings.bind_host, self.settings.private_port)
@@ -147,6 +156,12 @@ class Daemon:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+            self._keeper = None
+        if self.active is not None:
+            await self.active.release()  # after the last write: the next SC need not wait
         if self.context is not None:
             await self.context.kv_store.close()
         if self._etcd_supervision is not None:
@@ -166,12 +181,20 @@ class Daemon:
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         await self.start()
         gc.freeze()
+        assert self.active is not None
+        signalled = asyncio.ensure_future(stopping.wait())
+        superseded = asyncio.ensure_future(self.active.superseded.wait())
         try:
-            await stopping.wait()
+            await asyncio.wait([signalled, superseded], return_when=asyncio.FIRST_COMPLETED)
             log.info("stopping: draining actions, closing connections")
         finally:
+            signalled.cancel()
+            superseded.cancel()
             await self.stop()
             log.info("stopped")
+        if self.active.superseded.is_set():
+            # Another SC took the store over: exit with its name rather than write beside it.
+            raise active_sc.AnotherScActive(self.active.key, self.active.holder, self.active.ttl)
 
 
 def _bound_port(runner: web.AppRunner, configured: int) -> int:

@@ -401,7 +401,7 @@ async def test_every_long_lived_task_of_the_daemon_is_supervised_and_exported(
         assert sc.daemon.context is not None
         supervisor = sc.daemon.context.supervisor
         expected = [
-            "action-dispatcher", "api-group-settlements", "api-topic-settlements", "cm-pusher",
+            "action-dispatcher", "active-sc-lease", "api-group-settlements", "api-topic-settlements", "cm-pusher",
             "controller-partition", "controller-spu", "controller-spu-group", "controller-topic",
             "fluvio-admin-waits", "history-writer", "reader", "spu-grace",
         ]
