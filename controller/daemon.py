@@ -149,7 +149,11 @@ class Daemon:
         if self.connections is not None:
             await self.connections.stop()
         if self.pipeline is not None:
-            await self.pipeline.stop()
+            # Draining is writing: pointless (and up to its whole timeout) while writes are refused.
+            if self.active is None or self.active.problem() is None:
+                await self.pipeline.stop()
+            else:
+                await self.pipeline.stop(drain_timeout=0.0)
         if self.history is not None:
             await self.history.close()  # after the pipeline: its last actions are recorded
             self.history = None

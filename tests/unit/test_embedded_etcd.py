@@ -253,6 +253,16 @@ def test_each_data_dir_names_its_member_once_and_for_all(tmp_path: Path) -> None
     assert embedded_etcd.EmbeddedEtcd(tmp_path / "b", 2379, 2380).member_name != first
 
 
+def test_a_member_name_file_that_would_break_the_command_line_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "etcd.name").write_text("sc=x,other=http://evil:2380\n")
+    with pytest.raises(embedded_etcd.EtcdError) as raised:
+        embedded_etcd.EmbeddedEtcd(tmp_path, 2379, 2380).command()
+    assert str(raised.value) == (
+        f"the etcd member name in {tmp_path / 'etcd.name'} is 'sc=x,other=http://evil:2380': it must be 1 to 63 "
+        "letters, digits, '.', '_' or '-'; delete the file to have a new one made"
+    )
+
+
 def test_a_busy_port_fails_the_start_at_once_naming_the_port_and_its_owner(tmp_path: Path, fake_etcd: str) -> None:
     comm = Path("/proc/self/comm").read_text().strip()
     for role in ("client", "peer"):
