@@ -20,6 +20,7 @@ from aiohttp import WSMsgType, web
 from connection_manager import health as health_module
 from connection_manager import lrs, wire
 from store import local, models
+from store import supervisor as supervisor_module
 
 log = structlog.get_logger(__name__)
 
@@ -116,6 +117,7 @@ class ConnectionManager:
         heartbeat_timeout: float = 10.0,
         max_frame_bytes: int = wire.MAX_FRAME_BYTES,
         on_live_change: Callable[[set[str]], None] = lambda names: None,
+        supervisor: supervisor_module.Supervisor | None = None,
     ) -> None:
         self.local_store = local_store
         self.health = health
@@ -128,6 +130,7 @@ class ConnectionManager:
         # SPUs being drained: no partition may choose them as leader until they reconnect.
         self.draining: set[int] = set()
         self.stats = Stats()
+        self.supervisor = supervisor if supervisor is not None else supervisor_module.Supervisor()
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
         self.port: int | None = None
@@ -147,7 +150,7 @@ class ConnectionManager:
         self.port = next(
             (int(address[1]) for address in self._runner.addresses if isinstance(address, tuple)), port
         )
-        self._pusher = asyncio.create_task(self._push_changes(), name="cm-pusher")
+        self._pusher = self.supervisor.spawn("cm-pusher", self._push_changes)
         log.info("connection manager listening", host=host, port=self.port)
 
     async def stop(self) -> None:
@@ -370,11 +373,16 @@ class ConnectionManager:
         session.send(wire.Sync(epoch=self.local_store.revision, spus=spus, replicas=list(hosted.values())))
 
     async def _push_changes(self) -> None:
+        """Until cancelled. Each call starts from now: what a crashed call had not pushed yet is
+        in the Sync every connected SPU is sent here (at the first start, none is connected)."""
         spu_listener = self.local_store["spus"].listener(local.Part.SPEC)
         partition_listener = self.local_store["partitions"].listener(local.Part.ALL)
         # Everything current is in each session's Sync: start from now.
         spu_listener.changes()
         partition_listener.changes()
+        for session in list(self.sessions.values()):
+            if session.closing is None:
+                self._send_sync(session)
         try:
             while True:
                 waiters = [asyncio.ensure_future(spu_listener.wait()), asyncio.ensure_future(partition_listener.wait())]

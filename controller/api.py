@@ -190,7 +190,14 @@ GROUP_WAITS = web.AppKey("group_waits", admin_ops.Settlements)
 
 async def healthz(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
+    failing = context.supervisor.failing()
+    if failing:
+        reason = "; ".join(task.describe() for task in failing)
+        return web.json_response({"status": "failing", "reason": reason}, status=503)
     if context.synced.is_set():
+        problem = context.active.problem() if context.active is not None else None
+        if problem is not None:
+            return web.json_response({"status": "inactive", "reason": f"this SC may not write: {problem}"}, status=503)
         return web.json_response({"status": "ok"})
     waiting = [kind for kind, table in context.local_store.tables.items() if not table.synced]
     if not context.local_store.meta.synced:
@@ -626,9 +633,11 @@ def build_app(context: context_module.Context) -> web.Application:
 
 
 async def _settlements(app: web.Application) -> Any:
+    # Each run starts with a fresh listener, whose first changes wake every waiter to look again.
+    spawn = app[CONTEXT].supervisor.spawn
     tasks = [
-        asyncio.create_task(app[TOPIC_WAITS].run(), name="api-topic-settlements"),
-        asyncio.create_task(app[GROUP_WAITS].run(), name="api-group-settlements"),
+        spawn("api-topic-settlements", app[TOPIC_WAITS].run),
+        spawn("api-group-settlements", app[GROUP_WAITS].run),
     ]
     yield
     await _cancel(*tasks)

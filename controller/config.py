@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     embedded_etcd_client_port: Port = 12379
     embedded_etcd_peer_port: Port = 12380
     etcd_request_timeout: Seconds = 5.0
+    # Seconds the active-SC claim outlives its SC's last keep-alive (store/active_sc.py).
+    active_sc_lease_ttl: Annotated[int, Field(ge=2, le=3600)] = 10
     resync_interval: Seconds = 60.0
     spu_offline_grace: Seconds = 30.0
     spu_heartbeat_timeout: Seconds = 10.0

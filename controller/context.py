@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from connection_manager import server as cm_server
 from controller import config, metrics
-from store import history, kv, local
+from store import active_sc, history, kv, local, supervisor as supervisor_module
 
 
 @dataclass
@@ -28,3 +28,7 @@ class Context:
     connections: cm_server.ConnectionManager | None = None
     # Wakes the partition controller (set by the pipeline), e.g. after a drain request.
     kick_partitions: Callable[[], None] = lambda: None
+    # Runs every long-lived task of this SC, restarting it after a crash (/healthz reads it).
+    supervisor: supervisor_module.Supervisor = field(default_factory=supervisor_module.Supervisor)
+    # This SC's claim to be the store's active SC (None where nothing claims, such as some tests).
+    active: active_sc.ActiveSc | None = None

@@ -18,7 +18,8 @@ from connection_manager import lrs
 from connection_manager import server as cm_server
 from controller import api, config, context as context_module, metrics, pipeline
 from controller.fluvio import listener as fluvio_listener, server as fluvio_server
-from store import embedded_etcd, etcd, history, kv, local, memory
+from store import active_sc, embedded_etcd, etcd, history, kv, local, memory
+from store import supervisor as supervisor_module
 
 log = structlog.get_logger(__name__)
 
@@ -33,6 +34,8 @@ GC_GEN0_THRESHOLD = 50_000
 class Daemon:
     def __init__(self, settings: config.Settings) -> None:
         self.settings = settings
+        # Every long-lived task of this SC runs under it (see store/supervisor.py).
+        self.supervisor = supervisor_module.Supervisor()
         self.etcd_server: embedded_etcd.EmbeddedEtcd | None = None
         self.context: context_module.Context | None = None
         self.pipeline: pipeline.Pipeline | None = None
@@ -41,13 +44,18 @@ class Daemon:
         self.private_port: int | None = None
         self.connections: cm_server.ConnectionManager | None = None
         self._runner: web.AppRunner | None = None
-        self._supervisor: asyncio.Task[None] | None = None
+        self._etcd_supervision: asyncio.Task[None] | None = None
+        self.active: active_sc.ActiveSc | None = None
+        self._keeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         try:
             # The history first: a second SC on the same data dir is refused before it starts anything.
             await self._open_history()
-            kv_store = await self._open_store()
+            raw_store = await self._open_store()
+            self.active = active_sc.ActiveSc(raw_store, self.settings.active_sc_lease_ttl)
+            # Everything but the claim itself writes through the guard: nothing while not active.
+            kv_store = active_sc.GuardedStore(raw_store, self.active)
             loop = asyncio.get_running_loop()
             self.context = context_module.Context(
                 settings=self.settings,
@@ -55,8 +63,11 @@ class Daemon:
                 local_store=local.LocalStore(),
                 metrics=metrics.Metrics(),
                 history=self.history,
+                supervisor=self.supervisor,
+                active=self.active,
             )
             self.context.metrics.watch_local_store(self.context.local_store)
+            self.context.metrics.watch_tasks(self.context.supervisor)
             if self.history is not None:
                 self.context.metrics.watch_history(self.history)
             health = health_module.HealthView(started_at=loop.time())
@@ -67,6 +78,7 @@ class Daemon:
                 token=config.read_token(self.settings.spu_token_file),
                 heartbeat_timeout=self.settings.spu_heartbeat_timeout,
                 max_frame_bytes=self.settings.spu_max_frame_bytes,
+                supervisor=self.context.supervisor,
             )
             self.context.connections = self.connections
             self.context.metrics.watch_connections(self.connections)
@@ -80,6 +92,9 @@ class Daemon:
             await site.start()
             self.public_port = _bound_port(self._runner, self.settings.public_port)
             log.info("public API listening", host=self.settings.bind_host, port=self.public_port)
+            # Once the public port is bound (its address is part of the claim), before any write.
+            await self.active.acquire(f"{self.settings.bind_host}:{self.public_port}")
+            self._keeper = self.supervisor.spawn("active-sc-lease", self.active.run)
             await self.pipeline.start()
             # Only once synced: before, every registered SPU would look unregistered.
             await self.connections.start(self.settings.bind_host, self.settings.private_port)
@@ -105,8 +120,15 @@ class Daemon:
                 client_port=settings.embedded_etcd_client_port,
                 peer_port=settings.embedded_etcd_peer_port,
             )
-            await self.etcd_server.start_async()
-            self._supervisor = asyncio.create_task(self.etcd_server.supervise(), name="etcd-supervisor")
+            try:
+                await self.etcd_server.start_async()
+            except embedded_etcd.PortInUse as busy:
+                raise embedded_etcd.PortInUse(
+                    busy.role, busy.host, busy.port, busy.owner,
+                    f"stop that process, or give this SC another {busy.role} port with "
+                    f"--embedded-etcd-{busy.role}-port (or SC_EMBEDDED_ETCD_{busy.role.upper()}_PORT)",
+                ) from None
+            self._etcd_supervision = self.supervisor.spawn("etcd-supervisor", self.etcd_server.supervise)
             endpoints = self.etcd_server.endpoints
             log.info("embedded etcd started", data_dir=str(data_dir), endpoints=endpoints)
         return await etcd.EtcdStore.open(endpoints, settings.key_prefix, settings.etcd_request_timeout)
@@ -120,26 +142,36 @@ class Daemon:
         if directory is None or not settings.record_history:
             return
         self.history = await asyncio.to_thread(history.Recorder.open, directory)
-        await self.history.start()
+        await self.history.start(self.supervisor)
         log.info("recording the metadata history", directory=str(directory), resume_revision=self.history.resume_revision)
 
     async def stop(self) -> None:
         if self.connections is not None:
             await self.connections.stop()
         if self.pipeline is not None:
-            await self.pipeline.stop()
+            # Draining is writing: pointless (and up to its whole timeout) while writes are refused.
+            if self.active is None or self.active.problem() is None:
+                await self.pipeline.stop()
+            else:
+                await self.pipeline.stop(drain_timeout=0.0)
         if self.history is not None:
             await self.history.close()  # after the pipeline: its last actions are recorded
             self.history = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+            self._keeper = None
+        if self.active is not None:
+            await self.active.release()  # after the last write: the next SC need not wait
         if self.context is not None:
             await self.context.kv_store.close()
-        if self._supervisor is not None:
-            self._supervisor.cancel()
+        if self._etcd_supervision is not None:
+            self._etcd_supervision.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._supervisor
+                await self._etcd_supervision
         if self.etcd_server is not None:
             await asyncio.to_thread(self.etcd_server.stop)
             self.etcd_server = None
@@ -153,12 +185,20 @@ class Daemon:
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         await self.start()
         gc.freeze()
+        assert self.active is not None
+        signalled = asyncio.ensure_future(stopping.wait())
+        superseded = asyncio.ensure_future(self.active.superseded.wait())
         try:
-            await stopping.wait()
+            await asyncio.wait([signalled, superseded], return_when=asyncio.FIRST_COMPLETED)
             log.info("stopping: draining actions, closing connections")
         finally:
+            signalled.cancel()
+            superseded.cancel()
             await self.stop()
             log.info("stopped")
+        if self.active.superseded.is_set():
+            # Another SC took the store over: exit with its name rather than write beside it.
+            raise active_sc.AnotherScActive(self.active.key, self.active.holder, self.active.ttl)
 
 
 def _bound_port(runner: web.AppRunner, configured: int) -> int:

@@ -138,6 +138,8 @@ class ActionDispatcher:
     # ------------------------------------------------------------------ the loop
 
     async def run(self) -> None:
+        """Until cancelled, which cancels the writes in flight. After a crash the supervisor calls it
+        again: the queue is data and stays; the writes in flight go on and report as usual."""
         loop = asyncio.get_running_loop()
         try:
             while True:
@@ -155,10 +157,11 @@ class ActionDispatcher:
                     await asyncio.wait_for(self._wake.wait(), delay)
                 except TimeoutError:
                     pass
-        finally:
+        except asyncio.CancelledError:
             for task in list(self._batches):
                 task.cancel()
             await asyncio.gather(*self._batches, return_exceptions=True)
+            raise
 
     def _take_batch(self, now: float) -> list[actions.Action]:
         batch: list[actions.Action] = []
@@ -285,4 +288,9 @@ class ActionDispatcher:
             # Routine (the controller re-decides from the newer value), so below info.
             log.debug("action conflict", key=action.key, verb=action.verb.value, reason=action.reason, detail=result.detail)
         for hook in self._hooks:
-            hook(result)
+            try:
+                hook(result)
+            except Exception:
+                # A bug in one listener's bookkeeping must not cost the others their result, nor
+                # this batch its slot (taken for good, eight of them stall every write).
+                log.exception("action result hook failed", key=action.key, hook=getattr(hook, "__qualname__", repr(hook)))

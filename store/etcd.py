@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -444,6 +445,85 @@ class EtcdStore(kv.KVStore):
                 raise ValueError(
                     f"cannot compact at revision {revision}: the store is only at revision {current}"
                 ) from None
+
+    # ------------------------------------------------------------------ leases
+
+    @functools.cached_property
+    def _leases(self) -> Any:
+        return etcdpb.LeaseStub(self._channel)
+
+    async def grant_lease(self, ttl: int) -> kv.Lease:
+        """etcd's LeaseGrant; etcd may grant more than ``ttl`` (its minimum is about 2 s)."""
+        if ttl < 1:
+            raise ValueError(f"a lease lasts at least 1 second, got a TTL of {ttl}")
+        request = etcdpb.LeaseGrantRequest(TTL=ttl)
+        response = await self._request("lease grant", lambda timeout: self._leases.LeaseGrant(request, timeout=timeout))
+        if response.error:
+            raise kv.StoreError(f"etcd at {self._endpoints_text()} refused a lease of {ttl} s: {response.error}")
+        return kv.Lease(response.ID, response.TTL)
+
+    async def keep_alive(self, lease: int) -> int:
+        """One round of etcd's LeaseKeepAlive stream (a stream per call: called every few seconds)."""
+        request = etcdpb.LeaseKeepAliveRequest(ID=lease)
+
+        async def renew(timeout: float) -> Any:
+            call = self._leases.LeaseKeepAlive(iter([request]), timeout=timeout)
+            try:
+                response = await call.read()
+            finally:
+                call.cancel()
+            if response is grpc.aio.EOF:
+                raise kv.Unavailable(f"etcd at {self._endpoints_text()} ended a lease keep-alive without answering")
+            return response
+
+        response = await self._request("lease keep-alive", renew)
+        if response.TTL <= 0:
+            raise kv.LeaseExpired(lease)
+        return int(response.TTL)
+
+    async def revoke_lease(self, lease: int) -> None:
+        request = etcdpb.LeaseRevokeRequest(ID=lease)
+
+        async def revoke(timeout: float) -> Any:
+            try:
+                return await self._leases.LeaseRevoke(request, timeout=timeout)
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.NOT_FOUND:
+                    return etcdpb.LeaseRevokeResponse()  # gone already: what revoking wants
+                raise
+
+        await self._request("lease revoke", revoke)
+
+    async def claim(self, key: str, value: bytes, lease: int) -> kv.Claim:
+        """One transaction: put under the lease if the key was never created, else read it.
+
+        Retried after a failure that may have applied it, the put finds the key already there:
+        attached to this very lease with this value, it is ours (lease ids are never reused).
+        """
+        full_key = self._prefix_bytes + key.encode()
+        request = etcdpb.TxnRequest(
+            compare=[etcdpb.Compare(result=_EQUAL, target=etcdpb.Compare.CREATE, key=full_key, create_revision=0)],
+            success=[etcdpb.RequestOp(request_put=etcdpb.PutRequest(key=full_key, value=value, lease=lease))],
+            failure=[etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=full_key))],
+        )
+
+        async def attempt(timeout: float) -> Any:
+            try:
+                return await self._kv.Txn(request, timeout=timeout)
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.NOT_FOUND:  # "requested lease not found"
+                    raise kv.LeaseExpired(lease) from None
+                raise
+
+        response = await self._request("claim", attempt)
+        if response.succeeded:
+            revision = response.header.revision
+            return kv.Claim(True, kv.KeyValue(key, value, revision, revision))
+        found = response.responses[0].response_range.kvs
+        if not found:
+            raise kv.StoreError(f"etcd at {self._endpoints_text()} refused to create {key!r} but holds no such key")
+        item = found[0]
+        return kv.Claim(item.lease == lease and item.value == value, self._key_value(item))
 
     # ------------------------------------------------------------------ watch
 

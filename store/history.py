@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from store import supervisor as supervisor_module
+
 _log = logging.getLogger(__name__)
 
 SEGMENT_SUFFIX = ".seg"
@@ -231,7 +233,7 @@ class SegmentLog:
                 if now - self._last_fsync >= self.fsync_interval:
                     os.fsync(self._file.fileno())
                     self._last_fsync = now
-        except OSError:
+        except Exception:
             # The segment may now end in a partial record: the next batch starts a new segment,
             # and readers stop this one where its good records end.
             if self._file is not None:
@@ -487,9 +489,12 @@ class Recorder:
 
     # ------------------------------------------------------------------ the writer
 
-    async def start(self) -> None:
+    async def start(self, supervisor: supervisor_module.Supervisor | None = None) -> None:
+        """Start the writer task, under ``supervisor`` (the daemon's) or one of its own: a writer
+        that crashes is started again, the batch it held counted as dropped."""
         if self._writer is None:
-            self._writer = asyncio.create_task(self._run(), name="history-writer")
+            supervisor = supervisor if supervisor is not None else supervisor_module.Supervisor()
+            self._writer = supervisor.spawn("history-writer", self._run)
 
     async def _run(self) -> None:
         while True:
@@ -517,6 +522,9 @@ class Recorder:
                 self.stats.dropped += len(batch)
                 _log.error("cannot write %d history records: %s", len(batch), error)
                 continue
+            except Exception:
+                self.stats.dropped += len(batch)  # a bug: the supervisor logs it and starts over
+                raise
             finally:
                 self._writing = 0
             for pending in batch:

@@ -61,6 +61,14 @@ class Unavailable(StoreError):
     """The store could not be reached within the request timeout; back off and retry."""
 
 
+class LeaseExpired(StoreError):
+    """The lease is gone (expired, revoked, or never granted by this store): its keys are deleted."""
+
+    def __init__(self, lease: int) -> None:
+        self.lease = lease
+        super().__init__(f"lease {lease:x} has expired or was revoked")
+
+
 class EventType(enum.Enum):
     PUT = "PUT"
     DELETE = "DELETE"
@@ -88,6 +96,22 @@ class WatchEvent:
     revision: int  # the mod revision of the change (for DELETE: the revision of the delete)
     # The key's create revision after a PUT (== revision when the PUT created it); 0 for DELETE.
     create_revision: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease granted by the store: ``ttl`` is the seconds granted (a store may grant more)."""
+
+    id: int
+    ttl: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The outcome of :meth:`KVStore.claim`: whether this call created the key, and the key now."""
+
+    won: bool
+    current: KeyValue
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +178,29 @@ class KVStore(abc.ABC):
 
         Survives store restarts without losing or repeating an event. Raises Compacted if
         ``from_revision`` (or the resume point after a reconnect) is no longer available.
+        """
+
+    # Leases: a key claimed under a lease is deleted when the lease ends (revoked, or not kept
+    # alive within its TTL). A later write of the key without the lease detaches it (as in etcd).
+    # Together they make an owner key that vanishes with its owner: the active SC's marker now,
+    # a leader election later.
+
+    @abc.abstractmethod
+    async def grant_lease(self, ttl: int) -> Lease:
+        """A new lease that ends ``ttl`` seconds (at least 1) after it was last kept alive."""
+
+    @abc.abstractmethod
+    async def keep_alive(self, lease: int) -> int:
+        """Restart the lease's TTL; returns the TTL in seconds. Raises LeaseExpired if it is gone."""
+
+    @abc.abstractmethod
+    async def revoke_lease(self, lease: int) -> None:
+        """End the lease now, deleting its keys in one revision; a lease already gone is no error."""
+
+    @abc.abstractmethod
+    async def claim(self, key: str, value: bytes, lease: int) -> Claim:
+        """Create ``key`` under ``lease`` unless it exists, in one atomic step; the key as it is
+        afterwards (the caller's value if ``won``, else the holder's). Raises LeaseExpired.
         """
 
     @abc.abstractmethod

@@ -21,6 +21,15 @@ class _Record:
     mod_revision: int
 
 
+@dataclass(slots=True)
+class _Lease:
+    ttl: int
+    expires: float  # on the loop clock
+    # Key -> the mod revision it was claimed at: a later write of the key detaches it.
+    keys: dict[str, int]
+    timer: asyncio.TimerHandle | None = None
+
+
 class MemoryStore(kv.KVStore):
     def __init__(self, prefix: str = kv.DEFAULT_PREFIX) -> None:
         self.prefix = prefix
@@ -33,6 +42,9 @@ class MemoryStore(kv.KVStore):
         self._history: list[kv.WatchEvent] = []
         self._changed = asyncio.Condition()
         self._closed = False
+        self._leases: dict[int, _Lease] = {}
+        self._last_lease_id = 0
+        self._expiries: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ reads
 
@@ -131,6 +143,77 @@ class MemoryStore(kv.KVStore):
         first_kept = bisect.bisect_left(self._history, revision, key=lambda event: event.revision)
         del self._history[:first_kept]
 
+    # ------------------------------------------------------------------ leases (expiry on the loop clock)
+
+    async def grant_lease(self, ttl: int) -> kv.Lease:
+        self._check_open()
+        if ttl < 1:
+            raise ValueError(f"a lease lasts at least 1 second, got a TTL of {ttl}")
+        self._last_lease_id += 1
+        lease = _Lease(ttl, 0.0, {})
+        self._leases[self._last_lease_id] = lease
+        self._renew(self._last_lease_id, lease)
+        return kv.Lease(self._last_lease_id, ttl)
+
+    async def keep_alive(self, lease: int) -> int:
+        self._check_open()
+        found = self._live_lease(lease)
+        self._renew(lease, found)
+        return found.ttl
+
+    async def revoke_lease(self, lease: int) -> None:
+        self._check_open()
+        found = self._leases.pop(lease, None)
+        if found is not None:
+            if found.timer is not None:
+                found.timer.cancel()
+            await self._delete_leased(found)
+
+    async def claim(self, key: str, value: bytes, lease: int) -> kv.Claim:
+        self._check_open()
+        found = self._live_lease(lease)
+        existing = self._data.get(key)
+        if existing is not None:
+            ours = found.keys.get(key) == existing.mod_revision and existing.value == value
+            return kv.Claim(ours, self._key_value(key, existing))
+        revision = await self.txn([kv.Compare(key, 0)], [kv.Put(key, value)])
+        found.keys[key] = revision
+        return kv.Claim(True, kv.KeyValue(key, value, revision, revision))
+
+    def _live_lease(self, lease: int) -> _Lease:
+        found = self._leases.get(lease)
+        if found is None or asyncio.get_running_loop().time() >= found.expires:
+            raise kv.LeaseExpired(lease)  # an expired one is being deleted by _expire
+        return found
+
+    def _renew(self, lease_id: int, lease: _Lease) -> None:
+        loop = asyncio.get_running_loop()
+        lease.expires = loop.time() + lease.ttl
+        if lease.timer is not None:
+            lease.timer.cancel()
+        lease.timer = loop.call_at(lease.expires, self._expire, lease_id)
+
+    def _expire(self, lease_id: int) -> None:
+        lease = self._leases.pop(lease_id, None)
+        if lease is None or self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._delete_leased(lease))
+        self._expiries.add(task)
+        task.add_done_callback(self._expiries.discard)
+
+    async def _delete_leased(self, lease: _Lease) -> None:
+        """Delete the lease's keys still as it claimed them (at one revision per 128 keys)."""
+        while True:
+            # Looked up right before each transaction, whose compares run before it awaits.
+            attached = [
+                (key, revision)
+                for key, revision in lease.keys.items()
+                if (record := self._data.get(key)) is not None and record.mod_revision == revision
+            ][: kv.MAX_TXN_OPS]
+            if not attached or self._closed:
+                return
+            await self.txn([kv.Compare(key, revision) for key, revision in attached], [kv.Delete(key) for key, _ in attached])
+
     # ------------------------------------------------------------------ watch
 
     async def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
@@ -155,6 +238,11 @@ class MemoryStore(kv.KVStore):
 
     async def close(self) -> None:
         self._closed = True
+        for lease in self._leases.values():
+            if lease.timer is not None:
+                lease.timer.cancel()
+        for task in self._expiries:
+            task.cancel()
         async with self._changed:
             self._changed.notify_all()
 

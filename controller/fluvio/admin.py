@@ -56,10 +56,11 @@ class TopicReadiness:
         self._waiters: dict[str, set[asyncio.Event]] = {}
 
     async def run(self) -> None:
-        await asyncio.gather(
-            self._follow(self.topics, lambda name: name),
-            self._follow(self.partitions, lambda name: name.rpartition("-")[0]),
-        )
+        # A task group, not gather: if one follower fails the other stops too, so that a
+        # restart (the supervisor's) does not leave a second copy of it running.
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._follow(self.topics, lambda name: name))
+            group.create_task(self._follow(self.partitions, lambda name: name.rpartition("-")[0]))
 
     async def _follow(self, table: local.KindStore, topic_of: Callable[[str], str]) -> None:
         listener = table.listener(local.Part.ALL)
@@ -150,8 +151,11 @@ class Admin:
         self.group_waits = admin_ops.Settlements(context.local_store["spu-groups"])
 
     async def run(self) -> None:
-        """The shared listeners that wake waiting creates; runs until cancelled."""
-        await asyncio.gather(self.topic_waits.run(), self.group_waits.run())
+        """The shared listeners that wake waiting creates; runs until cancelled (or one fails,
+        which stops the other: see TopicReadiness.run)."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.topic_waits.run())
+            group.create_task(self.group_waits.run())
 
     async def answer(self, request: codec.CreateRequest | codec.DeleteRequest | codec.UpdateRequest) -> codec.Status:
         """The Status for one write; never raises (a bug answers UnknownServerError and is logged)."""

@@ -101,7 +101,7 @@ class FluvioServer:
         self._background: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._background = asyncio.create_task(self.admin.run(), name="fluvio-admin-waits")
+        self._background = self.context.supervisor.spawn("fluvio-admin-waits", self.admin.run)
 
     async def close(self) -> None:
         tasks = list(self._sessions) + ([self._background] if self._background is not None else [])

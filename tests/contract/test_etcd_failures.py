@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import logging
 import os
-import socket
+import subprocess
+import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -385,24 +388,85 @@ def test_a_second_etcd_on_a_data_dir_in_use_is_refused(etcd_server: embedded_etc
 
 
 def test_a_startup_failure_reports_the_etcd_log_tail(tmp_path: Path) -> None:
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        client_port = taken.getsockname()[1]
-        (peer_port,) = embedded_etcd.free_ports(1)
-        server = embedded_etcd.EmbeddedEtcd(tmp_path, client_port, peer_port)
-        try:
-            with pytest.raises(embedded_etcd.EtcdStartError) as raised:
-                server.start()
-            assert not server.running
-            with open(server.lock_path) as lock:  # the failed first start gave the data dir back
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        finally:
-            server.stop()
+    client_port, peer_port = embedded_etcd.free_ports(2)
+    server = embedded_etcd.EmbeddedEtcd(tmp_path, client_port, peer_port, extra_args=("--no-such-flag",))
+    try:
+        with pytest.raises(embedded_etcd.EtcdStartError) as raised:
+            server.start()
+        assert not server.running
+        with open(server.lock_path) as lock:  # the failed first start gave the data dir back
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        server.stop()
     message = str(raised.value)
-    assert "etcd exited with code 1 during startup" in message
+    assert "etcd exited with code 2 during startup" in message
     assert f"127.0.0.1:{client_port}" in message
-    assert "address already in use" in message  # from etcd's own log
+    assert "flag provided but not defined: -no-such-flag" in message  # from etcd's own log
+
+
+def test_a_second_etcd_on_the_same_ports_fails_at_once_naming_the_first(tmp_path: Path) -> None:
+    """Two data dirs, one pair of ports: the second never runs on the first one's store."""
+    client_port, peer_port = embedded_etcd.free_ports(2)
+    first = embedded_etcd.EmbeddedEtcd(tmp_path / "first", client_port, peer_port, extra_args=("--unsafe-no-fsync",))
+    first.start()
+    try:
+        second = embedded_etcd.EmbeddedEtcd(tmp_path / "second", client_port, peer_port)
+        with pytest.raises(embedded_etcd.PortInUse) as raised:
+            second.start()
+        assert not second.running and first.healthy() and not second.healthy()
+        owner = f"pid {first.pid} (etcd, data dir {tmp_path / 'first' / 'etcd'})"
+        assert str(raised.value) == (
+            f"the embedded etcd cannot start: its client port 127.0.0.1:{client_port} is already in use by "
+            f"{owner}; stop that process, or choose another client port"
+        )
+        # Its own ports, but the first one's data: the member name tells them apart.
+        assert first.member_name != second.member_name
+    finally:
+        first.stop()
+
+
+def test_an_existing_data_dir_takes_its_new_member_name_at_the_next_start(tmp_path: Path) -> None:
+    """A data dir made before member names were per data dir (its member named plain "sc")."""
+    client_port, peer_port = embedded_etcd.free_ports(2)
+    client, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
+    older = subprocess.Popen(
+        [
+            embedded_etcd.find_etcd_binary(), "--name=sc", f"--data-dir={tmp_path / 'etcd'}",
+            f"--listen-client-urls={client}", f"--advertise-client-urls={client}", f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}", f"--initial-cluster=sc={peer}", "--unsafe-no-fsync",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert member_names(client, timeout=20) == ["sc"]
+    finally:
+        older.terminate()
+        older.wait(20)
+    server = embedded_etcd.EmbeddedEtcd(tmp_path, client_port, peer_port, extra_args=("--unsafe-no-fsync",))
+    server.start()
+    try:
+        assert server.healthy() and server.member_name.startswith("sc-")
+        assert member_names(client, timeout=20) == [server.member_name]
+    finally:
+        server.stop()
+
+
+def member_names(client_url: str, timeout: float) -> list[str]:
+    """The names etcd lists for its members, once it answers (a member not yet published has none)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            request = urllib.request.Request(f"{client_url}/v3/cluster/member/list", data=b"{}", method="POST")
+            with urllib.request.urlopen(request, timeout=1) as response:
+                names = [member.get("name", "") for member in json.loads(response.read())["members"]]
+            if all(names):
+                return names
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"etcd at {client_url} listed no named member within {timeout} s")
+        time.sleep(0.05)
 
 
 def test_an_etcd_that_is_not_healthy_in_time_is_stopped_with_its_log_tail(tmp_path: Path) -> None:

@@ -7,20 +7,21 @@ the start-index chain unbroken; an idle restart writes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from controller import topic as topic_controller
-from store import embedded_etcd, etcd, models
+from store import active_sc, embedded_etcd, etcd, kv, models
 from tests import objects
 
 pytestmark = pytest.mark.etcd
@@ -174,13 +175,25 @@ async def test_sigkill_while_creating_200_topics_converges(sc_process: ScProcess
         assert chain is not None
         assert json.loads(chain.value) == {"nextStartIndex": sum(1 + index % 7 for index in range(TOPICS))}
 
-        # An idle restart performs zero writes.
+        # An idle restart writes nothing but its active-SC claim (made at start, released at stop).
         assert sc_process.terminate() == 0
         before = await store.revision()
         sc_process.start()
         await sc_process.wait_healthy()
         await asyncio.sleep(1.0)
         assert sc_process.terminate() == 0
-        assert await store.revision() == before
+        after = await store.revision()
+        assert after == before + 2  # the claim and its release (which the events below check)
+        async with contextlib.aclosing(store.watch("", before + 1)) as events:
+            written = [(event.type, event.key) async for event in _until(events, after)]
+        assert written == [(kv.EventType.PUT, active_sc.KEY), (kv.EventType.DELETE, active_sc.KEY)]
     finally:
         await store.close()
+
+
+async def _until(events: AsyncIterator[kv.WatchEvent], revision: int) -> AsyncIterator[kv.WatchEvent]:
+    """The events up to ``revision`` included."""
+    async for event in events:
+        yield event
+        if event.revision >= revision:
+            return

@@ -272,6 +272,18 @@ class GatedStore(kv.KVStore):
     async def compact(self, revision: int) -> None:
         await self.inner.compact(revision)
 
+    async def grant_lease(self, ttl: int) -> kv.Lease:
+        return await self.inner.grant_lease(ttl)
+
+    async def keep_alive(self, lease: int) -> int:
+        return await self.inner.keep_alive(lease)
+
+    async def revoke_lease(self, lease: int) -> None:
+        await self.inner.revoke_lease(lease)
+
+    async def claim(self, key: str, value: bytes, lease: int) -> kv.Claim:
+        return await self.inner.claim(key, value, lease)
+
     async def close(self) -> None:
         pass  # the fixture closes the inner store
 

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+import structlog.testing
 
 from controller import actions, dispatcher as dispatcher_module, metrics
 from store import kv, local, memory, models
@@ -75,3 +76,25 @@ async def test_the_updater_leaves_an_echo_for_each_object_written_and_forgets_a_
         await updater.apply([actions.create(written, "again"), actions.create(partition("t-1"), "test")])
     assert len(echoes) == 0  # not applied: their events (if any) are decoded
     await store.close()
+
+
+async def test_a_result_hook_that_raises_stalls_nothing(running) -> None:  # type: ignore[no-untyped-def]
+    """A broken hook (a bug in a controller's or the history's bookkeeping) used to leave its
+    batch's slot taken: after eight, the dispatcher wrote nothing more. Each failure is logged;
+    the other hooks still hear every result."""
+    store, dispatcher, results = running
+
+    def broken(result: dispatcher_module.Result) -> None:
+        raise RuntimeError(f"injected fault for {result.action.key}")
+
+    dispatcher.on_result(broken)
+    with structlog.testing.capture_logs() as logged:
+        for index in range(dispatcher.max_batches_in_flight + 4):
+            dispatcher.submit(actions.create(partition(f"t-{index}"), "test"))
+            await asyncio.wait_for(dispatcher.drained(), 5)
+    assert len((await store.list("partitions/")).items) == 12
+    assert [result.outcome for result in results] == [Outcome.APPLIED] * 12
+    failures = [entry for entry in logged if entry["event"] == "action result hook failed"]
+    assert [(entry["key"], entry["log_level"], entry["exc_info"]) for entry in failures] == [
+        (f"partitions/t-{index}", "error", True) for index in range(12)
+    ]

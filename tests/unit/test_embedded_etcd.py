@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -22,17 +24,28 @@ from store import embedded_etcd
 
 FAKE_ETCD = """\
 #!{python}
-import http.server, json, signal, sys
+import http.server, json, signal, sys, time
 flags = dict(arg.split("=", 1) for arg in sys.argv[1:] if "=" in arg)
 host, port = flags["--listen-client-urls"].removeprefix("http://").rsplit(":", 1)
+# The member it says it is: its --name, or another one's (an etcd of another data dir).
+name = flags.get("--serve-as", flags["--name"])
 if "--ignore-sigterm" in sys.argv:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if "--listen-nothing" in sys.argv:
+    time.sleep(600)
 
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         self.send_response(200)
         self.end_headers()
         self.wfile.write(json.dumps({{"health": "true", "reason": ""}}).encode())
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200 if self.path == "/v3/cluster/member/list" else 404)
+        self.end_headers()
+        members = {{"header": {{"member_id": "42"}}, "members": [{{"ID": "42", "name": name}}]}}
+        self.wfile.write(json.dumps(members).encode())
 
     def log_message(self, *args):
         pass
@@ -78,15 +91,18 @@ def test_command_line_of_a_single_member_cluster(tmp_path: Path) -> None:
     server = embedded_etcd.EmbeddedEtcd(
         tmp_path, 2379, 2380, extra_args=["--unsafe-no-fsync"], binary="/opt/etcd", name="sc1"
     )
+    member = server.member_name
+    assert member == (tmp_path / "etcd.name").read_text().strip()
+    assert re.fullmatch(r"sc1-[0-9a-f]{12}", member), member
     assert server.command() == [
         "/opt/etcd",
-        "--name=sc1",
+        f"--name={member}",
         f"--data-dir={tmp_path / 'etcd'}",
         "--listen-client-urls=http://127.0.0.1:2379",
         "--advertise-client-urls=http://127.0.0.1:2379",
         "--listen-peer-urls=http://127.0.0.1:2380",
         "--initial-advertise-peer-urls=http://127.0.0.1:2380",
-        "--initial-cluster=sc1=http://127.0.0.1:2380",
+        f"--initial-cluster={member}=http://127.0.0.1:2380",
         "--initial-cluster-state=new",
         "--auto-compaction-mode=periodic",
         "--auto-compaction-retention=1h",
@@ -228,3 +244,72 @@ def test_etcd_dies_with_its_supervisor(tmp_path: Path, fake_etcd: str) -> None:
     )
     result = subprocess.run([sys.executable, "-c", reaper], capture_output=True, text=True, timeout=30, check=True)
     assert result.stdout.strip() == f"signal {int(signal.SIGKILL)}"
+
+
+def test_each_data_dir_names_its_member_once_and_for_all(tmp_path: Path) -> None:
+    """The name is how a probe tells this data dir's etcd from any other one on the port."""
+    first = embedded_etcd.EmbeddedEtcd(tmp_path / "a", 2379, 2380).member_name
+    assert embedded_etcd.EmbeddedEtcd(tmp_path / "a", 3379, 3380).member_name == first
+    assert embedded_etcd.EmbeddedEtcd(tmp_path / "b", 2379, 2380).member_name != first
+
+
+def test_a_member_name_file_that_would_break_the_command_line_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "etcd.name").write_text("sc=x,other=http://evil:2380\n")
+    with pytest.raises(embedded_etcd.EtcdError) as raised:
+        embedded_etcd.EmbeddedEtcd(tmp_path, 2379, 2380).command()
+    assert str(raised.value) == (
+        f"the etcd member name in {tmp_path / 'etcd.name'} is 'sc=x,other=http://evil:2380': it must be 1 to 63 "
+        "letters, digits, '.', '_' or '-'; delete the file to have a new one made"
+    )
+
+
+def test_a_busy_port_fails_the_start_at_once_naming_the_port_and_its_owner(tmp_path: Path, fake_etcd: str) -> None:
+    comm = Path("/proc/self/comm").read_text().strip()
+    for role in ("client", "peer"):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            busy = taken.getsockname()[1]
+            (other,) = embedded_etcd.free_ports(1)
+            ports = (busy, other) if role == "client" else (other, busy)
+            server = embedded_etcd.EmbeddedEtcd(tmp_path / role, *ports, binary=fake_etcd)
+            began = time.monotonic()
+            with pytest.raises(embedded_etcd.PortInUse) as raised:
+                server.start()
+            assert time.monotonic() - began < 5
+            assert (raised.value.role, raised.value.port, raised.value.owner) == (role, busy, f"pid {os.getpid()} ({comm})")
+            assert str(raised.value) == (
+                f"the embedded etcd cannot start: its {role} port 127.0.0.1:{busy} is already in use by "
+                f"pid {os.getpid()} ({comm}); stop that process, or choose another {role} port"
+            )
+            assert not server.running and lock_is_free(server.lock_path)
+
+
+def test_the_owner_of_a_port_nobody_listens_on_is_unknown() -> None:
+    (port,) = embedded_etcd.free_ports(1)
+    assert embedded_etcd.port_owner(port) is None
+
+
+def test_a_probe_answered_by_another_member_does_not_count(tmp_path: Path, fake_etcd: str) -> None:
+    """Its own etcd runs but the port answers as another member (another data dir's etcd got
+    there first): never healthy, and the start fails saying who answered."""
+    server = make(tmp_path, fake_etcd, "--serve-as=sc-intruder", startup_timeout=1.0)
+    with pytest.raises(embedded_etcd.EtcdStartError) as raised:
+        server.start()
+    assert not server.running and lock_is_free(server.lock_path)
+    assert str(raised.value).startswith(
+        f"etcd was not healthy within 1 s: its client port is answered by member 'sc-intruder', "
+        f"not {server.member_name!r} of this data dir (client {server.client_url}, peer {server.peer_url}, "
+        f"data dir {server.data_dir})."
+    )
+
+
+def test_a_probe_counts_only_while_its_own_etcd_runs(tmp_path: Path, fake_etcd: str) -> None:
+    server = make(tmp_path, fake_etcd)
+    server.start()
+    try:
+        # The same data dir and ports, so the same member answers: but not this one's child.
+        bystander = embedded_etcd.EmbeddedEtcd(server.data_dir, server.client_port, server.peer_port, binary=fake_etcd)
+        assert server.healthy() and not bystander.healthy()
+    finally:
+        server.stop()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import struct
 from pathlib import Path
 
@@ -265,5 +267,41 @@ async def test_a_failed_write_is_counted_as_dropped_and_the_log_goes_on_in_a_new
     assert recorder.stats.dropped == 1
     recorder.record_change("topics", "orders", history.UPDATE, 3, TOPIC)
     await recorder.close()
+    assert [path.name for path in history.segment_paths(tmp_path)] == [history.segment_name(1), history.segment_name(2)]
+    assert [(record["seq"], record["revision"]) for record in read_all(tmp_path)] == [(1, 1), (2, 3)]
+
+
+async def test_a_writer_that_crashes_is_restarted_and_the_log_goes_on_in_a_new_segment(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not an OSError (a file closed underneath the writer): the writer task dies, is logged,
+    counted and started again; the batch it held is counted as dropped, the next one is written."""
+    caplog.set_level(logging.ERROR, logger="store.supervisor")
+    recorder = await open_started(tmp_path, clock=FakeClock())
+    recorder.record_change("topics", "orders", history.UPDATE, 1, TOPIC)
+    await recorder.flush()
+    log = recorder._log
+    real_file = log._file
+
+    class ClosedFile:
+        def write(self, data: bytes) -> int:
+            raise ValueError("I/O operation on closed file.")
+
+        def close(self) -> None:
+            real_file.close()
+
+    log._file = ClosedFile()
+    recorder.record_change("topics", "orders", history.UPDATE, 2, TOPIC)
+    for _ in range(500):
+        if caplog.records:
+            break
+        await asyncio.sleep(0.01)
+    recorder.record_change("topics", "orders", history.UPDATE, 3, TOPIC)
+    await recorder.close()
+    assert [record.getMessage() for record in caplog.records] == [
+        "task history-writer failed (ValueError: I/O operation on closed file.); "
+        "restarting it in 0.1 s (failure 1 in a row, restart 1)"
+    ]
+    assert recorder.stats.dropped == 1
     assert [path.name for path in history.segment_paths(tmp_path)] == [history.segment_name(1), history.segment_name(2)]
     assert [(record["seq"], record["revision"]) for record in read_all(tmp_path)] == [(1, 1), (2, 3)]

@@ -1,0 +1,305 @@
+"""One active SC per store: claims ``meta/active-sc`` (its identity) under a lease kept alive, and
+refuses this SC's writes whenever it may not hold that claim. It decides nothing about objects; the
+daemon decides what to do when another SC holds the claim (refuse to start, or stop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import enum
+import json
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from store import kv
+
+_log = logging.getLogger(__name__)
+
+KEY = "meta/active-sc"
+DEFAULT_TTL = 10
+# Polling the key while a previous holder's claim may still expire (a crashed SC's).
+_WAIT_POLL_SECONDS = 0.5
+_HOLDER_CHARS = 300
+
+
+class AnotherScActive(Exception):
+    """Another SC holds the store's active-SC claim; the message names it and what to do."""
+
+    def __init__(self, key: str, holder: str, ttl: int) -> None:
+        self.holder = holder
+        super().__init__(
+            f"another SC is active on this store: {holder} holds {key}. Until SC high availability lands, "
+            f"one SC runs per store: stop that SC first, or give this one a store of its own (--key-prefix, "
+            f"--etcd-endpoints or --data-dir). A crashed SC's claim ends {ttl} s after its last keep-alive."
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who holds the claim: what an operator needs to find that SC."""
+
+    id: str
+    host: str
+    pid: int
+    address: str  # the public API's host:port
+    started: str  # ISO 8601 UTC, for people (nothing compares it)
+
+    @classmethod
+    def of_this_process(cls, address: str) -> Identity:
+        started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        return cls(uuid.uuid4().hex[:12], socket.gethostname(), os.getpid(), address, started)
+
+    def encode(self) -> bytes:
+        fields = {"id": self.id, "host": self.host, "pid": self.pid, "address": self.address, "started": self.started}
+        return json.dumps(fields, separators=(",", ":")).encode()
+
+
+def describe_holder(value: bytes) -> str:
+    """A claim's value as a person reads it; anything may be stored there, so nothing is trusted."""
+    try:
+        fields = json.loads(value)
+        if not isinstance(fields, dict):
+            raise ValueError("not an object")
+        text = (
+            f"SC {fields['id']} (pid {fields['pid']} on host {fields['host']}, "
+            f"public address {fields['address']}, active since {fields['started']})"
+        )
+    except (ValueError, KeyError, TypeError):
+        text = f"an unknown holder (value {value[:60]!r})"
+    return text if len(text) <= _HOLDER_CHARS else text[: _HOLDER_CHARS - 3] + "..."
+
+
+class State(enum.Enum):
+    UNCLAIMED = "unclaimed"  # before acquire(), or after release()
+    ACTIVE = "active"  # holds the claim (writes allowed while the lease is known to be alive)
+    LOST = "lost"  # the lease or the key is gone: writes refused, claiming again
+    SUPERSEDED = "superseded"  # another SC holds the claim: writes refused for good
+
+
+class ActiveSc:
+    """This SC's claim on the store. :meth:`acquire` it, run :meth:`run` as a task, :meth:`release`.
+
+    Writes are allowed only while ACTIVE and before the lease's TTL has passed since the last
+    keep-alive that etcd answered (counted from when it was sent, so never later than etcd's own
+    expiry). This does not fence a write already sent when the lease lapses; fencing each write
+    with a compare on the claim comes with SC high availability.
+    """
+
+    def __init__(self, kv_store: kv.KVStore, ttl: int = DEFAULT_TTL) -> None:
+        if ttl < 2:
+            raise ValueError(f"the active-SC lease must last at least 2 s, got {ttl}")
+        self.kv_store = kv_store
+        self.ttl = ttl
+        self.key = f"{kv_store.prefix}{KEY}"
+        self.state = State.UNCLAIMED
+        self.identity: Identity | None = None
+        self.holder = ""  # who holds the claim when SUPERSEDED
+        self.superseded = asyncio.Event()
+        self._lease: int | None = None
+        self._claimed_revision = 0
+        self._valid_until = 0.0
+        self._lost_because = ""
+        self._warned_unreachable = False
+
+    # ------------------------------------------------------------------ for the daemon
+
+    async def acquire(self, address: str, wait: float | None = None) -> None:
+        """Claim the store for this SC, waiting up to ``wait`` seconds (default: the TTL and one
+        more) for another holder's claim to end: a crashed SC's lease outlives it by its TTL.
+
+        Raises AnotherScActive if another SC still holds it then.
+        """
+        loop = asyncio.get_running_loop()
+        self.identity = Identity.of_this_process(address)
+        deadline = loop.time() + (self.ttl + 1 if wait is None else wait)
+        sent = loop.time()
+        lease = await self.kv_store.grant_lease(self.ttl)
+        warned = False
+        try:
+            while True:
+                claim = await self.kv_store.claim(KEY, self.identity.encode(), lease.id)
+                if claim.won:
+                    self._activate(lease.id, claim.current.create_revision, sent + lease.ttl)
+                    _log.info("this SC is the active SC of its store (%s, lease %x)", self.key, lease.id)
+                    return
+                holder = describe_holder(claim.current.value)
+                if loop.time() >= deadline:
+                    raise AnotherScActive(self.key, holder, self.ttl)
+                if not warned:
+                    warned = True
+                    _log.warning(
+                        "%s holds %s; waiting up to %.0f s for its claim to end (a crashed SC's does)",
+                        holder, self.key, deadline - loop.time(),
+                    )
+                await asyncio.sleep(min(_WAIT_POLL_SECONDS, max(0.0, deadline - loop.time())))
+                sent = loop.time()
+                await self.kv_store.keep_alive(lease.id)
+        except BaseException:
+            with contextlib.suppress(kv.StoreError):
+                await self.kv_store.revoke_lease(lease.id)
+            raise
+
+    async def run(self) -> None:
+        """Keep the claim: renew the lease every third of its TTL; claim again if it is lost."""
+        while self.state in (State.ACTIVE, State.LOST):
+            await asyncio.sleep(self.ttl / 3)
+            if self.state is State.ACTIVE:
+                await self._renew()
+            elif self.state is State.LOST:
+                await self._claim_again()
+
+    async def release(self) -> None:
+        """Give the claim up (its key is deleted with the lease): the next SC need not wait."""
+        lease, self._lease = self._lease, None
+        if self.state is not State.SUPERSEDED:
+            self.state = State.UNCLAIMED
+        self._valid_until = 0.0
+        if lease is not None:
+            with contextlib.suppress(kv.StoreError):
+                await self.kv_store.revoke_lease(lease)
+
+    def problem(self) -> str | None:
+        """Why this SC may not write now (None: it may)."""
+        if self.state is State.ACTIVE:
+            if asyncio.get_running_loop().time() < self._valid_until:
+                return None
+            return (
+                f"its claim on {self.key} could not be renewed within its {self.ttl} s lease (the store is "
+                "unreachable); writes are paused until it is renewed"
+            )
+        if self.state is State.LOST:
+            return f"it lost its claim on {self.key} ({self._lost_because}); writes are paused while it claims it again"
+        if self.state is State.SUPERSEDED:
+            return f"another SC is active on this store ({self.holder}); this SC is stopping"
+        return f"it does not hold {self.key} (not claimed yet, or stopping)"
+
+    def check_writable(self) -> None:
+        problem = self.problem()
+        if problem is not None:
+            raise kv.Unavailable(f"this SC may not write: {problem}")
+
+    # ------------------------------------------------------------------ internals
+
+    def _activate(self, lease: int, revision: int, valid_until: float) -> None:
+        self._lease = lease
+        self._claimed_revision = revision
+        self._valid_until = valid_until
+        self.state = State.ACTIVE
+
+    async def _renew(self) -> None:
+        assert self._lease is not None and self.identity is not None
+        sent = asyncio.get_running_loop().time()
+        try:
+            ttl = await self.kv_store.keep_alive(self._lease)
+            current = await self.kv_store.get(KEY)
+        except kv.LeaseExpired:
+            self._lose(f"its lease expired: the store was unreachable for longer than the {self.ttl} s TTL")
+            return
+        except kv.Unavailable as error:
+            if not self._warned_unreachable:
+                self._warned_unreachable = True
+                _log.warning("cannot renew the active-SC lease (%s); writes pause once it lapses", error)
+            return
+        if current is None:
+            self._lose(f"{self.key} was deleted")
+        elif current.create_revision != self._claimed_revision or current.value != self.identity.encode():
+            self._lose(f"{self.key} was replaced: {describe_holder(current.value)} holds it")
+        else:
+            if self._warned_unreachable:
+                self._warned_unreachable = False
+                _log.warning("the active-SC lease is renewed again")
+            self._valid_until = sent + ttl
+
+    def _lose(self, because: str) -> None:
+        self.state = State.LOST
+        self._valid_until = 0.0
+        self._lost_because = because
+        _log.error("this SC lost its claim on %s (%s): writes are paused while it claims it again", self.key, because)
+
+    async def _claim_again(self) -> None:
+        assert self.identity is not None
+        old, self._lease = self._lease, None
+        loop = asyncio.get_running_loop()
+        try:
+            if old is not None:
+                await self.kv_store.revoke_lease(old)
+            sent = loop.time()
+            lease = await self.kv_store.grant_lease(self.ttl)
+            claim = await self.kv_store.claim(KEY, self.identity.encode(), lease.id)
+        except kv.StoreError as error:
+            _log.warning("cannot claim %s again yet: %s", self.key, error)
+            return
+        if claim.won:
+            self._activate(lease.id, claim.current.create_revision, sent + lease.ttl)
+            _log.warning("this SC holds %s again: writes resume", self.key)
+            return
+        with contextlib.suppress(kv.StoreError):
+            await self.kv_store.revoke_lease(lease.id)
+        self.holder = describe_holder(claim.current.value)
+        self.state = State.SUPERSEDED
+        self.superseded.set()
+        _log.error("%s is now the active SC of this store (%s): this SC stops", self.holder, self.key)
+
+
+class GuardedStore(kv.KVStore):
+    """The store as this SC's pipeline and API see it: reads pass, writes only while it may write."""
+
+    def __init__(self, inner: kv.KVStore, active: ActiveSc) -> None:
+        self.inner = inner
+        self.active = active
+        self.prefix = inner.prefix
+
+    async def get(self, key: str) -> kv.KeyValue | None:
+        return await self.inner.get(key)
+
+    async def list(self, prefix: str) -> kv.ListResult:
+        return await self.inner.list(prefix)
+
+    def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
+        return self.inner.watch(prefix, from_revision)
+
+    async def revision(self) -> int:
+        return await self.inner.revision()
+
+    async def create(self, key: str, value: bytes) -> int:
+        self.active.check_writable()
+        return await self.inner.create(key, value)
+
+    async def update(self, key: str, value: bytes, mod_revision: int) -> int:
+        self.active.check_writable()
+        return await self.inner.update(key, value, mod_revision)
+
+    async def delete(self, key: str, mod_revision: int | None = None) -> int:
+        self.active.check_writable()
+        return await self.inner.delete(key, mod_revision)
+
+    async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
+        if operations:
+            self.active.check_writable()
+        return await self.inner.txn(compares, operations)
+
+    async def compact(self, revision: int) -> None:
+        self.active.check_writable()
+        await self.inner.compact(revision)
+
+    async def grant_lease(self, ttl: int) -> kv.Lease:
+        return await self.inner.grant_lease(ttl)
+
+    async def keep_alive(self, lease: int) -> int:
+        return await self.inner.keep_alive(lease)
+
+    async def revoke_lease(self, lease: int) -> None:
+        await self.inner.revoke_lease(lease)
+
+    async def claim(self, key: str, value: bytes, lease: int) -> kv.Claim:
+        self.active.check_writable()
+        return await self.inner.claim(key, value, lease)
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,149 @@
+"""The active-SC claim on the memory store, on a fast-forwarded loop clock: writes allowed only
+while the claim is known to be held, an unreachable store pausing them, a lost lease claimed again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+
+from store import active_sc, kv, memory
+
+
+class Flaky(kv.KVStore):
+    """The memory store, its lease calls unreachable while ``down``."""
+
+    def __init__(self, inner: memory.MemoryStore) -> None:
+        self.inner = inner
+        self.prefix = inner.prefix
+        self.down = False
+
+    def _reach(self) -> None:
+        if self.down:
+            raise kv.Unavailable("the store is unreachable (the test says so)")
+
+    async def grant_lease(self, ttl: int) -> kv.Lease:
+        self._reach()
+        return await self.inner.grant_lease(ttl)
+
+    async def keep_alive(self, lease: int) -> int:
+        self._reach()
+        return await self.inner.keep_alive(lease)
+
+    async def revoke_lease(self, lease: int) -> None:
+        self._reach()
+        await self.inner.revoke_lease(lease)
+
+    async def claim(self, key: str, value: bytes, lease: int) -> kv.Claim:
+        self._reach()
+        return await self.inner.claim(key, value, lease)
+
+    async def get(self, key: str) -> kv.KeyValue | None:
+        self._reach()
+        return await self.inner.get(key)
+
+    async def list(self, prefix: str) -> kv.ListResult:
+        return await self.inner.list(prefix)
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self.inner.create(key, value)
+
+    async def update(self, key: str, value: bytes, mod_revision: int) -> int:
+        return await self.inner.update(key, value, mod_revision)
+
+    async def delete(self, key: str, mod_revision: int | None = None) -> int:
+        return await self.inner.delete(key, mod_revision)
+
+    async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
+        return await self.inner.txn(compares, operations)
+
+    def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
+        return self.inner.watch(prefix, from_revision)
+
+    async def revision(self) -> int:
+        return await self.inner.revision()
+
+    async def compact(self, revision: int) -> None:
+        await self.inner.compact(revision)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.fixture
+async def store() -> AsyncIterator[Flaky]:
+    flaky = Flaky(memory.MemoryStore())
+    yield flaky
+    await flaky.close()
+
+
+async def write(guarded: kv.KVStore, name: str) -> None:
+    await guarded.create(f"topics/{name}", b"{}")
+
+
+@pytest.mark.looptime(start=0)
+async def test_writes_pass_only_once_claimed_and_stop_after_release(store: Flaky) -> None:
+    active = active_sc.ActiveSc(store, ttl=6)
+    guarded = active_sc.GuardedStore(store, active)
+    with pytest.raises(kv.Unavailable) as raised:
+        await write(guarded, "early")
+    assert str(raised.value) == "this SC may not write: it does not hold /sc/meta/active-sc (not claimed yet, or stopping)"
+    await active.acquire("127.0.0.1:9003")
+    await write(guarded, "claimed")
+    held = await store.get(active_sc.KEY)
+    assert held is not None and active.identity is not None and held.value == active.identity.encode()
+    await active.release()
+    assert await store.get(active_sc.KEY) is None
+    with pytest.raises(kv.Unavailable):
+        await write(guarded, "released")
+    assert [item.key for item in (await store.list("topics/")).items] == ["topics/claimed"]
+
+
+@pytest.mark.looptime(start=0)
+async def test_an_unreachable_store_pauses_writes_once_the_lease_may_have_lapsed(store: Flaky) -> None:
+    active = active_sc.ActiveSc(store, ttl=6)
+    guarded = active_sc.GuardedStore(store, active)
+    await active.acquire("127.0.0.1:9003")
+    keeper = asyncio.create_task(active.run())
+    try:
+        await asyncio.sleep(11.0)  # renewed at 2, 4, 6, 8 and 10
+        assert active.problem() is None
+        store.down = True  # the renewals at 12, 14 and 16 fail
+        await asyncio.sleep(4.9)  # 15.9: the lease renewed at 10 is good until 16
+        await write(guarded, "before-16")
+        await asyncio.sleep(0.2)  # 16.1
+        assert active.problem() == (
+            "its claim on /sc/meta/active-sc could not be renewed within its 6 s lease (the store is unreachable); "
+            "writes are paused until it is renewed"
+        )
+        with pytest.raises(kv.Unavailable):
+            await write(guarded, "after-16")
+        store.down = False
+        # The store's lease ended at 16 too (its key went with it): the renewal at 18 finds it
+        # gone, and the one at 20 claims the store again.
+        await asyncio.sleep(2.0)  # 18.1
+        assert active.state is active_sc.State.LOST
+        await asyncio.sleep(2.0)  # 20.1
+        assert active.state is active_sc.State.ACTIVE and active.problem() is None
+        await write(guarded, "again")
+    finally:
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+    assert [item.key for item in (await store.list("topics/")).items] == ["topics/again", "topics/before-16"]
+
+
+def test_a_holder_is_described_whatever_was_stored() -> None:
+    identity = active_sc.Identity("abc", "host-1", 7, "10.0.0.1:9003", "2026-01-05T10:00:00+00:00")
+    assert active_sc.describe_holder(identity.encode()) == (
+        "SC abc (pid 7 on host host-1, public address 10.0.0.1:9003, active since 2026-01-05T10:00:00+00:00)"
+    )
+    garbage = b"\xff" * 300
+    assert active_sc.describe_holder(garbage) == f"an unknown holder (value {garbage[:60]!r})"
+    assert active_sc.describe_holder(b"[1, 2]") == "an unknown holder (value b'[1, 2]')"
+    assert active_sc.describe_holder(b'{"id": "x"}') == "an unknown holder (value b'{\"id\": \"x\"}')"
+
+
+def test_a_lease_shorter_than_two_seconds_is_refused() -> None:
+    with pytest.raises(ValueError, match="the active-SC lease must last at least 2 s, got 1"):
+        active_sc.ActiveSc(memory.MemoryStore(), ttl=1)
