@@ -492,7 +492,8 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     create.add_argument(
         "--placement-strategy",
         metavar="S",
-        help="computed (default), kafka, least-loaded, multi-level, policies, or a plug-in module:Class",
+        help="computed (default), kafka, least-loaded, multi-level, policies, or the NAME of a placement plug-in "
+        "configured on the SC (sc run --placement-plugin NAME=module:Class)",
     )
     create.add_argument("--dry-run", action="store_true", help="show the placement the topic would get; create nothing")
     command(topics, "list", _lister("topics", topic_rows), "list topics")

@@ -221,10 +221,15 @@ async def create_topic(context: context_module.Context, topic: models.Topic) -> 
     # write nothing, with the controller's own check and message.
     require_synced(context)
     snapshot = context.local_store.snapshot()
-    problem = topic_controller.validate(topic, topic_controller.spu_infos(snapshot))
+    problem = topic_controller.validate(topic, topic_controller.spu_infos(snapshot), context.placers)
     if problem is not None:
-        raise ApiError(422, "InvalidConfig", problem)
+        raise ApiError(422, "InvalidConfig", problem.message)
     return await create(context, topic)
+
+
+def invalid_topic(name: str, reason: str) -> str:
+    """What a create answers for a topic the controller made InvalidConfig; its reason says what to do."""
+    return f"topic {name!r} is InvalidConfig: {reason}"
 
 
 def dry_run_topic(context: context_module.Context, topic: models.Topic) -> tuple[placement.PlacementResult, tuple[placement.SpuInfo, ...]]:
@@ -234,7 +239,7 @@ def dry_run_topic(context: context_module.Context, topic: models.Topic) -> tuple
         raise ApiError(409, "AlreadyExists", f"{label('topics', topic.name)} already exists")
     snapshot = context.local_store.snapshot()
     try:
-        result = topic_controller.dry_run(snapshot, topic)
+        result = topic_controller.dry_run(snapshot, topic, context.placers)
     except placement.PlacementError as error:
         raise ApiError(422, error.code, error.message) from None
     return result, topic_controller.spu_infos(snapshot)

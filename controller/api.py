@@ -357,11 +357,7 @@ async def _topic_answer(
     status: models.TopicStatus = current.status  # type: ignore[attr-defined]
     if settled and status.resolution is models.TopicResolution.INVALID_CONFIG:
         raise ApiError(
-            422,
-            "InvalidConfig",
-            f"topic {written.name!r} is InvalidConfig: {status.reason}; "
-            "it was kept so you can see why: delete it and create it again",
-            object=current.to_json_dict(),
+            422, "InvalidConfig", admin_ops.invalid_topic(written.name, status.reason), object=current.to_json_dict()
         )
     done = settled and status.resolution is models.TopicResolution.PROVISIONED
     return web.json_response(current.to_json_dict(), status=(201 if created else 200) if done else 202)
@@ -431,7 +427,7 @@ async def compute_placement(request: web.Request) -> web.Response:
     try:
         placement_request = placement.request_from_json(body, default_spus=live_spus)
         _check_placement_size(placement_request)
-        result = placement.compute(placement_request)
+        result = placement.compute(placement_request, context.placers)
     except placement.PlacementError as error:
         raise ApiError(422, error.code, error.message) from None
     return web.json_response(placement.result_to_json(result, placement_request.spus))

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from connection_manager import server as cm_server
-from controller import config, metrics
+from controller import config, metrics, placement
 from store import history, kv, local
 
 
@@ -28,3 +28,5 @@ class Context:
     connections: cm_server.ConnectionManager | None = None
     # Wakes the partition controller (set by the pipeline), e.g. after a drain request.
     kick_partitions: Callable[[], None] = lambda: None
+    # The operator's placement plug-ins, created at start, by the name a topic's strategy gives them.
+    placers: placement.Placers = field(default_factory=dict)

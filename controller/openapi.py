@@ -227,7 +227,10 @@ def _paths() -> dict[str, Any]:
                 r202=_json(_ref("Topic"), "InsufficientResources, or not decided within the timeout"),
                 r400=malformed,
                 r409=_error("AlreadyExists, or deleted while waiting (Conflict)"),
-                r422=_error("InvalidObject, InvalidConfig, or (dryRun) InsufficientResources"),
+                r422=_error(
+                    "InvalidObject, InvalidConfig (for example a strategy that is neither built in nor a configured "
+                    "plug-in), or (dryRun) InsufficientResources"
+                ),
                 r503=unavailable,
             )
         },
@@ -351,7 +354,15 @@ def _extra_schemas() -> dict[str, Any]:
                 },
                 "partitions": {"type": "integer"},
                 "replicationFactor": {"type": "integer"},
-                "strategy": {"type": "string"},
+                "strategy": {
+                    "type": "string",
+                    "description": "A built-in strategy, or the NAME of a placement plug-in configured on the SC "
+                    "(never a module: the SC imports only what its operator configures)",
+                },
+                "plugin": {
+                    "type": "string",
+                    "description": "A configured plug-in asked before a built-in strategy, which runs if it defers",
+                },
                 "startIndex": {"type": "integer"},
                 "ignoreRackAssignment": {"type": "boolean"},
                 "policies": {"type": "string"},
