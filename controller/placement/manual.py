@@ -29,8 +29,8 @@ def _entry(entry: object) -> tuple[object, object]:
 def validate_manual(replica_assignment: Iterable[object], registered_spu_ids: Iterable[int]) -> list[list[int]]:
     """Check an assignment (`(id, replicas)` pairs or `{"id", "replicas"}` objects); return the replica map.
 
-    Rules: at least one partition; ids are non-negative integers that start at 0 and run in
-    sequence without gaps or repeats (in any order); each partition has at least one replica,
+    Rules: at least one partition; ids are non-negative integers listed 0, 1, 2, ... in order,
+    without gaps or repeats (as Fluvio, which refuses rather than re-sorts them); each partition has at least one replica,
     all the same number, unique, non-negative integer SPU ids, every one registered. All
     problems are reported together in one InvalidConfig, each naming the partition and value.
     """
@@ -49,13 +49,17 @@ def validate_manual(replica_assignment: Iterable[object], registered_spu_ids: It
             problems.append(f"partition {partition_id}: the id appears more than once")
             continue
         by_id[partition_id] = _replicas(partition_id, replicas, registered, problems)
-    expected = set(range(len(entries)))
-    missing = sorted(expected - set(by_id))
-    if missing and by_id:
+    given = list(by_id)  # in the order written
+    missing = sorted(set(range(len(entries))) - set(by_id))
+    misplaced = [partition_id for position, partition_id in enumerate(given) if partition_id != position]
+    if given and (missing or misplaced):
+        wrong = (
+            f"{model.format_ids(missing)} {'are' if len(missing) > 1 else 'is'} missing"
+            if missing
+            else f"{model.format_ids(misplaced)} {'are' if len(misplaced) > 1 else 'is'} out of order"
+        )
         problems.append(
-            f"partition ids must start at 0 and run in sequence without gaps: "
-            f"{model.format_ids(missing)} {'are' if len(missing) > 1 else 'is'} missing "
-            f"(ids given: {model.format_ids(sorted(by_id))})"
+            f"assigned partition ids must be in sequence and without gaps: {wrong} (ids given: {model.format_ids(given)})"
         )
     sizes = {partition_id: len(replicas) for partition_id, replicas in by_id.items() if replicas}
     if sizes:

@@ -429,6 +429,20 @@ async def test_topic_invalid_config_is_refused_before_writing(server: api_server
     assert await server.read("topics", "manual") is None
 
 
+async def test_manual_partition_ids_out_of_order_are_refused_before_writing(server: api_server.ApiServer) -> None:
+    await server.put(spu(0), spu(1))
+    body = {"name": "manual", "spec": {"replicaAssignment": [{"id": 1, "replicas": [0]}, {"id": 0, "replicas": [1]}]}}
+    assert await server.call("POST", "/v1/topics", body) == (
+        422,
+        error(
+            "InvalidConfig",
+            "invalid replica assignment: assigned partition ids must be in sequence and without gaps: "
+            "1, 0 are out of order (ids given: 1, 0)",
+        ),
+    )
+    assert await server.read("topics", "manual") is None
+
+
 async def test_topic_deleted_while_waiting_is_409(server: api_server.ApiServer) -> None:
     async def delete_when_written() -> None:
         while (stored := await server.kv_store.get("topics/orders")) is None:

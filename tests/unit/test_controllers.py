@@ -330,3 +330,17 @@ def test_a_topic_names_a_configured_plugin_and_anything_else_is_invalid_config()
     invalid = make_topic("top", {"resolution": "InvalidConfig", "reason": statuses(unconfigured)[0][2]}, partitions=2, replicationFactor=2, placement={"strategy": "highest-first"})
     assert statuses(topic.decide(snapshot_of(*spus, (invalid, 11)), placers=placers)) == [("top", "Pending", "")]
     assert topic.decide(snapshot_of(*spus, (invalid, 11))) == []  # still unconfigured: the same reason, no write
+
+
+def test_a_stored_manual_topic_with_ids_out_of_order_is_invalid_config() -> None:
+    """Written straight into the store (the API refuses it): the controller refuses it too, never re-sorts."""
+    stored = make_topic("manual", replicaAssignment=[{"id": 1, "replicas": [0]}, {"id": 0, "replicas": [1]}])
+    decided = topic.decide(snapshot_of((make_spu(0), 1), (make_spu(1), 2), (stored, 5)))
+    assert statuses(decided) == [
+        (
+            "manual",
+            "InvalidConfig",
+            "invalid replica assignment: assigned partition ids must be in sequence and without gaps: 1, 0 are out "
+            "of order (ids given: 1, 0); delete the topic and create it again with a valid spec",
+        )
+    ]

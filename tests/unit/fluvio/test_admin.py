@@ -88,6 +88,14 @@ async def test_topic_create_failures_in_fluvios_order(fluvio_sc: daemon_fixtures
     unknown_spu = codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(0, [0, 9])]))
     answer = await client.status(codec.CREATE, create(codec.TOPIC, "manual", unknown_spu))
     assert answer.error_code == codec.ErrorCode(Error.TOPIC_ERROR) and "9" in (answer.error_message or "")
+    # Fluvio refuses assigned ids out of order (it does not re-sort them): TopicError, as for other assignment errors.
+    out_of_order = codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(1, [0]), codec.PartitionMap(0, [1])]))
+    assert await client.status(codec.CREATE, create(codec.TOPIC, "manual", out_of_order)) == error(
+        "manual",
+        Error.TOPIC_ERROR,
+        "invalid replica assignment: assigned partition ids must be in sequence and without gaps: "
+        "1, 0 are out of order (ids given: 1, 0)",
+    )
     assert set(await fluvio_sc.read_all("topics")) == {"taken"}
 
 

@@ -90,7 +90,7 @@ def test_invalid_manual_assignment(monkeypatch: pytest.MonkeyPatch, capsys: pyte
         "error": {
             "code": "InvalidConfig",
             "message": "invalid replica assignment: partition 0: SPU 0 is listed more than once; "
-            "partition ids must start at 0 and run in sequence without gaps: 1 is missing (ids given: 0, 2)",
+            "assigned partition ids must be in sequence and without gaps: 1 is missing (ids given: 0, 2)",
         }
     }
 
@@ -98,7 +98,7 @@ def test_invalid_manual_assignment(monkeypatch: pytest.MonkeyPatch, capsys: pyte
 def test_valid_manual_assignment_is_validated_and_echoed(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    request = {"spus": [{"id": 0}, {"id": 1}], "replicaAssignment": [{"id": 1, "replicas": [0, 1]}, {"id": 0, "replicas": [1, 0]}]}
+    request = {"spus": [{"id": 0}, {"id": 1}], "replicaAssignment": [{"id": 0, "replicas": [1, 0]}, {"id": 1, "replicas": [0, 1]}]}
     status, answer, _ = run(["placement", "compute"], json.dumps(request), monkeypatch, capsys)
     assert status == 0
     assert isinstance(answer, dict)
