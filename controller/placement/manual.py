@@ -37,6 +37,7 @@ def validate_manual(replica_assignment: Iterable[object], registered_spu_ids: It
     entries = [_entry(entry) for entry in replica_assignment]
     registered = set(registered_spu_ids)
     problems: list[str] = []
+    unregistered: list[str] = []  # the problems that registering SPUs would fix
     if not entries:
         raise model.InvalidConfig("replica assignment is empty: it needs at least one partition")
     by_id: dict[int, list[int]] = {}
@@ -48,7 +49,7 @@ def validate_manual(replica_assignment: Iterable[object], registered_spu_ids: It
         if partition_id in by_id:
             problems.append(f"partition {partition_id}: the id appears more than once")
             continue
-        by_id[partition_id] = _replicas(partition_id, replicas, registered, problems)
+        by_id[partition_id] = _replicas(partition_id, replicas, registered, problems, unregistered)
     given = list(by_id)  # in the order written
     missing = sorted(set(range(len(entries))) - set(by_id))
     misplaced = [partition_id for position, partition_id in enumerate(given) if partition_id != position]
@@ -73,11 +74,14 @@ def validate_manual(replica_assignment: Iterable[object], registered_spu_ids: It
     if problems:
         shown = "; ".join(problems[:_SHOWN_PROBLEMS])
         more = f"; and {len(problems) - _SHOWN_PROBLEMS} more" if len(problems) > _SHOWN_PROBLEMS else ""
-        raise model.InvalidConfig(f"invalid replica assignment: {shown}{more}", problems=problems)
+        fix = model.Fix.CLUSTER if len(unregistered) == len(problems) else model.Fix.SPEC
+        raise model.InvalidConfig(f"invalid replica assignment: {shown}{more}", problems=problems, fix=fix)
     return [by_id[partition_id] for partition_id in range(len(entries))]
 
 
-def _replicas(partition_id: int, replicas: object, registered: set[int], problems: list[str]) -> list[int]:
+def _replicas(
+    partition_id: int, replicas: object, registered: set[int], problems: list[str], unregistered: list[str]
+) -> list[int]:
     if not isinstance(replicas, Sequence) or isinstance(replicas, str | bytes):
         problems.append(f"partition {partition_id}: replicas {replicas!r} is not a list of SPU ids")
         return []
@@ -95,10 +99,11 @@ def _replicas(partition_id: int, replicas: object, registered: set[int], problem
             continue
         seen.append(spu_id)
         if spu_id not in registered:
-            problems.append(
+            unregistered.append(
                 f"partition {partition_id}: SPU {spu_id} is not registered "
                 f"(registered: {model.format_ids(sorted(registered)) or 'none'})"
             )
+            problems.append(unregistered[-1])
     # As given, even when invalid: the replica count is still compared across partitions.
     return list(replicas)
 

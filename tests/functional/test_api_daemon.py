@@ -106,13 +106,17 @@ async def test_invalid_configs(sc: Running) -> None:
     assert (status, body["error"]["code"]) == (422, "InvalidConfig")
     assert "9" in body["error"]["message"]
     assert await sc.read("topics", "manual") is None
-    # Found by placement: the controller's verdict is kept in the store.
+    # Found by placement: the controller's verdict is kept in the store, with what to do.
     status, body = await sc.call("POST", "/v1/topics", topic_body("racks", 2, 2))
-    assert (status, body["error"]["code"]) == (422, "InvalidConfig")
+    reason = (
+        "rack-aware placement needs a rack on every online SPU, but SPU 1 has none: give SPU 1 a rack "
+        "(sc spu set-rack ID --rack R), or create the topic with ignoreRackAssignment: true "
+        "(sc topic create --ignore-rack-assignment); the topic stays and is placed by itself once the SPUs allow it"
+    )
+    assert (status, body["error"]) == (422, {"code": "InvalidConfig", "message": f"topic 'racks' is InvalidConfig: {reason}"})
     stored = await sc.read("topics", "racks")
     assert stored is not None and body["object"] == stored.to_json_dict()
-    assert stored.status.resolution is models.TopicResolution.INVALID_CONFIG  # type: ignore[attr-defined]
-    assert "SPU 1 has none" in stored.status.reason  # type: ignore[attr-defined]
+    assert (stored.status.resolution, stored.status.reason) == (models.TopicResolution.INVALID_CONFIG, reason)  # type: ignore[attr-defined]
     assert await sc.partitions_of("racks") == {}
 
 

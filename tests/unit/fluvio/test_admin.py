@@ -111,6 +111,21 @@ async def test_a_topic_without_enough_spus_is_kept_and_answered_not_provisioned(
     assert stored is not None and stored.status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES  # type: ignore[attr-defined]
 
 
+async def test_a_topic_that_waits_for_a_rack_says_so_and_is_kept(
+    fluvio_sc: daemon_fixtures.Running, client: client_module.Client
+) -> None:
+    await fluvio_sc.register_spu(0, rack="r1")
+    await fluvio_sc.register_spu(1)
+    assert await client.status(codec.CREATE, create(codec.TOPIC, "racks", computed(2, 2))) == error(
+        "racks",
+        Error.TOPIC_INVALID_CONFIGURATION,
+        "topic 'racks' is InvalidConfig: rack-aware placement needs a rack on every online SPU, but SPU 1 has none: "
+        "give SPU 1 a rack (sc spu set-rack ID --rack R), or create the topic with ignoreRackAssignment: true "
+        "(sc topic create --ignore-rack-assignment); the topic stays and is placed by itself once the SPUs allow it",
+    )
+    assert set(await fluvio_sc.read_all("topics")) == {"racks"}
+
+
 async def test_a_topic_dry_run_writes_nothing(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
     await fluvio_sc.register_spu(0)
     assert await client.status(codec.CREATE, create(codec.TOPIC, "maybe", computed(2, 1), dry_run=True)) == codec.Status("maybe")

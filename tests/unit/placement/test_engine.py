@@ -91,6 +91,30 @@ def test_invalid_requests(options: dict[str, object], message: str) -> None:
     assert str(error) == message
 
 
+@pytest.mark.parametrize(
+    ("options", "fix"),
+    [
+        ({"spus": [placement.SpuInfo(0, "r1"), placement.SpuInfo(1)]}, placement.Fix.CLUSTER),
+        ({"spus": [placement.SpuInfo(0, "r1"), placement.SpuInfo(1, "/dc1/r1")]}, placement.Fix.CLUSTER),
+        ({"spus": helpers.racked({0: "/dc1/r1", 1: "/dc2"}), "strategy": "multi-level"}, placement.Fix.CLUSTER),
+        ({"policies": "node=exclusive"}, placement.Fix.CLUSTER),
+        ({"policies": "preferred_nodes=9"}, placement.Fix.CLUSTER),
+        ({"strategy": "manual", "replica_assignment": [(0, [9])], "partitions": 0}, placement.Fix.CLUSTER),
+        ({"strategy": "manual", "replica_assignment": [(0, [9]), (2, [0])], "partitions": 0}, placement.Fix.SPEC),
+        ({"strategy": "manual", "replica_assignment": [(1, [0]), (0, [1])], "partitions": 0}, placement.Fix.SPEC),
+        ({"policies": "node=sideways"}, placement.Fix.SPEC),
+        ({"strategy": "kafka", "policies": "node=balanced"}, placement.Fix.SPEC),
+    ],
+)
+def test_each_invalid_config_says_whether_the_cluster_or_only_the_spec_can_fix_it(
+    options: dict[str, object], fix: placement.Fix
+) -> None:
+    """Racks and registered SPUs are the cluster's: giving an SPU a rack places the same topic."""
+    error = error_of(request(**{"replication_factor": 1, **options}))
+    assert isinstance(error, placement.InvalidConfig)
+    assert error.fix is fix, str(error)
+
+
 def test_the_same_spu_tuple_placed_on_again_gives_what_an_equal_fresh_one_gives() -> None:
     """The engine remembers the last SPU tuple by identity: reusing it changes no result, and a
     tuple that failed its checks fails them again (nothing is remembered from a failure)."""
