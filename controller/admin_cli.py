@@ -405,6 +405,15 @@ def _spu_drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spu_set_rack(args: argparse.Namespace) -> int:
+    """Give an SPU a rack (or none): topics waiting for one are then placed by themselves."""
+    client = Client(_address(args))
+    name = _spu_name_of(client, int(args.spu)) if args.spu.isdigit() else args.spu
+    _, spu = client.call("POST", _path("spus", name, "rack"), {"rack": None if args.no_rack else args.rack})
+    _show(args, spu, lambda answer: spu_rows([answer]))
+    return 0
+
+
 # ---------------------------------------------------------------------------- spu-group
 
 
@@ -523,6 +532,12 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     drain = command(spus, "drain", _spu_drain, "move every leadership off an SPU before stopping it")
     drain.add_argument("spu", metavar="ID|NAME", help="the SPU's id or name")
     drain.add_argument("--timeout-ms", type=_whole_number, default=30_000, metavar="MS", help="longest wait (default 30000)")
+
+    set_rack = command(spus, "set-rack", _spu_set_rack, "give a custom SPU a rack, or take it away (--no-rack)")
+    set_rack.add_argument("spu", metavar="ID|NAME", help="the SPU's id or name")
+    rack_choice = set_rack.add_mutually_exclusive_group(required=True)
+    rack_choice.add_argument("--rack", metavar="R", help="its rack (a label, or a path such as /dc1/r2)")
+    rack_choice.add_argument("--no-rack", action="store_true", help="take its rack away")
 
     groups = group_of("spu-group", "create, scale, list and delete SPU groups (managed SPUs)")
     create_group = command(groups, "create", _spu_group_create, "create an SPU group")

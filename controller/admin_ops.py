@@ -275,6 +275,34 @@ async def add_partitions(context: context_module.Context, name: str, count: int)
     return grown, revision  # type: ignore[return-value]
 
 
+async def set_spu_rack(context: context_module.Context, name: str, rack: str | None) -> models.Spu:
+    """Give an SPU a rack (None: no rack) by compare-and-swap on its spec; the SPU as written.
+
+    Topics waiting for racks are placed by their controller once it sees the change. A managed
+    SPU has its group's rack: the group controller would put it back, so it is refused.
+    """
+
+    def set_rack(current: models.ClusterObject) -> models.ClusterObject:
+        spu: models.Spu = current  # type: ignore[assignment]
+        group = spu_group.owning_group(spu)
+        group_entry = None if group is None else context.local_store["spu-groups"].get(group)
+        if group_entry is not None:
+            raise ApiError(
+                409,
+                "ManagedSpu",
+                f"SPU {name!r} is managed by SPU group {group!r}, whose SPUs all have its rack "
+                f"({group_entry.obj.spec.rack!r}): it cannot be set on one of them",  # type: ignore[attr-defined]
+            )
+        try:
+            spec = models.SpuSpec.model_validate({**spu.spec.model_dump(), "rack": rack})
+        except pydantic.ValidationError as error:
+            raise ApiError(422, "InvalidRequest", models.describe_validation_error(error)) from None
+        return spu.model_copy(update={"spec": spec})
+
+    changed, _ = await update_spec(context, "spus", name, set_rack, "setting its rack")
+    return changed  # type: ignore[return-value]
+
+
 async def update_spec(
     context: context_module.Context,
     kind: str,
@@ -283,7 +311,8 @@ async def update_spec(
     doing: str,
 ) -> tuple[models.ClusterObject, int]:
     """Compare-and-swap ``change(current)`` on the object; re-read and re-apply when a controller
-    wrote first (``change`` is relative, so it applies on top of the newer state)."""
+    wrote first (``change`` is relative, so it applies on top of the newer state). A change that
+    changes nothing writes nothing (the revision is then the object's current one)."""
     key = models.object_key(kind, name)
     for _ in range(CAS_ATTEMPTS):
         stored = await context.kv_store.get(key)
@@ -291,6 +320,8 @@ async def update_spec(
         if stored is None or current is None:
             raise ApiError(404, "NotFound", f"{label(kind, name)} not found")
         changed = change(current)
+        if changed == current:
+            return current, stored.mod_revision
         try:
             return changed, await context.kv_store.update(key, models.encode(changed), stored.mod_revision)
         except kv.Conflict:

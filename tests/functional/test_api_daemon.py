@@ -120,6 +120,27 @@ async def test_invalid_configs(sc: Running) -> None:
     assert await sc.partitions_of("racks") == {}
 
 
+async def test_a_topic_waiting_for_a_rack_is_placed_once_the_spu_gets_one(sc: Running, capsys: pytest.CaptureFixture[str]) -> None:
+    for spu_id, rack in enumerate(["r1", "r2", "r3", None]):
+        await sc.register_spu(spu_id, rack)
+    status, body = await sc.call("POST", "/v1/topics", topic_body("waits", 4, 3))
+    assert (status, body["object"]["status"]["resolution"]) == (422, "InvalidConfig")
+    assert "SPU 3 has none: give SPU 3 a rack" in body["object"]["status"]["reason"]
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli.main, ["spu", "set-rack", "3", "--rack", "r1", "--sc", sc.url]) == 0
+    assert "3   spu-3  Custom  r1" in capsys.readouterr().out
+
+    async def provisioned() -> None:
+        topic = await sc.read("topics", "waits")
+        assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
+        assert await sc.partitions_of("waits") == topic.status.replica_map  # type: ignore[attr-defined]
+        assert len(topic.status.replica_map) == 4  # type: ignore[attr-defined]
+
+    await sc.eventually(provisioned)
+    spu = await sc.read("spus", "spu-3")
+    assert spu is not None and spu.spec.rack == "r1"  # type: ignore[attr-defined]
+
+
 async def test_insufficient_spus_then_an_spu_is_added(sc: Running) -> None:
     await sc.register_spu(0)
     await sc.register_spu(1)
