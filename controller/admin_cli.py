@@ -176,7 +176,12 @@ def spu_group_rows(groups: list[dict[str, Any]]) -> str:
 
 def placement_rows(answer: dict[str, Any]) -> str:
     rows = [[index, replicas] for index, replicas in enumerate(answer["replicaMap"])]
-    return table(["PARTITION", "REPLICAS"], rows) + f"\nnext start index: {answer['nextStartIndex']}"
+    text = table(["PARTITION", "REPLICAS"], rows) + f"\nnext start index: {answer['nextStartIndex']}"
+    violations = ((answer.get("balance") or {}).get("rackViolations") or {}).get("partitions") or []
+    if violations:
+        shown = ", ".join(str(partition) for partition in violations[:20]) + (" ..." if len(violations) > 20 else "")
+        text += f"\nrack violations: partition{'s' if len(violations) > 1 else ''} {shown} (replicas in fewer racks than they could be)"
+    return text
 
 
 def describe_topic(topic: dict[str, Any]) -> str:

@@ -147,6 +147,30 @@ _REMEDIES = {
 }
 
 
+def placed_note(topic: models.Topic, replica_map: Sequence[Sequence[int]], spus: Sequence[placement.SpuInfo]) -> str:
+    """The reason a Provisioned topic records: its rack violations, if any ("" otherwise).
+
+    Not when racks are ignored, nor when policies keep replicas together (node=colocated): the
+    topic's own spec asked for them."""
+    violations = placement.rack_violations(replica_map, spus)
+    if not violations or topic.spec.ignore_rack_assignment:
+        return ""
+    policies = topic.spec.placement.policies if topic.spec.placement is not None else None
+    if policies and placement.parse_policies(policies).node == "colocated":
+        return ""
+    online: dict[str, int] = {}
+    for spu in spus:
+        if spu.online and spu.rack is not None:
+            online[spu.rack] = online.get(spu.rack, 0) + 1
+    one = len(violations) == 1
+    per_rack = ", ".join(f"{rack} {count}" for rack, count in sorted(online.items()))
+    return (
+        f"placed with rack violations: partition{'' if one else 's'} {placement.format_ids(violations)} "
+        f"{'has' if one else 'have'} more than one replica in a rack although another rack has none of "
+        f"{'its' if one else 'their'} replicas (online SPUs per rack: {per_rack}; racks of equal size avoid this)"
+    )
+
+
 def dry_run(
     snapshot: local.Snapshot, topic: models.Topic, placers: placement.Placers = NO_PLACERS
 ) -> placement.PlacementResult:
@@ -249,8 +273,9 @@ def decide(
             continue
         kept = len(current_map(topic))
         replica_map = {index: list(replicas) for index, replicas in enumerate(result.replica_map)}
+        note = placed_note(topic, result.replica_map, spus)
         provisioned = topic.model_copy(
-            update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason="")}
+            update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason=note)}
         )
         # Statuses only: up to 127 topics per transaction on the chain key. Their partitions are
         # created by the next pass (create-if-absent, batched 128 per transaction, several in

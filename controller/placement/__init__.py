@@ -6,7 +6,7 @@ manual, plugins) behind `engine.compute`. Only `cli` reads or writes anything, a
 imports a module by name: plug-ins arrive as objects (`compute(request, placers)`).
 """
 
-from controller.placement.report import balance
+from controller.placement.report import balance, rack_violations
 from controller.placement.codec import error_to_json, request_from_json, result_to_json
 from controller.placement.engine import check_strategy, compute
 from controller.placement.manual import validate_manual
@@ -21,6 +21,7 @@ from controller.placement.model import (
     PlacementRequest,
     PlacementResult,
     SpuInfo,
+    format_ids,
 )
 from controller.placement.plugins import ClusterView, PlacementSpec, Placers, ReplicaPlacer
 from controller.placement.policies import Policies, compact_policies, parse_policies
@@ -46,7 +47,9 @@ __all__ = [
     "compact_policies",
     "compute",
     "error_to_json",
+    "format_ids",
     "parse_policies",
+    "rack_violations",
     "request_from_json",
     "result_to_json",
     "validate_manual",

@@ -65,6 +65,27 @@ async def test_rack_aware_topic_spreads_every_partition_over_racks(sc: Running) 
         assert len({rack_of[spu_id] for spu_id in replicas}) == 3, replica_map
 
 
+async def test_rack_violations_are_reported_by_create_and_describe(sc: Running, capsys: pytest.CaptureFixture[str]) -> None:
+    for spu_id, rack in enumerate(["r1", "r1", "r1", "r2", "r3"]):
+        await sc.register_spu(spu_id, rack)
+    reason = (
+        "placed with rack violations: partitions 2, 3, 4 have more than one replica in a rack although another rack "
+        "has none of their replicas (online SPUs per rack: r1 3, r2 1, r3 1; racks of equal size avoid this)"
+    )
+    status, body = await sc.call("POST", "/v1/topics", topic_body("uneven", 6, 3))
+    assert (status, body["status"]["resolution"], body["status"]["reason"]) == (201, "Provisioned", reason)
+    capsys.readouterr()
+    argv = ["topic", "create", "second", "-p", "2", "-r", "3", "--sc", sc.url]
+    assert await asyncio.to_thread(cli.main, argv) == 0  # from start index 6: [3, 4, 1], [4, 1, 2]
+    created = cli_lines(capsys.readouterr().out)
+    assert created[1].split()[:4] == ["second", "Provisioned", "2", "3"]
+    assert created[1].endswith("placed with rack violations: partition 1 has more than one replica in a rack although "
+                               "another rack has none of its replicas (online SPUs per rack: r1 3, r2 1, r3 1; racks of "
+                               "equal size avoid this)")  # fmt: skip
+    assert await asyncio.to_thread(cli.main, ["topic", "describe", "uneven", "--sc", sc.url]) == 0
+    assert f"Reason:      {reason}" in cli_lines(capsys.readouterr().out)
+
+
 async def test_manual_topic_gets_exactly_its_assignment(sc: Running) -> None:
     for spu_id in range(3):
         await sc.register_spu(spu_id)

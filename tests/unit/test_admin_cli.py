@@ -132,6 +132,16 @@ async def test_dry_run_prints_the_placement_and_creates_nothing(server: api_serv
     assert await server.read("topics", "orders") is None
 
 
+async def test_dry_run_names_the_partitions_with_rack_violations(server: api_server.ApiServer, sc: Sc) -> None:
+    await server.put(*(spu(spu_id, rack=rack) for spu_id, rack in enumerate(["r1", "r1", "r1", "r2"])))
+    assert await sc("topic", "create", "orders", "-p", "3", "-r", "3", "--dry-run") == (
+        0,
+        "PARTITION  REPLICAS\n0          [0, 3, 1]\n1          [3, 1, 2]\n2          [1, 2, 0]\nnext start index: 3\n"
+        "rack violations: partition 2 (replicas in fewer racks than they could be)\n",
+        "",
+    )
+
+
 async def test_validate_only_checks_an_assignment_file(
     server: api_server.ApiServer, sc: Sc, tmp_path: pathlib.Path
 ) -> None:

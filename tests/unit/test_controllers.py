@@ -344,3 +344,27 @@ def test_a_stored_manual_topic_with_ids_out_of_order_is_invalid_config() -> None
             "of order (ids given: 1, 0); delete the topic and create it again with a valid spec",
         )
     ]
+
+
+def test_a_placement_with_rack_violations_says_which_partitions() -> None:
+    """The seed's rack-aware walk on uneven racks may put two replicas of a partition in one rack
+    while another rack has room: the topic is placed, and its reason says so."""
+    racks = ["r1", "r1", "r1", "r2", "r3"]
+    spus = [(make_spu(spu_id, rack=rack), spu_id + 1) for spu_id, rack in enumerate(racks)]
+    pending = make_topic("t", {"resolution": "Pending"}, partitions=6, replicationFactor=3)
+    ignoring = make_topic("plain", {"resolution": "Pending"}, partitions=6, replicationFactor=3, ignoreRackAssignment=True)
+    [provision] = topic.decide(snapshot_of(*spus, (pending, 10), (ignoring, 11)))
+    written = {write.key: json.loads(write.value)["status"] for write in provision.writes[1:]}  # type: ignore[arg-type]
+    assert written["topics/t"] == {
+        "resolution": "Provisioned",
+        "replicaMap": {"0": [0, 3, 4], "1": [3, 4, 1], "2": [4, 1, 2], "3": [1, 2, 0], "4": [2, 0, 3], "5": [0, 3, 4]},
+        "reason": "placed with rack violations: partitions 2, 3, 4 have more than one replica in a rack although "
+        "another rack has none of their replicas (online SPUs per rack: r1 3, r2 1, r3 1; racks of equal size "
+        "avoid this)",
+    }
+    # Racks ignored on purpose: nothing to report.
+    assert written["topics/plain"]["reason"] == ""
+    # Even racks (the usual case): no reason either.
+    even = [(make_spu(spu_id, rack=f"r{spu_id % 3}"), spu_id + 1) for spu_id in range(6)]
+    [provision] = topic.decide(snapshot_of(*even, (pending, 10)))
+    assert json.loads(provision.writes[1].value)["status"]["reason"] == ""  # type: ignore[arg-type]
