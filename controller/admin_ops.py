@@ -217,8 +217,9 @@ def _group_naming(context: context_module.Context, spu_name: str) -> str | None:
 
 async def create_topic(context: context_module.Context, topic: models.Topic) -> int:
     """Write a new topic whose configuration the controller would accept; its store revision."""
-    # The controller would reject a configuration no cluster change can fix: say so now and
-    # write nothing, with the controller's own check and message.
+    # What the controller would reject before placing (an invalid assignment or policies, a
+    # strategy neither built in nor configured): say so now and write nothing, with the
+    # controller's own check and message.
     require_synced(context)
     snapshot = context.local_store.snapshot()
     problem = topic_controller.validate(topic, topic_controller.spu_infos(snapshot), context.placers)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -26,6 +26,18 @@ def cli_lines(out: str) -> list[str]:
 
 def topic_body(name: str, partitions: int, replication_factor: int, **spec: Any) -> dict[str, Any]:
     return {"name": name, "spec": {"partitions": partitions, "replicationFactor": replication_factor, **spec}}
+
+
+def provisioned_with(sc: Running, name: str, partitions: int) -> Callable[[], Awaitable[None]]:
+    """A check for `sc.eventually`: the topic is Provisioned with its partitions, all in the store."""
+
+    async def provisioned() -> None:
+        topic = await sc.read("topics", name)
+        assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
+        assert await sc.partitions_of(name) == topic.status.replica_map  # type: ignore[attr-defined]
+        assert len(topic.status.replica_map) == partitions  # type: ignore[attr-defined]
+
+    return provisioned
 
 
 async def test_healthz_is_ok_once_started(sc: Running) -> None:
@@ -150,14 +162,7 @@ async def test_a_topic_waiting_for_a_rack_is_placed_once_the_spu_gets_one(sc: Ru
     capsys.readouterr()
     assert await asyncio.to_thread(cli.main, ["spu", "set-rack", "3", "--rack", "r1", "--sc", sc.url]) == 0
     assert "3   spu-3  Custom  r1" in capsys.readouterr().out
-
-    async def provisioned() -> None:
-        topic = await sc.read("topics", "waits")
-        assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
-        assert await sc.partitions_of("waits") == topic.status.replica_map  # type: ignore[attr-defined]
-        assert len(topic.status.replica_map) == 4  # type: ignore[attr-defined]
-
-    await sc.eventually(provisioned)
+    await sc.eventually(provisioned_with(sc, "waits", 4))
     spu = await sc.read("spus", "spu-3")
     assert spu is not None and spu.spec.rack == "r1"  # type: ignore[attr-defined]
 
@@ -171,14 +176,7 @@ async def test_insufficient_spus_then_an_spu_is_added(sc: Running) -> None:
     assert stored is not None and stored.status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES  # type: ignore[attr-defined]
     assert "1 more needed" in stored.status.reason  # type: ignore[attr-defined]
     await sc.register_spu(2)
-
-    async def provisioned() -> None:
-        topic = await sc.read("topics", "wide")
-        assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
-        assert await sc.partitions_of("wide") == topic.status.replica_map  # type: ignore[attr-defined]
-        assert len(topic.status.replica_map) == 4  # type: ignore[attr-defined]
-
-    await sc.eventually(provisioned)
+    await sc.eventually(provisioned_with(sc, "wide", 4))
 
 
 async def test_add_partitions_keeps_the_existing_ones(sc: Running) -> None:
