@@ -75,10 +75,14 @@ async def test_a_spec_naming_a_module_is_refused_and_the_daemon_lives(sc: Runnin
     assert await sc.read_all("topics") == {}
 
 
-async def test_a_topic_written_straight_into_the_store_naming_a_module_is_invalid_config(sc: Running) -> None:
+async def test_a_topic_written_straight_into_the_store_naming_a_module_is_invalid_config(
+    sc: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for spu_id in range(2):
         await sc.register_spu(spu_id)
-    for name, strategy in (("doom", "os:abort"), ("later", "my-placer")):
+    never_imported = "tests.unit.placement.never_imported"
+    monkeypatch.delitem(sys.modules, never_imported, raising=False)
+    for name, strategy in (("doom", "os:abort"), ("later", "my-placer"), ("sneaky", f"{never_imported}:Placer")):
         topic = stored_topic(name, strategy)
         await sc.kv_store.create(topic.key, models.encode(topic))
 
@@ -96,7 +100,13 @@ async def test_a_topic_written_straight_into_the_store_naming_a_module_is_invali
             "it again with another strategy",
         )
 
+    async def sneaky_invalid() -> None:
+        sneaky = await sc.read("topics", "sneaky")
+        assert sneaky is not None and sneaky.status.resolution is models.TopicResolution.INVALID_CONFIG  # type: ignore[attr-defined]
+
     await sc.eventually(both_invalid)
+    await sc.eventually(sneaky_invalid)
+    assert never_imported not in sys.modules  # named by a stored spec, and never imported
     assert await sc.call("GET", "/healthz") == (200, {"status": "ok"})
     assert await sc.partitions_of("doom") == {}
 
