@@ -176,7 +176,12 @@ def spu_group_rows(groups: list[dict[str, Any]]) -> str:
 
 def placement_rows(answer: dict[str, Any]) -> str:
     rows = [[index, replicas] for index, replicas in enumerate(answer["replicaMap"])]
-    return table(["PARTITION", "REPLICAS"], rows) + f"\nnext start index: {answer['nextStartIndex']}"
+    text = table(["PARTITION", "REPLICAS"], rows) + f"\nnext start index: {answer['nextStartIndex']}"
+    violations = ((answer.get("balance") or {}).get("rackViolations") or {}).get("partitions") or []
+    if violations:
+        shown = ", ".join(str(partition) for partition in violations[:20]) + (" ..." if len(violations) > 20 else "")
+        text += f"\nrack violations: partition{'s' if len(violations) > 1 else ''} {shown} (replicas in fewer racks than they could be)"
+    return text
 
 
 def describe_topic(topic: dict[str, Any]) -> str:
@@ -405,6 +410,15 @@ def _spu_drain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _spu_set_rack(args: argparse.Namespace) -> int:
+    """Give an SPU a rack (or none): topics waiting for one are then placed by themselves."""
+    client = Client(_address(args))
+    name = _spu_name_of(client, int(args.spu)) if args.spu.isdigit() else args.spu
+    _, spu = client.call("POST", _path("spus", name, "rack"), {"rack": None if args.no_rack else args.rack})
+    _show(args, spu, lambda answer: spu_rows([answer]))
+    return 0
+
+
 # ---------------------------------------------------------------------------- spu-group
 
 
@@ -492,7 +506,8 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     create.add_argument(
         "--placement-strategy",
         metavar="S",
-        help="computed (default), kafka, least-loaded, multi-level, policies, or a plug-in module:Class",
+        help="computed (default), kafka, least-loaded, multi-level, policies, or the NAME of a placement plug-in "
+        "configured on the SC (sc run --placement-plugin NAME=module:Class)",
     )
     create.add_argument("--dry-run", action="store_true", help="show the placement the topic would get; create nothing")
     command(topics, "list", _lister("topics", topic_rows), "list topics")
@@ -522,6 +537,12 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     drain = command(spus, "drain", _spu_drain, "move every leadership off an SPU before stopping it")
     drain.add_argument("spu", metavar="ID|NAME", help="the SPU's id or name")
     drain.add_argument("--timeout-ms", type=_whole_number, default=30_000, metavar="MS", help="longest wait (default 30000)")
+
+    set_rack = command(spus, "set-rack", _spu_set_rack, "give a custom SPU a rack, or take it away (--no-rack)")
+    set_rack.add_argument("spu", metavar="ID|NAME", help="the SPU's id or name")
+    rack_choice = set_rack.add_mutually_exclusive_group(required=True)
+    rack_choice.add_argument("--rack", metavar="R", help="its rack (a label, or a path such as /dc1/r2)")
+    rack_choice.add_argument("--no-rack", action="store_true", help="take its rack away")
 
     groups = group_of("spu-group", "create, scale, list and delete SPU groups (managed SPUs)")
     create_group = command(groups, "create", _spu_group_create, "create an SPU group")

@@ -217,14 +217,20 @@ def _group_naming(context: context_module.Context, spu_name: str) -> str | None:
 
 async def create_topic(context: context_module.Context, topic: models.Topic) -> int:
     """Write a new topic whose configuration the controller would accept; its store revision."""
-    # The controller would reject a configuration no cluster change can fix: say so now and
-    # write nothing, with the controller's own check and message.
+    # What the controller would reject before placing (an invalid assignment or policies, a
+    # strategy neither built in nor configured): say so now and write nothing, with the
+    # controller's own check and message.
     require_synced(context)
     snapshot = context.local_store.snapshot()
-    problem = topic_controller.validate(topic, topic_controller.spu_infos(snapshot))
+    problem = topic_controller.validate(topic, topic_controller.spu_infos(snapshot), context.placers)
     if problem is not None:
-        raise ApiError(422, "InvalidConfig", problem)
+        raise ApiError(422, "InvalidConfig", problem.message)
     return await create(context, topic)
+
+
+def invalid_topic(name: str, reason: str) -> str:
+    """What a create answers for a topic the controller made InvalidConfig; its reason says what to do."""
+    return f"topic {name!r} is InvalidConfig: {reason}"
 
 
 def dry_run_topic(context: context_module.Context, topic: models.Topic) -> tuple[placement.PlacementResult, tuple[placement.SpuInfo, ...]]:
@@ -234,7 +240,7 @@ def dry_run_topic(context: context_module.Context, topic: models.Topic) -> tuple
         raise ApiError(409, "AlreadyExists", f"{label('topics', topic.name)} already exists")
     snapshot = context.local_store.snapshot()
     try:
-        result = topic_controller.dry_run(snapshot, topic)
+        result = topic_controller.dry_run(snapshot, topic, context.placers)
     except placement.PlacementError as error:
         raise ApiError(422, error.code, error.message) from None
     return result, topic_controller.spu_infos(snapshot)
@@ -270,6 +276,34 @@ async def add_partitions(context: context_module.Context, name: str, count: int)
     return grown, revision  # type: ignore[return-value]
 
 
+async def set_spu_rack(context: context_module.Context, name: str, rack: str | None) -> models.Spu:
+    """Give an SPU a rack (None: no rack) by compare-and-swap on its spec; the SPU as written.
+
+    Topics waiting for racks are placed by their controller once it sees the change. A managed
+    SPU has its group's rack: the group controller would put it back, so it is refused.
+    """
+
+    def set_rack(current: models.ClusterObject) -> models.ClusterObject:
+        spu: models.Spu = current  # type: ignore[assignment]
+        group = spu_group.owning_group(spu)
+        group_entry = None if group is None else context.local_store["spu-groups"].get(group)
+        if group_entry is not None:
+            raise ApiError(
+                409,
+                "ManagedSpu",
+                f"SPU {name!r} is managed by SPU group {group!r}, whose SPUs all have its rack "
+                f"({group_entry.obj.spec.rack!r}): it cannot be set on one of them",  # type: ignore[attr-defined]
+            )
+        try:
+            spec = models.SpuSpec.model_validate({**spu.spec.model_dump(), "rack": rack})
+        except pydantic.ValidationError as error:
+            raise ApiError(422, "InvalidRequest", models.describe_validation_error(error)) from None
+        return spu.model_copy(update={"spec": spec})
+
+    changed, _ = await update_spec(context, "spus", name, set_rack, "setting its rack")
+    return changed  # type: ignore[return-value]
+
+
 async def update_spec(
     context: context_module.Context,
     kind: str,
@@ -278,7 +312,8 @@ async def update_spec(
     doing: str,
 ) -> tuple[models.ClusterObject, int]:
     """Compare-and-swap ``change(current)`` on the object; re-read and re-apply when a controller
-    wrote first (``change`` is relative, so it applies on top of the newer state)."""
+    wrote first (``change`` is relative, so it applies on top of the newer state). A change that
+    changes nothing writes nothing (the revision is then the object's current one)."""
     key = models.object_key(kind, name)
     for _ in range(CAS_ATTEMPTS):
         stored = await context.kv_store.get(key)
@@ -286,6 +321,8 @@ async def update_spec(
         if stored is None or current is None:
             raise ApiError(404, "NotFound", f"{label(kind, name)} not found")
         changed = change(current)
+        if changed == current:
+            return current, stored.mod_revision
         try:
             return changed, await context.kv_store.update(key, models.encode(changed), stored.mod_revision)
         except kv.Conflict:

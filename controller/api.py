@@ -364,11 +364,7 @@ async def _topic_answer(
     status: models.TopicStatus = current.status  # type: ignore[attr-defined]
     if settled and status.resolution is models.TopicResolution.INVALID_CONFIG:
         raise ApiError(
-            422,
-            "InvalidConfig",
-            f"topic {written.name!r} is InvalidConfig: {status.reason}; "
-            "it was kept so you can see why: delete it and create it again",
-            object=current.to_json_dict(),
+            422, "InvalidConfig", admin_ops.invalid_topic(written.name, status.reason), object=current.to_json_dict()
         )
     done = settled and status.resolution is models.TopicResolution.PROVISIONED
     return web.json_response(current.to_json_dict(), status=(201 if created else 200) if done else 202)
@@ -415,6 +411,22 @@ async def scale_spu_group(request: web.Request) -> web.Response:
     return web.json_response(scaled.to_json_dict(), status=202)
 
 
+async def set_spu_rack(request: web.Request) -> web.Response:
+    """Give an SPU a rack, or take it away (``{"rack": null}``); compare-and-swap on its spec."""
+    context = request.app[CONTEXT]
+    body = parse_json_object(await request.read(), '{"rack": R}')
+    unknown = sorted(set(body) - {"rack"})
+    if unknown:
+        raise ApiError(422, "InvalidRequest", f'{unknown[0]}: unknown field (the body is {{"rack": R}})')
+    if "rack" not in body:
+        raise ApiError(422, "InvalidRequest", "rack: field required (the SPU's rack, or null for none)")
+    rack = body["rack"]
+    if rack is not None and not isinstance(rack, str):
+        raise ApiError(400, "MalformedRequest", f"rack: must be a string, or null for no rack (got {rack!r})")
+    spu = await admin_ops.set_spu_rack(context, request.match_info["name"], rack)
+    return web.json_response(spu.to_json_dict())
+
+
 async def delete_object(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     kind = _kind(request)
@@ -438,7 +450,7 @@ async def compute_placement(request: web.Request) -> web.Response:
     try:
         placement_request = placement.request_from_json(body, default_spus=live_spus)
         _check_placement_size(placement_request)
-        result = placement.compute(placement_request)
+        result = placement.compute(placement_request, context.placers)
     except placement.PlacementError as error:
         raise ApiError(422, error.code, error.message) from None
     return web.json_response(placement.result_to_json(result, placement_request.spus))
@@ -622,6 +634,7 @@ def build_app(context: context_module.Context) -> web.Application:
     routes.add_post("/v1/placement", compute_placement)
     routes.add_post("/v1/spus", register_spu)
     routes.add_post("/v1/spus/{name}/drain", drain_spu)
+    routes.add_post("/v1/spus/{name}/rack", set_spu_rack)
     routes.add_post("/v1/spu-groups", create_spu_group)
     routes.add_post("/v1/spu-groups/{name}/scale", scale_spu_group)
     routes.add_post("/v1/topics", create_topic)

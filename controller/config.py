@@ -13,7 +13,8 @@ import pydantic
 from pydantic import Field
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
-from store import kv
+from controller import placement_plugins
+from store import kv, models
 
 
 class StoreKind(str, enum.Enum):
@@ -59,6 +60,9 @@ class Settings(BaseSettings):
     leader_rebalance_batch: Annotated[int, Field(ge=0)] = 100
     log_format: LogFormat = LogFormat.AUTO
     log_level: str = "info"
+    # NoDecode: SC_PLACEMENT_PLUGINS is written like the flags (NAME=module:Class,...), not as JSON.
+    placement_plugins: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
+    placement_entry_points: bool = False
 
     @pydantic.field_validator("etcd_endpoints", mode="before")
     @classmethod
@@ -78,6 +82,25 @@ class Settings(BaseSettings):
                 raise ValueError(f"etcd endpoint {endpoint!r} is not of the form http://host:port")
             normalised.append(bare)
         return normalised
+
+    @pydantic.field_validator("placement_plugins", mode="before")
+    @classmethod
+    def _plugin_pairs(cls, value: Any) -> Any:
+        """NAME=module:Class items (comma-separated in the variable, one per flag) as a mapping."""
+        if isinstance(value, str):
+            value = [item.strip() for item in value.split(",") if item.strip()]
+        if not isinstance(value, list):
+            return value
+        return placement_plugins.parse_references(value)
+
+    @pydantic.field_validator("placement_plugins")
+    @classmethod
+    def _plugin_names_and_references(cls, plugins: dict[str, str]) -> dict[str, str]:
+        for name, reference in plugins.items():
+            models.validate_plugin_name(name)
+            if not models.is_module_reference(reference):
+                raise ValueError(f"placement plug-in {name!r}: {reference!r} is not written module:Class")
+        return plugins
 
     @pydantic.field_validator("key_prefix")
     @classmethod

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from connection_manager import server as cm_server
-from controller import config, metrics
+from controller import config, metrics, placement
 from store import active_sc, history, kv, local, supervisor as supervisor_module
 
 
@@ -32,3 +32,5 @@ class Context:
     supervisor: supervisor_module.Supervisor = field(default_factory=supervisor_module.Supervisor)
     # This SC's claim to be the store's active SC (None where nothing claims, such as some tests).
     active: active_sc.ActiveSc | None = None
+    # The operator's placement plug-ins, created at start, by the name a topic's strategy gives them.
+    placers: placement.Placers = field(default_factory=dict)

@@ -16,7 +16,7 @@ from aiohttp import web
 from connection_manager import health as health_module
 from connection_manager import lrs
 from connection_manager import server as cm_server
-from controller import api, config, context as context_module, metrics, pipeline
+from controller import api, config, context as context_module, metrics, pipeline, placement_plugins
 from controller.fluvio import listener as fluvio_listener, server as fluvio_server
 from store import active_sc, embedded_etcd, etcd, history, kv, local, memory
 from store import supervisor as supervisor_module
@@ -50,7 +50,11 @@ class Daemon:
 
     async def start(self) -> None:
         try:
-            # The history first: a second SC on the same data dir is refused before it starts anything.
+            # The plug-ins first: a configuration that cannot load stops the SC before it touches anything.
+            placers = placement_plugins.load(self.settings.placement_plugins, self.settings.placement_entry_points)
+            if placers:
+                log.info("placement plug-ins loaded", plugins=sorted(placers))
+            # The history next: a second SC on the same data dir is refused before it starts anything.
             await self._open_history()
             raw_store = await self._open_store()
             self.active = active_sc.ActiveSc(raw_store, self.settings.active_sc_lease_ttl)
@@ -65,6 +69,7 @@ class Daemon:
                 history=self.history,
                 supervisor=self.supervisor,
                 active=self.active,
+                placers=placers,
             )
             self.context.metrics.watch_local_store(self.context.local_store)
             self.context.metrics.watch_tasks(self.context.supervisor)

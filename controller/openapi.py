@@ -186,6 +186,22 @@ def _paths() -> dict[str, Any]:
                 r503=unavailable,
             )
         },
+        "/v1/spus/{name}/rack": {
+            "post": _operation(
+                "Give a custom SPU a rack, or take it away with null (an extension of API.md)",
+                description="Compare-and-swap on the SPU's spec; the same rack again writes nothing. Topics "
+                "waiting for racks (InvalidConfig because some online SPUs have one and others not) are "
+                "then placed by their controller. A managed SPU has its group's rack (409 ManagedSpu).",
+                parameters=(_NAME,),
+                body="SpuRack",
+                r200=_json(_ref("Spu"), "The SPU as written"),
+                r400=malformed,
+                r404=_error("No such SPU"),
+                r409=_error("ManagedSpu, or the SPU kept changing (Conflict)"),
+                r422=_error("InvalidRequest: the rack is not a label or a /path, or the body has other fields"),
+                r503=unavailable,
+            )
+        },
         "/v1/spu-groups": {
             "post": _operation(
                 "Create an SPU group; waits until it is Reserved or Invalid",
@@ -229,7 +245,10 @@ def _paths() -> dict[str, Any]:
                 r202=_json(_ref("Topic"), "InsufficientResources, or not decided within the timeout"),
                 r400=malformed,
                 r409=_error("AlreadyExists, or deleted while waiting (Conflict)"),
-                r422=_error("InvalidObject, InvalidConfig, or (dryRun) InsufficientResources"),
+                r422=_error(
+                    "InvalidObject, InvalidConfig (for example a strategy that is neither built in nor a configured "
+                    "plug-in), or (dryRun) InsufficientResources"
+                ),
                 r503=unavailable,
             )
         },
@@ -295,6 +314,17 @@ def _extra_schemas() -> dict[str, Any]:
         "NewTopic": _new_object("topic", "TopicSpec", ""),
         "AddPartitions": _one_integer("count", 1, "Partitions to add"),
         "Scale": _one_integer("replicas", 0, "SPUs the group should have"),
+        "SpuRack": {
+            "type": "object",
+            "properties": {
+                "rack": {
+                    "type": ["string", "null"],
+                    "description": "A label, or a path such as /dc1/r2 (multi-level racks); null for no rack",
+                }
+            },
+            "required": ["rack"],
+            "additionalProperties": False,
+        },
         "Error": {
             "type": "object",
             "properties": {
@@ -353,7 +383,15 @@ def _extra_schemas() -> dict[str, Any]:
                 },
                 "partitions": {"type": "integer"},
                 "replicationFactor": {"type": "integer"},
-                "strategy": {"type": "string"},
+                "strategy": {
+                    "type": "string",
+                    "description": "A built-in strategy, or the NAME of a placement plug-in configured on the SC "
+                    "(never a module: the SC imports only what its operator configures)",
+                },
+                "plugin": {
+                    "type": "string",
+                    "description": "A configured plug-in asked before a built-in strategy, which runs if it defers",
+                },
                 "startIndex": {"type": "integer"},
                 "ignoreRackAssignment": {"type": "boolean"},
                 "policies": {"type": "string"},

@@ -102,7 +102,9 @@ class Pipeline:
         if full or any(change.full for change in changes.values()) or not changes["spus"].empty:
             self._retry_unplaced = True
         chain_free = not loop.busy(topic.CHAIN_KEY)
-        decided = topic.decide(snapshot, None if full else changes, loop.busy, self._retry_unplaced)
+        decided = topic.decide(
+            snapshot, None if full else changes, loop.busy, self._retry_unplaced, placers=self.context.placers
+        )
         if chain_free and not any(action.verb is actions.Verb.PROVISION for action in decided):
             self._retry_unplaced = False  # every unplaced topic was tried with the current SPUs
         return decided

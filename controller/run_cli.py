@@ -36,6 +36,19 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     run.add_argument("--spu-token-file", type=Path, help="file holding a shared token every SPU must present")
     run.add_argument("--unclean-leader-election", action="store_true", default=None, help="let an out-of-sync replica lead when no in-sync one is online (may lose committed records)")
     run.add_argument("--leader-rebalance-batch", type=int, help="preferred-leader moves per controller pass (default 100; 0 disables)")
+    run.add_argument(
+        "--placement-plugin",
+        dest="placement_plugins",
+        action="append",
+        metavar="NAME=module:Class",
+        help="load a placement plug-in at start, which topics then name as placement strategy NAME (repeatable)",
+    )
+    run.add_argument(
+        "--placement-entry-points",
+        action="store_true",
+        default=None,
+        help="also load the placement plug-ins installed packages declare (entry points streaming_controller.placement)",
+    )
     run.add_argument("--log-format", choices=[fmt.value for fmt in config.LogFormat], help="auto (default), console or json")
     run.add_argument("--log-level", help="debug, info (default), warning or error")
     run.set_defaults(handler=handle_run)
@@ -49,7 +62,7 @@ def handle_run(args: argparse.Namespace) -> int:
             "history_dir", "record_history",
             "embedded_etcd_client_port", "embedded_etcd_peer_port", "resync_interval", "spu_offline_grace",
             "spu_heartbeat_timeout", "spu_token_file", "unclean_leader_election", "leader_rebalance_batch",
-            "log_format", "log_level",
+            "log_format", "log_level", "placement_plugins", "placement_entry_points",
         )
     }
     try:
@@ -61,11 +74,14 @@ def handle_run(args: argparse.Namespace) -> int:
         return 2
     # Imported here: every other `sc` command (an SPU simulator, an admin call) starts faster
     # without the daemon's modules.
-    from controller import daemon
+    from controller import daemon, placement_plugins
     from store import active_sc, embedded_etcd, history, kv
 
     try:
         asyncio.run(daemon.Daemon(settings).run_until_signalled())
+    except placement_plugins.PluginError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     except (embedded_etcd.EtcdError, history.HistoryError, kv.Unavailable, active_sc.AnotherScActive, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

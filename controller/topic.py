@@ -92,15 +92,13 @@ def placement_request(
             current_replica_map=current_map(topic),
         )
     strategy = spec.placement.strategy if spec.placement is not None else "computed"
-    plugin = strategy if ":" in strategy else None
     if not _load_aware(topic):
         existing = ()  # only load-aware strategies read other topics' assignment (O(partitions))
     return placement.PlacementRequest(
         spus=spus,
         partitions=spec.partitions or 0,
         replication_factor=spec.replication_factor or 0,
-        strategy="computed" if plugin else strategy,
-        plugin=plugin,
+        strategy=strategy,  # a plug-in's name stays a name: placement finds it among the configured placers
         start_index=start_index,
         ignore_rack_assignment=spec.ignore_rack_assignment,
         policies=spec.placement.policies if spec.placement is not None else None,
@@ -109,33 +107,86 @@ def placement_request(
     )
 
 
-def validate(topic: models.Topic, spus: Sequence[placement.SpuInfo]) -> str | None:
-    """Configuration problems that no cluster change can fix (None when valid)."""
+NO_PLACERS: placement.Placers = {}
+
+
+def validate(
+    topic: models.Topic, spus: Sequence[placement.SpuInfo], placers: placement.Placers = NO_PLACERS
+) -> placement.InvalidConfig | None:
+    """Configuration problems found before placing (None when valid): the replica assignment, the
+    policies, and a strategy that is neither built in nor one of the configured ``placers``."""
     spec = topic.spec
     try:
         if spec.replica_assignment is not None:
             placement.validate_manual(
                 [(row.id, list(row.replicas)) for row in spec.replica_assignment], [spu.id for spu in spus]
             )
-        elif spec.placement is not None and spec.placement.policies:
-            placement.parse_policies(spec.placement.policies)
-    except placement.PlacementError as error:
-        return error.message
+        elif spec.placement is not None:
+            placement.check_strategy(spec.placement.strategy, placers)
+            if spec.placement.policies:
+                placement.parse_policies(spec.placement.policies)
+    except placement.InvalidConfig as error:
+        return error
     return None
 
 
-def dry_run(snapshot: local.Snapshot, topic: models.Topic) -> placement.PlacementResult:
+def unplaced_reason(error: placement.PlacementError) -> str:
+    """The reason an unplaceable topic records: the problem, then what makes it placeable."""
+    if not isinstance(error, placement.InvalidConfig):
+        return error.message
+    return f"{error.message}; {_REMEDIES[error.fix]}"
+
+
+_REMEDIES = {
+    placement.Fix.SPEC: "delete the topic and create it again with a valid spec",
+    placement.Fix.CLUSTER: "the topic stays and is placed by itself once the SPUs allow it",
+    placement.Fix.PLUGINS: (
+        "the topic is placed once the SC runs with that plug-in configured and working, or delete it and "
+        "create it again with another strategy"
+    ),
+}
+
+
+def placed_note(topic: models.Topic, replica_map: Sequence[Sequence[int]], spus: Sequence[placement.SpuInfo]) -> str:
+    """The reason a Provisioned topic records: its rack violations, if any ("" otherwise).
+
+    Not when racks are ignored, nor when policies keep replicas together (node=colocated): the
+    topic's own spec asked for them."""
+    violations = placement.rack_violations(replica_map, spus)
+    if not violations or topic.spec.ignore_rack_assignment:
+        return ""
+    policies = topic.spec.placement.policies if topic.spec.placement is not None else None
+    if policies and placement.parse_policies(policies).node == "colocated":
+        return ""
+    online: dict[str, int] = {}
+    for spu in spus:
+        if spu.online and spu.rack is not None:
+            online[spu.rack] = online.get(spu.rack, 0) + 1
+    one = len(violations) == 1
+    per_rack = ", ".join(f"{rack} {count}" for rack, count in sorted(online.items()))
+    return (
+        f"placed with rack violations: partition{'' if one else 's'} {placement.format_ids(violations)} "
+        f"{'has' if one else 'have'} more than one replica in a rack although another rack has none of "
+        f"{'its' if one else 'their'} replicas (online SPUs per rack: {per_rack}; racks of equal size avoid this)"
+    )
+
+
+def dry_run(
+    snapshot: local.Snapshot, topic: models.Topic, placers: placement.Placers = NO_PLACERS
+) -> placement.PlacementResult:
     """The placement ``topic`` would get now, without deciding anything (the API's dryRun)."""
     spus = spu_infos(snapshot)
-    problem = validate(topic, spus)
+    problem = validate(topic, spus, placers)
     if problem is not None:
-        raise placement.InvalidConfig(problem)
-    return placement.compute(placement_request(topic, spus, read_chain(snapshot).start_index, _assignment(snapshot)))
+        raise problem
+    request = placement_request(topic, spus, read_chain(snapshot).start_index, _assignment(snapshot))
+    return placement.compute(request, placers)
 
 
 def _load_aware(topic: models.ClusterObject) -> bool:
+    """Least-loaded, and plug-ins (which see the cluster's assignment), read every partition."""
     strategy = topic.spec.placement.strategy if topic.spec.placement is not None else "computed"
-    return strategy == "least-loaded" or ":" in strategy
+    return strategy == "least-loaded" or strategy not in placement.STRATEGIES
 
 
 def _assignment(snapshot: local.Snapshot) -> list[tuple[str, int, list[int]]]:
@@ -154,6 +205,8 @@ def decide(
     changes: Mapping[str, local.Changes] | None = None,
     busy: Callable[[str], bool] = _idle,
     retry_unplaced: bool = True,
+    *,
+    placers: placement.Placers = NO_PLACERS,
 ) -> list[actions.Action]:
     """The topic controller's actions.
 
@@ -161,7 +214,7 @@ def decide(
     only for the topics and partitions that changed. ``busy(key)``: a write to that key is in
     flight (deciding on it again now would be wasted work). ``retry_unplaced``: re-run topics
     that are InvalidConfig or InsufficientResources (their outcome only changes with the SPUs
-    or their own spec, which ``changes`` shows).
+    or their own spec, which ``changes`` shows). ``placers``: the configured placement plug-ins.
     """
     topics: Mapping[str, local.Entry] = snapshot.entries("topics")
     full = changes is None or any(change.full for change in changes.values())
@@ -191,7 +244,7 @@ def decide(
     for entry in unvalidated:
         topic: models.Topic = entry.obj  # type: ignore[assignment]
         if not busy(topic.key):
-            decided += _validated(entry, spus)
+            decided += _validated(entry, spus, placers)
 
     # Placement only while the chain is free (one provision in flight keeps it unforked).
     unplaced = snapshot.indexed("topics", "unplaced", _unplaced) if chain_free else ()
@@ -213,15 +266,16 @@ def decide(
         if existing is None and _load_aware(topic):
             existing = _assignment(snapshot) + placed_rows
         try:
-            result = placement.compute(placement_request(topic, spus, cursor, existing or ()))
+            result = placement.compute(placement_request(topic, spus, cursor, existing or ()), placers)
         except placement.PlacementError as error:
             target = INSUFFICIENT if isinstance(error, placement.InsufficientResources) else INVALID
-            decided += _status(entry, target, error.message, keep_map=True)
+            decided += _status(entry, target, unplaced_reason(error), keep_map=True)
             continue
         kept = len(current_map(topic))
         replica_map = {index: list(replicas) for index, replicas in enumerate(result.replica_map)}
+        note = placed_note(topic, result.replica_map, spus)
         provisioned = topic.model_copy(
-            update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason="")}
+            update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason=note)}
         )
         # Statuses only: up to 127 topics per transaction on the chain key. Their partitions are
         # created by the next pass (create-if-absent, batched 128 per transaction, several in
@@ -261,18 +315,18 @@ def _unplaced(topic: models.ClusterObject) -> bool:
     return status.resolution in (PENDING, INSUFFICIENT)
 
 
-def _validated(entry: local.Entry, spus: Sequence[placement.SpuInfo]) -> list[actions.Action]:
+def _validated(entry: local.Entry, spus: Sequence[placement.SpuInfo], placers: placement.Placers) -> list[actions.Action]:
     topic: models.Topic = entry.obj  # type: ignore[assignment]
-    problem = validate(topic, spus)
+    problem = validate(topic, spus, placers)
     if problem is not None:
-        return _status(entry, INVALID, problem)
+        return _status(entry, INVALID, unplaced_reason(problem))
     if topic.status.resolution is INVALID:
         # The configuration is valid now; if placement still rejects it the same way (for
         # example partial racks), stay put instead of flapping through Pending.
         try:
-            placement.compute(placement_request(topic, spus, 0, []))
+            placement.compute(placement_request(topic, spus, 0, []), placers)
         except placement.InvalidConfig as error:
-            if error.message == topic.status.reason:
+            if unplaced_reason(error) == topic.status.reason:
                 return []
         except placement.PlacementError:
             pass

@@ -19,7 +19,9 @@ _NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
 _PARTITION_NAME = re.compile(r"^(?P<topic>.+)-(?P<index>0|[1-9][0-9]*)$")
 # The common case in one match: a valid topic name, '-', an index (partition names are hot: 100k per startup).
 _VALID_PARTITION_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-(?:0|[1-9][0-9]*)$")
-_PLUGIN_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+# How plug-ins were once named in a spec. The SC no longer imports what a spec names, but topics
+# stored that way must still load, so that the controller can mark them InvalidConfig and say why.
+_MODULE_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 PLACEMENT_STRATEGIES = ("computed", "kafka", "least-loaded", "multi-level", "policies")
 
@@ -27,6 +29,20 @@ PLACEMENT_STRATEGIES = ("computed", "kafka", "least-loaded", "multi-level", "pol
 # make the SC build a billion-entry replica map.
 MAX_PARTITIONS = 100_000
 MAX_REPLICATION_FACTOR = 128
+
+
+def validate_plugin_name(name: str) -> str:
+    """A placement plug-in's name, as the operator configures it and a topic's placement.strategy
+    names it: written like an object name, and not the name of a built-in strategy."""
+    validate_name(name, "placement plug-in name")
+    if name in PLACEMENT_STRATEGIES or name == "manual":
+        raise ValueError(f"placement plug-in name {name!r} is the name of a built-in strategy: choose another")
+    return name
+
+
+def is_module_reference(strategy: str) -> bool:
+    """``module:Class``: what a spec could name before plug-ins were configured by the operator."""
+    return bool(_MODULE_REFERENCE.match(strategy))
 
 
 def validate_name(name: str, what: str = "name") -> str:
@@ -191,12 +207,19 @@ class PlacementSpec(Model):
     @field_validator("strategy")
     @classmethod
     def _known_strategy(cls, strategy: str) -> str:
-        if strategy in PLACEMENT_STRATEGIES or _PLUGIN_REFERENCE.match(strategy):
+        """A built-in strategy or a well-formed plug-in name; whether that plug-in is configured is
+        the controller's and the API's check (the model knows no configuration)."""
+        if strategy in PLACEMENT_STRATEGIES or is_module_reference(strategy):
             return strategy
-        raise ValueError(
-            f"placement strategy {strategy!r} is unknown: use one of "
-            f"{', '.join(PLACEMENT_STRATEGIES)}, or a plug-in written as module:Class"
-        )
+        if strategy == "manual":
+            raise ValueError("placement strategy 'manual' is chosen by giving replicaAssignment instead of partitions")
+        try:
+            return validate_plugin_name(strategy)
+        except ValueError:
+            raise ValueError(
+                f"placement strategy {strategy!r} is unknown: use one of {', '.join(PLACEMENT_STRATEGIES)}, "
+                "or the name of a placement plug-in configured on the SC (lowercase letters, digits and '-')"
+            ) from None
 
 
 class TopicSpec(Model):

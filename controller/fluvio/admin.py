@@ -235,9 +235,8 @@ class Admin:
             return None  # the controller has not judged our write yet
         topic: models.Topic = entry.obj  # type: ignore[assignment]
         resolution = topic.status.resolution
-        kept = "it was kept so you can see why: delete it and create it again"
         if resolution is models.TopicResolution.INVALID_CONFIG:
-            return Verdict(Error.TOPIC_INVALID_CONFIGURATION, f"topic {name!r} is InvalidConfig: {topic.status.reason}; {kept}")
+            return Verdict(Error.TOPIC_INVALID_CONFIGURATION, admin_ops.invalid_topic(name, topic.status.reason))
         if resolution is models.TopicResolution.INSUFFICIENT_RESOURCES:
             return Verdict(
                 Error.TOPIC_NOT_PROVISIONED,

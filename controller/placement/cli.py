@@ -1,6 +1,7 @@
 """`sc placement compute`: offline placement from a JSON request; the only placement module doing I/O.
 
 Reads stdin or --input, writes the JSON answer on stdout; the work is done by the pure modules.
+Plug-ins are the ones --placement-plugin names, loaded like the daemon's; never what the request names.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import argparse
 import json
 import sys
 
+from controller import placement_plugins
 from controller.placement import codec, engine, model
 
 
@@ -26,14 +28,28 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         ),
     )
     compute.add_argument("--input", metavar="FILE", default="-", help="request file (default: stdin)")
+    compute.add_argument(
+        "--placement-plugin",
+        dest="placement_plugins",
+        action="append",
+        default=[],
+        metavar="NAME=module:Class",
+        help="load a placement plug-in that the request may name as strategy (or plugin) NAME (repeatable)",
+    )
     compute.set_defaults(handler=compute_command)
 
 
 def compute_command(args: argparse.Namespace) -> int:
-    """Print the answer to the request; 0 on success, 1 with an error object on failure."""
+    """Print the answer to the request; 0 on success, 1 with an error object on failure (2: a plug-in
+    given on the command line cannot be loaded)."""
+    try:
+        placers = placement_plugins.load(placement_plugins.parse_references(args.placement_plugins))
+    except (ValueError, placement_plugins.PluginError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     try:
         request = codec.request_from_json(_read_request(args.input))
-        result = engine.compute(request)
+        result = engine.compute(request, placers)
         answer, status = codec.result_to_json(result, request.spus), 0
     except model.PlacementError as error:
         answer, status = codec.error_to_json(error), 1

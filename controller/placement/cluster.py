@@ -52,10 +52,12 @@ def rack_layout(spus: Sequence[model.SpuInfo], *, ignore_racks: bool = False) ->
     if len(without) == len(spus):
         return "none"
     if without:
+        spus_without = f"SPU{'s' if len(without) > 1 else ''} {model.format_ids(without)}"
         raise model.InvalidConfig(
-            f"rack-aware placement needs a rack on every online SPU, but SPU{'s' if len(without) > 1 else ''} "
-            f"{model.format_ids(without)} {'have' if len(without) > 1 else 'has'} none: "
-            "give them a rack or set ignoreRackAssignment"
+            f"rack-aware placement needs a rack on every online SPU, but {spus_without} "
+            f"{'have' if len(without) > 1 else 'has'} none: give {spus_without} a rack (sc spu set-rack ID --rack R), "
+            "or create the topic with ignoreRackAssignment: true (sc topic create --ignore-rack-assignment)",
+            fix=model.Fix.CLUSTER,
         )
     paths = [spu for spu in spus if spu.rack is not None and spu.rack.startswith("/")]
     if not paths:
@@ -65,7 +67,8 @@ def rack_layout(spus: Sequence[model.SpuInfo], *, ignore_racks: bool = False) ->
         raise model.InvalidConfig(
             "racks must be all paths (/dc/rack) or all plain labels, not a mix: "
             f"SPU{'s' if len(flat) > 1 else ''} {', '.join(flat[:10])} "
-            f"{'are' if len(flat) > 1 else 'is'} not a path while SPU {paths[0].id} has {paths[0].rack!r}"
+            f"{'are' if len(flat) > 1 else 'is'} not a path while SPU {paths[0].id} has {paths[0].rack!r}",
+            fix=model.Fix.CLUSTER,
         )
     return "paths"
 
@@ -89,7 +92,8 @@ def rack_path(spu: model.SpuInfo) -> tuple[str, ...]:
     parts = tuple(rack[1:].split("/"))
     if any(part == "" for part in parts):
         raise model.InvalidConfig(
-            f"rack {rack!r} of SPU {spu.id} is not a valid path: write it as /level1/level2 with no empty level"
+            f"rack {rack!r} of SPU {spu.id} is not a valid path: write it as /level1/level2 with no empty level",
+            fix=model.Fix.CLUSTER,
         )
     return parts
 

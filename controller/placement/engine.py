@@ -1,12 +1,13 @@
 """The one entry point: check a placement request, keep current partitions, run the chosen strategy.
 
-Purely computational, no I/O (a plug-in named in the request is imported, nothing else).
+Purely computational, no I/O. A plug-in named in the request must be one of the placers the
+caller hands in (the operator's configuration): nothing a request names is ever imported.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from controller.placement import cluster, computed, kafka, least_loaded, manual, model, multilevel, plugins, policies
 
@@ -19,19 +20,23 @@ _STRATEGIES: dict[str, Callable[[model.Run], list[list[int]]]] = {
 }
 
 
-def compute(request: model.PlacementRequest) -> model.PlacementResult:
+_NO_PLACERS: Mapping[str, plugins.ReplicaPlacer] = {}
+
+
+def compute(request: model.PlacementRequest, placers: plugins.Placers = _NO_PLACERS) -> model.PlacementResult:
     """Place the partitions the request asks for, or raise InsufficientResources / InvalidConfig.
 
     Partitions in `current_replica_map` keep their replicas; the others are placed as one run
     starting at `start_index`, and `next_start_index` is `start_index` plus the number of
     partitions placed (a manual assignment places none). Policies select the policies
-    strategy unless another one is named. A plug-in, when named, is asked first; if it
-    returns None the strategy runs.
+    strategy unless another one is named. A plug-in, when named (as the strategy, or as
+    `plugin` in front of a built-in strategy), must be one of `placers`; it is asked first,
+    and if it returns None the strategy runs (computed, when the plug-in is the strategy).
     """
     last = _last_spus
     if last is None or last[0] is not request.spus:
         _check_spus_once(request.spus)
-    strategy, plugin = _strategy_and_plugin(request)
+    strategy, plugin = _strategy_and_plugin(request, placers)
     if strategy == "manual":
         return manual.place(request)
     _check_counts(request)
@@ -50,7 +55,7 @@ def compute(request: model.PlacementRequest) -> model.PlacementResult:
         start_index=request.start_index,
         request=request,
     )
-    placed = plugins.place(plugin, run) if plugin else None
+    placed = plugins.place(plugin, placers[plugin], run) if plugin is not None else None
     if placed is None:
         placed = _STRATEGIES[strategy](run)
     replica_map.extend(placed)
@@ -118,18 +123,46 @@ def _check_spus(spus: object) -> None:
             raise model.InvalidConfig(f"online of SPU {spu.id} must be true or false, not {spu.online!r}")
 
 
-def _strategy_and_plugin(request: model.PlacementRequest) -> tuple[str, str | None]:
+def check_strategy(strategy: str, placers: plugins.Placers) -> None:
+    """Raise InvalidConfig unless `strategy` is built in or the name of a configured placer."""
+    if strategy in model.STRATEGIES or strategy in placers:
+        return
+    configured = ", ".join(sorted(placers)) or "none"
+    built_in = ", ".join(model.STRATEGIES)
+    if ":" in strategy:
+        # A module reference: what a spec could name before plug-ins were the operator's to load.
+        raise model.InvalidConfig(
+            f"placement strategy {strategy!r} names a module: a topic names a built-in strategy ({built_in}) or "
+            f"a placement plug-in configured on this SC, by its name (configured: {configured}); the SC "
+            f"imports only the plug-ins its operator configures ({_CONFIGURE})"
+        )
+    raise model.InvalidConfig(
+        f"placement strategy {strategy!r} is neither built in ({built_in}) nor a placement plug-in configured "
+        f"on this SC (configured: {configured}); {_CONFIGURED_BY}",
+        fix=model.Fix.PLUGINS,
+    )
+
+
+_CONFIGURE = "sc run --placement-plugin NAME=module:Class"
+_CONFIGURED_BY = f"plug-ins are configured by the operator ({_CONFIGURE})"
+
+
+def _strategy_and_plugin(request: model.PlacementRequest, placers: plugins.Placers) -> tuple[str, str | None]:
     strategy, plugin = request.strategy, request.plugin
     if not isinstance(strategy, str):
         raise model.InvalidConfig(f"strategy must be a string, not {strategy!r}")
-    if ":" in strategy:
+    if plugin is not None and not isinstance(plugin, str):
+        raise model.InvalidConfig(f"plugin must be a string, not {plugin!r}")
+    check_strategy(strategy, placers)
+    if strategy not in model.STRATEGIES:
         if plugin is not None and plugin != strategy:
             raise model.InvalidConfig(f"strategy {strategy!r} and plugin {plugin!r} name two different plug-ins")
         strategy, plugin = "computed", strategy
-    elif strategy not in model.STRATEGIES:
+    elif plugin is not None and plugin not in placers:
         raise model.InvalidConfig(
-            f"unknown placement strategy {strategy!r}: use one of {', '.join(model.STRATEGIES)} "
-            "or a plug-in module:Class"
+            f"placement plug-in {plugin!r} is not configured on this SC "
+            f"(configured: {', '.join(sorted(placers)) or 'none'}); {_CONFIGURED_BY}",
+            fix=model.Fix.SPEC if ":" in plugin else model.Fix.PLUGINS,
         )
     if request.policies is not None and not isinstance(request.policies, str):
         raise model.InvalidConfig(f"placement policies must be a string, not {request.policies!r}")

@@ -29,14 +29,15 @@ def _entry(entry: object) -> tuple[object, object]:
 def validate_manual(replica_assignment: Iterable[object], registered_spu_ids: Iterable[int]) -> list[list[int]]:
     """Check an assignment (`(id, replicas)` pairs or `{"id", "replicas"}` objects); return the replica map.
 
-    Rules: at least one partition; ids are non-negative integers that start at 0 and run in
-    sequence without gaps or repeats (in any order); each partition has at least one replica,
+    Rules: at least one partition; ids are non-negative integers listed 0, 1, 2, ... in order,
+    without gaps or repeats (as Fluvio, which refuses rather than re-sorts them); each partition has at least one replica,
     all the same number, unique, non-negative integer SPU ids, every one registered. All
     problems are reported together in one InvalidConfig, each naming the partition and value.
     """
     entries = [_entry(entry) for entry in replica_assignment]
     registered = set(registered_spu_ids)
     problems: list[str] = []
+    unregistered: list[str] = []  # the problems that registering SPUs would fix
     if not entries:
         raise model.InvalidConfig("replica assignment is empty: it needs at least one partition")
     by_id: dict[int, list[int]] = {}
@@ -48,14 +49,18 @@ def validate_manual(replica_assignment: Iterable[object], registered_spu_ids: It
         if partition_id in by_id:
             problems.append(f"partition {partition_id}: the id appears more than once")
             continue
-        by_id[partition_id] = _replicas(partition_id, replicas, registered, problems)
-    expected = set(range(len(entries)))
-    missing = sorted(expected - set(by_id))
-    if missing and by_id:
+        by_id[partition_id] = _replicas(partition_id, replicas, registered, problems, unregistered)
+    given = list(by_id)  # in the order written
+    missing = sorted(set(range(len(entries))) - set(by_id))
+    misplaced = [partition_id for position, partition_id in enumerate(given) if partition_id != position]
+    if given and (missing or misplaced):
+        wrong = (
+            f"{model.format_ids(missing)} {'are' if len(missing) > 1 else 'is'} missing"
+            if missing
+            else f"{model.format_ids(misplaced)} {'are' if len(misplaced) > 1 else 'is'} out of order"
+        )
         problems.append(
-            f"partition ids must start at 0 and run in sequence without gaps: "
-            f"{model.format_ids(missing)} {'are' if len(missing) > 1 else 'is'} missing "
-            f"(ids given: {model.format_ids(sorted(by_id))})"
+            f"assigned partition ids must be in sequence and without gaps: {wrong} (ids given: {model.format_ids(given)})"
         )
     sizes = {partition_id: len(replicas) for partition_id, replicas in by_id.items() if replicas}
     if sizes:
@@ -69,11 +74,14 @@ def validate_manual(replica_assignment: Iterable[object], registered_spu_ids: It
     if problems:
         shown = "; ".join(problems[:_SHOWN_PROBLEMS])
         more = f"; and {len(problems) - _SHOWN_PROBLEMS} more" if len(problems) > _SHOWN_PROBLEMS else ""
-        raise model.InvalidConfig(f"invalid replica assignment: {shown}{more}", problems=problems)
+        fix = model.Fix.CLUSTER if len(unregistered) == len(problems) else model.Fix.SPEC
+        raise model.InvalidConfig(f"invalid replica assignment: {shown}{more}", problems=problems, fix=fix)
     return [by_id[partition_id] for partition_id in range(len(entries))]
 
 
-def _replicas(partition_id: int, replicas: object, registered: set[int], problems: list[str]) -> list[int]:
+def _replicas(
+    partition_id: int, replicas: object, registered: set[int], problems: list[str], unregistered: list[str]
+) -> list[int]:
     if not isinstance(replicas, Sequence) or isinstance(replicas, str | bytes):
         problems.append(f"partition {partition_id}: replicas {replicas!r} is not a list of SPU ids")
         return []
@@ -91,10 +99,11 @@ def _replicas(partition_id: int, replicas: object, registered: set[int], problem
             continue
         seen.append(spu_id)
         if spu_id not in registered:
-            problems.append(
+            unregistered.append(
                 f"partition {partition_id}: SPU {spu_id} is not registered "
                 f"(registered: {model.format_ids(sorted(registered)) or 'none'})"
             )
+            problems.append(unregistered[-1])
     # As given, even when invalid: the replica count is still compared across partitions.
     return list(replicas)
 

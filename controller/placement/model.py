@@ -6,6 +6,7 @@ Purely computational: plain frozen dataclasses and exceptions, no I/O.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -133,17 +134,27 @@ class InsufficientResources(PlacementError):
         self.needed_spus = needed_spus
 
 
+class Fix(enum.Enum):
+    """What can make an InvalidConfig placeable; a topic controller tells its user which."""
+
+    SPEC = "spec"  # only another spec: the topic must be deleted and created again
+    CLUSTER = "cluster"  # the SPUs (a rack given, an SPU registered): the same topic is placed then
+    PLUGINS = "plugins"  # the SC's configured placement plug-ins (the operator's)
+
+
 class InvalidConfig(PlacementError):
     """Bad parameters: partial racks, malformed policies or replica assignment, unknown strategy.
 
-    `problems` lists every individual problem found (the message joins them).
+    `problems` lists every individual problem found (the message joins them); `fix` says what
+    can make the placement possible.
     """
 
     code = "InvalidConfig"
 
-    def __init__(self, message: str, *, problems: Sequence[str] = ()) -> None:
+    def __init__(self, message: str, *, problems: Sequence[str] = (), fix: Fix = Fix.SPEC) -> None:
         super().__init__(message)
         self.problems = tuple(problems) if problems else (message,)
+        self.fix = fix
 
 
 def format_ids(ids: Sequence[int], limit: int = 10) -> str:

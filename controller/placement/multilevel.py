@@ -62,7 +62,8 @@ def build_tree(spus: Sequence[model.SpuInfo], *, ignore_racks: bool = False) -> 
                 raise model.InvalidConfig(
                     "multi-level racks must all have the same depth: "
                     f"SPU {first.id} has {first.rack!r} ({len(paths[first.id])} levels), "
-                    f"SPU {spu.id} has {spu.rack!r} ({len(paths[spu.id])} levels)"
+                    f"SPU {spu.id} has {spu.rack!r} ({len(paths[spu.id])} levels)",
+                    fix=model.Fix.CLUSTER,
                 )
     index: dict[tuple[str, ...], Node] = {(): root}
     for spu in ordered:

@@ -1,13 +1,13 @@
-"""Pluggable placers (the KIP's ReplicaPlacer): the interface, loading `module:Class`, checking answers.
+"""Pluggable placers (the KIP's ReplicaPlacer): the interface, asking a placer, checking its answer.
 
-Purely computational apart from importing the named module; a placer sees the cluster view
-(SPUs and the current assignment) and may return None to defer to the configured strategy.
+Purely computational, no I/O, and no import of anything a request names: placers arrive already
+created, by name, from the operator's configuration (loaded by controller/placement_plugins.py).
+A placer sees the cluster view (SPUs and the current assignment) and may return None to defer.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -37,7 +37,7 @@ class PlacementSpec:
 
 @runtime_checkable
 class ReplicaPlacer(Protocol):
-    """Implemented by plug-ins named `module:Class` (instantiated with no arguments)."""
+    """Implemented by plug-ins (configured as NAME=module:Class, instantiated with no arguments)."""
 
     def place(
         self, spec: PlacementSpec, cluster: ClusterView, spu_ids: Sequence[int]
@@ -46,30 +46,12 @@ class ReplicaPlacer(Protocol):
         ...
 
 
-def load(name: str) -> ReplicaPlacer:
-    """Import `module:Class` and instantiate it; any failure is an InvalidConfig naming the plug-in."""
-    module_name, colon, class_name = name.partition(":")
-    if not colon or not module_name or not class_name:
-        raise model.InvalidConfig(f"placement plug-in {name!r} must be written module:Class")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise model.InvalidConfig(f"placement plug-in {name!r}: cannot import {module_name!r}: {error}") from error
-    placer_class = getattr(module, class_name, None)
-    if placer_class is None:
-        raise model.InvalidConfig(f"placement plug-in {name!r}: module {module_name!r} has no {class_name!r}")
-    try:
-        placer = placer_class()
-    except Exception as error:  # a plug-in's own failure, reported as its configuration problem
-        raise model.InvalidConfig(f"placement plug-in {name!r} could not be created: {error}") from error
-    if not isinstance(placer, ReplicaPlacer):
-        raise model.InvalidConfig(f"placement plug-in {name!r} has no place(spec, cluster, spu_ids) method")
-    return placer
+# The configured placers by the name a topic's placement.strategy gives them.
+Placers = Mapping[str, ReplicaPlacer]
 
 
-def place(name: str, run: model.Run) -> list[list[int]] | None:
+def place(name: str, placer: ReplicaPlacer, run: model.Run) -> list[list[int]] | None:
     """Ask the plug-in; None means it defers. Its answer is checked like any other placement."""
-    placer = load(name)
     request = run.request
     assignments = {
         (str(entry[0]), int(entry[1])): tuple(int(spu_id) for spu_id in entry[2]) for entry in request.existing
@@ -89,16 +71,21 @@ def place(name: str, run: model.Run) -> list[list[int]] | None:
     except model.PlacementError:
         raise
     except Exception as error:  # a plug-in bug must not crash the controller
-        raise model.InvalidConfig(f"placement plug-in {name!r} failed: {type(error).__name__}: {error}") from error
+        raise _failed(f"placement plug-in {name!r} failed: {type(error).__name__}: {error}") from error
     if answer is None:
         return None
     return _checked(name, answer, run)
 
 
+def _failed(message: str) -> model.InvalidConfig:
+    # The plug-in is the operator's: fixing or replacing it makes the same topic placeable.
+    return model.InvalidConfig(message, fix=model.Fix.PLUGINS)
+
+
 def _checked(name: str, answer: object, run: model.Run) -> list[list[int]]:
     if not isinstance(answer, Sequence) or len(answer) != run.count:
         size = len(answer) if isinstance(answer, Sequence) else type(answer).__name__
-        raise model.InvalidConfig(
+        raise _failed(
             f"placement plug-in {name!r} returned {size} replica lists, {run.count} were asked for"
         )
     eligible = set(run.ids)
@@ -106,10 +93,10 @@ def _checked(name: str, answer: object, run: model.Run) -> list[list[int]]:
     for offset, replicas in enumerate(answer):
         partition = run.first_partition + offset
         if not isinstance(replicas, Sequence) or isinstance(replicas, str):
-            raise model.InvalidConfig(f"placement plug-in {name!r}: partition {partition} is {replicas!r}, not a list")
+            raise _failed(f"placement plug-in {name!r}: partition {partition} is {replicas!r}, not a list")
         row = list(replicas)
         if len(row) != run.replication_factor:
-            raise model.InvalidConfig(
+            raise _failed(
                 f"placement plug-in {name!r}: partition {partition} has {len(row)} replicas, "
                 f"the replication factor is {run.replication_factor}"
             )
@@ -117,11 +104,11 @@ def _checked(name: str, answer: object, run: model.Run) -> list[list[int]]:
             spu_id for spu_id in row if not (type(spu_id) is int and spu_id in eligible)  # noqa: E721 (bool is no id)
         ]
         if strangers:
-            raise model.InvalidConfig(
+            raise _failed(
                 f"placement plug-in {name!r}: partition {partition} uses {strangers}, which "
                 f"{'are' if len(strangers) > 1 else 'is'} not an online SPU"
             )
         if len(set(row)) != len(row):
-            raise model.InvalidConfig(f"placement plug-in {name!r}: partition {partition} repeats an SPU: {row}")
+            raise _failed(f"placement plug-in {name!r}: partition {partition} repeats an SPU: {row}")
         replica_map.append(row)
     return replica_map

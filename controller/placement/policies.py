@@ -106,7 +106,8 @@ def _cluster(run: model.Run, policies: Policies) -> _Cluster:
     if layout == "none" and policies.node != "balanced":
         raise model.InvalidConfig(
             f"placement policy node={policies.node} places replicas by location, but the online SPUs have no "
-            "rack (or racks are ignored): give every SPU a rack or use node=balanced"
+            "rack (or racks are ignored): give every SPU a rack or use node=balanced",
+            fix=model.Fix.CLUSTER,
         )
     by_location: dict[str, list[int]] = {}
     for spu in run.spus:
@@ -124,7 +125,8 @@ def _cluster(run: model.Run, policies: Policies) -> _Cluster:
     if unknown:
         raise model.InvalidConfig(
             f"placement policy preferred_nodes names SPU{'s' if len(unknown) > 1 else ''} "
-            f"{model.format_ids(unknown)}, which {'are' if len(unknown) > 1 else 'is'} not registered"
+            f"{model.format_ids(unknown)}, which {'are' if len(unknown) > 1 else 'is'} not registered",
+            fix=model.Fix.CLUSTER,
         )
     return _Cluster(
         ids=ids,

@@ -47,7 +47,7 @@ def balance(replica_map: Sequence[Sequence[int]], spus: Iterable[model.SpuInfo])
         "rackReplicas": None,
         "rackLeaders": None,
     }
-    violations: list[int] = []
+    violations = _violations(replica_map, rack_of, _online_racks(rack_of, online))
     if racks:
         rack_replicas = dict.fromkeys(racks, 0)
         rack_leaders = dict.fromkeys(racks, 0)
@@ -58,14 +58,45 @@ def balance(replica_map: Sequence[Sequence[int]], spus: Iterable[model.SpuInfo])
                 rack_leaders[rack] += leaders[spu_id]
         report["rackReplicas"] = {"perRack": rack_replicas, **_spread(rack_replicas)}
         report["rackLeaders"] = {"perRack": rack_leaders, **_spread(rack_leaders)}
-        online_racks = len({rack_of[spu_id] for spu_id in online if rack_of.get(spu_id) is not None})
-        for partition, row in enumerate(replica_map):
-            spanned = len({rack_of.get(spu_id) for spu_id in row if rack_of.get(spu_id) is not None})
-            if spanned < min(len(row), online_racks):
-                violations.append(partition)
     report["rackViolations"] = {"count": len(violations), "partitions": violations}
     report["failover"] = _failover(replica_map, ids, online)
     return report
+
+
+def rack_violations(replica_map: Sequence[Sequence[int]], spus: Iterable[model.SpuInfo]) -> list[int]:
+    """The partitions whose replicas span fewer racks than min(their replica count, the racks of the
+    online SPUs): the report's `rackViolations`, for a caller that needs only them."""
+    global _last_racks
+    last = _last_racks
+    if last is not None and last[0] is spus:
+        rack_of, online_racks = last[1], last[2]
+    else:
+        listed = list(spus)
+        rack_of = {spu.id: spu.rack for spu in listed}
+        online_racks = _online_racks(rack_of, {spu.id for spu in listed if spu.online})
+        if type(spus) is tuple:
+            _last_racks = (spus, rack_of, online_racks)
+    return _violations(replica_map, rack_of, online_racks)
+
+
+# The last SPU tuple looked at (immutable, of frozen SpuInfo): the topic controller checks every
+# topic it places against the same tuple, and need not map 100 SPUs' racks again for each.
+_last_racks: tuple[tuple[model.SpuInfo, ...], dict[int, str | None], int] | None = None
+
+
+def _online_racks(rack_of: dict[int, str | None], online: set[int]) -> int:
+    return len({rack for spu_id in online if (rack := rack_of.get(spu_id)) is not None})
+
+
+def _violations(replica_map: Sequence[Sequence[int]], rack_of: dict[int, str | None], online_racks: int) -> list[int]:
+    if online_racks < 2:
+        return []  # one rack (or none): every partition spans all the racks it can
+    violations = []
+    for partition, row in enumerate(replica_map):
+        spanned = len({rack for spu_id in row if (rack := rack_of.get(spu_id)) is not None})
+        if spanned < min(len(row), online_racks):
+            violations.append(partition)
+    return violations
 
 
 def _failover(replica_map: Sequence[Sequence[int]], ids: list[int], online: set[int]) -> dict[str, object]:

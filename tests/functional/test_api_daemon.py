@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -26,6 +26,18 @@ def cli_lines(out: str) -> list[str]:
 
 def topic_body(name: str, partitions: int, replication_factor: int, **spec: Any) -> dict[str, Any]:
     return {"name": name, "spec": {"partitions": partitions, "replicationFactor": replication_factor, **spec}}
+
+
+def provisioned_with(sc: Running, name: str, partitions: int) -> Callable[[], Awaitable[None]]:
+    """A check for `sc.eventually`: the topic is Provisioned with its partitions, all in the store."""
+
+    async def provisioned() -> None:
+        topic = await sc.read("topics", name)
+        assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
+        assert await sc.partitions_of(name) == topic.status.replica_map  # type: ignore[attr-defined]
+        assert len(topic.status.replica_map) == partitions  # type: ignore[attr-defined]
+
+    return provisioned
 
 
 async def test_healthz_is_ok_once_started(sc: Running) -> None:
@@ -63,6 +75,27 @@ async def test_rack_aware_topic_spreads_every_partition_over_racks(sc: Running) 
     rack_of = {spu_id: f"r{spu_id // 2 + 1}" for spu_id in range(6)}
     for replicas in replica_map.values():
         assert len({rack_of[spu_id] for spu_id in replicas}) == 3, replica_map
+
+
+async def test_rack_violations_are_reported_by_create_and_describe(sc: Running, capsys: pytest.CaptureFixture[str]) -> None:
+    for spu_id, rack in enumerate(["r1", "r1", "r1", "r2", "r3"]):
+        await sc.register_spu(spu_id, rack)
+    reason = (
+        "placed with rack violations: partitions 2, 3, 4 have more than one replica in a rack although another rack "
+        "has none of their replicas (online SPUs per rack: r1 3, r2 1, r3 1; racks of equal size avoid this)"
+    )
+    status, body = await sc.call("POST", "/v1/topics", topic_body("uneven", 6, 3))
+    assert (status, body["status"]["resolution"], body["status"]["reason"]) == (201, "Provisioned", reason)
+    capsys.readouterr()
+    argv = ["topic", "create", "second", "-p", "2", "-r", "3", "--sc", sc.url]
+    assert await asyncio.to_thread(cli.main, argv) == 0  # from start index 6: [3, 4, 1], [4, 1, 2]
+    created = cli_lines(capsys.readouterr().out)
+    assert created[1].split()[:4] == ["second", "Provisioned", "2", "3"]
+    assert created[1].endswith("placed with rack violations: partition 1 has more than one replica in a rack although "
+                               "another rack has none of its replicas (online SPUs per rack: r1 3, r2 1, r3 1; racks of "
+                               "equal size avoid this)")  # fmt: skip
+    assert await asyncio.to_thread(cli.main, ["topic", "describe", "uneven", "--sc", sc.url]) == 0
+    assert f"Reason:      {reason}" in cli_lines(capsys.readouterr().out)
 
 
 async def test_manual_topic_gets_exactly_its_assignment(sc: Running) -> None:
@@ -106,14 +139,32 @@ async def test_invalid_configs(sc: Running) -> None:
     assert (status, body["error"]["code"]) == (422, "InvalidConfig")
     assert "9" in body["error"]["message"]
     assert await sc.read("topics", "manual") is None
-    # Found by placement: the controller's verdict is kept in the store.
+    # Found by placement: the controller's verdict is kept in the store, with what to do.
     status, body = await sc.call("POST", "/v1/topics", topic_body("racks", 2, 2))
-    assert (status, body["error"]["code"]) == (422, "InvalidConfig")
+    reason = (
+        "rack-aware placement needs a rack on every online SPU, but SPU 1 has none: give SPU 1 a rack "
+        "(sc spu set-rack ID --rack R), or create the topic with ignoreRackAssignment: true "
+        "(sc topic create --ignore-rack-assignment); the topic stays and is placed by itself once the SPUs allow it"
+    )
+    assert (status, body["error"]) == (422, {"code": "InvalidConfig", "message": f"topic 'racks' is InvalidConfig: {reason}"})
     stored = await sc.read("topics", "racks")
     assert stored is not None and body["object"] == stored.to_json_dict()
-    assert stored.status.resolution is models.TopicResolution.INVALID_CONFIG  # type: ignore[attr-defined]
-    assert "SPU 1 has none" in stored.status.reason  # type: ignore[attr-defined]
+    assert (stored.status.resolution, stored.status.reason) == (models.TopicResolution.INVALID_CONFIG, reason)  # type: ignore[attr-defined]
     assert await sc.partitions_of("racks") == {}
+
+
+async def test_a_topic_waiting_for_a_rack_is_placed_once_the_spu_gets_one(sc: Running, capsys: pytest.CaptureFixture[str]) -> None:
+    for spu_id, rack in enumerate(["r1", "r2", "r3", None]):
+        await sc.register_spu(spu_id, rack)
+    status, body = await sc.call("POST", "/v1/topics", topic_body("waits", 4, 3))
+    assert (status, body["object"]["status"]["resolution"]) == (422, "InvalidConfig")
+    assert "SPU 3 has none: give SPU 3 a rack" in body["object"]["status"]["reason"]
+    capsys.readouterr()
+    assert await asyncio.to_thread(cli.main, ["spu", "set-rack", "3", "--rack", "r1", "--sc", sc.url]) == 0
+    assert "3   spu-3  Custom  r1" in capsys.readouterr().out
+    await sc.eventually(provisioned_with(sc, "waits", 4))
+    spu = await sc.read("spus", "spu-3")
+    assert spu is not None and spu.spec.rack == "r1"  # type: ignore[attr-defined]
 
 
 async def test_insufficient_spus_then_an_spu_is_added(sc: Running) -> None:
@@ -125,14 +176,7 @@ async def test_insufficient_spus_then_an_spu_is_added(sc: Running) -> None:
     assert stored is not None and stored.status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES  # type: ignore[attr-defined]
     assert "1 more needed" in stored.status.reason  # type: ignore[attr-defined]
     await sc.register_spu(2)
-
-    async def provisioned() -> None:
-        topic = await sc.read("topics", "wide")
-        assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
-        assert await sc.partitions_of("wide") == topic.status.replica_map  # type: ignore[attr-defined]
-        assert len(topic.status.replica_map) == 4  # type: ignore[attr-defined]
-
-    await sc.eventually(provisioned)
+    await sc.eventually(provisioned_with(sc, "wide", 4))
 
 
 async def test_add_partitions_keeps_the_existing_ones(sc: Running) -> None:

@@ -182,7 +182,7 @@ def _run_parser() -> argparse.ArgumentParser:
 
 
 def _shown_default(value: Any) -> str:
-    if value is None or value == []:
+    if value is None or value == [] or value == {}:
         return "(none)"
     if isinstance(value, enum.Enum):
         return str(value.value)

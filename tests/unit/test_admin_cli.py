@@ -132,6 +132,16 @@ async def test_dry_run_prints_the_placement_and_creates_nothing(server: api_serv
     assert await server.read("topics", "orders") is None
 
 
+async def test_dry_run_names_the_partitions_with_rack_violations(server: api_server.ApiServer, sc: Sc) -> None:
+    await server.put(*(spu(spu_id, rack=rack) for spu_id, rack in enumerate(["r1", "r1", "r1", "r2"])))
+    assert await sc("topic", "create", "orders", "-p", "3", "-r", "3", "--dry-run") == (
+        0,
+        "PARTITION  REPLICAS\n0          [0, 3, 1]\n1          [3, 1, 2]\n2          [1, 2, 0]\nnext start index: 3\n"
+        "rack violations: partition 2 (replicas in fewer racks than they could be)\n",
+        "",
+    )
+
+
 async def test_validate_only_checks_an_assignment_file(
     server: api_server.ApiServer, sc: Sc, tmp_path: pathlib.Path
 ) -> None:
@@ -256,6 +266,22 @@ async def test_spu_register_list_unregister(server: api_server.ApiServer, sc: Sc
         2,
         "sc spu unregister: error: name the SPU to unregister: give its NAME or --id ID (one of them)",
     )
+
+
+async def test_spu_set_rack_by_id_or_name(server: api_server.ApiServer, sc: Sc) -> None:
+    await server.put(spu(1, "spu-1"))
+    header = "ID  NAME   TYPE    RACK  RESOLUTION  PUBLIC         PRIVATE\n"
+    assert await sc("spu", "set-rack", "1", "--rack", "r2") == (
+        0, header + "1   spu-1  Custom  r2    Online      10.0.0.1:9005  10.0.0.1:9006\n", ""
+    )  # fmt: skip
+    assert await sc("spu", "set-rack", "spu-1", "--no-rack") == (
+        0, header + "1   spu-1  Custom  -     Online      10.0.0.1:9005  10.0.0.1:9006\n", ""
+    )  # fmt: skip
+    stored = await server.read("spus", "spu-1")
+    assert stored is not None and stored.spec.rack is None  # type: ignore[attr-defined]
+    assert await sc("spu", "set-rack", "7", "--rack", "r2") == (1, "", "error: no SPU has id 7\n")
+    code, _, err = await sc("spu", "set-rack", "1")
+    assert (code, err.splitlines()[-1]) == (2, "sc spu set-rack: error: one of the arguments --rack --no-rack is required")
 
 
 async def test_spu_group_create_list_delete(server: api_server.ApiServer, sc: Sc) -> None:

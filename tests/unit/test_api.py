@@ -396,7 +396,11 @@ async def test_topic_create_timeout_and_pending_states_are_202(server: api_serve
 
 
 async def test_topic_invalid_config_from_the_controller_is_422_and_kept(server: api_server.ApiServer) -> None:
-    reason = "rack-aware placement needs a rack on every online SPU, but SPU 2 has none"
+    # The controller's reason says what to do (here: nothing but wait); the API adds no advice of its own.
+    reason = (
+        "rack-aware placement needs a rack on every online SPU, but SPU 2 has none; "
+        "the topic stays and is placed by itself once the SPUs allow it"
+    )
     deciding = server.decide_later("topics", "orders", {"resolution": "InvalidConfig", "reason": reason})
     status, body = await server.call("POST", "/v1/topics", TOPIC_BODY)
     await deciding
@@ -407,7 +411,7 @@ async def test_topic_invalid_config_from_the_controller_is_422_and_kept(server: 
         {
             **error(
                 "InvalidConfig",
-                f"topic 'orders' is InvalidConfig: {reason}; it was kept so you can see why: delete it and create it again",
+                f"topic 'orders' is InvalidConfig: {reason}",
             ),
             "object": stored.to_json_dict(),
         },
@@ -420,8 +424,22 @@ async def test_topic_invalid_config_is_refused_before_writing(server: api_server
     expected = topic_controller.validate(
         models.Topic.model_validate(body), topic_controller.spu_infos(server.context.local_store.snapshot())
     )
-    assert expected is not None and "9" in expected
-    assert await server.call("POST", "/v1/topics", body) == (422, error("InvalidConfig", expected))
+    assert expected is not None and "9" in expected.message
+    assert await server.call("POST", "/v1/topics", body) == (422, error("InvalidConfig", expected.message))
+    assert await server.read("topics", "manual") is None
+
+
+async def test_manual_partition_ids_out_of_order_are_refused_before_writing(server: api_server.ApiServer) -> None:
+    await server.put(spu(0), spu(1))
+    body = {"name": "manual", "spec": {"replicaAssignment": [{"id": 1, "replicas": [0]}, {"id": 0, "replicas": [1]}]}}
+    assert await server.call("POST", "/v1/topics", body) == (
+        422,
+        error(
+            "InvalidConfig",
+            "invalid replica assignment: assigned partition ids must be in sequence and without gaps: "
+            "1, 0 are out of order (ids given: 1, 0)",
+        ),
+    )
     assert await server.read("topics", "manual") is None
 
 
@@ -646,6 +664,53 @@ async def test_delete_spu_still_used_is_allowed_with_a_warning(server: api_serve
         ],
     )
     assert await server.read("spus", "s3") is None
+
+
+async def test_set_an_spus_rack_and_remove_it(server: api_server.ApiServer) -> None:
+    registered = spu(1, "s1")
+    await server.put(registered)
+    status, body = await server.call("POST", "/v1/spus/s1/rack", {"rack": "/dc1/r2"})
+    stored = await server.read("spus", "s1")
+    assert stored is not None and (status, body) == (200, stored.to_json_dict())
+    assert stored.spec == registered.spec.model_copy(update={"rack": "/dc1/r2"})  # type: ignore[attr-defined]
+    assert stored.status == registered.status  # the status is the controllers', untouched
+    # The same rack again writes nothing.
+    revision = await server.kv_store.revision()
+    assert await server.call("POST", "/v1/spus/s1/rack", {"rack": "/dc1/r2"}) == (200, stored.to_json_dict())
+    assert await server.kv_store.revision() == revision
+    status, body = await server.call("POST", "/v1/spus/s1/rack", {"rack": None})
+    assert (status, "rack" in body["spec"]) == (200, False)
+    stored = await server.read("spus", "s1")
+    assert stored is not None and stored.spec == registered.spec  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "expected"),
+    [
+        ({"rack": " r1"}, 422, error("InvalidRequest", "rack: rack ' r1' must be non-empty with no leading or trailing spaces (got ' r1')")),
+        ({"rack": "/dc1//r1"}, 422, error("InvalidRequest", "rack: rack path '/dc1//r1' has an empty level; write it as /dc1/r1 (no trailing or double '/') (got '/dc1//r1')")),
+        ({"rack": 5}, 400, error("MalformedRequest", "rack: must be a string, or null for no rack (got 5)")),
+        ({}, 422, error("InvalidRequest", "rack: field required (the SPU's rack, or null for none)")),
+        ({"rack": "r1", "id": 3}, 422, error("InvalidRequest", 'id: unknown field (the body is {"rack": R})')),
+    ],
+)  # fmt: skip
+async def test_set_rack_errors(server: api_server.ApiServer, body: Any, status: int, expected: dict[str, Any]) -> None:
+    registered = spu(1, "s1", rack="r0")
+    await server.put(registered)
+    assert await server.call("POST", "/v1/spus/s1/rack", body) == (status, expected)
+    assert await server.read("spus", "s1") == registered
+    assert await server.call("POST", "/v1/spus/nope/rack", {"rack": "r1"}) == (404, error("NotFound", "SPU 'nope' not found"))
+
+
+async def test_a_managed_spus_rack_is_its_groups(server: api_server.ApiServer) -> None:
+    group = models.SpuGroup.model_validate({"name": "g", "spec": {"replicas": 1, "minId": 5, "rack": "r1"}})
+    managed = spu(5, "g-0", rack="r1", spu_type="Managed")
+    await server.put(group, managed)
+    assert await server.call("POST", "/v1/spus/g-0/rack", {"rack": "r2"}) == (
+        409,
+        error("ManagedSpu", "SPU 'g-0' is managed by SPU group 'g', whose SPUs all have its rack ('r1'): it cannot be set on one of them"),
+    )
+    assert await server.read("spus", "g-0") == managed
 
 
 async def test_delete_managed_spu_is_refused_while_its_group_exists(server: api_server.ApiServer) -> None:
@@ -901,6 +966,7 @@ def test_parsing_any_json_gives_an_object_or_a_400_or_422(kind: str, body: Any) 
         "/v1/spus",
         "/v1/spu-groups?timeout=0",
         "/v1/spu-groups/g/scale",
+        "/v1/spus/s/rack",
         "/v1/topics?timeout=0",
         "/v1/topics?dryRun=true",
         "/v1/placement",

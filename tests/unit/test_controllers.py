@@ -8,7 +8,7 @@ from typing import Any
 from connection_manager import health as health_module
 from controller import actions, spu, spu_group, topic
 from store import local, models
-from tests import objects
+from tests import objects, placement_plugins
 
 ONLINE, OFFLINE, UNKNOWN = health_module.Health.ONLINE, health_module.Health.OFFLINE, health_module.Health.UNKNOWN
 
@@ -287,3 +287,84 @@ def test_an_incremental_pass_validates_changed_topics_and_places_every_waiting_o
     assert [(action.verb.value, action.name) for action in chain_busy] == [("update-status", "new")]
     chain_free = topic.decide(snapshot, changes(nothing), lambda key: False, retry_unplaced=False)
     assert [(action.verb.value, action.name) for action in chain_free] == [("provision", "w0,w1")]
+
+
+def statuses(decided: list[actions.Action]) -> list[tuple[str, str, str]]:
+    """(topic, resolution, reason) of each status written."""
+    written = [(action.name, json.loads(action.writes[-1].value)["status"]) for action in decided]  # type: ignore[arg-type]
+    return [(name, status["resolution"], status["reason"]) for name, status in written]
+
+
+def test_a_topic_names_a_configured_plugin_and_anything_else_is_invalid_config() -> None:
+    spus = [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
+    placers = {"highest-first": placement_plugins.HighestFirst()}
+    pending = make_topic("top", {"resolution": "Pending"}, partitions=2, replicationFactor=2, placement={"strategy": "highest-first"})
+    [provision] = topic.decide(snapshot_of(*spus, (pending, 9)), placers=placers)
+    assert json.loads(provision.writes[1].value)["status"] == {  # type: ignore[arg-type]
+        "resolution": "Provisioned", "replicaMap": {"0": [2, 1], "1": [2, 1]}, "reason": ""
+    }
+    # Without it configured (a restart without the flag), the same topic waits for the operator.
+    unconfigured = topic.decide(snapshot_of(*spus, (make_topic("top", partitions=2, replicationFactor=2, placement={"strategy": "highest-first"}), 9)))
+    module = make_topic("doom", partitions=2, replicationFactor=2, placement={"strategy": "os:abort"})
+    named_module = topic.decide(snapshot_of(*spus, (module, 10)), placers=placers)
+    assert statuses(unconfigured + named_module) == [
+        (
+            "top",
+            "InvalidConfig",
+            "placement strategy 'highest-first' is neither built in (computed, kafka, least-loaded, multi-level, "
+            "policies, manual) nor a placement plug-in configured on this SC (configured: none); plug-ins are "
+            "configured by the operator (sc run --placement-plugin NAME=module:Class); the topic is placed once "
+            "the SC runs with that plug-in configured and working, or delete it and create it again with another "
+            "strategy",
+        ),
+        (
+            "doom",
+            "InvalidConfig",
+            "placement strategy 'os:abort' names a module: a topic names a built-in strategy (computed, kafka, "
+            "least-loaded, multi-level, policies, manual) or a placement plug-in configured on this SC, by its name "
+            "(configured: highest-first); the SC imports only the plug-ins its operator configures (sc run "
+            "--placement-plugin NAME=module:Class); delete the topic and create it again with a valid spec",
+        ),
+    ]
+    # An InvalidConfig topic is validated again on every full pass: configured now, it goes Pending.
+    invalid = make_topic("top", {"resolution": "InvalidConfig", "reason": statuses(unconfigured)[0][2]}, partitions=2, replicationFactor=2, placement={"strategy": "highest-first"})
+    assert statuses(topic.decide(snapshot_of(*spus, (invalid, 11)), placers=placers)) == [("top", "Pending", "")]
+    assert topic.decide(snapshot_of(*spus, (invalid, 11))) == []  # still unconfigured: the same reason, no write
+
+
+def test_a_stored_manual_topic_with_ids_out_of_order_is_invalid_config() -> None:
+    """Written straight into the store (the API refuses it): the controller refuses it too, never re-sorts."""
+    stored = make_topic("manual", replicaAssignment=[{"id": 1, "replicas": [0]}, {"id": 0, "replicas": [1]}])
+    decided = topic.decide(snapshot_of((make_spu(0), 1), (make_spu(1), 2), (stored, 5)))
+    assert statuses(decided) == [
+        (
+            "manual",
+            "InvalidConfig",
+            "invalid replica assignment: assigned partition ids must be in sequence and without gaps: 1, 0 are out "
+            "of order (ids given: 1, 0); delete the topic and create it again with a valid spec",
+        )
+    ]
+
+
+def test_a_placement_with_rack_violations_says_which_partitions() -> None:
+    """The seed's rack-aware walk on uneven racks may put two replicas of a partition in one rack
+    while another rack has room: the topic is placed, and its reason says so."""
+    racks = ["r1", "r1", "r1", "r2", "r3"]
+    spus = [(make_spu(spu_id, rack=rack), spu_id + 1) for spu_id, rack in enumerate(racks)]
+    pending = make_topic("t", {"resolution": "Pending"}, partitions=6, replicationFactor=3)
+    ignoring = make_topic("plain", {"resolution": "Pending"}, partitions=6, replicationFactor=3, ignoreRackAssignment=True)
+    [provision] = topic.decide(snapshot_of(*spus, (pending, 10), (ignoring, 11)))
+    written = {write.key: json.loads(write.value)["status"] for write in provision.writes[1:]}  # type: ignore[arg-type]
+    assert written["topics/t"] == {
+        "resolution": "Provisioned",
+        "replicaMap": {"0": [0, 3, 4], "1": [3, 4, 1], "2": [4, 1, 2], "3": [1, 2, 0], "4": [2, 0, 3], "5": [0, 3, 4]},
+        "reason": "placed with rack violations: partitions 2, 3, 4 have more than one replica in a rack although "
+        "another rack has none of their replicas (online SPUs per rack: r1 3, r2 1, r3 1; racks of equal size "
+        "avoid this)",
+    }
+    # Racks ignored on purpose: nothing to report.
+    assert written["topics/plain"]["reason"] == ""
+    # Even racks (the usual case): no reason either.
+    even = [(make_spu(spu_id, rack=f"r{spu_id % 3}"), spu_id + 1) for spu_id in range(6)]
+    [provision] = topic.decide(snapshot_of(*even, (pending, 10)))
+    assert json.loads(provision.writes[1].value)["status"]["reason"] == ""  # type: ignore[arg-type]

@@ -113,7 +113,7 @@ def test_longest_valid_topic_name() -> None:
         ({"replicationFactor": 0}, "spec.replicationFactor: Input should be greater than or equal to 1 (got 0)"),
         ({"partitions": "many"}, "spec.partitions: Input should be a valid integer, unable to parse string as an integer (got 'many')"),
         ({"replicationfactor": 2}, "spec.replicationfactor: unknown field (value 2)"),
-        ({"placement": {"strategy": "random"}}, "spec.placement.strategy: placement strategy 'random' is unknown"),
+        ({"placement": {"strategy": "Random"}}, "spec.placement.strategy: placement strategy 'Random' is unknown"),
         ({"replicaAssignment": [{"id": 0, "replicas": [1]}]}, "spec: a topic is either computed or manual: replicaAssignment cannot be combined with partitions, replicationFactor, placement"),
     ],
 )
@@ -136,9 +136,33 @@ def test_topic_spec_needs_a_mode() -> None:
     )
 
 
-def test_plugin_strategy_reference() -> None:
-    topic = models.Topic.model_validate(with_spec(TOPIC, placement={"strategy": "my_pkg.placers:Zoned"}))
-    assert topic.spec.placement is not None and topic.spec.placement.strategy == "my_pkg.placers:Zoned"
+@pytest.mark.parametrize("strategy", ["kafka", "zoned", "my-placer-2", "my_pkg.placers:Zoned"])
+def test_placement_strategy_is_built_in_a_plugin_name_or_a_stored_module_reference(strategy: str) -> None:
+    """Whether a plug-in name is configured is not the model's to know; a module reference still
+    loads (topics stored before plug-ins were configured by name) so the controller can refuse it."""
+    topic = models.Topic.model_validate(with_spec(TOPIC, placement={"strategy": strategy}))
+    assert topic.spec.placement is not None and topic.spec.placement.strategy == strategy
+
+
+@pytest.mark.parametrize(
+    ("strategy", "message"),
+    [
+        ("manual", "spec.placement.strategy: placement strategy 'manual' is chosen by giving replicaAssignment instead of partitions"),
+        ("My Placer", "spec.placement.strategy: placement strategy 'My Placer' is unknown: use one of computed, kafka, least-loaded, multi-level, policies, or the name of a placement plug-in configured on the SC (lowercase letters, digits and '-')"),
+        ("-x", "spec.placement.strategy: placement strategy '-x' is unknown"),
+    ],
+)  # fmt: skip
+def test_placement_strategy_rules(strategy: str, message: str) -> None:
+    assert error_of(models.Topic, with_spec(TOPIC, placement={"strategy": strategy})).startswith(message)
+
+
+def test_plugin_names_are_object_names_other_than_the_built_in_strategies() -> None:
+    assert models.validate_plugin_name("zoned-2") == "zoned-2"
+    for built_in in ("computed", "kafka", "least-loaded", "multi-level", "policies", "manual"):
+        with pytest.raises(ValueError, match=f"placement plug-in name '{built_in}' is the name of a built-in strategy"):
+            models.validate_plugin_name(built_in)
+    with pytest.raises(ValueError, match="placement plug-in name 'a:B' is invalid"):
+        models.validate_plugin_name("a:B")
 
 
 @pytest.mark.parametrize(

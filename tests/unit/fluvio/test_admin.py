@@ -88,6 +88,14 @@ async def test_topic_create_failures_in_fluvios_order(fluvio_sc: daemon_fixtures
     unknown_spu = codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(0, [0, 9])]))
     answer = await client.status(codec.CREATE, create(codec.TOPIC, "manual", unknown_spu))
     assert answer.error_code == codec.ErrorCode(Error.TOPIC_ERROR) and "9" in (answer.error_message or "")
+    # Fluvio refuses assigned ids out of order (it does not re-sort them): TopicError, as for other assignment errors.
+    out_of_order = codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(1, [0]), codec.PartitionMap(0, [1])]))
+    assert await client.status(codec.CREATE, create(codec.TOPIC, "manual", out_of_order)) == error(
+        "manual",
+        Error.TOPIC_ERROR,
+        "invalid replica assignment: assigned partition ids must be in sequence and without gaps: "
+        "1, 0 are out of order (ids given: 1, 0)",
+    )
     assert set(await fluvio_sc.read_all("topics")) == {"taken"}
 
 
@@ -101,6 +109,21 @@ async def test_a_topic_without_enough_spus_is_kept_and_answered_not_provisioned(
     assert (answer.error_message or "").endswith("it was kept and is placed as soon as enough SPUs are online")
     stored = await fluvio_sc.read("topics", "wide")
     assert stored is not None and stored.status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES  # type: ignore[attr-defined]
+
+
+async def test_a_topic_that_waits_for_a_rack_says_so_and_is_kept(
+    fluvio_sc: daemon_fixtures.Running, client: client_module.Client
+) -> None:
+    await fluvio_sc.register_spu(0, rack="r1")
+    await fluvio_sc.register_spu(1)
+    assert await client.status(codec.CREATE, create(codec.TOPIC, "racks", computed(2, 2))) == error(
+        "racks",
+        Error.TOPIC_INVALID_CONFIGURATION,
+        "topic 'racks' is InvalidConfig: rack-aware placement needs a rack on every online SPU, but SPU 1 has none: "
+        "give SPU 1 a rack (sc spu set-rack ID --rack R), or create the topic with ignoreRackAssignment: true "
+        "(sc topic create --ignore-rack-assignment); the topic stays and is placed by itself once the SPUs allow it",
+    )
+    assert set(await fluvio_sc.read_all("topics")) == {"racks"}
 
 
 async def test_a_topic_dry_run_writes_nothing(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:

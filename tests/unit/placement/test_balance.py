@@ -56,3 +56,13 @@ def test_empty_map() -> None:
         "rackViolations": {"count": 0, "partitions": []},
         "failover": {"perSpu": {}, "max": 0, "worstSpu": None},
     }
+
+
+def test_rack_violations_are_the_balance_reports_partitions() -> None:
+    """One function serves the report and the topic controller's note on a placed topic."""
+    uneven = [placement.SpuInfo(spu_id, rack) for spu_id, rack in enumerate(["r1", "r1", "r1", "r2", "r3"])]
+    replica_map = [[0, 3, 4], [3, 4, 1], [4, 1, 2], [1, 2, 0], [2, 0, 3], [0, 3, 4]]
+    assert placement.rack_violations(replica_map, uneven) == [2, 3, 4]
+    assert placement.balance(replica_map, uneven)["rackViolations"] == {"count": 3, "partitions": [2, 3, 4]}
+    assert placement.rack_violations([[0, 1], [0, 2], [1, 2], [2, 0]], SPUS) == [0]
+    assert placement.rack_violations([[0, 1]], [placement.SpuInfo(0), placement.SpuInfo(1)]) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,7 +90,7 @@ def test_invalid_manual_assignment(monkeypatch: pytest.MonkeyPatch, capsys: pyte
         "error": {
             "code": "InvalidConfig",
             "message": "invalid replica assignment: partition 0: SPU 0 is listed more than once; "
-            "partition ids must start at 0 and run in sequence without gaps: 1 is missing (ids given: 0, 2)",
+            "assigned partition ids must be in sequence and without gaps: 1 is missing (ids given: 0, 2)",
         }
     }
 
@@ -97,7 +98,7 @@ def test_invalid_manual_assignment(monkeypatch: pytest.MonkeyPatch, capsys: pyte
 def test_valid_manual_assignment_is_validated_and_echoed(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    request = {"spus": [{"id": 0}, {"id": 1}], "replicaAssignment": [{"id": 1, "replicas": [0, 1]}, {"id": 0, "replicas": [1, 0]}]}
+    request = {"spus": [{"id": 0}, {"id": 1}], "replicaAssignment": [{"id": 0, "replicas": [1, 0]}, {"id": 1, "replicas": [0, 1]}]}
     status, answer, _ = run(["placement", "compute"], json.dumps(request), monkeypatch, capsys)
     assert status == 0
     assert isinstance(answer, dict)
@@ -138,3 +139,28 @@ def test_placement_needs_a_subcommand(capsys: pytest.CaptureFixture[str]) -> Non
         cli.main(["placement"])
     assert caught.value.code == 2
     assert "sc placement: error: the following arguments are required: COMMAND" in capsys.readouterr().err
+
+
+def test_plugins_come_from_the_command_line_only(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    request = {"spus": [{"id": spu_id} for spu_id in range(3)], "partitions": 2, "replicationFactor": 2}
+    flags = ["--placement-plugin", "highest-first=tests.placement_plugins:HighestFirst"]
+    status, answer, _ = run(
+        ["placement", "compute", *flags], json.dumps({**request, "strategy": "highest-first"}), monkeypatch, capsys
+    )
+    assert (status, answer["replicaMap"]) == (0, [[2, 1], [2, 1]])  # type: ignore[index]
+    # The request may name the module itself: it is not imported, and the answer says how plug-ins are given.
+    name = "tests.unit.placement.never_imported"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    status, answer, _ = run(["placement", "compute", *flags], json.dumps({**request, "strategy": f"{name}:Placer"}), monkeypatch, capsys)
+    assert status == 1 and answer["error"]["code"] == "InvalidConfig"  # type: ignore[index]
+    assert name not in sys.modules
+
+
+def test_a_plugin_flag_that_cannot_load_is_status_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["placement", "compute", "--placement-plugin", "broken=tests.placement_plugins:BrokenAtStart"]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == (
+        "",
+        "error: placement plug-in 'broken' (tests.placement_plugins:BrokenAtStart) could not be created: "
+        "RuntimeError: no licence file\n",
+    )

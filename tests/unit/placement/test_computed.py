@@ -163,9 +163,11 @@ def test_partial_racks_are_an_error_naming_the_spus_without_one() -> None:
         helpers.place(spus, 2, 2)
     assert caught.value.code == "InvalidConfig"
     assert str(caught.value) == (
-        "rack-aware placement needs a rack on every online SPU, but SPUs 1, 3 have none: "
-        "give them a rack or set ignoreRackAssignment"
+        "rack-aware placement needs a rack on every online SPU, but SPUs 1, 3 have none: give SPUs 1, 3 a rack "
+        "(sc spu set-rack ID --rack R), or create the topic with ignoreRackAssignment: true "
+        "(sc topic create --ignore-rack-assignment)"
     )
+    assert caught.value.fix is placement.Fix.CLUSTER  # an SPU change makes the same topic placeable
 
 
 def test_partial_racks_with_racks_ignored_is_plain_round_robin() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import pytest
@@ -16,9 +17,9 @@ def request(**options: object) -> placement.PlacementRequest:
     return placement.PlacementRequest(**values)  # type: ignore[arg-type]
 
 
-def error_of(req: placement.PlacementRequest) -> placement.PlacementError:
+def error_of(req: placement.PlacementRequest, placers: placement.Placers | None = None) -> placement.PlacementError:
     with pytest.raises(placement.PlacementError) as caught:
-        placement.compute(req)
+        placement.compute(req, placers or {})
     return caught.value
 
 
@@ -60,8 +61,9 @@ def test_every_strategy_reports_too_few_spus_the_same_way(strategy: str) -> None
         ({"partitions": True}, "partitions must be an integer of at least 1, got True"),
         (
             {"strategy": "random"},
-            "unknown placement strategy 'random': use one of computed, kafka, least-loaded, multi-level, "
-            "policies, manual or a plug-in module:Class",
+            "placement strategy 'random' is neither built in (computed, kafka, least-loaded, multi-level, "
+            "policies, manual) nor a placement plug-in configured on this SC (configured: first, second); plug-ins are "
+            "configured by the operator (sc run --placement-plugin NAME=module:Class)",
         ),
         (
             {"strategy": "kafka", "policies": "node=balanced"},
@@ -77,16 +79,40 @@ def test_every_strategy_reports_too_few_spus_the_same_way(strategy: str) -> None
         ({"spus": [placement.SpuInfo(-1)]}, "SPU id -1 is not a non-negative integer"),
         ({"spus": [placement.SpuInfo(0, rack=" ")]}, "rack ' ' of SPU 0 must be a non-empty string or null"),
         (
-            {"strategy": "a:B", "plugin": "c:D"},
-            "strategy 'a:B' and plugin 'c:D' name two different plug-ins",
+            {"strategy": "first", "plugin": "second"},
+            "strategy 'first' and plugin 'second' name two different plug-ins",
         ),
     ],
 )
 def test_invalid_requests(options: dict[str, object], message: str) -> None:
-    error = error_of(request(**options))
+    error = error_of(request(**options), placers={"first": ReverseIds(), "second": ReverseIds()})
     assert isinstance(error, placement.InvalidConfig)
     assert error.code == "InvalidConfig"
     assert str(error) == message
+
+
+@pytest.mark.parametrize(
+    ("options", "fix"),
+    [
+        ({"spus": [placement.SpuInfo(0, "r1"), placement.SpuInfo(1)]}, placement.Fix.CLUSTER),
+        ({"spus": [placement.SpuInfo(0, "r1"), placement.SpuInfo(1, "/dc1/r1")]}, placement.Fix.CLUSTER),
+        ({"spus": helpers.racked({0: "/dc1/r1", 1: "/dc2"}), "strategy": "multi-level"}, placement.Fix.CLUSTER),
+        ({"policies": "node=exclusive"}, placement.Fix.CLUSTER),
+        ({"policies": "preferred_nodes=9"}, placement.Fix.CLUSTER),
+        ({"strategy": "manual", "replica_assignment": [(0, [9])], "partitions": 0}, placement.Fix.CLUSTER),
+        ({"strategy": "manual", "replica_assignment": [(0, [9]), (2, [0])], "partitions": 0}, placement.Fix.SPEC),
+        ({"strategy": "manual", "replica_assignment": [(1, [0]), (0, [1])], "partitions": 0}, placement.Fix.SPEC),
+        ({"policies": "node=sideways"}, placement.Fix.SPEC),
+        ({"strategy": "kafka", "policies": "node=balanced"}, placement.Fix.SPEC),
+    ],
+)
+def test_each_invalid_config_says_whether_the_cluster_or_only_the_spec_can_fix_it(
+    options: dict[str, object], fix: placement.Fix
+) -> None:
+    """Racks and registered SPUs are the cluster's: giving an SPU a rack places the same topic."""
+    error = error_of(request(**{"replication_factor": 1, **options}))
+    assert isinstance(error, placement.InvalidConfig)
+    assert error.fix is fix, str(error)
 
 
 def test_the_same_spu_tuple_placed_on_again_gives_what_an_equal_fresh_one_gives() -> None:
@@ -198,18 +224,22 @@ class NotAPlacer:
     pass
 
 
+PLACERS = {"reverse": ReverseIds(), "defers": Defers(), "cheats": Cheats(), "crashes": Crashes()}
+
+
 def test_plugin_places_and_sees_the_cluster_view() -> None:
     ReverseIds.seen.clear()
     spus = [*helpers.plain(3), placement.SpuInfo(3, online=False)]
     result = placement.compute(
         request(
             spus=spus,
-            strategy=f"{__name__}:ReverseIds",
+            strategy="reverse",
             existing=[("other", 0, (0, 1))],
             current_replica_map=[[0, 1]],
             partitions=3,
             start_index=4,
-        )
+        ),
+        PLACERS,
     )
     assert result.replica_map == [[0, 1], [2, 1], [2, 1]]
     assert result.next_start_index == 6
@@ -229,22 +259,56 @@ def test_plugin_places_and_sees_the_cluster_view() -> None:
 
 
 def test_plugin_returning_none_defers_to_the_strategy() -> None:
-    assert placement.compute(request(plugin=f"{__name__}:Defers", strategy="kafka")).replica_map == [[0, 1], [1, 2]]
-    assert placement.compute(request(strategy=f"{__name__}:Defers")).replica_map == [[0, 1], [1, 2]]
+    assert placement.compute(request(plugin="defers", strategy="kafka"), PLACERS).replica_map == [[0, 1], [1, 2]]
+    assert placement.compute(request(strategy="defers"), PLACERS).replica_map == [[0, 1], [1, 2]]
 
 
 @pytest.mark.parametrize(
-    ("name", "message"),
+    ("options", "message", "fix"),
     [
-        ("nomodule", "placement plug-in 'nomodule' must be written module:Class"),
-        ("no_such_module_xyz:Placer", "placement plug-in 'no_such_module_xyz:Placer': cannot import 'no_such_module_xyz': No module named 'no_such_module_xyz'"),
-        (f"{__name__}:Missing", f"placement plug-in '{__name__}:Missing': module '{__name__}' has no 'Missing'"),
-        (f"{__name__}:NotAPlacer", f"placement plug-in '{__name__}:NotAPlacer' has no place(spec, cluster, spu_ids) method"),
-        (f"{__name__}:Cheats", f"placement plug-in '{__name__}:Cheats': partition 0 uses [9], which is not an online SPU"),
-        (f"{__name__}:Crashes", f"placement plug-in '{__name__}:Crashes' failed: RuntimeError: disk on fire"),
+        ({"plugin": "cheats"}, "placement plug-in 'cheats': partition 0 uses [9], which is not an online SPU", placement.Fix.PLUGINS),
+        ({"plugin": "crashes"}, "placement plug-in 'crashes' failed: RuntimeError: disk on fire", placement.Fix.PLUGINS),
+        (
+            {"strategy": "unknown"},
+            "placement strategy 'unknown' is neither built in (computed, kafka, least-loaded, multi-level, policies, "
+            "manual) nor a placement plug-in configured on this SC (configured: cheats, crashes, defers, reverse); "
+            "plug-ins are configured by the operator (sc run --placement-plugin NAME=module:Class)",
+            placement.Fix.PLUGINS,
+        ),
+        (
+            {"plugin": "unknown"},
+            "placement plug-in 'unknown' is not configured on this SC (configured: cheats, crashes, defers, reverse); "
+            "plug-ins are configured by the operator (sc run --placement-plugin NAME=module:Class)",
+            placement.Fix.PLUGINS,
+        ),
+        (
+            {"strategy": "os:abort"},
+            "placement strategy 'os:abort' names a module: a topic names a built-in strategy (computed, kafka, "
+            "least-loaded, multi-level, policies, manual) or a placement plug-in configured on this SC, by its "
+            "name (configured: cheats, crashes, defers, reverse); the SC imports only the plug-ins its operator "
+            "configures (sc run --placement-plugin NAME=module:Class)",
+            placement.Fix.SPEC,
+        ),
+        (
+            {"plugin": "os:abort"},
+            "placement plug-in 'os:abort' is not configured on this SC (configured: cheats, crashes, defers, reverse); "
+            "plug-ins are configured by the operator (sc run --placement-plugin NAME=module:Class)",
+            placement.Fix.SPEC,
+        ),
     ],
 )  # fmt: skip
-def test_plugin_failures_are_invalid_config(name: str, message: str) -> None:
-    error = error_of(request(plugin=name))
+def test_plugin_failures_and_unknown_names_are_invalid_config(
+    options: dict[str, object], message: str, fix: placement.Fix
+) -> None:
+    error = error_of(request(**options), PLACERS)
     assert isinstance(error, placement.InvalidConfig)
-    assert str(error) == message
+    assert (str(error), error.fix) == (message, fix)
+
+
+def test_a_request_naming_a_module_imports_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever a request names, placement never imports it: a module it names stays unimported."""
+    name = "tests.unit.placement.never_imported"
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    for options in ({"strategy": f"{name}:Placer"}, {"plugin": f"{name}:Placer"}):
+        assert isinstance(error_of(request(**options)), placement.InvalidConfig)
+    assert name not in sys.modules

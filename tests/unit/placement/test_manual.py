@@ -22,9 +22,19 @@ def test_seed_example_is_valid_and_gives_the_replica_map() -> None:
     assert placement.validate_manual(assignment, REGISTERED) == [[0, 1, 2], [1, 2, 0]]
 
 
-def test_pairs_and_entries_in_any_order() -> None:
-    assignment = [(1, [3, 0]), placement.ManualPartition(0, [2, 1])]
-    assert placement.validate_manual(assignment, REGISTERED) == [[2, 1], [3, 0]]
+def test_pairs_and_entries_of_any_shape() -> None:
+    assignment = [placement.ManualPartition(0, [2, 1]), (1, [3, 0]), {"id": 2, "replicas": [0, 1]}]
+    assert placement.validate_manual(assignment, REGISTERED) == [[2, 1], [3, 0], [0, 1]]
+
+
+def test_ids_must_be_in_order() -> None:
+    """Fluvio refuses ids out of order rather than re-sort them; so do we, naming them."""
+    assert problems([(1, [3, 0]), (0, [2, 1])]) == [
+        "assigned partition ids must be in sequence and without gaps: 1, 0 are out of order (ids given: 1, 0)"
+    ]
+    assert problems([(0, [0]), (2, [1]), (1, [2]), (3, [3])]) == [
+        "assigned partition ids must be in sequence and without gaps: 2, 1 are out of order (ids given: 0, 2, 1, 3)"
+    ]
 
 
 def test_empty_assignment() -> None:
@@ -33,20 +43,20 @@ def test_empty_assignment() -> None:
 
 def test_ids_must_start_at_zero() -> None:
     assert problems([(1, [0]), (2, [1])]) == [
-        "partition ids must start at 0 and run in sequence without gaps: 0 is missing (ids given: 1, 2)"
+        "assigned partition ids must be in sequence and without gaps: 0 is missing (ids given: 1, 2)"
     ]
 
 
 def test_ids_must_not_have_gaps() -> None:
     assert problems([(0, [0]), (2, [1]), (3, [2])]) == [
-        "partition ids must start at 0 and run in sequence without gaps: 1 is missing (ids given: 0, 2, 3)"
+        "assigned partition ids must be in sequence and without gaps: 1 is missing (ids given: 0, 2, 3)"
     ]
 
 
 def test_ids_must_not_repeat() -> None:
     assert problems([(0, [0]), (0, [1])]) == [
         "partition 0: the id appears more than once",
-        "partition ids must start at 0 and run in sequence without gaps: 1 is missing (ids given: 0)",
+        "assigned partition ids must be in sequence and without gaps: 1 is missing (ids given: 0)",
     ]
 
 
