@@ -180,8 +180,6 @@ class ConnectionManager:
         self.max_frame_bytes = max_frame_bytes
         self.on_live_change = on_live_change
         self.sessions: dict[int, Session] = {}
-        # SPUs being drained: no partition may choose them as leader until they reconnect.
-        self.draining: set[int] = set()
         self.stats = Stats()
         self.refusals = RefusalLog()
         self._runner: web.AppRunner | None = None
@@ -256,7 +254,6 @@ class ConnectionManager:
         previous = self.sessions.get(spu_id)
         now = asyncio.get_running_loop().time()
         self.sessions[spu_id] = session
-        self.draining.discard(spu_id)
         if previous is not None:
             previous.close("replaced", f"a new connection for SPU {spu_id} replaced this one")
             log.info("SPU connection replaced", spu=spu_id, peer=peer, previous_was_healthy=previous.healthy(now, self.heartbeat_timeout))
@@ -530,9 +527,6 @@ class ConnectionManager:
                 )
         for name in partition_changes.deleted:
             self.live.forget(name)
-
-    def drain(self, spu_id: int) -> None:
-        self.draining.add(spu_id)
 
 
 def _spu_delta(

@@ -286,6 +286,8 @@ async def update_spec(
         if stored is None or current is None:
             raise ApiError(404, "NotFound", f"{label(kind, name)} not found")
         changed = change(current)
+        if changed == current:
+            return current, stored.mod_revision  # already so: a write would only wake everybody
         try:
             return changed, await context.kv_store.update(key, models.encode(changed), stored.mod_revision)
         except kv.Conflict:
@@ -293,6 +295,18 @@ async def update_spec(
         except kv.NotFound:
             raise ApiError(404, "NotFound", f"{label(kind, name)} not found") from None
     raise ApiError(409, "Conflict", f"{label(kind, name)} kept changing while {doing} ({CAS_ATTEMPTS} attempts); retry")
+
+
+async def set_drain(context: context_module.Context, name: str, drain: bool) -> models.Spu:
+    """Record (or clear) the operator's intent to drain SPU ``name``: its spec.drain, by
+    compare-and-swap; the SPU as written (or as it was, when it already said so)."""
+
+    def mark(current: models.ClusterObject) -> models.ClusterObject:
+        spu: models.Spu = current  # type: ignore[assignment]
+        return spu.model_copy(update={"spec": spu.spec.model_copy(update={"drain": drain})})
+
+    marked, _ = await update_spec(context, "spus", name, mark, "draining it" if drain else "undraining it")
+    return marked  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------- deletes

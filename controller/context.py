@@ -6,7 +6,6 @@ Built once by the daemon and passed explicitly (no module-global registries).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from connection_manager import server as cm_server
@@ -26,5 +25,3 @@ class Context:
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     # The private server for SPUs (None in a context without one, such as some tests).
     connections: cm_server.ConnectionManager | None = None
-    # Wakes the partition controller (set by the pipeline), e.g. after a drain request.
-    kick_partitions: Callable[[], None] = lambda: None

@@ -66,7 +66,6 @@ class Pipeline:
         health.subscribe(self._on_health)
         if connections is not None:
             connections.on_live_change = self._on_live_change
-        context.kick_partitions = self._kick_all_partitions
         self._tasks: list[asyncio.Task[None]] = []
         self._loop_tasks: list[asyncio.Task[None]] = []
 
@@ -93,7 +92,7 @@ class Pipeline:
     def _decide_spus(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
         now = asyncio.get_running_loop().time()
         grace = self.context.settings.spu_offline_grace
-        return spu.decide(snapshot, self.health.snapshot(), now, self.health.started_at, grace)
+        return spu.decide(snapshot, self.health.snapshot(), now, self.health.started_at, grace, self.live.view)
 
     def _decide_topics(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
         loop = self._topic_loop
@@ -133,11 +132,13 @@ class Pipeline:
         view = partition.ClusterView(
             health=self.health.snapshot(),
             live=self.live.view,
-            draining=frozenset(self.connections.draining) if self.connections is not None else frozenset(),
             unclean_election=settings.unclean_leader_election,
             rebalance_batch=settings.leader_rebalance_batch,
         )
         decided = partition.decide(snapshot, names, view)
+        if partition.draining_spus(snapshot):
+            # A drained SPU's status follows the partitions it leads: what moved, what cannot.
+            self._spu_loop.kick()
         preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided)
         if settings.leader_rebalance_batch and preferred >= settings.leader_rebalance_batch:
             # More may be due: look at all of them again once these writes come back.

@@ -228,8 +228,8 @@ async def test_spu_register_list_unregister(server: api_server.ApiServer, sc: Sc
         "--private-server", "[::1]:9006", "--rack", "/dc1/r1",
     ) == (
         0,
-        "ID  NAME   TYPE    RACK     RESOLUTION  PUBLIC         PRIVATE\n"
-        "5   spu-5  Custom  /dc1/r1  Init        10.0.0.5:9005  [::1]:9006\n",
+        "ID  NAME   TYPE    RACK     RESOLUTION  DRAIN  PUBLIC         PRIVATE\n"
+        "5   spu-5  Custom  /dc1/r1  Init        -      10.0.0.5:9005  [::1]:9006\n",
         "",
     )  # fmt: skip
     assert await sc(
@@ -238,9 +238,9 @@ async def test_spu_register_list_unregister(server: api_server.ApiServer, sc: Sc
     await server.put(spu(1, "spu-1"), partition("t-0", [5]))
     assert await sc("spu", "list") == (
         0,
-        "ID  NAME   TYPE    RACK     RESOLUTION  PUBLIC         PRIVATE\n"
-        "1   spu-1  Custom  -        Online      10.0.0.1:9005  10.0.0.1:9006\n"
-        "5   spu-5  Custom  /dc1/r1  Init        10.0.0.5:9005  [::1]:9006\n",
+        "ID  NAME   TYPE    RACK     RESOLUTION  DRAIN  PUBLIC         PRIVATE\n"
+        "1   spu-1  Custom  -        Online      -      10.0.0.1:9005  10.0.0.1:9006\n"
+        "5   spu-5  Custom  /dc1/r1  Init        -      10.0.0.5:9005  [::1]:9006\n",
         "",
     )
     assert await sc("spu", "unregister", "--id", "5") == (
