@@ -454,6 +454,8 @@ def _spu_group_create(args: argparse.Namespace) -> int:
 
 def _spu_group_scale(args: argparse.Namespace) -> int:
     _, group = Client(_address(args)).call("POST", _path("spu-groups", args.name, "scale"), {"replicas": args.replicas})
+    for warning in group.get("warnings", []):
+        _warn(warning)
     _show(args, group, lambda answer: spu_group_rows([answer]))
     return 0
 

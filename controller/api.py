@@ -450,8 +450,12 @@ async def scale_spu_group(request: web.Request) -> web.Response:
         return current.model_copy(update={"spec": spec})
 
     scaled, _ = await admin_ops.update_spec(context, "spu-groups", name, scale, "scaling it")
+    # As explicit as deleting an SPU: name the SPUs this deletes that partitions still use.
+    warnings = admin_ops.group_shrink_warnings(
+        context, name, replicas, f"scaling SPU group {name!r} down to {replicas} deletes"
+    )
     # No verdict to wait for: a group that stays Reserved gets no new status write.
-    return web.json_response(scaled.to_json_dict(), status=202)
+    return web.json_response({**scaled.to_json_dict(), "warnings": warnings}, status=202)
 
 
 async def delete_object(request: web.Request) -> web.Response:

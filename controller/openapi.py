@@ -85,6 +85,8 @@ _FORCE = {
     "schema": {"type": "boolean", "default": False},
 }
 
+_WARNINGS = {"type": "array", "items": {"type": "string"}}
+
 _COMMON_ERRORS = {
     "400": _error("Malformed: the body is not JSON, not an object, or a value has the wrong JSON type"),
     "503": _error("The KV store is unavailable (Unavailable) or the SC has not synced its store yet (NotSynced)"),
@@ -154,7 +156,8 @@ def _paths() -> dict[str, Any]:
                 "Delete an object (compare-and-swap); a topic's partitions and a group's SPUs go with it",
                 description="Partitions cannot be deleted on their own (422 PartitionOwnedByTopic). A managed SPU "
                 "whose group exists cannot be deleted (409 ManagedSpu). Deleting an SPU that partitions "
-                "still use is allowed; the answer's warnings name those partitions.",
+                "still use is allowed; the answer's warnings name those partitions (for an SPU group, "
+                "each of its SPUs that partitions still use).",
                 parameters=(_KIND, _NAME),
                 r200=_json(_ref("Deleted"), "Deleted"),
                 r404=_error("Unknown kind, or no such object"),
@@ -229,10 +232,20 @@ def _paths() -> dict[str, Any]:
                 "Set an SPU group's replica count (an extension of API.md)",
                 description="Compare-and-swap on the group's spec; the SPU-group controller then creates SPUs "
                 "(scale up) or deletes the highest ids (scale down). Answers at once with the group as "
-                "written: a group that stays Reserved gets no new status to wait for.",
+                "written: a group that stays Reserved gets no new status to wait for. Like deleting an SPU, "
+                "scaling down is allowed while partitions still use the SPUs it deletes; 'warnings' names "
+                "each such SPU and its partitions.",
                 parameters=(_NAME,),
                 body="Scale",
-                r202=_json(_ref("SpuGroup"), "The group with its new replica count"),
+                r202=_json(
+                    {
+                        "allOf": [
+                            _ref("SpuGroup"),
+                            {"type": "object", "properties": {"warnings": _WARNINGS}, "required": ["warnings"]},
+                        ]
+                    },
+                    "The group with its new replica count, and warnings",
+                ),
                 r400=malformed,
                 r404=_error("No such SPU group"),
                 r409=_error("The group kept changing (Conflict)"),
@@ -373,7 +386,7 @@ def _extra_schemas() -> dict[str, Any]:
         },
         "Deleted": {
             "type": "object",
-            "properties": {"deleted": {"type": "object"}, "warnings": {"type": "array", "items": {"type": "string"}}},
+            "properties": {"deleted": {"type": "object"}, "warnings": _WARNINGS},
             "required": ["deleted", "warnings"],
         },
         "WatchEvent": {

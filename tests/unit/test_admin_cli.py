@@ -280,6 +280,15 @@ async def test_spu_group_create_list_delete(server: api_server.ApiServer, sc: Sc
         "",
     )
     assert await sc("spu-group", "scale", "nope", "--replicas", "5") == (1, "", "error: SPU group 'nope' not found\n")
+    await server.put(spu(104, "main-4", spu_type="Managed"), partition("t-0", [104]))
+    assert await sc("spu-group", "scale", "main", "--replicas", "4") == (
+        0,
+        "NAME  REPLICAS  MIN-ID  RACK  RESOLUTION  REASON\nmain  4         100     r1    Reserved    -\n",
+        "warning: scaling SPU group 'main' down to 4 deletes SPU 104 ('main-4'), which still holds replicas of 1 "
+        "partition: t-0; they stay assigned to id 104 until an SPU with that id is registered again\n",
+    )
+    code, out, _ = await sc("spu-group", "scale", "main", "--replicas", "5", "-o", "json")
+    assert (code, json.loads(out)["spec"]["replicas"], json.loads(out)["warnings"]) == (0, 5, [])
     code, out, _ = await sc("spu-group", "list", "-o", "json")
     assert (code, [group["status"]["resolution"] for group in json.loads(out)]) == (0, ["Invalid", "Reserved"])
     assert await sc("spu-group", "delete", "clash") == (0, "SPU group 'clash' deleted\n", "")
