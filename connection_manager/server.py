@@ -247,8 +247,7 @@ class ConnectionManager:
         spu_id = register.spu_id
         refusal = self._refusal(register)
         if refusal is not None:
-            code, reason, detail = refusal
-            await self._refuse(websocket, peer, spu_id, code, reason, **detail)
+            await self._refuse(websocket, peer, spu_id, *refusal)
             return websocket
         session = Session(spu_id, websocket)
         previous = self.sessions.get(spu_id)
@@ -290,7 +289,7 @@ class ConnectionManager:
             self.on_live_change(forgotten)
 
     async def _refuse(
-        self, websocket: web.WebSocketResponse, peer: str | None, spu_id: int | None, code: str, reason: str, **detail: object
+        self, websocket: web.WebSocketResponse, peer: str | None, spu_id: int | None, code: str, reason: str
     ) -> None:
         """Tell the client why and close; count every refusal, log a cause and peer once an interval."""
         self.stats.count(self.stats.rejected, code)
@@ -298,7 +297,7 @@ class ConnectionManager:
         if suppressed is not None:
             log.warning(
                 "SPU connection rejected", spu=spu_id, peer=peer, code=code, reason=reason,
-                repeats_not_logged=suppressed, **detail,
+                repeats_not_logged=suppressed,
             )
         await _reject(websocket, code, reason)
 
@@ -330,29 +329,29 @@ class ConnectionManager:
                 return entry.obj  # type: ignore[return-value]
         return None
 
-    def _refusal(self, register: wire.Register) -> tuple[str, str, dict[str, object]] | None:
-        """(code, reason for the client, details for the SC's log) when the Register is refused.
+    def _refusal(self, register: wire.Register) -> tuple[str, str] | None:
+        """(code, reason) when the Register is refused.
 
         The token first: a client without it gets the same answer whether the id is registered
         or not, so it cannot map the registered ids. Then a healthy session of the same id is
         never evicted by a client that could not prove it is that SPU (without a token nobody
         can: the newcomer waits until the session goes silent or closes)."""
         spu_id = register.spu_id
-        registered = self._registered(spu_id) is not None
+        # Nothing about the id is looked up before this: not even the time it takes may differ.
         if self.token is not None and not hmac.compare_digest((register.token or "").encode(), self.token.encode()):
-            return "unauthorized", f"SPU id {spu_id} presented a missing or wrong token", {"registered": registered}
-        if not registered:
+            return "unauthorized", f"SPU id {spu_id} presented a missing or wrong token"
+        if self._registered(spu_id) is None:
             return "unregistered", (
                 f"SPU id {spu_id} is not registered with this SC; register it first "
                 "(`sc spu register` or an SPU group)"
-            ), {}
+            )
         current = self.sessions.get(spu_id)
         if self.token is None and current is not None and current.healthy(asyncio.get_running_loop().time(), self.heartbeat_timeout):
             return "already-connected", (
                 f"SPU {spu_id} is connected and healthy on another connection; a new connection may take over "
                 f"only once that one has been silent for {self.heartbeat_timeout:g} s (or with the SPU token, "
                 "when one is configured)"
-            ), {}
+            )
         return None
 
     async def _read_reports(self, session: Session) -> None:
