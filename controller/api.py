@@ -278,7 +278,7 @@ async def drain_spu(request: web.Request) -> web.Response:
     spu: models.Spu = entry.obj  # type: ignore[assignment]
     spu_id = spu.spec.id
     snapshot = context.local_store.snapshot()
-    leading_before = {name: spu_id for name in partition.led_by(snapshot, spu_id)}
+    leading_before = partition.led_by(snapshot, spu_id)
     blocked = partition.drain_blockers(snapshot, spu_id, _cluster_view(context))
     if not spu.spec.drain:
         if blocked and not force:
@@ -310,11 +310,13 @@ async def drain_spu(request: web.Request) -> web.Response:
         await asyncio.sleep(0.05)
     snapshot = context.local_store.snapshot()
     partitions = snapshot.entries("partitions")
-    moved = [
-        {"partition": moved_name, "to": partitions[moved_name].obj.spec.leader}  # type: ignore[attr-defined]
-        for moved_name in leading_before
-        if moved_name not in led and moved_name in partitions
-    ]
+    # Moved: led by another SPU now (not deleted meanwhile, nor left leaderless by a crash).
+    new_leaders = {
+        name_before: partitions[name_before].obj.spec.leader  # type: ignore[attr-defined]
+        for name_before in leading_before
+        if name_before not in led and name_before in partitions
+    }
+    moved = [{"partition": name_before, "to": leader} for name_before, leader in new_leaders.items() if leader != spu_id]
     body: dict[str, Any] = {"spu": spu_id, "name": name, "draining": True, "drained": not led, "moved": moved, "leading": led}
     if not led:
         return web.json_response(body)

@@ -219,13 +219,14 @@ async def test_a_drain_outlives_a_reconnection_and_an_sc_restart(etcd_server: em
             for spu_id in range(2):
                 await second.connect(spu_id)
             await hosting(second, {0: {"pair-0"}, 1: {"pair-0"}})
+            # (Had SPU 0 come back first, it led meanwhile, being the only in-sync replica online.)
+            await all_online(second, {"pair-0": 1})
 
             async def drained() -> None:
                 spu = await spu_shown(sc, "spu-0")
                 assert (spu["spec"]["drain"], spu["status"]) == (True, {"resolution": "Online", "drain": "Drained"}), spu
 
             await sc.eventually(drained)
-            await all_online(second, {"pair-0": 1})
             await asyncio.sleep(0.5)
             await all_online(second, {"pair-0": 1})
             # The drain is what kept it: cancelled, the leadership returns.
