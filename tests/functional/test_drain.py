@@ -78,6 +78,12 @@ async def spu_shown(sc: Running, name: str) -> dict[str, Any]:
     return body  # type: ignore[no-any-return]
 
 
+async def draining_gauge(sc: Running) -> str:
+    async with sc.session.get("/metrics") as response:
+        [line] = [line for line in (await response.text()).splitlines() if line.startswith("sc_spus_draining ")]
+    return line.split()[1]
+
+
 async def test_a_drain_that_cannot_finish_is_refused_up_front_and_changes_nothing(cluster: Cluster) -> None:
     """The measured defect: `sc spu drain` answered 'still leads' but had moved the SPU's other
     leaderships and left it draining. Now it is refused before anything moves, and forced on demand."""
@@ -167,6 +173,7 @@ async def test_an_undrain_cancels_and_the_preferred_leader_returns(cluster: Clus
         assert rows[0][5] == "DRAIN" and [row[5] for row in rows[1:]] == [drain, "-", "-"], rows
 
     await cluster.sc.eventually(lambda: listed("Drained"))
+    assert await draining_gauge(cluster.sc) == "1.0"
     assert await asyncio.to_thread(cli.main, ["spu", "list", "-o", "json", *argv]) == 0
     [drained, _, _] = json.loads(printed(capsys)[0])
     assert (drained["spec"]["drain"], drained["status"]["drain"]) == (True, "Drained")
@@ -177,6 +184,7 @@ async def test_an_undrain_cancels_and_the_preferred_leader_returns(cluster: Clus
     assert await asyncio.to_thread(cli.main, ["spu", "undrain", "0", *argv]) == 0
     assert printed(capsys)[0] == "SPU 0 (spu-0) is not draining: it may lead again\n"
     await cluster.sc.eventually(lambda: listed("-"))
+    assert await draining_gauge(cluster.sc) == "0.0"
     assert (await spu_shown(cluster.sc, "spu-0"))["status"] == {"resolution": "Online"}
     # SPU 1 reports SPU 0 in sync: the leadership goes back to its preferred leader.
     await all_online(cluster, {"pair-0": 0})
