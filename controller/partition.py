@@ -331,7 +331,8 @@ def _why_stuck(replicas: list[int], leader: int, online: _Online, leo: Mapping[i
         return f"no follower is online ({_spus(followers)} offline)"
     in_sync = [spu for spu in up if leo.get(spu, election.UNKNOWN_OFFSET) >= leader_hw]
     if not in_sync:
-        return f"the online follower{'s' if len(up) > 1 else ''} ({_spus(up)}) {'are' if len(up) > 1 else 'is'} out of sync (behind the high watermark {leader_hw})"
+        followers_are = "the online followers ({}) are" if len(up) > 1 else "the online follower ({}) is"
+        return f"{followers_are.format(_spus(up))} out of sync (behind the high watermark {leader_hw})"
     if len(in_sync) == 1:
         return f"the only in-sync follower online, SPU {in_sync[0]}, is draining too"
     return f"the in-sync followers online ({_spus(in_sync)}) are draining too"

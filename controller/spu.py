@@ -29,8 +29,8 @@ def decide(
     start passes without it reconnecting (Fluvio would leave it Online forever). A drained SPU
     is Draining while it leads a partition, Drained once it leads none."""
     spus = snapshot.entries("spus")
-    draining = [entry for entry in spus.values() if entry.obj.spec.drain or entry.obj.status.drain is not None]  # type: ignore[attr-defined]
-    leading = _leading(snapshot, {entry.obj.spec.id for entry in draining}) if draining else {}  # type: ignore[attr-defined]
+    draining = partition.draining_spus(snapshot)
+    leading = _leading(snapshot, draining) if draining else {}
     view = partition.ClusterView(health, live or {})
     decided = []
     for entry in spus.values():
@@ -52,7 +52,7 @@ def decide(
     return decided
 
 
-def _leading(snapshot: local.Snapshot, spu_ids: set[int]) -> dict[int, list[str]]:
+def _leading(snapshot: local.Snapshot, spu_ids: frozenset[int]) -> dict[int, list[str]]:
     """The partitions each of ``spu_ids`` leads now (LeaderOffline ones have no leader), in one pass."""
     leading: dict[int, list[str]] = {}
     for entry in snapshot.entries("partitions").values():

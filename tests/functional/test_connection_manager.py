@@ -595,17 +595,40 @@ async def test_drain_moves_every_leadership_off_the_spu(cluster: Cluster) -> Non
     }
     assert sorted(name for name, p in partitions.items() if p.spec.leader == 1) == []
     assert all(p.status.resolution is models.PartitionResolution.ONLINE for p in partitions.values())
-    # The drained SPU stays connected and is not chosen again while draining.
-    spus[1].received.clear()
+    # The new leaders report their followers (SPU 1 among them) in sync again.
+    for spu in spus:
+        led = [name for name, p in partitions.items() if p.spec.leader == spu.spu_id]
+        await spu.wait_for(lambda spu=spu, led=led: all(spu.replicas[name].leader == spu.spu_id for name in led))
+        await spu.report(*[(name, 10, 10, {f: 10 for f in partitions[name].spec.replicas if f != spu.spu_id}) for name in led])
+    for name in partitions:
+        await cluster.wait_partition(name, resolution="Online", lrs=1)
+    # SPU 0 stops. Its partitions go to their other replica: SPU 2 where it is one; where the only
+    # other replica is the drained SPU 1, SPU 1 leads rather than leave the partition leaderless.
+    expected = {
+        name: p.spec.leader if p.spec.leader != 0 else next(spu for spu in p.spec.replicas if spu != 0)
+        for name, p in partitions.items()
+    }
+    assert 1 in expected.values() and 2 in expected.values()  # both cases occur
     await spus[0].close()
-    await cluster.sc.eventually(
-        lambda: _assert_no_leader(cluster, 1)
-    )
 
+    async def failed_over() -> None:
+        now = await cluster.sc.read_all("partitions")
+        assert {name: (p.spec.leader, p.status.resolution.value) for name, p in now.items()} == {
+            name: (leader, "Online") for name, leader in expected.items()
+        }
 
-async def _assert_no_leader(cluster: Cluster, spu_id: int) -> None:
-    partitions = await cluster.sc.read_all("partitions")
-    assert all(p.spec.leader != spu_id for p in partitions.values())
+    await cluster.sc.eventually(failed_over)
+    led_by_1 = sorted(name for name, leader in expected.items() if leader == 1)
+
+    async def draining_again() -> None:
+        spu = await cluster.sc.read("spus", "spu-1")
+        assert spu is not None and spu.status.drain is models.SpuDrain.DRAINING, spu  # type: ignore[attr-defined]
+        assert spu.status.reason == (  # type: ignore[attr-defined]
+            f"{len(led_by_1)} of the {len(led_by_1)} partition(s) it leads cannot move: "
+            + ", ".join(f"{name} (no follower is online (SPU 0 offline))" for name in led_by_1)
+        )
+
+    await cluster.sc.eventually(draining_again)
 
 
 # ---------------------------------------------------------------------------- robustness
