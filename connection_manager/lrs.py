@@ -103,3 +103,10 @@ class LiveReplicas:
 
     def forget(self, partition: str) -> None:
         self._status.pop(partition, None)
+
+    def forget_leader(self, spu: int) -> set[str]:
+        """Drop every report ``spu`` made as leader; the names of the partitions concerned."""
+        names = {name for name, status in self._status.items() if status.leader == spu}
+        for name in names:
+            del self._status[name]
+        return names

@@ -1,9 +1,10 @@
 """The connection manager: the SC's private WebSocket server for SPUs (port 9004).
 
-Accepts only registered SPUs (and the shared token when one is configured), keeps the health
-view, takes in live-replica reports, and pushes each SPU the SPU endpoints and the replicas it
-hosts: a full Sync on connect, then Update deltas as committed specs change. It never writes to
-the KV store; the controllers turn what it learns into writes.
+Accepts only registered SPUs (with the shared token when one is configured, else from loopback
+only), never lets a newcomer without the token evict a healthy session, keeps the health view,
+takes in live-replica reports, and pushes each SPU the SPU endpoints and the replicas it hosts: a
+full Sync on connect, then Update deltas as committed specs change. It never writes to the KV
+store; the controllers turn what it learns into writes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import ipaddress
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -25,8 +27,14 @@ from store import supervisor as supervisor_module
 log = structlog.get_logger(__name__)
 
 REGISTER_TIMEOUT = 10.0  # seconds a new connection has to send its Register frame
-SEND_QUEUE_LIMIT = 1_000
-HEARTBEAT_SECOND_LOOK = 0.5  # seconds  # frames queued for one SPU before it is considered stuck
+SEND_QUEUE_LIMIT = 1_000  # frames queued for one SPU before it is considered stuck
+HEARTBEAT_SECOND_LOOK = 0.5  # seconds
+# A refused connection is logged once per (cause, peer address) in this many seconds; the
+# repeats in between are counted (and the count logged with the next line), not logged each.
+REFUSAL_LOG_INTERVAL = 60.0
+# Distinct (cause, peer) pairs remembered for that; beyond it the oldest are forgotten (a
+# forgotten pair is merely logged again), so refusals from many addresses cannot grow memory.
+REFUSAL_LOG_KEYS = 1_024
 
 
 @dataclass
@@ -55,6 +63,11 @@ class Session:
         self.told_spus: dict[int, wire.SpuInfo] = {}
         self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.closing: tuple[str, str] | None = None
+        self.last_frame_at = asyncio.get_running_loop().time()
+
+    def healthy(self, now: float, heartbeat_timeout: float) -> bool:
+        """Open, and heard from within the heartbeat timeout: the SPU behind it is alive."""
+        return self.closing is None and not self.websocket.closed and now - self.last_frame_at <= heartbeat_timeout
 
     def send(self, message: wire.Message) -> None:
         if self.outbox.qsize() >= SEND_QUEUE_LIMIT:
@@ -106,6 +119,45 @@ class _LatestFrame:
         return frame
 
 
+class RefusalLog:
+    """Says whether a refusal is worth a log line: the first of its (cause, peer) in an interval.
+
+    A client retrying in a loop would otherwise write one warning per try; the counters in
+    ``Stats`` still count every refusal."""
+
+    def __init__(self, interval: float = REFUSAL_LOG_INTERVAL, max_keys: int = REFUSAL_LOG_KEYS) -> None:
+        self.interval = interval
+        self.max_keys = max_keys
+        # (cause, peer) -> [loop time of the last line logged, repeats not logged since]
+        self._seen: dict[tuple[str, str | None], list[float]] = {}
+
+    def due(self, code: str, peer: str | None, now: float) -> int | None:
+        """None to stay quiet; else log now, mentioning this many repeats left unlogged."""
+        key = (code, peer)
+        seen = self._seen.get(key)
+        if seen is not None and now - seen[0] < self.interval:
+            seen[1] += 1
+            return None
+        suppressed = 0 if seen is None else int(seen[1])
+        self._seen.pop(key, None)
+        if len(self._seen) >= self.max_keys:
+            del self._seen[next(iter(self._seen))]  # the oldest line (dicts keep insertion order)
+        self._seen[key] = [now, 0]
+        return suppressed
+
+
+def is_loopback(peer: str | None) -> bool:
+    """A peer address on this host (127.0.0.0/8, ::1, or IPv4 loopback mapped into IPv6)."""
+    if peer is None:
+        return False
+    try:
+        address = ipaddress.ip_address(peer.partition("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)
+    return bool(address.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
 class ConnectionManager:
     def __init__(
         self,
@@ -114,6 +166,7 @@ class ConnectionManager:
         live: lrs.LiveReplicas,
         *,
         token: str | None = None,
+        allow_remote_without_token: bool = False,
         heartbeat_timeout: float = 10.0,
         max_frame_bytes: int = wire.MAX_FRAME_BYTES,
         on_live_change: Callable[[set[str]], None] = lambda names: None,
@@ -123,14 +176,15 @@ class ConnectionManager:
         self.health = health
         self.live = live
         self.token = token
+        # Without a token, anyone who reaches the port could be any SPU: only this host may.
+        self.allow_remote = token is not None or allow_remote_without_token
         self.heartbeat_timeout = heartbeat_timeout
         self.max_frame_bytes = max_frame_bytes
         self.on_live_change = on_live_change
         self.sessions: dict[int, Session] = {}
-        # SPUs being drained: no partition may choose them as leader until they reconnect.
-        self.draining: set[int] = set()
         self.stats = Stats()
         self.supervisor = supervisor if supervisor is not None else supervisor_module.Supervisor()
+        self.refusals = RefusalLog()
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
         self.port: int | None = None
@@ -152,6 +206,19 @@ class ConnectionManager:
         )
         self._pusher = self.supervisor.spawn("cm-pusher", self._push_changes)
         log.info("connection manager listening", host=host, port=self.port)
+        if self.token is None and not self.allow_remote:
+            log.warning(
+                "no SPU token is configured: the private port accepts SPUs from this host (loopback) only; "
+                "to accept SPUs from other hosts, give every SPU a shared token (spu_token_file, "
+                "`sc spu run --token-file`)",
+                port=self.port,
+            )
+        elif self.token is None:
+            log.warning(
+                "no SPU token is configured and spu_allow_remote_without_token is set: anyone who reaches "
+                "the private port can connect as any registered SPU; configure spu_token_file",
+                port=self.port,
+            )
 
     async def stop(self) -> None:
         if self._pusher is not None:
@@ -170,44 +237,72 @@ class ConnectionManager:
         websocket = web.WebSocketResponse(max_msg_size=self.max_frame_bytes, autoping=True)
         await websocket.prepare(request)
         peer = request.remote
+        if not self.allow_remote and not is_loopback(peer):
+            await self._refuse(
+                websocket, peer, None, "remote-not-allowed",
+                f"this SC has no SPU token configured, so it accepts SPUs from its own host only (not from {peer}); "
+                "configure a shared token (spu_token_file) on the SC and give it to the SPUs (--token-file)",
+            )
+            return websocket
         register = await self._read_register(websocket, peer)
         if register is None:
             return websocket
-        spu = self._registered(register.spu_id)
-        refusal = self._refusal(register, spu)
+        spu_id = register.spu_id
+        refusal = self._refusal(register)
         if refusal is not None:
-            code, reason = refusal
-            self.stats.count(self.stats.rejected, code)
-            log.warning("SPU connection rejected", spu=register.spu_id, peer=peer, code=code, reason=reason)
-            await _reject(websocket, code, reason)
+            await self._refuse(websocket, peer, spu_id, *refusal)
             return websocket
-        session = Session(register.spu_id, websocket)
-        previous = self.sessions.get(register.spu_id)
+        session = Session(spu_id, websocket)
+        previous = self.sessions.get(spu_id)
+        now = asyncio.get_running_loop().time()
+        self.sessions[spu_id] = session
         if previous is not None:
-            previous.close("replaced", f"a new connection for SPU {register.spu_id} replaced this one")
-            log.info("SPU connection replaced", spu=register.spu_id, peer=peer)
-        self.sessions[register.spu_id] = session
-        self.draining.discard(register.spu_id)
+            previous.close("replaced", f"a new connection for SPU {spu_id} replaced this one")
+            log.info("SPU connection replaced", spu=spu_id, peer=peer, previous_was_healthy=previous.healthy(now, self.heartbeat_timeout))
+            self._restarted(spu_id, now)
         self.stats.accepted += 1
-        writer = asyncio.create_task(session.write_loop(), name=f"cm-writer-{register.spu_id}")
+        writer = asyncio.create_task(session.write_loop(), name=f"cm-writer-{spu_id}")
         try:
-            session.send(wire.Accepted(spu_id=register.spu_id, heartbeat_timeout=self.heartbeat_timeout))
+            session.send(wire.Accepted(spu_id=spu_id, heartbeat_timeout=self.heartbeat_timeout))
             self._send_sync(session)
-            self.health.set(register.spu_id, health_module.Health.ONLINE, asyncio.get_running_loop().time())
-            log.info("SPU connected", spu=register.spu_id, peer=peer, replicas=len(session.hosted))
+            self.health.set(spu_id, health_module.Health.ONLINE, now)
+            log.info("SPU connected", spu=spu_id, peer=peer, replicas=len(session.hosted))
             await self._read_reports(session)
         finally:
-            if self.sessions.get(register.spu_id) is session:
-                del self.sessions[register.spu_id]
+            if self.sessions.get(spu_id) is session:
+                del self.sessions[spu_id]
                 if session.closing is None or session.closing[0] != "shutting-down":  # an SC stopping says nothing of its SPUs
-                    self.health.set(register.spu_id, health_module.Health.OFFLINE, asyncio.get_running_loop().time())
-                log.info("SPU disconnected", spu=register.spu_id, reason=session.closing)
+                    self.health.set(spu_id, health_module.Health.OFFLINE, asyncio.get_running_loop().time())
+                log.info("SPU disconnected", spu=spu_id, reason=session.closing)
             session.close(*(session.closing or ("closed", "connection closed")))
             with contextlib.suppress(asyncio.TimeoutError, ConnectionError, RuntimeError):
                 await asyncio.wait_for(writer, 2.0)
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
         return websocket
+
+    def _restarted(self, spu_id: int, now: float) -> None:
+        """A new connection took over from a previous one: the SPU restarted. What its previous
+        incarnation reported as leader is dropped (the new one may have lost records, and its
+        reports will say), and the SPU goes offline then online, so every listener looks again."""
+        forgotten = self.live.forget_leader(spu_id)
+        self.health.set(spu_id, health_module.Health.OFFLINE, now)
+        self.health.set(spu_id, health_module.Health.ONLINE, now)
+        if forgotten:
+            self.on_live_change(forgotten)
+
+    async def _refuse(
+        self, websocket: web.WebSocketResponse, peer: str | None, spu_id: int | None, code: str, reason: str
+    ) -> None:
+        """Tell the client why and close; count every refusal, log a cause and peer once an interval."""
+        self.stats.count(self.stats.rejected, code)
+        suppressed = self.refusals.due(code, peer, asyncio.get_running_loop().time())
+        if suppressed is not None:
+            log.warning(
+                "SPU connection rejected", spu=spu_id, peer=peer, code=code, reason=reason,
+                repeats_not_logged=suppressed,
+            )
+        await _reject(websocket, code, reason)
 
     async def _read_register(self, websocket: web.WebSocketResponse, peer: str | None) -> wire.Register | None:
         try:
@@ -222,7 +317,8 @@ class ConnectionManager:
             parsed = wire.parse_spu_message(message.data, self.max_frame_bytes)
         except wire.FrameError as error:
             self.stats.count(self.stats.frame_errors, error.code)
-            log.warning("bad first frame from an SPU", peer=peer, code=error.code, error=str(error))
+            if self.refusals.due(f"first-frame:{error.code}", peer, asyncio.get_running_loop().time()) is not None:
+                log.warning("bad first frame from an SPU", peer=peer, code=error.code, error=str(error))
             await _reject(websocket, error.code, str(error))
             return None
         if not isinstance(parsed, wire.Register):
@@ -236,14 +332,29 @@ class ConnectionManager:
                 return entry.obj  # type: ignore[return-value]
         return None
 
-    def _refusal(self, register: wire.Register, spu: models.Spu | None) -> tuple[str, str] | None:
-        if spu is None:
+    def _refusal(self, register: wire.Register) -> tuple[str, str] | None:
+        """(code, reason) when the Register is refused.
+
+        The token first: a client without it gets the same answer whether the id is registered
+        or not, so it cannot map the registered ids. Then a healthy session of the same id is
+        never evicted by a client that could not prove it is that SPU (without a token nobody
+        can: the newcomer waits until the session goes silent or closes)."""
+        spu_id = register.spu_id
+        # Nothing about the id is looked up before this: not even the time it takes may differ.
+        if self.token is not None and not hmac.compare_digest((register.token or "").encode(), self.token.encode()):
+            return "unauthorized", f"SPU id {spu_id} presented a missing or wrong token"
+        if self._registered(spu_id) is None:
             return "unregistered", (
-                f"SPU id {register.spu_id} is not registered with this SC; register it first "
+                f"SPU id {spu_id} is not registered with this SC; register it first "
                 "(`sc spu register` or an SPU group)"
             )
-        if self.token is not None and not hmac.compare_digest((register.token or "").encode(), self.token.encode()):
-            return "unauthorized", f"SPU id {register.spu_id} presented a missing or wrong token"
+        current = self.sessions.get(spu_id)
+        if self.token is None and current is not None and current.healthy(asyncio.get_running_loop().time(), self.heartbeat_timeout):
+            return "already-connected", (
+                f"SPU {spu_id} is connected and healthy on another connection; a new connection may take over "
+                f"only once that one has been silent for {self.heartbeat_timeout:g} s (or with the SPU token, "
+                "when one is configured)"
+            )
         return None
 
     async def _read_reports(self, session: Session) -> None:
@@ -298,6 +409,7 @@ class ConnectionManager:
                 session.closing = ("protocol-error", str(websocket.exception()))
                 log.warning("SPU connection error", spu=session.spu_id, error=str(websocket.exception()))
                 return
+            session.last_frame_at = asyncio.get_running_loop().time()
             if inbox.put(message.data):
                 self.stats.lrs_frames_skipped += 1
 
@@ -422,9 +534,6 @@ class ConnectionManager:
                 )
         for name in partition_changes.deleted:
             self.live.forget(name)
-
-    def drain(self, spu_id: int) -> None:
-        self.draining.add(spu_id)
 
 
 def _spu_delta(

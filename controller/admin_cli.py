@@ -143,6 +143,13 @@ def _endpoint(endpoint: dict[str, Any] | None) -> str:
     return f"[{host}]:{endpoint['port']}" if ":" in host else f"{host}:{endpoint['port']}"
 
 
+def _drain(spu: dict[str, Any]) -> str | None:
+    """Draining or Drained while a drain is asked for (Draining until the SC has looked)."""
+    if not spu["spec"].get("drain"):
+        return None
+    return str(spu.get("status", {}).get("drain") or "Draining")
+
+
 def spu_rows(spus: list[dict[str, Any]]) -> str:
     rows = [
         [
@@ -151,12 +158,13 @@ def spu_rows(spus: list[dict[str, Any]]) -> str:
             spu["spec"].get("spuType", "Custom"),
             spu["spec"].get("rack"),
             _resolution(spu),
+            _drain(spu),
             _endpoint(spu["spec"].get("publicEndpoint")),
             _endpoint(spu["spec"].get("privateEndpoint")),
         ]
         for spu in spus
     ]
-    return table(["ID", "NAME", "TYPE", "RACK", "RESOLUTION", "PUBLIC", "PRIVATE"], rows)
+    return table(["ID", "NAME", "TYPE", "RACK", "RESOLUTION", "DRAIN", "PUBLIC", "PRIVATE"], rows)
 
 
 def spu_group_rows(groups: list[dict[str, Any]]) -> str:
@@ -399,14 +407,40 @@ def _spu_unregister(args: argparse.Namespace) -> int:
 
 
 def _spu_drain(args: argparse.Namespace) -> int:
-    """Controlled shutdown: every leadership moves off the SPU before it is stopped."""
+    """Controlled shutdown: every leadership moves off the SPU before it is stopped. Exit status
+    1 while it still leads something (it stays draining): stopping it then would leave those
+    partitions without a leader."""
     client = Client(_address(args))
     name = _spu_name_of(client, int(args.spu)) if args.spu.isdigit() else args.spu
-    _, answer = client.call("POST", _path("spus", name, "drain"), query={"timeout": str(args.timeout_ms)})
+    query = {"timeout": str(args.timeout_ms), **({"force": "true"} if args.force else {})}
+    _, answer = client.call("POST", _path("spus", name, "drain"), query=query)
+    who = f"SPU {answer['spu']} ({answer['name']})"
     if args.output == "json":
-        print(json.dumps(answer, indent=2))
+        _print_json(answer)
+    elif answer["drained"]:
+        print(f"{who} leads no partition: it can be stopped")
     else:
-        print(f"SPU {answer['spu']} ({answer['name']}) leads no partition: it can be stopped")
+        moved = ", ".join(f"{move['partition']} to SPU {move['to']}" for move in answer["moved"]) or "none"
+        print(f"{who} is draining; leaderships moved: {moved}")
+    if answer["drained"]:
+        return 0
+    left = "; ".join(f"{item['partition']}: {item['reason']}" for item in answer.get("blocked", []))
+    print(
+        f"error: {who} still leads {len(answer['leading'])} partition(s), so it cannot be stopped yet ({left}); "
+        f"it stays draining, and `sc spu undrain {answer['spu']}` cancels the drain",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _spu_undrain(args: argparse.Namespace) -> int:
+    client = Client(_address(args))
+    name = _spu_name_of(client, int(args.spu)) if args.spu.isdigit() else args.spu
+    _, answer = client.call("DELETE", _path("spus", name, "drain"))
+    if args.output == "json":
+        _print_json(answer)
+    else:
+        print(f"SPU {answer['spu']} ({answer['name']}) is not draining: it may lead again")
     return 0
 
 
@@ -434,6 +468,8 @@ def _spu_group_create(args: argparse.Namespace) -> int:
 
 def _spu_group_scale(args: argparse.Namespace) -> int:
     _, group = Client(_address(args)).call("POST", _path("spu-groups", args.name, "scale"), {"replicas": args.replicas})
+    for warning in group.get("warnings", []):
+        _warn(warning)
     _show(args, group, lambda answer: spu_group_rows([answer]))
     return 0
 
@@ -534,9 +570,14 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     unregister = command(spus, "unregister", _spu_unregister, "unregister a custom SPU (by NAME or --id)")
     unregister.add_argument("name", metavar="NAME", nargs="?")
     unregister.add_argument("--id", type=_whole_number, metavar="ID")
-    drain = command(spus, "drain", _spu_drain, "move every leadership off an SPU before stopping it")
+    drain = command(spus, "drain", _spu_drain, "move every leadership off an SPU before stopping it (until undrained)")
     drain.add_argument("spu", metavar="ID|NAME", help="the SPU's id or name")
     drain.add_argument("--timeout-ms", type=_whole_number, default=30_000, metavar="MS", help="longest wait (default 30000)")
+    drain.add_argument(
+        "--force", action="store_true", help="drain even if some partitions cannot move now (they keep it as leader)"
+    )
+    undrain = command(spus, "undrain", _spu_undrain, "cancel an SPU's drain: it may lead again")
+    undrain.add_argument("spu", metavar="ID|NAME", help="the SPU's id or name")
 
     set_rack = command(spus, "set-rack", _spu_set_rack, "give a custom SPU a rack, or take it away (--no-rack)")
     set_rack.add_argument("spu", metavar="ID|NAME", help="the SPU's id or name")

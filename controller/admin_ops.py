@@ -322,7 +322,7 @@ async def update_spec(
             raise ApiError(404, "NotFound", f"{label(kind, name)} not found")
         changed = change(current)
         if changed == current:
-            return current, stored.mod_revision
+            return current, stored.mod_revision  # already so: a write would only wake everybody
         try:
             return changed, await context.kv_store.update(key, models.encode(changed), stored.mod_revision)
         except kv.Conflict:
@@ -330,6 +330,18 @@ async def update_spec(
         except kv.NotFound:
             raise ApiError(404, "NotFound", f"{label(kind, name)} not found") from None
     raise ApiError(409, "Conflict", f"{label(kind, name)} kept changing while {doing} ({CAS_ATTEMPTS} attempts); retry")
+
+
+async def set_drain(context: context_module.Context, name: str, drain: bool) -> models.Spu:
+    """Record (or clear) the operator's intent to drain SPU ``name``: its spec.drain, by
+    compare-and-swap; the SPU as written (or as it was, when it already said so)."""
+
+    def mark(current: models.ClusterObject) -> models.ClusterObject:
+        spu: models.Spu = current  # type: ignore[assignment]
+        return spu.model_copy(update={"spec": spu.spec.model_copy(update={"drain": drain})})
+
+    marked, _ = await update_spec(context, "spus", name, mark, "draining it" if drain else "undraining it")
+    return marked  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------- deletes
@@ -357,6 +369,8 @@ async def delete(context: context_module.Context, kind: str, name: str) -> tuple
             )
         if kind == "spus" and obj is not None:
             warnings = _spu_delete_checks(context, obj)  # type: ignore[arg-type]
+        if kind == "spu-groups":
+            warnings = group_shrink_warnings(context, name, 0, f"deleting SPU group {name!r} deletes")
         try:
             await context.kv_store.delete(key, stored.mod_revision)
         except kv.Conflict:
@@ -376,16 +390,37 @@ def _spu_delete_checks(context: context_module.Context, spu: models.Spu) -> list
             "ManagedSpu",
             f"SPU {spu.name!r} is managed by SPU group {group!r}: scale the group down or delete it instead",
         )
-    users = sorted(
-        (partition for partition in context.local_store["partitions"].objects() if spu.spec.id in partition.spec.replicas),  # type: ignore[attr-defined]
-        key=lambda partition: (partition.topic, partition.index),  # type: ignore[attr-defined]
-    )
-    if not users:
-        return []
-    names = [partition.name for partition in users]
-    shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
-    return [
-        f"SPU {spu.spec.id} ({spu.name!r}) still holds replicas of {len(names)} partition"
-        f"{'s' if len(names) != 1 else ''}: {shown}; they stay assigned to id {spu.spec.id} "
-        "until an SPU with that id is registered again"
+    return _hosting_warnings(context, [spu], "")
+
+
+def group_shrink_warnings(context: context_module.Context, group: str, replicas: int, doing: str) -> list[str]:
+    """What a group shrinking to ``replicas`` SPUs (0: deleted) would delete that partitions still
+    use: one warning per such SPU, each starting with ``doing`` ("scaling ... deletes")."""
+    removed = [
+        spu
+        for spu in context.local_store["spus"].objects()
+        if spu_group.owning_group(spu) == group and int(spu.name.rpartition("-")[2]) >= replicas  # type: ignore[arg-type]
     ]
+    return _hosting_warnings(context, removed, doing)  # type: ignore[arg-type]
+
+
+def _hosting_warnings(context: context_module.Context, spus: list[models.Spu], doing: str) -> list[str]:
+    """One warning per SPU of ``spus`` that partitions still use (found in one pass)."""
+    by_id = {spu.spec.id: spu for spu in spus}
+    users: dict[int, list[models.Partition]] = {}
+    if by_id:
+        for partition in context.local_store["partitions"].objects():
+            for replica in partition.spec.replicas:  # type: ignore[attr-defined]
+                if replica in by_id:
+                    users.setdefault(replica, []).append(partition)  # type: ignore[arg-type]
+    warnings = []
+    for spu_id in sorted(users):
+        spu = by_id[spu_id]
+        names = [partition.name for partition in sorted(users[spu_id], key=lambda partition: (partition.topic, partition.index))]
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        who = f"{doing} SPU {spu_id} ({spu.name!r}), which still holds" if doing else f"SPU {spu_id} ({spu.name!r}) still holds"
+        warnings.append(
+            f"{who} replicas of {len(names)} partition{'s' if len(names) != 1 else ''}: {shown}; they stay assigned "
+            f"to id {spu_id} until an SPU with that id is registered again"
+        )
+    return warnings

@@ -270,9 +270,11 @@ def _shown(context: context_module.Context, obj: models.ClusterObject) -> models
 
 
 async def drain_spu(request: web.Request) -> web.Response:
-    """Controlled shutdown: move every leadership off an SPU, then answer (or say what could not move)."""
+    """Controlled shutdown: record the intent to drain an SPU (spec.drain), refusing up front a
+    drain that cannot finish; then wait until its leaderships have moved, and say which did."""
     context = request.app[CONTEXT]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
+    force = _bool_param(request, "force")
     admin_ops.require_synced(context)
     name = request.match_info["name"]
     entry = context.local_store["spus"].get(name)
@@ -280,10 +282,26 @@ async def drain_spu(request: web.Request) -> web.Response:
         raise ApiError(404, "NotFound", f"{admin_ops.label('spus', name)} not found")
     if context.connections is None:
         raise ApiError(409, "Unavailable", "this SC runs without a connection manager: there is nothing to drain")
-    spu_id = entry.obj.spec.id  # type: ignore[attr-defined]
-    context.connections.drain(spu_id)
-    context.kick_partitions()
-    log.info("draining SPU", spu=spu_id, name=name)
+    spu: models.Spu = entry.obj  # type: ignore[assignment]
+    spu_id = spu.spec.id
+    snapshot = context.local_store.snapshot()
+    leading_before = partition.led_by(snapshot, spu_id)
+    blocked = partition.drain_blockers(snapshot, spu_id, _cluster_view(context))
+    if not spu.spec.drain:
+        if blocked and not force:
+            raise ApiError(
+                409,
+                "DrainRefused",
+                f"SPU {spu_id} ({name!r}) was not drained, nothing was changed: {len(blocked)} of the "
+                f"{len(leading_before)} partition(s) it leads could not get another leader now: "
+                f"{partition.describe_blockers(blocked)}. Bring a follower online or in sync (or undrain "
+                "the other SPU) first, or drain with force=true (`sc spu drain --force`) to move the others and keep these",
+                spu=spu_id,
+                name=name,
+                blocked=_blocked_json(blocked),
+            )
+        await admin_ops.set_drain(context, name, True)
+        log.info("draining SPU", spu=spu_id, name=name, leading=len(leading_before), forced_past=sorted(blocked))
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_ms / 1000
     previous: list[str] = []
@@ -292,21 +310,51 @@ async def drain_spu(request: web.Request) -> web.Response:
         led = partition.led_by(context.local_store.snapshot(), spu_id)
         if led != previous:
             previous, progress_at = led, loop.time()
-        # Stop early once nothing has moved for a while: what is left has no in-sync follower online.
-        if not led or loop.time() >= deadline or loop.time() - progress_at >= DRAIN_STALL_SECONDS:
+        # Done once what is left is what could not move from the start, or nothing has moved
+        # for a while (what is left has no other replica that may lead now).
+        if set(led) <= blocked.keys() or loop.time() >= deadline or loop.time() - progress_at >= DRAIN_STALL_SECONDS:
             break
         await asyncio.sleep(0.05)
-    body = {"spu": spu_id, "name": name, "drained": not led, "leading": led}
-    if led:
-        raise ApiError(
-            409,
-            "DrainIncomplete",
-            f"SPU {spu_id} still leads {len(led)} partition(s) "
-            f"(no in-sync follower online for: {', '.join(led[:10])}{' ...' if len(led) > 10 else ''}); "
-            "it keeps them rather than leave them without a leader",
-            **body,
-        )
-    return web.json_response(body)
+    snapshot = context.local_store.snapshot()
+    partitions = snapshot.entries("partitions")
+    # Moved: led by another SPU now (not deleted meanwhile, nor left leaderless by a crash).
+    new_leaders = {
+        name_before: partitions[name_before].obj.spec.leader  # type: ignore[attr-defined]
+        for name_before in leading_before
+        if name_before not in led and name_before in partitions
+    }
+    moved = [{"partition": name_before, "to": leader} for name_before, leader in new_leaders.items() if leader != spu_id]
+    body: dict[str, Any] = {"spu": spu_id, "name": name, "draining": True, "drained": not led, "moved": moved, "leading": led}
+    if not led:
+        return web.json_response(body)
+    # Still draining (the operator's intent stays recorded): say what keeps each one.
+    stuck = partition.drain_blockers(snapshot, spu_id, _cluster_view(context))
+    body["blocked"] = _blocked_json(
+        {name_left: stuck.get(name_left, "not moved yet: it has a follower that may lead; the drain goes on") for name_left in led}
+    )
+    return web.json_response(body, status=202)
+
+
+async def undrain_spu(request: web.Request) -> web.Response:
+    """Cancel a drain: the SPU may lead again (preferred leaderships return to it once in sync)."""
+    context = request.app[CONTEXT]
+    name = request.match_info["name"]
+    spu = await admin_ops.set_drain(context, name, False)
+    log.info("drain cancelled", spu=spu.spec.id, name=name)
+    return web.json_response({"spu": spu.spec.id, "name": name, "draining": False})
+
+
+def _cluster_view(context: context_module.Context) -> partition.ClusterView:
+    assert context.connections is not None
+    return partition.ClusterView(
+        health=context.connections.health.snapshot(),
+        live=context.connections.live.view,
+        unclean_election=context.settings.unclean_leader_election,
+    )
+
+
+def _blocked_json(blocked: dict[str, str]) -> list[dict[str, str]]:
+    return [{"partition": name, "reason": reason} for name, reason in blocked.items()]
 
 
 # ---------------------------------------------------------------------------- handlers: writes
@@ -407,8 +455,12 @@ async def scale_spu_group(request: web.Request) -> web.Response:
         return current.model_copy(update={"spec": spec})
 
     scaled, _ = await admin_ops.update_spec(context, "spu-groups", name, scale, "scaling it")
+    # As explicit as deleting an SPU: name the SPUs this deletes that partitions still use.
+    warnings = admin_ops.group_shrink_warnings(
+        context, name, replicas, f"scaling SPU group {name!r} down to {replicas} deletes"
+    )
     # No verdict to wait for: a group that stays Reserved gets no new status write.
-    return web.json_response(scaled.to_json_dict(), status=202)
+    return web.json_response({**scaled.to_json_dict(), "warnings": warnings}, status=202)
 
 
 async def set_spu_rack(request: web.Request) -> web.Response:
@@ -635,6 +687,7 @@ def build_app(context: context_module.Context) -> web.Application:
     routes.add_post("/v1/spus", register_spu)
     routes.add_post("/v1/spus/{name}/drain", drain_spu)
     routes.add_post("/v1/spus/{name}/rack", set_spu_rack)
+    routes.add_delete("/v1/spus/{name}/drain", undrain_spu)
     routes.add_post("/v1/spu-groups", create_spu_group)
     routes.add_post("/v1/spu-groups/{name}/scale", scale_spu_group)
     routes.add_post("/v1/topics", create_topic)

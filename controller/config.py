@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     spu_offline_grace: Seconds = 30.0
     spu_heartbeat_timeout: Seconds = 10.0
     spu_token_file: Path | None = None
+    # Without a token the private port accepts SPUs from loopback only, unless this says otherwise.
+    spu_allow_remote_without_token: bool = False
     spu_max_frame_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     unclean_leader_election: bool = False
     leader_rebalance_batch: Annotated[int, Field(ge=0)] = 100

@@ -6,7 +6,6 @@ Built once by the daemon and passed explicitly (no module-global registries).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from connection_manager import server as cm_server
@@ -26,8 +25,6 @@ class Context:
     synced: asyncio.Event = field(default_factory=asyncio.Event)
     # The private server for SPUs (None in a context without one, such as some tests).
     connections: cm_server.ConnectionManager | None = None
-    # Wakes the partition controller (set by the pipeline), e.g. after a drain request.
-    kick_partitions: Callable[[], None] = lambda: None
     # Runs every long-lived task of this SC, restarting it after a crash (/healthz reads it).
     supervisor: supervisor_module.Supervisor = field(default_factory=supervisor_module.Supervisor)
     # This SC's claim to be the store's active SC (None where nothing claims, such as some tests).

@@ -165,6 +165,9 @@ class _ObjectsCollector(Collector):
         )
         leaderless.add_metric([], partitions_without_leader(self.local_store))
         yield leaderless
+        draining = GaugeMetricFamily("sc_spus_draining", "SPUs an operator asked to drain (spec.drain), drained or not yet")
+        draining.add_metric([], sum(1 for entry in self.local_store["spus"] if entry.obj.spec.drain))  # type: ignore[attr-defined]
+        yield draining
         synced = GaugeMetricFamily("sc_store_synced", "1 once every kind is listed and watched")
         synced.add_metric([], 1.0 if self.local_store.synced else 0.0)
         yield synced
@@ -207,9 +210,6 @@ class _ConnectionsCollector(Collector):
         connected = GaugeMetricFamily("sc_spus_connected", "SPUs connected to the private port now")
         connected.add_metric([], len(self.connections.sessions))
         yield connected
-        draining = GaugeMetricFamily("sc_spus_draining", "SPUs being drained of their leaderships")
-        draining.add_metric([], len(self.connections.draining))
-        yield draining
         accepted = CounterMetricFamily("sc_spu_connections_accepted", "SPU connections accepted")
         accepted.add_metric([], stats.accepted)
         yield accepted

@@ -77,6 +77,16 @@ _DRY_RUN = {
     "schema": {"type": "boolean", "default": False},
 }
 
+_FORCE = {
+    "name": "force",
+    "in": "query",
+    "required": False,
+    "description": "Drain even if some partitions cannot move now: they keep this SPU as leader, the others move.",
+    "schema": {"type": "boolean", "default": False},
+}
+
+_WARNINGS = {"type": "array", "items": {"type": "string"}}
+
 _COMMON_ERRORS = {
     "400": _error("Malformed: the body is not JSON, not an object, or a value has the wrong JSON type"),
     "503": _error("The KV store is unavailable (Unavailable) or the SC has not synced its store yet (NotSynced)"),
@@ -148,7 +158,8 @@ def _paths() -> dict[str, Any]:
                 "Delete an object (compare-and-swap); a topic's partitions and a group's SPUs go with it",
                 description="Partitions cannot be deleted on their own (422 PartitionOwnedByTopic). A managed SPU "
                 "whose group exists cannot be deleted (409 ManagedSpu). Deleting an SPU that partitions "
-                "still use is allowed; the answer's warnings name those partitions.",
+                "still use is allowed; the answer's warnings name those partitions (for an SPU group, "
+                "each of its SPUs that partitions still use).",
                 parameters=(_KIND, _NAME),
                 r200=_json(_ref("Deleted"), "Deleted"),
                 r404=_error("Unknown kind, or no such object"),
@@ -174,17 +185,36 @@ def _paths() -> dict[str, Any]:
         "/v1/spus/{name}/drain": {
             "post": _operation(
                 "Drain an SPU: move every leadership off it before it is stopped (an extension of API.md)",
-                description="Kafka's controlled shutdown. Each partition the SPU leads gets an in-sync "
-                "follower as leader; until the SPU reconnects it is not chosen as leader again. A partition "
-                "with no in-sync follower online keeps its leader rather than have none: the answer is then "
-                "409 DrainIncomplete listing it. Waits at most ?timeout= milliseconds, and stops early once "
-                "nothing has moved for 3 s.",
-                parameters=(_NAME, _TIMEOUT),
-                r200=_json(_ref("Drained"), "The SPU leads nothing"),
+                description="Kafka's controlled shutdown, kept like Kubernetes' cordon: the intent is stored "
+                "in the SPU's spec (spec.drain) and lasts until it is cancelled (DELETE), across SPU "
+                "reconnections and SC restarts; the SPU's status.drain says Draining or Drained, with a "
+                "reason naming what cannot move. Each partition the SPU leads gets an in-sync follower "
+                "that is online and not draining as leader. A drain that cannot finish (a partition with "
+                "no such follower) is refused up front with 409 DrainRefused, changing nothing; with "
+                "force=true it is recorded anyway and moves what can move. Waits at most ?timeout= "
+                "milliseconds (and stops early once nothing has moved for 3 s): 200 when the SPU leads "
+                "nothing, else 202 saying what moved, what it still leads and why; it stays draining.",
+                parameters=(_NAME, _TIMEOUT, _FORCE),
+                r200=_json(_ref("Drain"), "The SPU is drained: it leads nothing"),
+                r202=_json(_ref("Drain"), "Draining, not drained: 'leading' and 'blocked' say what is left and why"),
+                r400=malformed,
                 r404=_error("No such SPU"),
-                r409=_error("DrainIncomplete: the answer lists the partitions it still leads in 'leading'"),
+                r409=_error(
+                    "DrainRefused: some partition could not get another leader now; nothing was changed, "
+                    "and the answer lists them with the reason of each in 'blocked'"
+                ),
                 r503=unavailable,
-            )
+            ),
+            "delete": _operation(
+                "Cancel an SPU's drain (an extension of API.md)",
+                description="Clears spec.drain: the SPU may lead again, and the partitions that prefer it "
+                "return to it once it is in sync. Cancelling a drain that is not there changes nothing.",
+                parameters=(_NAME,),
+                r200=_json(_ref("Undrained"), "The SPU is not draining"),
+                r404=_error("No such SPU"),
+                r409=_error("The SPU kept changing (Conflict)"),
+                r503=unavailable,
+            ),
         },
         "/v1/spus/{name}/rack": {
             "post": _operation(
@@ -220,10 +250,20 @@ def _paths() -> dict[str, Any]:
                 "Set an SPU group's replica count (an extension of API.md)",
                 description="Compare-and-swap on the group's spec; the SPU-group controller then creates SPUs "
                 "(scale up) or deletes the highest ids (scale down). Answers at once with the group as "
-                "written: a group that stays Reserved gets no new status to wait for.",
+                "written: a group that stays Reserved gets no new status to wait for. Like deleting an SPU, "
+                "scaling down is allowed while partitions still use the SPUs it deletes; 'warnings' names "
+                "each such SPU and its partitions.",
                 parameters=(_NAME,),
                 body="Scale",
-                r202=_json(_ref("SpuGroup"), "The group with its new replica count"),
+                r202=_json(
+                    {
+                        "allOf": [
+                            _ref("SpuGroup"),
+                            {"type": "object", "properties": {"warnings": _WARNINGS}, "required": ["warnings"]},
+                        ]
+                    },
+                    "The group with its new replica count, and warnings",
+                ),
                 r400=malformed,
                 r404=_error("No such SPU group"),
                 r409=_error("The group kept changing (Conflict)"),
@@ -307,6 +347,14 @@ def _one_integer(field: str, minimum: int, description: str) -> dict[str, Any]:
     }
 
 
+def _partition_and(field: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"partition": {"type": "string"}, field: schema},
+        "required": ["partition", field],
+    }
+
+
 def _extra_schemas() -> dict[str, Any]:
     return {
         "NewSpu": _new_object("SPU", "SpuSpec", "spuType must be Custom (the default)."),
@@ -342,19 +390,35 @@ def _extra_schemas() -> dict[str, Any]:
             "properties": {"status": {"enum": ["ok", "starting", "failing", "inactive"]}, "reason": {"type": "string"}},
             "required": ["status"],
         },
-        "Drained": {
+        "Drain": {
             "type": "object",
             "properties": {
                 "spu": {"type": "integer"},
                 "name": {"type": "string"},
-                "drained": {"type": "boolean"},
-                "leading": {"type": "array", "items": {"type": "string"}},
+                "draining": {"const": True},
+                "drained": {"type": "boolean", "description": "It leads no partition"},
+                "moved": {
+                    "type": "array",
+                    "description": "The leaderships this drain has moved so far, and where",
+                    "items": _partition_and("to", {"type": "integer"}),
+                },
+                "leading": {"type": "array", "items": {"type": "string"}, "description": "What it still leads"},
+                "blocked": {
+                    "type": "array",
+                    "description": "Each partition it still leads, and why",
+                    "items": _partition_and("reason", {"type": "string"}),
+                },
             },
-            "required": ["spu", "name", "drained", "leading"],
+            "required": ["spu", "name", "draining", "drained", "moved", "leading"],
+        },
+        "Undrained": {
+            "type": "object",
+            "properties": {"spu": {"type": "integer"}, "name": {"type": "string"}, "draining": {"const": False}},
+            "required": ["spu", "name", "draining"],
         },
         "Deleted": {
             "type": "object",
-            "properties": {"deleted": {"type": "object"}, "warnings": {"type": "array", "items": {"type": "string"}}},
+            "properties": {"deleted": {"type": "object"}, "warnings": _WARNINGS},
             "required": ["deleted", "warnings"],
         },
         "WatchEvent": {

@@ -32,7 +32,6 @@ class ClusterView:
 
     health: Mapping[int, health_module.HealthRecord]
     live: Mapping[str, lrs.LiveStatus]
-    draining: Collection[int] = frozenset()
     unclean_election: bool = False
     rebalance_batch: int = 100
 
@@ -56,18 +55,31 @@ def decide(snapshot: local.Snapshot, names: Iterable[str] | None, view: ClusterV
     return decided
 
 
+def draining_spus(snapshot: local.Snapshot) -> frozenset[int]:
+    """The ids of the SPUs an operator asked to drain (spec.drain)."""
+    return frozenset(
+        entry.obj.spec.id  # type: ignore[attr-defined]
+        for entry in snapshot.entries("spus").values()
+        if entry.obj.spec.drain  # type: ignore[attr-defined]
+    )
+
+
 class _Online:
     """Whether an SPU is up: connected now, or (before it reconnects after an SC restart)
-    recorded Online and still within the SPU controller's grace period."""
+    recorded Online and still within the SPU controller's grace period; and whether it may lead
+    (up and not draining)."""
 
-    def __init__(self, snapshot: local.Snapshot, view: ClusterView) -> None:
+    def __init__(self, snapshot: local.Snapshot, view: ClusterView, also_draining: Collection[int] = ()) -> None:
         self._health = view.health
-        self._draining = view.draining
-        self._recorded_online = {
-            entry.obj.spec.id  # type: ignore[attr-defined]
-            for entry in snapshot.entries("spus").values()
-            if entry.obj.status.resolution is models.SpuResolution.ONLINE  # type: ignore[attr-defined]
-        }
+        self._recorded_online = set()
+        draining = set(also_draining)
+        for entry in snapshot.entries("spus").values():
+            spu: models.Spu = entry.obj  # type: ignore[assignment]
+            if spu.status.resolution is models.SpuResolution.ONLINE:
+                self._recorded_online.add(spu.spec.id)
+            if spu.spec.drain:
+                draining.add(spu.spec.id)
+        self.draining = frozenset(draining)
 
     def __call__(self, spu: int) -> bool:
         record = self._health.get(spu)
@@ -78,7 +90,7 @@ class _Online:
         return spu in self._recorded_online
 
     def may_lead(self, spu: int) -> bool:
-        return self(spu) and spu not in self._draining
+        return self(spu) and spu not in self.draining
 
 
 def _decide_one(entry: local.Entry, online: _Online, view: ClusterView) -> actions.Action | None:
@@ -93,7 +105,7 @@ def _decide_one(entry: local.Entry, online: _Online, view: ClusterView) -> actio
         return _recover(entry, online, view)
     if not online(leader):
         return _replace_leader(entry, live, online, view, CAUSE_SPU_OFFLINE)
-    if leader in view.draining:
+    if leader in online.draining:
         return _replace_leader(entry, live, online, view, CAUSE_DRAIN)
     if live is None:
         return None  # the leader has not reported yet: the status stays as it is
@@ -110,10 +122,15 @@ def _replace_leader(
     partition: models.Partition = entry.obj  # type: ignore[assignment]
     spec, status = partition.spec, partition.status
     leo, leader_hw = _known_offsets(status, live)
-    chosen = election.elect(spec.replicas, spec.leader, online.may_lead, leo, leader_hw, view.unclean_election and cause != CAUSE_DRAIN)
+    if cause == CAUSE_DRAIN:
+        # Only to a replica that may lead, in sync: else the draining leader keeps it (a drain
+        # never leaves a partition without a leader, nor risks its committed records).
+        chosen = election.elect(spec.replicas, spec.leader, online.may_lead, leo, leader_hw)
+        if chosen is None:
+            return None
+        return _elect(entry, chosen, leo, leader_hw, cause, f"leader SPU {spec.leader} " + _WHY[cause])
+    chosen = _choose(spec.replicas, spec.leader, online, leo, leader_hw, view.unclean_election)
     if chosen is None:
-        if cause == CAUSE_DRAIN:
-            return None  # keep the leader: a drain never leaves a partition without one
         if status.resolution is LEADER_OFFLINE:
             return None
         lost = _status_at_loss(spec, status, live)
@@ -128,18 +145,34 @@ _WHY = {
 }
 
 
+def _choose(
+    replicas: list[int], leaving: int | None, online: _Online, leo: Mapping[int, int], leader_hw: int, unclean: bool
+) -> election.Election | None:
+    """A new leader when the current one cannot lead: an in-sync replica that is not draining;
+    else one that is (better a draining leader than none); else, if allowed, an unclean one."""
+    return election.elect(replicas, leaving, online.may_lead, leo, leader_hw) or election.elect(
+        replicas, leaving, online, leo, leader_hw, unclean
+    )
+
+
 def _recover(entry: local.Entry, online: _Online, view: ClusterView) -> actions.Action | None:
     """A LeaderOffline partition: a replica that was in sync when the leader was lost is back."""
     partition: models.Partition = entry.obj  # type: ignore[assignment]
     spec, status = partition.spec, partition.status
     leo, leader_hw = _known_offsets(status, None)
-    if online.may_lead(spec.leader):
+    # The leader itself first (no leader change), unless it is draining and another in-sync
+    # replica is back; a draining leader still leads rather than leave the partition leaderless.
+    chosen = None
+    if not online.may_lead(spec.leader):
+        chosen = election.elect(spec.replicas, spec.leader, online.may_lead, leo, leader_hw)
+    if chosen is None and online(spec.leader):
         back = models.PartitionStatus(
             resolution=ONLINE, leader=status.leader, replicas=status.replicas, lrs=status.lrs
         )
         reason = f"leader SPU {spec.leader} is back online"
         return actions.update_status(partition, back, entry.mod_revision, reason)
-    chosen = election.elect(spec.replicas, spec.leader, online.may_lead, leo, leader_hw, view.unclean_election)
+    if chosen is None:
+        chosen = _choose(spec.replicas, spec.leader, online, leo, leader_hw, view.unclean_election)
     if chosen is None:
         return None
     reason = f"replica SPU {chosen.leader} is back online and was in sync when leader SPU {spec.leader} was lost"
@@ -264,6 +297,61 @@ def with_live_offsets(partition: models.Partition, live: lrs.LiveStatus | None) 
     if live is None or live.leader != partition.spec.leader or partition.status.resolution is not ONLINE:
         return partition
     return partition.model_copy(update={"status": _status_from_live(partition.spec.replicas, live)})
+
+
+def drain_blockers(snapshot: local.Snapshot, spu: int, view: ClusterView) -> dict[str, str]:
+    """The partitions ``spu`` leads that no other replica could take over if it were drained
+    (besides the SPUs already draining), each with the reason, by name; {} when every one could.
+
+    The same election a drain runs (online, not draining, in sync by the same offsets), so what
+    this names is exactly what the drain would leave behind right now."""
+    online = _Online(snapshot, view, also_draining=(spu,))
+    blocked = {}
+    for entry in snapshot.entries("partitions").values():
+        partition: models.Partition = entry.obj  # type: ignore[assignment]
+        spec, status = partition.spec, partition.status
+        if spec.leader != spu or status.resolution is LEADER_OFFLINE:
+            continue
+        live = view.live.get(partition.name)
+        if live is not None and live.leader != spu:
+            live = None
+        leo, leader_hw = _known_offsets(status, live)
+        if election.elect(spec.replicas, spu, online.may_lead, leo, leader_hw) is None:
+            blocked[partition.name] = _why_stuck(spec.replicas, spu, online, leo, leader_hw)
+    return dict(sorted(blocked.items(), key=lambda item: _name_order(item[0])))
+
+
+def _why_stuck(replicas: list[int], leader: int, online: _Online, leo: Mapping[int, int], leader_hw: int) -> str:
+    """Why no follower of ``leader`` may take over: the first of the election's conditions none meets."""
+    followers = [spu for spu in replicas if spu != leader]
+    if not followers:
+        return "it has no other replica"
+    up = [spu for spu in followers if online(spu)]
+    if not up:
+        return f"no follower is online ({_spus(followers)} offline)"
+    in_sync = [spu for spu in up if leo.get(spu, election.UNKNOWN_OFFSET) >= leader_hw]
+    if not in_sync:
+        followers_are = "the online followers ({}) are" if len(up) > 1 else "the online follower ({}) is"
+        return f"{followers_are.format(_spus(up))} out of sync (behind the high watermark {leader_hw})"
+    if len(in_sync) == 1:
+        return f"the only in-sync follower online, SPU {in_sync[0]}, is draining too"
+    return f"the in-sync followers online ({_spus(in_sync)}) are draining too"
+
+
+def describe_blockers(blocked: Mapping[str, str], limit: int = 10) -> str:
+    """``name (reason), ...`` for at most ``limit`` partitions, then how many more."""
+    shown = [f"{name} ({reason})" for name, reason in list(blocked.items())[:limit]]
+    more = len(blocked) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
+
+def _spus(ids: list[int]) -> str:
+    return f"SPU {ids[0]}" if len(ids) == 1 else "SPUs " + ", ".join(str(spu) for spu in ids)
+
+
+def _name_order(name: str) -> tuple[str, int]:
+    topic, _, index = name.rpartition("-")
+    return (topic, int(index)) if index.isdigit() else (name, -1)
 
 
 def led_by(snapshot: local.Snapshot, spu: int) -> list[str]:

@@ -21,11 +21,12 @@ from controller import dispatcher as dispatcher_module
 from controller import loop as loop_module
 from controller import reader as reader_module
 from controller import actions, partition, spu, spu_group, topic
-from store import local
+from store import local, models
 
 log = structlog.get_logger(__name__)
 
 SPEC, STATUS, ALL = local.Part.SPEC, local.Part.STATUS, local.Part.ALL
+DRAINED = models.SpuDrain.DRAINED
 
 
 class Pipeline:
@@ -67,7 +68,6 @@ class Pipeline:
         health.subscribe(self._on_health)
         if connections is not None:
             connections.on_live_change = self._on_live_change
-        context.kick_partitions = self._kick_all_partitions
         self._tasks: list[asyncio.Task[None]] = []
         self._loop_tasks: list[asyncio.Task[None]] = []
 
@@ -94,7 +94,7 @@ class Pipeline:
     def _decide_spus(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
         now = asyncio.get_running_loop().time()
         grace = self.context.settings.spu_offline_grace
-        return spu.decide(snapshot, self.health.snapshot(), now, self.health.started_at, grace)
+        return spu.decide(snapshot, self.health.snapshot(), now, self.health.started_at, grace, self.live.view)
 
     def _decide_topics(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
         loop = self._topic_loop
@@ -136,16 +136,31 @@ class Pipeline:
         view = partition.ClusterView(
             health=self.health.snapshot(),
             live=self.live.view,
-            draining=frozenset(self.connections.draining) if self.connections is not None else frozenset(),
             unclean_election=settings.unclean_leader_election,
             rebalance_batch=settings.leader_rebalance_batch,
         )
         decided = partition.decide(snapshot, names, view)
+        if self._drain_news(snapshot, partition_changes):
+            # A drained SPU's status follows the partitions it leads: what moved, what cannot.
+            self._spu_loop.kick()
         preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided)
         if settings.leader_rebalance_batch and preferred >= settings.leader_rebalance_batch:
             # More may be due: look at all of them again once these writes come back.
             self._partitions_due = None
         return decided
+
+    @staticmethod
+    def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes) -> bool:
+        """Whether a drained SPU's status may need another look: one is still Draining (what
+        blocks it follows every partition), or a Drained one leads a partition that changed."""
+        draining = partition.draining_spus(snapshot)
+        if not draining:
+            return False
+        spus = snapshot.entries("spus").values()
+        if any(entry.obj.spec.drain and entry.obj.status.drain is not DRAINED for entry in spus):  # type: ignore[attr-defined]
+            return True
+        updated = partition_changes.updated if not partition_changes.full else snapshot.entries("partitions").values()
+        return any(entry.obj.spec.leader in draining for entry in updated)  # type: ignore[attr-defined]
 
     async def start(self, sync_timeout: float | None = None) -> None:
         """Start reading; return once every kind is synced and the controllers run."""

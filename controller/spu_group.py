@@ -99,9 +99,12 @@ def _reconcile_group(entry: local.Entry, spus: Mapping[str, local.Entry]) -> lis
         current = spus.get(spu.name)
         if current is None:
             decided.append(actions.create(spu, f"SPU group {group.name} has {group.spec.replicas} replicas"))
-        elif current.obj.spec != spu.spec:  # type: ignore[attr-defined]
+            continue
+        # A drain is the operator's, not the group's: kept whatever the group says.
+        spec = spu.spec.model_copy(update={"drain": current.obj.spec.drain})  # type: ignore[attr-defined]
+        if current.obj.spec != spec:  # type: ignore[attr-defined]
             decided.append(
-                actions.update_spec(current.obj, spu.spec, current.mod_revision, f"SPU group {group.name} changed")
+                actions.update_spec(current.obj, spec, current.mod_revision, f"SPU group {group.name} changed")
             )
     return decided
 

@@ -105,12 +105,28 @@ class Endpoint(Model):
         return f"{self.host}:{self.port}"
 
 
+class SpuDrain(str, enum.Enum):
+    DRAINING = "Draining"  # it still leads some partitions
+    DRAINED = "Drained"  # it leads none
+
+
 class SpuSpec(Model):
     id: Annotated[int, Field(ge=0, le=2**31 - 1)]
     spu_type: SpuType = SpuType.CUSTOM
     rack: str | None = None
     public_endpoint: Endpoint
     private_endpoint: Endpoint
+    # The operator's intent (like `kubectl cordon`): its leaderships move to other in-sync
+    # replicas, and it leads again only where no other replica can. Only an undrain ends it.
+    drain: bool = False
+
+    @pydantic.model_serializer(mode="wrap")
+    def _omit_drain_when_false(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Absent unless true: the stored and served form of an SPU never drained stays as it was.
+        data: dict[str, Any] = handler(self)
+        if not self.drain:
+            data.pop("drain", None)
+        return data
 
     @field_validator("rack")
     @classmethod
@@ -130,6 +146,10 @@ class SpuSpec(Model):
 
 class SpuStatus(Model):
     resolution: SpuResolution = SpuResolution.INIT
+    # Absent unless spec.drain is set; written by the SPU controller.
+    drain: SpuDrain | None = None
+    # Why a drain cannot finish: the partitions still led, each with what keeps it there.
+    reason: str | None = None
 
 
 # ---------------------------------------------------------------------------- SPU group

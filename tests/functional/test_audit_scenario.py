@@ -240,6 +240,7 @@ async def test_kill_restart_drain_and_delete_give_exact_audit_figures(
     spec_changes = collections.Counter((row["kind"], row["op"], row["by"]) for row in tables["spec_changes"])
     assert spec_changes == {
         ("spus", "create", "user"): 4,
+        ("spus", "update", "user"): 1,  # the drain of SPU 1, the operator's intent in its spec
         ("topics", "create", "user"): 2,
         ("topics", "delete", "user"): 1,
         ("partitions", "create", "sc"): 7,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -145,17 +147,167 @@ async def test_a_wrong_token_is_rejected_like_an_unknown_spu(etcd_server: embedd
         await accepted.wait_for(lambda: any(isinstance(m, wire.Sync) for m in accepted.received))
 
 
-async def test_a_second_connection_replaces_the_first(cluster: Cluster) -> None:
-    first = await cluster.connect(0)
-    second = ScriptedSpu(cluster.client, cluster.private_port, 0)
-    assert isinstance(await second.connect(), wire.Accepted)
-    await first.wait_for(lambda: any(isinstance(m, wire.Rejected) and m.code == "replaced" for m in first.received))
-    assert first._reader is not None
-    await asyncio.wait_for(first._reader, 5)  # the SC closed the old socket
+async def test_without_the_token_registered_and_unknown_ids_get_the_same_answer(
+    etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path
+) -> None:
+    """The token is checked first: a client without it cannot learn which SPU ids are registered."""
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    async for cluster in start_cluster(etcd_server, range(1), spu_token_file=token_file):
+        answers = {}
+        for spu_id, token in ((0, None), (42, None), (0, "wrong"), (42, "wrong")):
+            spu = ScriptedSpu(cluster.client, cluster.private_port, spu_id)
+            answer = await spu.connect(token)
+            assert isinstance(answer, wire.Rejected), answer
+            answers[(spu_id, token)] = (answer.code, answer.reason.replace(str(spu_id), "ID"))
+            await spu.close()
+        assert set(answers.values()) == {("unauthorized", "SPU id ID presented a missing or wrong token")}, answers
+        # With the token, an unregistered id is told so.
+        stranger = ScriptedSpu(cluster.client, cluster.private_port, 42)
+        answer = await stranger.connect("s3cret")
+        assert isinstance(answer, wire.Rejected) and answer.code == "unregistered", answer
+        await stranger.close()
+        connections = cluster.sc.daemon.connections
+        assert connections is not None and connections.stats.rejected == {"unauthorized": 4, "unregistered": 1}
+
+
+def _non_loopback_address() -> str:
+    """An IPv4 address of this machine other than loopback, to connect from as a remote SPU would."""
+    candidates = []
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.123", 9))  # UDP: picks the outgoing address, sends nothing
+        candidates.append(probe.getsockname()[0])
+    with contextlib.suppress(OSError):
+        candidates += [info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)]
+    for address in candidates:
+        if not ipaddress.ip_address(address).is_loopback and not ipaddress.ip_address(address).is_unspecified:
+            return str(address)
+    pytest.skip("this machine has no non-loopback IPv4 address to connect from")
+
+
+@pytest.mark.parametrize(
+    ("settings", "token", "expected"),
+    [
+        ({}, None, "remote-not-allowed"),
+        ({"spu_token_file": "token"}, "s3cret", "accepted"),
+        ({"spu_allow_remote_without_token": True}, None, "accepted"),
+    ],
+)
+async def test_without_a_token_only_spus_on_this_host_are_accepted(
+    etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path, settings: dict[str, Any], token: str | None, expected: str
+) -> None:
+    remote = _non_loopback_address()
+    if "spu_token_file" in settings:
+        (tmp_path / "token").write_text("s3cret\n")
+        settings = {**settings, "spu_token_file": tmp_path / "token"}
+    async for cluster in start_cluster(etcd_server, range(2), bind_host="0.0.0.0", **settings):
+        spu = ScriptedSpu(cluster.client, cluster.private_port, 0, host=remote)
+        answer = await spu.connect(token)
+        await spu.close()
+        if expected == "accepted":
+            assert isinstance(answer, wire.Accepted), answer
+        else:
+            assert isinstance(answer, wire.Rejected) and answer.code == expected, answer
+            assert answer.reason == (
+                f"this SC has no SPU token configured, so it accepts SPUs from its own host only (not from {remote}); "
+                "configure a shared token (spu_token_file) on the SC and give it to the SPUs (--token-file)"
+            )
+        # From this host, always.
+        await cluster.connect(1, token)
+
+
+async def _register_raw(cluster: Cluster, spu_id: int, *then: wire.Message, token: str | None = None) -> wire.Message:
+    """Register as ``spu_id`` and send ``then`` at once, without waiting for the answer (what an
+    impostor pushing forged reports would do); the SC's answer to the Register."""
+    url = f"ws://127.0.0.1:{cluster.private_port}{wire.SPU_PATH}"
+    async with cluster.client.ws_connect(url) as websocket:
+        await websocket.send_bytes(wire.encode(wire.Register(spu_id=spu_id, token=token)))
+        for message in then:
+            with contextlib.suppress(ConnectionError):
+                await websocket.send_bytes(wire.encode(message))
+        return wire.parse_sc_message((await websocket.receive(timeout=5)).data)
+
+
+async def test_an_impostor_never_evicts_a_healthy_spu_and_its_reports_change_nothing(cluster: Cluster) -> None:
+    """Without a token nobody can prove to be SPU 0: while SPU 0 heartbeats, every new connection
+    for id 0 is refused, and the forged report it pushes behind its Register is never read."""
+    spus = await online_topic(cluster, "orders", 3, (10, 10, {1: 10, 2: 10}))
+    await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
     connections = cluster.sc.daemon.connections
-    assert connections is not None and connections.sessions[0].websocket is not None
-    assert connections.health.get(0) is health_module.Health.ONLINE
-    await second.close()
+    assert connections is not None
+    real_session = connections.sessions[0]
+    revision = await cluster.mod_revision("orders-0")
+    forged = wire.LiveReplicas(
+        leaders=[
+            wire.LeaderReport(
+                partition="orders-0", hw=1_000_000, leo=1_000_000,
+                followers=[wire.ReplicaOffsets(spu=1, hw=0, leo=0), wire.ReplicaOffsets(spu=2, hw=0, leo=0)],
+            )
+        ]
+    )
+    answers = [await _register_raw(cluster, 0, forged) for _ in range(20)]
+    assert {(answer.type, getattr(answer, "code", None)) for answer in answers} == {("rejected", "already-connected")}
+    assert connections.sessions[0] is real_session
+    assert not any(isinstance(message, wire.Rejected) for message in spus[0].received)
+    assert connections.stats.rejected == {"already-connected": 20}
+    # Logged once: the next line for this cause and address would say 19 repeats were not logged.
+    later = asyncio.get_running_loop().time() + server_module.REFUSAL_LOG_INTERVAL
+    assert connections.refusals.due("already-connected", "127.0.0.1", later) == 19
+    # Nothing forged reached the store or the offsets the API shows.
+    await spus[0].report(("orders-0", 10, 10, {1: 10, 2: 10}))
+    status, body = await cluster.sc.call("GET", "/v1/partitions/orders-0")
+    assert status == 200 and body["status"]["leader"] == {"spu": 0, "hw": 10, "leo": 10}, body
+    assert body["status"]["lrs"] == 2
+    assert await cluster.mod_revision("orders-0") == revision
+    # The real SPU 0 stops: the SC notices at once and SPU 1 or 2 (in sync) leads.
+    await spus[0].close()
+
+    async def elected() -> None:
+        partition = await cluster.partition("orders-0")
+        assert partition.spec.leader in (1, 2) and partition.status.resolution.value == "Online", partition
+
+    await cluster.sc.eventually(elected)
+    # Its place is free now: a new connection for id 0 is accepted.
+    assert isinstance(await _register_raw(cluster, 0), wire.Accepted)
+
+
+async def test_with_the_token_a_new_connection_replaces_the_old_one_as_a_restart(
+    etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path
+) -> None:
+    """The token proves it is the SPU itself, restarted: the old session goes, the SPU is seen
+    offline then online, and what the old one reported as leader is forgotten."""
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    async for cluster in start_cluster(etcd_server, range(2), spu_token_file=token_file, spu_heartbeat_timeout=5.0):
+        first = await cluster.connect(0, token="s3cret")
+        await cluster.connect(1, token="s3cret")
+        await create_topic(cluster.sc, "orders", 1, 2)
+        await first.wait_for(lambda: "orders-0" in first.replicas)
+        await first.report(("orders-0", 10, 12, {1: 10}))
+        await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=1)
+        await first.report(("orders-0", 50, 52, {1: 50}))
+        connections = cluster.sc.daemon.connections
+        assert connections is not None
+
+        async def live_offsets(expected: object) -> None:
+            status, body = await cluster.sc.call("GET", "/v1/partitions/orders-0")
+            assert status == 200 and body["status"]["leader"] == expected, body
+
+        await cluster.sc.eventually(lambda: live_offsets({"spu": 0, "hw": 50, "leo": 52}))
+        seen: list[tuple[int, health_module.Health]] = []
+        connections.health.subscribe(lambda spu_id, state: seen.append((spu_id, state)))
+        second = ScriptedSpu(cluster.client, cluster.private_port, 0)
+        assert isinstance(await second.connect("s3cret"), wire.Accepted)
+        await first.wait_for(lambda: any(isinstance(m, wire.Rejected) and m.code == "replaced" for m in first.received))
+        assert first._reader is not None
+        await asyncio.wait_for(first._reader, 5)  # the SC closed the old socket
+        assert seen == [(0, health_module.Health.OFFLINE), (0, health_module.Health.ONLINE)]
+        assert connections.sessions[0].websocket is not None
+        assert connections.health.get(0) is health_module.Health.ONLINE
+        assert connections.live.get("orders-0") is None
+        # The API shows the stored offsets again until the restarted SPU reports.
+        await live_offsets({"spu": 0, "hw": 10, "leo": 12})
+        await second.close()
 
 
 # ---------------------------------------------------------------------------- bad frames
@@ -433,34 +585,50 @@ async def test_drain_moves_every_leadership_off_the_spu(cluster: Cluster) -> Non
         await spu.wait_for(lambda spu=spu: len(spu.replicas) == 4)
         led = [name for name, info in spu.replicas.items() if info.leader == spu.spu_id]
         await spu.report(*[(name, 10, 10, {f: 10 for f in spu.replicas[name].replicas if f != spu.spu_id}) for name in led])
+    led_before = sorted(name for name, info in spus[1].replicas.items() if info.leader == 1)
     status, body = await cluster.sc.call("POST", "/v1/spus/spu-1/drain")
     assert status == 200, body
-    assert body == {"spu": 1, "name": "spu-1", "drained": True, "leading": []}
     partitions = await cluster.sc.read_all("partitions")
+    assert body == {
+        "spu": 1, "name": "spu-1", "draining": True, "drained": True, "leading": [],
+        "moved": [{"partition": name, "to": partitions[name].spec.leader} for name in led_before],
+    }
     assert sorted(name for name, p in partitions.items() if p.spec.leader == 1) == []
     assert all(p.status.resolution is models.PartitionResolution.ONLINE for p in partitions.values())
-    # The drained SPU stays connected and is not chosen again while draining.
-    spus[1].received.clear()
+    # The new leaders report their followers (SPU 1 among them) in sync again.
+    for spu in spus:
+        led = [name for name, p in partitions.items() if p.spec.leader == spu.spu_id]
+        await spu.wait_for(lambda spu=spu, led=led: all(spu.replicas[name].leader == spu.spu_id for name in led))
+        await spu.report(*[(name, 10, 10, {f: 10 for f in partitions[name].spec.replicas if f != spu.spu_id}) for name in led])
+    for name in partitions:
+        await cluster.wait_partition(name, resolution="Online", lrs=1)
+    # SPU 0 stops. Its partitions go to their other replica: SPU 2 where it is one; where the only
+    # other replica is the drained SPU 1, SPU 1 leads rather than leave the partition leaderless.
+    expected = {
+        name: p.spec.leader if p.spec.leader != 0 else next(spu for spu in p.spec.replicas if spu != 0)
+        for name, p in partitions.items()
+    }
+    assert 1 in expected.values() and 2 in expected.values()  # both cases occur
     await spus[0].close()
-    await cluster.sc.eventually(
-        lambda: _assert_no_leader(cluster, 1)
-    )
 
+    async def failed_over() -> None:
+        now = await cluster.sc.read_all("partitions")
+        assert {name: (p.spec.leader, p.status.resolution.value) for name, p in now.items()} == {
+            name: (leader, "Online") for name, leader in expected.items()
+        }
 
-async def _assert_no_leader(cluster: Cluster, spu_id: int) -> None:
-    partitions = await cluster.sc.read_all("partitions")
-    assert all(p.spec.leader != spu_id for p in partitions.values())
+    await cluster.sc.eventually(failed_over)
+    led_by_1 = sorted(name for name, leader in expected.items() if leader == 1)
 
+    async def draining_again() -> None:
+        spu = await cluster.sc.read("spus", "spu-1")
+        assert spu is not None and spu.status.drain is models.SpuDrain.DRAINING, spu  # type: ignore[attr-defined]
+        assert spu.status.reason == (  # type: ignore[attr-defined]
+            f"{len(led_by_1)} of the {len(led_by_1)} partition(s) it leads cannot move: "
+            + ", ".join(f"{name} (no follower is online (SPU 0 offline))" for name in led_by_1)
+        )
 
-async def test_drain_of_a_sole_replica_says_what_could_not_move(cluster: Cluster) -> None:
-    spus = await online_topic(cluster, "solo", 1, (10, 10, {}))
-    await cluster.wait_partition("solo-0", resolution="Online")
-    async with cluster.sc.session.post("/v1/spus/spu-0/drain", params={"timeout": "5000"}) as response:
-        body = await response.json()
-    assert response.status == 409, body
-    assert body["error"]["code"] == "DrainIncomplete" and body["leading"] == ["solo-0"]
-    assert (await cluster.partition("solo-0")).status.resolution is models.PartitionResolution.ONLINE
-    await spus[0].close()
+    await cluster.sc.eventually(draining_again)
 
 
 # ---------------------------------------------------------------------------- robustness

@@ -161,6 +161,20 @@ def stop_cleanly(process: Process, stop_signal: int = signal.SIGTERM, timeout: f
     assert "SC ready" in events, events
 
 
+def assert_private_port_warning(process: Process, remote_spus: bool) -> None:
+    """With no SPU token, the SC said once at start whom its private port accepts."""
+    warnings = [line["event"] for line in json_lines(process.stderr) if "SPU token" in line["event"]]
+    expected = (
+        "no SPU token is configured and spu_allow_remote_without_token is set: anyone who reaches "
+        "the private port can connect as any registered SPU; configure spu_token_file"
+        if remote_spus
+        else "no SPU token is configured: the private port accepts SPUs from this host (loopback) only; "
+        "to accept SPUs from other hosts, give every SPU a shared token (spu_token_file, "
+        "`sc spu run --token-file`)"
+    )
+    assert warnings == [expected], warnings
+
+
 # ------------------------------------------------------------------------------------------- Compose
 
 
@@ -208,6 +222,7 @@ def test_compose_sc_runs_as_composed(etcd_server: embedded_etcd.EmbeddedEtcd, tm
         assert sorted(path.name for path in workdir.iterdir()) == ["history"]  # the only thing it writes
         assert sc["stop_grace_period"] == f"{STOP_TIMEOUT:.0f}s"
         stop_cleanly(process)
+    assert_private_port_warning(process, remote_spus=True)
     assert_history_recorded(workdir / "history", spu)
     # Stopped, it fails its health check.
     assert subprocess.run(healthcheck, env=env, capture_output=True, timeout=10).returncode == 1
@@ -331,6 +346,7 @@ def test_kubernetes_sc_runs_as_deployed(etcd_server: embedded_etcd.EmbeddedEtcd,
         spu = register_spu(public)
         assert sorted(path.name for path in workdir.iterdir()) == ["history"]
         stop_cleanly(process, timeout=pod["terminationGracePeriodSeconds"])
+    assert_private_port_warning(process, remote_spus=True)
     assert_history_recorded(workdir / "history", spu)
 
 
@@ -379,6 +395,7 @@ def test_systemd_sc_runs_as_the_unit_starts_it(etcd_server: embedded_etcd.Embedd
         spu = register_spu(public)
         assert sorted(path.name for path in state.iterdir()) == ["history"]
         stop_cleanly(process, getattr(signal, kill_signal), float(stop_timeout))
+    assert_private_port_warning(process, remote_spus=False)
     assert_history_recorded(state / history_dir.name, spu)
 
 

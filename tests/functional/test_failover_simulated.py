@@ -4,14 +4,18 @@ SPU processes killed with SIGKILL; every result read back from etcd."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
+from connection_manager import wire
 from connection_manager.spu import simulator
 from store import embedded_etcd, models
 from tests.fixtures.daemon import Running, etcd_settings, running
@@ -59,10 +63,11 @@ async def all_online_in_sync(sc: Running, lrs: int) -> None:
         assert partition.status.lrs == lrs, partition
 
 
-def spu_process(sc: Running, spu_id: int) -> subprocess.Popen[bytes]:
+def spu_process(sc: Running, spu_id: int, token_file: Path | None = None) -> subprocess.Popen[bytes]:
+    token = [] if token_file is None else ["--token-file", str(token_file)]
     return subprocess.Popen(
         [sys.executable, "-m", "controller.cli", "spu", "run", "--id", str(spu_id), "--sc-private", private_address(sc),
-         "--log-format", "json", "--log-level", "warning"],
+         "--log-format", "json", "--log-level", "warning", *token],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -174,3 +179,109 @@ async def test_drain_never_leaves_a_partition_without_a_leader(sc: Running) -> N
     finally:
         for spu in spus:
             await spu.stop()
+
+
+class Impostor:
+    """Claims to be an SPU on the private port in a loop (bounded), pushing a forged report right
+    behind each Register: a high watermark of 1,000,000 and every follower at LEO 0."""
+
+    def __init__(self, sc: Running, spu_id: int, partitions: list[str]) -> None:
+        self.url = f"ws://{private_address(sc)}{wire.SPU_PATH}"
+        self.spu_id = spu_id
+        self.forged = wire.LiveReplicas(
+            leaders=[
+                wire.LeaderReport(
+                    partition=name, hw=1_000_000, leo=1_000_000,
+                    followers=[wire.ReplicaOffsets(spu=spu, hw=0, leo=0) for spu in range(SPUS) if spu != spu_id],
+                )
+                for name in partitions
+            ]
+        )
+        self.answers: collections.Counter[str] = collections.Counter()
+        self.stopping = asyncio.Event()
+
+    async def run(self, max_tries: int) -> None:
+        async with aiohttp.ClientSession() as client:
+            for _ in range(max_tries):
+                if self.stopping.is_set():
+                    return
+                async with client.ws_connect(self.url) as websocket:
+                    await websocket.send_bytes(wire.encode(wire.Register(spu_id=self.spu_id)))
+                    await websocket.send_bytes(wire.encode(self.forged))
+                    answer = wire.parse_sc_message((await websocket.receive(timeout=5)).data)
+                    self.answers[getattr(answer, "code", answer.type)] += 1
+                await asyncio.sleep(0.01)
+
+
+async def no_forged_offsets(sc: Running) -> None:
+    status, shown = await sc.call("GET", "/v1/partitions")
+    assert status == 200, shown
+    assert all(p["status"].get("leader", {}).get("hw", 0) < 1_000_000 for p in shown), shown
+
+
+@pytest.mark.parametrize("with_token", [False, True])
+async def test_an_impostor_cannot_take_over_a_live_spu_and_its_death_is_noticed(
+    etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path, with_token: bool
+) -> None:
+    """The measured attack: a client registering as SPU 0 in a loop while SPU 0 runs. It never
+    replaces SPU 0, its forged reports never count; when SPU 0 is killed its partitions get new
+    leaders (with a token the impostor keeps trying meanwhile and is never let in), and SPU 0
+    restarted takes its place back."""
+    token_file = tmp_path / "spu.token" if with_token else None
+    if token_file is not None:
+        token_file.write_text("s3cret\n")
+    settings = etcd_settings(etcd_server, spu_heartbeat_timeout=2.0, spu_offline_grace=5.0, spu_token_file=token_file)
+    async with running(settings) as sc:
+        for spu_id, ports in enumerate(zip(*[iter(embedded_etcd.free_ports(2 * SPUS))] * 2)):
+            await sc.register_spu(spu_id, online=False, ports=ports)
+        processes = {spu_id: spu_process(sc, spu_id, token_file) for spu_id in range(SPUS)}
+        connections = sc.daemon.connections
+        assert connections is not None
+        try:
+            await create_topic(sc, "orders", 6, 3)
+            await sc.eventually(lambda: all_online_in_sync(sc, lrs=2), timeout=30)
+            before = await partitions(sc)
+            led_by_0 = sorted(name for name, p in before.items() if p.spec.leader == 0)
+            sessions = dict(connections.sessions)
+            impostor = Impostor(sc, 0, led_by_0)
+            await impostor.run(max_tries=40)
+            assert impostor.answers == {"unauthorized" if with_token else "already-connected": 40}
+            # SPU 0 was never replaced, nothing forged counted, every partition stayed as it was.
+            assert connections.sessions == sessions
+            await no_forged_offsets(sc)
+            await all_online_in_sync(sc, lrs=2)
+            assert {name: p.spec.leader for name, p in (await partitions(sc)).items()} == {
+                name: p.spec.leader for name, p in before.items()
+            }
+
+            # SPU 0 dies. With a token the impostor keeps trying all along; without one it has
+            # stopped (whoever registers first after a death is SPU 0 when nothing proves identity).
+            trying = asyncio.create_task(impostor.run(max_tries=2_000)) if with_token else None
+            stop(processes[0], signal.SIGKILL)
+
+            async def moved() -> None:
+                now = await partitions(sc)
+                for name in led_by_0:
+                    assert now[name].spec.leader in (1, 2), now[name]
+                    assert now[name].status.resolution is models.PartitionResolution.ONLINE, now[name]
+
+            await sc.eventually(moved, timeout=15)
+            assert set(connections.sessions) == {1, 2} and connections.sessions[1] is sessions[1]
+            # SPU 0 comes back; the preferred leaders return to it once it is in sync.
+            processes[0] = spu_process(sc, 0, token_file)
+
+            async def preferred_back() -> None:
+                now = await partitions(sc)
+                assert all(p.spec.leader == p.spec.replicas[0] for p in now.values()), now
+                await all_online_in_sync(sc, lrs=2)
+
+            await sc.eventually(preferred_back, timeout=30)
+            if trying is not None:
+                impostor.stopping.set()
+                await trying
+                assert set(impostor.answers) == {"unauthorized"}, impostor.answers
+            await no_forged_offsets(sc)
+        finally:
+            for process in processes.values():
+                stop(process)
+    assert [process.returncode for _, process in sorted(processes.items())] == [0, 0, 0]

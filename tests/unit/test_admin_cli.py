@@ -238,8 +238,8 @@ async def test_spu_register_list_unregister(server: api_server.ApiServer, sc: Sc
         "--private-server", "[::1]:9006", "--rack", "/dc1/r1",
     ) == (
         0,
-        "ID  NAME   TYPE    RACK     RESOLUTION  PUBLIC         PRIVATE\n"
-        "5   spu-5  Custom  /dc1/r1  Init        10.0.0.5:9005  [::1]:9006\n",
+        "ID  NAME   TYPE    RACK     RESOLUTION  DRAIN  PUBLIC         PRIVATE\n"
+        "5   spu-5  Custom  /dc1/r1  Init        -      10.0.0.5:9005  [::1]:9006\n",
         "",
     )  # fmt: skip
     assert await sc(
@@ -248,9 +248,9 @@ async def test_spu_register_list_unregister(server: api_server.ApiServer, sc: Sc
     await server.put(spu(1, "spu-1"), partition("t-0", [5]))
     assert await sc("spu", "list") == (
         0,
-        "ID  NAME   TYPE    RACK     RESOLUTION  PUBLIC         PRIVATE\n"
-        "1   spu-1  Custom  -        Online      10.0.0.1:9005  10.0.0.1:9006\n"
-        "5   spu-5  Custom  /dc1/r1  Init        10.0.0.5:9005  [::1]:9006\n",
+        "ID  NAME   TYPE    RACK     RESOLUTION  DRAIN  PUBLIC         PRIVATE\n"
+        "1   spu-1  Custom  -        Online      -      10.0.0.1:9005  10.0.0.1:9006\n"
+        "5   spu-5  Custom  /dc1/r1  Init        -      10.0.0.5:9005  [::1]:9006\n",
         "",
     )
     assert await sc("spu", "unregister", "--id", "5") == (
@@ -306,6 +306,15 @@ async def test_spu_group_create_list_delete(server: api_server.ApiServer, sc: Sc
         "",
     )
     assert await sc("spu-group", "scale", "nope", "--replicas", "5") == (1, "", "error: SPU group 'nope' not found\n")
+    await server.put(spu(104, "main-4", spu_type="Managed"), partition("t-0", [104]))
+    assert await sc("spu-group", "scale", "main", "--replicas", "4") == (
+        0,
+        "NAME  REPLICAS  MIN-ID  RACK  RESOLUTION  REASON\nmain  4         100     r1    Reserved    -\n",
+        "warning: scaling SPU group 'main' down to 4 deletes SPU 104 ('main-4'), which still holds replicas of 1 "
+        "partition: t-0; they stay assigned to id 104 until an SPU with that id is registered again\n",
+    )
+    code, out, _ = await sc("spu-group", "scale", "main", "--replicas", "5", "-o", "json")
+    assert (code, json.loads(out)["spec"]["replicas"], json.loads(out)["warnings"]) == (0, 5, [])
     code, out, _ = await sc("spu-group", "list", "-o", "json")
     assert (code, [group["status"]["resolution"] for group in json.loads(out)]) == (0, ["Invalid", "Reserved"])
     assert await sc("spu-group", "delete", "clash") == (0, "SPU group 'clash' deleted\n", "")

@@ -318,8 +318,48 @@ async def test_scale_spu_group_sets_the_replica_count_and_keeps_the_status(serve
     await server.put(group)
     status, body = await server.call("POST", "/v1/spu-groups/g/scale", {"replicas": 4})
     stored = await server.read("spu-groups", "g")
-    assert stored is not None and (status, body) == (202, stored.to_json_dict())
+    assert stored is not None and (status, body) == (202, {**stored.to_json_dict(), "warnings": []})
     assert (stored.spec.replicas, stored.spec.min_id, stored.status) == (4, 10, group.status)  # type: ignore[attr-defined]
+
+
+async def test_scaling_a_group_down_or_deleting_it_names_the_spus_it_deletes_that_hold_replicas(
+    server: api_server.ApiServer,
+) -> None:
+    """As explicit as deleting one SPU: the group is changed, and the answer warns of each SPU it
+    will delete that partitions still use."""
+    group = models.SpuGroup.model_validate({"name": "g", "spec": {"replicas": 3, "minId": 10}, "status": {"resolution": "Reserved"}})
+    managed = [spu(10 + index, f"g-{index}", spu_type="Managed") for index in range(3)]
+    await server.put(group, *managed, partition("t-0", [10, 12]), partition("t-1", [12, 11]), partition("u-0", [11]), partition("t-10", [12]))
+    status, body = await server.call("POST", "/v1/spu-groups/g/scale", {"replicas": 1})
+    stored = await server.read("spu-groups", "g")
+    assert stored is not None and stored.spec.replicas == 1  # type: ignore[attr-defined]
+    assert (status, body) == (
+        202,
+        {
+            **stored.to_json_dict(),
+            "warnings": [
+                "scaling SPU group 'g' down to 1 deletes SPU 11 ('g-1'), which still holds replicas of 2 partitions: "
+                "t-1, u-0; they stay assigned to id 11 until an SPU with that id is registered again",
+                "scaling SPU group 'g' down to 1 deletes SPU 12 ('g-2'), which still holds replicas of 3 partitions: "
+                "t-0, t-1, t-10; they stay assigned to id 12 until an SPU with that id is registered again",
+            ],
+        },
+    )
+    # Up again: nothing is deleted, nothing to say.
+    status, body = await server.call("POST", "/v1/spu-groups/g/scale", {"replicas": 3})
+    assert (status, body["warnings"]) == (202, [])
+    status, body = await server.call("DELETE", "/v1/spu-groups/g")
+    assert (status, body["warnings"]) == (
+        200,
+        [
+            "deleting SPU group 'g' deletes SPU 10 ('g-0'), which still holds replicas of 1 partition: t-0; they stay "
+            "assigned to id 10 until an SPU with that id is registered again",
+            "deleting SPU group 'g' deletes SPU 11 ('g-1'), which still holds replicas of 2 partitions: t-1, u-0; they "
+            "stay assigned to id 11 until an SPU with that id is registered again",
+            "deleting SPU group 'g' deletes SPU 12 ('g-2'), which still holds replicas of 3 partitions: t-0, t-1, t-10; "
+            "they stay assigned to id 12 until an SPU with that id is registered again",
+        ],
+    )
 
 
 @pytest.mark.parametrize(

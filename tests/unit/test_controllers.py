@@ -68,6 +68,60 @@ def test_spu_controller_is_quiet_when_everything_matches() -> None:
     assert spu.decide(snapshot, health, now=100.0, started_at=0.0, grace_period=30.0) == []
 
 
+def drained_spu(spu_id: int, resolution: str = "Online", **status: Any) -> models.Spu:
+    plain = make_spu(spu_id, resolution)
+    return models.Spu.model_validate(
+        {**plain.to_json_dict(), "spec": {**plain.spec.to_json_dict(), "drain": True}, "status": {"resolution": resolution, **status}}
+    )
+
+
+def led(name: str, leader: int, replicas: list[int], resolution: str = "Online") -> models.Partition:
+    in_sync = [{"spu": spu_id, "hw": 10, "leo": 10} for spu_id in replicas if spu_id != leader]
+    return models.Partition.model_validate(
+        {
+            "name": name,
+            "spec": {"leader": leader, "replicas": replicas},
+            "status": {"resolution": resolution, "leader": {"spu": leader, "hw": 10, "leo": 10}, "replicas": in_sync},
+        }
+    )
+
+
+def test_a_drained_spu_status_says_draining_with_what_cannot_move_then_drained() -> None:
+    health = {spu_id: health_module.HealthRecord(ONLINE, 0.0) for spu_id in range(3)}
+
+    def statuses(*objs: models.ClusterObject) -> list[tuple[str, dict[str, Any], str]]:
+        decided = spu.decide(snapshot_of(*((obj, 10 + index) for index, obj in enumerate(objs))), health, 5.0, 0.0, 30.0)
+        return [(a.name, json.loads(a.writes[0].value)["status"], a.reason) for a in decided]  # type: ignore[arg-type]
+
+    others = (make_spu(1), make_spu(2))
+    # Leading a partition that can move: Draining, nothing in the way.
+    assert statuses(drained_spu(0), *others, led("orders-0", 0, [0, 1])) == [
+        ("spu-0", {"resolution": "Online", "drain": "Draining"}, "SPU 0 is draining: 1 leadership(s) to move")
+    ]
+    # One that cannot: the reason names it and why.
+    assert statuses(drained_spu(0), *others, led("orders-0", 0, [0, 1]), led("solo-0", 0, [0])) == [
+        (
+            "spu-0",
+            {"resolution": "Online", "drain": "Draining", "reason": "1 of the 2 partition(s) it leads cannot move: solo-0 (it has no other replica)"},
+            "SPU 0 is draining; 1 of the 2 partition(s) it leads cannot move: solo-0 (it has no other replica)",
+        )
+    ]
+    # Leading nothing (a LeaderOffline partition has no leader): Drained, the reason gone.
+    stuck = {"drain": "Draining", "reason": "1 of the 2 partition(s) it leads cannot move: solo-0 (it has no other replica)"}
+    assert statuses(drained_spu(0, **stuck), *others, led("orders-0", 1, [0, 1]), led("solo-0", 0, [0], "LeaderOffline")) == [
+        ("spu-0", {"resolution": "Online", "drain": "Drained"}, "SPU 0 is drained: it leads no partition")
+    ]
+    # Nothing to write when the status already says so; an undrained SPU's drain status goes.
+    assert statuses(drained_spu(0, drain="Drained"), *others) == []
+    assert statuses(make_spu(0).model_copy(update={"status": models.SpuStatus(resolution=models.SpuResolution.ONLINE, drain=models.SpuDrain.DRAINED)}), *others) == [
+        ("spu-0", {"resolution": "Online"}, "SPU 0 is no longer draining")
+    ]
+    # A resolution change and a drain change in one write, both reasons given.
+    assert statuses(drained_spu(0, "Init"), *others) == [
+        ("spu-0", {"resolution": "Online", "drain": "Drained"}, "SPU connected; SPU 0 is drained: it leads no partition")
+    ]
+
+
 # ---------------------------------------------------------------------------- SPU-group controller
 
 
@@ -113,6 +167,17 @@ def test_spu_group_reserved_creates_its_spus() -> None:
         private_endpoint=models.Endpoint(host="127.0.0.1", port=30012),
     )
     assert decided[1].writes[0].expected_revision == 0
+
+
+def test_spu_group_keeps_the_drain_of_its_spus() -> None:
+    """spec.drain is the operator's: the group controller neither clears it nor rewrites for it."""
+    [first] = spu_group.desired_spus(group(1, 11))
+    draining = first.model_copy(update={"spec": first.spec.model_copy(update={"drain": True})})
+    assert spu_group.decide(snapshot_of((group(1, 11, "Reserved"), 5), (draining, 6))) == []
+    # A change the group does make keeps the drain.
+    [action] = spu_group.decide(snapshot_of((group(1, 11, "Reserved", rack="r2"), 5), (draining, 6)))
+    assert json.loads(action.writes[0].value)["spec"]["rack"] == "r2"  # type: ignore[arg-type]
+    assert json.loads(action.writes[0].value)["spec"]["drain"] is True  # type: ignore[arg-type]
 
 
 def test_spu_group_scale_down_and_delete() -> None:

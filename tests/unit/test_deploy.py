@@ -137,6 +137,19 @@ def test_sc_deployment_config_ports_and_probes_agree() -> None:
         assert sc[probe]["httpGet"] == {"path": "/healthz", "port": "public"}, probe
 
 
+def test_the_scs_whose_spus_run_elsewhere_accept_them() -> None:
+    """Without a token the SC accepts SPUs from its own host only; Compose's SPUs run in other
+    containers and Kubernetes' in other pods, so those SCs must say they accept remote SPUs."""
+    compose = config.Settings(**{
+        name.removeprefix("SC_").lower(): value
+        for name, value in files.compose()["services"]["sc"]["environment"].items()
+        if name == "SC_SPU_ALLOW_REMOTE_WITHOUT_TOKEN"
+    })
+    kubernetes = config.Settings(**tomllib.loads(files.kubernetes_object("ConfigMap", "sc-config")["data"]["sc.toml"]))
+    for settings in (compose, kubernetes):
+        assert settings.spu_token_file is not None or settings.spu_allow_remote_without_token
+
+
 def test_every_pod_runs_non_root_read_only_and_bounded() -> None:
     uid, gid = dockerfile_user()
     for kind, name in (("Deployment", "sc"), ("StatefulSet", "etcd")):
@@ -400,7 +413,7 @@ def test_sc_environment_variables_are_settings() -> None:
         *services["sc"]["environment"],
         *(variable["name"] for variable in files.container(deployment, "sc").get("env", [])),
     ]
-    assert variables == ["SC_KEY_PREFIX", "SC_LOG_FORMAT"]
+    assert variables == ["SC_KEY_PREFIX", "SC_LOG_FORMAT", "SC_SPU_ALLOW_REMOTE_WITHOUT_TOKEN"]
     for variable in variables:
         assert variable.removeprefix("SC_").lower() in config.Settings.model_fields, variable
     # The others' SC_ADDR is the admin commands' address of the SC, which they reach by its service name.

@@ -101,8 +101,14 @@ Online = models.PartitionResolution.ONLINE
 LeaderOffline = models.PartitionResolution.LEADER_OFFLINE
 
 
-def decide(p: models.Partition, view: partition.ClusterView) -> list[tuple[str, str, dict]]:
-    decided = partition.decide(snapshot_of(*SPUS, p), None, view)
+def drained(spu_id: int, resolution: str = "Online") -> models.Spu:
+    plain = spu(spu_id, resolution)
+    return plain.model_copy(update={"spec": plain.spec.model_copy(update={"drain": True})})
+
+
+def decide(p: models.Partition, view: partition.ClusterView, draining: tuple[int, ...] = ()) -> list[tuple[str, str, dict]]:
+    spus = [drained(s.spec.id) if s.spec.id in draining else s for s in SPUS]
+    decided = partition.decide(snapshot_of(*spus, p), None, view)
     return [(a.verb.value, a.cause, models.decode("partitions", a.writes[0].value).to_json_dict()) for a in decided]  # type: ignore[union-attr]
 
 
@@ -235,16 +241,94 @@ def test_preferred_leader_returns_only_when_in_sync_and_in_batches() -> None:
     [(verb, cause, obj)] = decide(stored, caught_up)
     assert (verb, cause, obj["spec"]["leader"]) == ("elect", "preferred-leader", 0)
     assert decide(stored, partition.ClusterView(ALL_ONLINE, live(1, 50, 60, s0=55, s2=55), rebalance_batch=0)) == []
-    assert decide(stored, partition.ClusterView(ALL_ONLINE, live(1, 50, 60, s0=55, s2=55), draining={0})) == []
+    assert decide(stored, partition.ClusterView(ALL_ONLINE, live(1, 50, 60, s0=55, s2=55)), draining=(0,)) == []
 
 
 def test_drain_moves_the_leadership_to_an_in_sync_follower_and_never_leaves_none() -> None:
     stored = part(0, [0, 1, 2], Online, hw=10, leo=10, followers={1: 10, 2: 10})
-    [(verb, cause, obj)] = decide(stored, partition.ClusterView(ALL_ONLINE, live(0, 10, 10, s1=10, s2=10), draining={0}))
+    [(verb, cause, obj)] = decide(stored, partition.ClusterView(ALL_ONLINE, live(0, 10, 10, s1=10, s2=10)), draining=(0,))
     assert (verb, cause, obj["spec"]["leader"]) == ("elect", "drain", 1)
-    # No in-sync follower: the drained SPU keeps leading.
-    view = partition.ClusterView(ALL_ONLINE, live(0, 10, 10, s1=5, s2=5), draining={0})
-    assert decide(stored, view) == []
+    # Not to a follower that is draining too: the other one.
+    [(verb, cause, obj)] = decide(stored, partition.ClusterView(ALL_ONLINE, live(0, 10, 10, s1=10, s2=10)), draining=(0, 1))
+    assert (verb, cause, obj["spec"]["leader"]) == ("elect", "drain", 2)
+    # No in-sync follower, or only draining ones: the drained SPU keeps leading.
+    assert decide(stored, partition.ClusterView(ALL_ONLINE, live(0, 10, 10, s1=5, s2=5)), draining=(0,)) == []
+    assert decide(stored, partition.ClusterView(ALL_ONLINE, live(0, 10, 10, s1=10, s2=5)), draining=(0, 1)) == []
+
+
+def test_a_draining_replica_leads_rather_than_leave_a_partition_without_a_leader() -> None:
+    """Draining is a preference: when the leader is lost and the only in-sync replica online is
+    draining, it leads (clean) rather than the partition going LeaderOffline; a replica that is
+    not draining is still preferred."""
+    stored = part(0, [0, 1, 2], Online, hw=10, leo=10, followers={1: 10, 2: 5})
+    lost_leader = partition.ClusterView(health(s0=OFFLINE, s1=ONLINE, s2=ONLINE), {})
+    [(verb, cause, obj)] = decide(stored, lost_leader, draining=(1,))
+    assert (verb, cause, obj["spec"]["leader"], obj["status"]["resolution"]) == ("elect", "spu-offline", 1, "Online")
+    both_in_sync = part(0, [0, 1, 2], Online, hw=10, leo=10, followers={1: 10, 2: 10})
+    [(_, _, obj)] = decide(both_in_sync, lost_leader, draining=(1,))
+    assert obj["spec"]["leader"] == 2
+    # Unclean comes only after every clean choice, draining ones included.
+    unclean = partition.ClusterView(health(s0=OFFLINE, s1=ONLINE, s2=ONLINE), {}, unclean_election=True)
+    [(_, cause, obj)] = decide(stored, unclean, draining=(1,))
+    assert (cause, obj["spec"]["leader"]) == ("spu-offline", 1)
+
+
+@pytest.mark.parametrize(
+    ("back", "draining", "expected"),
+    [
+        ({"s0"}, (0,), ("update-status", "", 0)),  # the leader back, draining: it leads again, nobody else can
+        ({"s0", "s1"}, (0,), ("elect", "spu-offline", 1)),  # an in-sync replica that is not draining is preferred
+        ({"s1"}, (1,), ("elect", "spu-offline", 1)),  # only a draining in-sync replica is back: it leads
+        ({"s2"}, (), None),  # out of sync: nobody may lead
+    ],
+)
+def test_a_leader_offline_partition_recovers_with_a_draining_replica_if_need_be(
+    back: set[str], draining: tuple[int, ...], expected: tuple[str, str, int] | None
+) -> None:
+    stored = part(0, [0, 1, 2], LeaderOffline, hw=10, leo=12, followers={1: 10, 2: 8})
+    states = {name: ONLINE if name in back else OFFLINE for name in ("s0", "s1", "s2")}
+    decided = decide(stored, partition.ClusterView(health(**states), {}), draining=draining)
+    if expected is None:
+        assert decided == []
+    else:
+        [(verb, cause, obj)] = decided
+        assert (verb, cause, obj["spec"]["leader"]) == expected and obj["status"]["resolution"] == "Online"
+
+
+def test_drain_blockers_name_each_partition_that_could_not_move_with_the_real_reason() -> None:
+    """What a drain of SPU 0 would leave behind, by the drain's own election: one reason each."""
+    def led(name: str, replicas: list[int], followers: dict[int, int]) -> models.Partition:
+        p = part(0, replicas, Online, hw=10, leo=10, followers=followers)
+        return p.model_copy(update={"name": name})
+
+    partitions = [
+        led("ok-0", [0, 1, 2], {1: 10, 2: 10}),  # can move: not named
+        led("solo-0", [0], {}),
+        led("offline-0", [0, 1, 2], {1: 10, 2: 10}),  # can move while SPU 1 is online
+        led("behind-0", [0, 1, 3], {1: 5, 3: 10}),
+        led("draining-0", [0, 2], {2: 10}),
+        led("draining-1", [0, 2, 4], {2: 10, 4: 10}),
+    ]
+    spus = [spu(0), spu(1), drained(2), spu(3, "Offline"), drained(4)]
+    snapshot = snapshot_of(*spus, *partitions)
+    view = partition.ClusterView(health(s0=ONLINE, s1=ONLINE, s2=ONLINE, s3=OFFLINE, s4=ONLINE), {})
+    blocked = partition.drain_blockers(snapshot, 0, view)
+    assert blocked == {
+        "behind-0": "the online follower (SPU 1) is out of sync (behind the high watermark 10)",
+        "draining-0": "the only in-sync follower online, SPU 2, is draining too",
+        "draining-1": "the in-sync followers online (SPUs 2, 4) are draining too",
+        "solo-0": "it has no other replica",
+    }
+    # With SPU 1 offline too, offline-0 and ok-0 have no follower online.
+    down = partition.ClusterView(health(s0=ONLINE, s1=OFFLINE, s2=OFFLINE, s3=OFFLINE, s4=ONLINE), {})
+    assert partition.drain_blockers(snapshot, 0, down)["offline-0"] == "no follower is online (SPUs 1, 2 offline)"
+    # The live report decides when there is one: SPU 1 caught up with the leader's HW.
+    caught_up = partition.ClusterView(view.health, {"behind-0": live(0, 10, 10, s1=10, s3=10)["orders-0"]})
+    assert "behind-0" not in partition.drain_blockers(snapshot, 0, caught_up)
+    assert partition.describe_blockers(blocked, limit=2) == (
+        "behind-0 (the online follower (SPU 1) is out of sync (behind the high watermark 10)), "
+        "draining-0 (the only in-sync follower online, SPU 2, is draining too) and 2 more"
+    )
 
 
 def test_only_the_named_partitions_are_looked_at() -> None:

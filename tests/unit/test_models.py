@@ -66,6 +66,23 @@ def test_camel_case_round_trip_is_exact(model: type[models.ClusterObject], docum
     assert obj.to_json_dict() == document
 
 
+def test_a_drain_is_stored_only_while_it_is_on() -> None:
+    """spec.drain is omitted when false: SPUs never drained keep their exact stored bytes."""
+    plain = models.Spu.model_validate(SPU)
+    assert "drain" not in models.encode(plain).decode()
+    assert models.Spu.model_validate({**SPU, "spec": {**SPU["spec"], "drain": False}}) == plain  # type: ignore[dict-item]
+    draining = {
+        **SPU,
+        "spec": {**SPU["spec"], "drain": True},  # type: ignore[dict-item]
+        "status": {"resolution": "Online", "drain": "Draining", "reason": "1 of the 1 partition(s) it leads cannot move: solo-0 (it has no other replica)"},
+    }
+    obj = models.Spu.model_validate(draining)
+    assert json.loads(models.encode(obj)) == draining and obj.to_json_dict() == draining
+    assert models.decode("spus", models.encode(obj)) == obj
+    undrained = obj.model_copy(update={"spec": obj.spec.model_copy(update={"drain": False}), "status": plain.status})
+    assert models.encode(undrained) == models.encode(plain)
+
+
 def test_defaults_are_filled_in_canonical_form() -> None:
     topic = models.Topic.model_validate({"name": "t", "spec": {"partitions": 1, "replicationFactor": 1}})
     assert topic.to_json_dict() == {

@@ -1,0 +1,48 @@
+"""The connection manager's pure helpers for refused SPU connections: log hygiene, loopback peers."""
+
+from __future__ import annotations
+
+import pytest
+
+from connection_manager import server
+
+
+def test_a_refusal_is_logged_once_per_cause_and_peer_per_interval_with_the_repeats_counted() -> None:
+    refusals = server.RefusalLog(interval=60.0)
+    assert refusals.due("already-connected", "127.0.0.1", 0.0) == 0
+    assert [refusals.due("already-connected", "127.0.0.1", at) for at in (1.0, 30.0, 59.9)] == [None, None, None]
+    # Another cause, or another peer, is news of its own.
+    assert refusals.due("unauthorized", "127.0.0.1", 2.0) == 0
+    assert refusals.due("already-connected", "127.0.0.2", 3.0) == 0
+    # The interval is over: logged again, with the three repeats not logged.
+    assert refusals.due("already-connected", "127.0.0.1", 60.0) == 3
+    assert refusals.due("already-connected", "127.0.0.1", 61.0) is None
+    assert refusals.due("already-connected", "127.0.0.1", 125.0) == 1
+
+
+def test_refusals_from_many_peers_are_remembered_up_to_a_bound() -> None:
+    refusals = server.RefusalLog(interval=60.0, max_keys=3)
+    for index in range(5):
+        assert refusals.due("unauthorized", f"10.0.0.{index}", float(index)) == 0
+    # The oldest were forgotten (so they are logged again), the newest are still quiet.
+    assert refusals.due("unauthorized", "10.0.0.0", 6.0) == 0
+    assert refusals.due("unauthorized", "10.0.0.4", 6.0) is None
+
+
+@pytest.mark.parametrize(
+    ("peer", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("::ffff:127.0.0.1", True),
+        ("192.0.2.7", False),
+        ("::ffff:192.0.2.7", False),
+        ("fe80::1%eth0", False),
+        ("localhost", False),  # a name is not an address: refused rather than resolved
+        ("", False),
+        (None, False),
+    ],
+)
+def test_only_loopback_addresses_count_as_this_host(peer: str | None, loopback: bool) -> None:
+    assert server.is_loopback(peer) is loopback
