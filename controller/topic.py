@@ -21,6 +21,10 @@ INSUFFICIENT = models.TopicResolution.INSUFFICIENT_RESOURCES
 INVALID = models.TopicResolution.INVALID_CONFIG
 PROVISIONED = models.TopicResolution.PROVISIONED
 
+# Resolutions whose replica map lists partitions that exist (or must: one deleted by hand comes
+# back where it was). A topic that cannot place new partitions keeps those it has.
+HAS_PARTITIONS = (PROVISIONED, INSUFFICIENT, INVALID, PENDING)
+
 # Writes one provision transaction may carry: the chain key plus topic statuses and partitions.
 PROVISION_WRITES = kv.MAX_TXN_OPS
 
@@ -216,7 +220,7 @@ def decide(
             result = placement.compute(placement_request(topic, spus, cursor, existing or ()))
         except placement.PlacementError as error:
             target = INSUFFICIENT if isinstance(error, placement.InsufficientResources) else INVALID
-            decided += _status(entry, target, error.message, keep_map=True)
+            decided += _status(entry, target, error.message)
             continue
         kept = len(current_map(topic))
         replica_map = {index: list(replicas) for index, replicas in enumerate(result.replica_map)}
@@ -243,8 +247,11 @@ def decide(
     if full:
         decided += _partition_actions(snapshot, topics, snapshot.entries("partitions").keys(), topics.keys(), placed_now, busy)
     else:
-        changed_partitions = [entry.name for entry in changes["partitions"].updated] if "partitions" in changes else []  # type: ignore[operator, index]
-        decided += _partition_actions(snapshot, topics, changed_partitions, touched, placed_now, busy)
+        partition_changes = changes.get("partitions") if changes is not None else None
+        changed_partitions = [entry.name for entry in partition_changes.updated] if partition_changes is not None else []
+        # A partition deleted behind the SC's back: its topic is checked for missing partitions.
+        gone = {name.rpartition("-")[0] for name in partition_changes.deleted} if partition_changes is not None else set()
+        decided += _partition_actions(snapshot, topics, changed_partitions, touched | gone, placed_now, busy)
     return decided
 
 
@@ -279,13 +286,17 @@ def _validated(entry: local.Entry, spus: Sequence[placement.SpuInfo]) -> list[ac
     return _status(entry, PENDING, "configuration is valid")
 
 
-def _status(
-    entry: local.Entry, resolution: models.TopicResolution, reason: str, keep_map: bool = False
-) -> list[actions.Action]:
+def _status(entry: local.Entry, resolution: models.TopicResolution, reason: str) -> list[actions.Action]:
+    """The topic's status with a new resolution and reason.
+
+    The replica map is always kept: it is the record of the partitions that exist, and only the
+    user (deleting the topic) takes them away; a topic that cannot grow, or whose spec went bad,
+    keeps every partition it has where it is.
+    """
     topic: models.Topic = entry.obj  # type: ignore[assignment]
     status = models.TopicStatus(
         resolution=resolution,
-        replica_map=topic.status.replica_map if keep_map else {},
+        replica_map=topic.status.replica_map,
         reason="" if resolution is PENDING else reason,
     )
     if topic.status == status:
@@ -301,7 +312,7 @@ def _partition_actions(
     placed_now: set[str],
     busy: Callable[[str], bool],
 ) -> list[actions.Action]:
-    """Create missing partitions of provisioned topics; delete partitions no topic maps.
+    """Create the missing partitions of every replica map; delete partitions no topic maps.
 
     Looks at ``partition_names`` and at every partition of ``topic_names`` (all of them on a full
     pass). Sound because the snapshot is a consistent cut: a topic status and the partitions
@@ -327,7 +338,7 @@ def _partition_actions(
         if topic_entry is None or topic_name in placed_now:
             continue
         topic: models.Topic = topic_entry.obj  # type: ignore[assignment]
-        if topic.status.resolution not in (PROVISIONED, INSUFFICIENT):
+        if topic.status.resolution not in HAS_PARTITIONS:
             continue
         missing = [
             models.new_partition(topic, index, replicas)

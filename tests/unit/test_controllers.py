@@ -287,3 +287,126 @@ def test_an_incremental_pass_validates_changed_topics_and_places_every_waiting_o
     assert [(action.verb.value, action.name) for action in chain_busy] == [("update-status", "new")]
     chain_free = topic.decide(snapshot, changes(nothing), lambda key: False, retry_unplaced=False)
     assert [(action.verb.value, action.name) for action in chain_free] == [("provision", "w0,w1")]
+
+
+# ---------------------------------------------------------------------------- existing partitions stay put
+
+
+def racked_spus(*offline: int) -> list[tuple[models.ClusterObject, int]]:
+    """SPUs 0, 1, 2 in racks r1..r3 (online), and SPU 3 with no rack (online unless in ``offline``)."""
+    spus: list[tuple[models.ClusterObject, int]] = [(make_spu(spu_id, rack=f"r{spu_id + 1}"), spu_id + 1) for spu_id in range(3)]
+    spus.append((make_spu(3, "Offline" if 3 in offline else "Online"), 4))
+    return spus
+
+
+ORDERS_MAP = {"0": [0, 1], "1": [1, 2], "2": [2, 0], "3": [0, 1]}
+PARTIAL_RACKS = (
+    "rack-aware placement needs a rack on every online SPU, but SPU 3 has none: "
+    "give them a rack or set ignoreRackAssignment"
+)
+
+
+def orders(resolution: str, reason: str = "", partitions: int = 5) -> models.Topic:
+    return make_topic(
+        "orders", {"resolution": resolution, "replicaMap": ORDERS_MAP, "reason": reason}, partitions=partitions, replicationFactor=2
+    )
+
+
+def orders_partitions() -> list[tuple[models.ClusterObject, int]]:
+    return [
+        (models.Partition(name=f"orders-{index}", spec=models.PartitionSpec(leader=replicas[0], replicas=replicas)), 20 + int(index))
+        for index, replicas in ORDERS_MAP.items()
+    ]
+
+
+def test_adding_partitions_that_cannot_be_placed_keeps_the_existing_ones() -> None:
+    """Partial racks when a partition is added: InvalidConfig with the map of the partitions that
+    exist, and not one of them deleted."""
+    decided = topic.decide(snapshot_of(*racked_spus(), (orders("Provisioned"), 40), *orders_partitions()))
+    assert summary(decided) == [
+        (
+            "update-status",
+            "topics",
+            "orders",
+            [
+                (
+                    "topics/orders",
+                    {
+                        "name": "orders",
+                        "spec": {"partitions": 5, "replicationFactor": 2, "ignoreRackAssignment": False},
+                        "status": {"resolution": "InvalidConfig", "replicaMap": ORDERS_MAP, "reason": PARTIAL_RACKS},
+                    },
+                    40,
+                )
+            ],
+        )
+    ]
+
+
+def test_an_invalid_topic_valid_again_keeps_its_replica_map() -> None:
+    """The issue's scenario: the rack-less SPU goes offline, the topic is valid again. It goes
+    Pending with its map (not emptied), and no partition is deleted."""
+    snapshot = snapshot_of(*racked_spus(3), (orders("InvalidConfig", PARTIAL_RACKS), 41), *orders_partitions())
+    assert summary(topic.decide(snapshot)) == [
+        (
+            "update-status",
+            "topics",
+            "orders",
+            [
+                (
+                    "topics/orders",
+                    {
+                        "name": "orders",
+                        "spec": {"partitions": 5, "replicationFactor": 2, "ignoreRackAssignment": False},
+                        "status": {"resolution": "Pending", "replicaMap": ORDERS_MAP, "reason": ""},
+                    },
+                    41,
+                )
+            ],
+        )
+    ]
+    # Pending with its map: only the new partition is placed, the others stay where they are.
+    pending = snapshot_of(*racked_spus(3), (orders("Pending"), 42), *orders_partitions())
+    decided = topic.decide(pending)
+    assert [(action.verb.value, action.name) for action in decided] == [("provision", "orders")]
+    written = models.decode("topics", decided[0].writes[1].value)  # type: ignore[arg-type]
+    assert {str(index): replicas for index, replicas in written.status.replica_map.items() if index < 4} == ORDERS_MAP  # type: ignore[attr-defined]
+    assert sorted(written.status.replica_map) == [0, 1, 2, 3, 4]  # type: ignore[attr-defined]
+
+
+def test_an_invalid_spec_keeps_the_map_of_the_partitions_that_exist() -> None:
+    """A spec made invalid by hand (a bad policy) on a provisioned topic: InvalidConfig, its
+    partitions untouched."""
+    broken = make_topic(
+        "orders",
+        {"resolution": "InvalidConfig", "replicaMap": ORDERS_MAP, "reason": "old"},
+        partitions=4,
+        replicationFactor=2,
+        placement={"strategy": "policies", "policies": "node=sideways"},
+    )
+    decided = topic.decide(snapshot_of(*racked_spus(3), (broken, 43), *orders_partitions()))
+    assert [(action.verb.value, action.name) for action in decided] == [("update-status", "orders")]
+    status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
+    assert (status["resolution"], status["replicaMap"]) == ("InvalidConfig", ORDERS_MAP)
+
+
+def test_a_partition_deleted_behind_the_sc_is_created_again_by_an_incremental_pass() -> None:
+    """Its deletion alone (no topic change) is enough: not only updated partitions count."""
+    present = orders_partitions()[:1] + orders_partitions()[2:]
+    snapshot = snapshot_of(*racked_spus(3), (orders("Provisioned", partitions=4), 40), *present)
+    nothing = local.Changes(full=False, updated=[], deleted=[], epoch=0)
+    deleted = local.Changes(full=False, updated=[], deleted=["orders-1"], epoch=0)
+    decided = topic.decide(snapshot, {"topics": nothing, "spus": nothing, "partitions": deleted}, retry_unplaced=False)
+    assert [(action.verb.value, action.name, action.reason, action.write_keys) for action in decided] == [
+        ("create-partitions", "orders", "partition 1 of topic orders", ("partitions/orders-1",))
+    ]
+
+
+def test_missing_partitions_of_a_topic_that_cannot_grow_are_created_again() -> None:
+    """InvalidConfig while adding partitions: the partitions of its map still exist, and one
+    deleted behind the SC's back comes back where it was."""
+    present = orders_partitions()[1:]
+    snapshot = snapshot_of(*racked_spus(), (orders("InvalidConfig", PARTIAL_RACKS), 41), *present)
+    assert [(action.verb.value, action.name, action.write_keys) for action in topic.decide(snapshot)] == [
+        ("create-partitions", "orders", ("partitions/orders-0",))
+    ]
