@@ -53,10 +53,16 @@ class Action:
     # Derived once (the dispatcher and the loops look them up for every action, several times).
     key: str = field(init=False, compare=False, repr=False)
     write_keys: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    # The bytes of its keys and of its values (the dispatcher fills a transaction by size).
+    key_bytes: int = field(init=False, compare=False, repr=False)
+    value_bytes: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.queue_key or models.object_key(self.kind, self.name))
-        object.__setattr__(self, "write_keys", tuple(write.key for write in self.writes))
+        write_keys = tuple(write.key for write in self.writes)
+        object.__setattr__(self, "write_keys", write_keys)
+        object.__setattr__(self, "key_bytes", sum(len(key.encode()) for key in write_keys))
+        object.__setattr__(self, "value_bytes", sum(len(write.value) for write in self.writes if write.value is not None))
 
 
 def create(obj: models.ClusterObject, reason: str, cause_revision: int = 0) -> Action:

@@ -258,11 +258,21 @@ class RequestSize:
             self.operation_bytes(operation) for operation in operations
         )
 
+    def writes_bound(self, writes: int, key_bytes: int, value_bytes: int) -> int:
+        """Never less than the bytes of ``writes`` writes (each a compare and a put or delete) whose
+        keys and values total ``key_bytes`` and ``value_bytes``: a cheap count for batching."""
+        keys = key_bytes + writes * len(self.prefix.encode())
+        return 2 * keys + value_bytes + writes * _WRITE_OVERHEAD_BOUND
+
     def check(self, compares: Sequence[Compare], operations: Sequence[Operation]) -> None:
         """Raise TooLarge if the transaction would be above the limit."""
         size = self.txn_bytes(compares, operations)
         if size > self.budget:
             raise TooLarge(size, self.max_request_bytes)
+
+
+# Tags and length prefixes of one compare and one put (lengths below 2**35): 25 + 24 bytes.
+_WRITE_OVERHEAD_BOUND = 49
 
 
 def _varint(value: int) -> int:

@@ -237,6 +237,8 @@ class GatedStore(kv.KVStore):
 
     def __init__(self, inner: kv.KVStore, gated: str) -> None:
         self.inner = inner
+        self.prefix = inner.prefix
+        self.max_request_bytes = inner.max_request_bytes
         self.gated = gated
         self.armed = False
         self.held = asyncio.Event()

@@ -62,3 +62,15 @@ def test_the_check_refuses_one_byte_above_the_budget() -> None:
     with pytest.raises(kv.TooLarge) as raised:
         size.check([], [kv.Put("k", b"x" * (fitting + 1))])
     assert (raised.value.size, raised.value.limit) == (size.budget + 1, 10_000)
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_the_batching_bound_is_never_below_the_exact_count(prefix: str) -> None:
+    size = kv.RequestSize(prefix, kv.DEFAULT_MAX_REQUEST_BYTES)
+    for value_length in VALUE_LENGTHS:
+        for revision in REVISIONS:
+            for key in ("k", "partitions/" + "p" * 300 + "-99999", "topics/é"):
+                exact = size.compare_bytes(key, revision) + size.put_bytes(key, value_length)
+                bound = size.writes_bound(1, len(key.encode()), value_length)
+                assert exact <= bound <= exact + 2 * 49, (key, value_length, revision)
+                assert size.delete_bytes(key) + size.compare_bytes(key, revision) <= size.writes_bound(1, len(key.encode()), 0)
