@@ -128,6 +128,7 @@ class TopicProvision:
     topic_revision: int
     partitions: tuple[models.Partition, ...]  # those that fit in this transaction
     reason: str
+    value: bytes = b""  # the topic already encoded (the controller sized it); encoded here if empty
 
 
 def provision(chain_key: str, chain_value: bytes, chain_revision: int, topics: Sequence[TopicProvision]) -> Action:
@@ -138,7 +139,7 @@ def provision(chain_key: str, chain_value: bytes, chain_revision: int, topics: S
     writes = [Write(chain_key, chain_value, chain_revision)]
     objects: list[models.ClusterObject] = []
     for item in topics:
-        writes.append(Write(item.topic.key, models.encode(item.topic), item.topic_revision))
+        writes.append(Write(item.topic.key, item.value or models.encode(item.topic), item.topic_revision))
         writes += [Write(partition.key, models.encode(partition), 0) for partition in item.partitions]
         objects += [item.topic, *item.partitions]
     if len(writes) > kv.MAX_TXN_OPS:

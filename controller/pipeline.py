@@ -20,7 +20,7 @@ from controller import dispatcher as dispatcher_module
 from controller import loop as loop_module
 from controller import reader as reader_module
 from controller import actions, partition, spu, spu_group, topic
-from store import local
+from store import kv, local
 
 log = structlog.get_logger(__name__)
 
@@ -61,6 +61,8 @@ class Pipeline:
         # InvalidConfig / InsufficientResources topics are re-run once SPUs change, until a pass
         # has had the placement chain free to try them.
         self._retry_unplaced = True
+        # What one request to the store may hold: sizes topics and provision transactions.
+        self._request_size = kv.request_size(context.kv_store)
         # Partitions the partition controller must look at next: None means all of them.
         self._partitions_due: set[str] | None = None
         health.subscribe(self._on_health)
@@ -101,7 +103,9 @@ class Pipeline:
         if full or any(change.full for change in changes.values()) or not changes["spus"].empty:
             self._retry_unplaced = True
         chain_free = not loop.busy(topic.CHAIN_KEY)
-        decided = topic.decide(snapshot, None if full else changes, loop.busy, self._retry_unplaced)
+        decided = topic.decide(
+            snapshot, None if full else changes, loop.busy, self._retry_unplaced, self._request_size, loop.failed
+        )
         if chain_free and not any(action.verb is actions.Verb.PROVISION for action in decided):
             self._retry_unplaced = False  # every unplaced topic was tried with the current SPUs
         return decided

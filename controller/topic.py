@@ -2,7 +2,8 @@
 
 Purely computational, no I/O: one snapshot in, actions out. Placement runs here (the library
 is pure too). Partitions are created exactly once (create-if-absent) and orphans are deleted,
-so a crash anywhere converges to exactly the partitions of each topic's replica map.
+so a crash anywhere converges to exactly the partitions of each topic's replica map. A topic too
+large to store in one etcd request is InvalidConfig, never placed in a loop.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from controller import actions, placement
+from controller import actions, placement, topic_size
 from store import kv, local, models
 
 CHAIN_KEY = "meta/placement-start-index"
@@ -27,6 +28,8 @@ HAS_PARTITIONS = (PROVISIONED, INSUFFICIENT, INVALID, PENDING)
 
 # Writes one provision transaction may carry: the chain key plus topic statuses and partitions.
 PROVISION_WRITES = kv.MAX_TXN_OPS
+# The store's request size when none is given: etcd's default limit, the default key prefix.
+DEFAULT_REQUEST_SIZE = kv.RequestSize(kv.DEFAULT_PREFIX, kv.DEFAULT_MAX_REQUEST_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,14 +161,19 @@ def decide(
     changes: Mapping[str, local.Changes] | None = None,
     busy: Callable[[str], bool] = _idle,
     retry_unplaced: bool = True,
+    request_size: kv.RequestSize = DEFAULT_REQUEST_SIZE,
+    alone: Callable[[str], bool] = _idle,
 ) -> list[actions.Action]:
     """The topic controller's actions.
 
     ``changes`` None (or a full relist) looks at everything; otherwise partitions are checked
     only for the topics and partitions that changed. ``busy(key)``: a write to that key is in
-    flight (deciding on it again now would be wasted work). ``retry_unplaced``: re-run topics
-    that are InvalidConfig or InsufficientResources (their outcome only changes with the SPUs
-    or their own spec, which ``changes`` shows).
+    flight, or failed and waits out a backoff (deciding on it again now would be wasted work).
+    ``retry_unplaced``: re-run topics that are InvalidConfig or InsufficientResources (their
+    outcome only changes with the SPUs or their own spec, which ``changes`` shows).
+    ``request_size``: the store's request limit, which sizes topics and provision transactions.
+    ``alone(key)``: a write to that topic failed before: it is provisioned in a transaction of
+    its own, so that if it fails again it takes no other topic down with it.
     """
     topics: Mapping[str, local.Entry] = snapshot.entries("topics")
     full = changes is None or any(change.full for change in changes.values())
@@ -195,7 +203,7 @@ def decide(
     for entry in unvalidated:
         topic: models.Topic = entry.obj  # type: ignore[assignment]
         if not busy(topic.key):
-            decided += _validated(entry, spus)
+            decided += _validated(entry, spus, request_size)
 
     # Placement only while the chain is free (one provision in flight keeps it unforked).
     unplaced = snapshot.indexed("topics", "unplaced", _unplaced) if chain_free else ()
@@ -203,6 +211,8 @@ def decide(
     # what this pass placed before it.
     existing: list[tuple[str, int, list[int]]] | None = None
     placed_rows: list[tuple[str, int, list[int]]] = []
+    # The bytes the topic statuses of this provision may take, after the chain key's write.
+    room_bytes = request_size.budget - request_size.writes_bound(1, len(CHAIN_KEY), topic_size.CHAIN_VALUE_MAX)
     for entry in unplaced:
         if room < 1:
             break  # this transaction is full: the next pass, once it is written
@@ -213,6 +223,12 @@ def decide(
         if resolution is INSUFFICIENT and not (full or retry_unplaced or topic.name in touched):
             continue  # only SPU changes or its own spec can change the outcome
         if resolution is PROVISIONED and (topic.spec.partitions or 0) <= len(current_map(topic)):
+            continue
+        if alone(topic.key) and provisions:
+            continue  # in a transaction of its own, at the next pass
+        problem = too_large(topic, spus, request_size, widest=False)
+        if problem is not None:
+            decided += _status(entry, INVALID, problem)  # known without placing it
             continue
         if existing is None and _load_aware(topic):
             existing = _assignment(snapshot) + placed_rows
@@ -227,20 +243,31 @@ def decide(
         provisioned = topic.model_copy(
             update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason="")}
         )
+        value = models.encode(provisioned)
+        problem = _too_large_placed(topic, len(value), spus, request_size)
+        if problem is not None:
+            decided += _status(entry, INVALID, problem)
+            continue
+        cost = request_size.writes_bound(1, len(topic.key), len(value))
+        if cost > room_bytes:
+            break  # this transaction is full: the next pass, once it is written
         # Statuses only: up to 127 topics per transaction on the chain key. Their partitions are
         # created by the next pass (create-if-absent, batched 128 per transaction, several in
         # flight), so the chain key is held for one small write per cycle, not 11 topics' worth.
         room -= 1
+        room_bytes -= cost
         reason = (
             f"placed partitions {kept}..{len(result.replica_map) - 1} on {len({s for r in result.replica_map for s in r})} SPUs"
             if kept
             else f"placed {len(result.replica_map)} partitions x {len(result.replica_map[0])} replicas"
         )
-        provisions.append(actions.TopicProvision(provisioned, entry.mod_revision, (), reason))
+        provisions.append(actions.TopicProvision(provisioned, entry.mod_revision, (), reason, value))
         placed_now.add(topic.name)
         rows = [(topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept]
         (placed_rows if existing is None else existing).extend(rows)
         cursor = result.next_start_index
+        if alone(topic.key):
+            break
 
     if provisions:
         decided.append(actions.provision(CHAIN_KEY, chain.encode(cursor), chain.mod_revision, provisions))
@@ -268,22 +295,65 @@ def _unplaced(topic: models.ClusterObject) -> bool:
     return status.resolution in (PENDING, INSUFFICIENT)
 
 
-def _validated(entry: local.Entry, spus: Sequence[placement.SpuInfo]) -> list[actions.Action]:
+def _validated(entry: local.Entry, spus: Sequence[placement.SpuInfo], request_size: kv.RequestSize) -> list[actions.Action]:
     topic: models.Topic = entry.obj  # type: ignore[assignment]
     problem = validate(topic, spus)
+    if problem is None:
+        problem = too_large(topic, spus, request_size, widest=False)
     if problem is not None:
         return _status(entry, INVALID, problem)
     if topic.status.resolution is INVALID:
         # The configuration is valid now; if placement still rejects it the same way (for
         # example partial racks), stay put instead of flapping through Pending.
         try:
-            placement.compute(placement_request(topic, spus, 0, []))
+            result = placement.compute(placement_request(topic, spus, 0, []))
         except placement.InvalidConfig as error:
             if error.message == topic.status.reason:
                 return []
         except placement.PlacementError:
             pass
+        else:
+            # Placed, but on SPU ids too wide to store it: stay InvalidConfig (with that reason).
+            size = topic_size.stored_bytes(topic, dict(enumerate(result.replica_map)))
+            problem = _too_large_placed(topic, size, spus, request_size)
+            if problem is not None:
+                return _status(entry, INVALID, problem)
     return _status(entry, PENDING, "configuration is valid")
+
+
+def too_large(
+    topic: models.Topic, spus: Sequence[placement.SpuInfo], request_size: kv.RequestSize, widest: bool = True
+) -> str | None:
+    """Why ``topic`` cannot be stored in one request of the store (None if it fits). Cheap: no
+    placement, its size is counted with its manual assignment, or with every SPU id as wide as
+    the widest registered one (``widest``: what a create or an add-partitions may be sure of) or
+    the narrowest (what the controller refuses before placing; it sizes what it placed exactly).
+    """
+    max_bytes = topic_size.max_topic_bytes(request_size, topic.name, CHAIN_KEY)
+    spec = topic.spec
+    # Existing rows may name SPUs no longer registered: they count among the ids it may get.
+    ids = [spu.id for spu in spus] + [spu for row in topic.status.replica_map.values() for spu in row]
+    if spec.replica_assignment is not None:
+        size = topic_size.stored_bytes(topic, {row.id: row.replicas for row in spec.replica_assignment})
+        bound = ""
+    else:
+        digits = topic_size.id_digits(ids, widest)
+        size = topic_size.provisioned_bytes(topic, spec.partitions or 0, spec.replication_factor or 0, digits)
+        bound = "up to " if widest else "at least "
+    if size <= max_bytes:
+        return None
+    return topic_size.too_large(topic, size, bound, max_bytes, request_size.max_request_bytes, topic_size.id_digits(ids, widest=True))
+
+
+def _too_large_placed(
+    topic: models.Topic, size: int, spus: Sequence[placement.SpuInfo], request_size: kv.RequestSize
+) -> str | None:
+    """Why ``topic``, placed and ``size`` bytes stored, cannot be written (None if it can)."""
+    max_bytes = topic_size.max_topic_bytes(request_size, topic.name, CHAIN_KEY)
+    if size <= max_bytes:
+        return None
+    digits = topic_size.id_digits([spu.id for spu in spus], widest=True)
+    return topic_size.too_large(topic, size, "", max_bytes, request_size.max_request_bytes, digits)
 
 
 def _status(entry: local.Entry, resolution: models.TopicResolution, reason: str) -> list[actions.Action]:
@@ -294,6 +364,7 @@ def _status(entry: local.Entry, resolution: models.TopicResolution, reason: str)
     keeps every partition it has where it is.
     """
     topic: models.Topic = entry.obj  # type: ignore[assignment]
+    reason = topic_size.bounded_reason(reason)  # room for it is kept in every topic's size
     status = models.TopicStatus(
         resolution=resolution,
         replica_map=topic.status.replica_map,

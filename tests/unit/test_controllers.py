@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from connection_manager import health as health_module
-from controller import actions, spu, spu_group, topic
-from store import local, models
+from controller import actions, placement, spu, spu_group, topic, topic_size
+from store import kv, local, models
 from tests import objects
 
 ONLINE, OFFLINE, UNKNOWN = health_module.Health.ONLINE, health_module.Health.OFFLINE, health_module.Health.UNKNOWN
@@ -410,3 +412,125 @@ def test_missing_partitions_of_a_topic_that_cannot_grow_are_created_again() -> N
     assert [(action.verb.value, action.name, action.write_keys) for action in topic.decide(snapshot)] == [
         ("create-partitions", "orders", ("partitions/orders-0",))
     ]
+
+
+# ---------------------------------------------------------------------------- topics too large to store
+
+HUGE_REASON = (
+    "topic 'huge' with 100000 partitions at replication factor 3 would take at least 1589050 bytes in the store, "
+    "above the 1571092 bytes one topic may take (etcd's request limit, etcd_max_request_bytes, is 1572864 bytes): "
+    "at replication factor 3 at most 98877 partitions fit with 1-digit SPU ids; use fewer partitions or a lower "
+    "replication factor"
+)
+
+
+def no_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    def placed(request: placement.PlacementRequest) -> placement.PlacementResult:
+        raise AssertionError(f"placement ran for {request.partitions} partitions")
+
+    monkeypatch.setattr(placement, "compute", placed)
+
+
+def three_spus() -> list[tuple[models.ClusterObject, int]]:
+    return [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
+
+
+def test_a_stored_topic_too_large_for_the_store_is_invalid_without_being_placed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written straight to the store (the API refuses it): InvalidConfig at once, never Pending,
+    and not even placed (at least its size with the narrowest SPU ids is too much)."""
+    no_placement(monkeypatch)
+    huge = make_topic("huge", partitions=100_000, replicationFactor=3)
+    assert summary(topic.decide(snapshot_of(*three_spus(), (huge, 7)))) == [
+        (
+            "update-status",
+            "topics",
+            "huge",
+            [
+                (
+                    "topics/huge",
+                    {
+                        "name": "huge",
+                        "spec": {"partitions": 100_000, "replicationFactor": 3, "ignoreRackAssignment": False},
+                        "status": {"resolution": "InvalidConfig", "replicaMap": {}, "reason": HUGE_REASON},
+                    },
+                    7,
+                )
+            ],
+        )
+    ]
+
+
+def test_a_topic_too_large_is_never_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """InvalidConfig for its size: a full pass with every unplaced topic retried decides nothing."""
+    no_placement(monkeypatch)
+    huge = make_topic("huge", {"resolution": "InvalidConfig", "reason": HUGE_REASON}, partitions=100_000, replicationFactor=3)
+    assert topic.decide(snapshot_of(*three_spus(), (huge, 8)), retry_unplaced=True) == []
+
+
+def test_a_pending_topic_too_large_is_invalid_without_being_placed(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_placement(monkeypatch)
+    huge = make_topic("huge", {"resolution": "Pending"}, partitions=100_000, replicationFactor=3)
+    decided = topic.decide(snapshot_of(*three_spus(), (huge, 9)))
+    assert [(action.verb.value, json.loads(action.writes[0].value)["status"]) for action in decided] == [  # type: ignore[arg-type]
+        ("update-status", {"resolution": "InvalidConfig", "replicaMap": {}, "reason": HUGE_REASON})
+    ]
+
+
+def test_growing_a_topic_past_what_fits_keeps_its_partitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Added partitions past the size limit (written by hand): InvalidConfig with the map of the
+    four partitions that exist, which stay."""
+    no_placement(monkeypatch)
+    existing = {"0": [0, 1, 2], "1": [1, 2, 0], "2": [2, 0, 1], "3": [0, 1, 2]}
+    grown = make_topic("huge", {"resolution": "Provisioned", "replicaMap": existing}, partitions=100_000, replicationFactor=3)
+    partitions = [
+        (models.Partition(name=f"huge-{index}", spec=models.PartitionSpec(leader=replicas[0], replicas=replicas)), 10 + int(index))
+        for index, replicas in existing.items()
+    ]
+    decided = topic.decide(snapshot_of(*three_spus(), (grown, 20), *partitions))
+    assert [(action.verb.value, json.loads(action.writes[0].value)["status"]) for action in decided] == [  # type: ignore[arg-type]
+        ("update-status", {"resolution": "InvalidConfig", "replicaMap": existing, "reason": HUGE_REASON})
+    ]
+
+
+def test_a_topic_placed_on_wide_spu_ids_is_sized_exactly_once_placed() -> None:
+    """With 1-digit and 9-digit SPU ids the narrow bound lets it through; once placed, its real
+    size is too large: InvalidConfig, nothing provisioned."""
+    spus = [(make_spu(1), 1), (make_spu(123_456_789), 2)]
+    wide = make_topic("wide", {"resolution": "Pending"}, partitions=90_000, replicationFactor=2)
+    decided = topic.decide(snapshot_of(*spus, (wide, 9)))
+    assert [action.verb.value for action in decided] == ["update-status"]
+    status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
+    assert (status["resolution"], status["replicaMap"]) == ("InvalidConfig", {})
+    largest = topic_size.max_topic_bytes(topic.DEFAULT_REQUEST_SIZE, "wide", topic.CHAIN_KEY)
+    fitting = topic_size.largest_count(wide, 2, 9, largest)
+    size = int(status["reason"].removeprefix("topic 'wide' with 90000 partitions at replication factor 2 would take ").split(" ")[0])
+    # Half the ids have 9 digits: more than the narrow bound, which let it through.
+    assert topic_size.provisioned_bytes(wide, 90_000, 2, 1) <= largest < size
+    assert status["reason"] == (
+        f"topic 'wide' with 90000 partitions at replication factor 2 would take {size} bytes in the store, above the "
+        f"{largest} bytes one topic may take (etcd's request limit, etcd_max_request_bytes, is 1572864 bytes): at "
+        f"replication factor 2 at most {fitting} partitions fit with 9-digit SPU ids; use fewer partitions or a lower "
+        "replication factor"
+    )
+
+
+def test_a_provision_transaction_is_filled_by_bytes() -> None:
+    """Ten pending topics of about 60 KB under a 256 KiB request limit: the first provision holds
+    those that fit together (with the chain key); the others wait for the next pass."""
+    request_size = kv.RequestSize(kv.DEFAULT_PREFIX, 256 * 1024)
+    pending = [(make_topic(f"t{index}", {"resolution": "Pending"}, partitions=5000, replicationFactor=2), 10 + index) for index in range(10)]
+    decided = topic.decide(snapshot_of(*three_spus(), *pending), request_size=request_size)
+    assert [(action.verb.value, action.name) for action in decided] == [("provision", "t0,t1,t2,t3")]
+    writes = decided[0].writes
+    compares = [kv.Compare(write.key, write.expected_revision) for write in writes if write.expected_revision is not None]
+    request_size.check(compares, [kv.Put(write.key, write.value) for write in writes if write.value is not None])
+
+
+def test_a_topic_whose_provision_failed_is_provisioned_alone() -> None:
+    """After a provision failed (the loop remembers its topics), each of its topics goes in a
+    transaction of its own, so the one at fault cannot take the others down again."""
+    pending = [(make_topic(f"t{index}", {"resolution": "Pending"}, partitions=1, replicationFactor=1), 10 + index) for index in range(3)]
+    snapshot = snapshot_of(*three_spus(), *pending)
+    assert [action.name for action in topic.decide(snapshot, alone=lambda key: key == "topics/t1")] == ["t0,t2"]
+    assert [action.name for action in topic.decide(snapshot, alone=lambda key: key == "topics/t0")] == ["t0"]
+    assert [action.name for action in topic.decide(snapshot, alone=lambda key: key != "topics/t2")] == ["t0"]
