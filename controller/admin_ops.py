@@ -244,6 +244,7 @@ def dry_run_topic(context: context_module.Context, topic: models.Topic) -> tuple
     if context.local_store["topics"].get(topic.name) is not None:
         raise ApiError(409, "AlreadyExists", f"{label('topics', topic.name)} already exists")
     snapshot = context.local_store.snapshot()
+    _check_size(context, topic, topic_controller.spu_infos(snapshot))  # as the create would
     try:
         result = topic_controller.dry_run(snapshot, topic)
     except placement.PlacementError as error:
