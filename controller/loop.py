@@ -26,6 +26,8 @@ Decide = Callable[[local.Snapshot, Mapping[str, local.Changes]], Sequence[action
 # and the store would refuse the same write the same way.
 FAILURE_BACKOFF_INITIAL = 0.5
 FAILURE_BACKOFF_MAX = 60.0
+# Action keys whose last lost compare is remembered (see ControllerLoop._lost_to).
+LOST_TO_LIMIT = 10_000
 
 
 @dataclass(slots=True)
@@ -64,6 +66,10 @@ class ControllerLoop:
         # (for the next backoff, and so the controller writes them alone) until a write to them
         # is applied or someone else changes them.
         self._failures: dict[str, _Failure] = {}
+        # Action key -> the revision its last write lost to. Lost twice to the same revision,
+        # the decision did not see that value (a value the Reader cannot decode never reaches
+        # the local store): deciding again at once would lose again, so it backs off instead.
+        self._lost_to: dict[str, int] = {}
         self._now = 0.0  # the loop time of the current pass
         self._kick = asyncio.Event()
         self._kick.set()
@@ -180,6 +186,8 @@ class ControllerLoop:
                 self.kick()
             return
         self._submitted.discard(action.key)
+        if result.outcome is not dispatcher_module.Outcome.CONFLICT and self._lost_to:
+            self._lost_to.pop(action.key, None)
         if result.outcome is dispatcher_module.Outcome.APPLIED:
             for key in action.write_keys:
                 self._expected[key] = max(self._expected.get(key, 0), result.revision)
@@ -189,13 +197,24 @@ class ControllerLoop:
             if result.revision:
                 for key in action.write_keys:
                     self._expected[key] = max(self._expected.get(key, 0), result.revision)
+            if result.revision and self._lost_to.get(action.key) == result.revision:
+                delay = self._back_off(action)
+                log.warning(
+                    "a write lost twice to a value this SC does not see (malformed?): decided again after a backoff",
+                    controller=self.name, key=action.key, revision=result.revision, detail=result.detail, backoff=delay,
+                )
+            if len(self._lost_to) >= LOST_TO_LIMIT:
+                self._lost_to.clear()  # forgetting costs one more lost write before a backoff
+            self._lost_to[action.key] = result.revision
             self._defer(action)  # decided again once the store has the value that won
         elif result.outcome is dispatcher_module.Outcome.FAILED:
-            self._back_off(action)
+            delay = self._back_off(action)
+            log.warning("failed action decided again after a backoff", controller=self.name, key=action.key, backoff=delay)
             self._defer(action)  # decided again once its backoff ends
         self.kick()
 
-    def _back_off(self, action: actions.Action) -> None:
+    def _back_off(self, action: actions.Action) -> float:
+        """Make the action's objects busy for their next backoff; the longest delay."""
         now = asyncio.get_running_loop().time()
         # A queue key that is also written is shared by many objects' actions (the placement
         # chain): the objects are to blame, not it.
@@ -204,9 +223,10 @@ class ControllerLoop:
         for key in blamed:
             previous = self._failures.get(key)
             count = 1 if previous is None else previous.count + 1
-            delay = min(FAILURE_BACKOFF_MAX, FAILURE_BACKOFF_INITIAL * 2 ** (count - 1))
-            self._failures[key] = _Failure(count, now + delay)
-        log.warning("failed action's objects decided again after a backoff", controller=self.name, key=action.key, objects=len(blamed), backoff=delay)
+            key_delay = min(FAILURE_BACKOFF_MAX, FAILURE_BACKOFF_INITIAL * 2 ** (count - 1))
+            self._failures[key] = _Failure(count, now + key_delay)
+            delay = max(delay, key_delay)
+        return delay
 
     def _forget_changed_failures(self, changes: Mapping[str, local.Changes]) -> None:
         """Someone else changed (or deleted) an object whose write failed: decide it afresh."""
