@@ -345,6 +345,19 @@ def test_adding_partitions_that_cannot_be_placed_keeps_the_existing_ones() -> No
     ]
 
 
+def test_adding_partitions_without_enough_spus_keeps_the_existing_ones() -> None:
+    """Two of the three racked SPUs offline when a partition is added: InsufficientResources with
+    the map of the partitions that exist, none deleted, and the missing one of them created."""
+    spus = [(make_spu(0, rack="r1"), 1), (make_spu(1, "Offline", rack="r2"), 2), (make_spu(2, "Offline", rack="r3"), 3)]
+    decided = topic.decide(snapshot_of(*spus, (orders("Provisioned"), 40), *orders_partitions()[1:]))
+    assert [(action.verb.value, action.name, action.write_keys) for action in decided] == [
+        ("update-status", "orders", ("topics/orders",)),
+        ("create-partitions", "orders", ("partitions/orders-0",)),
+    ]
+    status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
+    assert (status["resolution"], status["replicaMap"]) == ("InsufficientResources", ORDERS_MAP)
+
+
 def test_an_invalid_topic_valid_again_keeps_its_replica_map() -> None:
     """The issue's scenario: the rack-less SPU goes offline, the topic is valid again. It goes
     Pending with its map (not emptied), and no partition is deleted."""
