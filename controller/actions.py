@@ -53,10 +53,16 @@ class Action:
     # Derived once (the dispatcher and the loops look them up for every action, several times).
     key: str = field(init=False, compare=False, repr=False)
     write_keys: tuple[str, ...] = field(init=False, compare=False, repr=False)
+    # The bytes of its keys and of its values (the dispatcher fills a transaction by size).
+    key_bytes: int = field(init=False, compare=False, repr=False)
+    value_bytes: int = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key", self.queue_key or models.object_key(self.kind, self.name))
-        object.__setattr__(self, "write_keys", tuple(write.key for write in self.writes))
+        write_keys = tuple(write.key for write in self.writes)
+        object.__setattr__(self, "write_keys", write_keys)
+        object.__setattr__(self, "key_bytes", sum(len(key.encode()) for key in write_keys))
+        object.__setattr__(self, "value_bytes", sum(len(write.value) for write in self.writes if write.value is not None))
 
 
 def create(obj: models.ClusterObject, reason: str, cause_revision: int = 0) -> Action:
@@ -122,6 +128,7 @@ class TopicProvision:
     topic_revision: int
     partitions: tuple[models.Partition, ...]  # those that fit in this transaction
     reason: str
+    value: bytes = b""  # the topic already encoded (the controller sized it); encoded here if empty
 
 
 def provision(chain_key: str, chain_value: bytes, chain_revision: int, topics: Sequence[TopicProvision]) -> Action:
@@ -132,7 +139,7 @@ def provision(chain_key: str, chain_value: bytes, chain_revision: int, topics: S
     writes = [Write(chain_key, chain_value, chain_revision)]
     objects: list[models.ClusterObject] = []
     for item in topics:
-        writes.append(Write(item.topic.key, models.encode(item.topic), item.topic_revision))
+        writes.append(Write(item.topic.key, item.value or models.encode(item.topic), item.topic_revision))
         writes += [Write(partition.key, models.encode(partition), 0) for partition in item.partitions]
         objects += [item.topic, *item.partitions]
     if len(writes) > kv.MAX_TXN_OPS:

@@ -167,6 +167,8 @@ async def create(context: context_module.Context, obj: models.ClusterObject) -> 
         return await context.kv_store.create(obj.key, models.encode(obj))
     except kv.AlreadyExists:
         raise ApiError(409, "AlreadyExists", f"{label(obj.kind, obj.name)} already exists") from None
+    except kv.TooLarge as error:
+        raise ApiError(422, "ObjectTooLarge", f"{label(obj.kind, obj.name)} cannot be stored: {error}") from None
 
 
 async def register_spu(context: context_module.Context, spu: models.Spu, dry_run: bool = False) -> int:
@@ -222,9 +224,11 @@ async def create_topic(context: context_module.Context, topic: models.Topic) -> 
     # controller's own check and message.
     require_synced(context)
     snapshot = context.local_store.snapshot()
-    problem = topic_controller.validate(topic, topic_controller.spu_infos(snapshot), context.placers)
+    spus = topic_controller.spu_infos(snapshot)
+    problem = topic_controller.validate(topic, spus, context.placers)
     if problem is not None:
         raise ApiError(422, "InvalidConfig", problem.message)
+    _check_size(context, topic, spus)
     return await create(context, topic)
 
 
@@ -233,12 +237,20 @@ def invalid_topic(name: str, reason: str) -> str:
     return f"topic {name!r} is InvalidConfig: {reason}"
 
 
+def _check_size(context: context_module.Context, topic: models.Topic, spus: tuple[placement.SpuInfo, ...]) -> None:
+    """Refuse a topic its controller could not store (one etcd request holds each topic)."""
+    problem = topic_controller.too_large(topic, spus, kv.request_size(context.kv_store))
+    if problem is not None:
+        raise ApiError(422, "TopicTooLarge", problem)
+
+
 def dry_run_topic(context: context_module.Context, topic: models.Topic) -> tuple[placement.PlacementResult, tuple[placement.SpuInfo, ...]]:
     """The placement a new topic would get now (and the SPUs it was computed over); writes nothing."""
     require_synced(context)
     if context.local_store["topics"].get(topic.name) is not None:
         raise ApiError(409, "AlreadyExists", f"{label('topics', topic.name)} already exists")
     snapshot = context.local_store.snapshot()
+    _check_size(context, topic, topic_controller.spu_infos(snapshot))  # as the create would
     try:
         result = topic_controller.dry_run(snapshot, topic, context.placers)
     except placement.PlacementError as error:
@@ -270,7 +282,9 @@ async def add_partitions(context: context_module.Context, name: str, count: int)
                 f"count: topic {name!r} has {topic.spec.partition_count()} partitions; adding {count} would make "
                 f"{total}, above the limit of {models.MAX_PARTITIONS}",
             )
-        return topic.model_copy(update={"spec": topic.spec.model_copy(update={"partitions": total})})
+        grown = topic.model_copy(update={"spec": topic.spec.model_copy(update={"partitions": total})})
+        _check_size(context, grown, topic_controller.spu_infos(context.local_store.snapshot()))
+        return grown
 
     grown, revision = await update_spec(context, "topics", name, grow, "adding partitions")
     return grown, revision  # type: ignore[return-value]
@@ -327,6 +341,8 @@ async def update_spec(
             return changed, await context.kv_store.update(key, models.encode(changed), stored.mod_revision)
         except kv.Conflict:
             continue
+        except kv.TooLarge as error:
+            raise ApiError(422, "ObjectTooLarge", f"{label(kind, name)} cannot be stored {doing}: {error}") from None
         except kv.NotFound:
             raise ApiError(404, "NotFound", f"{label(kind, name)} not found") from None
     raise ApiError(409, "Conflict", f"{label(kind, name)} kept changing while {doing} ({CAS_ATTEMPTS} attempts); retry")

@@ -116,7 +116,7 @@ class Daemon:
         settings = self.settings
         if settings.store is config.StoreKind.MEMORY:
             log.warning("using the in-memory store: nothing survives a restart")
-            return memory.MemoryStore(settings.key_prefix)
+            return memory.MemoryStore(settings.key_prefix, settings.etcd_max_request_bytes)
         endpoints = settings.etcd_endpoints
         if not endpoints:
             data_dir = Path(settings.data_dir)
@@ -125,6 +125,7 @@ class Daemon:
                 data_dir,
                 client_port=settings.embedded_etcd_client_port,
                 peer_port=settings.embedded_etcd_peer_port,
+                max_request_bytes=settings.etcd_max_request_bytes,
             )
             try:
                 await self.etcd_server.start_async()
@@ -137,7 +138,9 @@ class Daemon:
             self._etcd_supervision = self.supervisor.spawn("etcd-supervisor", self.etcd_server.supervise)
             endpoints = self.etcd_server.endpoints
             log.info("embedded etcd started", data_dir=str(data_dir), endpoints=endpoints)
-        return await etcd.EtcdStore.open(endpoints, settings.key_prefix, settings.etcd_request_timeout)
+        return await etcd.EtcdStore.open(
+            endpoints, settings.key_prefix, settings.etcd_request_timeout, settings.etcd_max_request_bytes
+        )
 
     async def _open_history(self) -> None:
         settings = self.settings

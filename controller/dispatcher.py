@@ -1,8 +1,9 @@
 """The action dispatcher and the KV updater: the only code that writes controller decisions.
 
 A work queue keyed by object: one action in flight per key, a newer action replaces the queued
-one, `Conflict` hands the key back to its controller, `Unavailable` backs off per key. Ready
-actions with disjoint keys are batched into one etcd transaction (at most 128 operations).
+one, `Conflict` hands the key back to its controller, `Unavailable` and a terminal failure back off
+per key. Ready actions with disjoint keys are batched into one etcd transaction (at most 128
+operations, and within the store's request size limit).
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ from store import kv, local
 
 log = structlog.get_logger(__name__)
 
+MIN_RETRY_WAIT = 0.001  # seconds: asyncio's timers are not finer than this
+
 
 class Outcome(str, enum.Enum):
     APPLIED = "applied"
     CONFLICT = "conflict"
     UNAVAILABLE = "unavailable"
-    FAILED = "failed"  # terminal: the action is malformed (a bug); logged, not retried
+    # Terminal: the store refused the action itself (malformed, or too large for any request).
+    # Logged, not retried; its key backs off, so a controller deciding it again waits.
+    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,9 @@ class ActionDispatcher:
         self.initial_backoff = initial_backoff
         self.max_backoff = max_backoff
         self._queued: dict[str, actions.Action] = {}
+        # Each queued action's bytes in a transaction, and what one transaction may hold.
+        self._request_size = kv.request_size(updater.kv_store)
+        self._bytes: dict[str, int] = {}
         self._in_flight_keys: set[str] = set()
         self._in_flight_writes: set[str] = set()
         self._queued_writes: collections.Counter[str] = collections.Counter()
@@ -167,6 +175,7 @@ class ActionDispatcher:
         batch: list[actions.Action] = []
         batch_keys: set[str] = set()
         writes = 0
+        room = self._request_size.budget
         in_flight_keys, in_flight_writes, not_before = self._in_flight_keys, self._in_flight_writes, self._not_before
         for key, action in self._queued.items():  # changed only after this loop
             if key in in_flight_keys or (not_before and not_before.get(key, 0.0) > now):
@@ -174,17 +183,21 @@ class ActionDispatcher:
             action_writes = action.write_keys
             if any(write in batch_keys or write in in_flight_writes for write in action_writes):
                 continue
-            if key in self._isolated:
+            size = self._bytes[key]
+            if key in self._isolated or size > self._request_size.budget:
+                # Alone: a suspect of a failed batch, or too large for any transaction (the store
+                # refuses it, and it must take nothing down with it).
                 if batch:
                     continue
                 batch.append(action)
                 batch_keys.update(action_writes)
                 break
-            if writes + len(action_writes) > self.max_batch_writes:
+            if writes + len(action_writes) > self.max_batch_writes or size > room:
                 break
             batch.append(action)
             batch_keys.update(action_writes)
             writes += len(action_writes)
+            room -= size
         for action in batch:
             self._dequeue(action.key)
             self._in_flight_keys.add(action.key)
@@ -196,7 +209,10 @@ class ActionDispatcher:
         waiting = [self._not_before.get(key, 0.0) for key in self._queued if key not in self._in_flight_keys]
         if not waiting or len(self._batches) >= self.max_batches_in_flight:
             return None
-        return max(0.0, min(waiting) - now)
+        delay = min(waiting) - now
+        # Not below the loop's timer resolution: a shorter wait could end on a clock that has not
+        # reached the key's time yet, and the loop would spin until it does.
+        return 0.0 if delay <= 0 else max(delay, MIN_RETRY_WAIT)
 
     def _update_idle(self) -> None:
         if not self._queued and not self._in_flight_keys:
@@ -233,6 +249,7 @@ class ActionDispatcher:
             else:
                 results = [Result(batch[0], Outcome.FAILED, 0, str(error))]
                 log.error("action failed", key=batch[0].key, verb=batch[0].verb.value, error=str(error))
+                self._back_off(batch[0].key)
         finally:
             for action in batch:
                 self._in_flight_keys.discard(action.key)
@@ -254,20 +271,29 @@ class ActionDispatcher:
             return  # a newer decision for this key is already waiting
         self._enqueue(action)
         if backoff:
-            failures = self._failures.get(action.key, 0) + 1
-            self._failures[action.key] = failures
-            delay = min(self.max_backoff, self.initial_backoff * 2 ** (failures - 1))
-            self._not_before[action.key] = asyncio.get_running_loop().time() + delay
+            self._back_off(action.key)
         if isolate:
             self._isolated.add(action.key)
+
+    def _back_off(self, key: str) -> None:
+        """The key's next action waits, twice as long after each failure in a row (capped)."""
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        delay = min(self.max_backoff, self.initial_backoff * 2 ** (failures - 1))
+        self._not_before[key] = asyncio.get_running_loop().time() + delay
 
     def _enqueue(self, action: actions.Action) -> None:
         self._queued[action.key] = action
         self._queued_writes.update(action.write_keys)
+        self._bytes[action.key] = self._action_bytes(action)
+
+    def _action_bytes(self, action: actions.Action) -> int:
+        return self._request_size.writes_bound(len(action.writes), action.key_bytes, action.value_bytes)
 
     def _dequeue(self, key: str) -> None:
         action = self._queued.pop(key, None)
         if action is not None:
+            del self._bytes[key]
             self._queued_writes.subtract(action.write_keys)
             for write_key in action.write_keys:
                 if self._queued_writes[write_key] <= 0:
@@ -275,7 +301,7 @@ class ActionDispatcher:
 
     def _report(self, result: Result) -> None:
         action = result.action
-        if result.outcome is not Outcome.UNAVAILABLE:
+        if result.outcome is Outcome.APPLIED or result.outcome is Outcome.CONFLICT:
             self._failures.pop(action.key, None)
             self._not_before.pop(action.key, None)
         self.metrics.action_done(action, result.outcome.value)  # elections also count by cause

@@ -287,7 +287,8 @@ def _paths() -> dict[str, Any]:
                 r409=_error("AlreadyExists, or deleted while waiting (Conflict)"),
                 r422=_error(
                     "InvalidObject, InvalidConfig (for example a strategy that is neither built in nor a configured "
-                    "plug-in), or (dryRun) InsufficientResources"
+                    "plug-in), TopicTooLarge (it would not fit in one etcd request: the message names the limit and "
+                    "the most partitions that fit), or (dryRun) InsufficientResources"
                 ),
                 r503=unavailable,
             )
@@ -302,7 +303,10 @@ def _paths() -> dict[str, Any]:
                 r400=malformed,
                 r404=_error("No such topic"),
                 r409=_error("The topic kept changing (Conflict)"),
-                r422=_error("InvalidRequest (count below 1 or above the partition limit), ManualTopic, InvalidConfig"),
+                r422=_error(
+                    "InvalidRequest (count below 1 or above the partition limit), ManualTopic, InvalidConfig, "
+                    "TopicTooLarge (as for a create)"
+                ),
                 r503=unavailable,
             )
         },

@@ -21,7 +21,7 @@ from controller import dispatcher as dispatcher_module
 from controller import loop as loop_module
 from controller import reader as reader_module
 from controller import actions, partition, spu, spu_group, topic
-from store import local, models
+from store import kv, local, models
 
 log = structlog.get_logger(__name__)
 
@@ -63,6 +63,8 @@ class Pipeline:
         # InvalidConfig / InsufficientResources topics are re-run once SPUs change, until a pass
         # has had the placement chain free to try them.
         self._retry_unplaced = True
+        # What one request to the store may hold: sizes topics and provision transactions.
+        self._request_size = kv.request_size(context.kv_store)
         # Partitions the partition controller must look at next: None means all of them.
         self._partitions_due: set[str] | None = None
         health.subscribe(self._on_health)
@@ -103,7 +105,8 @@ class Pipeline:
             self._retry_unplaced = True
         chain_free = not loop.busy(topic.CHAIN_KEY)
         decided = topic.decide(
-            snapshot, None if full else changes, loop.busy, self._retry_unplaced, placers=self.context.placers
+            snapshot, None if full else changes, loop.busy, self._retry_unplaced, self._request_size, loop.failed,
+            placers=self.context.placers,
         )
         if chain_free and not any(action.verb is actions.Verb.PROVISION for action in decided):
             self._retry_unplaced = False  # every unplaced topic was tried with the current SPUs

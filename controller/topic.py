@@ -2,7 +2,8 @@
 
 Purely computational, no I/O: one snapshot in, actions out. Placement runs here (the library
 is pure too). Partitions are created exactly once (create-if-absent) and orphans are deleted,
-so a crash anywhere converges to exactly the partitions of each topic's replica map.
+so a crash anywhere converges to exactly the partitions of each topic's replica map. A topic too
+large to store in one etcd request is InvalidConfig, never placed in a loop.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from controller import actions, placement
+from controller import actions, placement, topic_size
 from store import kv, local, models
 
 CHAIN_KEY = "meta/placement-start-index"
@@ -21,8 +22,14 @@ INSUFFICIENT = models.TopicResolution.INSUFFICIENT_RESOURCES
 INVALID = models.TopicResolution.INVALID_CONFIG
 PROVISIONED = models.TopicResolution.PROVISIONED
 
+# Resolutions whose replica map lists partitions that exist (or must: one deleted by hand comes
+# back where it was). A topic that cannot place new partitions keeps those it has.
+HAS_PARTITIONS = (PROVISIONED, INSUFFICIENT, INVALID, PENDING)
+
 # Writes one provision transaction may carry: the chain key plus topic statuses and partitions.
 PROVISION_WRITES = kv.MAX_TXN_OPS
+# The store's request size when none is given: etcd's default limit, the default key prefix.
+DEFAULT_REQUEST_SIZE = kv.RequestSize(kv.DEFAULT_PREFIX, kv.DEFAULT_MAX_REQUEST_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +212,8 @@ def decide(
     changes: Mapping[str, local.Changes] | None = None,
     busy: Callable[[str], bool] = _idle,
     retry_unplaced: bool = True,
+    request_size: kv.RequestSize = DEFAULT_REQUEST_SIZE,
+    alone: Callable[[str], bool] = _idle,
     *,
     placers: placement.Placers = NO_PLACERS,
 ) -> list[actions.Action]:
@@ -212,9 +221,13 @@ def decide(
 
     ``changes`` None (or a full relist) looks at everything; otherwise partitions are checked
     only for the topics and partitions that changed. ``busy(key)``: a write to that key is in
-    flight (deciding on it again now would be wasted work). ``retry_unplaced``: re-run topics
-    that are InvalidConfig or InsufficientResources (their outcome only changes with the SPUs
-    or their own spec, which ``changes`` shows). ``placers``: the configured placement plug-ins.
+    flight, or failed and waits out a backoff (deciding on it again now would be wasted work).
+    ``retry_unplaced``: re-run topics that are InvalidConfig or InsufficientResources (their
+    outcome only changes with the SPUs or their own spec, which ``changes`` shows).
+    ``request_size``: the store's request limit, which sizes topics and provision transactions.
+    ``alone(key)``: a write to that topic failed before: it is provisioned in a transaction of
+    its own, so that if it fails again it takes no other topic down with it.
+    ``placers``: the configured placement plug-ins.
     """
     topics: Mapping[str, local.Entry] = snapshot.entries("topics")
     full = changes is None or any(change.full for change in changes.values())
@@ -244,7 +257,7 @@ def decide(
     for entry in unvalidated:
         topic: models.Topic = entry.obj  # type: ignore[assignment]
         if not busy(topic.key):
-            decided += _validated(entry, spus, placers)
+            decided += _validated(entry, spus, placers, request_size)
 
     # Placement only while the chain is free (one provision in flight keeps it unforked).
     unplaced = snapshot.indexed("topics", "unplaced", _unplaced) if chain_free else ()
@@ -252,6 +265,8 @@ def decide(
     # what this pass placed before it.
     existing: list[tuple[str, int, list[int]]] | None = None
     placed_rows: list[tuple[str, int, list[int]]] = []
+    # The bytes the topic statuses of this provision may take, after the chain key's write.
+    room_bytes = request_size.budget - request_size.writes_bound(1, len(CHAIN_KEY), topic_size.CHAIN_VALUE_MAX)
     for entry in unplaced:
         if room < 1:
             break  # this transaction is full: the next pass, once it is written
@@ -263,13 +278,19 @@ def decide(
             continue  # only SPU changes or its own spec can change the outcome
         if resolution is PROVISIONED and (topic.spec.partitions or 0) <= len(current_map(topic)):
             continue
+        if alone(topic.key) and provisions:
+            continue  # in a transaction of its own, at the next pass
+        problem = too_large(topic, spus, request_size, widest=False)
+        if problem is not None:
+            decided += _status(entry, INVALID, problem)  # known without placing it
+            continue
         if existing is None and _load_aware(topic):
             existing = _assignment(snapshot) + placed_rows
         try:
             result = placement.compute(placement_request(topic, spus, cursor, existing or ()), placers)
         except placement.PlacementError as error:
             target = INSUFFICIENT if isinstance(error, placement.InsufficientResources) else INVALID
-            decided += _status(entry, target, unplaced_reason(error), keep_map=True)
+            decided += _status(entry, target, unplaced_reason(error))
             continue
         kept = len(current_map(topic))
         replica_map = {index: list(replicas) for index, replicas in enumerate(result.replica_map)}
@@ -277,28 +298,42 @@ def decide(
         provisioned = topic.model_copy(
             update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason=note)}
         )
+        value = models.encode(provisioned)
+        problem = _too_large_placed(topic, len(value), spus, request_size)
+        if problem is not None:
+            decided += _status(entry, INVALID, problem)
+            continue
+        cost = request_size.writes_bound(1, len(topic.key), len(value))
+        if cost > room_bytes:
+            break  # this transaction is full: the next pass, once it is written
         # Statuses only: up to 127 topics per transaction on the chain key. Their partitions are
         # created by the next pass (create-if-absent, batched 128 per transaction, several in
         # flight), so the chain key is held for one small write per cycle, not 11 topics' worth.
         room -= 1
+        room_bytes -= cost
         reason = (
             f"placed partitions {kept}..{len(result.replica_map) - 1} on {len({s for r in result.replica_map for s in r})} SPUs"
             if kept
             else f"placed {len(result.replica_map)} partitions x {len(result.replica_map[0])} replicas"
         )
-        provisions.append(actions.TopicProvision(provisioned, entry.mod_revision, (), reason))
+        provisions.append(actions.TopicProvision(provisioned, entry.mod_revision, (), reason, value))
         placed_now.add(topic.name)
         rows = [(topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept]
         (placed_rows if existing is None else existing).extend(rows)
         cursor = result.next_start_index
+        if alone(topic.key):
+            break
 
     if provisions:
         decided.append(actions.provision(CHAIN_KEY, chain.encode(cursor), chain.mod_revision, provisions))
     if full:
         decided += _partition_actions(snapshot, topics, snapshot.entries("partitions").keys(), topics.keys(), placed_now, busy)
     else:
-        changed_partitions = [entry.name for entry in changes["partitions"].updated] if "partitions" in changes else []  # type: ignore[operator, index]
-        decided += _partition_actions(snapshot, topics, changed_partitions, touched, placed_now, busy)
+        partition_changes = changes.get("partitions") if changes is not None else None
+        changed_partitions = [entry.name for entry in partition_changes.updated] if partition_changes is not None else []
+        # A partition deleted behind the SC's back: its topic is checked for missing partitions.
+        gone = {name.rpartition("-")[0] for name in partition_changes.deleted} if partition_changes is not None else set()
+        decided += _partition_actions(snapshot, topics, changed_partitions, touched | gone, placed_now, busy)
     return decided
 
 
@@ -315,31 +350,82 @@ def _unplaced(topic: models.ClusterObject) -> bool:
     return status.resolution in (PENDING, INSUFFICIENT)
 
 
-def _validated(entry: local.Entry, spus: Sequence[placement.SpuInfo], placers: placement.Placers) -> list[actions.Action]:
+def _validated(
+    entry: local.Entry, spus: Sequence[placement.SpuInfo], placers: placement.Placers, request_size: kv.RequestSize
+) -> list[actions.Action]:
     topic: models.Topic = entry.obj  # type: ignore[assignment]
     problem = validate(topic, spus, placers)
     if problem is not None:
         return _status(entry, INVALID, unplaced_reason(problem))
+    too_big = too_large(topic, spus, request_size, widest=False)
+    if too_big is not None:
+        return _status(entry, INVALID, too_big)
     if topic.status.resolution is INVALID:
         # The configuration is valid now; if placement still rejects it the same way (for
         # example partial racks), stay put instead of flapping through Pending.
         try:
-            placement.compute(placement_request(topic, spus, 0, []), placers)
+            result = placement.compute(placement_request(topic, spus, 0, []), placers)
         except placement.InvalidConfig as error:
             if unplaced_reason(error) == topic.status.reason:
                 return []
         except placement.PlacementError:
             pass
+        else:
+            # Placed, but on SPU ids too wide to store it: stay InvalidConfig (with that reason).
+            size = topic_size.stored_bytes(topic, dict(enumerate(result.replica_map)))
+            problem = _too_large_placed(topic, size, spus, request_size)
+            if problem is not None:
+                return _status(entry, INVALID, problem)
     return _status(entry, PENDING, "configuration is valid")
 
 
-def _status(
-    entry: local.Entry, resolution: models.TopicResolution, reason: str, keep_map: bool = False
-) -> list[actions.Action]:
+def too_large(
+    topic: models.Topic, spus: Sequence[placement.SpuInfo], request_size: kv.RequestSize, widest: bool = True
+) -> str | None:
+    """Why ``topic`` cannot be stored in one request of the store (None if it fits). Cheap: no
+    placement, its size is counted with its manual assignment, or with every SPU id as wide as
+    the widest registered one (``widest``: what a create or an add-partitions may be sure of) or
+    the narrowest (what the controller refuses before placing; it sizes what it placed exactly).
+    """
+    max_bytes = topic_size.max_topic_bytes(request_size, topic.name, CHAIN_KEY)
+    spec = topic.spec
+    # Existing rows may name SPUs no longer registered: they count among the ids it may get.
+    ids = [spu.id for spu in spus] + [spu for row in topic.status.replica_map.values() for spu in row]
+    if spec.replica_assignment is not None:
+        size = topic_size.stored_bytes(topic, {row.id: row.replicas for row in spec.replica_assignment})
+        bound = ""
+    else:
+        digits = topic_size.id_digits(ids, widest)
+        size = topic_size.provisioned_bytes(topic, spec.partitions or 0, spec.replication_factor or 0, digits)
+        bound = "up to " if widest else "at least "
+    if size <= max_bytes:
+        return None
+    return topic_size.too_large(topic, size, bound, max_bytes, request_size.max_request_bytes, topic_size.id_digits(ids, widest=True))
+
+
+def _too_large_placed(
+    topic: models.Topic, size: int, spus: Sequence[placement.SpuInfo], request_size: kv.RequestSize
+) -> str | None:
+    """Why ``topic``, placed and ``size`` bytes stored, cannot be written (None if it can)."""
+    max_bytes = topic_size.max_topic_bytes(request_size, topic.name, CHAIN_KEY)
+    if size <= max_bytes:
+        return None
+    digits = topic_size.id_digits([spu.id for spu in spus], widest=True)
+    return topic_size.too_large(topic, size, "", max_bytes, request_size.max_request_bytes, digits)
+
+
+def _status(entry: local.Entry, resolution: models.TopicResolution, reason: str) -> list[actions.Action]:
+    """The topic's status with a new resolution and reason.
+
+    The replica map is always kept: it is the record of the partitions that exist, and only the
+    user (deleting the topic) takes them away; a topic that cannot grow, or whose spec went bad,
+    keeps every partition it has where it is.
+    """
     topic: models.Topic = entry.obj  # type: ignore[assignment]
+    reason = topic_size.bounded_reason(reason)  # room for it is kept in every topic's size
     status = models.TopicStatus(
         resolution=resolution,
-        replica_map=topic.status.replica_map if keep_map else {},
+        replica_map=topic.status.replica_map,
         reason="" if resolution is PENDING else reason,
     )
     if topic.status == status:
@@ -355,7 +441,7 @@ def _partition_actions(
     placed_now: set[str],
     busy: Callable[[str], bool],
 ) -> list[actions.Action]:
-    """Create missing partitions of provisioned topics; delete partitions no topic maps.
+    """Create the missing partitions of every replica map; delete partitions no topic maps.
 
     Looks at ``partition_names`` and at every partition of ``topic_names`` (all of them on a full
     pass). Sound because the snapshot is a consistent cut: a topic status and the partitions
@@ -381,7 +467,7 @@ def _partition_actions(
         if topic_entry is None or topic_name in placed_now:
             continue
         topic: models.Topic = topic_entry.obj  # type: ignore[assignment]
-        if topic.status.resolution not in (PROVISIONED, INSUFFICIENT):
+        if topic.status.resolution not in HAS_PARTITIONS:
             continue
         missing = [
             models.new_partition(topic, index, replicas)

@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from store import kv
+
 _log = logging.getLogger(__name__)
 
 LOCK_FILE = "etcd.lock"
@@ -184,6 +186,7 @@ class EmbeddedEtcd:
     when etcd is spawned from the main thread; from another thread only stop() cleans up.
     History older than an hour is compacted (etcd keeps it forever by default and eventually
     stops taking writes at its space quota); ``extra_args`` can override that, being last.
+    ``max_request_bytes`` is etcd's --max-request-bytes (the SC's setting etcd_max_request_bytes).
     """
 
     def __init__(
@@ -197,6 +200,7 @@ class EmbeddedEtcd:
         *,
         name: str = "sc",
         binary: str | None = None,
+        max_request_bytes: int = kv.DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         if client_port == peer_port:
             raise ValueError(f"client and peer ports must differ, both are {client_port}")
@@ -207,6 +211,7 @@ class EmbeddedEtcd:
         self.startup_timeout = startup_timeout
         self.extra_args = tuple(extra_args)
         self.name = name
+        self.max_request_bytes = max_request_bytes
         self._binary = binary
         self._process: subprocess.Popen[bytes] | None = None
         self._lock_fd: int | None = None
@@ -295,6 +300,8 @@ class EmbeddedEtcd:
             "--initial-cluster-state=new",
             "--auto-compaction-mode=periodic",
             "--auto-compaction-retention=1h",
+            # Stated even at etcd's default: the SC's own size checks count on this very limit.
+            f"--max-request-bytes={self.max_request_bytes}",
             *self.extra_args,
         ]
 

@@ -112,12 +112,13 @@ def grpc_target(endpoints: Sequence[str]) -> str:
 class _Create:
     """One caller's create waiting for its group commit."""
 
-    __slots__ = ("key", "value", "future")
+    __slots__ = ("key", "value", "future", "size")
 
-    def __init__(self, key: str, value: bytes, future: asyncio.Future[int]) -> None:
+    def __init__(self, key: str, value: bytes, future: asyncio.Future[int], size: int) -> None:
         self.key = key
         self.value = value
         self.future = future
+        self.size = size  # its bytes in the group's transaction
 
 
 class _Write:
@@ -139,13 +140,24 @@ class EtcdStore(kv.KVStore):
     """
 
     def __init__(
-        self, channel: grpc.aio.Channel, endpoints: Sequence[str], prefix: str, request_timeout: float
+        self,
+        channel: grpc.aio.Channel,
+        endpoints: Sequence[str],
+        prefix: str,
+        request_timeout: float,
+        max_request_bytes: int = kv.DEFAULT_MAX_REQUEST_BYTES,
     ) -> None:
         if not prefix:
             raise ValueError("the key prefix must not be empty (the default is /sc/)")
         if request_timeout <= 0:
             raise ValueError(f"request_timeout must be positive, got {request_timeout}")
+        if max_request_bytes <= kv.REQUEST_ENVELOPE_BYTES:
+            raise ValueError(f"max_request_bytes must be above {kv.REQUEST_ENVELOPE_BYTES}, got {max_request_bytes}")
         self.prefix = prefix
+        # The cluster's --max-request-bytes: larger requests are refused here, before sending (etcd
+        # would refuse them too, and above its gRPC limit only after retrying until the deadline).
+        self.max_request_bytes = max_request_bytes
+        self._request_size = kv.RequestSize(prefix, max_request_bytes)
         self.endpoints = list(endpoints)
         self.request_timeout = request_timeout
         self._prefix_bytes = prefix.encode()
@@ -170,13 +182,17 @@ class EtcdStore(kv.KVStore):
         endpoints: Sequence[str],
         prefix: str = kv.DEFAULT_PREFIX,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        max_request_bytes: int = kv.DEFAULT_MAX_REQUEST_BYTES,
     ) -> EtcdStore:
-        """Connect to etcd and check that it answers (raises Unavailable if it does not)."""
+        """Connect to etcd and check that it answers (raises Unavailable if it does not).
+
+        ``max_request_bytes``: the cluster's --max-request-bytes (etcd's default unless given).
+        """
         if isinstance(endpoints, str):
             endpoints = endpoints.split(",")
         channel = grpc.aio.insecure_channel(grpc_target(endpoints), options=_CHANNEL_OPTIONS)
         try:
-            store = cls(channel, endpoints, prefix, request_timeout)
+            store = cls(channel, endpoints, prefix, request_timeout, max_request_bytes)
             await store.revision()
         except BaseException:
             await channel.close()
@@ -214,15 +230,19 @@ class EtcdStore(kv.KVStore):
         """Write ``key`` only if it is absent; the commit revision. Raises AlreadyExists.
 
         Group commit: creates made while others are in flight (an API taking a burst of topic
-        creates) go to etcd together, up to 64 per transaction, each as a nested transaction with
-        its own "absent" compare, so an existing key fails only its own create. A create alone is
+        creates) go to etcd together, up to 64 per transaction and within the request size limit,
+        each as a nested transaction with its own "absent" compare, so an existing key fails only
+        its own create (and a create too large for any transaction fails alone, with TooLarge). A create alone is
         sent at the next turn of the event loop: one round trip, as a plain transaction would be.
         An ambiguous failure is resolved as in :meth:`txn`: after a retry, a key holding exactly
         our value, created after we sent the request, was created by us.
         """
         self._check_open()
+        size = self._request_size.create_bytes(key, len(value))
+        if size > self._request_size.budget:
+            raise kv.TooLarge(size, self.max_request_bytes)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending_creates.append(_Create(key, value, future))
+        self._pending_creates.append(_Create(key, value, future, size))
         self._schedule_creates()
         return await future
 
@@ -238,16 +258,20 @@ class EtcdStore(kv.KVStore):
             batch: list[_Create] = []
             keys = self._creating
             rest: list[_Create] = []
+            room = self._request_size.budget
+            held: set[str] = set()
             for create in self._pending_creates:
                 if create.future.done():
                     continue  # its caller was cancelled
-                if len(batch) < _CREATES_PER_TXN and create.key not in keys:
+                if len(batch) < _CREATES_PER_TXN and create.size <= room and create.key not in keys and create.key not in held:
                     batch.append(create)
                     keys.add(create.key)
+                    room -= create.size
                 else:
-                    # A full batch, or a key already being created: later, so that of two
-                    # creates of one key the first one made is the one that wins.
+                    # A full batch, or a key already being created (or held back): later, so
+                    # that of two creates of one key the first one made is the one that wins.
                     rest.append(create)
+                    held.add(create.key)
             self._pending_creates = rest
             if not batch:
                 return
@@ -268,18 +292,7 @@ class EtcdStore(kv.KVStore):
     async def _create_together(self, batch: list[_Create]) -> None:
         prefix = self._prefix_bytes
         keys = [prefix + create.key.encode() for create in batch]
-        request = etcdpb.TxnRequest(
-            success=[
-                etcdpb.RequestOp(
-                    request_txn=etcdpb.TxnRequest(
-                        compare=[etcdpb.Compare(result=_EQUAL, target=_MOD, key=key, mod_revision=0)],
-                        success=[etcdpb.RequestOp(request_put=etcdpb.PutRequest(key=key, value=create.value))],
-                        failure=[etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=key))],
-                    )
-                )
-                for key, create in zip(keys, batch)
-            ]
-        )
+        request = etcdpb.TxnRequest(success=[_create_op(key, create.value) for key, create in zip(keys, batch)])
         floor = self._revision_seen
         write = _Write()
         try:
@@ -370,6 +383,7 @@ class EtcdStore(kv.KVStore):
         """
         if len(operations) > kv.MAX_TXN_OPS:
             raise ValueError(f"a transaction holds at most {kv.MAX_TXN_OPS} operations, got {len(operations)}")
+        self._request_size.check(compares, operations)
         prefix = self._prefix_bytes
         written_keys = [prefix + operation.key.encode() for operation in operations]
         if len(set(written_keys)) != len(written_keys):
@@ -717,6 +731,17 @@ class EtcdStore(kv.KVStore):
             mod_revision=item.mod_revision,
             create_revision=item.create_revision,
         )
+
+
+def _create_op(key: bytes, value: bytes) -> etcdpb.RequestOp:
+    """One create of a group commit: put ``key`` if absent, else read it back (kv.RequestSize.create_bytes)."""
+    return etcdpb.RequestOp(
+        request_txn=etcdpb.TxnRequest(
+            compare=[etcdpb.Compare(result=_EQUAL, target=_MOD, key=key, mod_revision=0)],
+            success=[etcdpb.RequestOp(request_put=etcdpb.PutRequest(key=key, value=value))],
+            failure=[etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=key))],
+        )
+    )
 
 
 def _request_op(key: bytes, operation: kv.Operation) -> etcdpb.RequestOp:

@@ -13,6 +13,13 @@ from dataclasses import dataclass
 
 DEFAULT_PREFIX = "/sc/"
 
+# etcd's default --max-request-bytes: the largest request it takes (1.5 MiB).
+DEFAULT_MAX_REQUEST_BYTES = 1536 * 1024
+# What etcd adds around a transaction before comparing it with --max-request-bytes (its raft
+# request header: 18 bytes measured on etcd 3.5, more with authentication). Kept free by every
+# size check here, so that what passes them passes etcd's.
+REQUEST_ENVELOPE_BYTES = 512
+
 
 class StoreError(Exception):
     """Base of every error a KV backend raises."""
@@ -67,6 +74,23 @@ class LeaseExpired(StoreError):
     def __init__(self, lease: int) -> None:
         self.lease = lease
         super().__init__(f"lease {lease:x} has expired or was revoked")
+
+
+class TooLarge(StoreError, ValueError):
+    """A request above the store's size limit (etcd's ``--max-request-bytes``); nothing was written.
+
+    Retry intent: none, the same request fails the same way every time (hence also a ValueError,
+    like any other malformed request).
+    """
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"a request of {size} bytes is too large: the store takes at most {limit - REQUEST_ENVELOPE_BYTES} "
+            f"(its limit of {limit} bytes, etcd's --max-request-bytes and the setting etcd_max_request_bytes, "
+            f"less {REQUEST_ENVELOPE_BYTES} for etcd's own envelope)"
+        )
 
 
 class EventType(enum.Enum):
@@ -137,9 +161,14 @@ Operation = Put | Delete
 
 
 class KVStore(abc.ABC):
-    """Async KV contract shared by every backend; the contract test suite runs against each."""
+    """Async KV contract shared by every backend; the contract test suite runs against each.
+
+    Every backend refuses a transaction (or a create) larger than ``max_request_bytes``, counted
+    as :class:`RequestSize` does, with :class:`TooLarge` before sending anything.
+    """
 
     prefix: str
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
 
     @abc.abstractmethod
     async def get(self, key: str) -> KeyValue | None:
@@ -218,3 +247,86 @@ class KVStore(abc.ABC):
 
 # Largest number of operations etcd accepts in one transaction by default (--max-txn-ops).
 MAX_TXN_OPS = 128
+
+
+def request_size(store: KVStore) -> RequestSize:
+    """How ``store`` counts the size of a request, and its limit."""
+    return RequestSize(store.prefix, store.max_request_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSize:
+    """The size of a request as etcd counts it against --max-request-bytes: its protobuf encoding
+    (a TxnRequest), keys under ``prefix``. Arithmetic only, so both backends count alike (a test
+    checks it against the encoded etcd messages).
+
+    ``budget``: the largest request that passes (the limit less etcd's envelope).
+    """
+
+    prefix: str
+    max_request_bytes: int
+
+    @property
+    def budget(self) -> int:
+        return self.max_request_bytes - REQUEST_ENVELOPE_BYTES
+
+    def key_bytes(self, key: str) -> int:
+        return len(self.prefix.encode()) + len(key.encode())
+
+    def compare_bytes(self, key: str, mod_revision: int) -> int:
+        # Compare{target: MOD, key, mod_revision}: EQUAL is the default (not encoded); mod_revision
+        # belongs to a oneof, so it is encoded even when 0.
+        return _field(2 + _field(self.key_bytes(key)) + 1 + _varint(mod_revision))
+
+    def put_bytes(self, key: str, value_length: int) -> int:
+        # RequestOp{request_put: PutRequest{key, value}}; an empty value is not encoded.
+        put = _field(self.key_bytes(key)) + (_field(value_length) if value_length else 0)
+        return _field(_field(put))
+
+    def delete_bytes(self, key: str) -> int:
+        # RequestOp{request_delete_range: DeleteRangeRequest{key}}
+        return _field(_field(_field(self.key_bytes(key))))
+
+    def create_bytes(self, key: str, value_length: int) -> int:
+        """A create-if-absent as the etcd backend sends it in a group commit: a nested transaction
+        (its compare, its put, the read-back of the key when it exists). The memory backend counts
+        a create the same way, so both refuse the same creates."""
+        read_back = _field(_field(_field(self.key_bytes(key))))
+        nested = self.compare_bytes(key, 0) + self.put_bytes(key, value_length) + read_back
+        return _field(_field(nested))
+
+    def operation_bytes(self, operation: Operation) -> int:
+        if isinstance(operation, Put):
+            return self.put_bytes(operation.key, len(operation.value))
+        return self.delete_bytes(operation.key)
+
+    def txn_bytes(self, compares: Sequence[Compare], operations: Sequence[Operation]) -> int:
+        return sum(self.compare_bytes(compare.key, compare.mod_revision) for compare in compares) + sum(
+            self.operation_bytes(operation) for operation in operations
+        )
+
+    def writes_bound(self, writes: int, key_bytes: int, value_bytes: int) -> int:
+        """Never less than the bytes of ``writes`` writes (each a compare and a put or delete) whose
+        keys and values total ``key_bytes`` and ``value_bytes``: a cheap count for batching."""
+        keys = key_bytes + writes * len(self.prefix.encode())
+        return 2 * keys + value_bytes + writes * _WRITE_OVERHEAD_BOUND
+
+    def check(self, compares: Sequence[Compare], operations: Sequence[Operation]) -> None:
+        """Raise TooLarge if the transaction would be above the limit."""
+        size = self.txn_bytes(compares, operations)
+        if size > self.budget:
+            raise TooLarge(size, self.max_request_bytes)
+
+
+# Tags and length prefixes of one compare and one put (lengths below 2**35): 25 + 24 bytes.
+_WRITE_OVERHEAD_BOUND = 49
+
+
+def _varint(value: int) -> int:
+    """Bytes of a protobuf varint holding ``value`` (>= 0)."""
+    return max(1, (value.bit_length() + 6) // 7)
+
+
+def _field(length: int) -> int:
+    """Bytes of a length-delimited protobuf field (number below 16) of ``length`` bytes."""
+    return 1 + _varint(length) + length

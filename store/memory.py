@@ -31,8 +31,13 @@ class _Lease:
 
 
 class MemoryStore(kv.KVStore):
-    def __init__(self, prefix: str = kv.DEFAULT_PREFIX) -> None:
+    def __init__(self, prefix: str = kv.DEFAULT_PREFIX, max_request_bytes: int = kv.DEFAULT_MAX_REQUEST_BYTES) -> None:
+        if max_request_bytes <= kv.REQUEST_ENVELOPE_BYTES:
+            raise ValueError(f"max_request_bytes must be above {kv.REQUEST_ENVELOPE_BYTES}, got {max_request_bytes}")
         self.prefix = prefix
+        # etcd's request limit, enforced here too: what a memory run accepts, etcd accepts.
+        self.max_request_bytes = max_request_bytes
+        self._request_size = kv.RequestSize(prefix, max_request_bytes)
         self._data: dict[str, _Record] = {}
         self._sorted_keys: list[str] = []
         self._revision = 1  # etcd starts an empty cluster at revision 1
@@ -70,6 +75,9 @@ class MemoryStore(kv.KVStore):
     # ------------------------------------------------------------------ writes
 
     async def create(self, key: str, value: bytes) -> int:
+        size = self._request_size.create_bytes(key, len(value))
+        if size > self._request_size.budget:
+            raise kv.TooLarge(size, self.max_request_bytes)
         existing = self._data.get(key)
         if existing is not None:
             raise kv.AlreadyExists(key, existing.mod_revision)
@@ -93,6 +101,7 @@ class MemoryStore(kv.KVStore):
             raise ValueError(
                 f"a transaction holds at most {kv.MAX_TXN_OPS} operations, got {len(operations)}"
             )
+        self._request_size.check(compares, operations)
         for compare in compares:
             record = self._data.get(compare.key)
             actual = 0 if record is None else record.mod_revision

@@ -500,3 +500,21 @@ async def test_supervision_restarts_a_killed_etcd_with_its_data(tmp_path: Path) 
         server.stop()
         await asyncio.wait_for(supervisor, 5)  # stop() ends supervision
     assert not server.running
+
+
+# ---------------------------------------------------------------------- request size
+
+
+async def test_etcd_refusing_a_request_as_too_large_is_a_terminal_error_at_once(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    """A store told a larger limit than the cluster's --max-request-bytes (1.5 MiB here) sends the
+    request: etcd answers "request is too large" (INVALID_ARGUMENT), a ValueError at once (a retry
+    until the deadline would end as Unavailable)."""
+    store = await etcd.EtcdStore.open(
+        etcd_server.endpoints, prefix="/sc-test/too-large/", request_timeout=REQUEST_TIMEOUT, max_request_bytes=2 * 1024 * 1024
+    )
+    try:
+        with pytest.raises(ValueError, match="request is too large"):
+            await store.txn([], [kv.Put("topics/big", b"x" * (kv.DEFAULT_MAX_REQUEST_BYTES + 1024))])
+        assert await store.get("topics/big") is None
+    finally:
+        await store.close()

@@ -243,3 +243,57 @@ async def test_transaction_limit_is_enforced(kv_store: kv.KVStore) -> None:
     operations = [kv.Put(f"topics/t{index}", b"x") for index in range(kv.MAX_TXN_OPS)]
     await kv_store.txn([], operations)
     assert len((await kv_store.list("topics/")).items) == kv.MAX_TXN_OPS
+
+
+def value_filling(kv_store: kv.KVStore, key: str, spare: int = 0) -> bytes:
+    """A value whose transaction (a compare and a put of ``key``) is exactly ``spare`` bytes under
+    the store's limit, as etcd counts it."""
+    size = kv.request_size(kv_store)
+    length = size.budget - spare - size.txn_bytes([kv.Compare(key, 0)], [kv.Put(key, b"")])
+    # The value's own length prefix grows with it: shrink until the whole request is on the mark.
+    while size.txn_bytes([kv.Compare(key, 0)], [kv.Put(key, b"x" * length)]) > size.budget - spare:
+        length -= 1
+    return b"x" * length
+
+
+async def test_a_transaction_at_the_request_limit_is_applied(kv_store: kv.KVStore) -> None:
+    """Exactly at the limit the store (and a real etcd at its default --max-request-bytes) accepts it."""
+    value = value_filling(kv_store, "topics/big")
+    size = kv.request_size(kv_store)
+    assert size.txn_bytes([kv.Compare("topics/big", 0)], [kv.Put("topics/big", value)]) == size.budget
+    await kv_store.txn([kv.Compare("topics/big", 0)], [kv.Put("topics/big", value)])
+    assert (await kv_store.get("topics/big")).value == value  # type: ignore[union-attr]
+
+
+async def test_a_transaction_above_the_request_limit_is_refused_and_writes_nothing(kv_store: kv.KVStore) -> None:
+    before = await kv_store.revision()
+    value = value_filling(kv_store, "topics/big") + b"x"
+    small = kv.Put("topics/small", b"fits")
+    with pytest.raises(kv.TooLarge) as raised:
+        await kv_store.txn([kv.Compare("topics/big", 0)], [small, kv.Put("topics/big", value)])
+    assert isinstance(raised.value, ValueError)  # terminal, like any malformed request
+    size = kv.request_size(kv_store)
+    assert raised.value.size == size.txn_bytes([kv.Compare("topics/big", 0)], [small, kv.Put("topics/big", value)])
+    assert raised.value.limit == kv_store.max_request_bytes == kv.DEFAULT_MAX_REQUEST_BYTES
+    assert str(raised.value).startswith(
+        f"a request of {raised.value.size} bytes is too large: the store takes at most {size.budget} "
+        f"(its limit of {kv.DEFAULT_MAX_REQUEST_BYTES} bytes"
+    )
+    assert await kv_store.get("topics/small") is None
+    assert await kv_store.revision() == before
+
+
+async def test_a_create_above_the_request_limit_fails_alone(kv_store: kv.KVStore) -> None:
+    """Creates sent together (etcd's group commit) are split by size: the one too large fails on
+    its own, the others are applied."""
+    too_large = b"x" * kv.DEFAULT_MAX_REQUEST_BYTES
+    halves = [b"y" * (kv.DEFAULT_MAX_REQUEST_BYTES // 2)] * 3  # fit one by one, not two together
+    results = await asyncio.gather(
+        kv_store.create("topics/huge", too_large),
+        *(kv_store.create(f"topics/half-{index}", value) for index, value in enumerate(halves)),
+        return_exceptions=True,
+    )
+    assert isinstance(results[0], kv.TooLarge)
+    assert all(isinstance(result, int) for result in results[1:]), results
+    assert await kv_store.get("topics/huge") is None
+    assert len((await kv_store.list("topics/half-")).items) == 3

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import pytest
 
 from connection_manager import health as health_module
-from controller import config, context as context_module, metrics, pipeline, topic as topic_controller
+from controller import config, context as context_module, dispatcher as dispatcher_module, metrics, pipeline, topic as topic_controller
 from store import kv, local, models
 from tests import objects
 
@@ -237,6 +237,8 @@ class GatedStore(kv.KVStore):
 
     def __init__(self, inner: kv.KVStore, gated: str) -> None:
         self.inner = inner
+        self.prefix = inner.prefix
+        self.max_request_bytes = inner.max_request_bytes
         self.gated = gated
         self.armed = False
         self.held = asyncio.Event()
@@ -446,3 +448,41 @@ async def test_idle_restart_writes_nothing(kv_store: kv.KVStore) -> None:
     await asyncio.sleep(0.5)
     await second.pipeline.stop()
     assert await kv_store.revision() == before
+
+
+@pytest.mark.looptime
+async def test_a_value_the_sc_cannot_read_is_not_written_against_in_a_hot_loop(memory_store: kv.KVStore) -> None:
+    """A partition key holds a value written by hand that the SC cannot decode: the mirror never
+    sees it, so creating the partition loses its compare again and again. After the same conflict
+    twice the partition backs off (0.5 s, doubling) instead of being decided again at once."""
+    for spu_id in range(3):
+        spu = objects.spu(spu_id)
+        await memory_store.create(spu.key, models.encode(spu))
+    stored = models.Topic.model_validate(
+        {"name": "t", "spec": {"partitions": 1, "replicationFactor": 2}, "status": {"resolution": "Provisioned", "replicaMap": {"0": [0, 1]}}}
+    )
+    await memory_store.create(stored.key, models.encode(stored))
+    await memory_store.create("partitions/t-0", b"written by hand")
+    cluster = Cluster(memory_store, resync_interval=3600.0)
+    loop = asyncio.get_running_loop()
+    conflicts: list[float] = []
+    hot = asyncio.Event()
+
+    def record(result: dispatcher_module.Result) -> None:
+        if result.outcome is dispatcher_module.Outcome.CONFLICT and "partitions/t-0" in result.action.write_keys:
+            conflicts.append(round(loop.time() - started, 1))
+            if len(conflicts) > 50:
+                hot.set()
+
+    cluster.pipeline.dispatcher.on_result(record)
+    started = loop.time()
+    await cluster.pipeline.start(sync_timeout=10)
+    try:
+        waited = asyncio.ensure_future(asyncio.sleep(8.0))
+        hot_loop = asyncio.ensure_future(hot.wait())
+        await asyncio.wait([waited, hot_loop], return_when=asyncio.FIRST_COMPLETED)
+        for future in (waited, hot_loop):
+            future.cancel()
+        assert conflicts == [0.0, 0.0, 0.5, 1.5, 3.5, 7.5]
+    finally:
+        await cluster.pipeline.stop()

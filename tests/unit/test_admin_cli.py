@@ -270,12 +270,12 @@ async def test_spu_register_list_unregister(server: api_server.ApiServer, sc: Sc
 
 async def test_spu_set_rack_by_id_or_name(server: api_server.ApiServer, sc: Sc) -> None:
     await server.put(spu(1, "spu-1"))
-    header = "ID  NAME   TYPE    RACK  RESOLUTION  PUBLIC         PRIVATE\n"
+    header = "ID  NAME   TYPE    RACK  RESOLUTION  DRAIN  PUBLIC         PRIVATE\n"
     assert await sc("spu", "set-rack", "1", "--rack", "r2") == (
-        0, header + "1   spu-1  Custom  r2    Online      10.0.0.1:9005  10.0.0.1:9006\n", ""
+        0, header + "1   spu-1  Custom  r2    Online      -      10.0.0.1:9005  10.0.0.1:9006\n", ""
     )  # fmt: skip
     assert await sc("spu", "set-rack", "spu-1", "--no-rack") == (
-        0, header + "1   spu-1  Custom  -     Online      10.0.0.1:9005  10.0.0.1:9006\n", ""
+        0, header + "1   spu-1  Custom  -     Online      -      10.0.0.1:9005  10.0.0.1:9006\n", ""
     )  # fmt: skip
     stored = await server.read("spus", "spu-1")
     assert stored is not None and stored.spec.rack is None  # type: ignore[attr-defined]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from connection_manager import health as health_module
-from controller import actions, spu, spu_group, topic
-from store import local, models
+from controller import actions, placement, spu, spu_group, topic, topic_size
+from store import kv, local, models
 from tests import objects, placement_plugins
 
 ONLINE, OFFLINE, UNKNOWN = health_module.Health.ONLINE, health_module.Health.OFFLINE, health_module.Health.UNKNOWN
@@ -68,60 +70,6 @@ def test_spu_controller_is_quiet_when_everything_matches() -> None:
     assert spu.decide(snapshot, health, now=100.0, started_at=0.0, grace_period=30.0) == []
 
 
-def drained_spu(spu_id: int, resolution: str = "Online", **status: Any) -> models.Spu:
-    plain = make_spu(spu_id, resolution)
-    return models.Spu.model_validate(
-        {**plain.to_json_dict(), "spec": {**plain.spec.to_json_dict(), "drain": True}, "status": {"resolution": resolution, **status}}
-    )
-
-
-def led(name: str, leader: int, replicas: list[int], resolution: str = "Online") -> models.Partition:
-    in_sync = [{"spu": spu_id, "hw": 10, "leo": 10} for spu_id in replicas if spu_id != leader]
-    return models.Partition.model_validate(
-        {
-            "name": name,
-            "spec": {"leader": leader, "replicas": replicas},
-            "status": {"resolution": resolution, "leader": {"spu": leader, "hw": 10, "leo": 10}, "replicas": in_sync},
-        }
-    )
-
-
-def test_a_drained_spu_status_says_draining_with_what_cannot_move_then_drained() -> None:
-    health = {spu_id: health_module.HealthRecord(ONLINE, 0.0) for spu_id in range(3)}
-
-    def statuses(*objs: models.ClusterObject) -> list[tuple[str, dict[str, Any], str]]:
-        decided = spu.decide(snapshot_of(*((obj, 10 + index) for index, obj in enumerate(objs))), health, 5.0, 0.0, 30.0)
-        return [(a.name, json.loads(a.writes[0].value)["status"], a.reason) for a in decided]  # type: ignore[arg-type]
-
-    others = (make_spu(1), make_spu(2))
-    # Leading a partition that can move: Draining, nothing in the way.
-    assert statuses(drained_spu(0), *others, led("orders-0", 0, [0, 1])) == [
-        ("spu-0", {"resolution": "Online", "drain": "Draining"}, "SPU 0 is draining: 1 leadership(s) to move")
-    ]
-    # One that cannot: the reason names it and why.
-    assert statuses(drained_spu(0), *others, led("orders-0", 0, [0, 1]), led("solo-0", 0, [0])) == [
-        (
-            "spu-0",
-            {"resolution": "Online", "drain": "Draining", "reason": "1 of the 2 partition(s) it leads cannot move: solo-0 (it has no other replica)"},
-            "SPU 0 is draining; 1 of the 2 partition(s) it leads cannot move: solo-0 (it has no other replica)",
-        )
-    ]
-    # Leading nothing (a LeaderOffline partition has no leader): Drained, the reason gone.
-    stuck = {"drain": "Draining", "reason": "1 of the 2 partition(s) it leads cannot move: solo-0 (it has no other replica)"}
-    assert statuses(drained_spu(0, **stuck), *others, led("orders-0", 1, [0, 1]), led("solo-0", 0, [0], "LeaderOffline")) == [
-        ("spu-0", {"resolution": "Online", "drain": "Drained"}, "SPU 0 is drained: it leads no partition")
-    ]
-    # Nothing to write when the status already says so; an undrained SPU's drain status goes.
-    assert statuses(drained_spu(0, drain="Drained"), *others) == []
-    assert statuses(make_spu(0).model_copy(update={"status": models.SpuStatus(resolution=models.SpuResolution.ONLINE, drain=models.SpuDrain.DRAINED)}), *others) == [
-        ("spu-0", {"resolution": "Online"}, "SPU 0 is no longer draining")
-    ]
-    # A resolution change and a drain change in one write, both reasons given.
-    assert statuses(drained_spu(0, "Init"), *others) == [
-        ("spu-0", {"resolution": "Online", "drain": "Drained"}, "SPU connected; SPU 0 is drained: it leads no partition")
-    ]
-
-
 # ---------------------------------------------------------------------------- SPU-group controller
 
 
@@ -167,17 +115,6 @@ def test_spu_group_reserved_creates_its_spus() -> None:
         private_endpoint=models.Endpoint(host="127.0.0.1", port=30012),
     )
     assert decided[1].writes[0].expected_revision == 0
-
-
-def test_spu_group_keeps_the_drain_of_its_spus() -> None:
-    """spec.drain is the operator's: the group controller neither clears it nor rewrites for it."""
-    [first] = spu_group.desired_spus(group(1, 11))
-    draining = first.model_copy(update={"spec": first.spec.model_copy(update={"drain": True})})
-    assert spu_group.decide(snapshot_of((group(1, 11, "Reserved"), 5), (draining, 6))) == []
-    # A change the group does make keeps the drain.
-    [action] = spu_group.decide(snapshot_of((group(1, 11, "Reserved", rack="r2"), 5), (draining, 6)))
-    assert json.loads(action.writes[0].value)["spec"]["rack"] == "r2"  # type: ignore[arg-type]
-    assert json.loads(action.writes[0].value)["spec"]["drain"] is True  # type: ignore[arg-type]
 
 
 def test_spu_group_scale_down_and_delete() -> None:
@@ -352,6 +289,330 @@ def test_an_incremental_pass_validates_changed_topics_and_places_every_waiting_o
     assert [(action.verb.value, action.name) for action in chain_busy] == [("update-status", "new")]
     chain_free = topic.decide(snapshot, changes(nothing), lambda key: False, retry_unplaced=False)
     assert [(action.verb.value, action.name) for action in chain_free] == [("provision", "w0,w1")]
+
+
+# ---------------------------------------------------------------------------- existing partitions stay put
+
+
+def racked_spus(*offline: int) -> list[tuple[models.ClusterObject, int]]:
+    """SPUs 0, 1, 2 in racks r1..r3 (online), and SPU 3 with no rack (online unless in ``offline``)."""
+    spus: list[tuple[models.ClusterObject, int]] = [(make_spu(spu_id, rack=f"r{spu_id + 1}"), spu_id + 1) for spu_id in range(3)]
+    spus.append((make_spu(3, "Offline" if 3 in offline else "Online"), 4))
+    return spus
+
+
+ORDERS_MAP = {"0": [0, 1], "1": [1, 2], "2": [2, 0], "3": [0, 1]}
+PARTIAL_RACKS = (
+    "rack-aware placement needs a rack on every online SPU, but SPU 3 has none: give SPU 3 a rack "
+    "(sc spu set-rack ID --rack R), or create the topic with ignoreRackAssignment: true "
+    "(sc topic create --ignore-rack-assignment); the topic stays and is placed by itself once the SPUs allow it"
+)
+
+
+def orders(resolution: str, reason: str = "", partitions: int = 5) -> models.Topic:
+    return make_topic(
+        "orders", {"resolution": resolution, "replicaMap": ORDERS_MAP, "reason": reason}, partitions=partitions, replicationFactor=2
+    )
+
+
+def orders_partitions() -> list[tuple[models.ClusterObject, int]]:
+    return [
+        (models.Partition(name=f"orders-{index}", spec=models.PartitionSpec(leader=replicas[0], replicas=replicas)), 20 + int(index))
+        for index, replicas in ORDERS_MAP.items()
+    ]
+
+
+def test_adding_partitions_that_cannot_be_placed_keeps_the_existing_ones() -> None:
+    """Partial racks when a partition is added: InvalidConfig with the map of the partitions that
+    exist, and not one of them deleted."""
+    decided = topic.decide(snapshot_of(*racked_spus(), (orders("Provisioned"), 40), *orders_partitions()))
+    assert summary(decided) == [
+        (
+            "update-status",
+            "topics",
+            "orders",
+            [
+                (
+                    "topics/orders",
+                    {
+                        "name": "orders",
+                        "spec": {"partitions": 5, "replicationFactor": 2, "ignoreRackAssignment": False},
+                        "status": {"resolution": "InvalidConfig", "replicaMap": ORDERS_MAP, "reason": PARTIAL_RACKS},
+                    },
+                    40,
+                )
+            ],
+        )
+    ]
+
+
+def test_adding_partitions_without_enough_spus_keeps_the_existing_ones() -> None:
+    """Two of the three racked SPUs offline when a partition is added: InsufficientResources with
+    the map of the partitions that exist, none deleted, and the missing one of them created."""
+    spus = [(make_spu(0, rack="r1"), 1), (make_spu(1, "Offline", rack="r2"), 2), (make_spu(2, "Offline", rack="r3"), 3)]
+    decided = topic.decide(snapshot_of(*spus, (orders("Provisioned"), 40), *orders_partitions()[1:]))
+    assert [(action.verb.value, action.name, action.write_keys) for action in decided] == [
+        ("update-status", "orders", ("topics/orders",)),
+        ("create-partitions", "orders", ("partitions/orders-0",)),
+    ]
+    status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
+    assert (status["resolution"], status["replicaMap"]) == ("InsufficientResources", ORDERS_MAP)
+
+
+def test_an_invalid_topic_valid_again_keeps_its_replica_map() -> None:
+    """The issue's scenario: the rack-less SPU goes offline, the topic is valid again. It goes
+    Pending with its map (not emptied), and no partition is deleted."""
+    snapshot = snapshot_of(*racked_spus(3), (orders("InvalidConfig", PARTIAL_RACKS), 41), *orders_partitions())
+    assert summary(topic.decide(snapshot)) == [
+        (
+            "update-status",
+            "topics",
+            "orders",
+            [
+                (
+                    "topics/orders",
+                    {
+                        "name": "orders",
+                        "spec": {"partitions": 5, "replicationFactor": 2, "ignoreRackAssignment": False},
+                        "status": {"resolution": "Pending", "replicaMap": ORDERS_MAP, "reason": ""},
+                    },
+                    41,
+                )
+            ],
+        )
+    ]
+    # Pending with its map: only the new partition is placed, the others stay where they are.
+    pending = snapshot_of(*racked_spus(3), (orders("Pending"), 42), *orders_partitions())
+    decided = topic.decide(pending)
+    assert [(action.verb.value, action.name) for action in decided] == [("provision", "orders")]
+    written = models.decode("topics", decided[0].writes[1].value)  # type: ignore[arg-type]
+    assert {str(index): replicas for index, replicas in written.status.replica_map.items() if index < 4} == ORDERS_MAP  # type: ignore[attr-defined]
+    assert sorted(written.status.replica_map) == [0, 1, 2, 3, 4]  # type: ignore[attr-defined]
+
+
+def test_an_invalid_spec_keeps_the_map_of_the_partitions_that_exist() -> None:
+    """A spec made invalid by hand (a bad policy) on a provisioned topic: InvalidConfig, its
+    partitions untouched."""
+    broken = make_topic(
+        "orders",
+        {"resolution": "InvalidConfig", "replicaMap": ORDERS_MAP, "reason": "old"},
+        partitions=4,
+        replicationFactor=2,
+        placement={"strategy": "policies", "policies": "node=sideways"},
+    )
+    decided = topic.decide(snapshot_of(*racked_spus(3), (broken, 43), *orders_partitions()))
+    assert [(action.verb.value, action.name) for action in decided] == [("update-status", "orders")]
+    status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
+    assert (status["resolution"], status["replicaMap"]) == ("InvalidConfig", ORDERS_MAP)
+
+
+def test_a_partition_deleted_behind_the_sc_is_created_again_by_an_incremental_pass() -> None:
+    """Its deletion alone (no topic change) is enough: not only updated partitions count."""
+    present = orders_partitions()[:1] + orders_partitions()[2:]
+    snapshot = snapshot_of(*racked_spus(3), (orders("Provisioned", partitions=4), 40), *present)
+    nothing = local.Changes(full=False, updated=[], deleted=[], epoch=0)
+    deleted = local.Changes(full=False, updated=[], deleted=["orders-1"], epoch=0)
+    decided = topic.decide(snapshot, {"topics": nothing, "spus": nothing, "partitions": deleted}, retry_unplaced=False)
+    assert [(action.verb.value, action.name, action.reason, action.write_keys) for action in decided] == [
+        ("create-partitions", "orders", "partition 1 of topic orders", ("partitions/orders-1",))
+    ]
+
+
+def test_missing_partitions_of_a_topic_that_cannot_grow_are_created_again() -> None:
+    """InvalidConfig while adding partitions: the partitions of its map still exist, and one
+    deleted behind the SC's back comes back where it was."""
+    present = orders_partitions()[1:]
+    snapshot = snapshot_of(*racked_spus(), (orders("InvalidConfig", PARTIAL_RACKS), 41), *present)
+    assert [(action.verb.value, action.name, action.write_keys) for action in topic.decide(snapshot)] == [
+        ("create-partitions", "orders", ("partitions/orders-0",))
+    ]
+
+
+# ---------------------------------------------------------------------------- topics too large to store
+
+HUGE_REASON = (
+    "topic 'huge' with 100000 partitions at replication factor 3 would take at least 1589050 bytes in the store, "
+    "above the 1571092 bytes one topic may take (etcd's request limit, etcd_max_request_bytes, is 1572864 bytes): "
+    "at replication factor 3 at most 98877 partitions fit with 1-digit SPU ids; use fewer partitions or a lower "
+    "replication factor"
+)
+
+
+def no_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    def placed(request: placement.PlacementRequest) -> placement.PlacementResult:
+        raise AssertionError(f"placement ran for {request.partitions} partitions")
+
+    monkeypatch.setattr(placement, "compute", placed)
+
+
+def three_spus() -> list[tuple[models.ClusterObject, int]]:
+    return [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
+
+
+def test_a_stored_topic_too_large_for_the_store_is_invalid_without_being_placed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written straight to the store (the API refuses it): InvalidConfig at once, never Pending,
+    and not even placed (at least its size with the narrowest SPU ids is too much)."""
+    no_placement(monkeypatch)
+    huge = make_topic("huge", partitions=100_000, replicationFactor=3)
+    assert summary(topic.decide(snapshot_of(*three_spus(), (huge, 7)))) == [
+        (
+            "update-status",
+            "topics",
+            "huge",
+            [
+                (
+                    "topics/huge",
+                    {
+                        "name": "huge",
+                        "spec": {"partitions": 100_000, "replicationFactor": 3, "ignoreRackAssignment": False},
+                        "status": {"resolution": "InvalidConfig", "replicaMap": {}, "reason": HUGE_REASON},
+                    },
+                    7,
+                )
+            ],
+        )
+    ]
+
+
+def test_a_topic_too_large_is_never_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """InvalidConfig for its size: a full pass with every unplaced topic retried decides nothing."""
+    no_placement(monkeypatch)
+    huge = make_topic("huge", {"resolution": "InvalidConfig", "reason": HUGE_REASON}, partitions=100_000, replicationFactor=3)
+    assert topic.decide(snapshot_of(*three_spus(), (huge, 8)), retry_unplaced=True) == []
+
+
+def test_a_pending_topic_too_large_is_invalid_without_being_placed(monkeypatch: pytest.MonkeyPatch) -> None:
+    no_placement(monkeypatch)
+    huge = make_topic("huge", {"resolution": "Pending"}, partitions=100_000, replicationFactor=3)
+    decided = topic.decide(snapshot_of(*three_spus(), (huge, 9)))
+    assert [(action.verb.value, json.loads(action.writes[0].value)["status"]) for action in decided] == [  # type: ignore[arg-type]
+        ("update-status", {"resolution": "InvalidConfig", "replicaMap": {}, "reason": HUGE_REASON})
+    ]
+
+
+def test_growing_a_topic_past_what_fits_keeps_its_partitions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Added partitions past the size limit (written by hand): InvalidConfig with the map of the
+    four partitions that exist, which stay."""
+    no_placement(monkeypatch)
+    existing = {"0": [0, 1, 2], "1": [1, 2, 0], "2": [2, 0, 1], "3": [0, 1, 2]}
+    grown = make_topic("huge", {"resolution": "Provisioned", "replicaMap": existing}, partitions=100_000, replicationFactor=3)
+    partitions = [
+        (models.Partition(name=f"huge-{index}", spec=models.PartitionSpec(leader=replicas[0], replicas=replicas)), 10 + int(index))
+        for index, replicas in existing.items()
+    ]
+    decided = topic.decide(snapshot_of(*three_spus(), (grown, 20), *partitions))
+    assert [(action.verb.value, json.loads(action.writes[0].value)["status"]) for action in decided] == [  # type: ignore[arg-type]
+        ("update-status", {"resolution": "InvalidConfig", "replicaMap": existing, "reason": HUGE_REASON})
+    ]
+
+
+def test_a_topic_placed_on_wide_spu_ids_is_sized_exactly_once_placed() -> None:
+    """With 1-digit and 9-digit SPU ids the narrow bound lets it through; once placed, its real
+    size is too large: InvalidConfig, nothing provisioned."""
+    spus = [(make_spu(1), 1), (make_spu(123_456_789), 2)]
+    wide = make_topic("wide", {"resolution": "Pending"}, partitions=90_000, replicationFactor=2)
+    decided = topic.decide(snapshot_of(*spus, (wide, 9)))
+    assert [action.verb.value for action in decided] == ["update-status"]
+    status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
+    assert (status["resolution"], status["replicaMap"]) == ("InvalidConfig", {})
+    largest = topic_size.max_topic_bytes(topic.DEFAULT_REQUEST_SIZE, "wide", topic.CHAIN_KEY)
+    fitting = topic_size.largest_count(wide, 2, 9, largest)
+    size = int(status["reason"].removeprefix("topic 'wide' with 90000 partitions at replication factor 2 would take ").split(" ")[0])
+    # Half the ids have 9 digits: more than the narrow bound, which let it through.
+    assert topic_size.provisioned_bytes(wide, 90_000, 2, 1) <= largest < size
+    assert status["reason"] == (
+        f"topic 'wide' with 90000 partitions at replication factor 2 would take {size} bytes in the store, above the "
+        f"{largest} bytes one topic may take (etcd's request limit, etcd_max_request_bytes, is 1572864 bytes): at "
+        f"replication factor 2 at most {fitting} partitions fit with 9-digit SPU ids; use fewer partitions or a lower "
+        "replication factor"
+    )
+
+
+def test_a_provision_transaction_is_filled_by_bytes() -> None:
+    """Ten pending topics of about 60 KB under a 256 KiB request limit: the first provision holds
+    those that fit together (with the chain key); the others wait for the next pass."""
+    request_size = kv.RequestSize(kv.DEFAULT_PREFIX, 256 * 1024)
+    pending = [(make_topic(f"t{index}", {"resolution": "Pending"}, partitions=5000, replicationFactor=2), 10 + index) for index in range(10)]
+    decided = topic.decide(snapshot_of(*three_spus(), *pending), request_size=request_size)
+    assert [(action.verb.value, action.name) for action in decided] == [("provision", "t0,t1,t2,t3")]
+    writes = decided[0].writes
+    compares = [kv.Compare(write.key, write.expected_revision) for write in writes if write.expected_revision is not None]
+    request_size.check(compares, [kv.Put(write.key, write.value) for write in writes if write.value is not None])
+
+
+def test_a_topic_whose_provision_failed_is_provisioned_alone() -> None:
+    """After a provision failed (the loop remembers its topics), each of its topics goes in a
+    transaction of its own, so the one at fault cannot take the others down again."""
+    pending = [(make_topic(f"t{index}", {"resolution": "Pending"}, partitions=1, replicationFactor=1), 10 + index) for index in range(3)]
+    snapshot = snapshot_of(*three_spus(), *pending)
+    assert [action.name for action in topic.decide(snapshot, alone=lambda key: key == "topics/t1")] == ["t0,t2"]
+    assert [action.name for action in topic.decide(snapshot, alone=lambda key: key == "topics/t0")] == ["t0"]
+    assert [action.name for action in topic.decide(snapshot, alone=lambda key: key != "topics/t2")] == ["t0"]
+
+
+def drained_spu(spu_id: int, resolution: str = "Online", **status: Any) -> models.Spu:
+    plain = make_spu(spu_id, resolution)
+    return models.Spu.model_validate(
+        {**plain.to_json_dict(), "spec": {**plain.spec.to_json_dict(), "drain": True}, "status": {"resolution": resolution, **status}}
+    )
+
+
+def led(name: str, leader: int, replicas: list[int], resolution: str = "Online") -> models.Partition:
+    in_sync = [{"spu": spu_id, "hw": 10, "leo": 10} for spu_id in replicas if spu_id != leader]
+    return models.Partition.model_validate(
+        {
+            "name": name,
+            "spec": {"leader": leader, "replicas": replicas},
+            "status": {"resolution": resolution, "leader": {"spu": leader, "hw": 10, "leo": 10}, "replicas": in_sync},
+        }
+    )
+
+
+def test_a_drained_spu_status_says_draining_with_what_cannot_move_then_drained() -> None:
+    health = {spu_id: health_module.HealthRecord(ONLINE, 0.0) for spu_id in range(3)}
+
+    def statuses(*objs: models.ClusterObject) -> list[tuple[str, dict[str, Any], str]]:
+        decided = spu.decide(snapshot_of(*((obj, 10 + index) for index, obj in enumerate(objs))), health, 5.0, 0.0, 30.0)
+        return [(a.name, json.loads(a.writes[0].value)["status"], a.reason) for a in decided]  # type: ignore[arg-type]
+
+    others = (make_spu(1), make_spu(2))
+    # Leading a partition that can move: Draining, nothing in the way.
+    assert statuses(drained_spu(0), *others, led("orders-0", 0, [0, 1])) == [
+        ("spu-0", {"resolution": "Online", "drain": "Draining"}, "SPU 0 is draining: 1 leadership(s) to move")
+    ]
+    # One that cannot: the reason names it and why.
+    assert statuses(drained_spu(0), *others, led("orders-0", 0, [0, 1]), led("solo-0", 0, [0])) == [
+        (
+            "spu-0",
+            {"resolution": "Online", "drain": "Draining", "reason": "1 of the 2 partition(s) it leads cannot move: solo-0 (it has no other replica)"},
+            "SPU 0 is draining; 1 of the 2 partition(s) it leads cannot move: solo-0 (it has no other replica)",
+        )
+    ]
+    # Leading nothing (a LeaderOffline partition has no leader): Drained, the reason gone.
+    stuck = {"drain": "Draining", "reason": "1 of the 2 partition(s) it leads cannot move: solo-0 (it has no other replica)"}
+    assert statuses(drained_spu(0, **stuck), *others, led("orders-0", 1, [0, 1]), led("solo-0", 0, [0], "LeaderOffline")) == [
+        ("spu-0", {"resolution": "Online", "drain": "Drained"}, "SPU 0 is drained: it leads no partition")
+    ]
+    # Nothing to write when the status already says so; an undrained SPU's drain status goes.
+    assert statuses(drained_spu(0, drain="Drained"), *others) == []
+    assert statuses(make_spu(0).model_copy(update={"status": models.SpuStatus(resolution=models.SpuResolution.ONLINE, drain=models.SpuDrain.DRAINED)}), *others) == [
+        ("spu-0", {"resolution": "Online"}, "SPU 0 is no longer draining")
+    ]
+    # A resolution change and a drain change in one write, both reasons given.
+    assert statuses(drained_spu(0, "Init"), *others) == [
+        ("spu-0", {"resolution": "Online", "drain": "Drained"}, "SPU connected; SPU 0 is drained: it leads no partition")
+    ]
+
+
+def test_spu_group_keeps_the_drain_of_its_spus() -> None:
+    """spec.drain is the operator's: the group controller neither clears it nor rewrites for it."""
+    [first] = spu_group.desired_spus(group(1, 11))
+    draining = first.model_copy(update={"spec": first.spec.model_copy(update={"drain": True})})
+    assert spu_group.decide(snapshot_of((group(1, 11, "Reserved"), 5), (draining, 6))) == []
+    # A change the group does make keeps the drain.
+    [action] = spu_group.decide(snapshot_of((group(1, 11, "Reserved", rack="r2"), 5), (draining, 6)))
+    assert json.loads(action.writes[0].value)["spec"]["rack"] == "r2"  # type: ignore[arg-type]
+    assert json.loads(action.writes[0].value)["spec"]["drain"] is True  # type: ignore[arg-type]
 
 
 def statuses(decided: list[actions.Action]) -> list[tuple[str, str, str]]:

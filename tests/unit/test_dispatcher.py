@@ -6,10 +6,10 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-import structlog.testing
 
 from controller import actions, dispatcher as dispatcher_module, metrics
 from store import kv, local, memory, models
+import structlog.testing
 
 Outcome = dispatcher_module.Outcome
 
@@ -75,6 +75,99 @@ async def test_the_updater_leaves_an_echo_for_each_object_written_and_forgets_a_
     with pytest.raises(kv.Conflict):
         await updater.apply([actions.create(written, "again"), actions.create(partition("t-1"), "test")])
     assert len(echoes) == 0  # not applied: their events (if any) are decoded
+    await store.close()
+
+
+def topic_of_size(name: str, partitions: int) -> models.Topic:
+    """A provisioned topic whose replica map makes it about 11 bytes a partition."""
+    replica_map = {index: [index % 3, (index + 1) % 3] for index in range(partitions)}
+    return models.Topic.model_validate(
+        {
+            "name": name,
+            "spec": {"partitions": partitions, "replicationFactor": 2},
+            "status": {"resolution": "Provisioned", "replicaMap": replica_map},
+        }
+    )
+
+
+class RecordingStore(memory.MemoryStore):
+    """A memory store that records the size of every transaction it is asked for."""
+
+    def __init__(self, max_request_bytes: int) -> None:
+        super().__init__(max_request_bytes=max_request_bytes)
+        self.sizes: list[int] = []
+
+    async def txn(self, compares, operations):  # type: ignore[no-untyped-def]
+        self.sizes.append(kv.request_size(self).txn_bytes(compares, operations))
+        return await super().txn(compares, operations)
+
+
+async def test_batches_are_cut_by_bytes_as_well_as_by_count() -> None:
+    """Ten actions of about 20 KB under a 64 KiB limit: each fits, no three together do. Every
+    transaction sent is within the limit (none refused and retried alone), all are applied."""
+    store = RecordingStore(max_request_bytes=64 * 1024)
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
+    results: list[dispatcher_module.Result] = []
+    dispatcher.on_result(results.append)
+    for index in range(10):
+        dispatcher.submit(actions.create(topic_of_size(f"t{index}", 2000), "test"))
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await asyncio.wait_for(dispatcher.drained(), 10)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    size = kv.request_size(store)
+    assert [result.outcome for result in results] == [Outcome.APPLIED] * 10
+    assert all(sent <= size.budget for sent in store.sizes), (store.sizes, size.budget)
+    assert len(store.sizes) == 5  # two actions a transaction
+    assert len((await store.list("topics/")).items) == 10
+    await store.close()
+
+
+@pytest.mark.looptime
+async def test_a_failed_action_backs_off_its_key_and_holds_no_other() -> None:
+    """An action the store refuses for good (too large alone) is FAILED; submitted again at once,
+    as a controller would, it is tried only once its key's backoff has passed (doubling, capped),
+    while another key's action is applied at once."""
+    store = memory.MemoryStore(max_request_bytes=64 * 1024)
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(
+        dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics, initial_backoff=0.1, max_backoff=0.4
+    )
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    huge = actions.create(topic_of_size("huge", 10_000), "too large for any transaction")
+    seen: list[tuple[str, Outcome, float]] = []
+    details: list[str] = []
+    finished = asyncio.Event()
+
+    def record(result: dispatcher_module.Result) -> None:
+        seen.append((result.action.name, result.outcome, round(loop.time() - start, 2)))  # to the timer resolution
+        details.append(result.detail)
+        if result.action is huge and len(details) < 5:
+            dispatcher.submit(huge)
+        if len(seen) == 5:
+            finished.set()
+
+    dispatcher.on_result(record)
+    dispatcher.submit(huge)
+    dispatcher.submit(actions.create(partition("t-0"), "another key"))
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await asyncio.wait_for(finished.wait(), 10)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert seen == [
+        ("huge", Outcome.FAILED, 0.0),
+        ("t-0", Outcome.APPLIED, 0.0),
+        ("huge", Outcome.FAILED, 0.1),
+        ("huge", Outcome.FAILED, 0.3),
+        ("huge", Outcome.FAILED, 0.7),
+    ]
+    assert details[0].startswith("a request of ") and "is too large" in details[0], details[0]
     await store.close()
 
 

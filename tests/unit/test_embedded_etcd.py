@@ -106,6 +106,7 @@ def test_command_line_of_a_single_member_cluster(tmp_path: Path) -> None:
         "--initial-cluster-state=new",
         "--auto-compaction-mode=periodic",
         "--auto-compaction-retention=1h",
+        "--max-request-bytes=1572864",
         "--unsafe-no-fsync",
     ]
     assert server.endpoints == ["127.0.0.1:2379"]

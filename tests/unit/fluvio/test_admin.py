@@ -312,3 +312,31 @@ async def test_a_create_that_outwaits_its_limit_answers_not_provisioned(fluvio_s
         "the topic stays and is completed in the background",
     )
     assert await fluvio_sc.read("topics", "slow") is not None
+
+
+async def test_a_topic_too_large_to_store_is_refused_by_create_dry_run_and_add_partitions(
+    fluvio_sc: daemon_fixtures.Running, client: client_module.Client
+) -> None:
+    """The HTTP API's size limit holds for a Fluvio client too (TopicError, the same message):
+    65,535 partitions (the most Fluvio's protocol describes) at replication factor 5 on 2-digit
+    SPU ids do not fit."""
+    for spu_id in range(10, 13):
+        await fluvio_sc.register_spu(spu_id, online=False)  # nothing gets placed
+    answers = [
+        await client.status(codec.CREATE, create(codec.TOPIC, "huge", computed(65_535, 5), dry_run=True)),
+        await client.status(codec.CREATE, create(codec.TOPIC, "huge", computed(65_535, 5))),
+    ]
+    message = (
+        "topic 'huge' with 65535 partitions at replication factor 5 would take up to 1627424 bytes in the store, "
+        "above the 1571092 bytes one topic may take (etcd's request limit, etcd_max_request_bytes, is 1572864 bytes): "
+        "at replication factor 5 at most 63281 partitions fit with 2-digit SPU ids; use fewer partitions or a lower "
+        "replication factor"
+    )
+    assert answers == [error("huge", Error.TOPIC_ERROR, message)] * 2
+    assert await fluvio_sc.read_all("topics") == {}
+    created = await client.status(codec.CREATE, create(codec.TOPIC, "huge", computed(4, 5)))
+    assert created.error_code == codec.ErrorCode(Error.TOPIC_NOT_PROVISIONED)  # kept, InsufficientResources
+    grow = codec.UpdateRequest(codec.TOPIC, "huge", codec.AddPartition(65_531))
+    assert await client.status(codec.UPDATE, grow) == error("huge", Error.TOPIC_ERROR, message)
+    stored = await fluvio_sc.read("topics", "huge")
+    assert stored is not None and stored.spec.partitions == 4  # type: ignore[attr-defined]

@@ -1,0 +1,66 @@
+"""The controller loop around a pure decision, on the memory store and a fast-forwarded clock:
+a failed action is not decided again in a hot loop."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import pytest
+
+from controller import actions, dispatcher as dispatcher_module, loop as loop_module, metrics
+from store import local, memory, models
+
+
+def topic_of_size(name: str, partitions: int) -> models.Topic:
+    replica_map = {index: [index % 3, (index + 1) % 3] for index in range(partitions)}
+    return models.Topic.model_validate(
+        {"name": name, "spec": {"partitions": partitions, "replicationFactor": 2}, "status": {"resolution": "Provisioned", "replicaMap": replica_map}}
+    )
+
+
+@pytest.mark.looptime
+async def test_a_failed_action_is_decided_again_only_after_a_growing_backoff_or_a_change() -> None:
+    """A controller that decides the same refused action whenever its key is free, woken every
+    0.1 s by other changes: it decides it at 0, then once each backoff (0.5 s, doubling) has
+    passed; an outside change to the object makes it decide at once."""
+    store = memory.MemoryStore(max_request_bytes=64 * 1024)
+    local_store = local.LocalStore()
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
+    too_large = actions.create(topic_of_size("huge", 10_000), "too large for any transaction")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    decided_at: list[float] = []
+    outcomes: list[dispatcher_module.Outcome] = []
+    dispatcher.on_result(lambda result: outcomes.append(result.outcome))
+
+    def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
+        if controller.busy(too_large.key):
+            return []
+        decided_at.append(round(loop.time() - start, 1))
+        return [too_large]
+
+    controller = loop_module.ControllerLoop(
+        "test", decide, {"topics": local.Part.ALL}, local_store, dispatcher, instance_metrics, resync_interval=3600.0
+    )
+
+    async def other_changes() -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            controller.kick()
+
+    tasks = [asyncio.create_task(coroutine) for coroutine in (dispatcher.run(), controller.run(), other_changes())]
+    try:
+        await asyncio.sleep(8.0)
+        assert decided_at == [0.0, 0.5, 1.5, 3.5, 7.5]
+        assert outcomes == [dispatcher_module.Outcome.FAILED] * 5
+        # Someone else writes the object: the failure is forgotten and it is decided at once.
+        local_store["topics"].apply(topic_of_size("huge", 1), 5)
+        await asyncio.sleep(0.3)
+        assert decided_at == [0.0, 0.5, 1.5, 3.5, 7.5, 8.0]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await store.close()
