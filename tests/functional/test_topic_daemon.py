@@ -124,9 +124,9 @@ async def test_a_topic_too_large_to_store_blocks_no_other_topic(quiet_sc: Runnin
     placed: list[int] = []
     compute = placement.compute
 
-    def counted(request: placement.PlacementRequest) -> placement.PlacementResult:
+    def counted(request: placement.PlacementRequest, placers: placement.Placers) -> placement.PlacementResult:
         placed.append(request.partitions)
-        return compute(request)
+        return compute(request, placers)
 
     monkeypatch.setattr(placement, "compute", counted)
     pipeline = sc.daemon.pipeline
