@@ -48,6 +48,7 @@ class Settings(BaseSettings):
     embedded_etcd_client_port: Port = 12379
     embedded_etcd_peer_port: Port = 12380
     etcd_request_timeout: Seconds = 5.0
+    etcd_attempt_timeout: Seconds = 0.5
     resync_interval: Seconds = 60.0
     spu_offline_grace: Seconds = 30.0
     spu_heartbeat_timeout: Seconds = 10.0

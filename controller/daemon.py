@@ -109,7 +109,9 @@ class Daemon:
             self._supervisor = asyncio.create_task(self.etcd_server.supervise(), name="etcd-supervisor")
             endpoints = self.etcd_server.endpoints
             log.info("embedded etcd started", data_dir=str(data_dir), endpoints=endpoints)
-        return await etcd.EtcdStore.open(endpoints, settings.key_prefix, settings.etcd_request_timeout)
+        return await etcd.EtcdStore.open(
+            endpoints, settings.key_prefix, settings.etcd_request_timeout, settings.etcd_attempt_timeout
+        )
 
     async def _open_history(self) -> None:
         settings = self.settings

@@ -26,6 +26,18 @@ _T = TypeVar("_T")
 _EtcdKeyValue = Any  # mvccpb.KeyValue: generated without type stubs
 
 DEFAULT_REQUEST_TIMEOUT = 5.0
+# The first attempt of a request is abandoned after this long (or a few times the slowest recent
+# answer to the same request, if longer) and the request is tried again, on another member if
+# this one's connection broke: a request that reached a member which has just lost its leader can
+# hang there until etcd's own 7 s timeout, while a new leader is elected within about a second.
+DEFAULT_ATTEMPT_TIMEOUT = 0.5
+_ATTEMPT_MARGIN = 4.0  # an attempt may take this many times the slowest recent answer
+# Abandoned attempts retried with the same timeout before each next one gets twice as long: enough
+# to span an election (1 to 2 s with etcd's defaults) at the first timeout, and then a request
+# slower than that timeout (an overloaded etcd) still gets an attempt long enough for it.
+_ATTEMPTS_BEFORE_DOUBLING = 4
+_SLOWEST_DECAY = 0.9  # per answer: a slow spike stops lengthening attempts after some answers
+_SLOWEST_KEPT = 256  # request kinds remembered (lists are remembered per prefix)
 
 # Retries inside one request deadline: short, because the whole budget is request_timeout.
 _RETRY_BACKOFF_INITIAL = 0.05
@@ -39,6 +51,8 @@ _WATCH_BACKOFF_MAX = 2.0
 _RETRYABLE_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 )
+# An error that comes this late in an attempt (share of its timeout) is the attempt's deadline.
+_DEADLINE_REACHED = 0.9
 # Codes after which a write may or may not have been applied: the request may have reached etcd.
 _MAYBE_APPLIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
@@ -49,6 +63,9 @@ _CREATES_PER_TXN = kv.MAX_TXN_OPS // 2
 _CREATE_TXNS_IN_FLIGHT = 4
 
 _EVENT_DELETE = 1  # mvccpb.Event.EventType.DELETE (PUT is 0)
+# etcd refuses a request at once ("no leader", UNAVAILABLE) on a member that knows it has no
+# leader, instead of holding it until its own timeout: the retry goes to another member sooner.
+_REQUIRE_LEADER = (("hasleader", "true"),)
 _EQUAL = etcdpb.Compare.EQUAL
 _MOD = etcdpb.Compare.MOD
 
@@ -111,12 +128,13 @@ def grpc_target(endpoints: Sequence[str]) -> str:
 class _Create:
     """One caller's create waiting for its group commit."""
 
-    __slots__ = ("key", "value", "future")
+    __slots__ = ("key", "value", "future", "deadline")
 
-    def __init__(self, key: str, value: bytes, future: asyncio.Future[int]) -> None:
+    def __init__(self, key: str, value: bytes, future: asyncio.Future[int], deadline: float) -> None:
         self.key = key
         self.value = value
         self.future = future
+        self.deadline = deadline
 
 
 class _Write:
@@ -131,22 +149,35 @@ class _Write:
 class EtcdStore(kv.KVStore):
     """The KV contract on a real etcd v3 cluster. Create it with :meth:`open`.
 
-    Every request is bounded by ``request_timeout`` (retries included): when etcd cannot be
-    reached it raises :class:`kv.Unavailable` naming the endpoints and the cause. etcd3aio supplies
-    the generated stubs; its retrying wrappers are not used, because a retry they hide is exactly
-    what makes a "failed" compare-and-swap ambiguous (see :meth:`txn`).
+    Every request is bounded by ``request_timeout`` (retries included), or by the caller's longer
+    :func:`kv.budget`: when etcd cannot be reached it raises :class:`kv.Unavailable` naming the
+    endpoints and the cause. Within that budget each attempt is bounded by ``attempt_timeout`` (or
+    a few times the slowest recent answer to the same request, if longer; doubled at each retry
+    after the first few), so that a leader change costs about the election, not the whole budget. etcd3aio supplies the
+    generated stubs; its retrying wrappers are not used, because a retry they hide is exactly what
+    makes a "failed" compare-and-swap ambiguous (see :meth:`txn`).
     """
 
     def __init__(
-        self, channel: grpc.aio.Channel, endpoints: Sequence[str], prefix: str, request_timeout: float
+        self,
+        channel: grpc.aio.Channel,
+        endpoints: Sequence[str],
+        prefix: str,
+        request_timeout: float,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
     ) -> None:
         if not prefix:
             raise ValueError("the key prefix must not be empty (the default is /sc/)")
         if request_timeout <= 0:
             raise ValueError(f"request_timeout must be positive, got {request_timeout}")
+        if attempt_timeout <= 0:
+            raise ValueError(f"attempt_timeout must be positive, got {attempt_timeout}")
         self.prefix = prefix
         self.endpoints = list(endpoints)
         self.request_timeout = request_timeout
+        self.attempt_timeout = attempt_timeout
+        # The slowest recent answer per kind of request (decaying), which sets its attempts' timeout.
+        self._slowest: dict[str, float] = {}
         self._prefix_bytes = prefix.encode()
         self._prefix_length = len(self._prefix_bytes)
         self._channel = channel
@@ -169,13 +200,14 @@ class EtcdStore(kv.KVStore):
         endpoints: Sequence[str],
         prefix: str = kv.DEFAULT_PREFIX,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
     ) -> EtcdStore:
         """Connect to etcd and check that it answers (raises Unavailable if it does not)."""
         if isinstance(endpoints, str):
             endpoints = endpoints.split(",")
         channel = grpc.aio.insecure_channel(grpc_target(endpoints), options=_CHANNEL_OPTIONS)
         try:
-            store = cls(channel, endpoints, prefix, request_timeout)
+            store = cls(channel, endpoints, prefix, request_timeout, attempt_timeout)
             await store.revision()
         except BaseException:
             await channel.close()
@@ -192,19 +224,22 @@ class EtcdStore(kv.KVStore):
 
     async def get(self, key: str) -> kv.KeyValue | None:
         request = etcdpb.RangeRequest(key=self._prefix_bytes + key.encode())
-        response = await self._request("get", lambda timeout: self._kv.Range(request, timeout=timeout))
+        response = await self._request("get", lambda timeout: self._kv.Range(request, timeout=timeout, metadata=_REQUIRE_LEADER))
         return self._key_value(response.kvs[0]) if response.kvs else None
 
     async def list(self, prefix: str) -> kv.ListResult:
         start = self._prefix_bytes + prefix.encode()
         request = etcdpb.RangeRequest(key=start, range_end=prefix_range_end(start))
-        response = await self._request("list", lambda timeout: self._kv.Range(request, timeout=timeout))
+        # Its answer grows with the data: timed per prefix, and never cut before one is timed.
+        response = await self._request(
+            f"list of {prefix!r}", lambda timeout: self._kv.Range(request, timeout=timeout, metadata=_REQUIRE_LEADER), sized=True
+        )
         return kv.ListResult(items=[self._key_value(item) for item in response.kvs], revision=response.header.revision)
 
     async def revision(self) -> int:
         # A point read of one key: the cheapest linearizable request that returns the revision.
         request = etcdpb.RangeRequest(key=self._prefix_bytes, keys_only=True)
-        response = await self._request("revision", lambda timeout: self._kv.Range(request, timeout=timeout))
+        response = await self._request("revision", lambda timeout: self._kv.Range(request, timeout=timeout, metadata=_REQUIRE_LEADER))
         return response.header.revision
 
     # ------------------------------------------------------------------ writes
@@ -221,7 +256,7 @@ class EtcdStore(kv.KVStore):
         """
         self._check_open()
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending_creates.append(_Create(key, value, future))
+        self._pending_creates.append(_Create(key, value, future, self._deadline()))
         self._schedule_creates()
         return await future
 
@@ -281,8 +316,12 @@ class EtcdStore(kv.KVStore):
         )
         floor = self._revision_seen
         write = _Write()
+        # The longest budget in the batch: a create never gets less than it asked for.
+        deadline = max(create.deadline for create in batch)
         try:
-            response = await self._request("create", lambda timeout: self._kv.Txn(request, timeout=timeout), write=write)
+            response = await self._request(
+                "create", lambda timeout: self._kv.Txn(request, timeout=timeout, metadata=_REQUIRE_LEADER), deadline=deadline, write=write
+            )
         except (kv.StoreError, ValueError, asyncio.CancelledError) as error:
             for create in batch:
                 if not create.future.done():
@@ -337,7 +376,7 @@ class EtcdStore(kv.KVStore):
         request = etcdpb.DeleteRangeRequest(key=self._prefix_bytes + key.encode())
         write = _Write()
         response = await self._request(
-            "delete", lambda timeout: self._kv.DeleteRange(request, timeout=timeout), write=write
+            "delete", lambda timeout: self._kv.DeleteRange(request, timeout=timeout, metadata=_REQUIRE_LEADER), write=write
         )
         # After an attempt that may have been applied, "nothing to delete" may mean that attempt
         # deleted the key: it is gone either way, which is what the caller asked for.
@@ -381,12 +420,12 @@ class EtcdStore(kv.KVStore):
             ],
             success=[_request_op(key, operation) for key, operation in zip(written_keys, operations)],
         )
-        deadline = asyncio.get_running_loop().time() + self.request_timeout
+        deadline = self._deadline()
         floor = max([self._revision_seen, *(compare.mod_revision for compare in compares)])
         write = _Write() if operations else None
         while True:
             response = await self._request(
-                "txn", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write
+                "txn", lambda timeout: self._kv.Txn(request, timeout=timeout, metadata=_REQUIRE_LEADER), deadline=deadline, write=write
             )
             if response.succeeded:
                 return response.header.revision
@@ -424,7 +463,7 @@ class EtcdStore(kv.KVStore):
                 ]
             )
             response = await self._request(
-                "txn re-read", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline
+                "txn re-read", lambda timeout: self._kv.Txn(request, timeout=timeout, metadata=_REQUIRE_LEADER), deadline=deadline
             )
             revision = revision or response.header.revision
             for response_op in response.responses:
@@ -435,7 +474,7 @@ class EtcdStore(kv.KVStore):
     async def compact(self, revision: int) -> None:
         request = etcdpb.CompactionRequest(revision=revision)
         try:
-            await self._request("compact", lambda timeout: self._kv.Compact(request, timeout=timeout))
+            await self._request("compact", lambda timeout: self._kv.Compact(request, timeout=timeout, metadata=_REQUIRE_LEADER))
         except _OutOfRange:
             # etcd says either "already compacted" (harmless) or "future revision" (a caller bug);
             # tell them apart by the revision rather than by the error text.
@@ -559,6 +598,12 @@ class EtcdStore(kv.KVStore):
 
     # ------------------------------------------------------------------ plumbing
 
+    def _deadline(self) -> float:
+        """When a request made now must end: request_timeout from now, or the caller's budget if later."""
+        deadline = asyncio.get_running_loop().time() + self.request_timeout
+        budget = kv.budget_deadline()
+        return deadline if budget is None else max(deadline, budget)
+
     async def _request(
         self,
         operation: str,
@@ -566,53 +611,86 @@ class EtcdStore(kv.KVStore):
         *,
         deadline: float | None = None,
         write: _Write | None = None,
+        sized: bool = False,
     ) -> _T:
         """``call(timeout)`` until it answers, retrying transient failures until the deadline.
 
-        The deadline defaults to now + request_timeout. Raises Unavailable at the deadline and the
-        mapped typed error for anything not transient; marks ``write`` when an attempt failed in a
-        way that may have applied it.
+        The deadline defaults to :meth:`_deadline`. Each attempt gets the attempt timeout (see the
+        class), doubled at each retry after the first few abandoned, and at most what is left; an
+        attempt we abandoned is retried at once (it has waited already). ``sized``: the answer grows with the data, so attempts are
+        not cut until one answer has been timed. Raises Unavailable at the deadline and the mapped
+        typed error for anything not transient; marks ``write`` when an attempt failed in a way
+        that may have applied it.
         """
         self._check_open()
         loop = asyncio.get_running_loop()
+        started = loop.time()
         if deadline is None:
-            deadline = loop.time() + self.request_timeout
+            deadline = self._deadline()
+        attempt_timeout = self._attempt_timeout(operation, sized)
         backoff = _RETRY_BACKOFF_INITIAL
-        attempts = 0
+        attempts = abandoned_attempts = 0
         while True:
             attempts += 1
+            sent = loop.time()
+            remaining = deadline - sent
+            timeout = remaining if attempt_timeout is None else min(remaining, attempt_timeout)
             try:
-                response = await call(max(deadline - loop.time(), 0.001))
+                response = await call(max(timeout, 0.001))
             except grpc.aio.AioRpcError as error:
                 code = error.code()
+                if code is grpc.StatusCode.UNKNOWN and loop.time() - sent >= _DEADLINE_REACHED * timeout:
+                    # etcd answers UNKNOWN ("context deadline exceeded") when the deadline we sent
+                    # expires on its side first: it is our deadline, whatever the code says.
+                    code = grpc.StatusCode.DEADLINE_EXCEEDED
                 if code not in _RETRYABLE_CODES:
                     raise self._store_error(operation, error) from None
                 if write is not None and code in _MAYBE_APPLIED_CODES:
                     write.maybe_applied = True
-                delay = min(backoff, deadline - loop.time())
-                if delay <= 0:
-                    raise self._unavailable(operation, attempts, error, write) from None
-                await asyncio.sleep(delay)
-                backoff = min(backoff * 2, _RETRY_BACKOFF_MAX)
+                abandoned = code is grpc.StatusCode.DEADLINE_EXCEEDED and timeout < remaining
+                if abandoned:
+                    abandoned_attempts += 1
+                    if attempt_timeout is not None and abandoned_attempts >= _ATTEMPTS_BEFORE_DOUBLING:
+                        attempt_timeout *= 2  # slow rather than stuck, perhaps: give the next one longer
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise self._unavailable(operation, attempts, error, write, deadline - started) from None
+                if not abandoned:
+                    await asyncio.sleep(min(backoff, left))
+                    backoff = min(backoff * 2, _RETRY_BACKOFF_MAX)
             except asyncio.CancelledError:
                 if self._closed and _not_cancelled_from_outside():
                     raise kv.Unavailable(f"etcd store closed during {operation}") from None
                 raise
             else:
+                self._timed(operation, loop.time() - sent)
                 revision = response.header.revision  # type: ignore[attr-defined]
                 if revision > self._revision_seen:
                     self._revision_seen = revision
                 return response
 
+    def _attempt_timeout(self, operation: str, sized: bool) -> float | None:
+        """How long the first attempt of ``operation`` may take (None: all the time there is)."""
+        slowest = self._slowest.get(operation)
+        if slowest is None:
+            return None if sized else self.attempt_timeout
+        return max(self.attempt_timeout, _ATTEMPT_MARGIN * slowest)
+
+    def _timed(self, operation: str, seconds: float) -> None:
+        slowest = self._slowest
+        if operation not in slowest and len(slowest) >= _SLOWEST_KEPT:
+            slowest.clear()  # many list prefixes: start timing again rather than grow
+        slowest[operation] = max(seconds, slowest.get(operation, 0.0) * _SLOWEST_DECAY)
+
     def _unavailable(
-        self, operation: str, attempts: int, error: grpc.aio.AioRpcError, write: _Write | None
+        self, operation: str, attempts: int, error: grpc.aio.AioRpcError, write: _Write | None, budget: float
     ) -> kv.Unavailable:
         outcome = ""
         if write is not None and write.maybe_applied:
             outcome = " The write may or may not have been applied: re-read before retrying."
         return kv.Unavailable(
             f"etcd at {self._endpoints_text()} is unavailable: {operation} failed after {attempts} "
-            f"attempt(s) within {self.request_timeout:g} s: {_describe(error)}.{outcome}"
+            f"attempt(s) within {budget:.3g} s: {_describe(error)}.{outcome}"
         )
 
     def _store_error(self, operation: str, error: grpc.aio.AioRpcError) -> Exception:

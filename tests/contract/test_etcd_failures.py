@@ -227,6 +227,36 @@ async def test_a_request_while_etcd_is_down_raises_unavailable_within_a_bounded_
         assert await store.create("topics/a", b"x") > 0
 
 
+async def test_a_callers_budget_longer_than_the_request_timeout_outlasts_an_etcd_restart(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """An API request allowed 20 s failed after the store's own 5 s while etcd was away for less."""
+    async def restart_later() -> None:
+        await asyncio.sleep(1.0)
+        await etcd_server.start_async()
+
+    async with store_on(etcd_server.endpoints[0], etcd_store.prefix, request_timeout=0.3) as store:
+        etcd_server.kill()
+        try:
+            with pytest.raises(kv.Unavailable):
+                await store.create("topics/impatient", b"x")
+            with kv.budget(0.1):  # a budget never shortens the request timeout
+                with pytest.raises(kv.Unavailable) as raised:
+                    await store.get("topics/impatient")
+            assert "within 0.3" in str(raised.value)
+            restart = asyncio.ensure_future(restart_later())
+            with kv.budget(30):  # etcd comes back while these retry
+                created = await store.create("topics/patient", b"y")
+                updated = await store.txn([kv.Compare("topics/patient", created)], [kv.Put("topics/patient", b"z")])
+            await restart
+        finally:
+            if not etcd_server.running:
+                etcd_server.start()
+    stored = await etcd_store.get("topics/patient")
+    assert stored is not None and (stored.value, stored.create_revision, stored.mod_revision) == (b"z", created, updated)
+    assert await etcd_store.get("topics/impatient") is None
+
+
 async def test_opening_a_store_on_an_unreachable_endpoint_raises_unavailable() -> None:
     (port,) = embedded_etcd.free_ports(1)
     with pytest.raises(kv.Unavailable) as raised:
@@ -367,6 +397,39 @@ async def test_a_lost_request_is_not_mistaken_for_a_commit_by_an_identical_value
 
 
 # ---------------------------------------------------------------------- the embedded etcd supervisor
+
+
+async def test_requests_slower_than_an_attempt_succeed_and_writes_apply_once(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """Attempts are abandoned after attempt_timeout (to get off a member without a leader), but a
+    request that is slow rather than stuck must still succeed: a list is not cut before one has
+    been timed, and a request's attempts lengthen after a few are abandoned. Each abandoned
+    write may have been applied: it is reported once, as committed."""
+    async with tcp_proxy.TcpProxy(etcd_server.host, etcd_server.client_port) as proxy:
+        slow = await etcd.EtcdStore.open([proxy.endpoint], etcd_store.prefix, request_timeout=60, attempt_timeout=0.05)
+        try:
+            existing = await slow.create("topics/existing", b"x")  # the create's answer timed: fast
+            proxy.response_delay = 0.1
+            before = proxy.requests
+            listed = await slow.list("topics/")
+            list_attempts = proxy.requests - before
+            created = await slow.create("topics/slow", b"v")
+            create_attempts = proxy.requests - before - list_attempts
+        finally:
+            await slow.close()
+    assert list_attempts == 1
+    assert create_attempts > 4  # abandoned, then retried with longer attempts until one was long enough
+    assert [(item.key, item.value, item.mod_revision) for item in listed.items] == [("topics/existing", b"x", existing)]
+    found = await etcd_store.get("topics/slow")
+    assert found is not None and (found.value, found.create_revision, found.mod_revision) == (b"v", created, created)
+    events = []
+    async with contextlib.aclosing(etcd_store.watch("topics/", existing)) as watch:
+        async for event in watch:
+            events.append((event.type, event.key, event.revision))
+            if event.revision >= created:
+                break
+    assert events == [(PUT, "topics/existing", existing), (PUT, "topics/slow", created)]
 
 
 def test_a_second_etcd_on_a_data_dir_in_use_is_refused(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
