@@ -65,7 +65,7 @@ _CREATE_TXNS_IN_FLIGHT = 4
 _EVENT_DELETE = 1  # mvccpb.Event.EventType.DELETE (PUT is 0)
 # etcd refuses a request at once ("no leader", UNAVAILABLE) on a member that knows it has no
 # leader, instead of holding it until its own timeout: the retry goes to another member sooner.
-_REQUIRE_LEADER = (("hasleader", "true"),)
+_REQUIRE_LEADER = ("hasleader", "true")
 _EQUAL = etcdpb.Compare.EQUAL
 _MOD = etcdpb.Compare.MOD
 
@@ -84,6 +84,14 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 0),
 ]
+
+
+class _RequireLeader(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]  # grpc.aio ships no stubs
+    """Asks etcd to refuse every unary request on a member without a leader (see _REQUIRE_LEADER)."""
+
+    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        metadata = grpc.aio.Metadata(*(client_call_details.metadata or ()), _REQUIRE_LEADER)
+        return await continuation(client_call_details._replace(metadata=metadata), request)
 
 
 def grpc_target(endpoints: Sequence[str]) -> str:
@@ -153,9 +161,9 @@ class EtcdStore(kv.KVStore):
     :func:`kv.budget`: when etcd cannot be reached it raises :class:`kv.Unavailable` naming the
     endpoints and the cause. Within that budget each attempt is bounded by ``attempt_timeout`` (or
     a few times the slowest recent answer to the same request, if longer; doubled at each retry
-    after the first few), so that a leader change costs about the election, not the whole budget. etcd3aio supplies the
-    generated stubs; its retrying wrappers are not used, because a retry they hide is exactly what
-    makes a "failed" compare-and-swap ambiguous (see :meth:`txn`).
+    after the first few), so that a leader change costs about the election, not the whole budget.
+    etcd3aio supplies the generated stubs; its retrying wrappers are not used, because a retry they
+    hide is exactly what makes a "failed" compare-and-swap ambiguous (see :meth:`txn`).
     """
 
     def __init__(
@@ -205,7 +213,9 @@ class EtcdStore(kv.KVStore):
         """Connect to etcd and check that it answers (raises Unavailable if it does not)."""
         if isinstance(endpoints, str):
             endpoints = endpoints.split(",")
-        channel = grpc.aio.insecure_channel(grpc_target(endpoints), options=_CHANNEL_OPTIONS)
+        channel = grpc.aio.insecure_channel(
+            grpc_target(endpoints), options=_CHANNEL_OPTIONS, interceptors=[_RequireLeader()]
+        )
         try:
             store = cls(channel, endpoints, prefix, request_timeout, attempt_timeout)
             await store.revision()
@@ -224,7 +234,7 @@ class EtcdStore(kv.KVStore):
 
     async def get(self, key: str) -> kv.KeyValue | None:
         request = etcdpb.RangeRequest(key=self._prefix_bytes + key.encode())
-        response = await self._request("get", lambda timeout: self._kv.Range(request, timeout=timeout, metadata=_REQUIRE_LEADER))
+        response = await self._request("get", lambda timeout: self._kv.Range(request, timeout=timeout))
         return self._key_value(response.kvs[0]) if response.kvs else None
 
     async def list(self, prefix: str) -> kv.ListResult:
@@ -232,14 +242,14 @@ class EtcdStore(kv.KVStore):
         request = etcdpb.RangeRequest(key=start, range_end=prefix_range_end(start))
         # Its answer grows with the data: timed per prefix, and never cut before one is timed.
         response = await self._request(
-            f"list of {prefix!r}", lambda timeout: self._kv.Range(request, timeout=timeout, metadata=_REQUIRE_LEADER), sized=True
+            f"list of {prefix!r}", lambda timeout: self._kv.Range(request, timeout=timeout), sized=True
         )
         return kv.ListResult(items=[self._key_value(item) for item in response.kvs], revision=response.header.revision)
 
     async def revision(self) -> int:
         # A point read of one key: the cheapest linearizable request that returns the revision.
         request = etcdpb.RangeRequest(key=self._prefix_bytes, keys_only=True)
-        response = await self._request("revision", lambda timeout: self._kv.Range(request, timeout=timeout, metadata=_REQUIRE_LEADER))
+        response = await self._request("revision", lambda timeout: self._kv.Range(request, timeout=timeout))
         return response.header.revision
 
     # ------------------------------------------------------------------ writes
@@ -320,7 +330,7 @@ class EtcdStore(kv.KVStore):
         deadline = max(create.deadline for create in batch)
         try:
             response = await self._request(
-                "create", lambda timeout: self._kv.Txn(request, timeout=timeout, metadata=_REQUIRE_LEADER), deadline=deadline, write=write
+                "create", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write
             )
         except (kv.StoreError, ValueError, asyncio.CancelledError) as error:
             for create in batch:
@@ -376,7 +386,7 @@ class EtcdStore(kv.KVStore):
         request = etcdpb.DeleteRangeRequest(key=self._prefix_bytes + key.encode())
         write = _Write()
         response = await self._request(
-            "delete", lambda timeout: self._kv.DeleteRange(request, timeout=timeout, metadata=_REQUIRE_LEADER), write=write
+            "delete", lambda timeout: self._kv.DeleteRange(request, timeout=timeout), write=write
         )
         # After an attempt that may have been applied, "nothing to delete" may mean that attempt
         # deleted the key: it is gone either way, which is what the caller asked for.
@@ -425,7 +435,7 @@ class EtcdStore(kv.KVStore):
         write = _Write() if operations else None
         while True:
             response = await self._request(
-                "txn", lambda timeout: self._kv.Txn(request, timeout=timeout, metadata=_REQUIRE_LEADER), deadline=deadline, write=write
+                "txn", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write
             )
             if response.succeeded:
                 return response.header.revision
@@ -463,7 +473,7 @@ class EtcdStore(kv.KVStore):
                 ]
             )
             response = await self._request(
-                "txn re-read", lambda timeout: self._kv.Txn(request, timeout=timeout, metadata=_REQUIRE_LEADER), deadline=deadline
+                "txn re-read", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline
             )
             revision = revision or response.header.revision
             for response_op in response.responses:
@@ -474,7 +484,7 @@ class EtcdStore(kv.KVStore):
     async def compact(self, revision: int) -> None:
         request = etcdpb.CompactionRequest(revision=revision)
         try:
-            await self._request("compact", lambda timeout: self._kv.Compact(request, timeout=timeout, metadata=_REQUIRE_LEADER))
+            await self._request("compact", lambda timeout: self._kv.Compact(request, timeout=timeout))
         except _OutOfRange:
             # etcd says either "already compacted" (harmless) or "future revision" (a caller bug);
             # tell them apart by the revision rather than by the error text.
@@ -617,10 +627,10 @@ class EtcdStore(kv.KVStore):
 
         The deadline defaults to :meth:`_deadline`. Each attempt gets the attempt timeout (see the
         class), doubled at each retry after the first few abandoned, and at most what is left; an
-        attempt we abandoned is retried at once (it has waited already). ``sized``: the answer grows with the data, so attempts are
-        not cut until one answer has been timed. Raises Unavailable at the deadline and the mapped
-        typed error for anything not transient; marks ``write`` when an attempt failed in a way
-        that may have applied it.
+        attempt we abandoned is retried at once (it has waited already). ``sized``: the answer
+        grows with the data, so attempts are not cut until one answer has been timed. Raises
+        Unavailable at the deadline and the mapped typed error for anything not transient; marks
+        ``write`` when an attempt failed in a way that may have applied it.
         """
         self._check_open()
         loop = asyncio.get_running_loop()
