@@ -261,8 +261,9 @@ class EtcdStore(kv.KVStore):
         creates) go to etcd together, up to 64 per transaction, each as a nested transaction with
         its own "absent" compare, so an existing key fails only its own create. A create alone is
         sent at the next turn of the event loop: one round trip, as a plain transaction would be.
-        An ambiguous failure is resolved as in :meth:`txn`: after a retry, a key holding exactly
-        our value, created after we sent the request, was created by us.
+        An ambiguous failure is resolved as in :meth:`txn`: after a retry, a key created after we
+        sent the request that held exactly our value when it was created (read at its create
+        revision if it has changed since) was created by us.
         """
         self._check_open()
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -341,6 +342,9 @@ class EtcdStore(kv.KVStore):
             if isinstance(error, asyncio.CancelledError):
                 raise
             return
+        # Keys created after we sent the request but changed since (a controller writes a status
+        # at once): whether the create was ours is read at their create revision.
+        changed_since: list[tuple[_Create, _EtcdKeyValue]] = []
         for create, response_op in zip(batch, response.responses):
             if create.future.done():
                 continue
@@ -350,16 +354,39 @@ class EtcdStore(kv.KVStore):
                 continue
             found = nested.responses[0].response_range.kvs
             item = found[0] if found else None
-            if (
-                item is not None
-                and write.maybe_applied
-                and item.value == create.value
-                and item.create_revision == item.mod_revision > floor
-            ):
+            if item is None or not write.maybe_applied or item.create_revision <= floor:
+                create.future.set_exception(kv.AlreadyExists(create.key, 0 if item is None else item.mod_revision))
+            elif item.value == create.value and item.create_revision == item.mod_revision:
                 _log.info("etcd create failed its compare on a retry but had committed at %d", item.mod_revision)
                 create.future.set_result(item.mod_revision)
             else:
-                create.future.set_exception(kv.AlreadyExists(create.key, 0 if item is None else item.mod_revision))
+                changed_since.append((create, item))
+        if changed_since:
+            await self._resolve_changed_creates(changed_since, deadline)
+
+    async def _resolve_changed_creates(
+        self, changed_since: list[tuple[_Create, _EtcdKeyValue]], deadline: float
+    ) -> None:
+        prefix = self._prefix_bytes
+        try:
+            created = await self._values_at(
+                [(prefix + create.key.encode(), item.create_revision) for create, item in changed_since], deadline
+            )
+        except kv.StoreError as error:  # unavailable, or the history compacted
+            for create, _ in changed_since:
+                if not create.future.done():
+                    create.future.set_exception(
+                        kv.Unavailable(f"etcd create of {create.key!r} may or may not have been applied: {error}")
+                    )
+            return
+        for create, item in changed_since:
+            if create.future.done():
+                continue
+            if created.get(prefix + create.key.encode()) == (create.value, item.create_revision):
+                _log.info("etcd create failed its compare on a retry but had committed at %d", item.create_revision)
+                create.future.set_result(item.create_revision)
+            else:
+                create.future.set_exception(kv.AlreadyExists(create.key, item.mod_revision))
 
     async def update(self, key: str, value: bytes, mod_revision: int) -> int:
         if mod_revision == 0:
@@ -410,11 +437,14 @@ class EtcdStore(kv.KVStore):
         every put key holds exactly our value, all at one mod revision that is newer than any
         compared revision and than any revision seen before we sent it, and every deleted key is
         absent. The transaction's revision is then that mod revision (for a transaction that only
-        deletes: the revision at which the keys were seen absent). Two limits follow from reading
-        state rather than history: a write identical to ours by someone else counts as ours, and
-        our committed write already overwritten by another writer is reported as a Conflict (true
-        of the current state, which is what the caller reconciles against). If the deadline passes
-        while the outcome is unknown, the Unavailable says so.
+        deletes: the revision at which the keys were seen absent). When another writer has changed
+        the keys since, a transaction that creates keys (compares them absent) is judged the same
+        way at the revision they were created, read from etcd's history: an object the API creates
+        is updated by a controller at once, and its create must still be reported as done. Limits:
+        a write identical to ours by someone else counts as ours, and our committed update already
+        overwritten by another writer is reported as a Conflict (true of the current state, which
+        is what the caller reconciles against). If the deadline passes while the outcome is
+        unknown, the Unavailable says so.
         """
         if len(operations) > kv.MAX_TXN_OPS:
             raise ValueError(f"a transaction holds at most {kv.MAX_TXN_OPS} operations, got {len(operations)}")
@@ -445,6 +475,10 @@ class EtcdStore(kv.KVStore):
             )
             if maybe_applied:
                 committed = _committed_revision(operations, written_keys, observed, floor, read_revision)
+                if committed is None:
+                    committed = await self._committed_at_creation(
+                        compares, operations, written_keys, observed, floor, deadline
+                    )
                 if committed is not None:
                     _log.info("etcd txn failed its compare on a retry but had committed at %d", committed)
                     return committed
@@ -453,6 +487,66 @@ class EtcdStore(kv.KVStore):
                 actual = 0 if found is None else found.mod_revision
                 if actual != compare.mod_revision:
                     raise kv.Conflict(compare.key, compare.mod_revision, actual)
+
+    async def _committed_at_creation(
+        self,
+        compares: Sequence[kv.Compare],
+        operations: Sequence[kv.Operation],
+        written_keys: Sequence[bytes],
+        observed: dict[bytes, _EtcdKeyValue],
+        floor: int,
+        deadline: float,
+    ) -> int | None:
+        """The revision at which a transaction that creates keys committed, read from history once
+        another writer has changed them since (None if it did not, or history is compacted).
+
+        The keys it puts that it compared absent were created at one revision R after we sent it:
+        it is ours if at R every key it puts held exactly our value, written at R, and every key
+        it deletes was absent (the same rule as the current-state one, at R).
+        """
+        expected_absent = {compare.key for compare in compares if compare.mod_revision == 0}
+        creations = set()
+        for key, operation in zip(written_keys, operations):
+            if isinstance(operation, kv.Put) and operation.key in expected_absent:
+                found = observed.get(key)
+                if found is None:
+                    return None
+                creations.add(found.create_revision)
+        if len(creations) != 1:
+            return None
+        revision = creations.pop()
+        if revision <= floor:
+            return None
+        try:
+            at_revision = await self._values_at([(key, revision) for key in written_keys], deadline)
+        except _OutOfRange:
+            return None
+        for key, operation in zip(written_keys, operations):
+            found = at_revision.get(key)
+            if isinstance(operation, kv.Put):
+                if found is None or found != (operation.value, revision):
+                    return None
+            elif found is not None:
+                return None
+        return revision
+
+    async def _values_at(self, keys_at: Sequence[tuple[bytes, int]], deadline: float) -> dict[bytes, tuple[bytes, int]]:
+        """Each key's (value, mod revision) as of a past revision (absent ones left out), in one
+        read-only transaction. A compacted revision raises _OutOfRange."""
+        request = etcdpb.TxnRequest(
+            success=[
+                etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=key, revision=revision))
+                for key, revision in keys_at
+            ]
+        )
+        response = await self._request(
+            "txn re-read at a revision", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline
+        )
+        return {
+            item.key: (item.value, item.mod_revision)
+            for response_op in response.responses
+            for item in response_op.response_range.kvs
+        }
 
     async def _read_keys(
         self, keys: Sequence[bytes], deadline: float

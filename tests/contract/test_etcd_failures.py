@@ -396,7 +396,56 @@ async def test_a_lost_request_is_not_mistaken_for_a_commit_by_an_identical_value
     assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/guard", guard, moved)
 
 
-# ---------------------------------------------------------------------- the embedded etcd supervisor
+@pytest.mark.parametrize("how", ["create", "transaction"])
+async def test_a_lost_create_is_ours_even_once_another_writer_changed_the_key(
+    how: str, etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """A controller updates what the API creates at once (a topic's status). Our create committed,
+    its answer was lost, and the key changed before our retry re-read it: across an etcd leader
+    kill, POST /v1/topics answered 409 AlreadyExists for its own topic. Read at its create
+    revision, the key holds our value: the create is ours."""
+    async with proxied_store(etcd_server, etcd_store.prefix) as (proxy, proxied):
+        await proxied.revision()
+        cut = proxy.cut_before_next_response()
+        proxy.hold()  # no reconnection until the other writer is done
+        if how == "create":
+            ours = asyncio.ensure_future(proxied.create("topics/a", b"ours"))
+        else:  # the shape of an SPU registration: two keys, each compared absent
+            ours = asyncio.ensure_future(
+                proxied.txn(
+                    [kv.Compare("topics/a", 0), kv.Compare("meta/a", 0)],
+                    [kv.Put("topics/a", b"ours"), kv.Put("meta/a", b"index")],
+                )
+            )
+        try:
+            await asyncio.wait_for(cut.wait(), 5)
+            committed = await etcd_store.get("topics/a")
+            assert committed is not None and committed.value == b"ours"
+            await etcd_store.update("topics/a", b"changed by a controller", committed.mod_revision)
+        finally:
+            proxy.release()
+        assert await ours == committed.create_revision
+
+
+async def test_a_lost_create_is_not_mistaken_for_one_by_another_writer(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """Our create never reached etcd; another writer created the key meanwhile, with another value,
+    then changed it to ours: its value at its create revision is not ours, so AlreadyExists."""
+    async with proxied_store(etcd_server, etcd_store.prefix) as (proxy, proxied):
+        await proxied.revision()
+        cut = proxy.cut_before_next_request()
+        proxy.hold()
+        ours = asyncio.ensure_future(proxied.create("topics/a", b"ours"))
+        try:
+            await asyncio.wait_for(cut.wait(), 5)
+            theirs = await etcd_store.create("topics/a", b"theirs")
+            now = await etcd_store.update("topics/a", b"ours", theirs)
+        finally:
+            proxy.release()
+        with pytest.raises(kv.AlreadyExists) as raised:
+            await ours
+    assert (raised.value.key, raised.value.mod_revision) == ("topics/a", now)
 
 
 async def test_requests_slower_than_an_attempt_succeed_and_writes_apply_once(
@@ -430,6 +479,9 @@ async def test_requests_slower_than_an_attempt_succeed_and_writes_apply_once(
             if event.revision >= created:
                 break
     assert events == [(PUT, "topics/existing", existing), (PUT, "topics/slow", created)]
+
+
+# ---------------------------------------------------------------------- the embedded etcd supervisor
 
 
 def test_a_second_etcd_on_a_data_dir_in_use_is_refused(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
