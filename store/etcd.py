@@ -438,13 +438,13 @@ class EtcdStore(kv.KVStore):
         compared revision and than any revision seen before we sent it, and every deleted key is
         absent. The transaction's revision is then that mod revision (for a transaction that only
         deletes: the revision at which the keys were seen absent). When another writer has changed
-        the keys since, a transaction that creates keys (compares them absent) is judged the same
-        way at the revision they were created, read from etcd's history: an object the API creates
-        is updated by a controller at once, and its create must still be reported as done. Limits:
-        a write identical to ours by someone else counts as ours, and our committed update already
-        overwritten by another writer is reported as a Conflict (true of the current state, which
-        is what the caller reconciles against). If the deadline passes while the outcome is
-        unknown, the Unavailable says so.
+        the keys since (a controller writes a status at once after the API writes a spec), the
+        same rule is applied at the revision our transaction would have committed at, read from
+        etcd's history (see _committed_in_history): a relative change such as "add 2 partitions"
+        reported as a Conflict would be applied twice by its retry. Limits: a write identical to
+        ours by someone else counts as ours, and a transaction that writes none of the keys it
+        compares (or whose history is compacted) is reported as a Conflict once the keys changed.
+        If the deadline passes while the outcome is unknown, the Unavailable says so.
         """
         if len(operations) > kv.MAX_TXN_OPS:
             raise ValueError(f"a transaction holds at most {kv.MAX_TXN_OPS} operations, got {len(operations)}")
@@ -476,7 +476,7 @@ class EtcdStore(kv.KVStore):
             if maybe_applied:
                 committed = _committed_revision(operations, written_keys, observed, floor, read_revision)
                 if committed is None:
-                    committed = await self._committed_at_creation(
+                    committed = await self._committed_in_history(
                         compares, operations, written_keys, observed, floor, deadline
                     )
                 if committed is not None:
@@ -488,7 +488,7 @@ class EtcdStore(kv.KVStore):
                 if actual != compare.mod_revision:
                     raise kv.Conflict(compare.key, compare.mod_revision, actual)
 
-    async def _committed_at_creation(
+    async def _committed_in_history(
         self,
         compares: Sequence[kv.Compare],
         operations: Sequence[kv.Operation],
@@ -497,25 +497,29 @@ class EtcdStore(kv.KVStore):
         floor: int,
         deadline: float,
     ) -> int | None:
-        """The revision at which a transaction that creates keys committed, read from history once
-        another writer has changed them since (None if it did not, or history is compacted).
+        """The revision at which the transaction committed, read from etcd's history once another
+        writer has changed its keys since (None if it did not, or that cannot be told).
 
-        The keys it puts that it compared absent were created at one revision R after we sent it:
-        it is ours if at R every key it puts held exactly our value, written at R, and every key
-        it deletes was absent (the same rule as the current-state one, at R).
+        The revision R it would have committed at comes from a key it both compares and writes: a
+        key compared absent that it puts was created at R; a key compared at revision E was next
+        changed at R (the first change after E: only one compare-and-swap on E can win). It is
+        ours if R is after we sent it and, at R, every key it puts held exactly our value, written
+        at R, and every key it deletes was absent: the current-state rule, at R.
         """
-        expected_absent = {compare.key for compare in compares if compare.mod_revision == 0}
-        creations = set()
+        compared_at = {compare.key: compare.mod_revision for compare in compares}
+        revision = None
         for key, operation in zip(written_keys, operations):
-            if isinstance(operation, kv.Put) and operation.key in expected_absent:
-                found = observed.get(key)
-                if found is None:
-                    return None
-                creations.add(found.create_revision)
-        if len(creations) != 1:
-            return None
-        revision = creations.pop()
-        if revision <= floor:
+            expected = compared_at.get(operation.key)
+            if expected is None:
+                continue
+            if expected > 0:
+                revision = await self._next_change(key, expected, deadline)
+                break
+            found = observed.get(key)
+            if isinstance(operation, kv.Put) and found is not None:
+                revision = found.create_revision
+                break
+        if revision is None or revision <= floor:
             return None
         try:
             at_revision = await self._values_at([(key, revision) for key in written_keys], deadline)
@@ -524,11 +528,30 @@ class EtcdStore(kv.KVStore):
         for key, operation in zip(written_keys, operations):
             found = at_revision.get(key)
             if isinstance(operation, kv.Put):
-                if found is None or found != (operation.value, revision):
+                if found != (operation.value, revision):
                     return None
             elif found is not None:
                 return None
         return revision
+
+    async def _next_change(self, key: bytes, after: int, deadline: float) -> int | None:
+        """The revision of the first change of ``key`` after revision ``after``, from a watch that
+        replays history (None if there is none, it is compacted, or the deadline passes)."""
+        call = self._watch.Watch()
+        try:
+            async with asyncio.timeout_at(deadline):
+                create = etcdpb.WatchCreateRequest(key=key, start_revision=after + 1)
+                await call.write(etcdpb.WatchRequest(create_request=create))
+                while True:
+                    response = await call.read()
+                    if response is grpc.aio.EOF or response.compact_revision or response.canceled:
+                        return None
+                    if response.events:
+                        return int(response.events[0].kv.mod_revision)
+        except (TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            return None
+        finally:
+            call.cancel()
 
     async def _values_at(self, keys_at: Sequence[tuple[bytes, int]], deadline: float) -> dict[bytes, tuple[bytes, int]]:
         """Each key's (value, mod revision) as of a past revision (absent ones left out), in one

@@ -350,27 +350,55 @@ async def test_a_write_whose_request_was_lost_is_applied_once_by_the_retry(
     assert await etcd_store.revision() == second
 
 
-async def test_a_lost_response_then_another_writer_is_reported_as_a_conflict(
-    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+@pytest.mark.parametrize("how", ["update", "delete at a revision"])
+async def test_a_lost_response_then_another_writer_still_reports_our_commit(
+    how: str, etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
 ) -> None:
-    """Our update committed but its answer was lost, and another writer changed the key before our
-    retry: the true current outcome is a conflict with that writer."""
+    """Our write committed but its answer was lost, and another writer changed the key before our
+    retry. This was reported as a Conflict, and a caller applying a relative change (add N
+    partitions) re-read and applied it a second time: the first change after the revision we
+    compared is ours, read from etcd's history."""
     first = await etcd_store.create("topics/a", b"one")
     async with proxied_store(etcd_server, etcd_store.prefix) as (proxy, proxied):
         await proxied.revision()
         cut = proxy.cut_before_next_response()
         proxy.hold()  # no reconnection until the other writer is done
+        if how == "update":
+            ours = asyncio.ensure_future(proxied.update("topics/a", b"ours", first))
+        else:
+            ours = asyncio.ensure_future(proxied.delete("topics/a", first))
+        try:
+            await asyncio.wait_for(cut.wait(), 5)
+            committed = await etcd_store.revision()
+            if how == "update":
+                await etcd_store.update("topics/a", b"theirs", committed)
+            else:
+                await etcd_store.create("topics/a", b"theirs")
+        finally:
+            proxy.release()
+        assert await ours == committed
+
+
+async def test_a_conflict_after_a_lost_request_is_still_a_conflict(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """Our update never reached etcd and another writer changed the key twice: the first change
+    after our compared revision is theirs, not ours, so Conflict."""
+    first = await etcd_store.create("topics/a", b"one")
+    async with proxied_store(etcd_server, etcd_store.prefix) as (proxy, proxied):
+        await proxied.revision()
+        cut = proxy.cut_before_next_request()
+        proxy.hold()
         ours = asyncio.ensure_future(proxied.update("topics/a", b"ours", first))
         try:
             await asyncio.wait_for(cut.wait(), 5)
-            committed = await etcd_store.get("topics/a")
-            assert committed is not None and committed.value == b"ours"
-            theirs = await etcd_store.update("topics/a", b"theirs", committed.mod_revision)
+            theirs = await etcd_store.update("topics/a", b"theirs", first)
+            now = await etcd_store.update("topics/a", b"later", theirs)
         finally:
             proxy.release()
         with pytest.raises(kv.Conflict) as raised:
             await ours
-    assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/a", first, theirs)
+    assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/a", first, now)
 
 
 async def test_a_lost_request_is_not_mistaken_for_a_commit_by_an_identical_value(
