@@ -190,7 +190,7 @@ async def register_spu(context: context_module.Context, spu: models.Spu, dry_run
         # is then certainly stale (an SPU and its key are only ever written together).
         stored_index = await context.kv_store.get(index_key)
         listed = await context.kv_store.list(models.object_key("spus", ""))
-        others: list[models.Spu] = [obj for obj in (decoded("spus", item) for item in listed.items) if obj is not None]  # type: ignore[misc]
+        others = [obj for obj in (decoded("spus", item) for item in listed.items) if isinstance(obj, models.Spu)]
         if any(other.name == spu.name for other in others):
             raise ApiError(409, "AlreadyExists", f"{label('spus', spu.name)} already exists")
         try:
@@ -225,7 +225,9 @@ async def register_spu(context: context_module.Context, spu: models.Spu, dry_run
                 raise ApiError(409, "AlreadyExists", f"{label('spus', spu.name)} already exists") from None
             continue  # the id's index changed since we read it: look again
     raise ApiError(
-        409, "Conflict", f"SPU id {spu.spec.id} kept changing hands while registering {spu.name!r} ({CAS_ATTEMPTS} attempts); retry"
+        409,
+        "Conflict",
+        f"SPU id {spu.spec.id} kept changing hands while registering {spu.name!r} ({CAS_ATTEMPTS} attempts); retry",
     )
 
 
