@@ -483,11 +483,12 @@ async def test_requests_slower_than_an_attempt_succeed_and_writes_apply_once(
     request that is slow rather than stuck must still succeed: a list is not cut before one has
     been timed, and a request's attempts lengthen after a few are abandoned. Each abandoned
     write may have been applied: it is reported once, as committed."""
+    existing = await etcd_store.create("topics/existing", b"x")
     async with tcp_proxy.TcpProxy(etcd_server.host, etcd_server.client_port) as proxy:
+        # A store that has timed no list and no create yet: their first attempts get 0.05 s.
         slow = await etcd.EtcdStore.open([proxy.endpoint], etcd_store.prefix, request_timeout=60, attempt_timeout=0.05)
         try:
-            existing = await slow.create("topics/existing", b"x")  # the create's answer timed: fast
-            proxy.response_delay = 0.1
+            proxy.response_delay = 0.1  # each answer takes 0.2 s at least (headers and trailers)
             before = proxy.requests
             listed = await slow.list("topics/")
             list_attempts = proxy.requests - before
