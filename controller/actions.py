@@ -65,8 +65,12 @@ class Action:
         object.__setattr__(self, "value_bytes", sum(len(write.value) for write in self.writes if write.value is not None))
 
 
-def create(obj: models.ClusterObject, reason: str, cause_revision: int = 0) -> Action:
-    return Action(obj.kind, obj.name, Verb.CREATE, reason, (Write(obj.key, models.encode(obj), 0),), cause_revision, (obj,))
+def create(
+    obj: models.ClusterObject, reason: str, cause_revision: int = 0, *, also: Sequence[Write] = ()
+) -> Action:
+    """Create ``obj`` if absent; ``also``: writes that must commit with it (an SPU's id index key)."""
+    writes = (Write(obj.key, models.encode(obj), 0), *also)
+    return Action(obj.kind, obj.name, Verb.CREATE, reason, writes, cause_revision, (obj,))
 
 
 def create_partitions(topic: str, partitions: Sequence[models.Partition], reason: str) -> Action:
@@ -93,17 +97,30 @@ def update_status(
 
 
 def update_spec(
-    obj: models.ClusterObject, spec: object, mod_revision: int, reason: str, cause_revision: int = 0
+    obj: models.ClusterObject,
+    spec: object,
+    mod_revision: int,
+    reason: str,
+    cause_revision: int = 0,
+    *,
+    also: Sequence[Write] = (),
 ) -> Action:
-    return _replace_part(obj, "spec", spec, Verb.UPDATE_SPEC, mod_revision, reason, cause_revision)
+    return _replace_part(obj, "spec", spec, Verb.UPDATE_SPEC, mod_revision, reason, cause_revision, also)
 
 
 def _replace_part(
-    obj: models.ClusterObject, part: str, value: object, verb: Verb, mod_revision: int, reason: str, cause_revision: int
+    obj: models.ClusterObject,
+    part: str,
+    value: object,
+    verb: Verb,
+    mod_revision: int,
+    reason: str,
+    cause_revision: int,
+    also: Sequence[Write] = (),
 ) -> Action:
     updated = obj.model_copy(update={part: value})
-    write = Write(obj.key, models.encode(updated), mod_revision)
-    return Action(obj.kind, obj.name, verb, reason, (write,), cause_revision or mod_revision, (updated,))
+    writes = (Write(obj.key, models.encode(updated), mod_revision), *also)
+    return Action(obj.kind, obj.name, verb, reason, writes, cause_revision or mod_revision, (updated,))
 
 
 def elect(
@@ -116,10 +133,11 @@ def elect(
     )
 
 
-def delete(kind: str, name: str, mod_revision: int | None, reason: str, cause_revision: int = 0) -> Action:
-    return Action(
-        kind, name, Verb.DELETE, reason, (Write(models.object_key(kind, name), None, mod_revision),), cause_revision
-    )
+def delete(
+    kind: str, name: str, mod_revision: int | None, reason: str, cause_revision: int = 0, *, also: Sequence[Write] = ()
+) -> Action:
+    writes = (Write(models.object_key(kind, name), None, mod_revision), *also)
+    return Action(kind, name, Verb.DELETE, reason, writes, cause_revision)
 
 
 @dataclass(frozen=True, slots=True)

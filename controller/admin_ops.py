@@ -14,7 +14,7 @@ from typing import Any
 
 import pydantic
 
-from controller import context as context_module, placement, spu_group, topic as topic_controller
+from controller import actions, context as context_module, placement, spu_group, spu_ids, topic as topic_controller
 from store import kv, local, models
 
 # Writes that lose a compare-and-swap to the controllers' status writes are retried this often.
@@ -173,7 +173,12 @@ async def create(context: context_module.Context, obj: models.ClusterObject) -> 
 
 async def register_spu(context: context_module.Context, spu: models.Spu, dry_run: bool = False) -> int:
     """Register a custom SPU whose name and id are both unused; its store revision (0 for a dry run,
-    which makes every check and writes nothing)."""
+    which makes every check and writes nothing).
+
+    The SPU and its id's index key (``spu_ids``) are written in one transaction, each compared
+    absent (or, for a stale index key, at its revision): of concurrent registrations of one id
+    exactly one commits, and the others find the id taken when they look again.
+    """
     if spu.spec.spu_type is not models.SpuType.CUSTOM:
         raise ApiError(
             422,
@@ -181,29 +186,51 @@ async def register_spu(context: context_module.Context, spu: models.Spu, dry_run
             f"spec.spuType: only Custom SPUs can be registered; Managed SPUs are created by SPU groups "
             f"(got {spu.spec.spu_type.value!r})",
         )
-    listed = await context.kv_store.list(models.object_key("spus", ""))
-    others = [obj for obj in (decoded("spus", item) for item in listed.items) if obj is not None]
-    for other in others:
-        if other.name == spu.name:
+    index_key = spu_ids.index_key(spu.spec.id)
+    for _ in range(CAS_ATTEMPTS):
+        # The index key before the SPUs: an index key naming an SPU that the later listing lacks
+        # is then certainly stale (an SPU and its key are only ever written together).
+        stored_index = await context.kv_store.get(index_key)
+        listed = await context.kv_store.list(models.object_key("spus", ""))
+        others = [obj for obj in (decoded("spus", item) for item in listed.items) if isinstance(obj, models.Spu)]
+        if any(other.name == spu.name for other in others):
             raise ApiError(409, "AlreadyExists", f"{label('spus', spu.name)} already exists")
-    for other in others:
-        if other.spec.id == spu.spec.id:  # type: ignore[attr-defined]
+        try:
+            claimed = spu_ids.claim(
+                spu.name,
+                spu.spec.id,
+                None if stored_index is None else (stored_index.value, stored_index.mod_revision),
+                {other.name: other.spec.id for other in others},
+            )
+        except spu_ids.IdInUse as used:
+            raise ApiError(
+                409, "SpuIdInUse", f"SPU id {spu.spec.id} is already used by SPU {used.holder!r}; choose another id"
+            ) from None
+        assert claimed is not None and claimed.value is not None  # the SPU does not exist, so it holds nothing
+        group = _group_naming(context, spu.name)
+        if group is not None:
             raise ApiError(
                 409,
-                "SpuIdInUse",
-                f"SPU id {spu.spec.id} is already used by SPU {other.name!r}; choose another id",
+                "AlreadyExists",
+                f"SPU name {spu.name!r} belongs to SPU group {group!r} (its managed SPUs are named {group}-N); "
+                "choose another name",
             )
-    group = _group_naming(context, spu.name)
-    if group is not None:
-        raise ApiError(
-            409,
-            "AlreadyExists",
-            f"SPU name {spu.name!r} belongs to SPU group {group!r} (its managed SPUs are named {group}-N); "
-            "choose another name",
-        )
-    if dry_run:
-        return 0
-    return await create(context, spu)
+        if dry_run:
+            return 0
+        try:
+            return await context.kv_store.txn(
+                [kv.Compare(spu.key, 0), kv.Compare(index_key, claimed.expected_revision or 0)],
+                [kv.Put(spu.key, models.encode(spu)), kv.Put(index_key, claimed.value)],
+            )
+        except kv.Conflict as conflict:
+            if conflict.key == spu.key:
+                raise ApiError(409, "AlreadyExists", f"{label('spus', spu.name)} already exists") from None
+            continue  # the id's index changed since we read it: look again
+    raise ApiError(
+        409,
+        "Conflict",
+        f"SPU id {spu.spec.id} kept changing hands while registering {spu.name!r} ({CAS_ATTEMPTS} attempts); retry",
+    )
 
 
 def _group_naming(context: context_module.Context, spu_name: str) -> str | None:
@@ -383,18 +410,35 @@ async def delete(context: context_module.Context, kind: str, name: str) -> tuple
                 f"partition {name!r} belongs to topic {topic_name!r}: partitions go with their topic "
                 "(delete the topic instead)",
             )
+        released = None
         if kind == "spus" and obj is not None:
             warnings = _spu_delete_checks(context, obj)  # type: ignore[arg-type]
+            released = await _release_spu_id(context, obj)  # type: ignore[arg-type]
         if kind == "spu-groups":
             warnings = group_shrink_warnings(context, name, 0, f"deleting SPU group {name!r} deletes")
         try:
-            await context.kv_store.delete(key, stored.mod_revision)
-        except kv.Conflict:
-            continue  # its status changed meanwhile: re-check against the new state
+            if released is None:
+                await context.kv_store.delete(key, stored.mod_revision)
+            else:
+                # The SPU's id goes free in the same transaction as the SPU goes.
+                await context.kv_store.txn(
+                    [kv.Compare(key, stored.mod_revision), kv.Compare(released.key, released.expected_revision or 0)],
+                    [kv.Delete(key), kv.Delete(released.key)],
+                )
+        except kv.Conflict as conflict:
+            if conflict.key == key and conflict.actual == 0:
+                raise ApiError(404, "NotFound", f"{label(kind, name)} not found") from None
+            continue  # its status (or its id's index) changed meanwhile: re-check against the new state
         except kv.NotFound:
             raise ApiError(404, "NotFound", f"{label(kind, name)} not found") from None
         return obj, warnings
     raise ApiError(409, "Conflict", f"{label(kind, name)} kept changing while deleting it ({CAS_ATTEMPTS} attempts); retry")
+
+
+async def _release_spu_id(context: context_module.Context, spu: models.Spu) -> actions.Write | None:
+    """The delete of the SPU's id index key, to go with the SPU's own (None if it names another)."""
+    stored = await context.kv_store.get(spu_ids.index_key(spu.spec.id))
+    return spu_ids.release(spu.name, spu.spec.id, None if stored is None else (stored.value, stored.mod_revision))
 
 
 def _spu_delete_checks(context: context_module.Context, spu: models.Spu) -> list[str]:

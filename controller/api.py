@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import json
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import pydantic
@@ -371,9 +371,10 @@ async def create_spu_group(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
     group: models.SpuGroup = parse_object("spu-groups", await request.read())  # type: ignore[assignment]
-    revision = await admin_ops.create(context, group)
+    with _budget(timeout_ms) as remaining_ms:
+        revision = await admin_ops.create(context, group)
     current, settled = await admin_ops.wait_settled(
-        request.app[GROUP_WAITS], group, revision, admin_ops.group_settled(revision), timeout_ms
+        request.app[GROUP_WAITS], group, revision, admin_ops.group_settled(revision), remaining_ms()
     )
     if current is None:
         raise ApiError(409, "Conflict", f"{admin_ops.label('spu-groups', group.name)} was deleted while it was being created")
@@ -397,8 +398,25 @@ async def create_topic(request: web.Request) -> web.Response:
     if dry_run:
         result, spus = admin_ops.dry_run_topic(context, topic)
         return web.json_response(placement.result_to_json(result, spus))
-    revision = await admin_ops.create_topic(context, topic)
-    return await _topic_answer(request, topic, revision, timeout_ms, created=True)
+    with _budget(timeout_ms) as remaining_ms:
+        revision = await admin_ops.create_topic(context, topic)
+    return await _topic_answer(request, topic, revision, remaining_ms(), created=True)
+
+
+@contextlib.contextmanager
+def _budget(timeout_ms: int) -> Iterator[Callable[[], int]]:
+    """The request's ``?timeout=`` as the budget of its writes to the store (an etcd leader change
+    or restart shorter than it costs time, not a failed request); yields what is left of it in ms,
+    for the wait for the controllers' verdict (0 stays 0: answer at once)."""
+    deadline = asyncio.get_running_loop().time() + timeout_ms / 1000
+
+    def remaining_ms() -> int:
+        if timeout_ms == 0:
+            return 0
+        return max(1, int((deadline - asyncio.get_running_loop().time()) * 1000))
+
+    with kv.budget(timeout_ms / 1000):
+        yield remaining_ms
 
 
 async def _topic_answer(
@@ -423,8 +441,9 @@ async def add_partitions(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
     count = _integer_body(await request.read(), "count", "the number of partitions to add")
-    grown, revision = await admin_ops.add_partitions(context, name, count)
-    return await _topic_answer(request, grown, revision, timeout_ms, created=False)
+    with _budget(timeout_ms) as remaining_ms:
+        grown, revision = await admin_ops.add_partitions(context, name, count)
+    return await _topic_answer(request, grown, revision, remaining_ms(), created=False)
 
 
 def _integer_body(raw: bytes, field: str, meaning: str) -> int:

@@ -55,6 +55,7 @@ class Settings(BaseSettings):
     # The memory store enforces it too. At least 512 KiB: a transaction of 128 partitions of the
     # largest shape (replication factor 128, 10-digit SPU ids) must fit.
     etcd_max_request_bytes: Annotated[int, Field(ge=512 * 1024)] = kv.DEFAULT_MAX_REQUEST_BYTES
+    etcd_attempt_timeout: Seconds = 0.5
     resync_interval: Seconds = 60.0
     spu_offline_grace: Seconds = 30.0
     spu_heartbeat_timeout: Seconds = 10.0

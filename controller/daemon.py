@@ -139,7 +139,11 @@ class Daemon:
             endpoints = self.etcd_server.endpoints
             log.info("embedded etcd started", data_dir=str(data_dir), endpoints=endpoints)
         return await etcd.EtcdStore.open(
-            endpoints, settings.key_prefix, settings.etcd_request_timeout, settings.etcd_max_request_bytes
+            endpoints,
+            settings.key_prefix,
+            settings.etcd_request_timeout,
+            max_request_bytes=settings.etcd_max_request_bytes,
+            attempt_timeout=settings.etcd_attempt_timeout,
         )
 
     async def _open_history(self) -> None:

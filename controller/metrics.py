@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from connection_manager import server as cm_server
-from controller import actions, partition
+from controller import actions, partition, spu_ids
 from store import history, kv, local, models, supervisor as supervisor_module
 
 # Every cause a leader election is recorded with (Action.cause), so each series exists from the start.
@@ -159,6 +159,12 @@ class _ObjectsCollector(Collector):
             for resolution, count in sorted(tally.items()):
                 objects.add_metric([kind, resolution], count)
         yield objects
+        sharing = GaugeMetricFamily(
+            "sc_spus_sharing_an_id",
+            "SPUs placement ignores because another SPU holds their id (written behind the SC's back)",
+        )
+        sharing.add_metric([], len(spu_ids.shadowed(self.local_store["spus"].view, self.local_store.meta.values.get)))
+        yield sharing
         leaderless = GaugeMetricFamily(
             "sc_partitions_without_leader",
             "Partitions that are LeaderOffline, or whose leader is not an Online SPU (an election is due)",

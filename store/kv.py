@@ -7,8 +7,11 @@ backend are relative to its key prefix (default ``/sc/``), so several clusters c
 from __future__ import annotations
 
 import abc
+import asyncio
+import contextlib
+import contextvars
 import enum
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "/sc/"
@@ -330,3 +333,26 @@ def _varint(value: int) -> int:
 def _field(length: int) -> int:
     """Bytes of a length-delimited protobuf field (number below 16) of ``length`` bytes."""
     return 1 + _varint(length) + length
+# The deadline (event loop time) of the caller's budget, when it set one (see ``budget``).
+_budget_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar("kv_budget_deadline", default=None)
+
+
+@contextlib.contextmanager
+def budget(seconds: float) -> Iterator[None]:
+    """Within the block, a request to the store may keep retrying while the store is unavailable
+    for up to ``seconds`` from now, when that is longer than the backend's own request timeout.
+
+    For a caller that was given a budget of its own (an API request's ``?timeout=``): a store
+    that is down for less than the budget then costs time, not a failed request. Never shortens
+    the backend's timeout. Nested budgets: the innermost applies.
+    """
+    token = _budget_deadline.set(asyncio.get_running_loop().time() + max(seconds, 0.0))
+    try:
+        yield
+    finally:
+        _budget_deadline.reset(token)
+
+
+def budget_deadline() -> float | None:
+    """The deadline (event loop time) of the budget the caller set, or None."""
+    return _budget_deadline.get()

@@ -216,7 +216,8 @@ class Admin:
         if request.dry_run:
             admin_ops.dry_run_topic(self.context, topic)
             return codec.Status(name)
-        revision = await admin_ops.create_topic(self.context, topic)
+        with kv.budget(self.create_wait):  # an etcd leader change costs time, not the create
+            revision = await admin_ops.create_topic(self.context, topic)
         verdict = await self.topic_waits.wait(name, lambda: self._topic_verdict(name, revision), self.create_wait)
         if verdict is None:
             return failure(name, Error.TOPIC_NOT_PROVISIONED, self._not_ready_message(name))

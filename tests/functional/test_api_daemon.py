@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from controller import cli
-from store import models
+from store import kv, models
 from tests.fixtures.daemon import Running
 
 
@@ -212,6 +212,112 @@ async def test_delete_topic_takes_its_partitions(sc: Running) -> None:
         assert sorted(await sc.read_all("partitions")) == ["kept-0", "kept-1"]
 
     await sc.eventually(only_kept_remains)
+
+
+def spu_body(name: str, spu_id: int) -> dict[str, Any]:
+    endpoint = {"host": "127.0.0.1", "port": 9005}
+    return {"name": name, "spec": {"id": spu_id, "publicEndpoint": endpoint, "privateEndpoint": endpoint}}
+
+
+async def test_concurrent_registrations_of_one_spu_id_store_exactly_one(sc: Running) -> None:
+    """Hardening #3: the id check and the write were two steps, so 4 of 4 concurrent registrations
+    of id 7 were stored, and placement then failed for every topic of the cluster."""
+    answers = await asyncio.gather(*(sc.call("POST", "/v1/spus", spu_body(f"twin-{index}", 7)) for index in range(8)))
+    statuses = sorted(status for status, _ in answers)
+    assert statuses == [201] + [409] * 7, answers
+    (winner,) = [body["name"] for status, body in answers if status == 201]
+    refusals = {body["error"]["code"] for status, body in answers if status == 409}
+    assert refusals == {"SpuIdInUse"}, answers
+    assert all(f"SPU id 7 is already used by SPU {winner!r}" in body["error"]["message"] for status, body in answers if status == 409)
+    assert sorted(await sc.read_all("spus")) == [winner]
+
+
+async def test_registrations_racing_an_spu_group_for_its_ids_never_share_an_id(sc: Running) -> None:
+    """The group's range check read the mirror, then its SPUs were written: custom SPUs registered
+    in between got the same ids. Whoever takes an id's index key first has it."""
+    group = {"name": "g", "spec": {"replicas": 8, "minId": 400}}
+    registrations = [sc.call("POST", "/v1/spus", spu_body(f"custom-{400 + index}", 400 + index)) for index in range(0, 8, 2)]
+    answers = await asyncio.gather(sc.call("POST", "/v1/spu-groups?timeout=0", group), *registrations)
+    assert answers[0][0] == 202, answers[0]
+    registered = {body["name"] for status, body in answers[1:] if status == 201}
+    assert all(body["error"]["code"] == "SpuIdInUse" for status, body in answers[1:] if status != 201), answers
+
+    async def settled() -> None:
+        stored = await sc.read("spu-groups", "g")
+        assert stored is not None and stored.status.resolution is not models.SpuGroupResolution.INIT  # type: ignore[attr-defined]
+        spus = await sc.read_all("spus")
+        if stored.status.resolution is models.SpuGroupResolution.RESERVED:  # type: ignore[attr-defined]
+            assert set(spus) == {f"g-{index}" for index in range(8)}
+        assert registered <= set(spus)
+        ids = [spu.spec.id for spu in spus.values()]
+        assert sorted(ids) == sorted(set(ids)), {name: spu.spec.id for name, spu in spus.items()}
+        index = {item.key: json.loads(item.value)["spu"] for item in (await sc.kv_store.list("meta/spu-ids/")).items}
+        assert index == {f"meta/spu-ids/{spu.spec.id}": name for name, spu in spus.items()}
+
+    await sc.eventually(settled)
+
+
+async def test_a_custom_spu_cannot_take_the_id_of_a_managed_one(sc: Running) -> None:
+    status, _ = await sc.call("POST", "/v1/spu-groups", {"name": "g", "spec": {"replicas": 2, "minId": 500}})
+    assert status == 201
+
+    async def created() -> None:
+        assert sorted(await sc.read_all("spus")) == ["g-0", "g-1"]
+
+    await sc.eventually(created)
+    assert await sc.call("POST", "/v1/spus", spu_body("custom", 501)) == (
+        409,
+        {"error": {"code": "SpuIdInUse", "message": "SPU id 501 is already used by SPU 'g-1'; choose another id"}},
+    )
+
+
+async def test_an_spu_id_is_free_again_once_its_spu_is_deleted(sc: Running) -> None:
+    assert (await sc.call("POST", "/v1/spus", spu_body("first", 7)))[0] == 201
+    assert (await sc.call("DELETE", "/v1/spus/first"))[0] == 200
+    assert await sc.kv_store.get("meta/spu-ids/7") is None
+    assert (await sc.call("POST", "/v1/spus", spu_body("second", 7)))[0] == 201
+    stored = await sc.kv_store.get("meta/spu-ids/7")
+    assert stored is not None and json.loads(stored.value) == {"spu": "second"}
+
+
+async def test_an_index_key_left_by_an_spu_deleted_behind_the_scs_back_does_not_block_its_id(sc: Running) -> None:
+    assert (await sc.call("POST", "/v1/spus", spu_body("first", 7)))[0] == 201
+    stored = await sc.kv_store.get("spus/first")
+    assert stored is not None
+    await sc.kv_store.delete("spus/first", stored.mod_revision)  # as `etcdctl del` would
+    assert (await sc.call("POST", "/v1/spus", spu_body("second", 7)))[0] == 201
+    assert sorted(await sc.read_all("spus")) == ["second"]
+
+
+async def test_spus_sharing_an_id_behind_the_scs_back_do_not_stop_placement(sc: Running) -> None:
+    """Before the index, SPUs sharing an id made every topic fail placement ("SPU id 1 appears more
+    than once"); now the SPU created later is ignored by placement, and the metrics say so."""
+    for spu_id in range(2):
+        await sc.register_spu(spu_id)
+    twin = models.Spu.model_validate(spu_body("twin-of-1", 1))
+    await sc.kv_store.create(twin.key, models.encode(twin))  # as a hand edit, or an SC before the index, could
+    status, body = await sc.call("POST", "/v1/topics", topic_body("orders", 2, 2))
+    assert (status, body["status"]["resolution"], body["status"]["replicaMap"]) == (201, "Provisioned", {"0": [0, 1], "1": [1, 0]})
+    async with sc.session.get("/metrics") as response:
+        assert "sc_spus_sharing_an_id 1.0" in (await response.text()).splitlines()
+
+
+async def test_overlapping_spu_groups_written_together_reserve_only_the_earlier_range(sc: Running) -> None:
+    """Both groups were reserved in one controller pass, and both created SPUs with ids 302 and 303."""
+    first = models.SpuGroup.model_validate({"name": "a", "spec": {"replicas": 4, "minId": 300}})
+    second = models.SpuGroup.model_validate({"name": "b", "spec": {"replicas": 3, "minId": 302}})
+    await sc.kv_store.txn([], [kv.Put(first.key, models.encode(first)), kv.Put(second.key, models.encode(second))])
+
+    async def settled() -> None:
+        groups = await sc.read_all("spu-groups")
+        assert {name: group.status.resolution.value for name, group in groups.items()} == {"a": "Reserved", "b": "Invalid"}
+        assert groups["b"].status.reason == "id range 302..304 collides: ids 302..303 are in the id range of SPU group a, created earlier"
+        spus = await sc.read_all("spus")
+        assert {name: spu.spec.id for name, spu in spus.items()} == {f"a-{index}": 300 + index for index in range(4)}
+
+    await sc.eventually(settled)
+    await asyncio.sleep(0.3)  # nothing more happens: b stays Invalid and creates nothing
+    await settled()
 
 
 async def test_spu_group_with_a_colliding_range_is_invalid_and_creates_nothing(sc: Running) -> None:

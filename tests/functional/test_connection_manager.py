@@ -686,8 +686,8 @@ async def test_random_and_truncated_frames_leave_the_daemon_and_the_store_untouc
     await leader.report(*[(name, 10, 10, {1: 10, 2: 10}) for name in led])
     await asyncio.sleep(0.3)
     after = {item.key: item.mod_revision for item in (await cluster.sc.kv_store.list("")).items}
-    # Only SPU 3's own registration and online/offline flips changed.
-    assert {key: revision for key, revision in after.items() if key != "spus/spu-3"} == before
+    # Only SPU 3's own registration (the SPU and its id's index key) and online/offline flips changed.
+    assert {key: revision for key, revision in after.items() if key not in ("spus/spu-3", "meta/spu-ids/3")} == before
 
 
 async def test_an_spu_flapping_50_times_leaves_no_partition_stuck(cluster: Cluster) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from connection_manager import health as health_module
-from controller import actions, placement, spu, spu_group, topic, topic_size
+from controller import actions, placement, spu, spu_group, spu_ids, topic, topic_size
 from store import kv, local, models
 from tests import objects, placement_plugins
 
@@ -694,3 +694,68 @@ def test_a_placement_with_rack_violations_says_which_partitions() -> None:
     even = [(make_spu(spu_id, rack=f"r{spu_id % 3}"), spu_id + 1) for spu_id in range(6)]
     [provision] = topic.decide(snapshot_of(*even, (pending, 10)))
     assert json.loads(provision.writes[1].value)["status"]["reason"] == ""  # type: ignore[arg-type]
+
+
+def named_group(name: str, replicas: int, min_id: int, resolution: str = "Init") -> models.SpuGroup:
+    return group(replicas, min_id, resolution).model_copy(update={"name": name})
+
+
+def test_overlapping_spu_groups_created_together_leave_the_later_one_invalid() -> None:
+    """Both groups were Init in one pass: each was checked against SPUs only, both became Reserved,
+    and both created SPUs for ids 13 and 14."""
+    snapshot = snapshot_of((named_group("second", 3, 13), 7), (named_group("first", 4, 11), 6))
+    assert [(a.name, json.loads(a.writes[0].value)["status"]) for a in spu_group.decide(snapshot)] == [  # type: ignore[arg-type]
+        ("first", {"resolution": "Reserved", "reason": ""}),
+        (
+            "second",
+            {
+                "resolution": "Invalid",
+                "reason": "id range 13..15 collides: ids 13..14 are in the id range of SPU group first, created earlier",
+            },
+        ),
+    ]
+    # The earlier group keeps its range however the later one changes, and one shared id is named alone.
+    reserved = snapshot_of((named_group("second", 3, 14, "Reserved"), 7), (named_group("first", 4, 11, "Reserved"), 6))
+    assert [(a.name, json.loads(a.writes[0].value)["status"]["reason"]) for a in spu_group.decide(reserved) if a.verb is actions.Verb.UPDATE_STATUS] == [  # type: ignore[arg-type]
+        ("second", "id range 14..16 collides: id 14 is in the id range of SPU group first, created earlier"),
+    ]
+
+
+def test_a_managed_spu_takes_its_id_index_key_in_its_own_create() -> None:
+    stale = (spu_ids.encode_holder("deleted-by-hand"), 3)
+    decided = spu_group.decide(snapshot_of((group(2, 11, "Reserved"), 5), meta={"meta/spu-ids/12": stale}))
+    assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes[1:]]) for a in decided] == [
+        ("create", "main-0", [("meta/spu-ids/11", b'{"spu": "main-0"}', 0)]),
+        ("create", "main-1", [("meta/spu-ids/12", b'{"spu": "main-1"}', 3)]),  # a stale key is taken at its revision
+    ]
+
+
+def test_a_managed_spu_whose_id_another_spu_of_its_group_holds_waits_for_it_to_move() -> None:
+    """The group's minId changed behind the SC's back (5 -> 6): main-0 must wait for main-1 to give
+    id 6 up; main-1 moves to 7, giving 6 back in the same transaction."""
+    old = spu_group.desired_spus(group(2, 5))
+    index = {f"meta/spu-ids/{spu_obj.spec.id}": (spu_ids.encode_holder(spu_obj.name), 20 + i) for i, spu_obj in enumerate(old)}
+    snapshot = snapshot_of((group(2, 6, "Reserved"), 5), (old[0], 10), (old[1], 11), meta=index)
+    decided = spu_group.decide(snapshot)
+    assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes]) for a in decided] == [
+        (
+            "update-spec",
+            "main-1",
+            [
+                ("spus/main-1", decided[0].writes[0].value, 11),
+                ("meta/spu-ids/7", b'{"spu": "main-1"}', 0),
+                ("meta/spu-ids/6", None, 21),
+            ],
+        ),
+    ]
+    assert models.decode("spus", decided[0].writes[0].value).spec.id == 7  # type: ignore[arg-type, attr-defined]
+
+
+def test_deleted_managed_spus_give_their_id_back_in_the_same_transaction() -> None:
+    managed = spu_group.desired_spus(group(2, 11))
+    index = {"meta/spu-ids/11": (spu_ids.encode_holder("main-0"), 30), "meta/spu-ids/12": (spu_ids.encode_holder("custom"), 31)}
+    decided = spu_group.decide(snapshot_of((managed[0], 6), (managed[1], 7), meta=index))
+    assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes]) for a in decided] == [
+        ("delete", "main-0", [("spus/main-0", None, 6), ("meta/spu-ids/11", None, 30)]),
+        ("delete", "main-1", [("spus/main-1", None, 7)]),  # the key names someone else: left alone
+    ]
