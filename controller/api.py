@@ -18,6 +18,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import exposition as prometheus_exposition
 
+from connection_manager import transport
 from controller import admin_ops, context as context_module, openapi, partition, placement, topic as topic_controller
 from store import kv, local, models
 
@@ -599,7 +600,7 @@ async def _stream(
 
 
 def build_app(context: context_module.Context) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[transport.middleware, error_middleware], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT] = context
     app[STOPPING] = asyncio.Event()
     app[TOPIC_WAITS] = admin_ops.Settlements(context.local_store["topics"])
