@@ -223,7 +223,7 @@ async def _send_then_abort(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
-@pytest.mark.parametrize("upload", [aborted_fluvio_frame], ids=["fluvio-frame"])
+@pytest.mark.parametrize("upload", [aborted_http_upload, aborted_fluvio_frame], ids=["http-body", "fluvio-frame"])
 async def test_aborted_uploads_keep_no_memory_and_log_no_error(
     tmp_path: Path, upload: Callable[[int, str], Awaitable[None]]
 ) -> None:
@@ -256,6 +256,44 @@ async def test_aborted_uploads_keep_no_memory_and_log_no_error(
     assert [line for line in lines if line["level"] in ("error", "critical") or "exception" in line] == []
     abandoned = [line for line in lines if line["event"] == "clients closed their connection in the middle of a request"]
     assert 1 <= len(abandoned) <= ROUNDS, abandoned  # one line per 10 s, not one per client
+
+
+async def test_a_content_length_above_the_limit_is_refused_before_the_body_is_read() -> None:
+    async with daemon_fixtures.running(settings()) as sc:
+        reader, writer = await asyncio.open_connection("127.0.0.1", sc.daemon.public_port)
+        try:
+            writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: sc\r\nContent-Length: %d\r\n\r\n" % (api.MAX_BODY_BYTES + 1))
+            head, body = await read_response(reader)  # answered with no body byte sent
+        finally:
+            writer.transport.abort()
+        assert head.startswith(b"HTTP/1.1 413 ") and b"Connection: close" in head
+        assert body == {
+            "error": {
+                "code": "RequestTooLarge",
+                "message": f"the request body is {api.MAX_BODY_BYTES + 1} bytes (Content-Length); "
+                f"the limit is {api.MAX_BODY_BYTES} bytes",
+            }
+        }
+
+
+async def test_a_chunked_body_is_cut_at_the_limit() -> None:
+    async with daemon_fixtures.running(settings()) as sc:
+        reader, writer = await asyncio.open_connection("127.0.0.1", sc.daemon.public_port)
+        chunk = b" " * MiB
+        try:
+            writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: sc\r\nTransfer-Encoding: chunked\r\n\r\n")
+            with contextlib.suppress(ConnectionError):
+                for _ in range(api.MAX_BODY_BYTES // MiB + 1):
+                    writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    await writer.drain()
+            head, body = await read_response(reader)
+        finally:
+            writer.transport.abort()
+        assert head.startswith(b"HTTP/1.1 413 ")
+        assert body["error"] == {
+            "code": "RequestTooLarge",
+            "message": f"the request body is larger than {api.MAX_BODY_BYTES} bytes",
+        }
 
 
 # ---------------------------------------------------------------------------- 2. slow and silent clients
@@ -329,6 +367,8 @@ async def partial_websocket_upgrade(reader: asyncio.StreamReader, writer: asynci
         (transport.PUBLIC, silent, transport.HEADER_TIMEOUT, b""),
         (transport.PUBLIC, partial_request_line, transport.HEADER_TIMEOUT, b""),
         (transport.PUBLIC, partial_headers, transport.HEADER_TIMEOUT, b""),
+        (transport.PUBLIC, slow_body, transport.BODY_TIMEOUT, b"HTTP/1.1 408 Request Timeout\r\n"),
+        (transport.PUBLIC, trickled_body, transport.BODY_TIMEOUT, b"HTTP/1.1 408 Request Timeout\r\n"),
         (transport.PUBLIC, idle_after_a_request, transport.IDLE_TIMEOUT, b""),
         (transport.PUBLIC, fluvio_length_prefix_alone, transport.BODY_TIMEOUT, b""),
         (transport.PUBLIC, fluvio_partial_prefix, transport.HEADER_TIMEOUT, b""),
