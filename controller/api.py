@@ -71,12 +71,19 @@ def _http_error(error: web.HTTPException, request: web.Request) -> web.Response:
             405, "MethodNotAllowed", f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
         )
     if isinstance(error, web.HTTPNotFound):
-        return error_response(404, "NotFound", f"no route for {request.method} {request.path}; see /openapi.json")
+        return error_response(
+            404, "NotFound", f"no route for {request.method} {_clipped(request.path)}; see /openapi.json"
+        )
     if isinstance(error, web.HTTPRequestEntityTooLarge):
         return error_response(
             413, "RequestTooLarge", f"the request body is larger than {MAX_BODY_BYTES} bytes"
         )
-    return error_response(error.status, error.reason.replace(" ", ""), error.text or error.reason)
+    return error_response(error.status, error.reason.replace(" ", ""), _clipped(error.text or error.reason))
+
+
+def _clipped(text: str) -> str:
+    """``text`` as it is when short and printable, else a short escaped excerpt (it may be a client's)."""
+    return text if len(text) <= ratelimit.EXCERPT_BYTES and text.isprintable() else ratelimit.excerpt(text)
 
 
 @web.middleware
@@ -191,7 +198,7 @@ async def _hold(holding: contextlib.AsyncExitStack, budget: transport.Budget, si
 def _kind(request: web.Request) -> str:
     kind = request.match_info["kind"]
     if kind not in models.KINDS:
-        raise ApiError(404, "NotFound", f"unknown kind {kind!r}: use one of {', '.join(models.KINDS)}")
+        raise ApiError(404, "NotFound", f"unknown kind {ratelimit.excerpt(kind)}: use one of {', '.join(models.KINDS)}")
     return kind
 
 
@@ -200,7 +207,7 @@ def _int_param(request: web.Request, name: str, default: int, maximum: int) -> i
     if raw is None:
         return default
     if not raw.isascii() or not raw.isdigit():
-        raise ApiError(400, "MalformedRequest", f"query parameter {name} must be a whole number, got {raw!r}")
+        raise ApiError(400, "MalformedRequest", f"query parameter {name} must be a whole number, got {ratelimit.excerpt(raw)}")
     value = int(raw)
     if value > maximum:
         raise ApiError(422, "InvalidRequest", f"query parameter {name} is at most {maximum}, got {value}")
@@ -216,7 +223,7 @@ def _bool_param(request: web.Request, name: str) -> bool:
         return True
     if lowered in ("false", "0"):
         return False
-    raise ApiError(400, "MalformedRequest", f"query parameter {name} must be true or false, got {raw!r}")
+    raise ApiError(400, "MalformedRequest", f"query parameter {name} must be true or false, got {ratelimit.excerpt(raw)}")
 
 
 def parse_json_object(raw: bytes, shape: str) -> dict[str, Any]:

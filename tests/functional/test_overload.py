@@ -534,3 +534,67 @@ async def test_accept_out_of_descriptors_backs_off_logs_once_and_recovers(tmp_pa
         assert [line for line in lines if "socket.accept()" in line["event"]] == []
         assert metric(await sc.metrics(), "sc_accept_paused_total", port="public") >= 1
 
+
+# ---------------------------------------------------------------------------- 6. junk and echoes
+
+
+JUNK = {
+    "not-http": b"Z" * (64 * 1024),
+    "tls": b"\x16\x03\x01" + bytes(range(256)) * 256,
+    "http-line-too-long": b"GET / HTTP/1.1\r\nX-Long: " + b"a" * (64 * 1024),
+}
+
+
+async def test_junk_gets_a_short_answer_a_short_rate_limited_log_and_keeps_no_memory(tmp_path: Path) -> None:
+    """The issue's 300 x 1 MiB of junk gave 45 MiB of ERROR tracebacks echoing it, and 64 KiB echoed per reply."""
+    async with sc_process(tmp_path) as sc:
+        started = time.monotonic()
+        logged_before = sc.log_path.stat().st_size
+        for port in (sc.public_port, sc.private_port):
+            for name, junk in JUNK.items():
+                reader, writer = await connect_from("127.0.0.2", port)
+                try:
+                    writer.write(junk)  # small enough to be read whole: the answer is not lost to a reset
+                    answer = await closed_by_server(reader, 10)
+                finally:
+                    writer.transport.abort()
+                head, _, body = answer.partition(b"\r\n\r\n")
+                assert re.match(rb"HTTP/1\.[01] 400 ", head) and len(answer) < 1024, (name, answer[:300])
+                error = json.loads(body)["error"]
+                assert error["code"] == "MalformedRequest", (name, error)
+                assert len(error["message"]) < 200 and junk[20:40].decode("latin-1") not in error["message"], (name, error)
+        baseline = sc.rss()
+        big = [kind * (MiB // len(kind)) for kind in JUNK.values()]
+
+        async def flood(index: int) -> None:
+            reader, writer = await connect_from(f"127.0.0.{2 + index % 4}", sc.public_port)
+            try:
+                with contextlib.suppress(ConnectionError):
+                    writer.write(big[index % len(big)])
+                    await writer.drain()
+                with contextlib.suppress(ConnectionError):
+                    await closed_by_server(reader, 10)
+            finally:
+                writer.transport.abort()
+
+        for first in range(0, 300, 30):
+            await asyncio.gather(*(flood(index) for index in range(first, first + 30)))
+        await healthz_answers(sc.url)
+        flooded = sc.rss()
+        async with aiohttp.ClientSession() as session:
+            huge_name = json.dumps({"name": "x" * MiB, "spec": {"partitions": 1, "replicationFactor": 1}}).encode()
+            async with session.post(f"{sc.url}/v1/topics", data=io.BytesIO(huge_name)) as response:
+                answer = await response.read()
+            assert response.status == 422 and len(answer) < 1024 and b"x" * 201 not in answer, answer[:300]
+        await asyncio.sleep(0.2)  # the last lines reach the log file
+        logged = sc.log_path.read_bytes()[logged_before:]
+        intervals = 1 + int((time.monotonic() - started) / 10)
+    # Unparsed junk leaves nothing; aiohttp's parse errors are collected once 32 MiB may be held.
+    assert flooded - baseline < 64 * MiB, (baseline, flooded)
+    assert len(logged) < 4096 * intervals, logged[:2000]
+    assert b"Traceback" not in logged and b"Z" * 65 not in logged and b"a" * 65 not in logged
+    lines = [json.loads(line) for line in logged.splitlines()]
+    not_http = [(line["port"], line["reason"]) for line in lines if line.get("reason") == transport.NOT_HTTP]
+    malformed = [(line["port"], line["status"]) for line in lines if line["event"] == "HTTP requests refused"]
+    assert sorted(set(not_http)) == [("private", "not-http"), ("public", "not-http")] and len(not_http) <= 2 * intervals
+    assert sorted(set(malformed)) == [("private", 400), ("public", 400)] and len(malformed) <= 2 * intervals
