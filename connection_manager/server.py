@@ -20,7 +20,7 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from connection_manager import health as health_module
-from connection_manager import lrs, wire
+from connection_manager import lrs, transport, wire
 from store import local, models
 from store import supervisor as supervisor_module
 
@@ -171,6 +171,7 @@ class ConnectionManager:
         max_frame_bytes: int = wire.MAX_FRAME_BYTES,
         on_live_change: Callable[[set[str]], None] = lambda names: None,
         supervisor: supervisor_module.Supervisor | None = None,
+        listener: transport.Port | None = None,
     ) -> None:
         self.local_store = local_store
         self.health = health
@@ -181,6 +182,8 @@ class ConnectionManager:
         self.heartbeat_timeout = heartbeat_timeout
         self.max_frame_bytes = max_frame_bytes
         self.on_live_change = on_live_change
+        # Connection limits and timeouts of the private port (None: the defaults).
+        self.listener = listener if listener is not None else transport.Port(transport.PRIVATE)
         self.sessions: dict[int, Session] = {}
         self.stats = Stats()
         self.supervisor = supervisor if supervisor is not None else supervisor_module.Supervisor()
@@ -192,14 +195,14 @@ class ConnectionManager:
     # ------------------------------------------------------------------ lifecycle
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_frame_bytes)
+        app = web.Application(client_max_size=self.max_frame_bytes, middlewares=[transport.middleware])
         app.router.add_get(wire.SPU_PATH, self._handle)
         return app
 
     async def start(self, host: str, port: int) -> None:
         self._runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
+        site = transport.GuardedSite(self._runner, host, port, self.listener)
         await site.start()
         self.port = next(
             (int(address[1]) for address in self._runner.addresses if isinstance(address, tuple)), port

@@ -9,15 +9,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
+import aiohttp.web_protocol
 import pydantic
 import structlog
 from aiohttp import web
 from prometheus_client import exposition as prometheus_exposition
 
+from connection_manager import ratelimit, transport
 from controller import admin_ops, context as context_module, openapi, partition, placement, topic as topic_controller
 from store import kv, local, models
 
@@ -53,6 +56,10 @@ ApiError = admin_ops.ApiError
 CAS_ATTEMPTS = admin_ops.CAS_ATTEMPTS
 
 
+class ClientGone(Exception):
+    """The client closed its connection in the middle of its request: nobody is left to answer."""
+
+
 def error_response(status: int, code: str, message: str, **extra: Any) -> web.Response:
     return web.json_response({"error": {"code": code, "message": message}, **extra}, status=status)
 
@@ -64,12 +71,19 @@ def _http_error(error: web.HTTPException, request: web.Request) -> web.Response:
             405, "MethodNotAllowed", f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
         )
     if isinstance(error, web.HTTPNotFound):
-        return error_response(404, "NotFound", f"no route for {request.method} {request.path}; see /openapi.json")
+        return error_response(
+            404, "NotFound", f"no route for {request.method} {_clipped(request.path)}; see /openapi.json"
+        )
     if isinstance(error, web.HTTPRequestEntityTooLarge):
         return error_response(
             413, "RequestTooLarge", f"the request body is larger than {MAX_BODY_BYTES} bytes"
         )
-    return error_response(error.status, error.reason.replace(" ", ""), error.text or error.reason)
+    return error_response(error.status, error.reason.replace(" ", ""), _clipped(error.text or error.reason))
+
+
+def _clipped(text: str) -> str:
+    """``text`` as it is when short and printable, else a short escaped excerpt (it may be a client's)."""
+    return text if len(text) <= ratelimit.EXCERPT_BYTES and text.isprintable() else ratelimit.excerpt(text)
 
 
 @web.middleware
@@ -82,6 +96,11 @@ async def error_middleware(
         response = await handler(request)
     except ApiError as error:
         response = error_response(error.status, error.code, error.message, **error.extra)
+        if error.status in (408, 413):
+            response.force_close()  # the rest of its body is not read
+    except ClientGone:
+        response = error_response(400, "ClientClosedRequest", "the client closed its connection mid-request")
+        response.force_close()
     except web.HTTPException as error:
         if error.status < 400:
             raise
@@ -101,10 +120,85 @@ async def error_middleware(
 # ---------------------------------------------------------------------------- request parsing
 
 
+async def read_body(request: web.Request) -> bytes:
+    """The request's body. Refused (413) before a byte is read when its Content-Length is above
+    MAX_BODY_BYTES, and cut there when it has none; a body over 64 KiB first waits for room in the
+    port's buffered bytes (503 after the body timeout). A pause longer than the body timeout, or a
+    body slower than transport.MIN_BODY_BYTES_PER_SECOND on average, gets a 408. A client that
+    leaves midway raises ClientGone, the bytes received let go at once: nothing the failure leaves
+    behind (an exception, its traceback) holds them until a collection."""
+    length = request.content_length
+    if length is not None and length > MAX_BODY_BYTES:
+        raise ApiError(
+            413, "RequestTooLarge", f"the request body is {length} bytes (Content-Length); the limit is {MAX_BODY_BYTES} bytes"
+        )
+    guard = transport.guard_of(request.transport)
+    pause = request.app[CONTEXT].settings.client_body_timeout
+    size = MAX_BODY_BYTES if length is None else length
+    loop = asyncio.get_running_loop()
+    body = bytearray()
+    received = 0
+    deadline = math.inf
+    try:
+        async with contextlib.AsyncExitStack() as holding:
+            if guard is not None:
+                await _hold(holding, guard.port.budget, size, pause)
+            # A declared length is allocated at once: no growing buffer leaves copies behind.
+            body = bytearray(length or 0)
+            deadline = loop.time() + transport.whole_body_seconds(pause, size)
+            while True:
+                async with asyncio.timeout_at(min(loop.time() + pause, deadline)):
+                    chunk = await request.content.readany()
+                if not chunk:
+                    return bytes(body)
+                end = received + len(chunk)
+                if end > MAX_BODY_BYTES:
+                    raise ApiError(413, "RequestTooLarge", f"the request body is larger than {MAX_BODY_BYTES} bytes")
+                if length is None:
+                    body += chunk
+                else:
+                    body[received:end] = chunk  # aiohttp stops at the declared length
+                received = end
+    except TimeoutError:
+        if guard is not None:
+            guard.port.refuse(transport.BODY_TIMEOUT, seconds=pause)
+        slow = (
+            f"took longer than {transport.whole_body_seconds(pause, size):g} s for its {size} bytes"
+            if loop.time() >= deadline
+            else f"paused for {pause:g} s (client_body_timeout)"
+        )
+        raise ApiError(
+            408, "RequestTimeout", f"the request body {slow} after {received} bytes; send it without pausing"
+        ) from None
+    except (ConnectionError, aiohttp.web_protocol.RequestPayloadError) as error:
+        body.clear()
+        error.__traceback__ = None
+        if isinstance(error, aiohttp.web_protocol.RequestPayloadError):
+            raise ApiError(400, "MalformedRequest", f"the request body could not be read: {ratelimit.excerpt(str(error))}") from None
+        if guard is not None:
+            guard.port.abandoned(received)
+        raise ClientGone() from None
+    finally:
+        body.clear()
+
+
+async def _hold(holding: contextlib.AsyncExitStack, budget: transport.Budget, size: int, timeout: float) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await holding.enter_async_context(budget.hold(size))
+    except TimeoutError:
+        raise ApiError(
+            503,
+            "Busy",
+            f"the SC is receiving {budget.held} bytes of request bodies (max_buffered_request_bytes is "
+            f"{budget.capacity}); retry shortly",
+        ) from None
+
+
 def _kind(request: web.Request) -> str:
     kind = request.match_info["kind"]
     if kind not in models.KINDS:
-        raise ApiError(404, "NotFound", f"unknown kind {kind!r}: use one of {', '.join(models.KINDS)}")
+        raise ApiError(404, "NotFound", f"unknown kind {ratelimit.excerpt(kind)}: use one of {', '.join(models.KINDS)}")
     return kind
 
 
@@ -113,7 +207,7 @@ def _int_param(request: web.Request, name: str, default: int, maximum: int) -> i
     if raw is None:
         return default
     if not raw.isascii() or not raw.isdigit():
-        raise ApiError(400, "MalformedRequest", f"query parameter {name} must be a whole number, got {raw!r}")
+        raise ApiError(400, "MalformedRequest", f"query parameter {name} must be a whole number, got {ratelimit.excerpt(raw)}")
     value = int(raw)
     if value > maximum:
         raise ApiError(422, "InvalidRequest", f"query parameter {name} is at most {maximum}, got {value}")
@@ -129,7 +223,7 @@ def _bool_param(request: web.Request, name: str) -> bool:
         return True
     if lowered in ("false", "0"):
         return False
-    raise ApiError(400, "MalformedRequest", f"query parameter {name} must be true or false, got {raw!r}")
+    raise ApiError(400, "MalformedRequest", f"query parameter {name} must be true or false, got {ratelimit.excerpt(raw)}")
 
 
 def parse_json_object(raw: bytes, shape: str) -> dict[str, Any]:
@@ -362,7 +456,7 @@ def _blocked_json(blocked: dict[str, str]) -> list[dict[str, str]]:
 
 async def register_spu(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
-    spu: models.Spu = parse_object("spus", await request.read())  # type: ignore[assignment]
+    spu: models.Spu = parse_object("spus", await read_body(request))  # type: ignore[assignment]
     await admin_ops.register_spu(context, spu)
     return web.json_response(spu.to_json_dict(), status=201)
 
@@ -370,7 +464,7 @@ async def register_spu(request: web.Request) -> web.Response:
 async def create_spu_group(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
-    group: models.SpuGroup = parse_object("spu-groups", await request.read())  # type: ignore[assignment]
+    group: models.SpuGroup = parse_object("spu-groups", await read_body(request))  # type: ignore[assignment]
     with _budget(timeout_ms) as remaining_ms:
         revision = await admin_ops.create(context, group)
     current, settled = await admin_ops.wait_settled(
@@ -394,7 +488,7 @@ async def create_topic(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
     dry_run = _bool_param(request, "dryRun")
-    topic: models.Topic = parse_object("topics", await request.read())  # type: ignore[assignment]
+    topic: models.Topic = parse_object("topics", await read_body(request))  # type: ignore[assignment]
     if dry_run:
         result, spus = admin_ops.dry_run_topic(context, topic)
         return web.json_response(placement.result_to_json(result, spus))
@@ -440,7 +534,7 @@ async def add_partitions(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     name = request.match_info["name"]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
-    count = _integer_body(await request.read(), "count", "the number of partitions to add")
+    count = _integer_body(await read_body(request), "count", "the number of partitions to add")
     with _budget(timeout_ms) as remaining_ms:
         grown, revision = await admin_ops.add_partitions(context, name, count)
     return await _topic_answer(request, grown, revision, remaining_ms(), created=False)
@@ -464,7 +558,7 @@ async def scale_spu_group(request: web.Request) -> web.Response:
     """Set a group's replica count; the SPU-group controller creates or deletes its SPUs."""
     context = request.app[CONTEXT]
     name = request.match_info["name"]
-    replicas = _integer_body(await request.read(), "replicas", "the number of SPUs the group should have")
+    replicas = _integer_body(await read_body(request), "replicas", "the number of SPUs the group should have")
 
     def scale(current: models.ClusterObject) -> models.ClusterObject:
         try:
@@ -485,7 +579,7 @@ async def scale_spu_group(request: web.Request) -> web.Response:
 async def set_spu_rack(request: web.Request) -> web.Response:
     """Give an SPU a rack, or take it away (``{"rack": null}``); compare-and-swap on its spec."""
     context = request.app[CONTEXT]
-    body = parse_json_object(await request.read(), '{"rack": R}')
+    body = parse_json_object(await read_body(request), '{"rack": R}')
     unknown = sorted(set(body) - {"rack"})
     if unknown:
         raise ApiError(422, "InvalidRequest", f'{unknown[0]}: unknown field (the body is {{"rack": R}})')
@@ -512,7 +606,7 @@ async def delete_object(request: web.Request) -> web.Response:
 
 async def compute_placement(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
-    body = parse_json_object(await request.read(), "(a placement request, as for `sc placement compute`)")
+    body = parse_json_object(await read_body(request), "(a placement request, as for `sc placement compute`)")
     live_spus = None
     if "spus" not in body:
         admin_ops.require_synced(context)
@@ -689,7 +783,7 @@ async def _stream(
 
 
 def build_app(context: context_module.Context) -> web.Application:
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(middlewares=[transport.middleware, error_middleware], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT] = context
     app[STOPPING] = asyncio.Event()
     app[TOPIC_WAITS] = admin_ops.Settlements(context.local_store["topics"])

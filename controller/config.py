@@ -63,6 +63,15 @@ class Settings(BaseSettings):
     # Without a token the private port accepts SPUs from loopback only, unless this says otherwise.
     spu_allow_remote_without_token: bool = False
     spu_max_frame_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    # Slow or silent clients on both ports (connection_manager/transport.py).
+    client_header_timeout: Seconds = 10.0
+    client_body_timeout: Seconds = 30.0
+    client_idle_timeout: Seconds = 60.0
+    # None: derived from the open-file limit at start (transport.derive_limits).
+    max_connections_public: Annotated[int, Field(ge=1)] | None = None
+    max_connections_private: Annotated[int, Field(ge=1)] | None = None
+    max_connections_per_address: Annotated[int, Field(ge=1)] | None = None
+    max_buffered_request_bytes: Annotated[int, Field(ge=1024 * 1024)] = 128 * 1024 * 1024
     unclean_leader_election: bool = False
     leader_rebalance_batch: Annotated[int, Field(ge=0)] = 100
     log_format: LogFormat = LogFormat.AUTO

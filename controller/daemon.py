@@ -16,6 +16,7 @@ from aiohttp import web
 from connection_manager import health as health_module
 from connection_manager import lrs
 from connection_manager import server as cm_server
+from connection_manager import transport
 from controller import api, config, context as context_module, metrics, pipeline, placement_plugins
 from controller.fluvio import listener as fluvio_listener, server as fluvio_server
 from store import active_sc, embedded_etcd, etcd, history, kv, local, memory
@@ -43,6 +44,7 @@ class Daemon:
         self.history: history.Recorder | None = None
         self.private_port: int | None = None
         self.connections: cm_server.ConnectionManager | None = None
+        self.ports: tuple[transport.Port, transport.Port] | None = None  # public, private
         self._runner: web.AppRunner | None = None
         self._etcd_supervision: asyncio.Task[None] | None = None
         self.active: active_sc.ActiveSc | None = None
@@ -76,6 +78,8 @@ class Daemon:
             if self.history is not None:
                 self.context.metrics.watch_history(self.history)
             health = health_module.HealthView(started_at=loop.time())
+            public, private = self.ports = _ports(self.settings)
+            self.context.metrics.watch_ports(public, private)
             self.connections = cm_server.ConnectionManager(
                 self.context.local_store,
                 health,
@@ -85,6 +89,7 @@ class Daemon:
                 heartbeat_timeout=self.settings.spu_heartbeat_timeout,
                 max_frame_bytes=self.settings.spu_max_frame_bytes,
                 supervisor=self.context.supervisor,
+                listener=private,
             )
             self.context.connections = self.connections
             self.context.metrics.watch_connections(self.connections)
@@ -94,7 +99,7 @@ class Daemon:
             await self._runner.setup()
             # One port, two protocols: Fluvio's binary admin protocol next to the HTTP API.
             fluvio = fluvio_server.FluvioServer(self.context)
-            site = fluvio_listener.SniffingSite(self._runner, self.settings.bind_host, self.settings.public_port, fluvio)
+            site = fluvio_listener.SniffingSite(self._runner, self.settings.bind_host, self.settings.public_port, fluvio, public)
             await site.start()
             self.public_port = _bound_port(self._runner, self.settings.public_port)
             log.info("public API listening", host=self.settings.bind_host, port=self.public_port)
@@ -196,6 +201,7 @@ class Daemon:
             loop.add_signal_handler(signum, stopping.set)
         # Process-wide settings, so only here (the `sc run` process), not in start().
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+        transport.raise_file_limit()
         await self.start()
         gc.freeze()
         assert self.active is not None
@@ -212,6 +218,31 @@ class Daemon:
         if self.active.superseded.is_set():
             # Another SC took the store over: exit with its name rather than write beside it.
             raise active_sc.AnotherScActive(self.active.key, self.active.holder, self.active.ttl)
+
+
+def _ports(settings: config.Settings) -> tuple[transport.Port, transport.Port]:
+    """The public and private ports' limits and timeouts: the settings', or derived from the
+    open-file limit, so that both stay below it and the private port keeps a share of its own."""
+    files = transport.file_limit()
+    limits = transport.derive_limits(
+        files, settings.max_connections_public, settings.max_connections_private, settings.max_connections_per_address
+    )
+    timeouts = transport.Timeouts(settings.client_header_timeout, settings.client_body_timeout, settings.client_idle_timeout)
+    buffered = settings.max_buffered_request_bytes
+    reserve = transport.reserved_descriptors(files)
+    if limits.public + limits.private > files - reserve:
+        log.warning(
+            "the connection limits leave fewer descriptors than the reserve: accepting may fail and pause",
+            open_file_limit=files, public=limits.public, private=limits.private, reserve=reserve,
+        )
+    log.info(
+        "connection limits", open_file_limit=files, public=limits.public, private=limits.private,
+        per_address=limits.per_address, header_timeout=timeouts.header, body_timeout=timeouts.body, idle_timeout=timeouts.idle,
+    )  # fmt: skip
+    return (
+        transport.Port(transport.PUBLIC, transport.Limits(limits.public, limits.per_address, buffered), timeouts),
+        transport.Port(transport.PRIVATE, transport.Limits(limits.private, limits.per_address, buffered), timeouts),
+    )
 
 
 def _bound_port(runner: web.AppRunner, configured: int) -> int:

@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from connection_manager import server as cm_server
+from connection_manager import transport
 from controller import actions, partition, spu_ids
 from store import history, kv, local, models, supervisor as supervisor_module
 
@@ -104,6 +105,9 @@ class Metrics:
 
     def watch_tasks(self, supervisor: supervisor_module.Supervisor) -> None:
         self.registry.register(_TasksCollector(supervisor))
+
+    def watch_ports(self, *ports: transport.Port) -> None:
+        self.registry.register(_PortsCollector(ports))
 
     def exposition(self) -> bytes:
         return prometheus_client.generate_latest(self.registry)
@@ -266,3 +270,40 @@ class _TasksCollector(Collector):
         for task in sorted(self.supervisor.restarts):
             failing.add_metric([task], 1.0 if task in failing_now else 0.0)
         yield failing
+
+
+class _PortsCollector(Collector):
+    """The listening ports' connections, refusals and buffered bytes, read at scrape time."""
+
+    def __init__(self, ports: tuple[transport.Port, ...]) -> None:
+        self.ports = ports
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        open_now = GaugeMetricFamily("sc_connections_open", "Connections open now, by port", labels=["port"])
+        refused = CounterMetricFamily(
+            "sc_connections_refused",
+            "Connections refused at a limit, or closed because the client was too slow, by port and reason",
+            labels=["port", "reason"],
+        )
+        paused = CounterMetricFamily(
+            "sc_accept_paused", "Times accepting paused because accept() failed (out of descriptors)", labels=["port"]
+        )
+        abandoned = CounterMetricFamily(
+            "sc_requests_abandoned", "Requests whose client left in the middle of their body or frame", labels=["port"]
+        )
+        buffered = GaugeMetricFamily(
+            "sc_request_bytes_buffered", "Bytes of large request bodies and frames being received now", labels=["port"]
+        )
+        suppressed = CounterMetricFamily(
+            "sc_log_lines_suppressed", "Log lines about clients left out by the rate limit", labels=["port"]
+        )
+        for port in self.ports:
+            stats = port.stats
+            open_now.add_metric([port.name], stats.open)
+            for reason in transport.REASONS:
+                refused.add_metric([port.name, reason], stats.refused[reason])
+            paused.add_metric([port.name], stats.accept_pauses)
+            abandoned.add_metric([port.name], stats.abandoned_requests)
+            buffered.add_metric([port.name], port.budget.held)
+            suppressed.add_metric([port.name], port.log.suppressed_total)
+        yield from (open_now, refused, paused, abandoned, buffered, suppressed)

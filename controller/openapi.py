@@ -487,7 +487,9 @@ def document() -> dict[str, Any]:
             "version": "1",
             "description": "The SC's HTTP API on the public port (default 9003); see API.md. Errors are "
             '{"error": {"code", "message"}}; 400 malformed, 404 absent, 409 exists or conflict, '
-            "422 well-formed but invalid, 503 store unavailable or not synced.",
+            "422 well-formed but invalid, 503 store unavailable or not synced; a request body is refused with 413 "
+            "above 16 MiB (before it is read when its Content-Length says so), 408 when it pauses longer than "
+            "client_body_timeout, 503 (Busy) when max_buffered_request_bytes are being received already.",
         },
         "paths": _paths(),
         "components": {"schemas": {**_object_schemas(), **_extra_schemas()}},

@@ -34,6 +34,13 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     run.add_argument("--spu-offline-grace", type=float, help="seconds an SPU recorded Online may take to reconnect after an SC start (default 30)")
     run.add_argument("--spu-heartbeat-timeout", type=float, help="seconds of SPU silence before it is marked offline (default 10)")
     run.add_argument("--spu-token-file", type=Path, help="file holding a shared token every SPU must present")
+    run.add_argument("--client-header-timeout", type=float, help="seconds a client has to send a request's line and headers, or a Fluvio frame's length (default 10)")
+    run.add_argument("--client-body-timeout", type=float, help="seconds a request body or Fluvio frame may pause; the whole may take this plus 1 s per 64 KiB (default 30)")
+    run.add_argument("--client-idle-timeout", type=float, help="seconds a connection may wait between requests (default 60)")
+    run.add_argument("--max-connections-public", type=int, help="connections the public port holds at once (default: derived from the open-file limit)")
+    run.add_argument("--max-connections-private", type=int, help="connections the private port holds at once (default: derived from the open-file limit)")
+    run.add_argument("--max-connections-per-address", type=int, help="connections one client address may hold on each port (default: a quarter of the public port's)")
+    run.add_argument("--max-buffered-request-bytes", type=int, help="bytes of large request bodies and Fluvio frames buffered at once (default 134217728)")
     run.add_argument("--unclean-leader-election", action="store_true", default=None, help="let an out-of-sync replica lead when no in-sync one is online (may lose committed records)")
     run.add_argument("--leader-rebalance-batch", type=int, help="preferred-leader moves per controller pass (default 100; 0 disables)")
     run.add_argument(
@@ -61,7 +68,9 @@ def handle_run(args: argparse.Namespace) -> int:
             "bind_host", "public_port", "private_port", "store", "etcd_endpoints", "key_prefix", "data_dir",
             "history_dir", "record_history",
             "embedded_etcd_client_port", "embedded_etcd_peer_port", "resync_interval", "spu_offline_grace",
-            "spu_heartbeat_timeout", "spu_token_file", "unclean_leader_election", "leader_rebalance_batch",
+            "spu_heartbeat_timeout", "spu_token_file", "client_header_timeout", "client_body_timeout",
+            "client_idle_timeout", "max_connections_public", "max_connections_private", "max_connections_per_address",
+            "max_buffered_request_bytes", "unclean_leader_election", "leader_rebalance_batch",
             "log_format", "log_level", "placement_plugins", "placement_entry_points",
         )
     }

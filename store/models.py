@@ -468,21 +468,42 @@ def decode(kind: str, value: bytes) -> ClusterObject:
     return model_for_kind(kind).model_validate_json(value)
 
 
+# Problems described at most, and characters of a field's path or of a message (both may quote
+# what a client sent: an unknown key, a validator's "name '...' is not valid").
+MAX_PROBLEMS_DESCRIBED = 10
+MAX_PROBLEM_CHARS = 200
+
+
 def describe_validation_error(error: pydantic.ValidationError) -> str:
-    """One line per problem, each naming the field (camelCase path) and the offending value."""
+    """One line per problem (the first few), each naming the field (camelCase path) and the
+    offending value, a long one shortened."""
     lines = []
-    for problem in error.errors(include_url=False):
-        location = ".".join(str(part) for part in problem["loc"]) or "(object)"
-        message = problem["msg"].removeprefix("Value error, ")
+    problems = error.errors(include_url=False)
+    for problem in problems[:MAX_PROBLEMS_DESCRIBED]:
+        location = _clip(".".join(str(part) for part in problem["loc"]) or "(object)")
+        message = _clip(problem["msg"].removeprefix("Value error, "))
         if problem["type"] in ("missing",):
             lines.append(f"{location}: field required")
         elif problem["type"] == "extra_forbidden":
-            lines.append(f"{location}: unknown field (value {problem['input']!r})")
+            lines.append(f"{location}: unknown field (value {_quoted(problem['input'])})")
         elif problem["type"] == "value_error" and not problem["loc"]:
             lines.append(message)
         else:
-            lines.append(f"{location}: {message} (got {problem['input']!r})")
+            lines.append(f"{location}: {message} (got {_quoted(problem['input'])})")
+    if len(problems) > MAX_PROBLEMS_DESCRIBED:
+        lines.append(f"and {len(problems) - MAX_PROBLEMS_DESCRIBED} more problems")
     return "; ".join(lines)
+
+
+def _quoted(value: Any) -> str:
+    """``repr(value)``, shortened when long: a 16 MiB name is not sent back whole."""
+    if isinstance(value, str) and len(value) > MAX_PROBLEM_CHARS:
+        return f"{value[:MAX_PROBLEM_CHARS]!r}... ({len(value)} characters)"
+    return _clip(repr(value))
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_PROBLEM_CHARS else f"{text[:MAX_PROBLEM_CHARS]}... ({len(text)} characters)"
 
 
 class Interner:

@@ -1,70 +1,41 @@
 """The public port's listener: the first byte of each connection picks its protocol. A Fluvio frame
-starts with its big-endian length (0x00); anything else (an HTTP method) goes to the aiohttp
-application, unchanged.
+starts with its big-endian length (0x00, or 0x01 for a frame of exactly 16 MiB); anything else (an
+HTTP method) goes to the aiohttp application, unchanged. Limits and timeouts are the guarded site's (connection_manager/transport.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from aiohttp import web
 
+from connection_manager import transport
 from controller.fluvio import server as server_module
 
 
-class Sniffer(asyncio.Protocol):
-    """Holds a new connection until its first bytes arrive, then hands it over with those bytes."""
-
-    def __init__(self, http: Callable[[], asyncio.Protocol], fluvio: Callable[[], asyncio.Protocol]) -> None:
-        self._http = http
-        self._fluvio = fluvio
-        self._transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        transport = self._transport
-        if transport is None or not data:
-            return
-        protocol = self._fluvio() if data[0] == 0 else self._http()
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-        protocol.data_received(data)
-
-    def eof_received(self) -> bool:
-        return False  # closed before saying anything: close our side too
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._transport = None
-
-
-class SniffingSite(web.TCPSite):
-    """A TCP site of the aiohttp runner that also serves Fluvio connections on the same port."""
+class SniffingSite(transport.GuardedSite):
+    """A guarded TCP site of the aiohttp runner that also serves Fluvio connections on the same port."""
 
     __slots__ = ("_fluvio",)
 
-    def __init__(self, runner: web.BaseRunner, host: str | None, port: int, fluvio: server_module.FluvioServer) -> None:
-        super().__init__(runner, host, port)
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str | None,
+        port: int,
+        fluvio: server_module.FluvioServer,
+        policy: transport.Port,
+    ) -> None:
+        super().__init__(runner, host, port, policy, other=self._fluvio_protocol)
         self._fluvio = fluvio
 
+    def _fluvio_protocol(self, first: bytes) -> asyncio.Protocol | None:
+        # The length's first byte is at most the largest frame's; an HTTP method starts with a letter.
+        return self._fluvio.protocol() if first[0] <= self._fluvio.max_frame_bytes >> 24 else None
+
     async def start(self) -> None:
-        await web.BaseSite.start(self)  # registers the site; TCPSite.start would bind plain HTTP
-        http = self._runner.server
-        assert http is not None
         await self._fluvio.start()
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: Sniffer(http, self._fluvio.protocol),
-            self._host,
-            self._port,
-            backlog=self._backlog,
-            reuse_address=self._reuse_address,
-            reuse_port=self._reuse_port,
-        )
-        sockets = self._server.sockets
-        self._bound_port = sockets[0].getsockname()[1] if sockets else self._port
+        await super().start()
 
     async def stop(self) -> None:
         await super().stop()

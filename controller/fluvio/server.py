@@ -1,7 +1,9 @@
 """The Fluvio admin server: one session per connection (framing, dispatch, one ordered writer),
 ApiVersions, List, and Watch streams fed from the local store; writes go to fluvio.admin.
 
-Only an undecodable or oversized frame closes a connection, and only that one.
+Only an undecodable or oversized frame, a frame too slow to arrive (its length within the header
+timeout, its bytes as a request body's), or idleness with no watch and nothing in flight closes a
+connection, and only that one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import structlog
 
+from connection_manager import ratelimit, transport
 from controller import context as context_module
 from controller.fluvio import admin as admin_module, codec, mapping
 from store import local, models
@@ -38,6 +41,10 @@ MAX_WATCHES = 256
 WATCH_LINGER_SECONDS = 0.02
 # A client that accepts no bytes for this long is disconnected (its watches would pin tombstones).
 WRITE_STALL_SECONDS = 60.0
+# Frames above this are read in chunks of it into a buffer of their size.
+READ_CHUNK = 256 * 1024
+# A closing connection's last answers get this long to leave before they are dropped.
+CLOSE_SECONDS = 5.0
 # Items encoded between two yields to the loop: a first list of 100,000 partitions must not hold
 # up every other connection (and the HTTP API) while it is encoded.
 ENCODE_CHUNK = 1000
@@ -97,6 +104,8 @@ class FluvioServer:
         self.items = ItemCache()
         self.max_frame_bytes = max_frame_bytes
         self.api_versions = api_versions_body()
+        # For what clients make happen (bad frames, timeouts): one line per kind per interval.
+        self.log = ratelimit.RateLimitedLog(log)
         self._sessions: set[asyncio.Task[None]] = set()
         self._background: asyncio.Task[None] | None = None
 
@@ -149,6 +158,12 @@ class FluvioServer:
         return codec.list_body(label, [item for item in encoded if item is not None])
 
 
+class _ClosedMidFrame(Exception):
+    def __init__(self, received: int) -> None:
+        super().__init__(f"the client closed its connection after {received} bytes of a frame")
+        self.received = received
+
+
 class Session:
     """One connection: reads frames in order, answers each by correlation id, writes one frame at a time."""
 
@@ -177,29 +192,102 @@ class Session:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             self.writer.close()
-            with contextlib.suppress(ConnectionError, OSError):
-                await self.writer.wait_closed()
+            with contextlib.suppress(ConnectionError, OSError, TimeoutError):
+                async with asyncio.timeout(CLOSE_SECONDS):
+                    await self.writer.wait_closed()
+            self.writer.transport.abort()  # answers a client never read are dropped, not kept
 
     # ------------------------------------------------------------------ reading
 
     async def _read_loop(self) -> None:
+        settings = self.server.context.settings
+        guard = transport.guard_of(self.writer.transport)
         while True:
             try:
-                prefix = await self.reader.readexactly(4)
+                first = await self._first_byte(settings.client_idle_timeout)
+                if first is None:
+                    self._timed_out(guard, transport.IDLE_TIMEOUT)
+                    return
+                try:
+                    async with asyncio.timeout(settings.client_header_timeout):
+                        prefix = first + await self.reader.readexactly(3)
+                except TimeoutError:
+                    self._timed_out(guard, transport.HEADER_TIMEOUT)
+                    return
                 length = codec.frame_length(prefix, self.server.max_frame_bytes)
-                message = await self.reader.readexactly(length)
+                try:
+                    message = await self._read_frame(length, settings.client_body_timeout, guard)
+                except TimeoutError:
+                    self._timed_out(guard, transport.BODY_TIMEOUT)
+                    return
                 request = codec.decode_request(message)
-            except asyncio.IncompleteReadError as error:
-                if error.partial:
-                    log.info("Fluvio client closed mid-frame", peer=self.peer, received=len(error.partial))
+            except (asyncio.IncompleteReadError, _ClosedMidFrame) as error:
+                received = len(error.partial) if isinstance(error, asyncio.IncompleteReadError) else error.received
+                if received:
+                    if guard is not None:
+                        guard.port.abandoned(received)
+                    self.server.log.info("fluvio:closed-mid-frame", "Fluvio clients closed mid-frame", peer=self.peer, received=received)
                 return
             except (ConnectionError, OSError):
                 return
             except codec.DecodeError as error:
-                log.warning("closing a Fluvio connection: undecodable frame", peer=self.peer, error=str(error))
+                self.server.log.warning(
+                    "fluvio:undecodable",
+                    "closing Fluvio connections: undecodable frame",
+                    peer=self.peer,
+                    error=ratelimit.excerpt(str(error)),
+                )
                 return
+            del message  # up to 16 MiB, not kept while this request waits for room
+            if guard is not None and guard.phase is not transport.Phase.BUSY:
+                guard.request_started()  # a client that sent a whole frame is not evicted for a new one
             if not await self._dispatch(request):
                 return
+
+    async def _read_frame(self, length: int, pause: float, guard: transport.Guard | None) -> bytes:
+        """A frame's ``length`` bytes, as a request body is read (api.read_body): a large one waits for
+        room in the port's buffered bytes, then goes into one buffer of its size (a growing buffer
+        leaves copies and holes behind); TimeoutError after a pause of ``pause`` seconds, or when
+        it is slower than the body rate allows."""
+        loop = asyncio.get_running_loop()
+        async with contextlib.AsyncExitStack() as holding:
+            if guard is not None:
+                async with asyncio.timeout(pause):
+                    await holding.enter_async_context(guard.port.budget.hold(length))
+            deadline = loop.time() + transport.whole_body_seconds(pause, length)
+            if length <= READ_CHUNK:
+                async with asyncio.timeout_at(deadline):
+                    return await self.reader.readexactly(length)
+            frame = bytearray(length)
+            with memoryview(frame) as view:
+                filled = 0
+                while filled < length:
+                    async with asyncio.timeout_at(min(loop.time() + pause, deadline)):
+                        chunk = await self.reader.read(min(length - filled, READ_CHUNK))
+                    if not chunk:
+                        raise _ClosedMidFrame(filled)
+                    view[filled : filled + len(chunk)] = chunk
+                    filled += len(chunk)
+            return bytes(frame)
+
+    async def _first_byte(self, idle: float) -> bytes | None:
+        """The next frame's first byte; None once none came for ``idle`` seconds while this
+        connection had no watch, no request in flight and no answer queued."""
+        while True:
+            try:
+                async with asyncio.timeout(idle):
+                    return await self.reader.readexactly(1)
+            except TimeoutError:
+                if not self._tasks and not self._replies:
+                    return None
+
+    def _timed_out(self, guard: transport.Guard | None, reason: str) -> None:
+        if guard is not None:
+            guard.timed_out(reason)
+        else:
+            self.server.log.info(
+                f"fluvio:{reason}", "closing Fluvio connections: the client was too slow", peer=self.peer, reason=reason
+            )
 
     async def _dispatch(self, request: codec.Request) -> bool:
         """Start answering one request; False when the connection must close."""
@@ -219,7 +307,7 @@ class Session:
         elif isinstance(body, codec.WatchRequest):
             self._watches += 1
             if self._watches > MAX_WATCHES:
-                log.warning("closing a Fluvio connection: too many watches", peer=self.peer, limit=MAX_WATCHES)
+                self.server.log.warning("fluvio:too-many-watches", "closing Fluvio connections: too many watches", peer=self.peer, limit=MAX_WATCHES)
                 return False
             self._spawn(WatchStream(self, correlation_id, body.label, version).run(), "fluvio-watch")
         else:
@@ -274,7 +362,9 @@ class Session:
                 async with asyncio.timeout(WRITE_STALL_SECONDS):
                     await self.writer.drain()
             except TimeoutError:
-                log.warning("closing a Fluvio connection: the client read nothing for a while", peer=self.peer, seconds=WRITE_STALL_SECONDS)
+                self.server.log.warning(
+                    "fluvio:write-stall", "closing Fluvio connections: the client read nothing for a while", peer=self.peer, seconds=WRITE_STALL_SECONDS
+                )
                 return
             except (ConnectionError, OSError):
                 return

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from connection_manager import transport
 from controller import api, config, context as context_module, metrics, reader as reader_module
 from store import kv, local, memory, models
 from tests import objects
@@ -60,7 +61,8 @@ class ApiServer:
 
     async def start(self, sync: bool = True) -> None:
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        # As the daemon serves it: through the public port's guard (limits, timeouts, short errors).
+        site = transport.GuardedSite(self.runner, "127.0.0.1", 0, transport.Port(transport.PUBLIC))
         await site.start()
         port = self.runner.addresses[0][1]
         self.url = f"http://127.0.0.1:{port}"

@@ -955,7 +955,10 @@ async def test_routing_errors_are_json(server: api_server.ApiServer) -> None:
     too_large = b"[" + b" " * api.MAX_BODY_BYTES + b"]"
     assert await server.call("POST", "/v1/topics", raw=too_large) == (
         413,
-        error("RequestTooLarge", f"the request body is larger than {api.MAX_BODY_BYTES} bytes"),
+        error(
+            "RequestTooLarge",
+            f"the request body is {api.MAX_BODY_BYTES + 2} bytes (Content-Length); the limit is {api.MAX_BODY_BYTES} bytes",
+        ),
     )
 
 

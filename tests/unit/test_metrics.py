@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from connection_manager import transport
 from controller import actions, metrics
 from store import kv, local, models
 from tests.objects import spu
@@ -109,3 +110,22 @@ async def test_etcd_requests_are_timed_by_operation_and_failures_counted_but_not
     assert value(instance, "sc_etcd_errors_total", operation="txn") == 1.0
     assert value(instance, "sc_etcd_errors_total", operation="list") == 1.0
     assert value(instance, "sc_etcd_errors_total", operation="watch") == 0.0
+
+
+def test_each_port_exports_its_connections_refusals_by_reason_and_buffered_bytes() -> None:
+    instance = metrics.Metrics()
+    public = transport.Port(transport.PUBLIC, transport.Limits(connections=1, per_address=1))
+    private = transport.Port(transport.PRIVATE, transport.Limits(connections=5, per_address=5))
+    instance.watch_ports(public, private)
+    assert [public.admit("10.0.0.1"), public.admit("10.0.0.2"), private.admit("10.0.0.1")] == [True, False, True]
+    public.stats.accept_pauses = 2
+    public.stats.abandoned_requests = 3
+    public.budget.held = 1 << 20
+    assert {port: value(instance, "sc_connections_open", port=port) for port in ("public", "private")} == {"public": 1.0, "private": 1.0}
+    refused = {reason: value(instance, "sc_connections_refused_total", port="public", reason=reason) for reason in transport.REASONS}
+    assert refused == {**dict.fromkeys(transport.REASONS, 0.0), transport.LIMIT: 1.0}
+    assert value(instance, "sc_connections_refused_total", port="private", reason=transport.HEADER_TIMEOUT) == 0.0
+    assert value(instance, "sc_accept_paused_total", port="public") == 2.0
+    assert value(instance, "sc_requests_abandoned_total", port="public") == 3.0
+    assert value(instance, "sc_request_bytes_buffered", port="public") == float(1 << 20)
+    assert value(instance, "sc_log_lines_suppressed_total", port="public") == 0.0

@@ -118,6 +118,21 @@ def test_topic_names(name: str, message: str) -> None:
     assert error_of(models.Topic, {**TOPIC, "name": name}).startswith(message)
 
 
+def test_a_long_offending_value_is_quoted_shortened() -> None:
+    name = "x" * 100_000
+    rule = f"name '{name}' is 100000 characters long; at most 63 are allowed"
+    assert error_of(models.Topic, {**TOPIC, "name": name}) == (
+        f"name: {rule[:200]}... ({len(rule)} characters) (got '{'x' * 200}'... (100000 characters))"
+    )
+
+
+def test_only_the_first_problems_are_described() -> None:
+    assignment = [{"id": index, "replicas": ["x"]} for index in range(15)]
+    message = error_of(models.Topic, {**TOPIC, "spec": {"replicaAssignment": assignment}})
+    problems = message.split("; ")
+    assert len(problems) == models.MAX_PROBLEMS_DESCRIBED + 1 and problems[-1] == "and 5 more problems", message
+
+
 def test_longest_valid_topic_name() -> None:
     assert models.Topic.model_validate({**TOPIC, "name": "a" * 63}).name == "a" * 63
 

@@ -86,3 +86,19 @@ async def test_a_connection_closed_before_its_first_byte_is_harmless(fluvio_sc: 
     writer.close()
     await writer.wait_closed()
     assert await fluvio_sc.call("GET", "/healthz") == (200, {"status": "ok"})
+
+
+async def test_a_frame_of_the_largest_size_is_served_as_fluvio(fluvio_sc: daemon_fixtures.Running) -> None:
+    # Its length starts with 0x01, not 0x00: it is still a Fluvio frame, not an HTTP request.
+    request = codec.encode_request(codec.RequestHeader(codec.LIST, 19, 7, "big"), codec.ListRequest(codec.TOPIC))
+    message = request[4:] + b"\0" * (server_module.MAX_FRAME_BYTES - len(request) + 4)  # trailing bytes are ignored
+    assert len(message) == server_module.MAX_FRAME_BYTES
+    reader, writer = await asyncio.open_connection("127.0.0.1", fluvio_sc.daemon.public_port)
+    try:
+        writer.write(len(message).to_bytes(4, "big") + message)
+        async with asyncio.timeout(30):
+            answer = await reader.readexactly(codec.frame_length(await reader.readexactly(4)))
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    assert int.from_bytes(answer[:4], "big") == 7  # the List's correlation id: answered as Fluvio

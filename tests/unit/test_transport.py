@@ -1,0 +1,132 @@
+"""The listening ports' policy (connection_manager/transport.py): limits derived from the open-file
+limit, per-address slots, the buffered-bytes budget, the collection after abandoned requests, and
+the open-file limit raised to the hard limit (in a subprocess: it is process-wide)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import subprocess
+import sys
+
+import pytest
+
+from connection_manager import transport
+from controller import config
+
+
+@pytest.mark.parametrize(
+    ("file_limit", "given", "expected"),
+    [
+        # 1,024 (a common default): 256 kept back, 80% of the 768 left to the public port.
+        (1024, (None, None, None), transport.ConnectionLimits(public=614, private=154, per_address=153)),
+        # The issue's machine: 20,000 descriptors; the public share is capped at 10,000.
+        (20_000, (None, None, None), transport.ConnectionLimits(public=10_000, private=3_949, per_address=2_500)),
+        (1 << 20, (None, None, None), transport.ConnectionLimits(public=10_000, private=4_096, per_address=2_500)),
+        # A small limit keeps a quarter of it back.
+        (256, (None, None, None), transport.ConnectionLimits(public=153, private=39, per_address=38)),
+        # Given limits are kept as given.
+        (1024, (50, 7, 3), transport.ConnectionLimits(public=50, private=7, per_address=3)),
+        (1024, (40, None, None), transport.ConnectionLimits(public=40, private=154, per_address=10)),
+    ],
+)
+def test_limits_are_derived_from_the_open_file_limit_unless_given(
+    file_limit: int, given: tuple[int | None, int | None, int | None], expected: transport.ConnectionLimits
+) -> None:
+    assert transport.derive_limits(file_limit, *given) == expected
+
+
+def test_a_port_refuses_beyond_its_limit_and_beyond_an_addresses_share() -> None:
+    port = transport.Port(transport.PUBLIC, transport.Limits(connections=3, per_address=2))
+    assert [port.admit("10.0.0.1"), port.admit("10.0.0.1"), port.admit("10.0.0.1")] == [True, True, False]
+    assert [port.admit("10.0.0.2"), port.admit("10.0.0.3")] == [True, False]
+    assert (port.stats.open, port.by_address) == (3, {"10.0.0.1": 2, "10.0.0.2": 1})
+    assert port.stats.refused == {**dict.fromkeys(transport.REASONS, 0), transport.LIMIT: 1, transport.PER_ADDRESS_LIMIT: 1}
+    port.release("10.0.0.1")
+    port.release("10.0.0.2")
+    assert (port.stats.open, port.by_address) == (1, {"10.0.0.1": 1})
+    assert port.admit("10.0.0.3") is True
+
+
+async def test_large_bodies_wait_for_room_in_the_budget_and_small_ones_never_do() -> None:
+    budget = transport.Budget(capacity=10 * transport.SMALL_BODY_BYTES)
+    big = 6 * transport.SMALL_BODY_BYTES
+    order: list[str] = []
+    first_in = asyncio.Event()
+    first_may_leave = asyncio.Event()
+
+    async def body(name: str, size: int, held: asyncio.Event | None = None, leave: asyncio.Event | None = None) -> None:
+        async with budget.hold(size):
+            order.append(f"{name} in ({budget.held})")
+            if held is not None:
+                held.set()
+            if leave is not None:
+                await leave.wait()
+        order.append(f"{name} out")
+
+    first = asyncio.create_task(body("first", big, first_in, first_may_leave))
+    await first_in.wait()
+    second = asyncio.create_task(body("second", big))
+    await body("small", transport.SMALL_BODY_BYTES)  # not counted, never waits
+    await asyncio.sleep(0.01)
+    assert not second.done()
+    first_may_leave.set()
+    await asyncio.gather(first, second)
+    assert order == [f"first in ({big})", f"small in ({big})", "small out", "first out", f"second in ({big})", "second out"]
+    assert budget.held == 0
+
+
+async def test_one_body_larger_than_the_budget_still_fits_alone() -> None:
+    budget = transport.Budget(capacity=transport.SMALL_BODY_BYTES + 1)
+    async with budget.hold(100 * transport.SMALL_BODY_BYTES):
+        assert budget.held == 100 * transport.SMALL_BODY_BYTES
+    assert budget.held == 0
+
+
+async def test_garbage_from_failed_requests_brings_a_full_collection_at_most_once_an_interval() -> None:
+    port = transport.Port(transport.PUBLIC, transport.Limits(connections=10, per_address=10))
+    collections: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and info["generation"] == 2:
+            collections.append(info["generation"])
+
+    gc.callbacks.append(count)
+    try:
+        port.garbage(transport.COLLECT_AFTER_BYTES - 1)
+        assert (port.stats.collections, collections) == (0, [])
+        port.garbage(1)
+        assert (port.stats.collections, collections) == (1, [2])
+        port.garbage(transport.COLLECT_AFTER_BYTES)
+        assert port.stats.collections == 1  # within the interval: none more
+        abandoned = transport.COLLECT_AFTER_BYTES // transport.ABANDONED_GARBAGE_BYTES
+        for _ in range(abandoned):
+            port.abandoned(1000)
+        assert (port.stats.abandoned_requests, port.stats.abandoned_bytes) == (abandoned, 1000 * abandoned)
+        await asyncio.sleep(transport.COLLECT_INTERVAL)
+        port.abandoned(1000)
+        assert (port.stats.collections, collections) == (2, [2, 2])
+    finally:
+        gc.callbacks.remove(count)
+
+
+RAISE_FILE_LIMIT = """
+import resource
+from connection_manager import transport
+from controller import config
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 512))
+print(transport.raise_file_limit(), resource.getrlimit(resource.RLIMIT_NOFILE))
+"""
+
+
+def test_the_soft_open_file_limit_is_raised_to_the_hard_limit() -> None:
+    done = subprocess.run([sys.executable, "-c", RAISE_FILE_LIMIT], capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split("\n")[0] == "512 (512, 512)"
+
+
+def test_the_defaults_are_the_settings_defaults() -> None:
+    defaults = config.Settings()
+    assert transport.Timeouts() == transport.Timeouts(
+        defaults.client_header_timeout, defaults.client_body_timeout, defaults.client_idle_timeout
+    )
+    assert transport.Limits(1, 1).buffered_bytes == defaults.max_buffered_request_bytes
