@@ -185,7 +185,12 @@ async def test_an_undrain_cancels_and_the_preferred_leader_returns(cluster: Clus
     assert printed(capsys)[0] == "SPU 0 (spu-0) is not draining: it may lead again\n"
     await cluster.sc.eventually(lambda: listed("-"))
     assert await draining_gauge(cluster.sc) == "0.0"
-    assert (await spu_shown(cluster.sc, "spu-0"))["status"] == {"resolution": "Online"}
+
+    async def status_cleared() -> None:
+        # The list shows the spec at once; the SPU controller clears the status a moment later.
+        assert (await spu_shown(cluster.sc, "spu-0"))["status"] == {"resolution": "Online"}
+
+    await cluster.sc.eventually(status_cleared)
     # SPU 1 reports SPU 0 in sync: the leadership goes back to its preferred leader.
     await all_online(cluster, {"pair-0": 0})
     status, body = await cluster.sc.call("DELETE", "/v1/spus/spu-0/drain")
