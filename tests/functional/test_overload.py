@@ -12,7 +12,6 @@ import contextlib
 import io
 import json
 import re
-import resource
 import subprocess
 import sys
 import time
@@ -146,12 +145,17 @@ async def sc_process(tmp_path: Path, *flags: str, open_files: int | None = None)
         "--public-port", str(public_port), "--private-port", str(private_port), "--log-format", "json", *flags,
     ]  # fmt: skip
 
-    def limit_files() -> None:
-        if open_files is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
-
+    if open_files is not None:
+        # Set in the child by a small exec wrapper, not by preexec_fn: Python code run between
+        # fork and exec in a test process whose gRPC threads are busy can abort the child.
+        wrapper = (
+            "import os, resource, sys; "
+            f"resource.setrlimit(resource.RLIMIT_NOFILE, ({open_files}, {open_files})); "
+            "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"
+        )
+        command = [sys.executable, "-c", wrapper, *command[1:]]
     with log_path.open("wb") as log_file:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=limit_files)
+        process = subprocess.Popen(command, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
     running = ScProcess(process, public_port, private_port, log_path)
     try:
         deadline = time.monotonic() + 60
