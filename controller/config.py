@@ -49,13 +49,14 @@ class Settings(BaseSettings):
     embedded_etcd_client_port: Port = 12379
     embedded_etcd_peer_port: Port = 12380
     etcd_request_timeout: Seconds = 5.0
+    # One attempt of an etcd request, retried within etcd_request_timeout (store/etcd.py).
+    etcd_attempt_timeout: Seconds = 0.5
     # Seconds the active-SC claim outlives its SC's last keep-alive (store/active_sc.py).
     active_sc_lease_ttl: Annotated[int, Field(ge=2, le=3600)] = 10
     # etcd's --max-request-bytes (the embedded etcd runs with it; an external cluster must match).
     # The memory store enforces it too. At least 512 KiB: a transaction of 128 partitions of the
     # largest shape (replication factor 128, 10-digit SPU ids) must fit.
     etcd_max_request_bytes: Annotated[int, Field(ge=512 * 1024)] = kv.DEFAULT_MAX_REQUEST_BYTES
-    etcd_attempt_timeout: Seconds = 0.5
     resync_interval: Seconds = 60.0
     spu_offline_grace: Seconds = 30.0
     spu_heartbeat_timeout: Seconds = 10.0
