@@ -2,11 +2,19 @@
 
 Callers import the package and use the names below (`placement.compute(request)`); the
 strategies live one per module (computed, kafka, least_loaded, multilevel, policies,
-manual, plugins) behind `engine.compute`. Only `cli` reads or writes anything.
+manual, plugins) behind `engine.compute`; the rebalance planner (`planner`, with its
+vocabulary in `rebalance`) moves replicas of existing partitions. Only `cli` reads or
+writes anything.
 """
 
 from controller.placement.report import balance
-from controller.placement.codec import error_to_json, request_from_json, result_to_json
+from controller.placement.codec import (
+    error_to_json,
+    plan_to_json,
+    rebalance_request_from_json,
+    request_from_json,
+    result_to_json,
+)
 from controller.placement.engine import compute
 from controller.placement.manual import validate_manual
 from controller.placement.model import (
@@ -20,8 +28,18 @@ from controller.placement.model import (
     PlacementResult,
     SpuInfo,
 )
+from controller.placement.planner import plan as plan_rebalance
 from controller.placement.plugins import ClusterView, PlacementSpec, ReplicaPlacer
 from controller.placement.policies import Policies, compact_policies, parse_policies
+from controller.placement.rebalance import (
+    Load,
+    Move,
+    PartitionReplicas,
+    RebalancePlan,
+    RebalanceRequest,
+    Shortfall,
+    Targets,
+)
 
 __all__ = [
     "STRATEGIES",
@@ -29,19 +47,29 @@ __all__ = [
     "ExistingPartition",
     "InsufficientResources",
     "InvalidConfig",
+    "Load",
     "ManualPartition",
+    "Move",
+    "PartitionReplicas",
     "PlacementError",
     "PlacementRequest",
     "PlacementResult",
     "PlacementSpec",
     "Policies",
+    "RebalancePlan",
+    "RebalanceRequest",
     "ReplicaPlacer",
+    "Shortfall",
     "SpuInfo",
+    "Targets",
     "balance",
     "compact_policies",
     "compute",
     "error_to_json",
     "parse_policies",
+    "plan_rebalance",
+    "plan_to_json",
+    "rebalance_request_from_json",
     "request_from_json",
     "result_to_json",
     "validate_manual",
