@@ -109,6 +109,9 @@ def _place_rack_aware(run: model.Run) -> list[list[int]]:
     failover_level = [0] * size
     top_of, leaf_of, flat = racks.top_of, racks.leaf_of, racks.flat
     site_count = len(racks.top_sizes)
+    # As many sites as replicas: each replica takes a site of its own (and so a leaf of its own),
+    # and only which sites a partition uses matters.
+    roomy = site_count >= run.replication_factor
     bits = max(1, size.bit_length())
     mask = (1 << bits) - 1
     one = 1 << bits
@@ -130,11 +133,11 @@ def _place_rack_aware(run: model.Run) -> list[list[int]]:
         # serves both for plain labels, where a rack is its own site and leaf).
         used_tops = {top_of[leader]: 1}
         used_leaves = used_tops if flat else {leaf_of[leader]: 1}
-        for replica_index in range(1, run.replication_factor):
+        paired: dict[int, int] | None = first_followers[leader]
+        level = failover_level[leader]
+        for _replica in range(1, run.replication_factor):
             # While some site is unused, "allowed" is "in an unused site", checked inline below.
-            allowed = None if len(used_tops) < site_count else racks.allowed(used_tops, used_leaves)
-            paired = first_followers[leader] if replica_index == 1 else None
-            level = failover_level[leader]
+            allowed = None if roomy or len(used_tops) < site_count else racks.allowed(used_tops, used_leaves)
             set_aside = []
             picked = None
             while follower_heap:
@@ -170,11 +173,12 @@ def _place_rack_aware(run: model.Run) -> list[list[int]]:
                 heappush(follower_heap, entry)
             if paired is not None:
                 paired[position] = paired.get(position, 0) + 1
+                paired = None  # the pairing rule is for the first follower only
             chosen.append(position)
             used_tops[top_of[position]] = used_tops.get(top_of[position], 0) + 1
-            if not flat:
+            if not roomy and not flat:
                 used_leaves[leaf_of[position]] = used_leaves.get(leaf_of[position], 0) + 1
-        replica_map.append([ids[position] for position in chosen])
+        replica_map.append(list(map(ids.__getitem__, chosen)))
     return replica_map
 
 
