@@ -131,6 +131,9 @@ class _Planner:
         self.moved = dict.fromkeys(self.ids, 0)
         self.received: dict[int, list[Record]] = {spu_id: [] for spu_id in self.ids}
         self.moves_of: dict[int, list[Record]] = {}  # planned moves per partition index
+        # Whether racks let an SPU give any replica into a rack, (giver, rack keys) -> bool: see _may_give.
+        self.racks_open: dict[tuple[int, spread.RackKeys], bool] = {}
+        self.rack_key_set = set(self.keys.values())
         # (giver, receiver) pairs a full scan found no move for, and (giver, rack keys) it has none for.
         self.dead: set[tuple[int, int]] = set()
         self.closed: set[tuple[int, spread.RackKeys]] = set()
@@ -192,20 +195,29 @@ class _Planner:
                 return False
         return True
 
-    def _may_give(self, giver: int, receiver: int, racks_open: dict[tuple[int, spread.RackKeys], bool]) -> bool:
-        """Whether `giver` has a replica it may give `receiver`, for a search that moves nothing.
+    def _may_give(self, giver: int, receiver: int) -> bool:
+        """Whether `giver` has a replica it may give `receiver` (for the searches of steps 3 and 4).
 
-        Whether racks allow any of its replicas into the receiver's rack is remembered per rack
-        in `racks_open`: when racks forbid them all, every SPU of that rack is answered at once
-        (a thousand replicas scanned once per rack, not once per SPU).
+        Whether racks allow any of its replicas into the receiver's rack is remembered per rack:
+        when racks forbid them all, every SPU of that rack is answered at once (a thousand
+        replicas scanned once per rack, not once per SPU, and not again until a move touches
+        one of the giver's partitions, see `_apply`).
         """
         key = (giver, self.keys[receiver])
-        is_open = racks_open.get(key)
+        is_open = self.racks_open.get(key)
         if is_open is None:
-            is_open = racks_open[key] = any(
+            is_open = self.racks_open[key] = any(
                 self._racks_allow(partition, giver, key[1]) for partition in self.givable[giver]
             )
         return is_open and self._pick_any(giver, receiver) is not None
+
+    def _forget_racks(self, partition: int, *spus: int) -> None:
+        """A move changed `partition`: what its SPUs may give into each rack is to be worked out again."""
+        if not self.racks_open:
+            return
+        for spu_id in {*self.rows[partition], *spus}:
+            for keys in self.rack_key_set:
+                self.racks_open.pop((spu_id, keys), None)
 
     def _can_move(self, giver: int, receiver: int) -> bool:
         limit = self.limit
@@ -261,6 +273,7 @@ class _Planner:
         record = (partition, giver, receiver)
         self.received[receiver].append(record)
         self.moves_of.setdefault(partition, []).append(record)
+        self._forget_racks(partition, giver)
         return record
 
     def _undo(self, record: Record) -> None:
@@ -279,6 +292,7 @@ class _Planner:
         self.moved[receiver] -= 1
         self.received[receiver].remove(record)
         self.moves_of[partition].remove(record)
+        self._forget_racks(partition, receiver)
 
     # ------------------------------------------------------------------ steps 1 and 2
 
@@ -408,7 +422,6 @@ class _Planner:
         at_floor = {spu_id for spu_id in self.takers if holding[spu_id] == floor} if pooling else set()
         parent: dict[_Node, _Node | None] = {_Node("giver", spu_id): None for spu_id in roots}
         queue: deque[_Node] = deque(parent)
-        racks_open: dict[tuple[int, spread.RackKeys], bool] = {}
 
         def reach(node: _Node, previous: _Node) -> bool:
             if node in parent:
@@ -446,7 +459,7 @@ class _Planner:
                     giver = node.spu
                     if receiver == giver or not self._can_move(giver, receiver):
                         continue
-                    if not self._may_give(giver, receiver, racks_open):
+                    if not self._may_give(giver, receiver):
                         continue
                 else:
                     # The moved replica goes to `receiver` instead: judged as a move from where it is now.
@@ -621,13 +634,12 @@ class _Planner:
         frontier = [spu_id for spu_id in self.takers if self._excess(spu_id) < 0]
         toward: dict[int, int | None] = dict.fromkeys(frontier)
         edges: dict[tuple[int, int], bool] = {}
-        racks_open: dict[tuple[int, spread.RackKeys], bool] = {}
 
         def edge(giver: int, receiver: int) -> bool:
             key = (giver, receiver)
             if key not in edges:
                 edges[key] = (
-                    giver != receiver and self._can_move(giver, receiver) and self._may_give(giver, receiver, racks_open)
+                    giver != receiver and self._can_move(giver, receiver) and self._may_give(giver, receiver)
                 )
             return edges[key]
 
