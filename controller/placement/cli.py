@@ -1,7 +1,8 @@
-"""`sc placement compute`: offline placement from a JSON request; the only placement module doing I/O.
+"""`sc placement compute|rebalance`: offline placement and rebalance plans from a JSON request.
 
-Reads stdin or --input, writes the JSON answer on stdout; the work is done by the pure modules.
-Plug-ins are the ones --placement-plugin names, loaded like the daemon's; never what the request names.
+The only placement module doing I/O: reads stdin or --input, writes the JSON answer on stdout;
+the work is done by the pure modules. Plug-ins are the ones --placement-plugin names, loaded like
+the daemon's; never what the request names.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import sys
 
 from controller import placement_plugins
-from controller.placement import codec, engine, model
+from controller.placement import codec, engine, model, planner
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,6 +38,18 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         help="load a placement plug-in that the request may name as strategy (or plugin) NAME (repeatable)",
     )
     compute.set_defaults(handler=compute_command)
+    rebalance = actions.add_parser(
+        "rebalance",
+        help="plan replica moves that balance the SPUs, from a JSON request",
+        description=(
+            'Reads {"spus": [{"id", "rack", "online", "decommissioning"}], "partitions": [{"partition": "t-0", '
+            '"replicas": [..]}], "maxMovesPerSpu": N} and prints the plan: {"replicaMoves", "lowerBound", '
+            '"leaderChanges", "moves": [{"partition", "from", "to"}], "before", "after", ...}; exit status 1 with '
+            '{"error": {"code", "message"}} when the request is invalid.'
+        ),
+    )
+    rebalance.add_argument("--input", metavar="FILE", default="-", help="request file (default: stdin)")
+    rebalance.set_defaults(handler=rebalance_command)
 
 
 def compute_command(args: argparse.Namespace) -> int:
@@ -51,6 +64,17 @@ def compute_command(args: argparse.Namespace) -> int:
         request = codec.request_from_json(_read_request(args.input))
         result = engine.compute(request, placers)
         answer, status = codec.result_to_json(result, request.spus), 0
+    except model.PlacementError as error:
+        answer, status = codec.error_to_json(error), 1
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return status
+
+
+def rebalance_command(args: argparse.Namespace) -> int:
+    """Print the rebalance plan for the request; 0 when planned (even if not balanced), 1 with an error object."""
+    try:
+        request = codec.rebalance_request_from_json(_read_request(args.input))
+        answer, status = codec.plan_to_json(planner.plan(request)), 0
     except model.PlacementError as error:
         answer, status = codec.error_to_json(error), 1
     sys.stdout.write(json.dumps(answer) + "\n")

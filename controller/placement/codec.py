@@ -1,4 +1,5 @@
-"""The JSON shape of a placement request and answer, shared by `sc placement compute` and POST /v1/placement.
+"""The JSON shapes of placement and rebalance requests and answers (`sc placement compute|rebalance`,
+POST /v1/placement, POST /v1/cluster/rebalance).
 
 Purely computational, no I/O: dicts in, dataclasses out (and back); malformed input is an
 InvalidConfig naming the field and the value.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from controller.placement import model, report
+from controller.placement import model, rebalance, report
 
 _FIELDS = (
     "spus",
@@ -76,9 +77,9 @@ def _ids(field: str, value: object) -> tuple[int, ...]:
     return tuple(_integer(f"{field}[{index}]", item) for index, item in enumerate(_array(field, value)))
 
 
-def _spu(index: int, value: object) -> model.SpuInfo:
+def _spu(index: int, value: object, allowed: Sequence[str] = ("id", "rack", "online")) -> model.SpuInfo:
     field = f"spus[{index}]"
-    spu = _object(field, value, ("id", "rack", "online"))
+    spu = _object(field, value, allowed)
     if "id" not in spu:
         raise model.InvalidConfig(f"{field} has no id")
     rack = spu.get("rack")
@@ -184,3 +185,89 @@ def result_to_json(result: model.PlacementResult, spus: Sequence[model.SpuInfo])
 def error_to_json(error: model.PlacementError) -> dict[str, object]:
     """`{"error": {"code": ..., "message": ...}}`, the body of a failed answer."""
     return {"error": {"code": error.code, "message": error.message}}
+
+
+_REBALANCE_FIELDS = ("spus", "partitions", "maxMovesPerSpu")
+
+
+def rebalance_request_from_json(obj: object) -> rebalance.RebalanceRequest:
+    """Build a RebalanceRequest from `{"spus": [{id, rack, online, decommissioning}],
+    "partitions": [{"partition": "t-0", "replicas": [..]}], "maxMovesPerSpu": N}`."""
+    body = _object("request", obj, _REBALANCE_FIELDS)
+    if "spus" not in body:
+        raise model.InvalidConfig("request has no spus: list the SPUs as [{id, rack, online, decommissioning}]")
+    if "partitions" not in body:
+        raise model.InvalidConfig('request has no partitions: list them as [{"partition": "t-0", "replicas": [..]}]')
+    spus = []
+    decommissioning = []
+    allowed = ("id", "rack", "online", "decommissioning")
+    for index, value in enumerate(_array("spus", body["spus"])):
+        fields = _object(f"spus[{index}]", value, allowed)
+        spu = _spu(index, fields, allowed)
+        spus.append(spu)
+        if _boolean(f"spus[{index}].decommissioning", fields.get("decommissioning", False)):
+            decommissioning.append(spu.id)
+    partitions = []
+    for index, value in enumerate(_array("partitions", body["partitions"])):
+        field = f"partitions[{index}]"
+        entry = _object(field, value, ("partition", "replicas"))
+        for key in ("partition", "replicas"):
+            if key not in entry:
+                raise model.InvalidConfig(f"{field} has no {key}")
+        partitions.append(
+            rebalance.PartitionReplicas(
+                name=_string(f"{field}.partition", entry["partition"]),
+                replicas=_ids(f"{field}.replicas", entry["replicas"]),
+            )
+        )
+    limit = body.get("maxMovesPerSpu")
+    return rebalance.RebalanceRequest(
+        spus=spus,
+        partitions=partitions,
+        decommissioning=decommissioning,
+        max_moves_per_spu=None if limit is None else _integer("maxMovesPerSpu", limit, 1),
+    )
+
+
+def plan_to_json(plan: rebalance.RebalancePlan) -> dict[str, object]:
+    """The API.md answer of POST /v1/cluster/rebalance (and `sc placement rebalance`).
+
+    `replicaMoves`, `lowerBound`, `moves` (`from` / `to`: the whole replica list, preferred
+    leader first), `before` and `after` as API.md has them; besides: `leaderChanges`,
+    `targets`, `balanced`, `unreachable` (each SPU left outside its targets, with the reason)
+    and `notes` (why the plan moves more than the lower bound, when it does).
+    """
+    return {
+        "replicaMoves": plan.replica_moves,
+        "lowerBound": plan.lower_bound,
+        "leaderChanges": plan.leader_changes,
+        "moves": [
+            {"partition": move.partition, "from": list(move.before), "to": list(move.after)} for move in plan.moves
+        ],
+        "before": _load_to_json(plan.before),
+        "after": _load_to_json(plan.after),
+        "targets": {
+            "replicas": {"floor": plan.replica_targets.floor, "ceiling": plan.replica_targets.ceiling},
+            "leaders": {"floor": plan.leader_targets.floor, "ceiling": plan.leader_targets.ceiling},
+        },
+        "balanced": plan.balanced,
+        "unreachable": [
+            {
+                "spu": shortfall.spu,
+                "kind": shortfall.kind,
+                "count": shortfall.count,
+                "floor": shortfall.floor,
+                "ceiling": shortfall.ceiling,
+                "reason": shortfall.reason,
+            }
+            for shortfall in plan.unreachable
+        ],
+        "notes": list(plan.notes),
+    }
+
+
+def _load_to_json(load: rebalance.Load) -> dict[str, object]:
+    return {
+        "replicasPerSpu": {str(spu_id): count for spu_id, count in load.replicas.items()},
+        "leadersPerSpu": {str(spu_id): count for spu_id, count in load.leaders.items()},
+    }

@@ -1,17 +1,27 @@
 """Least-loaded placement (what Fluvio's SC does today): each pick goes to the SPU carrying least.
 
 Purely computational, no I/O. Leaders and followers are counted separately, over every
-existing partition (other topics and this topic's current partitions).
+existing partition (other topics and this topic's current partitions). With racks, a
+partition's replicas also spread over racks, and each leader's first followers over SPUs.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
+from collections.abc import Callable
 
-from controller.placement import model
+from controller.placement import cluster, model, spread
 
 
 def place(run: model.Run) -> list[list[int]]:
+    """Rack-aware when every eligible SPU has a rack (and racks are not ignored), else by load alone."""
+    if cluster.rack_layout(run.spus, ignore_racks=run.request.ignore_rack_assignment) == "none":
+        return _place_by_load(run)
+    return _place_rack_aware(run)
+
+
+def _place_by_load(run: model.Run) -> list[list[int]]:
     """Leader: fewest leaders; each follower: fewest followers; never twice in a partition; ties to the lowest id.
 
     Each heap holds one entry per eligible SPU, the integer `count << bits | position`
@@ -57,6 +67,159 @@ def place(run: model.Run) -> list[list[int]]:
             heappush(follower_heap, entry)
         replica_map.append([ids[position] for position in chosen])
     return replica_map
+
+
+def _place_rack_aware(run: model.Run) -> list[list[int]]:
+    """The same picks, with two rules first for each follower.
+
+    1. Racks: the follower goes to a rack (a site first, then a leaf rack, for paths) holding
+       the fewest of this partition's replicas, so replicas take distinct racks while any is free.
+    2. Failover: the first follower, which takes the leadership when the leader fails, goes to
+       an SPU that has followed this leader first least often; so a failed SPU's leaderships
+       land on as many survivors as there are (the `failover` figure of the balance report).
+
+    Among the SPUs both rules allow, the one following fewest wins. Ties do not go to the
+    lowest id here but round the SPUs, one place further at each follower count: with
+    lowest-id ties every leader meets the same least-loaded SPUs pass after pass (which is
+    what concentrated failovers), and finding one it has not paired with yet would mean
+    popping all those it has. Heap entries are `count, (position + count) mod n, position`
+    packed in one integer; entries the rules refuse are popped and pushed back.
+    """
+    ids = run.ids
+    size = len(ids)
+    racks = _Racks([spread.rack_keys(spu) for spu in run.spus])
+    position_of = {spu_id: position for position, spu_id in enumerate(ids)}
+    leaders = [0] * size
+    followers = [0] * size
+    first_followers: list[dict[int, int]] = [{} for _ in ids]
+    for replicas in _all_existing(run):
+        positions = [position_of.get(spu_id) for spu_id in replicas]
+        for replica_index, position in enumerate(positions):
+            if position is None:
+                continue  # offline or unknown SPUs take no new replicas, so their load does not matter
+            if replica_index == 0:
+                leaders[position] += 1
+            else:
+                followers[position] += 1
+        if len(positions) > 1 and positions[0] is not None and positions[1] is not None:
+            paired = first_followers[positions[0]]
+            paired[positions[1]] = paired.get(positions[1], 0) + 1
+    # How often each leader's allowed first followers have followed it first, at the fewest:
+    # raised only when every allowed SPU has reached it, so they take turns.
+    failover_level = [0] * size
+    top_of, leaf_of, flat = racks.top_of, racks.leaf_of, racks.flat
+    site_count = len(racks.top_sizes)
+    # As many sites as replicas: each replica takes a site of its own (and so a leaf of its own),
+    # and only which sites a partition uses matters.
+    roomy = site_count >= run.replication_factor
+    bits = max(1, size.bit_length())
+    mask = (1 << bits) - 1
+    one = 1 << bits
+    count_shift = 2 * bits
+    leader_heap = [count << bits | position for position, count in enumerate(leaders)]
+    follower_heap = [
+        count << count_shift | (position + count) % size << bits | position for position, count in enumerate(followers)
+    ]
+    heapq.heapify(leader_heap)
+    heapq.heapify(follower_heap)
+    heappop, heappush, heapreplace = heapq.heappop, heapq.heappush, heapq.heapreplace
+    replica_map: list[list[int]] = []
+    for _ in range(run.count):
+        top = leader_heap[0]
+        heapreplace(leader_heap, top + one)
+        leader = top & mask
+        chosen = [leader]
+        # How many of this partition's replicas each site and each leaf rack holds (one dict
+        # serves both for plain labels, where a rack is its own site and leaf).
+        used_tops = {top_of[leader]: 1}
+        used_leaves = used_tops if flat else {leaf_of[leader]: 1}
+        paired: dict[int, int] | None = first_followers[leader]
+        level = failover_level[leader]
+        for _replica in range(1, run.replication_factor):
+            # While some site is unused, "allowed" is "in an unused site", checked inline below.
+            allowed = None if roomy or len(used_tops) < site_count else racks.allowed(used_tops, used_leaves)
+            set_aside = []
+            picked = None
+            while follower_heap:
+                entry = follower_heap[0]
+                position = entry & mask
+                if (
+                    (top_of[position] not in used_tops if allowed is None else allowed(position))
+                    and position not in chosen
+                    and (paired is None or paired.get(position, 0) <= level)
+                ):
+                    picked = entry
+                    break
+                set_aside.append(heappop(follower_heap))
+            if picked is None:
+                # Every SPU the racks allow has followed this leader first as often as the level,
+                # or more (racks always allow some SPU not yet in the partition): the level rises
+                # to the fewest among them, and the first of those in heap order is taken.
+                assert paired is not None
+                candidates = [
+                    entry
+                    for entry in set_aside
+                    if (entry & mask) not in chosen
+                    and (top_of[entry & mask] not in used_tops if allowed is None else allowed(entry & mask))
+                ]
+                failover_level[leader] = level = min(paired.get(entry & mask, 0) for entry in candidates)
+                picked = next(entry for entry in candidates if paired.get(entry & mask, 0) == level)
+                set_aside.remove(picked)
+                follower_heap.append(picked)  # the heap is empty: the entry goes back to be replaced
+                position = picked & mask
+            count = (picked >> count_shift) + 1
+            heapreplace(follower_heap, count << count_shift | (position + count) % size << bits | position)
+            for entry in set_aside:
+                heappush(follower_heap, entry)
+            if paired is not None:
+                paired[position] = paired.get(position, 0) + 1
+                paired = None  # the pairing rule is for the first follower only
+            chosen.append(position)
+            used_tops[top_of[position]] = used_tops.get(top_of[position], 0) + 1
+            if not roomy and not flat:
+                used_leaves[leaf_of[position]] = used_leaves.get(leaf_of[position], 0) + 1
+        replica_map.append(list(map(ids.__getitem__, chosen)))
+    return replica_map
+
+
+class _Racks:
+    """The eligible SPUs' racks at both levels, as small integers (a plain label is its own site and leaf)."""
+
+    def __init__(self, keys: list[spread.RackKeys]) -> None:
+        top_number = {name: number for number, name in enumerate(sorted({entry[0] for entry in keys}))}
+        leaf_number = {name: number for number, name in enumerate(sorted({entry[-1] for entry in keys}))}
+        self.top_of = [top_number[entry[0]] for entry in keys]
+        self.leaf_of = [leaf_number[entry[-1]] for entry in keys]
+        self.top_sizes = Counter(self.top_of)
+        self.leaf_sizes = Counter(self.leaf_of)
+        self.flat = all(len(entry) == 1 for entry in keys)
+        self.leaves_of_top: dict[int, set[int]] = {}
+        for top, leaf in zip(self.top_of, self.leaf_of, strict=True):
+            self.leaves_of_top.setdefault(top, set()).add(leaf)
+
+    def allowed(self, tops: dict[int, int], leaves: dict[int, int]) -> Callable[[int], bool] | None:
+        """Whether a position's site, then its leaf rack, holds the fewest of the partition's replicas.
+
+        None while some site holds none (nor then do its leaves): "allowed" is then simply "in
+        an unused site", which the caller checks inline. Only racks with an SPU not yet in the
+        partition count for the fewest, so some SPU always qualifies (the replication factor
+        never exceeds the eligible SPUs).
+        """
+        top_sizes, leaf_sizes = self.top_sizes, self.leaf_sizes
+        if len(tops) < len(top_sizes):
+            return None  # the caller checks this case inline; kept here so the method stands alone
+        fewest_top = min(count for top, count in tops.items() if count < top_sizes[top])
+        fewest_leaf = min(
+            leaves.get(leaf, 0)
+            for top, count in tops.items()
+            if count == fewest_top
+            for leaf in self.leaves_of_top[top]
+            if leaves.get(leaf, 0) < leaf_sizes[leaf]
+        )
+        top_of, leaf_of = self.top_of, self.leaf_of
+        return lambda position: (
+            tops.get(top_of[position], 0) == fewest_top and leaves.get(leaf_of[position], 0) == fewest_leaf
+        )
 
 
 def _all_existing(run: model.Run) -> list[tuple[int, ...]]:

@@ -1,4 +1,4 @@
-"""`sc placement compute` through the real `sc` entry point: stdin, --input, answers and exit codes."""
+"""`sc placement compute|rebalance` through the real `sc` entry point: stdin, --input, answers and exit codes."""
 
 from __future__ import annotations
 
@@ -164,3 +164,54 @@ def test_a_plugin_flag_that_cannot_load_is_status_2(capsys: pytest.CaptureFixtur
         "error: placement plug-in 'broken' (tests.placement_plugins:BrokenAtStart) could not be created: "
         "RuntimeError: no licence file\n",
     )
+
+
+# --------------------------------------------------------------------------- sc placement rebalance
+
+KIP6_REQUEST = {
+    "spus": [{"id": spu_id} for spu_id in range(4)],
+    "partitions": [{"partition": f"kip-{index}", "replicas": [0, 1] if index % 2 == 0 else [1, 0]} for index in range(6)]
+    + [{"partition": "kip-6", "replicas": [0]}],
+}
+
+
+def test_rebalance_plan_on_stdin(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    status, answer, _ = run(["placement", "rebalance"], json.dumps(KIP6_REQUEST), monkeypatch, capsys)
+    assert status == 0
+    assert isinstance(answer, dict)
+    assert (answer["replicaMoves"], answer["lowerBound"], answer["balanced"]) == (6, 6, True)
+    assert answer["before"]["replicasPerSpu"] == {"0": 7, "1": 6, "2": 0, "3": 0}
+    assert answer["after"]["replicasPerSpu"] == {"0": 4, "1": 3, "2": 3, "3": 3}
+    assert [move["partition"] for move in answer["moves"]] == [f"kip-{index}" for index in range(6)]
+
+
+def test_rebalance_plan_from_an_input_file_with_a_decommission(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = {
+        "spus": [{"id": 0}, {"id": 1}, {"id": 2, "decommissioning": True}],
+        "partitions": [{"partition": "t-0", "replicas": [2, 0]}, {"partition": "t-1", "replicas": [1]}],
+    }
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(request), encoding="utf-8")
+    status, answer, _ = run(["placement", "rebalance", "--input", str(path)], "ignored", monkeypatch, capsys)
+    assert status == 0
+    assert isinstance(answer, dict)
+    # SPU 1 takes SPU 2's replica (and its leadership, handed to SPU 0 so that each leads one).
+    assert answer["moves"] == [{"partition": "t-0", "from": [2, 0], "to": [0, 1]}]
+    assert answer["after"] == {"replicasPerSpu": {"0": 1, "1": 2, "2": 0}, "leadersPerSpu": {"0": 1, "1": 1, "2": 0}}
+
+
+def test_rebalance_of_a_bad_request_is_an_error_object(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = {"spus": [{"id": 0}], "partitions": [{"partition": "t-0", "replicas": [0, 4]}]}
+    status, answer, _ = run(["placement", "rebalance"], json.dumps(request), monkeypatch, capsys)
+    assert status == 1
+    assert answer == {
+        "error": {
+            "code": "InvalidConfig",
+            "message": "partition t-0 has a replica on SPU 4, which is not in spus: list every SPU that holds "
+            "replicas (online false for one that is down)",
+        }
+    }

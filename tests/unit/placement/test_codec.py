@@ -1,4 +1,4 @@
-"""The JSON request and answer shared by `sc placement compute` and POST /v1/placement."""
+"""The JSON requests and answers of `sc placement compute|rebalance`, POST /v1/placement and /v1/cluster/rebalance."""
 
 from __future__ import annotations
 
@@ -120,3 +120,70 @@ def test_result_and_error_to_json() -> None:
     }
     error = placement.InvalidConfig("bad thing")
     assert placement.error_to_json(error) == {"error": {"code": "InvalidConfig", "message": "bad thing"}}
+
+
+# --------------------------------------------------------------------------- rebalance
+
+
+def test_rebalance_request() -> None:
+    request = placement.rebalance_request_from_json(
+        {
+            "spus": [{"id": 0, "rack": "a"}, {"id": 1, "rack": "b", "online": False}, {"id": 2, "decommissioning": True}],
+            "partitions": [{"partition": "t-0", "replicas": [0, 1]}, {"partition": "t-1", "replicas": [2]}],
+            "maxMovesPerSpu": 3,
+        }
+    )
+    assert request == placement.RebalanceRequest(
+        spus=(placement.SpuInfo(0, "a"), placement.SpuInfo(1, "b", online=False), placement.SpuInfo(2)),
+        partitions=(placement.PartitionReplicas("t-0", (0, 1)), placement.PartitionReplicas("t-1", (2,))),
+        decommissioning=(2,),
+        max_moves_per_spu=3,
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ([], "request must be an object, got []"),
+        ({"partitions": []}, "request has no spus: list the SPUs as [{id, rack, online, decommissioning}]"),
+        ({"spus": []}, 'request has no partitions: list them as [{"partition": "t-0", "replicas": [..]}]'),
+        ({"spus": [], "partitions": [], "dryRun": True},
+         "request has unknown field 'dryRun' (known: spus, partitions, maxMovesPerSpu)"),
+        ({"spus": [{"id": 0, "decommissioning": "yes"}], "partitions": []},
+         'spus[0].decommissioning must be true or false, got "yes"'),
+        ({"spus": [{"id": 0, "zone": "a"}], "partitions": []},
+         "spus[0] has unknown field 'zone' (known: id, rack, online, decommissioning)"),
+        ({"spus": [], "partitions": [{"replicas": [0]}]}, "partitions[0] has no partition"),
+        ({"spus": [], "partitions": [{"partition": 7, "replicas": [0]}]}, "partitions[0].partition must be a string, got 7"),
+        ({"spus": [], "partitions": [{"partition": "t-0", "replicas": [0, -1]}]},
+         "partitions[0].replicas[1] must be an integer of at least 0, got -1"),
+        ({"spus": [], "partitions": [], "maxMovesPerSpu": 0}, "maxMovesPerSpu must be an integer of at least 1, got 0"),
+    ],
+)  # fmt: skip
+def test_malformed_rebalance_requests_name_the_field_and_value(body: object, message: str) -> None:
+    with pytest.raises(placement.InvalidConfig) as caught:
+        placement.rebalance_request_from_json(body)
+    assert str(caught.value) == message
+
+
+def test_plan_to_json_is_the_api_answer() -> None:
+    request = placement.rebalance_request_from_json(
+        {
+            "spus": [{"id": 0}, {"id": 1}, {"id": 2}],
+            "partitions": [{"partition": "t-0", "replicas": [0, 1]}, {"partition": "t-1", "replicas": [0, 1]}],
+        }
+    )
+    # 4 replicas on 3 SPUs: SPU 0 keeps the ceiling (2; ties go to the lowest id), SPU 1 gives
+    # one to SPU 2, and SPU 0 hands one of its two leaderships to SPU 1.
+    assert placement.plan_to_json(placement.plan_rebalance(request)) == {
+        "replicaMoves": 1,
+        "lowerBound": 1,
+        "leaderChanges": 1,
+        "moves": [{"partition": "t-0", "from": [0, 1], "to": [0, 2]}, {"partition": "t-1", "from": [0, 1], "to": [1, 0]}],
+        "before": {"replicasPerSpu": {"0": 2, "1": 2, "2": 0}, "leadersPerSpu": {"0": 2, "1": 0, "2": 0}},
+        "after": {"replicasPerSpu": {"0": 2, "1": 1, "2": 1}, "leadersPerSpu": {"0": 1, "1": 1, "2": 0}},
+        "targets": {"replicas": {"floor": 1, "ceiling": 2}, "leaders": {"floor": 0, "ceiling": 1}},
+        "balanced": True,
+        "unreachable": [],
+        "notes": [],
+    }

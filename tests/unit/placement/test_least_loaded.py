@@ -91,3 +91,118 @@ def test_each_pick_is_the_least_loaded_eligible_spu(
             candidates = [spu_id for spu_id in online if spu_id not in row[:position]]
             assert row[position] == min(candidates, key=lambda spu_id: (followers[spu_id], spu_id))
             followers[row[position]] += 1
+
+
+# --------------------------------------------------------------------------- with racks
+
+
+def issue_cluster() -> list[placement.SpuInfo]:
+    """The issue's cluster: 12 SPUs in 4 racks, SPU i in rack r(i mod 4)."""
+    return helpers.racked({spu_id: f"r{spu_id % 4}" for spu_id in range(12)})
+
+
+def test_racks_and_failover_on_the_issues_cluster() -> None:
+    # 48 partitions at RF 3: rack-unaware, 16 partitions had two replicas in one rack and one
+    # survivor took 4 of a failed SPU's leaderships. Now every partition spans 3 racks, and each
+    # SPU's 4 leaderships go to 4 different survivors (1 each: the least a failure can give).
+    spus = issue_cluster()
+    report = placement.balance(helpers.place(spus, 48, 3, strategy="least-loaded"), spus)
+    assert report["rackViolations"] == {"count": 0, "partitions": []}
+    assert report["failover"] == {"perSpu": {str(spu_id): 1 for spu_id in range(12)}, "max": 1, "worstSpu": 0}
+    assert report["replicas"] == {"perSpu": {str(spu_id): 12 for spu_id in range(12)}, "min": 12, "max": 12, "spread": 0}
+    assert report["leaders"] == {"perSpu": {str(spu_id): 4 for spu_id in range(12)}, "min": 4, "max": 4, "spread": 0}
+    assert report["rackReplicas"] == {"perRack": {"r0": 36, "r1": 36, "r2": 36, "r3": 36}, "min": 36, "max": 36, "spread": 0}
+
+
+def test_ignoring_racks_keeps_the_rack_unaware_picks() -> None:
+    spus = issue_cluster()
+    ignored = helpers.place(spus, 48, 3, strategy="least-loaded", ignore_rack_assignment=True)
+    assert ignored == helpers.place(helpers.plain(12), 48, 3, strategy="least-loaded")
+    report = placement.balance(ignored, spus)
+    assert report["rackViolations"]["count"] == 16
+    assert report["failover"]["max"] == 4
+
+
+def test_followers_go_to_other_racks_round_the_spus() -> None:
+    # Leaders by fewest leaders (0..5); each first follower is the least-followed SPU of another
+    # rack, from the SPU after the leader on: 0 takes 1, 1 takes 2 (its own rack r1 holds 1
+    # and 4)... SPU i is in rack r(i mod 3).
+    spus = helpers.racked({spu_id: f"r{spu_id % 3}" for spu_id in range(6)})
+    assert helpers.place(spus, 6, 2, strategy="least-loaded") == [[0, 1], [1, 0], [2, 3], [3, 2], [4, 5], [5, 4]]
+
+
+def test_path_racks_spread_over_sites_then_leaf_racks() -> None:
+    # SPU i is in /dc(i mod 2)/r(i mod 4): two sites of two racks each. RF 3 takes both sites,
+    # then the rack of the leader's site not yet used.
+    spus = helpers.racked({spu_id: f"/dc{spu_id % 2}/r{spu_id % 4}" for spu_id in range(8)})
+    replica_map = helpers.place(spus, 8, 3, strategy="least-loaded")
+    assert replica_map == [
+        [0, 1, 2], [1, 0, 3], [2, 5, 4], [3, 6, 0], [4, 7, 1], [5, 2, 7], [6, 3, 4], [7, 6, 5],
+    ]  # fmt: skip
+    for row in replica_map:
+        assert len({spu_id % 2 for spu_id in row}) == 2  # both sites
+        assert len({spu_id % 4 for spu_id in row}) == 3  # three different leaf racks
+
+
+def test_existing_load_still_counts_with_racks() -> None:
+    # The README's example with racks: topic big leads twice on SPU 0, so the leaders avoid it;
+    # followers come from the other rack (0 and 1 are in a, 2 and 3 in b).
+    spus = helpers.racked({0: "a", 1: "a", 2: "b", 3: "b"})
+    existing = [("big", 0, (0, 1)), ("big", 1, (0, 2))]
+    assert helpers.place(spus, 3, 2, strategy="least-loaded", existing=existing) == [[1, 3], [2, 0], [3, 0]]
+
+
+def test_more_replicas_than_racks_fill_the_least_used_rack_next() -> None:
+    # Two racks, RF 3: two replicas in one rack is unavoidable, never three.
+    spus = helpers.racked({spu_id: "ab"[spu_id % 2] for spu_id in range(6)})
+    for row in helpers.place(spus, 12, 3, strategy="least-loaded"):
+        assert sorted(Counter(spu_id % 2 for spu_id in row).values()) == [1, 2]
+
+
+def test_racks_on_some_spus_only_is_refused_like_the_other_strategies() -> None:
+    spus = [placement.SpuInfo(0, "a"), placement.SpuInfo(1, "b"), placement.SpuInfo(2)]
+    request = placement.PlacementRequest(spus=spus, partitions=1, replication_factor=2, strategy="least-loaded")
+    try:
+        placement.compute(request)
+    except placement.InvalidConfig as error:
+        assert str(error) == (
+            "rack-aware placement needs a rack on every online SPU, but SPU 2 has none: give SPU 2 a rack "
+            "(sc spu set-rack ID --rack R), or create the topic with ignoreRackAssignment: true "
+            "(sc topic create --ignore-rack-assignment)"
+        )
+    else:
+        raise AssertionError("a partial rack layout was accepted")
+    assert helpers.place(spus, 2, 2, strategy="least-loaded", ignore_rack_assignment=True) == [[0, 1], [1, 0]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rack_sizes=st.lists(st.integers(1, 4), min_size=1, max_size=5),
+    partitions=st.integers(1, 60),
+    data=st.data(),
+)
+def test_rack_aware_picks_spread_racks_and_first_followers(
+    rack_sizes: list[int], partitions: int, data: st.DataObject
+) -> None:
+    """Each partition spans min(RF, racks) racks; each leader's first followers take turns over the
+    SPUs of the other racks (over all others with one rack): their counts differ by at most one."""
+    racks = {}
+    for rack, size in enumerate(rack_sizes):
+        for _ in range(size):
+            racks[len(racks) * 3 + 1] = f"rack{rack}"  # sparse ids
+    spus = helpers.racked(racks)
+    replication_factor = data.draw(st.integers(1, len(spus)))
+    replica_map = helpers.place(spus, partitions, replication_factor, strategy="least-loaded")
+    wanted = min(replication_factor, len(rack_sizes))
+    for row in replica_map:
+        assert len(row) == replication_factor == len(set(row))
+        assert len({racks[spu_id] for spu_id in row}) == wanted
+    if replication_factor < 2:
+        return
+    for leader in racks:
+        others = [spu_id for spu_id in racks if racks[spu_id] != racks[leader]] if len(rack_sizes) > 1 else []
+        allowed = others or [spu_id for spu_id in racks if spu_id != leader]
+        firsts = Counter(row[1] for row in replica_map if row[0] == leader)
+        if firsts:
+            assert set(firsts) <= set(allowed)
+            assert max(firsts.values()) - min(firsts[spu_id] for spu_id in allowed) <= 1
