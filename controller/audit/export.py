@@ -148,9 +148,10 @@ def export(
         if until is not None:
             beyond = pc.greater_equal(times, micros(until))
             if pc.any(beyond).as_py():
-                cut = pc.index(beyond, True).as_py()
-                considered = table.column("seq")[cut].as_py() - 1  # nothing from the cut on is read
-                table, times = table.slice(0, cut), times.slice(0, cut)
+                # Nothing from the first record at or after `until` on is read.
+                considered = pc.min(pc.filter(table.column("seq"), beyond)).as_py() - 1
+                before = pc.less_equal(table.column("seq"), considered)
+                table, times = table.filter(before), times.filter(before)
                 skipped = [record for record in skipped if record.seq <= considered]
                 stop = True
         last_seq = considered
@@ -159,7 +160,7 @@ def export(
         if since is not None:
             table = table.filter(pc.greater_equal(times, micros(since)))
         if table.num_rows:
-            first_seq = first_seq if first_seq is not None else table.column("seq")[0].as_py()
+            first_seq = first_seq if first_seq is not None else pc.min(table.column("seq")).as_py()
             files += _write_chunk(table, out)
             rows += table.num_rows
         if stop:
@@ -236,8 +237,8 @@ class Malformed(ValueError):
 
 
 def to_table(records: list[tuple[int, bytes]]) -> tuple[pa.Table, list[MalformedRecord]]:
-    """The dataset's rows (by sequence number) for ``records``, each its sequence number and JSON
-    payload, and the records left out because they are malformed (by sequence number too)."""
+    """The dataset's rows for ``records``, each its sequence number and JSON payload (in order within
+    each kind), and the records left out because they are malformed (by sequence number)."""
     batches: dict[str | None, list[tuple[int, bytes]]] = {}
     alone: list[tuple[int, bytes]] = []
     for seq, payload in records:
@@ -245,7 +246,7 @@ def to_table(records: list[tuple[int, bytes]]) -> tuple[pa.Table, list[Malformed
         # records, and a line that is only `null` crashes it (pyarrow 26).
         if payload[:1] == b"{" and payload[-1:] == b"}" and b"\n" not in payload and b"\r" not in payload:
             # The kind is a hint (the recorder writes it before the object), checked once parsed.
-            hint = _KIND_HINT.search(payload)
+            hint = _KIND_HINT.search(payload, 0, 96)
             kind = hint[1].decode() if hint else None
             if kind is None or kind in OBJECT_KINDS:
                 batches.setdefault(kind, []).append((seq, payload))
@@ -261,7 +262,8 @@ def to_table(records: list[tuple[int, bytes]]) -> tuple[pa.Table, list[Malformed
         except Malformed as error:
             malformed.append(MalformedRecord(seq, str(error)))
     table = pa.concat_tables(tables) if tables else SCHEMA.empty_table()
-    return table.sort_by("seq"), sorted(malformed)
+    # Each kind's rows are in order, unless some were read one by one (rare: sorting costs a copy).
+    return (table.sort_by("seq") if alone else table), sorted(malformed)
 
 
 def _fast(kind: str | None, batch: list[tuple[int, bytes]], tables: list[pa.Table], alone: list[tuple[int, bytes]]) -> None:
@@ -331,7 +333,7 @@ def _parse_lines(lines: list[bytes], schema: pa.Schema) -> pa.Table:
     if not lines:
         return schema.empty_table()
     data = b"\n".join(lines) + b"\n"
-    block = max(1 << 20, 2 * max(len(line) for line in lines))
+    block = max(1 << 20, 2 * max(map(len, lines)))
     parsed = pajson.read_json(
         pa.BufferReader(data),
         read_options=pajson.ReadOptions(block_size=block),
@@ -543,7 +545,7 @@ def _write_chunk(table: pa.Table, out: Path) -> int:
         out,
         format="parquet",
         partitioning=PARTITIONING,
-        basename_template=f"part-{table.column('seq')[0].as_py():020d}-{{i}}.parquet",
+        basename_template=f"part-{pc.min(table.column('seq')).as_py():020d}-{{i}}.parquet",
         existing_data_behavior="overwrite_or_ignore",
         file_visitor=lambda written_file: written.append(written_file.path),
     )
