@@ -29,6 +29,8 @@ CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean")
 TIMELINE_BUCKETS = 200
 # Jobs submitted at once by the driver.
 PARALLEL_JOBS = 4
+# The longest --flap-window, in seconds (some 31 years).
+MAX_FLAP_WINDOW = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +42,11 @@ class Options:
     def __post_init__(self) -> None:
         if self.flap_count < 2:
             raise ValueError(f"--flap-count {self.flap_count} is too small: an SPU flaps when it goes offline at least twice")
-        if self.flap_window <= 0:
-            raise ValueError(f"--flap-window {self.flap_window:g} must be a positive number of seconds")
+        # Bounded: Spark takes the window in microseconds as a 64-bit number.
+        if not 0 < self.flap_window <= MAX_FLAP_WINDOW:
+            raise ValueError(
+                f"--flap-window {self.flap_window:g} must be a number of seconds above 0 and at most {MAX_FLAP_WINDOW}"
+            )
 
 
 @dataclass(slots=True)

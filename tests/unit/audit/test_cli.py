@@ -53,3 +53,22 @@ def test_sc_audit_export_says_which_records_it_skipped(tmp_path: Path, capsys: p
         "warning: history record 3 skipped: it is not a JSON object (got null)",
     ]
     assert warnings[100:] == ["warning: 2 more malformed history records skipped"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--flap-window", "inf"], "--flap-window inf must be a number of seconds above 0 and at most 1000000000"),
+        (["--flap-window", "nan"], "--flap-window nan must be a number of seconds above 0 and at most 1000000000"),
+        (["--flap-window", "1e300"], "--flap-window 1e+300 must be a number of seconds above 0 and at most 1000000000"),
+        (["--flap-window", "0"], "--flap-window 0 must be a number of seconds above 0 and at most 1000000000"),
+        (["--flap-count", "1"], "--flap-count 1 is too small: an SPU flaps when it goes offline at least twice"),
+    ],
+)
+def test_sc_audit_report_refuses_bad_flap_settings_before_starting_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    from controller import cli
+
+    code = cli.main(["audit", "report", "--history", str(tmp_path), "--out", str(tmp_path / "report"), *flags])
+    assert (code, capsys.readouterr().err) == (2, f"error: {message}\n")
