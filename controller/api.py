@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
@@ -18,7 +17,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import exposition as prometheus_exposition
 
-from controller import admin_ops, context as context_module, openapi, partition, placement, topic as topic_controller
+from controller import admin_ops, context as context_module, json_input, openapi, partition, placement, topic as topic_controller
 from store import kv, local, models
 
 log = structlog.get_logger(__name__)
@@ -109,15 +108,23 @@ def _kind(request: web.Request) -> str:
 
 
 def _int_param(request: web.Request, name: str, default: int, maximum: int) -> int:
+    """A whole number from 0 to ``maximum``; anything else is malformed (400, as API.md says)."""
     raw = request.query.get(name)
     if raw is None:
         return default
     if not raw.isascii() or not raw.isdigit():
-        raise ApiError(400, "MalformedRequest", f"query parameter {name} must be a whole number, got {raw!r}")
-    value = int(raw)
-    if value > maximum:
-        raise ApiError(422, "InvalidRequest", f"query parameter {name} is at most {maximum}, got {value}")
-    return value
+        raise ApiError(400, "MalformedRequest", f"query parameter {name} must be a whole number, got {_abbreviated(raw)!r}")
+    # Counted before int(), which raises past 4,300 digits (leading zeros included): no longer
+    # number is in range anyway.
+    digits = raw.lstrip("0") or "0"
+    if len(digits) > len(str(maximum)) or int(digits) > maximum:
+        raise ApiError(400, "MalformedRequest", f"query parameter {name} is at most {maximum}, got {_abbreviated(raw)}")
+    return int(digits)
+
+
+def _abbreviated(text: str) -> str:
+    """A value as the client sent it, cut if long (a message must not echo megabytes)."""
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def _bool_param(request: web.Request, name: str) -> bool:
@@ -137,11 +144,9 @@ def parse_json_object(raw: bytes, shape: str) -> dict[str, Any]:
     if not raw.strip():
         raise ApiError(400, "MalformedRequest", f"the request body is empty: send a JSON object {shape}")
     try:
-        body = json.loads(raw)
-    except RecursionError:
-        raise ApiError(400, "MalformedRequest", "the request body is nested too deeply") from None
-    except ValueError as error:
-        raise ApiError(400, "MalformedRequest", f"the request body is not valid JSON: {error}") from None
+        body = json_input.loads(raw)
+    except json_input.JsonInputError as error:
+        raise ApiError(400, "MalformedRequest", f"the request body {error}") from None
     if not isinstance(body, dict):
         raise ApiError(
             400, "MalformedRequest", f"the request body must be a JSON object {shape}, got {_json_type(body)}"

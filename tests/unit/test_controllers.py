@@ -148,6 +148,17 @@ def test_new_topic_is_validated_to_pending_or_invalid() -> None:
     assert "sideways" in reason
 
 
+def test_a_stored_topic_whose_preferred_spu_is_no_id_is_invalid_not_a_crash() -> None:
+    """Written straight into the store: '²' is a digit to isdigit(), not to int()."""
+    placement_spec = {"strategy": "policies", "policies": "preferred_nodes=²"}
+    snapshot = snapshot_of((make_spu(0), 1), (make_topic("odd", partitions=1, replicationFactor=1, placement=placement_spec), 5))
+    [decided] = topic.decide(snapshot)
+    status = json.loads(decided.writes[0].value)["status"]  # type: ignore[arg-type]
+    assert (status["resolution"], status["reason"]) == (
+        "InvalidConfig", "placement policy preferred_nodes=²: '²' is not an SPU id"
+    )
+
+
 def test_pending_topic_is_provisioned_with_partitions_and_chain_in_one_action() -> None:
     spus = [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
     pending = make_topic("t", {"resolution": "Pending"}, partitions=2, replicationFactor=2)
