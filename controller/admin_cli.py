@@ -16,6 +16,8 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from controller import json_input
+
 DEFAULT_ADDRESS = "http://127.0.0.1:9003"
 # The SC waits up to 30 s for a topic's verdict; leave it room to answer.
 REQUEST_TIMEOUT = 60.0
@@ -320,12 +322,12 @@ def _read_assignment(path: str) -> list[Any]:
     """A replica assignment file: ``[{"id": 0, "replicas": [..]}, ..]`` (or that list under
     ``replicaAssignment`` or ``partitions``). The SC validates the entries themselves."""
     try:
-        with open(path, encoding="utf-8") as file:
-            content = json.load(file)
+        with open(path, "rb") as file:
+            content = json_input.loads(file.read())
     except OSError as failure:
         raise CliError(f"cannot read the replica assignment file {path!r}: {failure.strerror}") from None
-    except ValueError as failure:
-        raise CliError(f"replica assignment file {path!r} is not valid JSON: {failure}") from None
+    except json_input.JsonInputError as failure:
+        raise CliError(f"replica assignment file {path!r} {failure}") from None
     if isinstance(content, dict):
         for key in ("replicaAssignment", "partitions"):
             if key in content:
@@ -446,9 +448,10 @@ def whole_number(text: str) -> int:
     which gives up at 4,300 digits)."""
     if not _is_digits(text):
         raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not a whole number")
-    if len(text.lstrip("0")) > len(str(MAX_WHOLE_NUMBER)) or int(text) > MAX_WHOLE_NUMBER:
+    digits = text.lstrip("0") or "0"  # int() counts leading zeros towards its limit too
+    if len(digits) > len(str(MAX_WHOLE_NUMBER)) or int(digits) > MAX_WHOLE_NUMBER:
         raise argparse.ArgumentTypeError(f"{_shown(text)} is above {MAX_WHOLE_NUMBER}, the largest value here")
-    return int(text)
+    return int(digits)
 
 
 def _is_digits(text: str) -> bool:

@@ -270,8 +270,9 @@ class PartitionResolution(str, enum.Enum):
 
 class ReplicaStatus(Model):
     spu: Annotated[int, Field(ge=0)]
-    hw: Annotated[int, Field(ge=-1)] = -1
-    leo: Annotated[int, Field(ge=-1)] = -1
+    # 64-bit, as on Fluvio's wire (a larger offset could not be listed to a Fluvio client).
+    hw: Annotated[int, Field(ge=-1, le=2**63 - 1)] = -1
+    leo: Annotated[int, Field(ge=-1, le=2**63 - 1)] = -1
 
 
 class PartitionSpec(Model):
