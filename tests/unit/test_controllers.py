@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from connection_manager import health as health_module
 from controller import actions, spu, spu_group, topic
 from store import local, models
@@ -298,3 +300,11 @@ def test_an_incremental_pass_validates_changed_topics_and_places_every_waiting_o
     assert [(action.verb.value, action.name) for action in chain_busy] == [("update-status", "new")]
     chain_free = topic.decide(snapshot, changes(nothing), lambda key: False, retry_unplaced=False)
     assert [(action.verb.value, action.name) for action in chain_free] == [("provision", "w0,w1")]
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [b'{"nextStartIndex": 1e400}', b'{"nextStartIndex": NaN}', b'{"nextStartIndex": ' + b"9" * 5000 + b"}", b"[]", b"\xff"],
+)
+def test_a_hand_edited_chain_that_is_no_number_restarts_at_0(stored: bytes) -> None:
+    assert topic.read_chain(snapshot_of(meta={topic.CHAIN_KEY: (stored, 7)})) == topic.Chain(0, 7)
