@@ -234,6 +234,10 @@ def _topic_filter(request: web.Request, kind: str) -> Callable[[models.ClusterOb
         return None
     if kind != "partitions":
         raise ApiError(422, "InvalidRequest", f"query parameter topic filters partitions only, not {kind}")
+    try:
+        models.validate_name(topic_name)
+    except ValueError as error:
+        raise ApiError(400, "MalformedRequest", f"query parameter topic must be a topic name: {error}") from None
     return lambda obj: obj.topic == topic_name  # type: ignore[attr-defined]
 
 

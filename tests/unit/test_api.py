@@ -137,6 +137,24 @@ async def test_list_errors(server: api_server.ApiServer) -> None:
     )
 
 
+@pytest.mark.parametrize("route", ["/v1/partitions", "/v1/watch/partitions"])
+@pytest.mark.parametrize(
+    ("topic_name", "reason"),
+    [
+        ("", "name '' is invalid: use only lowercase letters, digits and '-', and do not start or end with '-'"),
+        ("Bad", "name 'Bad' is invalid: use only lowercase letters, digits and '-', and do not start or end with '-'"),
+        ("t" * 64, f"name '{'t' * 64}' is 64 characters long; at most 63 are allowed"),
+    ],
+)
+async def test_a_topic_filter_that_is_no_topic_name_is_400(
+    server: api_server.ApiServer, route: str, topic_name: str, reason: str
+) -> None:
+    """Found by the fuzzer: the document says the filter is a topic name; an empty one listed nothing."""
+    assert await server.call("GET", f"{route}?topic={topic_name}") == (
+        400, error("MalformedRequest", f"query parameter topic must be a topic name: {reason}")
+    )
+
+
 async def test_get_one_object_or_404(server: api_server.ApiServer) -> None:
     await server.put(topic("alpha", 3, 2), partition("alpha-0", [1, 2]))
     assert await server.call("GET", "/v1/topics/alpha") == (200, topic("alpha", 3, 2).to_json_dict())
