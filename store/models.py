@@ -15,11 +15,14 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 NAME_MAX_LENGTH = 63
-_NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+# Also the OpenAPI document's patterns: keep them valid JSON Schema (ECMA 262) regular expressions.
+NAME_REGEX = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
+PLUGIN_REFERENCE_REGEX = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+_NAME_PATTERN = re.compile(NAME_REGEX)
 _PARTITION_NAME = re.compile(r"^(?P<topic>.+)-(?P<index>0|[1-9][0-9]*)$")
 # The common case in one match: a valid topic name, '-', an index (partition names are hot: 100k per startup).
 _VALID_PARTITION_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-(?:0|[1-9][0-9]*)$")
-_PLUGIN_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_PLUGIN_REFERENCE = re.compile(PLUGIN_REFERENCE_REGEX)
 
 PLACEMENT_STRATEGIES = ("computed", "kafka", "least-loaded", "multi-level", "policies")
 
