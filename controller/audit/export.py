@@ -229,6 +229,8 @@ _CHANGE_HEAD = re.compile(
     rb'\{"seq":-?\d+,"type":"change","kind":' + _JSON_STRING + rb',"name":' + _JSON_STRING + rb',"op":' + _JSON_STRING
     + rb',"revision":-?\d+,"source":' + _JSON_STRING + rb',"time":-?\d+,(?:"snapshotRevision":-?\d+,)?"object":'
 )
+# The SC's layout of an object (models.encode): its name, its spec, its status, in this order.
+_OBJECT_HEAD = re.compile(rb'\{"name":' + _JSON_STRING + rb',"spec":')
 _KIND_HINT = re.compile(rb'"kind":"([a-z-]*)"')
 
 
@@ -350,9 +352,13 @@ def _cut(obj: bytes) -> tuple[bytes | None, bytes | None]:
     then). A wrong cut is never two JSON objects: the parse of the spec and the status proves it."""
     if obj == b"null":
         return None, None
-    spec_at, status_at = obj.find(b'"spec":'), obj.rfind(b',"status":')
-    spec, status = obj[spec_at + 7 : status_at], obj[status_at + 10 : -1]
-    if not (obj[:1] == b"{" and 0 < spec_at < status_at and spec[:1] == status[:1] == b"{" and spec[-1:] == status[-1:] == b"}"):
+    head = _OBJECT_HEAD.match(obj)
+    status_at = obj.rfind(b',"status":')
+    if head is None or status_at < head.end() or obj[-1:] != b"}":
+        raise Malformed("not the SC's layout")
+    # The object is then exactly {"name":..,"spec":<spec>,"status":<status>}: valid iff both are.
+    spec, status = obj[head.end() : status_at], obj[status_at + 10 : -1]
+    if not (spec[:1] == status[:1] == b"{" and spec[-1:] == status[-1:] == b"}"):
         raise Malformed("not the SC's layout")
     return spec, status
 

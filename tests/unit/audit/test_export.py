@@ -399,3 +399,11 @@ def test_the_typed_columns_read_fields_each_model_has_with_that_json_type(kind: 
             types = {option["type"] for option in options} - {"null"}
             expected = "object" if pa.types.is_struct(field.type) else JSON_TYPES[str(field.type)]
             assert types == {expected}, (kind, part, field.name, declared)
+
+
+def test_a_spec_and_status_nested_below_the_top_of_an_unbalanced_object_are_not_taken_for_its_own() -> None:
+    """The cut must not find a nested spec and status: this object is not even valid JSON."""
+    value = b'{"name":"t-0","x":{"spec":{"leader":1,"replicas":[1]},"status":{"resolution":"Online"}}'
+    table, malformed = export.to_table([(1, change_payload(1, "partitions", "t-0", value))])
+    assert (table.num_rows, [record.seq for record in malformed]) == (0, [1])
+    assert malformed[0].reason.startswith("is not valid JSON: ")
