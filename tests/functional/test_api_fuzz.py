@@ -38,7 +38,7 @@ from schemathesis.checks import (
 from connection_manager import health as health_module
 from controller import config, daemon as daemon_module, openapi
 
-# Inputs per operation and mode: about 20 s for both daemons on a quiet two-core machine.
+# Inputs per operation and mode: about 25 s for both daemons on a two-core machine.
 EXAMPLES = 25
 # The longest wait a fuzzed request may ask for, in milliseconds (long-poll routes wait that long).
 LONGEST_WAIT_MS = 100
