@@ -37,7 +37,8 @@ class Message(pydantic.BaseModel):
     v: Literal[1] = PROTOCOL_VERSION
 
 
-Offset = Annotated[int, Field(ge=0)]
+# 64-bit, as offsets are everywhere (Fluvio's wire, Kafka's): a larger one could not be passed on.
+Offset = Annotated[int, Field(ge=0, le=2**63 - 1)]
 SpuId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 PartitionName = Annotated[str, Field(min_length=3, max_length=200)]
 

@@ -16,9 +16,13 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from controller import json_input
+
 DEFAULT_ADDRESS = "http://127.0.0.1:9003"
 # The SC waits up to 30 s for a topic's verdict; leave it room to answer.
 REQUEST_TIMEOUT = 60.0
+# The largest number a flag takes: the largest SPU id, above every count and timeout.
+MAX_WHOLE_NUMBER = 2**31 - 1
 
 
 class CliError(Exception):
@@ -331,12 +335,12 @@ def _read_assignment(path: str) -> list[Any]:
     """A replica assignment file: ``[{"id": 0, "replicas": [..]}, ..]`` (or that list under
     ``replicaAssignment`` or ``partitions``). The SC validates the entries themselves."""
     try:
-        with open(path, encoding="utf-8") as file:
-            content = json.load(file)
+        with open(path, "rb") as file:
+            content = json_input.loads(file.read())
     except OSError as failure:
         raise CliError(f"cannot read the replica assignment file {path!r}: {failure.strerror}") from None
-    except ValueError as failure:
-        raise CliError(f"replica assignment file {path!r} is not valid JSON: {failure}") from None
+    except json_input.JsonInputError as failure:
+        raise CliError(f"replica assignment file {path!r} {failure}") from None
     if isinstance(content, dict):
         for key in ("replicaAssignment", "partitions"):
             if key in content:
@@ -366,11 +370,11 @@ def _topic_add_partitions(args: argparse.Namespace) -> int:
 
 
 def _server_address(text: str) -> dict[str, Any]:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as an endpoint."""
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as an endpoint (the SC checks the port's range)."""
     host, separator, port = text.rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
-    if not separator or not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    if not separator or not host or not _is_digits(port) or len(port) > 5:
+        raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not HOST:PORT")
     return {"host": host, "port": int(port)}
 
 
@@ -411,7 +415,7 @@ def _spu_drain(args: argparse.Namespace) -> int:
     1 while it still leads something (it stays draining): stopping it then would leave those
     partitions without a leader."""
     client = Client(_address(args))
-    name = _spu_name_of(client, int(args.spu)) if args.spu.isdigit() else args.spu
+    name = _spu_by_id_or_name(client, args.spu)
     query = {"timeout": str(args.timeout_ms), **({"force": "true"} if args.force else {})}
     _, answer = client.call("POST", _path("spus", name, "drain"), query=query)
     who = f"SPU {answer['spu']} ({answer['name']})"
@@ -433,9 +437,15 @@ def _spu_drain(args: argparse.Namespace) -> int:
     return 1
 
 
+def _spu_by_id_or_name(client: Client, spu: str) -> str:
+    """The name of the SPU an argument names: a number is an id (no SPU id has more than 10 digits,
+    so a longer one is a name, and not found), anything else a name."""
+    return _spu_name_of(client, int(spu)) if _is_digits(spu) and len(spu) <= 10 else spu
+
+
 def _spu_undrain(args: argparse.Namespace) -> int:
     client = Client(_address(args))
-    name = _spu_name_of(client, int(args.spu)) if args.spu.isdigit() else args.spu
+    name = _spu_by_id_or_name(client, args.spu)
     _, answer = client.call("DELETE", _path("spus", name, "drain"))
     if args.output == "json":
         _print_json(answer)
@@ -447,7 +457,7 @@ def _spu_undrain(args: argparse.Namespace) -> int:
 def _spu_set_rack(args: argparse.Namespace) -> int:
     """Give an SPU a rack (or none): topics waiting for one are then placed by themselves."""
     client = Client(_address(args))
-    name = _spu_name_of(client, int(args.spu)) if args.spu.isdigit() else args.spu
+    name = _spu_by_id_or_name(client, args.spu)
     _, spu = client.call("POST", _path("spus", name, "rack"), {"rack": None if args.no_rack else args.rack})
     _show(args, spu, lambda answer: spu_rows([answer]))
     return 0
@@ -488,10 +498,23 @@ def _run(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Nam
     return run
 
 
-def _whole_number(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    return int(text)
+def whole_number(text: str) -> int:
+    """A command-line whole number: ASCII digits, at most MAX_WHOLE_NUMBER (checked before int(),
+    which gives up at 4,300 digits)."""
+    if not _is_digits(text):
+        raise argparse.ArgumentTypeError(f"{_shown(text)!r} is not a whole number")
+    digits = text.lstrip("0") or "0"  # int() counts leading zeros towards its limit too
+    if len(digits) > len(str(MAX_WHOLE_NUMBER)) or int(digits) > MAX_WHOLE_NUMBER:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is above {MAX_WHOLE_NUMBER}, the largest value here")
+    return int(digits)
+
+
+def _is_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # "²".isdigit() is true, and int() refuses it
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def command_group(commands: argparse._SubParsersAction, name: str, summary: str) -> argparse._SubParsersAction:  # type: ignore[type-arg]
@@ -527,8 +550,8 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     topics = group_of("topic", "create, list, describe and delete topics; add partitions")
     create = command(topics, "create", _topic_create, "create a topic (waits until it is provisioned or cannot be)")
     create.add_argument("name", metavar="NAME")
-    create.add_argument("-p", "--partitions", type=_whole_number, metavar="N", help="number of partitions")
-    create.add_argument("-r", "--replication-factor", type=_whole_number, metavar="R", help="replicas per partition")
+    create.add_argument("-p", "--partitions", type=whole_number, metavar="N", help="number of partitions")
+    create.add_argument("-r", "--replication-factor", type=whole_number, metavar="R", help="replicas per partition")
     create.add_argument("--ignore-rack-assignment", action="store_true", help="place replicas without regard to racks")
     create.add_argument(
         "--replica-assignment", metavar="FILE", help='manual placement: a JSON file [{"id": 0, "replicas": [0, 1]}, ...]'
@@ -553,11 +576,11 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     delete.add_argument("name", metavar="NAME")
     add = command(topics, "add-partitions", _topic_add_partitions, "add partitions to a topic")
     add.add_argument("name", metavar="NAME")
-    add.add_argument("-c", "--count", type=_whole_number, default=1, metavar="N", help="partitions to add (default 1)")
+    add.add_argument("-c", "--count", type=whole_number, default=1, metavar="N", help="partitions to add (default 1)")
 
     spus = group_of("spu", "register, list and unregister SPUs; run simulated SPUs")
     register_spu = command(spus, "register", _spu_register, "register a custom SPU")
-    register_spu.add_argument("--id", type=_whole_number, required=True, metavar="ID", help="SPU id, unique in the cluster")
+    register_spu.add_argument("--id", type=whole_number, required=True, metavar="ID", help="SPU id, unique in the cluster")
     register_spu.add_argument("--name", dest="spu_name", required=True, metavar="NAME", help="SPU name")
     register_spu.add_argument(
         "--public-server", type=_server_address, required=True, metavar="HOST:PORT", help="where clients reach it"
@@ -569,10 +592,10 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     command(spus, "list", _lister("spus", spu_rows), "list SPUs")
     unregister = command(spus, "unregister", _spu_unregister, "unregister a custom SPU (by NAME or --id)")
     unregister.add_argument("name", metavar="NAME", nargs="?")
-    unregister.add_argument("--id", type=_whole_number, metavar="ID")
+    unregister.add_argument("--id", type=whole_number, metavar="ID")
     drain = command(spus, "drain", _spu_drain, "move every leadership off an SPU before stopping it (until undrained)")
     drain.add_argument("spu", metavar="ID|NAME", help="the SPU's id or name")
-    drain.add_argument("--timeout-ms", type=_whole_number, default=30_000, metavar="MS", help="longest wait (default 30000)")
+    drain.add_argument("--timeout-ms", type=whole_number, default=30_000, metavar="MS", help="longest wait (default 30000)")
     drain.add_argument(
         "--force", action="store_true", help="drain even if some partitions cannot move now (they keep it as leader)"
     )
@@ -588,12 +611,12 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     groups = group_of("spu-group", "create, scale, list and delete SPU groups (managed SPUs)")
     create_group = command(groups, "create", _spu_group_create, "create an SPU group")
     create_group.add_argument("name", metavar="NAME")
-    create_group.add_argument("--replicas", type=_whole_number, required=True, metavar="N", help="number of SPUs")
-    create_group.add_argument("--min-id", type=_whole_number, default=0, metavar="M", help="id of the first SPU (default 0)")
+    create_group.add_argument("--replicas", type=whole_number, required=True, metavar="N", help="number of SPUs")
+    create_group.add_argument("--min-id", type=whole_number, default=0, metavar="M", help="id of the first SPU (default 0)")
     create_group.add_argument("--rack", metavar="R", help="rack given to every SPU of the group")
     scale = command(groups, "scale", _spu_group_scale, "change the number of SPUs of a group")
     scale.add_argument("name", metavar="NAME")
-    scale.add_argument("--replicas", type=_whole_number, required=True, metavar="N", help="number of SPUs")
+    scale.add_argument("--replicas", type=whole_number, required=True, metavar="N", help="number of SPUs")
     command(groups, "list", _lister("spu-groups", spu_group_rows), "list SPU groups")
     delete_group = command(groups, "delete", _deleter("spu-groups", "SPU group"), "delete an SPU group and its SPUs")
     delete_group.add_argument("name", metavar="NAME")

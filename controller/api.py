@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -21,7 +20,7 @@ from aiohttp import web
 from prometheus_client import exposition as prometheus_exposition
 
 from connection_manager import ratelimit, transport
-from controller import admin_ops, context as context_module, openapi, partition, placement, topic as topic_controller
+from controller import admin_ops, context as context_module, json_input, openapi, partition, placement, topic as topic_controller
 from store import kv, local, models
 
 log = structlog.get_logger(__name__)
@@ -203,15 +202,20 @@ def _kind(request: web.Request) -> str:
 
 
 def _int_param(request: web.Request, name: str, default: int, maximum: int) -> int:
+    """A whole number from 0 to ``maximum``; anything else is malformed (400, as API.md says)."""
     raw = request.query.get(name)
     if raw is None:
         return default
     if not raw.isascii() or not raw.isdigit():
         raise ApiError(400, "MalformedRequest", f"query parameter {name} must be a whole number, got {ratelimit.excerpt(raw)}")
-    value = int(raw)
-    if value > maximum:
-        raise ApiError(422, "InvalidRequest", f"query parameter {name} is at most {maximum}, got {value}")
-    return value
+    # Counted before int(), which raises past 4,300 digits (leading zeros included): no longer
+    # number is in range anyway.
+    digits = raw.lstrip("0") or "0"
+    if len(digits) > len(str(maximum)) or int(digits) > maximum:
+        # Only ASCII digits here: shown as they are, cut if long (a message must not echo megabytes).
+        shown = raw if len(raw) <= 40 else f"{raw[:20]}... ({len(raw)} characters)"
+        raise ApiError(400, "MalformedRequest", f"query parameter {name} is at most {maximum}, got {shown}")
+    return int(digits)
 
 
 def _bool_param(request: web.Request, name: str) -> bool:
@@ -231,11 +235,9 @@ def parse_json_object(raw: bytes, shape: str) -> dict[str, Any]:
     if not raw.strip():
         raise ApiError(400, "MalformedRequest", f"the request body is empty: send a JSON object {shape}")
     try:
-        body = json.loads(raw)
-    except RecursionError:
-        raise ApiError(400, "MalformedRequest", "the request body is nested too deeply") from None
-    except ValueError as error:
-        raise ApiError(400, "MalformedRequest", f"the request body is not valid JSON: {error}") from None
+        body = json_input.loads(raw)
+    except json_input.JsonInputError as error:
+        raise ApiError(400, "MalformedRequest", f"the request body {error}") from None
     if not isinstance(body, dict):
         raise ApiError(
             400, "MalformedRequest", f"the request body must be a JSON object {shape}, got {_json_type(body)}"
@@ -330,6 +332,10 @@ def _topic_filter(request: web.Request, kind: str) -> Callable[[models.ClusterOb
         return None
     if kind != "partitions":
         raise ApiError(422, "InvalidRequest", f"query parameter topic filters partitions only, not {kind}")
+    try:
+        models.validate_name(topic_name)
+    except ValueError as error:
+        raise ApiError(400, "MalformedRequest", f"query parameter topic must be a topic name: {error}") from None
     return lambda obj: obj.topic == topic_name  # type: ignore[attr-defined]
 
 

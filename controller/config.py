@@ -6,6 +6,12 @@ Precedence, highest first: command-line flags, environment, config file, default
 from __future__ import annotations
 
 import enum
+import json
+import logging
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -29,7 +35,8 @@ class LogFormat(str, enum.Enum):
 
 
 Port = Annotated[int, Field(ge=0, le=65535)]
-Seconds = Annotated[float, Field(gt=0)]
+# Finite: an infinite timeout or interval would reach asyncio, etcd and the SPUs' frames.
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class Settings(BaseSettings):
@@ -119,6 +126,13 @@ class Settings(BaseSettings):
                 raise ValueError(f"placement plug-in {name!r}: {reference!r} is not written module:Class")
         return plugins
 
+    @pydantic.field_validator("log_level")
+    @classmethod
+    def _known_level(cls, level: str) -> str:
+        if level.upper() not in logging.getLevelNamesMapping():  # what logs.configure takes
+            raise ValueError(f"log level {level!r} is unknown: use debug, info, warning or error")
+        return level
+
     @pydantic.field_validator("key_prefix")
     @classmethod
     def _prefix_shape(cls, prefix: str) -> str:
@@ -140,12 +154,40 @@ def read_token(path: Path | None) -> str | None:
     return token
 
 
-def load(config_file: Path | None = None, **overrides: Any) -> Settings:
-    """Settings from flags (``overrides``; None means "not given"), SC_* variables and the file."""
+class ConfigError(ValueError):
+    """Invalid settings: ``problems`` holds one line per problem, each naming the setting, where its
+    value came from (flag, variable or file), the value and what would be valid."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def load(config_file: Path | None = None, flags: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Settings from flags (``overrides``; None means "not given"), SC_* variables and the file.
+
+    ``flags`` names the flag of each setting as the user writes it (default ``--public-port`` for
+    ``public_port``), for the errors. Raises ConfigError.
+    """
+    given = _given(overrides)
+    try:
+        return _load(config_file, given)
+    except pydantic.ValidationError as error:
+        sources = _Sources(given, dict(flags or {}), config_file)
+        raise ConfigError([sources.describe(problem) for problem in error.errors(include_url=False)]) from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError([f"config file {config_file} is not valid TOML: {error}"]) from None
+    except UnicodeDecodeError:
+        raise ConfigError([f"config file {config_file} is not UTF-8 text"]) from None
+    except OSError as error:
+        raise ConfigError([f"cannot read config file {config_file}: {error.strerror}"]) from None
+
+
+def _load(config_file: Path | None, given: dict[str, Any]) -> Settings:
     if config_file is None:
-        return Settings(**_given(overrides))
+        return Settings(**given)
     if not config_file.is_file():
-        raise ValueError(f"config file {str(config_file)!r} does not exist")
+        raise ConfigError([f"config file {str(config_file)!r} does not exist"])
 
     class FileSettings(Settings):
         @classmethod
@@ -159,8 +201,55 @@ def load(config_file: Path | None = None, **overrides: Any) -> Settings:
         ) -> tuple[PydanticBaseSettingsSource, ...]:
             return (init_settings, env_settings, TomlConfigSettingsSource(settings_cls, toml_file=config_file))
 
-    return FileSettings(**_given(overrides))
+    return FileSettings(**given)
 
 
 def _given(overrides: dict[str, Any]) -> dict[str, Any]:
     return {name: value for name, value in overrides.items() if value is not None}
+
+
+# What a value must be, by pydantic's error type (the others keep pydantic's own message).
+_MUST_BE = {
+    "int_parsing": "must be a whole number", "int_parsing_size": "must be a whole number", "int_type": "must be a whole number",
+    "int_from_float": "must be a whole number", "float_parsing": "must be a number", "float_type": "must be a number",
+    "finite_number": "must be a finite number", "bool_parsing": "must be true or false", "bool_type": "must be true or false",
+    "string_type": "must be a string", "list_type": "must be a list", "path_type": "must be a path",
+    "less_than_equal": "must be at most {le}", "less_than": "must be less than {lt}",
+    "greater_than_equal": "must be at least {ge}", "greater_than": "must be more than {gt}", "enum": "must be {expected}",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Sources:
+    """Where each setting's value came from, by precedence: flag, SC_* variable, config file."""
+
+    given: dict[str, Any]
+    flags: dict[str, str]
+    config_file: Path | None
+
+    def describe(self, problem: Any) -> str:
+        name = str(problem["loc"][0]) if problem["loc"] else "(settings)"
+        if problem["type"] == "extra_forbidden":
+            return (
+                f"{name} (in {self.config_file}) = {_shown(problem['input'])}: is not a setting "
+                "(see the configuration reference in README.md)"
+            )
+        template = _MUST_BE.get(problem["type"])
+        bounds = {key: f"{value:g}" if isinstance(value, float) else value for key, value in problem.get("ctx", {}).items()}
+        reason = template.format(**bounds) if template else problem["msg"].removeprefix("Value error, ")
+        return f"{name} ({self.source(name)}) = {_shown(problem['input'])}: {reason}"
+
+    def source(self, name: str) -> str:
+        if name in self.given:
+            return self.flags.get(name, "--" + name.replace("_", "-"))
+        variable = f"{Settings.model_config['env_prefix']}{name}".upper()
+        spelled = [key for key in os.environ if key.upper() == variable]  # as pydantic-settings: any case
+        if spelled:
+            return spelled[0]
+        return f"{name} in {self.config_file}" if self.config_file is not None else "default"
+
+
+def _shown(value: Any) -> str:
+    """A value as the user wrote it: text as is, a file's values as TOML/JSON; long ones cut."""
+    text = value if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else json.dumps(value, default=str)
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"

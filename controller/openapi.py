@@ -27,6 +27,16 @@ def _error(description: str) -> dict[str, Any]:
     return _json(_ref("Error"), description)
 
 
+# An object's name, as the models check it.
+NAME = {"type": "string", "minLength": 1, "maxLength": models.NAME_MAX_LENGTH, "pattern": models.NAME_REGEX}
+# Any object's name in a path: a partition's is its topic's, '-', and an index below MAX_PARTITIONS.
+PATH_NAME = {**NAME, "maxLength": models.NAME_MAX_LENGTH + 1 + len(str(models.MAX_PARTITIONS - 1))}
+# A placement plug-in is named like an object, and must be one the SC's operator configured.
+PLUGIN_NAME = {**NAME, "description": "The NAME of a placement plug-in configured on the SC (never a module)"}
+STRATEGY = {"anyOf": [{"enum": list(models.PLACEMENT_STRATEGIES)}, PLUGIN_NAME]}
+SPU_ID = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+
+
 def _object_schemas() -> dict[str, Any]:
     """Every object model and the models it uses, with refs into components."""
     schemas: dict[str, Any] = {}
@@ -34,16 +44,39 @@ def _object_schemas() -> dict[str, Any]:
         schema = model.model_json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[model.__name__] = schema
+    # What the validators check beyond the field types, where JSON Schema can say it.
+    schemas["PlacementSpec"]["properties"]["strategy"] = {**STRATEGY, "default": "computed"}
     return schemas
 
 
-def _new_object(model: str, spec: str, note: str) -> dict[str, Any]:
+def _new_object(model: str, spec: Any, note: str) -> dict[str, Any]:
     return {
         "type": "object",
         "description": f"A new {model}: name and spec only (the SC writes the status). {note}".strip(),
-        "properties": {"name": {"type": "string", "maxLength": models.NAME_MAX_LENGTH}, "spec": _ref(spec)},
+        "properties": {"name": NAME, "spec": spec},
         "required": ["name", "spec"],
         "additionalProperties": False,
+    }
+
+
+def _new_topic_spec(topic_spec: dict[str, Any]) -> dict[str, Any]:
+    """TopicSpec as a topic is created: computed (partitions and replicationFactor) or manual
+    (replicaAssignment), not both: the model's own rule, which its JSON schema cannot say."""
+    properties = topic_spec["properties"]
+
+    def without_null(name: str) -> Any:
+        options = [option for option in properties[name].get("anyOf", [properties[name]]) if option.get("type") != "null"]
+        return options[0] if len(options) == 1 else {"anyOf": options}
+
+    computed = {name: value for name, value in properties.items() if name != "replicaAssignment"}
+    computed.update(partitions=without_null("partitions"), replicationFactor=without_null("replicationFactor"))
+    manual = {"replicaAssignment": {**without_null("replicaAssignment"), "minItems": 1}, "ignoreRackAssignment": properties["ignoreRackAssignment"]}
+    return {
+        "oneOf": [
+            {"type": "object", "properties": computed, "required": ["partitions", "replicationFactor"], "additionalProperties": False},
+            {"type": "object", "properties": manual, "required": ["replicaAssignment"], "additionalProperties": False},
+        ],
+        "description": topic_spec.get("description", ""),
     }
 
 
@@ -53,13 +86,13 @@ _KIND = {
     "required": True,
     "schema": {"type": "string", "enum": list(models.KINDS)},
 }
-_NAME = {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
+_NAME = {"name": "name", "in": "path", "required": True, "schema": PATH_NAME}
 _TOPIC_FILTER = {
     "name": "topic",
     "in": "query",
     "required": False,
     "description": "Only the partitions of this topic (partitions only; 422 for other kinds).",
-    "schema": {"type": "string"},
+    "schema": NAME,
 }
 _TIMEOUT = {
     "name": "timeout",
@@ -88,7 +121,10 @@ _FORCE = {
 _WARNINGS = {"type": "array", "items": {"type": "string"}}
 
 _COMMON_ERRORS = {
-    "400": _error("Malformed: the body is not JSON, not an object, or a value has the wrong JSON type"),
+    "400": _error(
+        "Malformed: the body is not JSON, not an object, a value has the wrong JSON type or a number is too "
+        "long for any field, or a query parameter is not a value in its range"
+    ),
     "503": _error("The KV store is unavailable (Unavailable) or the SC has not synced its store yet (NotSynced)"),
 }
 
@@ -141,6 +177,7 @@ def _paths() -> dict[str, Any]:
                 "List the objects of a kind (SPUs by id, partitions by topic and index, others by name)",
                 parameters=(_KIND, _TOPIC_FILTER),
                 r200=_json({"type": "array", "items": any_object}, "Every object of the kind"),
+                r400=_error("topic is not a topic name"),
                 r404=_error("Unknown kind"),
                 r422=_error("topic given for a kind other than partitions"),
                 r503=unavailable,
@@ -334,6 +371,7 @@ def _paths() -> dict[str, Any]:
                     "description": "The event stream",
                     "content": {"application/x-ndjson": {"schema": _ref("WatchEvent")}},
                 },
+                r400=_error("topic is not a topic name"),
                 r404=_error("Unknown kind"),
                 r422=_error("topic given for a kind other than partitions"),
                 r503=unavailable,
@@ -342,10 +380,10 @@ def _paths() -> dict[str, Any]:
     }
 
 
-def _one_integer(field: str, minimum: int, description: str) -> dict[str, Any]:
+def _one_integer(field: str, minimum: int, maximum: int, description: str) -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {field: {"type": "integer", "minimum": minimum, "description": description}},
+        "properties": {field: {"type": "integer", "minimum": minimum, "maximum": maximum, "description": description}},
         "required": [field],
         "additionalProperties": False,
     }
@@ -359,13 +397,14 @@ def _partition_and(field: str, schema: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _extra_schemas() -> dict[str, Any]:
+def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
+    spu_ids = {"type": "array", "items": SPU_ID}
     return {
-        "NewSpu": _new_object("SPU", "SpuSpec", "spuType must be Custom (the default)."),
-        "NewSpuGroup": _new_object("SPU group", "SpuGroupSpec", ""),
-        "NewTopic": _new_object("topic", "TopicSpec", ""),
-        "AddPartitions": _one_integer("count", 1, "Partitions to add"),
-        "Scale": _one_integer("replicas", 0, "SPUs the group should have"),
+        "NewSpu": _new_object("SPU", _ref("SpuSpec"), "spuType must be Custom (the default)."),
+        "NewSpuGroup": _new_object("SPU group", _ref("SpuGroupSpec"), ""),
+        "NewTopic": _new_object("topic", _new_topic_spec(objects["TopicSpec"]), ""),
+        "AddPartitions": _one_integer("count", 1, models.MAX_PARTITIONS, "Partitions to add"),
+        "Scale": _one_integer("replicas", 0, 10_000, "SPUs the group should have"),
         "SpuRack": {
             "type": "object",
             "properties": {
@@ -436,36 +475,45 @@ def _extra_schemas() -> dict[str, Any]:
         },
         "PlacementRequest": {
             "type": "object",
+            "description": "As for `sc placement compute`; without spus, the cluster's Online SPUs.",
             "properties": {
                 "spus": {
                     "type": "array",
                     "items": {
                         "type": "object",
                         "properties": {
-                            "id": {"type": "integer"},
-                            "rack": {"type": ["string", "null"]},
+                            "id": SPU_ID,
+                            "rack": {"anyOf": [{"type": "string", "minLength": 1, "pattern": r"\S"}, {"type": "null"}]},
                             "online": {"type": "boolean"},
                         },
                         "required": ["id"],
+                        "additionalProperties": False,
                     },
                 },
-                "partitions": {"type": "integer"},
-                "replicationFactor": {"type": "integer"},
-                "strategy": {
-                    "type": "string",
-                    "description": "A built-in strategy, or the NAME of a placement plug-in configured on the SC "
-                    "(never a module: the SC imports only what its operator configures)",
-                },
+                "partitions": {"type": "integer", "minimum": 0, "maximum": models.MAX_PARTITIONS},
+                "replicationFactor": {"type": "integer", "minimum": 0, "maximum": models.MAX_REPLICATION_FACTOR},
+                "strategy": {"anyOf": [*STRATEGY["anyOf"], {"const": "manual"}]},
                 "plugin": {
-                    "type": "string",
+                    **PLUGIN_NAME,
                     "description": "A configured plug-in asked before a built-in strategy, which runs if it defers",
                 },
-                "startIndex": {"type": "integer"},
+                "startIndex": {"type": "integer", "minimum": 0},
                 "ignoreRackAssignment": {"type": "boolean"},
                 "policies": {"type": "string"},
-                "existing": {"type": "array", "items": {"type": "object"}},
-                "replicaAssignment": {"type": "array", "items": {"type": "object"}},
+                "existing": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"topic": {"type": "string"}, "partition": {"type": "integer", "minimum": 0}, "replicas": spu_ids},
+                        "required": ["topic", "partition", "replicas"],
+                        "additionalProperties": False,
+                    },
+                },
+                "replicaAssignment": {"type": "array", "items": _ref("PartitionAssignment")},
+                "currentReplicaMap": {"type": "array", "items": spu_ids},
+                "registeredSpuIds": spu_ids,
             },
+            "additionalProperties": False,
         },
         "PlacementResult": {
             "type": "object",
@@ -480,6 +528,7 @@ def _extra_schemas() -> dict[str, Any]:
 
 
 def document() -> dict[str, Any]:
+    objects = _object_schemas()
     return {
         "openapi": "3.1.0",
         "info": {
@@ -489,10 +538,11 @@ def document() -> dict[str, Any]:
             '{"error": {"code", "message"}}; 400 malformed, 404 absent, 409 exists or conflict, '
             "422 well-formed but invalid, 503 store unavailable or not synced; a request body is refused with 413 "
             "above 16 MiB (before it is read when its Content-Length says so), 408 when it pauses longer than "
-            "client_body_timeout, 503 (Busy) when max_buffered_request_bytes are being received already.",
+            "client_body_timeout, 503 (Busy) when max_buffered_request_bytes are being received already. An "
+            "integer is a JSON number written without a fraction or exponent (1.0 is malformed), of at most 20 digits.",
         },
         "paths": _paths(),
-        "components": {"schemas": {**_object_schemas(), **_extra_schemas()}},
+        "components": {"schemas": {**objects, **_extra_schemas(objects)}},
     }
 
 

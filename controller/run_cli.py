@@ -7,8 +7,6 @@ import asyncio
 import sys
 from pathlib import Path
 
-import pydantic
-
 from controller import config, logs
 
 
@@ -58,7 +56,9 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     run.add_argument("--log-format", choices=[fmt.value for fmt in config.LogFormat], help="auto (default), console or json")
     run.add_argument("--log-level", help="debug, info (default), warning or error")
-    run.set_defaults(handler=handle_run)
+    # Each setting's flag as written here, for the errors that name where a bad value came from.
+    flags = {action.dest: action.option_strings[0] for action in run._actions if action.option_strings}
+    run.set_defaults(handler=handle_run, flags=flags)
 
 
 def handle_run(args: argparse.Namespace) -> int:
@@ -75,11 +75,12 @@ def handle_run(args: argparse.Namespace) -> int:
         )
     }
     try:
-        settings = config.load(args.config, **overrides)
+        settings = config.load(args.config, args.flags, **overrides)
         config.read_token(settings.spu_token_file)  # fail now, with the file's name, not at the first SPU
         logs.configure(settings.log_format, settings.log_level)
-    except (pydantic.ValidationError, ValueError) as error:
-        print(f"error: invalid configuration: {error}", file=sys.stderr)
+    except ValueError as error:
+        for problem in error.problems if isinstance(error, config.ConfigError) else [str(error)]:
+            print(f"error: invalid configuration: {problem}", file=sys.stderr)
         return 2
     # Imported here: every other `sc` command (an SPU simulator, an admin call) starts faster
     # without the daemon's modules.

@@ -15,6 +15,9 @@ from connection_manager.spu import checkpoint, settings as spu_settings, simulat
 from controller import admin_cli, config, logs
 
 _DEFAULTS = spu_settings.SpuSettings()
+# SPUs one process runs at most (as many as an SPU group may have).
+MAX_SPUS = 10_000
+LARGEST_SPU_ID = 2**31 - 1
 
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -22,9 +25,9 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     summary = "run simulated SPUs: register with the SC's private port, host their replicas, replicate offsets"
     run = spus.add_parser("run", help=summary, description=summary + ". Stops cleanly on SIGTERM or SIGINT.")
     which = run.add_mutually_exclusive_group(required=True)
-    which.add_argument("--id", type=_whole_number, metavar="ID", help="run the SPU with this id")
-    which.add_argument("--first-id", type=_whole_number, metavar="N", help="with --count K: run SPUs N .. N+K-1")
-    run.add_argument("--count", type=_whole_number, default=1, metavar="K", help="SPUs to run in this process (default 1)")
+    which.add_argument("--id", type=admin_cli.whole_number, metavar="ID", help="run the SPU with this id")
+    which.add_argument("--first-id", type=admin_cli.whole_number, metavar="N", help="with --count K: run SPUs N .. N+K-1")
+    run.add_argument("--count", type=admin_cli.whole_number, default=1, metavar="K", help="SPUs to run in this process (default 1)")
     run.add_argument(
         "--sc-private",
         type=_address,
@@ -45,7 +48,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help=f"seconds between a leader's append bursts (default {_DEFAULTS.append_interval:g})",
     )
     rates.add_argument(
-        "--append-records", type=_whole_number, default=_DEFAULTS.append_records, metavar="N",
+        "--append-records", type=admin_cli.whole_number, default=_DEFAULTS.append_records, metavar="N",
         help=f"records a burst appends to each partition led (default {_DEFAULTS.append_records})",
     )
     rates.add_argument(
@@ -53,7 +56,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help=f"seconds between a follower's fetch rounds (default {_DEFAULTS.fetch_interval:g})",
     )
     rates.add_argument(
-        "--fetch-max-records", type=_whole_number, default=_DEFAULTS.fetch_max_records, metavar="N",
+        "--fetch-max-records", type=admin_cli.whole_number, default=_DEFAULTS.fetch_max_records, metavar="N",
         help=f"records one fetch round brings a partition at most (default {_DEFAULTS.fetch_max_records})",
     )
     rates.add_argument(
@@ -63,12 +66,6 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     run.add_argument("--log-format", choices=[fmt.value for fmt in config.LogFormat], default="auto", help="auto (default), console or json")
     run.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
     run.set_defaults(handler=handle_run, usage=run.error)
-
-
-def _whole_number(text: str) -> int:
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    return int(text)
 
 
 def _address(text: str) -> tuple[str, int]:
@@ -83,7 +80,11 @@ def handle_run(args: argparse.Namespace) -> int:
         args.usage(f"--count {args.count} runs several SPUs: give --first-id N instead of --id")
     if args.count < 1:
         args.usage("--count must be at least 1")
+    if args.count > MAX_SPUS:
+        args.usage(f"--count {args.count}: at most {MAX_SPUS} SPUs run in one process")
     first = args.id if args.id is not None else args.first_id
+    if first + args.count - 1 > LARGEST_SPU_ID:
+        args.usage(f"SPU ids {first} to {first + args.count - 1}: the largest SPU id is {LARGEST_SPU_ID}")
     try:
         token = _read_token(args.token_file)
         settings = spu_settings.SpuSettings(

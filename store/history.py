@@ -135,6 +135,12 @@ class HistoryReader:
 
     def payloads(self, after_seq: int = 0) -> Iterator[bytes]:
         """The raw JSON payload of every record with a sequence number above ``after_seq``, in order."""
+        for _, payload in self.numbered_payloads(after_seq):
+            yield payload
+
+    def numbered_payloads(self, after_seq: int = 0) -> Iterator[tuple[int, bytes]]:
+        """``payloads``, each with its sequence number as its place in the log says (not as its
+        content claims: a record that cannot be parsed still has one)."""
         paths = segment_paths(self.directory)
         # Skip whole segments that end before after_seq: a segment's name is its first seq.
         first = 0
@@ -152,7 +158,7 @@ class HistoryReader:
             seq = int(path.stem)
             for payload in scan.payloads:
                 if seq > after_seq:
-                    yield payload
+                    yield seq, payload
                 seq += 1
 
     def records(self, after_seq: int = 0) -> Iterator[dict[str, Any]]:

@@ -15,13 +15,16 @@ from pydantic import Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 NAME_MAX_LENGTH = 63
-_NAME_PATTERN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$")
+# Also the OpenAPI document's patterns: keep them valid JSON Schema (ECMA 262) regular expressions.
+NAME_REGEX = r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?$"
+PLUGIN_REFERENCE_REGEX = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+_NAME_PATTERN = re.compile(NAME_REGEX)
 _PARTITION_NAME = re.compile(r"^(?P<topic>.+)-(?P<index>0|[1-9][0-9]*)$")
 # The common case in one match: a valid topic name, '-', an index (partition names are hot: 100k per startup).
 _VALID_PARTITION_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?-(?:0|[1-9][0-9]*)$")
 # How plug-ins were once named in a spec. The SC no longer imports what a spec names, but topics
 # stored that way must still load, so that the controller can mark them InvalidConfig and say why.
-_MODULE_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_MODULE_REFERENCE = re.compile(PLUGIN_REFERENCE_REGEX)
 
 PLACEMENT_STRATEGIES = ("computed", "kafka", "least-loaded", "multi-level", "policies")
 
@@ -313,8 +316,9 @@ class PartitionResolution(str, enum.Enum):
 
 class ReplicaStatus(Model):
     spu: Annotated[int, Field(ge=0)]
-    hw: Annotated[int, Field(ge=-1)] = -1
-    leo: Annotated[int, Field(ge=-1)] = -1
+    # 64-bit, as on Fluvio's wire (a larger offset could not be listed to a Fluvio client).
+    hw: Annotated[int, Field(ge=-1, le=2**63 - 1)] = -1
+    leo: Annotated[int, Field(ge=-1, le=2**63 - 1)] = -1
 
 
 class PartitionSpec(Model):

@@ -5,6 +5,7 @@ Purely computational, no I/O. Every value is validated here, with the offending 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -41,7 +42,7 @@ class SpuSettings:
             "checkpoint_interval",
         ):
             value = getattr(self, name)
-            if not value > 0:
+            if not 0 < value < math.inf:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         for name in ("append_records", "fetch_max_records"):
             value = getattr(self, name)

@@ -29,8 +29,11 @@ def parse_address(text: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); ValueError naming the text otherwise."""
     host, separator, port = text.strip().rpartition(":")
     host = host.removeprefix("[").removesuffix("]")
-    if not separator or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} is not HOST:PORT (for example 127.0.0.1:9004)")
+    # ASCII digits, and few of them, before int(): "²".isdigit() is true, and int() refuses 4,301 digits.
+    digits = port.isascii() and port.isdigit() and len(port) <= 5
+    if not separator or not host or not digits or not 0 < int(port) < 65536:
+        shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+        raise ValueError(f"{shown!r} is not HOST:PORT (for example 127.0.0.1:9004)")
     return host, int(port)
 
 

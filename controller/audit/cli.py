@@ -60,6 +60,11 @@ def handle_export(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(json.dumps(result.to_json()))
+    for record in result.malformed:
+        print(f"warning: history record {record.seq} skipped: it {record.reason}", file=sys.stderr)
+    unlisted = result.malformed_records - len(result.malformed)
+    if unlisted:
+        print(f"warning: {unlisted} more malformed history records skipped", file=sys.stderr)
     return 0
 
 

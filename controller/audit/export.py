@@ -9,9 +9,10 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.json as pajson
 
-from store import history
+from controller import json_input
+from store import history, models
 
 STATE_FILE = "_export_state.json"  # Spark ignores files starting with '_'
 HISTORY_KIND = "history"  # the kind partition of gap and sync records (they belong to no object kind)
@@ -66,6 +68,12 @@ class ExportError(Exception):
     """The export cannot proceed; the message names the offending value and what to do."""
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class MalformedRecord:
+    seq: int
+    reason: str  # e.g. "is not valid JSON: ..." (reads after "history record <seq>")
+
+
 @dataclass(frozen=True, slots=True)
 class ExportResult:
     rows: int
@@ -74,11 +82,15 @@ class ExportResult:
     files: int
     seconds: float
     corrupt_segments: list[str]
+    malformed_records: int = 0  # records skipped because they cannot be exported
+    malformed: list[MalformedRecord] = field(default_factory=list)  # the first MALFORMED_LISTED of them
 
     def to_json(self) -> dict[str, Any]:
         return {
             "rows": self.rows, "firstSeq": self.first_seq, "lastSeq": self.last_seq, "files": self.files,
             "seconds": round(self.seconds, 3), "corruptSegments": self.corrupt_segments,
+            "malformedRecords": self.malformed_records,
+            "malformed": [{"seq": record.seq, "reason": record.reason} for record in self.malformed],
         }
 
 
@@ -124,37 +136,46 @@ def export(
         )
     after_seq = state["lastSeq"] if state else 0
     reader = history.HistoryReader(history_dir)
-    rows = files = 0
+    rows = files = malformed_records = 0
+    malformed: list[MalformedRecord] = []
     first_seq: int | None = None
     last_seq = after_seq
-    for payloads in _batches(reader.payloads(after_seq), chunk_rows):
-        table = to_table(payloads)
+    for records in _batches(reader.numbered_payloads(after_seq), chunk_rows):
+        table, skipped = to_table(records)
+        considered = records[-1][0]
         times = table.column("time").cast(pa.int64())
+        stop = False
         if until is not None:
             beyond = pc.greater_equal(times, micros(until))
             if pc.any(beyond).as_py():
-                cut = pc.index(beyond, True).as_py()
-                table, times = table.slice(0, cut), times.slice(0, cut)
-                payloads = []  # nothing after the cut is read
-        if table.num_rows:
-            last_seq = table.column("seq")[-1].as_py()
+                # Nothing from the first record at or after `until` on is read.
+                considered = pc.min(pc.filter(table.column("seq"), beyond)).as_py() - 1
+                before = pc.less_equal(table.column("seq"), considered)
+                table, times = table.filter(before), times.filter(before)
+                skipped = [record for record in skipped if record.seq <= considered]
+                stop = True
+        last_seq = considered
+        malformed_records += len(skipped)
+        malformed += skipped[: MALFORMED_LISTED - len(malformed)]
         if since is not None:
             table = table.filter(pc.greater_equal(times, micros(since)))
         if table.num_rows:
-            first_seq = first_seq if first_seq is not None else table.column("seq")[0].as_py()
+            first_seq = first_seq if first_seq is not None else pc.min(table.column("seq")).as_py()
             files += _write_chunk(table, out)
             rows += table.num_rows
-        if until is not None and not payloads:
+        if stop:
             break
     _write_state(out, history_id, last_seq)
     problems = [f"{problem.segment}@{problem.offset}" for problem in reader.problems]
-    return ExportResult(rows, first_seq, last_seq, files, time.monotonic() - started, problems)
+    return ExportResult(
+        rows, first_seq, last_seq, files, time.monotonic() - started, problems, malformed_records, malformed
+    )
 
 
-def _batches(payloads: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
-    batch: list[bytes] = []
-    for payload in payloads:
-        batch.append(payload)
+def _batches(records: Iterable[tuple[int, bytes]], size: int) -> Iterator[list[tuple[int, bytes]]]:
+    batch: list[tuple[int, bytes]] = []
+    for record in records:
+        batch.append(record)
         if len(batch) >= size:
             yield batch
             batch = []
@@ -162,88 +183,222 @@ def _batches(payloads: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
         yield batch
 
 
-# How the history's JSON records are read (C++ parsing; nested fields other than these are ignored).
-_RECORD_SCHEMA = pa.schema(
+# ---------------------------------------------------------------------------- records to rows
+#
+# The fast path parses a batch of records in C++ (pyarrow.json), one batch per kind, each kind with
+# its own schema: one schema for every kind cannot be, since the same path holds a number in one kind
+# and a list in another (an SPU group's spec.replicas, a partition's). The spec and status are cut
+# from the stored object as text and parsed again, per kind, for the typed columns: a cut that is
+# not exactly the object's spec and status is never valid JSON, so the parse proves the cut.
+# A batch that fails is split in two until the failing record is alone; it is then read by
+# Python's json (``_slow_row``), which exports any layout and says what is wrong with a record it
+# cannot export: malformed records are counted and skipped, never fatal.
+
+RECORD_TYPES = (history.CHANGE, history.ACTION, history.GAP, history.SYNC)
+OBJECT_KINDS = tuple(models.KINDS)
+# Malformed records listed one by one in the result (all of them are counted).
+MALFORMED_LISTED = 100
+
+_INT32, _INT64, _STRING, _BOOL = pa.int32(), pa.int64(), pa.string(), pa.bool_()
+# Every field of a record the dataset keeps, as the recorder writes it (the object aside).
+_RECORD_FIELDS = pa.schema(
     [
-        ("seq", pa.int64()), ("type", pa.string()), ("time", pa.int64()), ("kind", pa.string()),
-        ("name", pa.string()), ("op", pa.string()), ("revision", pa.int64()), ("source", pa.string()),
-        ("snapshotRevision", pa.int64()), ("verb", pa.string()), ("reason", pa.string()), ("cause", pa.string()),
-        ("causeRevision", pa.int64()), ("outcome", pa.string()), ("keys", pa.list_(pa.string())),
-        ("detail", pa.string()), ("firstRevision", pa.int64()), ("lastRevision", pa.int64()),
-        ("dropped", pa.int64()), ("snapshot", pa.bool_()),
-        (
-            "object",
-            pa.struct(
-                [
-                    (
-                        "spec",
-                        pa.struct(
-                            [
-                                ("id", pa.int32()), ("rack", pa.string()), ("leader", pa.int32()),
-                                ("replicas", pa.list_(pa.int32())), ("ignoreRackAssignment", pa.bool_()),
-                            ]
-                        ),
-                    ),
-                    (
-                        "status",
-                        pa.struct([("resolution", pa.string()), ("reason", pa.string()), ("leader", pa.struct([("spu", pa.int32())]))]),
-                    ),
-                ]
-            ),
-        ),
+        ("seq", _INT64), ("type", _STRING), ("time", _INT64), ("kind", _STRING), ("name", _STRING), ("op", _STRING),
+        ("revision", _INT64), ("source", _STRING), ("snapshotRevision", _INT64), ("verb", _STRING),
+        ("reason", _STRING), ("cause", _STRING), ("causeRevision", _INT64), ("outcome", _STRING),
+        ("keys", pa.list_(_STRING)), ("detail", _STRING), ("firstRevision", _INT64), ("lastRevision", _INT64),
+        ("dropped", _INT64), ("snapshot", _BOOL),
     ]
 )
-_PARSE = pajson.ParseOptions(explicit_schema=_RECORD_SCHEMA, unexpected_field_behavior="ignore")
+# What the typed columns take from each kind's spec and status (the models' camelCase fields; a
+# test checks each is a field of its model). The rest stays in the spec and status JSON text.
+OBJECT_FIELDS: dict[str, tuple[pa.Schema, pa.Schema]] = {
+    "spus": (pa.schema([("id", _INT32), ("rack", _STRING)]), pa.schema([("resolution", _STRING)])),
+    "spu-groups": (pa.schema([]), pa.schema([("resolution", _STRING), ("reason", _STRING)])),
+    "topics": (pa.schema([("ignoreRackAssignment", _BOOL)]), pa.schema([("resolution", _STRING), ("reason", _STRING)])),
+    "partitions": (
+        pa.schema([("leader", _INT32), ("replicas", pa.list_(_INT32))]),
+        pa.schema([("resolution", _STRING), ("leader", pa.struct([("spu", _INT32)]))]),
+    ),
+}
+_TIME_RANGE = (micros(datetime.datetime(1, 1, 1, tzinfo=datetime.UTC)), micros(datetime.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=datetime.UTC)))
+# The head of a change record exactly as the recorder writes it (store/history.py's encode): the
+# object is then the last field, at the top level of the record.
+_JSON_STRING = rb'"[^"\\]*(?:\\.[^"\\]*)*"'
+_CHANGE_HEAD = re.compile(
+    rb'\{"seq":-?\d+,"type":"change","kind":' + _JSON_STRING + rb',"name":' + _JSON_STRING + rb',"op":' + _JSON_STRING
+    + rb',"revision":-?\d+,"source":' + _JSON_STRING + rb',"time":-?\d+,(?:"snapshotRevision":-?\d+,)?"object":'
+)
+# The SC's layout of an object (models.encode): its name, its spec, its status, in this order.
+_OBJECT_HEAD = re.compile(rb'\{"name":' + _JSON_STRING + rb',"spec":')
+_KIND_HINT = re.compile(rb'"kind":"([a-z-]*)"')
 
 
-def to_table(payloads: list[bytes]) -> pa.Table:
-    """The dataset's rows for ``payloads`` (the history's JSON records, in order)."""
-    data = b"\n".join(payloads) + b"\n"
-    block = max(1 << 20, 2 * max(len(payload) for payload in payloads))
-    parsed = pajson.read_json(
-        pa.BufferReader(data), read_options=pajson.ReadOptions(block_size=block), parse_options=_PARSE
-    )
+class Malformed(ValueError):
+    """A record the export cannot take; the message reads after "history record N"."""
+
+
+def to_table(records: list[tuple[int, bytes]]) -> tuple[pa.Table, list[MalformedRecord]]:
+    """The dataset's rows for ``records``, each its sequence number and JSON payload (in order within
+    each kind), and the records left out because they are malformed (by sequence number)."""
+    batches: dict[str | None, list[tuple[int, bytes]]] = {}
+    alone: list[tuple[int, bytes]] = []
+    for seq, payload in records:
+        # Only single-line objects reach the C++ parser: it takes a line of two objects for two
+        # records, and a line that is only `null` crashes it (pyarrow 26).
+        if payload[:1] == b"{" and payload[-1:] == b"}" and b"\n" not in payload and b"\r" not in payload:
+            # The kind is a hint (the recorder writes it before the object), checked once parsed.
+            hint = _KIND_HINT.search(payload, 0, 96)
+            kind = hint[1].decode() if hint else None
+            if kind is None or kind in OBJECT_KINDS:
+                batches.setdefault(kind, []).append((seq, payload))
+                continue
+        alone.append((seq, payload))
+    tables: list[pa.Table] = []
+    for kind, batch in batches.items():
+        _fast(kind, batch, tables, alone)
+    malformed = []
+    for seq, payload in alone:
+        try:
+            tables.append(_slow_row(seq, payload))
+        except Malformed as error:
+            malformed.append(MalformedRecord(seq, str(error)))
+    table = pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+    # Each kind's rows are in order, unless some were read one by one (rare: sorting costs a copy).
+    return (table.sort_by("seq") if alone else table), sorted(malformed)
+
+
+def _fast(kind: str | None, batch: list[tuple[int, bytes]], tables: list[pa.Table], alone: list[tuple[int, bytes]]) -> None:
+    """``batch`` parsed in C++, halved until what fails is a single record, which goes to ``alone``."""
+    try:
+        tables.append(_kind_table(kind, batch))
+    except (ValueError, pa.ArrowException):
+        if len(batch) == 1:
+            alone.extend(batch)
+            return
+        middle = len(batch) // 2
+        _fast(kind, batch[:middle], tables, alone)
+        _fast(kind, batch[middle:], tables, alone)
+
+
+def _kind_table(kind: str | None, batch: list[tuple[int, bytes]]) -> pa.Table:
+    """The rows of records of one ``kind`` (None: gap and sync records); raises if any record does
+    not fit the fast path (the caller then looks at the records one by one)."""
+    lines: list[bytes] = []
+    # Each change record's spec and status as text (None: not a change, or a delete).
+    specs: list[bytes | None] = []
+    statuses: list[bytes | None] = []
+    headed: list[bool] = []
+    for _, payload in batch:
+        head = _CHANGE_HEAD.match(payload) if kind is not None else None
+        if head is None:
+            lines.append(payload)
+            specs.append(None)
+            statuses.append(None)
+        else:
+            # The object is parsed as its spec and status below, not twice.
+            lines.append(payload[: head.end()] + b"null}")
+            spec, status = _cut(payload[head.end() : -1])
+            specs.append(spec)
+            statuses.append(status)
+        headed.append(head is not None)
+    parsed = _parse_lines(lines, _RECORD_FIELDS)
     column = parsed.column
+    record_type, kinds, times = column("type"), column("kind"), column("time")
+    types = (history.CHANGE, history.ACTION) if kind is not None else (history.GAP, history.SYNC)
+    checks = [
+        pc.equal(column("seq"), pa.array([seq for seq, _ in batch], _INT64)),
+        pc.is_in(record_type, pa.array(types)),
+        pc.equal(kinds, kind) if kind is not None else pc.is_null(kinds),
+        pc.and_(pc.greater_equal(times, _TIME_RANGE[0]), pc.less_equal(times, _TIME_RANGE[1])),
+        # Every change record, and only they, in the recorder's layout.
+        pc.equal(pc.equal(record_type, history.CHANGE), pa.array(headed)),
+    ]
+    for check in checks:
+        if not pc.all(pc.fill_null(check, False)).as_py():
+            raise Malformed("a record does not fit the fast path")
+    typed: dict[str, pa.ChunkedArray] = {}
+    if kind is not None:
+        for part, texts, schema in zip(("spec", "status"), (specs, statuses), OBJECT_FIELDS[kind]):
+            # Every row has a line, so that the columns line up with the records: `{}` gives nulls.
+            values = _parse_lines([text or b"{}" for text in texts], schema)
+            for field in schema:
+                typed[f"{part}.{field.name}"] = values.column(field.name)
+    # Cast from bytes: the UTF-8 is checked in C++.
+    spec_texts = pa.array(specs, pa.binary()).cast(_STRING)
+    status_texts = pa.array(statuses, pa.binary()).cast(_STRING)
+    return _assemble(kind, parsed, spec_texts, status_texts, typed)
+
+
+def _parse_lines(lines: list[bytes], schema: pa.Schema) -> pa.Table:
+    """One row per line (each a JSON object on one line), with ``schema``'s fields and no others."""
+    if not lines:
+        return schema.empty_table()
+    data = b"\n".join(lines) + b"\n"
+    block = max(1 << 20, 2 * max(map(len, lines)))
+    parsed = pajson.read_json(
+        pa.BufferReader(data),
+        read_options=pajson.ReadOptions(block_size=block),
+        parse_options=pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+    )
+    if parsed.num_rows != len(lines):  # a line of two objects
+        raise Malformed(f"{parsed.num_rows} rows from {len(lines)} lines")
+    return parsed
+
+
+def _cut(obj: bytes) -> tuple[bytes | None, bytes | None]:
+    """The spec and status, as text, of an object in the SC's layout (``{"name":..,"spec":{..},
+    "status":{..}}``); (None, None) for a delete. Raises for any other layout (read by ``_slow_row``
+    then). A wrong cut is never two JSON objects: the parse of the spec and the status proves it."""
+    if obj == b"null":
+        return None, None
+    head = _OBJECT_HEAD.match(obj)
+    status_at = obj.rfind(b',"status":')
+    if head is None or status_at < head.end() or obj[-1:] != b"}":
+        raise Malformed("not the SC's layout")
+    # The object is then exactly {"name":..,"spec":<spec>,"status":<status>}: valid iff both are.
+    spec, status = obj[head.end() : status_at], obj[status_at + 10 : -1]
+    if not (spec[:1] == status[:1] == b"{" and spec[-1:] == status[-1:] == b"}"):
+        raise Malformed("not the SC's layout")
+    return spec, status
+
+
+def _assemble(
+    kind: str | None, parsed: pa.Table, spec_texts: pa.Array, status_texts: pa.Array, typed: dict[str, pa.ChunkedArray]
+) -> pa.Table:
+    column = parsed.column
+    rows = parsed.num_rows
     record_type = column("type")
-    unknown = pc.invert(pc.is_in(record_type, pa.array([history.CHANGE, history.ACTION, history.GAP, history.SYNC])))
-    if pc.any(unknown).as_py():
-        bad = parsed.filter(unknown)
-        raise ExportError(
-            f"history record {bad.column('seq')[0].as_py()} has an unknown type {bad.column('type')[0].as_py()!r}"
-        )
     is_change = pc.equal(record_type, history.CHANGE)
     is_gap = pc.equal(record_type, history.GAP)
-    obj = column("object")
-    spec, status = pc.struct_field(obj, "spec"), pc.struct_field(obj, "status")
-    kinds = column("kind")
-
-    def for_kind(kind: str, values: pa.ChunkedArray) -> pa.ChunkedArray:
-        return pc.if_else(pc.equal(kinds, kind), values, pa.scalar(None, values.type))
-
-    spec_texts, status_texts = zip(*map(_spec_and_status, payloads)) if payloads else ((), ())
     timestamps = column("time").cast(pa.timestamp("us", tz="UTC"))
+
+    def field(name: str, data_type: pa.DataType) -> pa.Array | pa.ChunkedArray:
+        """A typed column of this kind's objects (null for every row of a kind without it)."""
+        return typed[name] if name in typed else pa.nulls(rows, data_type)
+
     columns = {
         "seq": column("seq"),
         "type": record_type,
         "time": timestamps,
         "revision": pc.if_else(is_gap, column("lastRevision"), column("revision")),
         "name": column("name"),
-        "op": pc.if_else(is_change, column("op"), pa.scalar(None, pa.string())),
+        "op": pc.if_else(is_change, column("op"), pa.scalar(None, _STRING)),
         "source": column("source"),
         "snapshot_revision": column("snapshotRevision"),
-        "spec": pa.array(spec_texts, pa.string()),
-        "status": pa.array(status_texts, pa.string()),
-        "resolution": pc.struct_field(status, "resolution"),
-        "reason": pc.if_else(is_change, pc.struct_field(status, "reason"), column("reason")),
-        "spu_id": for_kind("spus", pc.struct_field(spec, "id")),
-        "rack": for_kind("spus", pc.struct_field(spec, "rack")),
-        "leader": for_kind("partitions", pc.struct_field(spec, "leader")),
-        "replicas": for_kind("partitions", pc.struct_field(spec, "replicas")),
-        "status_leader": for_kind("partitions", pc.struct_field(pc.struct_field(status, "leader"), "spu")),
-        "ignore_rack_assignment": pc.if_else(
-            pc.and_(pc.equal(kinds, "topics"), pc.is_valid(spec)),
-            pc.fill_null(pc.struct_field(spec, "ignoreRackAssignment"), False),
-            pa.scalar(None, pa.bool_()),
+        "spec": spec_texts,
+        "status": status_texts,
+        "resolution": field("status.resolution", _STRING),
+        "reason": pc.if_else(is_change, field("status.reason", _STRING), column("reason")),
+        "spu_id": field("spec.id", _INT32),
+        "rack": field("spec.rack", _STRING),
+        "leader": field("spec.leader", _INT32),
+        "replicas": field("spec.replicas", pa.list_(_INT32)),
+        "status_leader": pc.struct_field(field("status.leader", pa.struct([("spu", _INT32)])), "spu"),
+        "ignore_rack_assignment": (
+            pc.if_else(pc.is_valid(spec_texts), pc.fill_null(typed["spec.ignoreRackAssignment"], False), pa.scalar(None, _BOOL))
+            if kind == "topics"
+            else pa.nulls(rows, _BOOL)
         ),
         "verb": column("verb"),
         "cause": _empty_as_null(column("cause")),
@@ -255,7 +410,7 @@ def to_table(payloads: list[bytes]) -> pa.Table:
         "dropped": column("dropped"),
         "snapshot": column("snapshot"),
         "date": pc.strftime(timestamps, format="%Y-%m-%d"),
-        "kind": pc.fill_null(kinds, HISTORY_KIND),
+        "kind": pa.array([kind or HISTORY_KIND] * rows, _STRING),
     }
     return pa.table(columns).cast(SCHEMA)
 
@@ -264,22 +419,129 @@ def _empty_as_null(values: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
 
 
-def _spec_and_status(payload: bytes) -> tuple[str | None, str | None]:
-    """A change record's spec and status as JSON text, cut from the stored object without parsing it
-    when it has the SC's own layout ({"name":..,"spec":{..},"status":{..}}), else re-encoded."""
-    start = payload.find(b',"object":{')
-    if start < 0:
-        return None, None  # not a change, or a delete
-    obj = payload[start + 10 : -1]
-    spec_at = obj.find(b'"spec":')
-    status_at = obj.rfind(b',"status":')
-    if obj.startswith(b'{"name":"') and 0 < spec_at < status_at and obj.endswith(b"}"):
-        return obj[spec_at + 7 : status_at].decode(), obj[status_at + 10 : -1].decode()
-    parsed = json.loads(obj)  # written by another program in another layout
-    return (
-        json.dumps(parsed.get("spec"), separators=(",", ":")),
-        json.dumps(parsed.get("status"), separators=(",", ":")),
-    )
+def _slow_row(seq: int, payload: bytes) -> pa.Table:
+    """The row of one record read by Python's json, in any layout; Malformed says what is wrong."""
+    try:
+        # Numbers of any length Python converts: the fast path takes them too, where the typed
+        # columns do not read them.
+        record = json_input.loads(payload, max_digits=None)
+    except json_input.JsonInputError as error:
+        raise Malformed(str(error)) from None
+    if not isinstance(record, dict):
+        raise Malformed(f"is not a JSON object (got {_json_type(record)})")
+    for field in _RECORD_FIELDS:
+        _check(record.get(field.name), field.type, field.name)
+    record_type, kind, record_time = record.get("type"), record.get("kind"), record.get("time")
+    if record.get("seq") != seq:
+        raise Malformed(f"has seq {record.get('seq')}, but it is record {seq} of the history")
+    if record_type not in RECORD_TYPES:
+        raise Malformed(f"has type {record_type!r}: expected {', '.join(RECORD_TYPES[:-1])} or {RECORD_TYPES[-1]}")
+    if record_type in (history.CHANGE, history.ACTION) and kind not in OBJECT_KINDS:
+        expected = f"{', '.join(OBJECT_KINDS[:-1])} or {OBJECT_KINDS[-1]}"
+        raise Malformed(f"has kind {kind!r}: expected {expected}" if kind is not None else f"has no kind: expected {expected}")
+    if record_type in (history.GAP, history.SYNC) and kind is not None:
+        raise Malformed(f"has kind {kind!r}: a {record_type} record has none")
+    if record_time is None:
+        raise Malformed("has no time")
+    if not _TIME_RANGE[0] <= record_time <= _TIME_RANGE[1]:
+        raise Malformed(f"has time {record_time}: expected microseconds since 1970 from year 1 to year 9999")
+    spec = status = None
+    obj = record.get("object")
+    if record_type == history.CHANGE and obj is not None:
+        if not isinstance(obj, dict):
+            raise Malformed(f"has object = {_shown(obj)}: expected an object or null")
+        spec, status = obj.get("spec"), obj.get("status")
+        for part, value, schema in zip(("spec", "status"), (spec, status), OBJECT_FIELDS[kind]):
+            _check(value, pa.struct(list(schema)), f"object.{part}")
+    spec_schema, status_schema = OBJECT_FIELDS[kind] if kind in OBJECT_KINDS else (pa.schema([]), pa.schema([]))
+
+    def typed(part: dict[str, Any] | None, schema: pa.Schema, name: str) -> Any:
+        return part.get(name) if part is not None and name in schema.names else None
+
+    when = _EPOCH + datetime.timedelta(microseconds=record_time)
+    row = {
+        "seq": seq,
+        "type": record_type,
+        "time": record_time,
+        "revision": record.get("lastRevision" if record_type == history.GAP else "revision"),
+        "name": record.get("name"),
+        "op": record.get("op") if record_type == history.CHANGE else None,
+        "source": record.get("source"),
+        "snapshot_revision": record.get("snapshotRevision"),
+        "spec": None if spec is None else json.dumps(spec, separators=(",", ":"), ensure_ascii=False),
+        "status": None if status is None else json.dumps(status, separators=(",", ":"), ensure_ascii=False),
+        "resolution": typed(status, status_schema, "resolution"),
+        "reason": typed(status, status_schema, "reason") if record_type == history.CHANGE else record.get("reason"),
+        "spu_id": typed(spec, spec_schema, "id"),
+        "rack": typed(spec, spec_schema, "rack"),
+        "leader": typed(spec, spec_schema, "leader"),
+        "replicas": typed(spec, spec_schema, "replicas"),
+        "status_leader": (typed(status, status_schema, "leader") or {}).get("spu"),
+        "ignore_rack_assignment": bool(spec.get("ignoreRackAssignment")) if kind == "topics" and spec is not None else None,
+        "verb": record.get("verb"),
+        "cause": record.get("cause") or None,
+        "cause_revision": record.get("causeRevision"),
+        "outcome": record.get("outcome"),
+        "keys": record.get("keys"),
+        "detail": record.get("detail") or None,
+        "first_revision": record.get("firstRevision"),
+        "dropped": record.get("dropped"),
+        "snapshot": record.get("snapshot"),
+        "date": f"{when.year:04d}-{when.month:02d}-{when.day:02d}",
+        "kind": kind or HISTORY_KIND,
+    }
+    try:
+        return pa.Table.from_pylist([row], schema=SCHEMA)
+    except (ValueError, pa.ArrowException) as error:  # e.g. a string with a lone surrogate
+        raise Malformed(f"cannot be stored in Parquet: {error}") from None
+
+
+def _check(value: Any, data_type: pa.DataType, path: str) -> None:
+    """Raise Malformed unless ``value`` (a JSON value) fits ``data_type`` (null always does)."""
+    if value is None:
+        return
+    if pa.types.is_struct(data_type):
+        if not isinstance(value, dict):
+            raise Malformed(f"has {path} = {_shown(value)}: expected an object")
+        for field in data_type:
+            _check(value.get(field.name), field.type, f"{path}.{field.name}")
+        return
+    if pa.types.is_list(data_type):
+        if not isinstance(value, list):
+            raise Malformed(f"has {path} = {_shown(value)}: expected a list of {_expected(data_type.value_type, plural=True)}")
+        for index, item in enumerate(value):
+            _check(item, data_type.value_type, f"{path}[{index}]")
+        return
+    if pa.types.is_integer(data_type):
+        bound = 2 ** (data_type.bit_width - 1)
+        fits = type(value) is int and -bound <= value < bound
+    elif pa.types.is_boolean(data_type):
+        fits = type(value) is bool
+    else:
+        fits = isinstance(value, str)
+    if not fits:
+        raise Malformed(f"has {path} = {_shown(value)}: expected {_expected(data_type)}")
+
+
+def _expected(data_type: pa.DataType, plural: bool = False) -> str:
+    if pa.types.is_integer(data_type):
+        bound = 2 ** (data_type.bit_width - 1)
+        return f"{'whole numbers' if plural else 'a whole number'} from {-bound} to {bound - 1}"
+    if pa.types.is_boolean(data_type):
+        return "true or false"
+    if pa.types.is_struct(data_type):
+        return "objects" if plural else "an object"
+    return "strings" if plural else "a string"
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _json_type(value: Any) -> str:
+    names = {list: "an array", str: "a string", bool: "true or false", int: "a number", float: "a number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def _write_chunk(table: pa.Table, out: Path) -> int:
@@ -289,7 +551,7 @@ def _write_chunk(table: pa.Table, out: Path) -> int:
         out,
         format="parquet",
         partitioning=PARTITIONING,
-        basename_template=f"part-{table.column('seq')[0].as_py():020d}-{{i}}.parquet",
+        basename_template=f"part-{pc.min(table.column('seq')).as_py():020d}-{{i}}.parquet",
         existing_data_behavior="overwrite_or_ignore",
         file_visitor=lambda written_file: written.append(written_file.path),
     )

@@ -19,8 +19,9 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
-from controller.audit import report
+from controller.audit import export, report
 
 # The causes of the leader changes the SC decided (controller/partition.py writes them as Action.cause).
 CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean")
@@ -28,6 +29,8 @@ CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean")
 TIMELINE_BUCKETS = 200
 # Jobs submitted at once by the driver.
 PARALLEL_JOBS = 4
+# The longest --flap-window, in seconds (some 31 years).
+MAX_FLAP_WINDOW = 1_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,8 +42,11 @@ class Options:
     def __post_init__(self) -> None:
         if self.flap_count < 2:
             raise ValueError(f"--flap-count {self.flap_count} is too small: an SPU flaps when it goes offline at least twice")
-        if self.flap_window <= 0:
-            raise ValueError(f"--flap-window {self.flap_window:g} must be a positive number of seconds")
+        # Bounded: Spark takes the window in microseconds as a 64-bit number.
+        if not 0 < self.flap_window <= MAX_FLAP_WINDOW:
+            raise ValueError(
+                f"--flap-window {self.flap_window:g} must be a number of seconds above 0 and at most {MAX_FLAP_WINDOW}"
+            )
 
 
 @dataclass(slots=True)
@@ -80,7 +86,9 @@ def load(spark: SparkSession, history_dir: Path | str) -> DataFrame:
             f"{str(history_dir)!r} holds no exported history (no date=... directories): "
             "run `sc audit export --out DIR` first and pass that DIR"
         )
-    return spark.read.parquet(str(path))
+    # The export's own schema, not one Spark infers from the files: it would take the date partition
+    # for a date, and the columns from whichever file's footer it reads first.
+    return spark.read.schema(from_arrow_schema(export.SCHEMA)).parquet(str(path))
 
 
 def run(spark: SparkSession, history_dir: Path | str, options: Options = Options()) -> Results:
@@ -450,8 +458,6 @@ def _micros(value: datetime.datetime) -> int:
 
 def report_command(args: argparse.Namespace, default_master: str | None = None) -> int:
     """Run every job and write the report (the arguments of controller.audit.cli); an exit status."""
-    from controller.audit import export  # no Spark here
-
     try:
         options = Options(
             at=export.parse_time(args.at) if args.at else None, flap_count=args.flap_count, flap_window=args.flap_window

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from controller import placement_plugins
+from controller import json_input, placement_plugins
 from controller.placement import codec, engine, model, planner
 
 
@@ -92,8 +92,6 @@ def _read_request(path: str) -> object:
     except (OSError, UnicodeDecodeError) as error:
         raise model.InvalidConfig(f"cannot read the request from {source}: {error}") from error
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise model.InvalidConfig(
-            f"the request in {source} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}"
-        ) from error
+        return json_input.loads(text)
+    except json_input.JsonInputError as error:
+        raise model.InvalidConfig(f"the request in {source} {error}") from None

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from controller.placement import cluster, model
 
 AFFINITIES = ("colocated", "balanced", "exclusive")
+LARGEST_SPU_ID = 2**31 - 1
 _CANONICAL_KEYS = {
     "node": "node",
     "shard": "shard",
@@ -62,12 +63,18 @@ def _preferred(key: str, value: str) -> tuple[int, ...]:
     ids: list[int] = []
     for item in value.split(","):
         item = item.strip()
-        if not item.isdigit():
-            raise model.InvalidConfig(f"placement policy {key}={value}: {item!r} is not an SPU id")
+        # ASCII digits, few enough for an SPU id, before int(): "²".isdigit() is true and int()
+        # refuses it, as it refuses 4,301 digits.
+        if not (item.isascii() and item.isdigit() and len(item) <= 10 and int(item) <= LARGEST_SPU_ID):
+            raise model.InvalidConfig(f"placement policy {key}={_cut(value)}: {_cut(item)!r} is not an SPU id")
         if int(item) in ids:
             raise model.InvalidConfig(f"placement policy {key}={value}: SPU {int(item)} is listed twice")
         ids.append(int(item))
     return tuple(ids)
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
 def parse_policies(text: str | None) -> Policies:

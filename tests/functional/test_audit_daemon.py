@@ -20,7 +20,7 @@ from connection_manager import health as health_module
 from controller import config
 from controller.audit import export, jobs, report
 from store import embedded_etcd, etcd, history, models
-from tests.fixtures.daemon import Running, etcd_settings, running
+from tests.fixtures.daemon import COMMON_SETTINGS, Running, etcd_settings, running
 
 pytestmark = [pytest.mark.etcd]
 
@@ -295,3 +295,29 @@ def test_sc_audit_report_runs_the_jobs_in_the_shared_session(tmp_path: Path, spa
     assert document["provisioning"][0]["topic"] == "t" and document["provisioning"][0]["provisioned"] is None
     assert document["balance"]["at"] == "2100-01-01T00:00:00.000000Z"
     assert not spark.sparkContext._jsc.sc().isStopped()  # the CLI stops only a session it started
+
+
+async def test_the_history_of_an_sc_that_created_an_spu_group_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The reported crash: an SPU group's spec.replicas is a number where a partition's is a list."""
+    from controller import cli
+
+    history_dir = tmp_path / "history"
+    settings = config.Settings(store=config.StoreKind.MEMORY, history_dir=history_dir, **COMMON_SETTINGS)
+    async with running(settings) as sc:
+        assert await asyncio.to_thread(cli.main, ["spu-group", "create", "g", "--replicas", "1", "--sc", sc.url]) == 0
+        await wait_for(sc, "spus", "g-0", lambda spu: True)
+        assert sc.daemon.history is not None
+        await sc.daemon.history.flush()
+    capsys.readouterr()
+
+    out = tmp_path / "export"
+    assert await asyncio.to_thread(cli.main, ["audit", "export", "--history-dir", str(history_dir), "--out", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    rows = records(history_dir)
+    assert (printed["rows"], printed["malformedRecords"]) == (len(rows), 0)
+    dataset = pads.dataset(out, format="parquet", partitioning="hive").to_table().to_pylist()
+    groups = [row for row in dataset if row["type"] == "change" and row["kind"] == "spu-groups"]
+    assert groups and all(json.loads(row["spec"])["replicas"] == 1 for row in groups)
+    assert groups[-1]["resolution"] == "Reserved"
+    [managed] = {row["spu_id"] for row in dataset if row["type"] == "change" and row["name"] == "g-0"}
+    assert managed == 0

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import WSMsgType, web
 
 from connection_manager import wire
-from connection_manager.spu import checkpoint, fetch_wire
+from connection_manager.spu import checkpoint, fetch_wire, simulator
 from connection_manager.spu.replica import Role
 from connection_manager.spu.settings import SpuSettings
 from connection_manager.spu.simulator import SimulatedSpu
@@ -440,11 +440,22 @@ async def test_sc_spu_run_starts_k_spus_and_exits_cleanly_on_sigterm(make_sc, tm
         (["--id", "1", "--sc-private", "nowhere"], "argument --sc-private: 'nowhere' is not HOST:PORT (for example 127.0.0.1:9004)"),
         (["--id", "1", "--token-file", "{tmp}/absent"], "error: cannot read the token file '{tmp}/absent': No such file or directory"),
         (["--id", "1", "--append-interval", "0"], "error: append_interval must be a positive number of seconds, got 0.0"),
+        (["--id", "1", "--append-interval", "inf"], "error: append_interval must be a positive number of seconds, got inf"),
+        (["--id", "2147483648"], "argument --id: 2147483648 is above 2147483647, the largest value here"),
+        (["--id", "9" * 5000], "argument --id: 99999999999999999999... (5000 characters) is above 2147483647, the largest value here"),
+        (["--first-id", "2147483647", "--count", "2"], "SPU ids 2147483647 to 2147483648: the largest SPU id is 2147483647"),
+        (["--first-id", "0", "--count", "10001"], "--count 10001: at most 10000 SPUs run in one process"),
+        (["--id", "1", "--sc-private", "h:²"], "argument --sc-private: 'h:²' is not HOST:PORT (for example 127.0.0.1:9004)"),
+        (["--id", "1", "--sc-private", "h:" + "9" * 5000], "argument --sc-private: 'h:999999999999999999... (5002 characters)' is not HOST:PORT (for example 127.0.0.1:9004)"),
     ],
 )
 def test_sc_spu_run_refuses_bad_flags_with_the_reason(
-    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    flags: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    async def must_not_start(spus: list[SimulatedSpu]) -> None:
+        raise AssertionError(f"the flags were accepted: SPUs {[spu.spu_id for spu in spus]}")
+
+    monkeypatch.setattr(simulator, "run_until_signalled", must_not_start)
     try:
         code = cli.main(["spu", "run", *(flag.replace("{tmp}", str(tmp_path)) for flag in flags)])
     except SystemExit as exit_:

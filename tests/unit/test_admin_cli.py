@@ -364,3 +364,54 @@ async def test_a_starting_sc_is_reported(capsys: pytest.CaptureFixture[str]) -> 
         assert result == (1, "", "error: the SC is still loading its store; retry shortly (see /healthz)\n")
     finally:
         await server.stop()
+
+
+# ---------------------------------------------------------------------------- numbers: no traceback, whatever their length
+
+FIVE_THOUSAND_DIGITS = "9" * 5000
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["topic", "create", "t", "--partitions", FIVE_THOUSAND_DIGITS], "argument -p/--partitions: 99999999999999999999... (5000 characters) is above 2147483647, the largest value here"),
+        (["topic", "create", "t", "--partitions", "²"], "argument -p/--partitions: '²' is not a whole number"),
+        (["topic", "create", "t", "--partitions", "0" * 5000 + "2147483648"], "argument -p/--partitions: 00000000000000000000... (5010 characters) is above 2147483647, the largest value here"),
+        (["spu", "register", "--id", "2147483648", "--name", "s", "--public-server", "h:1", "--private-server", "h:2"], "argument --id: 2147483648 is above 2147483647, the largest value here"),
+        (["spu", "register", "--id", "1", "--name", "s", "--public-server", "h:²", "--private-server", "h:2"], "argument --public-server: 'h:²' is not HOST:PORT"),
+        (["spu", "register", "--id", "1", "--name", "s", "--public-server", "h:" + FIVE_THOUSAND_DIGITS, "--private-server", "h:2"], "argument --public-server: 'h:999999999999999999... (5002 characters)' is not HOST:PORT"),
+    ],
+)
+async def test_a_number_of_any_length_is_refused_with_the_reason(sc: Sc, argv: list[str], message: str) -> None:
+    code, out, err = await sc(*argv)
+    assert (code, out, err.splitlines()[-1]) == (2, "", f"sc {' '.join(argv[:2])}: error: {message}")
+
+
+async def test_drain_of_an_spu_named_by_a_number_of_any_length_says_it_is_not_found(server: api_server.ApiServer, sc: Sc) -> None:
+    await server.put(spu(1))
+    assert await sc("spu", "drain", FIVE_THOUSAND_DIGITS) == (1, "", f"error: SPU '{FIVE_THOUSAND_DIGITS}' not found\n")
+    assert await sc("spu", "drain", "7") == (1, "", "error: no SPU has id 7\n")
+
+
+def test_a_whole_number_may_have_any_number_of_leading_zeros() -> None:
+    from controller import admin_cli
+
+    assert admin_cli.whole_number("0" * 5000 + "42") == 42
+    assert admin_cli.whole_number("0000") == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('[{"id": 0, "replicas": [' + "9" * 5000 + "]}]", "holds a number of 5000 digits at [0].replicas[0] (999999999999...): no value here has more than 20 digits"),
+        ("[" * 100_000, "is nested too deeply"),
+        ("[{", "is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 3 (char 2)"),
+    ],
+)
+async def test_a_replica_assignment_file_that_is_not_usable_json_is_named(
+    sc: Sc, tmp_path: pathlib.Path, content: str, message: str
+) -> None:
+    path = tmp_path / "assignment.json"
+    path.write_text(content)
+    result = await sc("topic", "create", "t", "--replica-assignment", str(path))
+    assert result == (1, "", f"error: replica assignment file {str(path)!r} {message}\n")

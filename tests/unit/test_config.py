@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import config
+from controller import cli, config, daemon
 
 
 def test_etcd_endpoints_from_the_environment_are_comma_separated_like_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,3 +35,69 @@ def test_the_spu_token_file_is_read_and_must_hold_a_token(tmp_path: Path) -> Non
         config.read_token(token)
     with pytest.raises(ValueError, match="cannot read the SPU token file '/nonexistent/token'"):
         config.read_token(Path("/nonexistent/token"))
+
+
+# ---------------------------------------------------------------------------- errors: one line each, naming the source
+
+FIVE_THOUSAND_DIGITS = "9" * 5000
+
+
+@pytest.mark.parametrize(
+    ("argv", "environment", "file_text", "expected"),
+    [
+        ([], {"SC_PUBLIC_PORT": "99999"}, None, ["public_port (SC_PUBLIC_PORT) = 99999: must be at most 65535"]),
+        (["--public-port", "70000"], {}, None, ["public_port (--public-port) = 70000: must be at most 65535"]),
+        ([], {}, "public_port = 99999\n", ["public_port (public_port in {file}) = 99999: must be at most 65535"]),
+        (
+            ["--private-port", "-1"],
+            {"SC_RESYNC_INTERVAL": "abc"},
+            "log_level = [1]\nbogus = 1\n",
+            [
+                "private_port (--private-port) = -1: must be at least 0",
+                "resync_interval (SC_RESYNC_INTERVAL) = abc: must be a number",
+                "log_level (log_level in {file}) = [1]: must be a string",
+                "bogus (in {file}) = 1: is not a setting (see the configuration reference in README.md)",
+            ],
+        ),
+        # The environment is above the file: the value that counts, and its source, are the variable's.
+        ([], {"SC_SPU_HEARTBEAT_TIMEOUT": "0"}, "spu_heartbeat_timeout = 3\n", ["spu_heartbeat_timeout (SC_SPU_HEARTBEAT_TIMEOUT) = 0: must be more than 0"]),
+        ([], {"SC_RESYNC_INTERVAL": "inf"}, None, ["resync_interval (SC_RESYNC_INTERVAL) = inf: must be a finite number"]),
+        (["--spu-offline-grace", "nan"], {}, None, ["spu_offline_grace (--spu-offline-grace) = nan: must be a finite number"]),
+        ([], {"SC_STORE": "mysql"}, None, ["store (SC_STORE) = mysql: must be 'etcd' or 'memory'"]),
+        (["--key-prefix", "sc"], {}, None, ["key_prefix (--key-prefix) = sc: key prefix 'sc' must start and end with '/', like /sc/"]),
+        (["--log-level", "loud"], {}, None, ["log_level (--log-level) = loud: log level 'loud' is unknown: use debug, info, warning or error"]),
+        ([], {"SC_SPU_MAX_FRAME_BYTES": "12"}, None, ["spu_max_frame_bytes (SC_SPU_MAX_FRAME_BYTES) = 12: must be at least 1024"]),
+        (
+            [], {"SC_PUBLIC_PORT": FIVE_THOUSAND_DIGITS}, None,
+            ["public_port (SC_PUBLIC_PORT) = 99999999999999999999... (5000 characters): must be a whole number"],
+        ),
+        ([], {}, "public_port = \n", ["config file {file} is not valid TOML: Invalid value (at line 1, column 15)"]),
+        ([], {}, "public_port = 9003\n\xff\n", ["config file {file} is not UTF-8 text"]),
+    ],
+)
+def test_sc_run_prints_each_bad_setting_on_one_line_naming_its_source_with_status_2(
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    environment: dict[str, str],
+    file_text: str | None,
+    expected: list[str],
+) -> None:
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+
+    async def must_not_start(self: daemon.Daemon) -> None:
+        raise AssertionError(f"the configuration was accepted: {self.settings}")
+
+    monkeypatch.setattr(daemon.Daemon, "run_until_signalled", must_not_start)
+    config_file = tmp_path / "sc.toml"
+    if file_text is not None:
+        config_file.write_bytes(file_text.encode("latin-1"))
+        argv = [*argv, "--config", str(config_file)]
+    assert cli.main(["run", "--bind-host", "127.0.0.1", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [
+        "error: invalid configuration: " + line.format(file=config_file) for line in expected
+    ]
+    assert captured.out == ""

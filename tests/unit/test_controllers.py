@@ -759,3 +759,23 @@ def test_deleted_managed_spus_give_their_id_back_in_the_same_transaction() -> No
         ("delete", "main-0", [("spus/main-0", None, 6), ("meta/spu-ids/11", None, 30)]),
         ("delete", "main-1", [("spus/main-1", None, 7)]),  # the key names someone else: left alone
     ]
+
+
+def test_a_stored_topic_whose_preferred_spu_is_no_id_is_invalid_not_a_crash() -> None:
+    """Written straight into the store: '²' is a digit to isdigit(), not to int()."""
+    placement_spec = {"strategy": "policies", "policies": "preferred_nodes=²"}
+    snapshot = snapshot_of((make_spu(0), 1), (make_topic("odd", partitions=1, replicationFactor=1, placement=placement_spec), 5))
+    [decided] = topic.decide(snapshot)
+    status = json.loads(decided.writes[0].value)["status"]  # type: ignore[arg-type]
+    assert (status["resolution"], status["reason"]) == (
+        "InvalidConfig",
+        "placement policy preferred_nodes=²: '²' is not an SPU id; delete the topic and create it again with a valid spec",
+    )
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [b'{"nextStartIndex": 1e400}', b'{"nextStartIndex": NaN}', b'{"nextStartIndex": ' + b"9" * 5000 + b"}", b"[]", b"\xff"],
+)
+def test_a_hand_edited_chain_that_is_no_number_restarts_at_0(stored: bytes) -> None:
+    assert topic.read_chain(snapshot_of(meta={topic.CHAIN_KEY: (stored, 7)})) == topic.Chain(0, 7)

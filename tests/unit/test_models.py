@@ -241,6 +241,11 @@ def test_spu_group_spec_rules(spec_changes: dict[str, Any], message: str) -> Non
         ({"name": "orders-01"}, "name: partition name 'orders-01' is not of the form <topic>-<index>"),
         ({"status": {"resolution": "Online", "lrs": -1}}, "status.lrs: Input should be greater than or equal to 0 (got -1)"),
         ({"status": {"resolution": "Gone"}}, "status.resolution: Input should be 'Offline', 'Online' or 'LeaderOffline' (got 'Gone')"),
+        # Offsets are 64-bit, as on Fluvio's wire: a larger one could not be listed to a Fluvio client.
+        (
+            {"status": {"leader": {"spu": 1, "hw": 2**63, "leo": 2**63}}},
+            "status.leader.hw: Input should be less than or equal to 9223372036854775807 (got 9223372036854775808)",
+        ),
     ],
 )
 def test_partition_rules(document_changes: dict[str, Any], message: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pydantic
 import pytest
 
 from controller import config, placement_plugins
@@ -116,6 +115,6 @@ def test_the_setting_from_flags_the_variable_and_the_file(monkeypatch: pytest.Mo
     ],
 )
 def test_bad_plugin_settings_name_the_item(value: list[str], message: str) -> None:
-    with pytest.raises(pydantic.ValidationError) as raised:
+    with pytest.raises(config.ConfigError) as raised:
         config.load(placement_plugins=value)
     assert message in str(raised.value)

@@ -32,6 +32,11 @@ from connection_manager import lrs, wire
             "field 'lrs.leaders.0.followers.0.leo'",
         ),
         (b'{"type": "lrs", "leaders": [{"partition": "", "hw": 1, "leo": 1}]}', "invalid", "lrs.leaders.0.partition"),
+        # Numbers past Python's int digit limit, or just below it: a frame error, never a ValueError.
+        (b'{"type": "register", "spuId": ' + b"9" * 5000 + b"}", "malformed", "number out of range"),
+        (b'{"type": "lrs", "leaders": [{"partition": "t-0", "hw": ' + b"9" * 4299 + b', "leo": 1}]}', "invalid", "(got 9999999999"),
+        (b'{"type": "lrs", "leaders": [{"partition": "t-0", "hw": 1, "leo": 9223372036854775808}]}', "invalid", "less than or equal to 9223372036854775807"),
+        (b'{"type": "register", "spuId": 1e400}', "invalid", "finite number"),
     ],
 )
 def test_malformed_frames_are_refused_with_a_code_and_the_value(frame: bytes, code: str, message: str) -> None:

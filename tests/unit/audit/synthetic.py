@@ -181,6 +181,29 @@ async def write_cluster_story(directory: Path) -> Writer:
     w.at(105).topic("tmp", {"partitions": 1, "replicationFactor": 9})
     w.at(106).put(w.topic_status("tmp", "InsufficientResources"), by_sc="6 SPUs missing")
     w.at(110).delete("topics", "tmp")
+    w.at(115).put(models.SpuGroup.model_validate({"name": "g", "spec": {"replicas": 1, "minId": 10}}))
+    reserved = models.SpuGroupStatus(resolution="Reserved")
+    w.at(115.5).put(w.get("spu-groups", "g").model_copy(update={"status": reserved}), by_sc="ids 10..10 are free")
+    managed = models.Spu.model_validate(
+        {
+            "name": "g-0",
+            "spec": {
+                "id": 10, "spuType": "Managed", "publicEndpoint": {"host": "127.0.0.1", "port": 10010},
+                "privateEndpoint": {"host": "127.0.0.1", "port": 30010},
+            },
+        }
+    )
+    w.put(managed, by_sc="SPU 10 of group g", verb="create")
     w.at(120).topic("late", {"partitions": 1, "replicationFactor": 1})
     await w.close()
+    # Written by hand into the history: the export skips them (a leader that is a string, not JSON).
+    log = history.SegmentLog(directory)
+    log.open()
+    moved = b'{"name":"orders-0","spec":{"leader":"2","replicas":[0,2]},"status":{"resolution":"Online"}}'
+    fields = {
+        "seq": log.next_seq, "type": "change", "kind": "partitions", "name": "orders-0", "op": "update",
+        "revision": w.revision + 1, "source": "watch", "time": int((T0.timestamp() + 121) * 1_000_000),
+    }
+    log.append([history.encode(fields, moved), b"not json"])
+    log.close()
     return w

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from controller.audit import export
+from store import history
 
 
 def test_building_the_sc_command_line_imports_no_pyarrow_pyspark_or_matplotlib() -> None:
@@ -25,3 +32,43 @@ def test_the_audit_commands_and_their_arguments() -> None:
     )
     args = parser.parse_args(["audit", "export", "--out", "o", "--since", "2026-03-01"])
     assert (str(args.history_dir), str(args.out), args.since, args.until) == ("sc-data/history", "o", "2026-03-01", None)
+
+
+def test_sc_audit_export_says_which_records_it_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from controller import cli
+
+    (tmp_path / "history").mkdir()
+    (tmp_path / "history" / history.ID_FILE).write_text("abc\n")
+    log = history.SegmentLog(tmp_path / "history")
+    log.open()
+    log.append([b'{"seq":1,"type":"sync","revision":3,"time":0}', b"[]"] + [b"null"] * (export.MALFORMED_LISTED + 1))
+    log.close()
+    assert cli.main(["audit", "export", "--history-dir", str(tmp_path / "history"), "--out", str(tmp_path / "out")]) == 0
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
+    assert (printed["rows"], printed["malformedRecords"], len(printed["malformed"])) == (1, 102, 100)
+    warnings = captured.err.splitlines()
+    assert warnings[:2] == [
+        "warning: history record 2 skipped: it is not a JSON object (got an array)",
+        "warning: history record 3 skipped: it is not a JSON object (got null)",
+    ]
+    assert warnings[100:] == ["warning: 2 more malformed history records skipped"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--flap-window", "inf"], "--flap-window inf must be a number of seconds above 0 and at most 1000000000"),
+        (["--flap-window", "nan"], "--flap-window nan must be a number of seconds above 0 and at most 1000000000"),
+        (["--flap-window", "1e300"], "--flap-window 1e+300 must be a number of seconds above 0 and at most 1000000000"),
+        (["--flap-window", "0"], "--flap-window 0 must be a number of seconds above 0 and at most 1000000000"),
+        (["--flap-count", "1"], "--flap-count 1 is too small: an SPU flaps when it goes offline at least twice"),
+    ],
+)
+def test_sc_audit_report_refuses_bad_flap_settings_before_starting_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    from controller import cli
+
+    code = cli.main(["audit", "report", "--history", str(tmp_path), "--out", str(tmp_path / "report"), *flags])
+    assert (code, capsys.readouterr().err) == (2, f"error: {message}\n")

@@ -26,11 +26,37 @@ def at(seconds: float) -> int:
 
 
 @pytest.fixture(scope="module")
-def story(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, export.ExportResult]:
     directory = tmp_path_factory.mktemp("story")
     asyncio.run(synthetic.write_cluster_story(directory / "history"))
-    export.export(directory / "history", directory / "export")
-    return directory
+    return directory, export.export(directory / "history", directory / "export")
+
+
+@pytest.fixture(scope="module")
+def story(exported: tuple[Path, export.ExportResult]) -> Path:
+    return exported[0]
+
+
+def test_the_story_holds_every_kind_and_its_malformed_records_are_skipped(
+    spark: Any, exported: tuple[Path, export.ExportResult]
+) -> None:
+    directory, result = exported
+    assert [(record.seq, record.reason) for record in result.malformed] == [
+        (83, 'has object.spec.leader = "2": expected a whole number from -2147483648 to 2147483647'),
+        (84, "is not valid JSON: Expecting value: line 1 column 1 (char 0)"),
+    ]
+    assert (result.rows, result.malformed_records, result.last_seq) == (82, 2, 84)
+    kinds = jobs.load(spark, directory / "export").filter("type = 'change'").groupBy("kind").count().orderBy("kind").collect()
+    assert [tuple(row) for row in kinds] == [("partitions", 18), ("spu-groups", 2), ("spus", 18), ("topics", 12)]
+
+
+def test_the_dataset_is_read_with_the_schema_of_the_export_not_one_inferred(spark: Any, story: Path) -> None:
+    frame = jobs.load(spark, story / "export")
+    types = dict(frame.dtypes)
+    assert (types["date"], types["kind"], types["time"], types["replicas"], types["spu_id"]) == (
+        "string", "string", "timestamp", "array<int>", "int"
+    )
+    assert [field.name for field in frame.schema] == export.SCHEMA.names
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +138,7 @@ def test_spu_intervals_and_flapping_spus(results: jobs.Results) -> None:
 def test_placement_balance_at_the_end_of_the_history(results: jobs.Results) -> None:
     assert results.balance_at_us == at(120)
     assert [tuple(row.values()) for row in results.tables["balance_spus"]] == [
-        (0, "r1", 2, 2), (1, "r1", 1, 0), (2, "r2", 2, 0), (3, "r3", 2, 2), (4, "r3", 0, 0),
+        (0, "r1", 2, 2), (1, "r1", 1, 0), (2, "r2", 2, 0), (3, "r3", 2, 2), (4, "r3", 0, 0), (10, None, 0, 0),
     ]
     assert [tuple(row.values()) for row in results.tables["balance_racks"]] == [
         ("r1", 3, 2, 2), ("r2", 2, 0, 1), ("r3", 2, 2, 2),
@@ -153,6 +179,8 @@ def test_spec_changes_say_who_made_them_and_leave_out_status_writes(results: job
         ("spus", "spu-4", "update", at(95), "user"),
         ("topics", "tmp", "create", at(105), "user"),
         ("topics", "tmp", "delete", at(110), "user"),
+        ("spu-groups", "g", "create", at(115), "user"),
+        ("spus", "g-0", "create", at(115.5), "sc"),
         ("topics", "late", "create", at(120), "user"),
     ]
 
@@ -179,18 +207,20 @@ def test_report_json_has_exactly_the_shape_of_the_api(report_dir: Path) -> None:
     ]
     assert document["balance"] == {
         "at": iso(120),
-        "replicasPerSpu": {"0": 2, "1": 1, "2": 2, "3": 2, "4": 0},
-        "leadersPerSpu": {"0": 2, "1": 0, "2": 0, "3": 2, "4": 0},
+        "replicasPerSpu": {"0": 2, "1": 1, "2": 2, "3": 2, "4": 0, "10": 0},
+        "leadersPerSpu": {"0": 2, "1": 0, "2": 0, "3": 2, "4": 0, "10": 0},
         "replicasPerRack": {"r1": 3, "r2": 2, "r3": 2},
         "rackViolations": [{"partition": "manual-0", "replicas": [0, 1], "racks": ["r1", "r1"]}],
     }
-    assert document["specChanges"][-2:] == [
+    assert document["specChanges"][-4:] == [
         {"kind": "topics", "name": "tmp", "op": "delete", "at": iso(110)},
+        {"kind": "spu-groups", "name": "g", "op": "create", "at": iso(115)},
+        {"kind": "spus", "name": "g-0", "op": "create", "at": iso(115.5)},
         {"kind": "topics", "name": "late", "op": "create", "at": iso(120)},
     ]
     assert document["unavailabilityByTopic"] == [{"topic": "events", "windows": 3, "p50": 15.5, "p99": 19.91, "max": 20.0}]
     assert document["flappingSpus"] == [{"spu": 3, "offlineCount": 3, "maxInWindow": 3}]
-    assert document["history"] == {"records": 77, "from": iso(0), "to": iso(120)}
+    assert document["history"] == {"records": 82, "from": iso(0), "to": iso(120)}
 
 
 def test_the_human_report_and_its_charts(report_dir: Path) -> None:

@@ -105,15 +105,18 @@ def test_valid_manual_assignment_is_validated_and_echoed(
     assert (answer["replicaMap"], answer["nextStartIndex"]) == ([[1, 0], [0, 1]], 0)
 
 
-def test_not_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    status, answer, _ = run(["placement", "compute"], "{partitions: 3", monkeypatch, capsys)
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{partitions: 3", "the request in stdin is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"),
+        ('{"partitions": ' + "9" * 5000 + "}", "the request in stdin holds a number of 5000 digits at partitions (999999999999...): no value here has more than 20 digits"),
+        ("[" * 100_000, "the request in stdin is nested too deeply"),
+    ],
+)
+def test_not_json(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], text: str, message: str) -> None:
+    status, answer, _ = run(["placement", "compute"], text, monkeypatch, capsys)
     assert status == 1
-    assert answer == {
-        "error": {
-            "code": "InvalidConfig",
-            "message": "the request in stdin is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2",
-        }
-    }
+    assert answer == {"error": {"code": "InvalidConfig", "message": message}}
 
 
 def test_missing_input_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

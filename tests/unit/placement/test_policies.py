@@ -54,6 +54,14 @@ def test_later_key_overrides_and_spaces_are_trimmed() -> None:
         ("preferred_nodes=1,x", "placement policy preferred_nodes=1,x: 'x' is not an SPU id"),
         ("preferred_node=1,-2", "placement policy preferred_node=1,-2: '-2' is not an SPU id"),
         ("preferred_nodes=2,2", "placement policy preferred_nodes=2,2: SPU 2 is listed twice"),
+        # Not int(): "²" is a digit to isdigit() and not to int(), which also refuses 4,301 digits.
+        ("preferred_nodes=1,²", "placement policy preferred_nodes=1,²: '²' is not an SPU id"),
+        ("preferred_nodes=2147483648", "placement policy preferred_nodes=2147483648: '2147483648' is not an SPU id"),
+        (
+            "preferred_nodes=" + "9" * 5000,
+            "placement policy preferred_nodes=99999999999999999999... (5000 characters): "
+            "'99999999999999999999... (5000 characters)' is not an SPU id",
+        ),
     ],
 )
 def test_malformed_policies_are_clear_errors(text: str, message: str) -> None:

@@ -1,0 +1,73 @@
+"""JSON from outside the SC (request bodies, hand-written history records): Python's json parser with
+integers bounded before ``int()`` sees them. Purely computational, no I/O.
+
+Python refuses to convert an integer of more than 4,300 digits (``sys.get_int_max_str_digits``),
+so ``json.loads`` of such a number raises a ValueError that names no field; here every integer
+longer than any value the SC accepts is refused with the path where it was found.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+# No number the SC accepts has more digits: 64-bit integers have at most 19.
+MAX_INTEGER_DIGITS = 20
+
+
+class JsonInputError(ValueError):
+    """The text cannot be taken as JSON. The message reads after a subject: "the request body <message>"."""
+
+
+class _LongInteger(str):
+    """Stands in for an integer too long to convert, so that its place can be found afterwards."""
+
+
+def loads(text: bytes | str, max_digits: int | None = MAX_INTEGER_DIGITS) -> Any:
+    """The JSON value of ``text``; JsonInputError if it is not JSON, too deep, or holds an integer of
+    more than ``max_digits`` digits (None: as many as Python converts)."""
+    limit = max_digits if max_digits is not None else sys.get_int_max_str_digits() or sys.maxsize
+    long_integers: list[_LongInteger] = []
+
+    def parse_int(digits: str) -> int | _LongInteger:
+        if len(digits.removeprefix("-")) > limit:
+            long_integers.append(_LongInteger(digits))
+            return long_integers[-1]
+        return int(digits)
+
+    try:
+        value = json.loads(text, parse_int=parse_int)
+    except RecursionError:
+        raise JsonInputError("is nested too deeply") from None
+    except ValueError as error:  # UnicodeDecodeError included
+        raise JsonInputError(f"is not valid JSON: {error}") from None
+    if long_integers:
+        found = long_integers[0]
+        digits = len(found.removeprefix("-"))
+        raise JsonInputError(
+            f"holds a number of {digits} digits at {path_of(value, found)} ({found[:12]}...): "
+            f"no value here has more than {limit} digits"
+        )
+    return value
+
+
+def path_of(document: Any, target: object) -> str:
+    """Where ``target`` (compared by identity) is in ``document``: ``spec.replicaAssignment[0].id``;
+    ``(the document)`` for the document itself or when it is not found."""
+    # Depth first with a stack of its own: the document may be as deep as the parser allowed.
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(document, ())]
+    while stack:
+        node, steps = stack.pop()
+        if node is target:
+            return _dotted(steps)
+        children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        stack.extend((child, (*steps, key)) for key, child in children)
+    return _dotted(())
+
+
+def _dotted(steps: tuple[str | int, ...]) -> str:
+    text = ""
+    for step in steps:
+        text += f"[{step}]" if isinstance(step, int) else (f".{step}" if text else step)
+    return text or "(the document)"
