@@ -114,6 +114,9 @@ def _int_param(request: web.Request, name: str, default: int, maximum: int) -> i
         return default
     if not raw.isascii() or not raw.isdigit():
         raise ApiError(400, "MalformedRequest", f"query parameter {name} must be a whole number, got {raw!r}")
+    if len(raw.lstrip("0")) > len(str(maximum)):
+        # Not converted: Python refuses integers of more than 4,300 digits (that was a 500).
+        raise ApiError(400, "MalformedRequest", f"query parameter {name} is at most {maximum}, got a {len(raw)}-digit number")
     value = int(raw)
     if value > maximum:
         raise ApiError(422, "InvalidRequest", f"query parameter {name} is at most {maximum}, got {value}")

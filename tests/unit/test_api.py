@@ -445,6 +445,11 @@ async def test_topic_deleted_while_waiting_is_409(server: api_server.ApiServer) 
         ("timeout=abc", 400, error("MalformedRequest", "query parameter timeout must be a whole number, got 'abc'")),
         ("timeout=-1", 400, error("MalformedRequest", "query parameter timeout must be a whole number, got '-1'")),
         ("timeout=600001", 422, error("InvalidRequest", "query parameter timeout is at most 600000, got 600001")),
+        (
+            "timeout=" + "9" * 5000,
+            400,
+            error("MalformedRequest", "query parameter timeout is at most 600000, got a 5000-digit number"),
+        ),
         ("dryRun=maybe", 400, error("MalformedRequest", "query parameter dryRun must be true or false, got 'maybe'")),
     ],
 )
