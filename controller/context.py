@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from connection_manager import server as cm_server
-from controller import config, metrics
+from controller import admission, config, listing, metrics
 from store import history, kv, local
 
 
@@ -28,3 +28,15 @@ class Context:
     connections: cm_server.ConnectionManager | None = None
     # Wakes the partition controller (set by the pipeline), e.g. after a drain request.
     kick_partitions: Callable[[], None] = lambda: None
+    # Built from the settings: the gate every expensive read passes (HTTP and Fluvio alike), the
+    # registry of watch streams, and the list answers.
+    gate: admission.Gate = field(init=False)
+    watchers: admission.Watchers = field(init=False)
+    lists: listing.Lists = field(init=False)
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        self.gate = admission.Gate(settings.max_expensive_requests, settings.max_expensive_queue, settings.expensive_queue_seconds)
+        self.watchers = admission.Watchers(settings.max_watchers, settings.max_watchers_per_address)
+        self.lists = listing.Lists(self.local_store, self.gate, settings.list_cache_bytes)
+        self.metrics.watch_reads(self.gate, self.watchers, self.lists)

@@ -126,11 +126,17 @@ def validate(topic: models.Topic, spus: Sequence[placement.SpuInfo]) -> str | No
 
 def dry_run(snapshot: local.Snapshot, topic: models.Topic) -> placement.PlacementResult:
     """The placement ``topic`` would get now, without deciding anything (the API's dryRun)."""
+    return placement.compute(dry_run_request(snapshot, topic))
+
+
+def dry_run_request(snapshot: local.Snapshot, topic: models.Topic) -> placement.PlacementRequest:
+    """What ``dry_run`` computes, taken from ``snapshot``: the caller may compute it later, elsewhere
+    (the request holds no reference to the store)."""
     spus = spu_infos(snapshot)
     problem = validate(topic, spus)
     if problem is not None:
         raise placement.InvalidConfig(problem)
-    return placement.compute(placement_request(topic, spus, read_chain(snapshot).start_index, _assignment(snapshot)))
+    return placement_request(topic, spus, read_chain(snapshot).start_index, _assignment(snapshot))
 
 
 def _load_aware(topic: models.ClusterObject) -> bool:
