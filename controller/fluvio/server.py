@@ -1,7 +1,8 @@
 """The Fluvio admin server: one session per connection (framing, dispatch, one ordered writer),
 ApiVersions, List, and Watch streams fed from the local store; writes go to fluvio.admin.
 
-Only an undecodable or oversized frame closes a connection, and only that one.
+Only an undecodable or oversized frame, a watch past the limits, or a client that takes nothing
+for client_stall_seconds closes a connection, and only that one.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from controller import context as context_module
+from controller import admission, context as context_module, listing
 from controller.fluvio import admin as admin_module, codec, mapping
 from store import local, models
 
@@ -36,8 +37,13 @@ MAX_WATCHES = 256
 # A watch waits this long after a change before building its frame, so a burst goes out as one
 # frame: the client buffers only 10 frames per watch before its whole connection stalls.
 WATCH_LINGER_SECONDS = 0.02
-# A client that accepts no bytes for this long is disconnected (its watches would pin tombstones).
-WRITE_STALL_SECONDS = 60.0
+# A List refused for load is answered under this label: the client fails that one call ("downcast
+# error") and keeps its connection and watches; a List answer has no error field, and closing the
+# connection would break every later call of the client.
+BUSY_LABEL = "Busy"
+# A reply body at least this large is written after its frame header rather than copied behind it,
+# so that a list answer shared by many connections is not copied once per connection.
+SHARED_BODY_BYTES = 64 * 1024
 # Items encoded between two yields to the loop: a first list of 100,000 partitions must not hold
 # up every other connection (and the HTTP API) while it is encoded.
 ENCODE_CHUNK = 1000
@@ -132,21 +138,35 @@ class FluvioServer:
 
     async def list_body(self, request: codec.ListRequest, version: int) -> bytes:
         """Topic: name filters are substrings OR-ed, and system selects system topics (we have none);
-        Partition: filters ignored; SPU, CustomSpu, SpuGroup: substring filters. Unserved labels: []."""
+        Partition: filters ignored; SPU, CustomSpu, SpuGroup: substring filters. Unserved labels: [].
+
+        Built once per version of the table for every identical List (and kept while the table does
+        not change), inside a slot of the expensive-work gate (admission.Busy if none comes)."""
         label = request.label
         served = mapping.ITEMS.get(label)
         if served is None or (request.system and label in (codec.TOPIC, codec.PARTITION)):
             return codec.list_body(label, [])
         kind, keep, _ = served
         table = self.context.local_store[kind]
-        objects = [obj for obj in table.objects() if keep is None or keep(obj)]
-        filters = request.name_filters
-        if filters and label != codec.PARTITION:
-            objects = [obj for obj in objects if any(part in obj.name for part in filters)]
-        objects.sort(key=_SORT_KEYS.get(kind, lambda obj: obj.name))
-        encoded = await self.encode_all(label, version, objects)
-        self.items.prune(label, version, table.view)
-        return codec.list_body(label, [item for item in encoded if item is not None])
+        filters = tuple(request.name_filters) if label != codec.PARTITION else ()
+        lists = self.context.lists
+
+        async def build(taken: Callable[[int], None]) -> listing.Answer:
+            async with self.context.gate.slot(admission.FLUVIO_LIST):
+                view = table.view
+                objects = [view[name].obj for name in lists.names(kind)]
+                revision = table.revision
+                taken(table.epoch)
+                if keep is not None:
+                    objects = [obj for obj in objects if keep(obj)]
+                if filters:
+                    objects = [obj for obj in objects if any(part in obj.name for part in filters)]
+                encoded = await self.encode_all(label, version, objects)
+                self.items.prune(label, version, table.view)
+                return listing.Answer(codec.list_body(label, [item for item in encoded if item is not None]), revision)
+
+        answer = await lists.answers.get(("fluvio", label, version, filters), table.epoch, None, build)
+        return answer.body
 
 
 class Session:
@@ -156,8 +176,10 @@ class Session:
         self.server = server
         self.reader = reader
         self.writer = writer
-        self.peer = str(writer.get_extra_info("peername"))
-        self._replies: collections.deque[bytes] = collections.deque()
+        peer = writer.get_extra_info("peername")
+        self.peer = str(peer)
+        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+        self._replies: collections.deque[tuple[bytes, bytes]] = collections.deque()
         # Watches with a frame to build, in the order they asked (an ordered set).
         self._dirty: dict[WatchStream, None] = {}
         self._wake = asyncio.Event()
@@ -165,6 +187,8 @@ class Session:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._watches = 0
+        # The admitted watch streams of this connection (counted against max_watchers).
+        self.watchers: set[admission.Watcher] = set()
 
     async def run(self) -> None:
         reading = asyncio.create_task(self._read_loop(), name="fluvio-read")
@@ -175,8 +199,14 @@ class Session:
             tasks = [reading, writing, *self._tasks]
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self.writer.close()
+            try:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            finally:
+                # Even if the server's close cancels this task right here: the socket is closed.
+                for watcher in self.watchers:
+                    watcher.release()
+                self.watchers.clear()
+                self.writer.close()
             with contextlib.suppress(ConnectionError, OSError):
                 await self.writer.wait_closed()
 
@@ -215,13 +245,27 @@ class Session:
             # Before the store has synced a list would be empty, not true.
             await self.server.context.synced.wait()
         if isinstance(body, codec.ListRequest):
-            self.reply(correlation_id, await self.server.list_body(body, version))
+            try:
+                self.reply(correlation_id, await self.server.list_body(body, version))
+            except admission.Busy as busy:
+                log.warning("refusing a Fluvio List: the SC is busy", peer=self.peer, label=body.label, reason=busy.message)
+                self.reply(correlation_id, codec.list_body(BUSY_LABEL, []))
         elif isinstance(body, codec.WatchRequest):
             self._watches += 1
             if self._watches > MAX_WATCHES:
                 log.warning("closing a Fluvio connection: too many watches", peer=self.peer, limit=MAX_WATCHES)
                 return False
-            self._spawn(WatchStream(self, correlation_id, body.label, version).run(), "fluvio-watch")
+            watch = WatchStream(self, correlation_id, body.label, version)
+            if watch.table is not None:
+                # A watch holds a listener and what its client knows: it counts against the limits.
+                # Its frames have no error field; closing tells the client, which can connect again later.
+                try:
+                    watch.watcher = self.server.context.watchers.admit("fluvio", watch.table.kind, self.address)
+                except admission.Busy as busy:
+                    log.warning("closing a Fluvio connection: watch refused", peer=self.peer, reason=busy.message)
+                    return False
+                self.watchers.add(watch.watcher)
+            self._spawn(watch.run(), "fluvio-watch")
         else:
             await self._slots.acquire()
             self._spawn(self._answer(correlation_id, version, body), "fluvio-request")
@@ -244,7 +288,7 @@ class Session:
     # ------------------------------------------------------------------ writing
 
     def reply(self, correlation_id: int, body: bytes) -> None:
-        self._replies.append(codec.response_frame(correlation_id, body))
+        self._replies.append((codec.response_header(correlation_id, len(body)), body))
         self._wake.set()
 
     def watch_ready(self, watch: WatchStream) -> None:
@@ -253,28 +297,38 @@ class Session:
 
     async def _write_loop(self) -> None:
         """Replies first, then one frame per ready watch in turn, built at send time so that changes
-        arriving while the socket is busy coalesce into it."""
+        arriving while the socket is busy coalesce into it. A client that takes nothing of a frame
+        for client_stall_seconds is dropped: its connection is aborted, since closing it politely
+        would wait for the client to take what is queued."""
+        stall = self.server.context.settings.client_stall_seconds
         while True:
-            data: bytes | None
+            pieces: tuple[bytes, ...]
             if self._replies:
-                data = self._replies.popleft()
+                header, body = self._replies.popleft()
                 self._room.set()
+                # A large body may be shared with other connections (a cached List): not copied.
+                pieces = (header, body) if len(body) >= SHARED_BODY_BYTES else (header + body,)
             elif self._dirty:
                 watch = next(iter(self._dirty))
                 del self._dirty[watch]
-                data = await watch.build_frame()
+                frame = await watch.build_frame()
+                if frame is None:
+                    continue
+                pieces = (frame,)
             else:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if data is None:
-                continue
             try:
-                self.writer.write(data)
-                async with asyncio.timeout(WRITE_STALL_SECONDS):
+                for piece in pieces:
+                    self.writer.write(piece)
+                async with asyncio.timeout(stall):
                     await self.writer.drain()
             except TimeoutError:
-                log.warning("closing a Fluvio connection: the client read nothing for a while", peer=self.peer, seconds=WRITE_STALL_SECONDS)
+                log.warning("dropping a Fluvio connection: the client took nothing for a while", peer=self.peer, seconds=stall)
+                for watcher in self.watchers:
+                    watcher.dropped("stalled")
+                self.writer.transport.abort()
                 return
             except (ConnectionError, OSError):
                 return
@@ -299,6 +353,7 @@ class WatchStream:
             kind, self.keep, _ = served
             self.table = session.server.context.local_store[kind]
         self.listener: local.Listener | None = None
+        self.watcher: admission.Watcher | None = None
         self.known: dict[str, models.ClusterObject] = {}
         self.first = True
         self._built = asyncio.Event()
