@@ -675,21 +675,14 @@ async def _stream(
 
     stopped = asyncio.ensure_future(stopping.wait())
     gone = asyncio.ensure_future(sink.until_gone())
+    # Either ends the subscriber's wait: one await per batch, not a wait on three futures.
+    stopped.add_done_callback(lambda _: subscriber.end())
+    gone.add_done_callback(lambda _: subscriber.end())
     try:
         for lines in subscriber.snapshot_batches():
-            if stopped.done() or gone.done() or not await sent(sink.send_lines(lines)):
+            if subscriber.ended or not await sent(sink.send_lines(lines)):
                 return
-        while True:
-            taking = asyncio.ensure_future(subscriber.next())
-            try:
-                await asyncio.wait((taking, stopped, gone), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                await _cancel(taking)
-            if stopped.done() or gone.done() or taking.cancelled():
-                return
-            batches = taking.result()
-            if not batches:
-                return  # dropped
+        while batches := await subscriber.next():
             for batch in batches:
                 if not await sent(sink.send_batch(batch)):
                     return

@@ -20,7 +20,7 @@ log = structlog.get_logger(__name__)
 # Lines per batch (bounds one write's size and the loop time it takes to build).
 BATCH_LINES = 500
 # Objects encoded between two yields to the loop while a feed catches up with a large change.
-ENCODE_CHUNK = 1000
+ENCODE_CHUNK = 500
 
 Keep = Callable[[models.ClusterObject], bool]
 
@@ -73,6 +73,7 @@ class Subscriber:
         self.buffer_bytes = buffer_bytes
         self.pending_bytes = 0
         self.dropped: str | None = None
+        self.ended = False
         self._pending: collections.deque[Batch] = collections.deque()
         self._wake = asyncio.Event()
         self._on_drop = on_drop
@@ -96,11 +97,11 @@ class Subscriber:
         self._wake.set()
 
     async def next(self) -> list[Batch]:
-        """The batches not taken yet (waits for one); [] once dropped."""
-        while not self._pending and self.dropped is None:
+        """The batches not taken yet (waits for one); [] once dropped or ended."""
+        while not self._pending and self.dropped is None and not self.ended:
             self._wake.clear()
             await self._wake.wait()
-        if self.dropped is not None:
+        if self.dropped is not None or self.ended:
             return []
         batches = list(self._pending)
         self._pending.clear()
@@ -116,6 +117,11 @@ class Subscriber:
         self._wake.set()
         self.feed.leave(self)
         self._on_drop(reason)
+
+    def end(self) -> None:
+        """No more batches wanted (the client or the SC is leaving): ``next()`` returns []."""
+        self.ended = True
+        self._wake.set()
 
     def close(self) -> None:
         self.feed.leave(self)
