@@ -71,13 +71,14 @@ class Gate:
     @contextlib.asynccontextmanager
     async def slot(self, purpose: str) -> AsyncIterator[None]:
         """Hold one slot for the body of the ``async with``; raises Busy if none comes in time."""
-        await self._acquire(purpose)
+        await self.acquire(purpose)
         try:
             yield
         finally:
-            self._release()
+            self.release()
 
-    async def _acquire(self, purpose: str) -> None:
+    async def acquire(self, purpose: str) -> None:
+        """One slot, to be given back with ``release()`` (prefer ``slot()`` where a block fits)."""
         if self.running < self.limit and not self._waiters:
             self.running += 1
             self.admitted[purpose] += 1
@@ -112,13 +113,13 @@ class Gate:
     def _give_back(self, waiter: asyncio.Future[None]) -> None:
         """A waiter that leaves: out of the queue, or, if a slot was handed to it meanwhile, the slot passed on."""
         if waiter.done() and not waiter.cancelled():
-            self._release()
+            self.release()
         else:
             waiter.cancel()
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
 
-    def _release(self) -> None:
+    def release(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():

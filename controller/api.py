@@ -284,7 +284,16 @@ async def list_objects(request: web.Request) -> web.StreamResponse:
     headers = {"X-Revision": str(answer.revision)}
     if answer.next_after is not None:
         headers["X-Continue"] = listing.encode_token(kind, topic_name, answer.next_after)
-    return await _send_json(request, answer.body, headers)
+    if len(answer.body) <= WRITE_CHUNK:
+        return _small_json(answer.body, headers)
+    # Writing a large answer is expensive work too, even a shared one: a thousand clients each
+    # taking the same 5 MB keep the loop busy with nothing else.
+    async with context.gate.slot(admission.LIST):
+        return await _send_json(request, answer.body, headers)
+
+
+def _small_json(body: bytes, headers: dict[str, str]) -> web.Response:
+    return web.Response(body=body, content_type="application/json", headers=headers)
 
 
 async def _send_json(request: web.Request, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
@@ -292,7 +301,7 @@ async def _send_json(request: web.Request, body: bytes, headers: dict[str, str])
     client_stall_seconds is dropped (its connection aborted, not closed politely: that would wait
     for it too)."""
     if len(body) <= WRITE_CHUNK:
-        return web.Response(body=body, content_type="application/json", headers=headers)
+        return _small_json(body, headers)
     response = web.StreamResponse(headers=headers)
     response.content_type = "application/json"
     response.content_length = len(body)
@@ -424,7 +433,7 @@ async def create_topic(request: web.Request) -> web.Response:
         async with context.gate.slot(admission.DRY_RUN):
             placement_request, _ = admin_ops.dry_run_request(context, topic)
             body = await context.gate.offload(_placement_answer, placement_request)
-        return await _send_json(request, body, {})
+            return await _send_json(request, body, {})
     revision = await admin_ops.create_topic(context, topic)
     return await _topic_answer(request, topic, revision, timeout_ms, created=True)
 
@@ -514,7 +523,7 @@ async def compute_placement(request: web.Request) -> web.StreamResponse:
         live_spus = [spu for spu in topic_controller.spu_infos(snapshot) if spu.online]
     async with context.gate.slot(admission.PLACEMENT):
         body = await context.gate.offload(_placement_for, raw, live_spus)
-    return await _send_json(request, body, {})
+        return await _send_json(request, body, {})
 
 
 def _placement_for(raw: bytes, live_spus: list[placement.SpuInfo] | None) -> bytes:

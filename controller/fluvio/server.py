@@ -42,8 +42,9 @@ WATCH_LINGER_SECONDS = 0.02
 # connection would break every later call of the client.
 BUSY_LABEL = "Busy"
 # A reply body at least this large is written after its frame header rather than copied behind it,
-# so that a list answer shared by many connections is not copied once per connection.
-SHARED_BODY_BYTES = 64 * 1024
+# so that a List answer shared by many connections is not copied once per connection; it is written
+# in pieces of this size as the client takes them, holding a slot of the expensive-work gate.
+LARGE_BODY_BYTES = 64 * 1024
 # Items encoded between two yields to the loop: a first list of 100,000 partitions must not hold
 # up every other connection (and the HTTP API) while it is encoded.
 ENCODE_CHUNK = 1000
@@ -179,7 +180,8 @@ class Session:
         peer = writer.get_extra_info("peername")
         self.peer = str(peer)
         self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
-        self._replies: collections.deque[tuple[bytes, bytes]] = collections.deque()
+        # (frame header, body, what gives back the gate slot its writing holds, if any)
+        self._replies: collections.deque[tuple[bytes, bytes, Callable[[], None] | None]] = collections.deque()
         # Watches with a frame to build, in the order they asked (an ordered set).
         self._dirty: dict[WatchStream, None] = {}
         self._wake = asyncio.Event()
@@ -202,10 +204,15 @@ class Session:
             try:
                 await asyncio.gather(*tasks, return_exceptions=True)
             finally:
-                # Even if the server's close cancels this task right here: the socket is closed.
+                # Even if the server's close cancels this task right here: the socket is closed,
+                # and gate slots held for replies never written are given back.
                 for watcher in self.watchers:
                     watcher.release()
                 self.watchers.clear()
+                for _, _, release in self._replies:
+                    if release is not None:
+                        release()
+                self._replies.clear()
                 self.writer.close()
             with contextlib.suppress(ConnectionError, OSError):
                 await self.writer.wait_closed()
@@ -245,8 +252,16 @@ class Session:
             # Before the store has synced a list would be empty, not true.
             await self.server.context.synced.wait()
         if isinstance(body, codec.ListRequest):
+            gate = self.server.context.gate
             try:
-                self.reply(correlation_id, await self.server.list_body(body, version))
+                answer = await self.server.list_body(body, version)
+                release = None
+                if len(answer) >= LARGE_BODY_BYTES:
+                    # Writing it is expensive work too (a thousand clients taking the same 5 MB):
+                    # the slot is held until it is written.
+                    await gate.acquire(admission.FLUVIO_LIST)
+                    release = gate.release
+                self.reply(correlation_id, answer, release)
             except admission.Busy as busy:
                 log.warning("refusing a Fluvio List: the SC is busy", peer=self.peer, label=body.label, reason=busy.message)
                 self.reply(correlation_id, codec.list_body(BUSY_LABEL, []))
@@ -287,8 +302,8 @@ class Session:
 
     # ------------------------------------------------------------------ writing
 
-    def reply(self, correlation_id: int, body: bytes) -> None:
-        self._replies.append((codec.response_header(correlation_id, len(body)), body))
+    def reply(self, correlation_id: int, body: bytes, release: Callable[[], None] | None = None) -> None:
+        self._replies.append((codec.response_header(correlation_id, len(body)), body, release))
         self._wake.set()
 
     def watch_ready(self, watch: WatchStream) -> None:
@@ -297,41 +312,54 @@ class Session:
 
     async def _write_loop(self) -> None:
         """Replies first, then one frame per ready watch in turn, built at send time so that changes
-        arriving while the socket is busy coalesce into it. A client that takes nothing of a frame
-        for client_stall_seconds is dropped: its connection is aborted, since closing it politely
-        would wait for the client to take what is queued."""
-        stall = self.server.context.settings.client_stall_seconds
+        arriving while the socket is busy coalesce into it."""
         while True:
-            pieces: tuple[bytes, ...]
             if self._replies:
-                header, body = self._replies.popleft()
+                header, body, release = self._replies.popleft()
                 self._room.set()
-                # A large body may be shared with other connections (a cached List): not copied.
-                pieces = (header, body) if len(body) >= SHARED_BODY_BYTES else (header + body,)
+                try:
+                    sent = await self._send(header, body)
+                finally:
+                    if release is not None:
+                        release()
             elif self._dirty:
                 watch = next(iter(self._dirty))
                 del self._dirty[watch]
                 frame = await watch.build_frame()
                 if frame is None:
                     continue
-                pieces = (frame,)
+                sent = await self._send(frame, b"")
             else:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            try:
-                for piece in pieces:
-                    self.writer.write(piece)
+            if not sent:
+                return
+
+    async def _send(self, header: bytes, body: bytes) -> bool:
+        """Write one frame (a large body in pieces, not copied); False when the connection is done
+        for. A client that takes nothing for client_stall_seconds is dropped: its connection is
+        aborted, since closing it politely would wait for the client to take what is queued."""
+        stall = self.server.context.settings.client_stall_seconds
+        if len(body) < LARGE_BODY_BYTES:
+            pieces: list[bytes | memoryview] = [header + body]
+        else:
+            view = memoryview(body)
+            pieces = [header, *(view[start : start + LARGE_BODY_BYTES] for start in range(0, len(body), LARGE_BODY_BYTES))]
+        try:
+            for piece in pieces:
+                self.writer.write(piece)
                 async with asyncio.timeout(stall):
                     await self.writer.drain()
-            except TimeoutError:
-                log.warning("dropping a Fluvio connection: the client took nothing for a while", peer=self.peer, seconds=stall)
-                for watcher in self.watchers:
-                    watcher.dropped("stalled")
-                self.writer.transport.abort()
-                return
-            except (ConnectionError, OSError):
-                return
+        except TimeoutError:
+            log.warning("dropping a Fluvio connection: the client took nothing for a while", peer=self.peer, seconds=stall)
+            for watcher in self.watchers:
+                watcher.dropped("stalled")
+            self.writer.transport.abort()
+            return False
+        except (ConnectionError, OSError):
+            return False
+        return True
 
 
 class WatchStream:

@@ -148,6 +148,20 @@ async def test_concurrent_identical_lists_are_encoded_once(server: api_server.Ap
     assert encodings[0] == 301
 
 
+async def test_writing_a_large_answer_takes_a_slot_and_a_small_kept_one_none() -> None:
+    async with serving(max_expensive_requests=1, max_expensive_queue=0) as server:
+        await server.put(*(topic(f"t{number:03d}", reason="x" * 1000) for number in range(100)), spu(1))
+        assert (await get(server, "/v1/topics"))[0] == 200  # about 110 KB, built and kept
+        assert (await get(server, "/v1/spus"))[0] == 200  # small, built and kept
+        async with server.context.gate.slot("placement"):
+            assert (await get(server, "/v1/topics"))[0] == 429  # kept, but writing it is work
+            status, _, body = await get(server, "/v1/spus")
+            assert (status, [obj["name"] for obj in body]) == (200, ["spu-1"])
+        assert server.context.lists.answers.served["cached"] == 2
+        status, _, body = await get(server, "/v1/topics")
+        assert (status, len(body)) == (200, 100)
+
+
 async def test_a_client_that_takes_nothing_of_a_large_list_is_dropped() -> None:
     async with serving(client_stall_seconds=0.2) as server:
         await server.put(*(topic(f"t{number:03d}", reason="x" * 10_000) for number in range(300)))  # 3 MB

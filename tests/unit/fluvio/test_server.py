@@ -417,6 +417,34 @@ async def test_identical_lists_share_one_answer_and_a_busy_sc_refuses_a_list_but
                 await client.close()
 
 
+async def test_a_large_list_holds_a_gate_slot_until_written_and_a_stalled_reader_gives_it_back() -> None:
+    async with serving(client_stall_seconds=0.2) as store_server:
+        store_server.apply(*(topic(f"t{number:03d}").model_copy(update={"status": models.TopicStatus(reason="x" * 20_000)}) for number in range(300)))
+        gate = store_server.context.gate
+        client = await store_server.client()
+        try:
+            assert len(await client.list(codec.TOPIC)) == 300  # 6 MB, taken: the slot is back
+            assert (gate.running, gate.admitted) == (0, {"fluvio-list": 2})  # one to build, one to write
+        finally:
+            await client.close()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", store_server.port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
+        try:
+            writer.transport.pause_reading()  # type: ignore[attr-defined]
+            writer.write(codec.encode_request(codec.RequestHeader(codec.LIST, 19, 1, "slow"), codec.ListRequest(codec.TOPIC)))
+            async with asyncio.timeout(30):
+                while gate.admitted["fluvio-list"] < 3:  # the kept answer: only the writing takes one
+                    await asyncio.sleep(0.01)
+                while store_server.server._sessions:
+                    await asyncio.sleep(0.01)
+            assert gate.running == 0
+        finally:
+            writer.close()
+
+
 async def test_watches_past_the_limit_close_the_connection() -> None:
     async with serving(max_watchers=2) as store_server:
         first = await store_server.client()
