@@ -31,6 +31,11 @@ MAX_TOKEN_LENGTH = 512
 TOKEN_VERSION = 1
 # More changes than this since the index last looked: sort again rather than insert one by one.
 RESORT_AT = 256
+# A kept answer that differs from what a request would see only in what is shown beside the store
+# (the leaders' live offsets, reported every 0.4 s) is reused for this long: under steady replication
+# traffic the offsets change on every report, and building 10,000 partitions again for each request
+# was most of what a burst of lists cost. Never applied to a change of the store itself.
+SHOWN_REUSE_SECONDS = 1.0
 
 SortKey = tuple[Any, ...]
 
@@ -164,6 +169,14 @@ class Answer:
     next_after: SortKey | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    answer: Answer
+    epoch: int
+    extra: Hashable
+    built_at: float
+
+
 @dataclass(slots=True)
 class _Build:
     task: asyncio.Task[Answer]
@@ -173,17 +186,18 @@ class _Build:
 
 
 class Answers:
-    """Built answers by key, within a byte budget (least recently used out first); one build per
-    group at a time, which concurrent requests for the same group share.
+    """Built answers, the latest of each group kept within a byte budget (least recently used out
+    first); one build per group at a time, which concurrent requests for the same group share.
 
-    A group is what is listed (protocol, kind, filter); a version says from which store state
-    (the table's epoch, and anything else the answer shows, such as live offsets).
+    A group is what is listed (protocol, kind, filter); its answer is kept for one table epoch
+    and one ``extra`` (what the answer shows besides the store, such as live offsets; a differing
+    extra is accepted for SHOWN_REUSE_SECONDS).
     """
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
         self.bytes = 0
-        self._done: collections.OrderedDict[tuple[Hashable, Hashable], Answer] = collections.OrderedDict()
+        self._kept: collections.OrderedDict[Hashable, _Kept] = collections.OrderedDict()
         self._building: dict[Hashable, _Build] = {}
         # How each answer was given: "cached" (built before), "shared" (joined a build), "built".
         self.served: Tally[str] = Tally()
@@ -197,11 +211,12 @@ class Answers:
     ) -> Answer:
         """The answer for ``group`` at table ``epoch`` (and ``extra``); ``build(taken)`` makes one and
         calls ``taken(epoch)`` at the moment it takes the objects."""
-        found = self._done.get((group, (epoch, extra)))
-        if found is not None:
-            self._done.move_to_end((group, (epoch, extra)))
+        kept = self._kept.get(group)
+        now = asyncio.get_running_loop().time()
+        if kept is not None and kept.epoch == epoch and (kept.extra == extra or now - kept.built_at < SHOWN_REUSE_SECONDS):
+            self._kept.move_to_end(group)
             self.served["cached"] += 1
-            return found
+            return kept.answer
         running = self._building.get(group)
         if running is not None and (running.epoch is None or running.epoch >= epoch):
             self.served["shared"] += 1
@@ -214,13 +229,14 @@ class Answers:
             def taken(epoch: int) -> None:
                 state.epoch = epoch
 
+            built_at = asyncio.get_running_loop().time()
             try:
                 answer = await build(taken)
             finally:
                 if self._building.get(group) is state:
                     del self._building[group]
             if state.epoch is not None:
-                self._keep((group, (state.epoch, extra)), answer)
+                self._keep(group, _Kept(answer, state.epoch, extra, built_at))
             return answer
 
         state = _Build(asyncio.get_running_loop().create_task(run(), name="list-answer"))
@@ -229,17 +245,19 @@ class Answers:
         self._building[group] = state
         return state
 
-    def _keep(self, key: tuple[Hashable, Hashable], answer: Answer) -> None:
-        size = len(answer.body)
+    def _keep(self, group: Hashable, kept: _Kept) -> None:
+        previous = self._kept.pop(group, None)
+        if previous is not None:
+            self.bytes -= len(previous.answer.body)
+            if previous.epoch > kept.epoch:  # a slower, older build finished last: keep the newer
+                kept = previous
+        size = len(kept.answer.body)
         if size > self.limit_bytes:
             return
-        # An older version of the same listing is never asked for again: it goes first.
-        for stale in [done for done in self._done if done[0] == key[0]]:
-            self.bytes -= len(self._done.pop(stale).body)
-        while self._done and self.bytes + size > self.limit_bytes:
-            _, evicted = self._done.popitem(last=False)
-            self.bytes -= len(evicted.body)
-        self._done[key] = answer
+        while self._kept and self.bytes + size > self.limit_bytes:
+            _, evicted = self._kept.popitem(last=False)
+            self.bytes -= len(evicted.answer.body)
+        self._kept[group] = kept
         self.bytes += size
 
     async def close(self) -> None:
@@ -248,7 +266,7 @@ class Answers:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._building.clear()
-        self._done.clear()
+        self._kept.clear()
         self.bytes = 0
 
 
