@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -23,6 +24,12 @@ DEFAULT_ADDRESS = "http://127.0.0.1:9003"
 REQUEST_TIMEOUT = 60.0
 # The largest number a flag takes: the largest SPU id, above every count and timeout.
 MAX_WHOLE_NUMBER = 2**31 - 1
+# Lists are read in pages of this many objects, each page a short request for the SC.
+PAGE_SIZE = 1000
+# A read the SC refuses for load (429) is tried again after its Retry-After, this many times.
+BUSY_RETRIES = 5
+# The longest Retry-After honoured: a longer one is the SC's business, not a reason to hang.
+MAX_RETRY_AFTER = 10.0
 
 
 class CliError(Exception):
@@ -41,27 +48,54 @@ class Client:
 
     def call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None) -> tuple[int, Any]:
         """(status, decoded JSON answer) for any status below 400; raises CliError for the others."""
+        status, _, answer = self.exchange(method, path, body, query)
+        return status, answer
+
+    def list_all(self, path: str, query: dict[str, str] | None = None) -> list[Any]:
+        """Every object of a list, read page by page (?limit=, following X-Continue)."""
+        objects: list[Any] = []
+        token = None
+        while True:
+            page_query = {**(query or {}), "limit": str(PAGE_SIZE), **({"continue": token} if token else {})}
+            _, headers, page = self.exchange("GET", path, query=page_query)
+            if not isinstance(page, list):
+                raise CliError(f"the SC answered a list with {str(page)[:200]}")
+            objects.extend(page)
+            token = headers.get("X-Continue")
+            if not token:
+                return objects
+
+    def exchange(
+        self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], Any]:
+        """(status, headers, decoded answer) for any status below 400; reads refused for load are retried."""
         url = self.address + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
-                return response.status, _decode(response.read())
-        except urllib.error.HTTPError as failure:
-            answer = _decode(failure.read())
-            failure.close()
-            raise CliError(_error_message(failure.code, answer)) from None
-        except urllib.error.URLError as failure:
-            if isinstance(failure.reason, ConnectionRefusedError):
-                raise CliError(
-                    f"cannot reach the SC at {self.address}: connection refused. Is it running? "
-                    "Start it with `sc run`, or point to it with --sc URL or SC_ADDR"
-                ) from None
-            raise CliError(f"cannot reach the SC at {self.address}: {failure.reason}") from None
-        except TimeoutError:
-            raise CliError(f"the SC at {self.address} did not answer within {REQUEST_TIMEOUT:g} s") from None
-        except (ConnectionError, ValueError) as failure:
-            raise CliError(f"cannot talk to the SC at {self.address}: {failure}") from None
+        for attempt in range(BUSY_RETRIES + 1):
+            request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
+                    return response.status, dict(response.headers), _decode(response.read())
+            except urllib.error.HTTPError as failure:
+                answer = _decode(failure.read())
+                retry_after = failure.headers.get("Retry-After", "")
+                failure.close()
+                if failure.code == 429 and method == "GET" and attempt < BUSY_RETRIES and retry_after.isdigit():
+                    time.sleep(min(float(retry_after), MAX_RETRY_AFTER))
+                    continue
+                raise CliError(_error_message(failure.code, answer)) from None
+            except urllib.error.URLError as failure:
+                if isinstance(failure.reason, ConnectionRefusedError):
+                    raise CliError(
+                        f"cannot reach the SC at {self.address}: connection refused. Is it running? "
+                        "Start it with `sc run`, or point to it with --sc URL or SC_ADDR"
+                    ) from None
+                raise CliError(f"cannot reach the SC at {self.address}: {failure.reason}") from None
+            except TimeoutError:
+                raise CliError(f"the SC at {self.address} did not answer within {REQUEST_TIMEOUT:g} s") from None
+            except (ConnectionError, ValueError) as failure:
+                raise CliError(f"cannot talk to the SC at {self.address}: {failure}") from None
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _decode(raw: bytes) -> Any:
@@ -261,7 +295,7 @@ def _path(kind: str, name: str, *more: str) -> str:
 def _lister(kind: str, human: Callable[[Any], str], by_topic: bool = False) -> Callable[[argparse.Namespace], int]:
     def list_objects(args: argparse.Namespace) -> int:
         query = {"topic": args.topic} if by_topic and args.topic is not None else None
-        _, objects = Client(_address(args)).call("GET", f"/v1/{kind}", query=query)
+        objects = Client(_address(args)).list_all(f"/v1/{kind}", query=query)
         _show(args, objects, human)
         return 0
 
@@ -393,7 +427,7 @@ def _spu_register(args: argparse.Namespace) -> int:
 
 
 def _spu_name_of(client: Client, spu_id: int) -> str:
-    _, spus = client.call("GET", "/v1/spus")
+    spus = client.list_all("/v1/spus")
     matching = [spu["name"] for spu in spus if spu["spec"]["id"] == spu_id]
     if not matching:
         raise CliError(f"no SPU has id {spu_id}")

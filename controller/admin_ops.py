@@ -14,7 +14,7 @@ from typing import Any
 
 import pydantic
 
-from controller import actions, context as context_module, placement, spu_group, spu_ids, topic as topic_controller
+from controller import actions, admission, context as context_module, placement, spu_group, spu_ids, topic as topic_controller
 from store import kv, local, models
 
 # Writes that lose a compare-and-swap to the controllers' status writes are retried this often.
@@ -271,18 +271,35 @@ def _check_size(context: context_module.Context, topic: models.Topic, spus: tupl
         raise ApiError(422, "TopicTooLarge", problem)
 
 
-def dry_run_topic(context: context_module.Context, topic: models.Topic) -> tuple[placement.PlacementResult, tuple[placement.SpuInfo, ...]]:
-    """The placement a new topic would get now (and the SPUs it was computed over); writes nothing."""
+def dry_run_request(
+    context: context_module.Context, topic: models.Topic
+) -> tuple[placement.PlacementRequest, tuple[placement.SpuInfo, ...]]:
+    """What a dry run of a new topic computes (and the SPUs it is computed over), taken from the
+    store now; the computing is the caller's (off the event loop: it may be large)."""
     require_synced(context)
     if context.local_store["topics"].get(topic.name) is not None:
         raise ApiError(409, "AlreadyExists", f"{label('topics', topic.name)} already exists")
     snapshot = context.local_store.snapshot()
     _check_size(context, topic, topic_controller.spu_infos(snapshot))  # as the create would
     try:
-        result = topic_controller.dry_run(snapshot, topic, context.placers)
+        request = topic_controller.dry_run_request(snapshot, topic, context.placers)
     except placement.PlacementError as error:
         raise ApiError(422, error.code, error.message) from None
-    return result, topic_controller.spu_infos(snapshot)
+    return request, topic_controller.spu_infos(snapshot)
+
+
+async def dry_run_topic(
+    context: context_module.Context, topic: models.Topic
+) -> tuple[placement.PlacementResult, tuple[placement.SpuInfo, ...]]:
+    """The placement a new topic would get now (and the SPUs it was computed over); writes nothing.
+    Takes a slot of the expensive-work gate (admission.Busy when none is free in time)."""
+    async with context.gate.slot(admission.DRY_RUN):
+        request, spus = dry_run_request(context, topic)
+        try:
+            result = await context.gate.offload(placement.compute, request, context.placers)
+        except placement.PlacementError as error:
+            raise ApiError(422, error.code, error.message) from None
+    return result, spus
 
 
 # ---------------------------------------------------------------------------- updates

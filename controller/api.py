@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import math
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Hashable, Iterator
 from typing import Any
 
 import aiohttp.web_protocol
@@ -20,20 +22,33 @@ from aiohttp import web
 from prometheus_client import exposition as prometheus_exposition
 
 from connection_manager import ratelimit, transport
-from controller import admin_ops, context as context_module, json_input, openapi, partition, placement, topic as topic_controller
-from store import kv, local, models
+from controller import (
+    admin_ops,
+    admission,
+    context as context_module,
+    fanout,
+    json_input,
+    listing,
+    openapi,
+    partition,
+    placement,
+    topic as topic_controller,
+)
+from store import kv, models
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_WAIT_MS = 30_000
 # A create never holds a connection longer than this, whatever ?timeout= asks for.
 MAX_WAIT_MS = 600_000
-# A watch client that accepts nothing for this long is dropped (its listener would pin tombstones).
-WATCH_STALL_SECONDS = 60.0
 # How often an idle JSON-lines watch checks that its client is still connected.
 WATCH_DISCONNECT_POLL_SECONDS = 1.0
-# Events written to a JSON-lines watch per write (bounds one write's size and the loop time it takes).
-WATCH_BATCH = 500
+# A large answer is written in pieces of this size, each waiting for the client to take the previous
+# ones: a client that reads slowly holds one piece in the SC's memory, not a copy of the answer.
+WRITE_CHUNK = 64 * 1024
+# Rows of a replica map encoded to JSON per call: each call holds the GIL, and the loop gets it
+# back between calls (a 100,000-row map is 0.5 s of encoding in one call).
+PLACEMENT_ROWS_PER_ENCODE = 2000
 # A drain answers once no leadership has moved for this long (the rest cannot move).
 DRAIN_STALL_SECONDS = 3.0
 # Bodies may carry large manual replica assignments.
@@ -41,6 +56,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 
 CONTEXT = web.AppKey("context", context_module.Context)
 STOPPING = web.AppKey("stopping", asyncio.Event)
+FEEDS = web.AppKey("feeds", fanout.Feeds)
 
 # pydantic error types that mean "the JSON value has the wrong type" (400) rather than
 # "the value is of the right type but not acceptable" (422).
@@ -100,6 +116,9 @@ async def error_middleware(
     except ClientGone:
         response = error_response(400, "ClientClosedRequest", "the client closed its connection mid-request")
         response.force_close()
+    except admission.Busy as busy:
+        response = error_response(429, "TooManyRequests", busy.message)
+        response.headers["Retry-After"] = str(busy.retry_after)
     except web.HTTPException as error:
         if error.status < 400:
             raise
@@ -318,37 +337,102 @@ async def openapi_document(request: web.Request) -> web.Response:
 # ---------------------------------------------------------------------------- handlers: reads
 
 
-def _sort_key(kind: str) -> Callable[[models.ClusterObject], Any]:
-    if kind == "spus":
-        return lambda obj: (obj.spec.id, obj.name)  # type: ignore[attr-defined]
-    if kind == "partitions":
-        return lambda obj: (obj.topic, obj.index)  # type: ignore[attr-defined]
-    return lambda obj: obj.name
-
-
-def _topic_filter(request: web.Request, kind: str) -> Callable[[models.ClusterObject], bool] | None:
+def _topic_name(request: web.Request, kind: str) -> str | None:
     topic_name = request.query.get("topic")
-    if topic_name is None:
-        return None
-    if kind != "partitions":
+    if topic_name is not None and kind != "partitions":
         raise ApiError(422, "InvalidRequest", f"query parameter topic filters partitions only, not {kind}")
+    if topic_name is not None:
+        try:
+            models.validate_name(topic_name)
+        except ValueError as error:
+            raise ApiError(400, "MalformedRequest", f"query parameter topic must be a topic name: {error}") from None
+    return topic_name
+
+
+def _limit(request: web.Request) -> int | None:
+    if "limit" not in request.query:
+        return None
+    limit = _int_param(request, "limit", 0, listing.MAX_LIMIT)
+    if limit < 1:
+        # Not a number in its range: malformed, as API.md says of every query parameter.
+        raise ApiError(400, "MalformedRequest", f"query parameter limit is the page size, at least 1, got {limit}")
+    return limit
+
+
+def _after(request: web.Request, kind: str, topic_name: str | None, limit: int | None) -> listing.SortKey | None:
+    token = request.query.get("continue")
+    if token is None:
+        return None
+    if limit is None:
+        raise ApiError(
+            422, "InvalidRequest", "query parameter continue needs limit (the page size): pass ?limit=N&continue=TOKEN"
+        )
     try:
-        models.validate_name(topic_name)
-    except ValueError as error:
-        raise ApiError(400, "MalformedRequest", f"query parameter topic must be a topic name: {error}") from None
-    return lambda obj: obj.topic == topic_name  # type: ignore[attr-defined]
+        return listing.decode_token(token, kind, topic_name)
+    except listing.TokenError as error:
+        raise ApiError(
+            400, "MalformedRequest", f"query parameter continue: {error}; start the listing again without continue"
+        ) from None
 
 
-async def list_objects(request: web.Request) -> web.Response:
+async def list_objects(request: web.Request) -> web.StreamResponse:
+    """The objects of a kind in list order: all at once (a bare array, shared by identical concurrent
+    lists), or with ?limit= one page, whose X-Continue header resumes after its last object."""
     context = request.app[CONTEXT]
     kind = _kind(request)
-    keep = _topic_filter(request, kind)
+    topic_name = _topic_name(request, kind)
+    limit = _limit(request)
+    after = _after(request, kind, topic_name, limit)
     admin_ops.require_synced(context)
-    objects = [_shown(context, obj) for obj in context.local_store[kind].objects() if keep is None or keep(obj)]
-    objects.sort(key=_sort_key(kind))
-    # Each object is serialised by pydantic's own encoder: lists of 100,000 partitions stay cheap.
-    body = b"[" + b",".join(models.encode(obj) for obj in objects) + b"]"
-    return web.Response(body=body, content_type="application/json")
+    shown = functools.partial(_shown, context)
+    if limit is None:
+        answer = await context.lists.whole(kind, topic_name, shown, _shown_version(context, kind))
+    else:
+        answer = await context.lists.page(kind, topic_name, after, limit, shown)
+    headers = {"X-Revision": str(answer.revision)}
+    if answer.next_after is not None:
+        headers["X-Continue"] = listing.encode_token(kind, topic_name, answer.next_after)
+    if len(answer.body) <= WRITE_CHUNK:
+        return _small_json(answer.body, headers)
+    # Writing a large answer is expensive work too, even a shared one: a thousand clients each
+    # taking the same 5 MB keep the loop busy with nothing else.
+    async with context.gate.slot(admission.LIST):
+        return await _send_json(request, answer.body, headers)
+
+
+def _small_json(body: bytes, headers: dict[str, str]) -> web.Response:
+    return web.Response(body=body, content_type="application/json", headers=headers)
+
+
+async def _send_json(request: web.Request, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
+    """A JSON answer, written in pieces as the client takes them; a client that takes nothing for
+    client_stall_seconds is dropped (its connection aborted, not closed politely: that would wait
+    for it too)."""
+    if len(body) <= WRITE_CHUNK:
+        return _small_json(body, headers)
+    response = web.StreamResponse(headers=headers)
+    response.content_type = "application/json"
+    response.content_length = len(body)
+    await response.prepare(request)
+    stall = request.app[CONTEXT].settings.client_stall_seconds
+    view = memoryview(body)
+    try:
+        for start in range(0, len(body), WRITE_CHUNK):
+            async with asyncio.timeout(stall):
+                await response.write(view[start : start + WRITE_CHUNK])
+        await response.write_eof()
+    except TimeoutError:
+        log.info("dropping a client that took nothing of an answer", peer=request.remote, seconds=stall)
+        _abort(request)
+    except ConnectionError:
+        pass
+    return response
+
+
+def _abort(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
 
 
 async def get_object(request: web.Request) -> web.Response:
@@ -367,6 +451,13 @@ def _shown(context: context_module.Context, obj: models.ClusterObject) -> models
     if obj.kind != "partitions" or context.connections is None:
         return obj
     return partition.with_live_offsets(obj, context.connections.live.get(obj.name))  # type: ignore[arg-type]
+
+
+def _shown_version(context: context_module.Context, kind: str) -> Hashable:
+    """Changes whenever ``_shown`` would show some object of ``kind`` differently."""
+    if kind != "partitions" or context.connections is None:
+        return 0
+    return context.connections.live.reports
 
 
 async def drain_spu(request: web.Request) -> web.Response:
@@ -496,8 +587,10 @@ async def create_topic(request: web.Request) -> web.Response:
     dry_run = _bool_param(request, "dryRun")
     topic: models.Topic = parse_object("topics", await read_body(request))  # type: ignore[assignment]
     if dry_run:
-        result, spus = admin_ops.dry_run_topic(context, topic)
-        return web.json_response(placement.result_to_json(result, spus))
+        async with context.gate.slot(admission.DRY_RUN):
+            placement_request, _ = admin_ops.dry_run_request(context, topic)
+            body = await context.gate.offload(_placement_answer, placement_request, context.placers)
+            return await _send_json(request, body, {})
     with _budget(timeout_ms) as remaining_ms:
         revision = await admin_ops.create_topic(context, topic)
     return await _topic_answer(request, topic, revision, remaining_ms(), created=True)
@@ -610,21 +703,46 @@ async def delete_object(request: web.Request) -> web.Response:
 # ---------------------------------------------------------------------------- placement
 
 
-async def compute_placement(request: web.Request) -> web.Response:
+async def compute_placement(request: web.Request) -> web.StreamResponse:
+    """Parsing, placing and encoding run in the gate's worker thread: 100,000 partitions at RF 32 are
+    most of a second of CPU, which must not stop the loop (SPU heartbeats, /healthz)."""
     context = request.app[CONTEXT]
-    body = parse_json_object(await read_body(request), "(a placement request, as for `sc placement compute`)")
+    raw = await read_body(request)
     live_spus = None
-    if "spus" not in body:
-        admin_ops.require_synced(context)
+    if context.synced.is_set():
         snapshot = context.local_store.snapshot()
         live_spus = [spu for spu in topic_controller.spu_infos(snapshot) if spu.online]
+    async with context.gate.slot(admission.PLACEMENT):
+        body = await context.gate.offload(_placement_for, raw, live_spus, context.placers)
+        return await _send_json(request, body, {})
+
+
+def _placement_for(raw: bytes, live_spus: list[placement.SpuInfo] | None, placers: placement.Placers) -> bytes:
+    """The answer to a placement request body (in the worker thread; pure)."""
+    body = parse_json_object(raw, "(a placement request, as for `sc placement compute`)")
+    if "spus" not in body and live_spus is None:
+        raise ApiError(503, "NotSynced", "the SC is still loading its store; retry shortly (see /healthz)")
     try:
         placement_request = placement.request_from_json(body, default_spus=live_spus)
         _check_placement_size(placement_request)
-        result = placement.compute(placement_request, context.placers)
     except placement.PlacementError as error:
         raise ApiError(422, error.code, error.message) from None
-    return web.json_response(placement.result_to_json(result, placement_request.spus))
+    return _placement_answer(placement_request, placers)
+
+
+def _placement_answer(placement_request: placement.PlacementRequest, placers: placement.Placers) -> bytes:
+    """Place and encode ``{"replicaMap", "nextStartIndex", "balance"}`` (in the worker thread; pure)."""
+    try:
+        result = placement.compute(placement_request, placers)
+    except placement.PlacementError as error:
+        raise ApiError(422, error.code, error.message) from None
+    answer = placement.result_to_json(result, placement_request.spus)
+    rows: list[Any] = answer.pop("replicaMap")  # type: ignore[assignment]
+    pieces = [
+        json.dumps(rows[start : start + PLACEMENT_ROWS_PER_ENCODE])[1:-1]
+        for start in range(0, len(rows), PLACEMENT_ROWS_PER_ENCODE)
+    ]
+    return ('{"replicaMap": [' + ", ".join(pieces) + "], " + json.dumps(answer)[1:]).encode()
 
 
 def _check_placement_size(placement_request: placement.PlacementRequest) -> None:
@@ -640,44 +758,6 @@ def _check_placement_size(placement_request: placement.PlacementRequest) -> None
 # ---------------------------------------------------------------------------- watch
 
 
-def _event_line(event_type: str, revision: int, obj: models.ClusterObject | None) -> bytes:
-    encoded = b"null" if obj is None else models.encode(obj)
-    return b'{"type":"%s","revision":%d,"object":%s}' % (event_type.encode(), revision, encoded)
-
-
-def watch_events(
-    changes: local.Changes,
-    known: dict[str, local.Entry],
-    revision: int,
-    keep: Callable[[models.ClusterObject], bool] | None,
-) -> list[bytes]:
-    """The events that bring a client that saw ``known`` up to date; updates ``known``.
-
-    Level-based: intermediate states a slow client did not read are coalesced into the
-    latest one, so nothing queues up in the daemon for it.
-    """
-    lines = []
-    if changes.full:
-        fresh = {entry.name: entry for entry in changes.updated if keep is None or keep(entry.obj)}
-        for name in [name for name in known if name not in fresh]:
-            lines.append(_event_line("DELETED", revision, known.pop(name).obj))
-        updated: Iterable[local.Entry] = fresh.values()
-    else:
-        updated = (entry for entry in changes.updated if keep is None or keep(entry.obj))
-    for entry in updated:
-        previous = known.get(entry.name)
-        if previous is None:
-            lines.append(_event_line("ADDED", entry.mod_revision, entry.obj))
-        elif previous.obj is not entry.obj and previous.obj != entry.obj:
-            lines.append(_event_line("MODIFIED", entry.mod_revision, entry.obj))
-        known[entry.name] = entry
-    for name in changes.deleted:
-        gone = known.pop(name, None)
-        if gone is not None:
-            lines.append(_event_line("DELETED", revision, gone.obj))
-    return lines
-
-
 class _LinesSink:
     """A chunked HTTP response of JSON lines."""
 
@@ -685,9 +765,11 @@ class _LinesSink:
         self.request = request
         self.response = response
 
-    async def send(self, lines: list[bytes]) -> None:
-        for start in range(0, len(lines), WATCH_BATCH):
-            await self.response.write(b"\n".join(lines[start : start + WATCH_BATCH]) + b"\n")
+    async def send_lines(self, lines: list[bytes]) -> None:
+        await self.response.write(b"\n".join(lines) + b"\n")
+
+    async def send_batch(self, batch: fanout.Batch) -> None:
+        await self.response.write(batch.chunk)  # the same bytes for every JSON-lines watcher
 
     async def until_gone(self) -> None:
         # aiohttp does not cancel a handler whose client left; look at the transport instead.
@@ -708,9 +790,12 @@ class _WebSocketSink:
     def __init__(self, websocket: web.WebSocketResponse) -> None:
         self.response = websocket
 
-    async def send(self, lines: list[bytes]) -> None:
+    async def send_lines(self, lines: list[bytes]) -> None:
         for line in lines:
-            await self.response.send_str(line.decode())
+            await self.response.send_frame(line, web.WSMsgType.TEXT)
+
+    async def send_batch(self, batch: fanout.Batch) -> None:
+        await self.send_lines(batch.lines)
 
     async def until_gone(self) -> None:
         async for _ in self.response:
@@ -731,57 +816,77 @@ async def _cancel(*tasks: asyncio.Future[Any]) -> None:
 async def watch(request: web.Request) -> web.StreamResponse:
     context = request.app[CONTEXT]
     kind = _kind(request)
-    keep = _topic_filter(request, kind)
+    topic_name = _topic_name(request, kind)
     admin_ops.require_synced(context)
-    websocket = web.WebSocketResponse(heartbeat=30.0)
-    sink: _LinesSink | _WebSocketSink
-    if websocket.can_prepare(request).ok:
-        await websocket.prepare(request)
-        sink = _WebSocketSink(websocket)
-    else:
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await response.prepare(request)
-        sink = _LinesSink(request, response)
+    # Not compressed: compressing would cost every watcher its own CPU for the same bytes.
+    websocket = web.WebSocketResponse(heartbeat=30.0, compress=False)
+    upgrade = websocket.can_prepare(request).ok
+    watcher = context.watchers.admit("websocket" if upgrade else "http", kind, request.remote or "unknown")
     try:
-        await _stream(context.local_store[kind], keep, sink, request.app[STOPPING])
+
+        def dropped(reason: str) -> None:
+            watcher.dropped(reason)
+            log.info("dropping a watch stream that fell behind", peer=request.remote, kind=kind, reason=reason)
+            _abort(request)
+
+        keep = None if topic_name is None else functools.partial(_of_topic, topic_name)
+        subscriber = await request.app[FEEDS].subscribe(
+            kind, topic_name, keep, context.settings.watch_buffer_bytes, dropped
+        )
+        try:
+            sink: _LinesSink | _WebSocketSink
+            if upgrade:
+                await websocket.prepare(request)
+                sink = _WebSocketSink(websocket)
+            else:
+                response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+                await response.prepare(request)
+                sink = _LinesSink(request, response)
+            await _stream(subscriber, sink, request.app[STOPPING], context.settings.client_stall_seconds)
+        finally:
+            subscriber.close()
+        if subscriber.dropped is None:
+            await sink.finish()
     finally:
-        await sink.finish()
+        watcher.release()
     return sink.response
 
 
+def _of_topic(topic_name: str, obj: models.ClusterObject) -> bool:
+    return obj.topic == topic_name  # type: ignore[attr-defined, no-any-return]
+
+
 async def _stream(
-    table: local.KindStore,
-    keep: Callable[[models.ClusterObject], bool] | None,
-    sink: _LinesSink | _WebSocketSink,
-    stopping: asyncio.Event,
+    subscriber: fanout.Subscriber, sink: _LinesSink | _WebSocketSink, stopping: asyncio.Event, stall: float
 ) -> None:
-    listener = table.listener(local.Part.ALL)
+    """The subscriber's snapshot, then its batches as they come, until the client or the SC leaves or
+    the subscriber is dropped; a write the client takes nothing of for ``stall`` seconds drops it."""
+
+    async def sent(write: Awaitable[None]) -> bool:
+        try:
+            async with asyncio.timeout(stall):
+                await write
+        except TimeoutError:
+            subscriber.drop("stalled")
+            return False
+        except ConnectionError:
+            return False
+        return subscriber.dropped is None
+
     stopped = asyncio.ensure_future(stopping.wait())
     gone = asyncio.ensure_future(sink.until_gone())
-    known: dict[str, local.Entry] = {}
-    first = True
+    # Either ends the subscriber's wait: one await per batch, not a wait on three futures.
+    stopped.add_done_callback(lambda _: subscriber.end())
+    gone.add_done_callback(lambda _: subscriber.end())
     try:
-        while True:
-            changes = listener.changes()
-            lines = watch_events(changes, known, table.revision, keep)
-            if first:
-                lines.append(_event_line("SYNC", table.revision, None))
-                first = False
-            if lines:
-                try:
-                    async with asyncio.timeout(WATCH_STALL_SECONDS):
-                        await sink.send(lines)
-                except (ConnectionError, TimeoutError):
-                    return
-            changed = asyncio.ensure_future(listener.wait())
-            try:
-                await asyncio.wait((changed, stopped, gone), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                await _cancel(changed)
-            if stopped.done() or gone.done():
+        for lines in subscriber.snapshot_batches():
+            if subscriber.ended or not await sent(sink.send_lines(lines)):
                 return
+        while batches := await subscriber.next():
+            for batch in batches:
+                if not await sent(sink.send_batch(batch)):
+                    return
     finally:
-        listener.close()
         await _cancel(stopped, gone)
 
 
@@ -792,6 +897,7 @@ def build_app(context: context_module.Context) -> web.Application:
     app = web.Application(middlewares=[transport.middleware, error_middleware], client_max_size=MAX_BODY_BYTES)
     app[CONTEXT] = context
     app[STOPPING] = asyncio.Event()
+    app[FEEDS] = fanout.Feeds(context.local_store, context.watchers.encodings)
     app[TOPIC_WAITS] = admin_ops.Settlements(context.local_store["topics"])
     app[GROUP_WAITS] = admin_ops.Settlements(context.local_store["spu-groups"])
     app.cleanup_ctx.append(_settlements)
@@ -826,6 +932,11 @@ async def _settlements(app: web.Application) -> Any:
     ]
     yield
     await _cancel(*tasks)
+    await app[FEEDS].close()
+    # The context's list answers and worker thread are the API's to end (the Fluvio sessions that
+    # share them are closed before the application is cleaned up).
+    await app[CONTEXT].lists.close()
+    app[CONTEXT].gate.close()
 
 
 async def _stop_streams(app: web.Application) -> None:

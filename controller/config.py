@@ -82,6 +82,20 @@ class Settings(BaseSettings):
     max_buffered_request_bytes: Annotated[int, Field(ge=1024 * 1024)] = 128 * 1024 * 1024
     unclean_leader_election: bool = False
     leader_rebalance_batch: Annotated[int, Field(ge=0)] = 100
+    # Expensive reads (whole lists, placement and dry runs, Fluvio List) admitted at once, how many
+    # more may wait for a slot and for how long; beyond, HTTP 429 with Retry-After.
+    max_expensive_requests: Annotated[int, Field(ge=1)] = 8
+    max_expensive_queue: Annotated[int, Field(ge=0)] = 64
+    expensive_queue_seconds: Seconds = 5.0
+    # Encoded list answers kept for identical lists of an unchanged store (bytes, all kinds together).
+    list_cache_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
+    # Watch streams (HTTP, WebSocket, Fluvio) open at once, in all and from one client address.
+    max_watchers: Annotated[int, Field(ge=1)] = 1024
+    max_watchers_per_address: Annotated[int, Field(ge=1)] = 256
+    # Changes queued for one HTTP watcher that has not taken them yet; beyond, it is dropped.
+    watch_buffer_bytes: Annotated[int, Field(ge=64 * 1024)] = 16 * 1024 * 1024
+    # A watcher or a list reader that accepts no bytes for this long is dropped (connection aborted).
+    client_stall_seconds: Seconds = 30.0
     log_format: LogFormat = LogFormat.AUTO
     log_level: str = "info"
     # NoDecode: SC_PLACEMENT_PLUGINS is written like the flags (NAME=module:Class,...), not as JSON.

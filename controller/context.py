@@ -9,7 +9,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from connection_manager import server as cm_server
-from controller import config, metrics, placement
+from controller import admission, config, listing, metrics, placement
 from store import active_sc, history, kv, local, supervisor as supervisor_module
 
 
@@ -31,3 +31,15 @@ class Context:
     active: active_sc.ActiveSc | None = None
     # The operator's placement plug-ins, created at start, by the name a topic's strategy gives them.
     placers: placement.Placers = field(default_factory=dict)
+    # Built from the settings: the gate every expensive read passes (HTTP and Fluvio alike), the
+    # registry of watch streams, and the list answers.
+    gate: admission.Gate = field(init=False)
+    watchers: admission.Watchers = field(init=False)
+    lists: listing.Lists = field(init=False)
+
+    def __post_init__(self) -> None:
+        settings = self.settings
+        self.gate = admission.Gate(settings.max_expensive_requests, settings.max_expensive_queue, settings.expensive_queue_seconds)
+        self.watchers = admission.Watchers(settings.max_watchers, settings.max_watchers_per_address)
+        self.lists = listing.Lists(self.local_store, self.gate, settings.list_cache_bytes)
+        self.metrics.watch_reads(self.gate, self.watchers, self.lists)

@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from controller import listing
 from store import models
 
 KIND_SCHEMAS = {"spus": "Spu", "spu-groups": "SpuGroup", "topics": "Topic", "partitions": "Partition"}
@@ -119,6 +120,45 @@ _FORCE = {
 }
 
 _WARNINGS = {"type": "array", "items": {"type": "string"}}
+_LIMIT = {
+    "name": "limit",
+    "in": "query",
+    "required": False,
+    "description": f"Page size: answer at most this many objects, in list order (1 to {listing.MAX_LIMIT}). Without it, "
+    "every object in one answer. The X-Continue header of a page that is not the last resumes after it.",
+    "schema": {"type": "integer", "minimum": 1, "maximum": listing.MAX_LIMIT},
+}
+_CONTINUE = {
+    "name": "continue",
+    "in": "query",
+    "required": False,
+    "description": "The X-Continue header of the previous page (needs limit; the same kind and topic filter). The "
+    "next page starts after the last object of the previous one, as the store is now: an object present for "
+    "the whole walk is listed exactly once; one created or deleted meanwhile may or may not be. A token this "
+    "SC did not issue for this listing is 400.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": listing.MAX_TOKEN_LENGTH, "pattern": "^[A-Za-z0-9_-]+$"},
+}
+_LIST_HEADERS = {
+    "X-Revision": {
+        "description": "A store revision at which the kind held exactly these objects",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+    "X-Continue": {
+        "description": "Present on a page that is not the last: pass it as continue for the next page",
+        "schema": {"type": "string"},
+    },
+}
+
+
+def _busy(what: str) -> dict[str, Any]:
+    return {
+        "description": f"TooManyRequests: {what}; retry after Retry-After seconds",
+        "headers": {"Retry-After": {"description": "Seconds to wait before retrying", "schema": {"type": "integer", "minimum": 1}}},
+        "content": {"application/json": {"schema": _ref("Error")}},
+    }
+
+
+_EXPENSIVE_BUSY = "every slot for expensive requests (max_expensive_requests) is taken and the queue is full or this request waited too long"
 
 _COMMON_ERRORS = {
     "400": _error(
@@ -175,11 +215,21 @@ def _paths() -> dict[str, Any]:
         "/v1/{kind}": {
             "get": _operation(
                 "List the objects of a kind (SPUs by id, partitions by topic and index, others by name)",
-                parameters=(_KIND, _TOPIC_FILTER),
-                r200=_json({"type": "array", "items": any_object}, "Every object of the kind"),
-                r400=_error("topic is not a topic name"),
+                description="Without limit, every object; identical lists at the same store state share one "
+                "encoded answer. With limit, one page; its X-Continue header gives the next. Whole lists and "
+                "pages are expensive requests: beyond the SC's slots and queue, 429 with Retry-After.",
+                parameters=(_KIND, _TOPIC_FILTER, _LIMIT, _CONTINUE),
+                r200={
+                    **_json({"type": "array", "items": any_object}, "The objects (of the page, with limit)"),
+                    "headers": _LIST_HEADERS,
+                },
+                r400=_error(
+                    "topic is not a topic name, limit is not a whole number in range, or continue is not a token "
+                    "this SC issued for this listing"
+                ),
                 r404=_error("Unknown kind"),
-                r422=_error("topic given for a kind other than partitions"),
+                r422=_error("topic given for a kind other than partitions; limit out of range; continue without limit"),
+                r429=_busy(_EXPENSIVE_BUSY),
                 r503=unavailable,
             )
         },
@@ -327,6 +377,7 @@ def _paths() -> dict[str, Any]:
                     "plug-in), TopicTooLarge (it would not fit in one etcd request: the message names the limit and "
                     "the most partitions that fit), or (dryRun) InsufficientResources"
                 ),
+                r429=_busy("(dryRun) " + _EXPENSIVE_BUSY),
                 r503=unavailable,
             )
         },
@@ -356,6 +407,7 @@ def _paths() -> dict[str, Any]:
                 r200=_json(_ref("PlacementResult"), "The placement"),
                 r400=malformed,
                 r422=_error("InvalidConfig or InsufficientResources"),
+                r429=_busy(_EXPENSIVE_BUSY),
                 r503=unavailable,
             )
         },
@@ -363,9 +415,11 @@ def _paths() -> dict[str, Any]:
             "get": _operation(
                 "Stream every object, a SYNC marker, then each change",
                 description="JSON lines (application/x-ndjson), or one WebSocket text message per event when "
-                "the client asks for an upgrade. Level-based: a slow reader gets the latest state of "
-                "each object, intermediate states may be coalesced. DELETED carries the last state "
-                "sent; its revision is one at which the object is known absent.",
+                "the client asks for an upgrade. Changes that arrive together may be coalesced into the "
+                "latest state of each object. Every watcher gets the same events; one that has not taken "
+                "watch_buffer_bytes of them, or takes nothing for client_stall_seconds, is dropped (the "
+                "connection is reset) and should watch again. DELETED carries the last state sent; its "
+                "revision is one at which the object is known absent.",
                 parameters=(_KIND, _TOPIC_FILTER),
                 r200={
                     "description": "The event stream",
@@ -374,6 +428,7 @@ def _paths() -> dict[str, Any]:
                 r400=_error("topic is not a topic name"),
                 r404=_error("Unknown kind"),
                 r422=_error("topic given for a kind other than partitions"),
+                r429=_busy("the SC serves max_watchers watch streams, or max_watchers_per_address to this client"),
                 r503=unavailable,
             )
         },
@@ -536,10 +591,11 @@ def document() -> dict[str, Any]:
             "version": "1",
             "description": "The SC's HTTP API on the public port (default 9003); see API.md. Errors are "
             '{"error": {"code", "message"}}; 400 malformed, 404 absent, 409 exists or conflict, '
-            "422 well-formed but invalid, 503 store unavailable or not synced; a request body is refused with 413 "
-            "above 16 MiB (before it is read when its Content-Length says so), 408 when it pauses longer than "
-            "client_body_timeout, 503 (Busy) when max_buffered_request_bytes are being received already. An "
-            "integer is a JSON number written without a fraction or exponent (1.0 is malformed), of at most 20 digits.",
+            "422 well-formed but invalid, 429 too many expensive requests or watchers (with Retry-After), 503 "
+            "store unavailable or not synced; a request body is refused with 413 above 16 MiB (before it is read "
+            "when its Content-Length says so), 408 when it pauses longer than client_body_timeout, 503 (Busy) when "
+            "max_buffered_request_bytes are being received already. An integer is a JSON number written without a "
+            "fraction or exponent (1.0 is malformed), of at most 20 digits.",
         },
         "paths": _paths(),
         "components": {"schemas": {**objects, **_extra_schemas(objects)}},

@@ -183,12 +183,19 @@ def dry_run(
     snapshot: local.Snapshot, topic: models.Topic, placers: placement.Placers = NO_PLACERS
 ) -> placement.PlacementResult:
     """The placement ``topic`` would get now, without deciding anything (the API's dryRun)."""
+    return placement.compute(dry_run_request(snapshot, topic, placers), placers)
+
+
+def dry_run_request(
+    snapshot: local.Snapshot, topic: models.Topic, placers: placement.Placers = NO_PLACERS
+) -> placement.PlacementRequest:
+    """What ``dry_run`` computes, taken from ``snapshot``: the caller may compute it later, elsewhere
+    (the request holds no reference to the store)."""
     spus = spu_infos(snapshot)
     problem = validate(topic, spus, placers)
     if problem is not None:
         raise problem
-    request = placement_request(topic, spus, read_chain(snapshot).start_index, _assignment(snapshot))
-    return placement.compute(request, placers)
+    return placement_request(topic, spus, read_chain(snapshot).start_index, _assignment(snapshot))
 
 
 def _load_aware(topic: models.ClusterObject) -> bool:

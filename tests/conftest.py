@@ -6,8 +6,15 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from store import kv, memory
+
+# Property tests explore the same examples on every run (no test may pass or fail by luck); the
+# "explore" profile (`pytest --hypothesis-profile=explore`) searches afresh, to look for new cases.
+hypothesis_settings.register_profile("deterministic", derandomize=True, database=None)
+hypothesis_settings.register_profile("explore", derandomize=False)
+hypothesis_settings.load_profile("deterministic")
 
 pytest_plugins = ["tests.fixtures.etcd", "tests.fixtures.daemon", "tests.fixtures.spark"]
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from controller import admin_ops, context as context_module
+from controller import admin_ops, admission, context as context_module
 from controller.fluvio import codec, mapping
 from store import kv, local, models
 
@@ -178,6 +178,8 @@ class Admin:
             return failure(name, errors.get(error.code, default), error.message)
         except kv.Unavailable as error:
             return failure(name, Error.OTHER, f"the KV store is unavailable ({error}); retry shortly")
+        except admission.Busy as busy:
+            return failure(name, Error.OTHER, busy.message)
         except Exception:
             request_id = secrets.token_hex(6)
             log.exception("unexpected error answering a Fluvio request", request_id=request_id, request=repr(request)[:500])
@@ -214,7 +216,7 @@ class Admin:
         mapping.check_topic_config(request.spec)
         topic = mapping.topic_from_create(name, request.spec)
         if request.dry_run:
-            admin_ops.dry_run_topic(self.context, topic)
+            await admin_ops.dry_run_topic(self.context, topic)
             return codec.Status(name)
         with kv.budget(self.create_wait):  # an etcd leader change costs time, not the create
             revision = await admin_ops.create_topic(self.context, topic)

@@ -1213,7 +1213,12 @@ Response = ApiVersionsResponse | Status | ListResponse | WatchResponse
 
 def response_frame(correlation_id: int, body: bytes | bytearray) -> bytes:
     """A whole response frame: length, correlation id, body."""
-    return (len(body) + 4).to_bytes(4, "big") + correlation_id.to_bytes(4, "big", signed=True) + bytes(body)
+    return response_header(correlation_id, len(body)) + bytes(body)
+
+
+def response_header(correlation_id: int, body_length: int) -> bytes:
+    """A response frame's length and correlation id, for a body sent right after it."""
+    return (body_length + 4).to_bytes(4, "big") + correlation_id.to_bytes(4, "big", signed=True)
 
 
 def list_body(label: str, items: Sequence[bytes]) -> bytes:

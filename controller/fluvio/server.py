@@ -2,8 +2,9 @@
 ApiVersions, List, and Watch streams fed from the local store; writes go to fluvio.admin.
 
 Only an undecodable or oversized frame, a frame too slow to arrive (its length within the header
-timeout, its bytes as a request body's), or idleness with no watch and nothing in flight closes a
-connection, and only that one.
+timeout, its bytes as a request body's), idleness with no watch and nothing in flight, a watch past
+the limits, or a client that takes nothing for client_stall_seconds closes a connection, and only
+that one.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import structlog
 
 from connection_manager import ratelimit, transport
-from controller import context as context_module
+from controller import admission, context as context_module, listing
 from controller.fluvio import admin as admin_module, codec, mapping
 from store import local, models
 
@@ -39,12 +40,18 @@ MAX_WATCHES = 256
 # A watch waits this long after a change before building its frame, so a burst goes out as one
 # frame: the client buffers only 10 frames per watch before its whole connection stalls.
 WATCH_LINGER_SECONDS = 0.02
-# A client that accepts no bytes for this long is disconnected (its watches would pin tombstones).
-WRITE_STALL_SECONDS = 60.0
 # Frames above this are read in chunks of it into a buffer of their size.
 READ_CHUNK = 256 * 1024
 # A closing connection's last answers get this long to leave before they are dropped.
 CLOSE_SECONDS = 5.0
+# A List refused for load is answered under this label: the client fails that one call ("downcast
+# error") and keeps its connection and watches; a List answer has no error field, and closing the
+# connection would break every later call of the client.
+BUSY_LABEL = "Busy"
+# A reply body at least this large is written after its frame header rather than copied behind it,
+# so that a List answer shared by many connections is not copied once per connection; it is written
+# in pieces of this size as the client takes them, holding a slot of the expensive-work gate.
+LARGE_BODY_BYTES = 64 * 1024
 # Items encoded between two yields to the loop: a first list of 100,000 partitions must not hold
 # up every other connection (and the HTTP API) while it is encoded.
 ENCODE_CHUNK = 1000
@@ -141,21 +148,35 @@ class FluvioServer:
 
     async def list_body(self, request: codec.ListRequest, version: int) -> bytes:
         """Topic: name filters are substrings OR-ed, and system selects system topics (we have none);
-        Partition: filters ignored; SPU, CustomSpu, SpuGroup: substring filters. Unserved labels: []."""
+        Partition: filters ignored; SPU, CustomSpu, SpuGroup: substring filters. Unserved labels: [].
+
+        Built once per version of the table for every identical List (and kept while the table does
+        not change), inside a slot of the expensive-work gate (admission.Busy if none comes)."""
         label = request.label
         served = mapping.ITEMS.get(label)
         if served is None or (request.system and label in (codec.TOPIC, codec.PARTITION)):
             return codec.list_body(label, [])
         kind, keep, _ = served
         table = self.context.local_store[kind]
-        objects = [obj for obj in table.objects() if keep is None or keep(obj)]
-        filters = request.name_filters
-        if filters and label != codec.PARTITION:
-            objects = [obj for obj in objects if any(part in obj.name for part in filters)]
-        objects.sort(key=_SORT_KEYS.get(kind, lambda obj: obj.name))
-        encoded = await self.encode_all(label, version, objects)
-        self.items.prune(label, version, table.view)
-        return codec.list_body(label, [item for item in encoded if item is not None])
+        filters = tuple(request.name_filters) if label != codec.PARTITION else ()
+        lists = self.context.lists
+
+        async def build(taken: Callable[[int], None]) -> listing.Answer:
+            async with self.context.gate.slot(admission.FLUVIO_LIST):
+                view = table.view
+                objects = [view[name].obj for name in lists.names(kind)]
+                revision = table.revision
+                taken(table.epoch)
+                if keep is not None:
+                    objects = [obj for obj in objects if keep(obj)]
+                if filters:
+                    objects = [obj for obj in objects if any(part in obj.name for part in filters)]
+                encoded = await self.encode_all(label, version, objects)
+                self.items.prune(label, version, table.view)
+                return listing.Answer(codec.list_body(label, [item for item in encoded if item is not None]), revision)
+
+        answer = await lists.answers.get(("fluvio", label, version, filters), table.epoch, None, build)
+        return answer.body
 
 
 class _ClosedMidFrame(Exception):
@@ -171,8 +192,11 @@ class Session:
         self.server = server
         self.reader = reader
         self.writer = writer
-        self.peer = str(writer.get_extra_info("peername"))
-        self._replies: collections.deque[bytes] = collections.deque()
+        peer = writer.get_extra_info("peername")
+        self.peer = str(peer)
+        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+        # (frame header, body, what gives back the gate slot its writing holds, if any)
+        self._replies: collections.deque[tuple[bytes, bytes, Callable[[], None] | None]] = collections.deque()
         # Watches with a frame to build, in the order they asked (an ordered set).
         self._dirty: dict[WatchStream, None] = {}
         self._wake = asyncio.Event()
@@ -180,6 +204,8 @@ class Session:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._watches = 0
+        # The admitted watch streams of this connection (counted against max_watchers).
+        self.watchers: set[admission.Watcher] = set()
 
     async def run(self) -> None:
         reading = asyncio.create_task(self._read_loop(), name="fluvio-read")
@@ -190,8 +216,19 @@ class Session:
             tasks = [reading, writing, *self._tasks]
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self.writer.close()
+            try:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            finally:
+                # Even if the server's close cancels this task right here: the socket is closed,
+                # and gate slots held for replies never written are given back.
+                for watcher in self.watchers:
+                    watcher.release()
+                self.watchers.clear()
+                for _, _, release in self._replies:
+                    if release is not None:
+                        release()
+                self._replies.clear()
+                self.writer.close()
             with contextlib.suppress(ConnectionError, OSError, TimeoutError):
                 async with asyncio.timeout(CLOSE_SECONDS):
                     await self.writer.wait_closed()
@@ -303,13 +340,35 @@ class Session:
             # Before the store has synced a list would be empty, not true.
             await self.server.context.synced.wait()
         if isinstance(body, codec.ListRequest):
-            self.reply(correlation_id, await self.server.list_body(body, version))
+            gate = self.server.context.gate
+            try:
+                answer = await self.server.list_body(body, version)
+                release = None
+                if len(answer) >= LARGE_BODY_BYTES:
+                    # Writing it is expensive work too (a thousand clients taking the same 5 MB):
+                    # the slot is held until it is written.
+                    await gate.acquire(admission.FLUVIO_LIST)
+                    release = gate.release
+                self.reply(correlation_id, answer, release)
+            except admission.Busy as busy:
+                self.server.log.warning("fluvio:list-busy", "refusing Fluvio Lists: the SC is busy", peer=self.peer, label=body.label, reason=busy.message)
+                self.reply(correlation_id, codec.list_body(BUSY_LABEL, []))
         elif isinstance(body, codec.WatchRequest):
             self._watches += 1
             if self._watches > MAX_WATCHES:
                 self.server.log.warning("fluvio:too-many-watches", "closing Fluvio connections: too many watches", peer=self.peer, limit=MAX_WATCHES)
                 return False
-            self._spawn(WatchStream(self, correlation_id, body.label, version).run(), "fluvio-watch")
+            watch = WatchStream(self, correlation_id, body.label, version)
+            if watch.table is not None:
+                # A watch holds a listener and what its client knows: it counts against the limits.
+                # Its frames have no error field; closing tells the client, which can connect again later.
+                try:
+                    watch.watcher = self.server.context.watchers.admit("fluvio", watch.table.kind, self.address)
+                except admission.Busy as busy:
+                    self.server.log.warning("fluvio:watch-refused", "closing Fluvio connections: a watch was refused", peer=self.peer, reason=busy.message)
+                    return False
+                self.watchers.add(watch.watcher)
+            self._spawn(watch.run(), "fluvio-watch")
         else:
             await self._slots.acquire()
             self._spawn(self._answer(correlation_id, version, body), "fluvio-request")
@@ -331,8 +390,8 @@ class Session:
 
     # ------------------------------------------------------------------ writing
 
-    def reply(self, correlation_id: int, body: bytes) -> None:
-        self._replies.append(codec.response_frame(correlation_id, body))
+    def reply(self, correlation_id: int, body: bytes, release: Callable[[], None] | None = None) -> None:
+        self._replies.append((codec.response_header(correlation_id, len(body)), body, release))
         self._wake.set()
 
     def watch_ready(self, watch: WatchStream) -> None:
@@ -343,31 +402,54 @@ class Session:
         """Replies first, then one frame per ready watch in turn, built at send time so that changes
         arriving while the socket is busy coalesce into it."""
         while True:
-            data: bytes | None
             if self._replies:
-                data = self._replies.popleft()
+                header, body, release = self._replies.popleft()
                 self._room.set()
+                try:
+                    sent = await self._send(header, body)
+                finally:
+                    if release is not None:
+                        release()
             elif self._dirty:
                 watch = next(iter(self._dirty))
                 del self._dirty[watch]
-                data = await watch.build_frame()
+                frame = await watch.build_frame()
+                if frame is None:
+                    continue
+                sent = await self._send(frame, b"")
             else:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if data is None:
-                continue
-            try:
-                self.writer.write(data)
-                async with asyncio.timeout(WRITE_STALL_SECONDS):
+            if not sent:
+                return
+
+    async def _send(self, header: bytes, body: bytes) -> bool:
+        """Write one frame (a large body in pieces, not copied); False when the connection is done
+        for. A client that takes nothing for client_stall_seconds is dropped: its connection is
+        aborted, since closing it politely would wait for the client to take what is queued."""
+        stall = self.server.context.settings.client_stall_seconds
+        if len(body) < LARGE_BODY_BYTES:
+            pieces: list[bytes | memoryview] = [header + body]
+        else:
+            view = memoryview(body)
+            pieces = [header, *(view[start : start + LARGE_BODY_BYTES] for start in range(0, len(body), LARGE_BODY_BYTES))]
+        try:
+            for piece in pieces:
+                self.writer.write(piece)
+                async with asyncio.timeout(stall):
                     await self.writer.drain()
-            except TimeoutError:
-                self.server.log.warning(
-                    "fluvio:write-stall", "closing Fluvio connections: the client read nothing for a while", peer=self.peer, seconds=WRITE_STALL_SECONDS
-                )
-                return
-            except (ConnectionError, OSError):
-                return
+        except TimeoutError:
+            self.server.log.warning(
+                "fluvio:write-stall", "dropping Fluvio connections: the client took nothing for a while", peer=self.peer, seconds=stall
+            )
+            for watcher in self.watchers:
+                watcher.dropped("stalled")
+            self.writer.transport.abort()
+            return False
+        except (ConnectionError, OSError):
+            return False
+        return True
 
 
 class WatchStream:
@@ -389,6 +471,7 @@ class WatchStream:
             kind, self.keep, _ = served
             self.table = session.server.context.local_store[kind]
         self.listener: local.Listener | None = None
+        self.watcher: admission.Watcher | None = None
         self.known: dict[str, models.ClusterObject] = {}
         self.first = True
         self._built = asyncio.Event()

@@ -46,10 +46,10 @@ async def server() -> AsyncIterator[ApiServer]:
 
 
 class ApiServer:
-    def __init__(self, kv_store: kv.KVStore | None = None) -> None:
+    def __init__(self, kv_store: kv.KVStore | None = None, settings: config.Settings | None = None) -> None:
         self.kv_store = kv_store or memory.MemoryStore()
         self.context = context_module.Context(
-            settings=config.Settings(), kv_store=self.kv_store, local_store=local.LocalStore(), metrics=metrics.Metrics()
+            settings=settings or config.Settings(), kv_store=self.kv_store, local_store=local.LocalStore(), metrics=metrics.Metrics()
         )
         self.context.metrics.watch_local_store(self.context.local_store)
         self.app = api.build_app(self.context)

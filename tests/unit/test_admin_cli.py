@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from controller import cli
+from controller import admin_cli, cli, config
 from store import models
 from tests.unit import api_server
 from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)
@@ -334,6 +334,34 @@ async def test_partition_list(server: api_server.ApiServer, sc: Sc) -> None:
     )
     code, out, _ = await sc("partition", "list", "-o", "json")
     assert (code, [obj["name"] for obj in json.loads(out)]) == (0, ["a-0", "a-1", "b-0"])
+
+
+async def test_lists_are_read_in_pages_to_the_end(server: api_server.ApiServer, sc: Sc, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admin_cli, "PAGE_SIZE", 7)
+    names = [f"t{number}-{index}" for number in range(3) for index in range(20)]
+    await server.put(*(partition(name, [1]) for name in names))
+    code, out, _ = await sc("partition", "list", "-o", "json")
+    assert (code, [obj["name"] for obj in json.loads(out)]) == (0, names)
+    code, out, _ = await sc("partition", "list", "--topic", "t1", "-o", "json")
+    assert (code, [obj["name"] for obj in json.loads(out)]) == (0, names[20:40])
+    assert server.context.gate.admitted["list"] == 9 + 3  # 60 partitions in pages of 7, then 20
+
+
+async def test_a_list_refused_for_load_is_tried_again_after_retry_after() -> None:
+    server = api_server.ApiServer(settings=config.Settings(max_expensive_requests=1, max_expensive_queue=0, expensive_queue_seconds=1))
+    await server.start()
+    try:
+        await server.put(topic("a"))
+        holder = server.context.gate.slot("placement")
+        await holder.__aenter__()
+        listing = asyncio.create_task(asyncio.to_thread(cli.main, ["topic", "list", "-o", "json", "--sc", server.url]))
+        while not server.context.gate.refused:
+            await asyncio.sleep(0.01)
+        await holder.__aexit__(None, None, None)  # free before the CLI's next try (Retry-After: 1 s)
+        assert await asyncio.wait_for(listing, 30) == 0
+        assert server.context.gate.refused == {"list": 1}
+    finally:
+        await server.stop()
 
 
 # ---------------------------------------------------------------------------- reaching the SC

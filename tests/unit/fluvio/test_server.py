@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -36,10 +37,13 @@ def partition(name: str, replicas: list[int]) -> models.Partition:
 class StoreServer:
     """A FluvioServer on 127.0.0.1 over a local store that the test writes itself."""
 
-    def __init__(self) -> None:
+    def __init__(self, settings: config.Settings | None = None) -> None:
         self.local_store = local.LocalStore()
         self.context = context_module.Context(
-            settings=config.Settings(), kv_store=memory.MemoryStore(), local_store=self.local_store, metrics=metrics.Metrics()
+            settings=settings or config.Settings(),
+            kv_store=memory.MemoryStore(),
+            local_store=self.local_store,
+            metrics=metrics.Metrics(),
         )
         self.server = server_module.FluvioServer(self.context)
         self.revision = 0
@@ -60,6 +64,7 @@ class StoreServer:
         assert self.listening is not None
         self.listening.close()
         await self.server.close()
+        await self.context.lists.close()
         await self.context.kv_store.close()
 
     def apply(self, *objs: models.ClusterObject) -> None:
@@ -351,3 +356,115 @@ async def test_large_answers_are_encoded_in_chunks_between_other_work(
     assert codec.decode_response(codec.response_frame(1, body)[4:], codec.LIST, 19)[1] == codec.ListResponse(
         codec.TOPIC, [item(codec.TOPIC, topic(f"t-{index:03d}")) for index in range(100)]
     )
+
+
+# ---------------------------------------------------------------------------- load
+
+
+@contextlib.asynccontextmanager
+async def serving(**settings: Any) -> AsyncIterator[StoreServer]:
+    running = StoreServer(config.Settings(**settings))
+    await running.start()
+    try:
+        yield running
+    finally:
+        await running.stop()
+
+
+async def test_a_client_that_takes_nothing_is_dropped_at_the_stall_deadline_and_its_socket_closed() -> None:
+    async with serving(client_stall_seconds=0.2) as store_server:
+        # A 6 MB snapshot: more than the socket buffers take.
+        store_server.apply(*(topic(f"t{number:03d}").model_copy(update={"status": models.TopicStatus(reason="x" * 20_000)}) for number in range(300)))
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", store_server.port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
+        try:
+            writer.transport.pause_reading()  # type: ignore[attr-defined]
+            writer.write(codec.encode_request(codec.RequestHeader(codec.WATCH, 19, 1, "slow"), codec.WatchRequest(codec.TOPIC)))
+            async with asyncio.timeout(30):
+                while store_server.server._sessions or store_server.context.watchers.total:
+                    await asyncio.sleep(0.01)
+            assert store_server.context.watchers.dropped == {("fluvio", "stalled"): 1}
+            writer.transport.resume_reading()  # type: ignore[attr-defined]
+            with contextlib.suppress(ConnectionResetError):
+                async with asyncio.timeout(30):
+                    while await reader.read(1 << 16):
+                        pass  # what the kernel had buffered, then the end: the SC's side is gone
+        finally:
+            writer.close()
+
+
+async def test_identical_lists_share_one_answer_and_a_busy_sc_refuses_a_list_but_keeps_the_connection() -> None:
+    async with serving(max_expensive_requests=1, max_expensive_queue=0) as store_server:
+        store_server.apply(topic("b"), topic("a"))
+        clients = [await store_server.client() for _ in range(5)]
+        try:
+            answers = await asyncio.gather(*(client.list(codec.TOPIC) for client in clients))
+            assert all(answer == [item(codec.TOPIC, topic("a")), item(codec.TOPIC, topic("b"))] for answer in answers)
+            served = store_server.context.lists.answers.served
+            assert served["built"] + served["shared"] + served["cached"] == 5 and served["built"] == 1
+            async with store_server.context.gate.slot("placement"):
+                refused = await clients[0].request(codec.LIST, codec.ListRequest(codec.SPU))
+                assert refused == codec.ListResponse(server_module.BUSY_LABEL, [])
+                assert store_server.context.gate.refused == {"fluvio-list": 1}
+                # The answer kept for this table needs no slot.
+                assert await clients[0].list(codec.TOPIC) == answers[0]
+            assert [meta.name for meta in await clients[0].list(codec.SPU)] == []
+        finally:
+            for client in clients:
+                await client.close()
+
+
+async def test_a_large_list_holds_a_gate_slot_until_written_and_a_stalled_reader_gives_it_back() -> None:
+    async with serving(client_stall_seconds=0.2) as store_server:
+        store_server.apply(*(topic(f"t{number:03d}").model_copy(update={"status": models.TopicStatus(reason="x" * 20_000)}) for number in range(300)))
+        gate = store_server.context.gate
+        client = await store_server.client()
+        try:
+            assert len(await client.list(codec.TOPIC)) == 300  # 6 MB, taken: the slot is back
+            assert (gate.running, gate.admitted) == (0, {"fluvio-list": 2})  # one to build, one to write
+        finally:
+            await client.close()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", store_server.port))
+        reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
+        try:
+            writer.transport.pause_reading()  # type: ignore[attr-defined]
+            writer.write(codec.encode_request(codec.RequestHeader(codec.LIST, 19, 1, "slow"), codec.ListRequest(codec.TOPIC)))
+            async with asyncio.timeout(30):
+                while gate.admitted["fluvio-list"] < 3:  # the kept answer: only the writing takes one
+                    await asyncio.sleep(0.01)
+                while store_server.server._sessions:
+                    await asyncio.sleep(0.01)
+            assert gate.running == 0
+        finally:
+            writer.close()
+
+
+async def test_watches_past_the_limit_close_the_connection() -> None:
+    async with serving(max_watchers=2) as store_server:
+        first = await store_server.client()
+        try:
+            topics, partitions = first.watch(codec.TOPIC), first.watch(codec.PARTITION)
+            await next_frame(topics)
+            await next_frame(partitions)
+            assert store_server.context.watchers.open == {("fluvio", "topics"): 1, ("fluvio", "partitions"): 1}
+            second = await store_server.client()
+            try:
+                second.watch(codec.SPU)
+                async with asyncio.timeout(5):
+                    await second.closed.wait()
+                assert store_server.context.watchers.refused == {"fluvio": 1}
+            finally:
+                await second.close()
+            first.watch("SmartModule")  # not served: no listener, not counted
+            assert (await next_frame(first.watch("SmartModule"))).all == []
+        finally:
+            await first.close()
+        async with asyncio.timeout(5):
+            while store_server.context.watchers.total:
+                await asyncio.sleep(0.01)
