@@ -342,12 +342,19 @@ def _paths() -> dict[str, Any]:
                 "each such SPU and its partitions.",
                 parameters=(_NAME,),
                 body="Scale",
+                # The group's own fields and warnings in one object: an allOf of SpuGroup (which
+                # allows no other field) and {warnings} could never validate.
                 r202=_json(
                     {
-                        "allOf": [
-                            _ref("SpuGroup"),
-                            {"type": "object", "properties": {"warnings": _WARNINGS}, "required": ["warnings"]},
-                        ]
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "spec": _ref("SpuGroupSpec"),
+                            "status": _ref("SpuGroupStatus"),
+                            "warnings": _WARNINGS,
+                        },
+                        "required": ["name", "spec", "warnings"],
+                        "additionalProperties": False,
                     },
                     "The group with its new replica count, and warnings",
                 ),
