@@ -14,7 +14,8 @@ from typing import Any
 
 import pydantic
 
-from controller import actions, admission, context as context_module, placement, spu_group, spu_ids, topic as topic_controller
+from controller import admission, context as context_module, placement
+from controller.reconcile import actions, spu_group, spu_ids, topic as topic_controller
 from store import kv, local, models
 
 # Writes that lose a compare-and-swap to the controllers' status writes are retried this often.

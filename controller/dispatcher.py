@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from controller import actions, metrics as metrics_module
+from controller import metrics as metrics_module
+from controller.reconcile import actions
 from store import kv, local
 
 log = structlog.get_logger(__name__)

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from controller import actions, dispatcher as dispatcher_module, metrics as metrics_module
+from controller import dispatcher as dispatcher_module, metrics as metrics_module
+from controller.reconcile import actions
 from store import local, models
 
 log = structlog.get_logger(__name__)

@@ -20,7 +20,7 @@ from controller import context as context_module
 from controller import dispatcher as dispatcher_module
 from controller import loop as loop_module
 from controller import reader as reader_module
-from controller import actions, partition, spu, spu_group, spu_ids, topic
+from controller.reconcile import actions, partition, spu, spu_group, spu_ids, topic
 from store import kv, local, models
 
 log = structlog.get_logger(__name__)

@@ -16,7 +16,8 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from controller import api, config, topic as topic_controller
+from controller import api, config
+from controller.reconcile import topic as topic_controller
 from store import kv, memory, models
 from tests.unit import api_server
 from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from connection_manager import health as health_module
-from controller import actions, placement, spu, spu_group, spu_ids, topic, topic_size
+from controller import placement
+from controller.reconcile import actions, spu, spu_group, spu_ids, topic, topic_size
 from store import kv, local, models
 from tests import objects, placement_plugins
 

@@ -6,7 +6,7 @@ import pytest
 
 from connection_manager import health as health_module
 from connection_manager import lrs
-from controller import actions, election, partition
+from controller.reconcile import actions, election, partition
 from store import local, models
 from tests.objects import spu
 

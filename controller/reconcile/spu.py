@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from connection_manager import health as health_module
 from connection_manager import lrs
-from controller import actions, partition
+from controller.reconcile import actions, partition
 from store import local, models
 
 ONLINE, OFFLINE, INIT = models.SpuResolution.ONLINE, models.SpuResolution.OFFLINE, models.SpuResolution.INIT

@@ -12,7 +12,8 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from controller import actions, placement, spu_ids, topic_size
+from controller import placement
+from controller.reconcile import actions, spu_ids, topic_size
 from store import kv, local, models
 
 CHAIN_KEY = "meta/placement-start-index"

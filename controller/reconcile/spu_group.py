@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from controller import actions, spu_ids
+from controller.reconcile import actions, spu_ids
 from store import local, models
 
 RESERVED, INVALID = models.SpuGroupResolution.RESERVED, models.SpuGroupResolution.INVALID

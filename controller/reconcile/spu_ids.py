@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
-from controller import actions
+from controller.reconcile import actions
 from store import local
 
 INDEX_PREFIX = "meta/spu-ids/"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from connection_manager import health as health_module
 from connection_manager import lrs
-from controller import actions, election
+from controller.reconcile import actions, election
 from store import local, models
 
 ONLINE = models.PartitionResolution.ONLINE
