@@ -19,7 +19,8 @@ from prometheus_client import parser
 
 from connection_manager import health as health_module
 from connection_manager import wire
-from controller import api, config, context as context_module, metrics, pipeline
+from controller import api, config, context as context_module, metrics
+from controller.pipeline import pipeline
 from controller.reconcile import topic as topic_controller
 from store import kv, local, models
 from store import supervisor as supervisor_module

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from connection_manager import health as health_module
-from controller import config, dispatcher, placement
+from controller import config, placement
+from controller.pipeline import dispatcher
 from controller.reconcile import topic as topic_controller, topic_size
 from store import kv, models
 from tests.fixtures.daemon import Running, running

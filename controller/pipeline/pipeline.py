@@ -17,9 +17,9 @@ from connection_manager import health as health_module
 from connection_manager import lrs
 from connection_manager import server as cm_server
 from controller import context as context_module
-from controller import dispatcher as dispatcher_module
-from controller import loop as loop_module
-from controller import reader as reader_module
+from controller.pipeline import dispatcher as dispatcher_module
+from controller.pipeline import loop as loop_module
+from controller.pipeline import reader as reader_module
 from controller.reconcile import actions, partition, spu, spu_group, spu_ids, topic
 from store import kv, local, models
 

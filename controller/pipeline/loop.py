@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from controller import dispatcher as dispatcher_module, metrics as metrics_module
+from controller import metrics as metrics_module
+from controller.pipeline import dispatcher as dispatcher_module
 from controller.reconcile import actions
 from store import local, models
 
