@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from controller import json_input
+from controller.api import json_input
 
 DEFAULT_ADDRESS = "http://127.0.0.1:9003"
 # The SC waits up to 30 s for a topic's verdict; leave it room to answer.

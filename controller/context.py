@@ -9,7 +9,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from connection_manager import server as cm_server
-from controller import admission, config, listing, metrics, placement
+from controller import config, metrics, placement
+from controller.api import admission, listing
 from store import active_sc, history, kv, local, supervisor as supervisor_module
 
 

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from connection_manager import server as cm_server
 from connection_manager import transport
-from controller import admission, listing
+from controller.api import admission, listing
 from controller.reconcile import actions, partition, spu_ids
 from store import history, kv, local, models, supervisor as supervisor_module
 

@@ -11,7 +11,8 @@ import argparse
 import json
 import sys
 
-from controller import json_input, placement_plugins
+from controller import placement_plugins
+from controller.api import json_input
 from controller.placement import codec, engine, model, planner
 
 

@@ -24,8 +24,9 @@ import aiohttp
 import pytest
 
 from connection_manager import transport, wire
-from controller import api, config
-from controller.fluvio import client as client_module, codec
+from controller import config
+from controller.api import routes as api
+from controller.api.fluvio import client as client_module, codec
 from store import embedded_etcd
 from tests.fixtures import daemon as daemon_fixtures
 from tests.fixtures.scripted_spu import ScriptedSpu

@@ -19,7 +19,8 @@ from prometheus_client import parser
 
 from connection_manager import health as health_module
 from connection_manager import wire
-from controller import api, config, context as context_module, metrics
+from controller import config, context as context_module, metrics
+from controller.api import routes as api
 from controller.pipeline import pipeline
 from controller.reconcile import topic as topic_controller
 from store import kv, local, models

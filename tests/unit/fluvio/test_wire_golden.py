@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.fluvio import codec
+from controller.api.fluvio import codec
 
 V = 19
 TOPIC_ITEM = (

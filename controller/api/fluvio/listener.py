@@ -10,7 +10,7 @@ import asyncio
 from aiohttp import web
 
 from connection_manager import transport
-from controller.fluvio import server as server_module
+from controller.api.fluvio import server as server_module
 
 
 class SniffingSite(transport.GuardedSite):

@@ -22,7 +22,8 @@ from aiohttp import web
 from prometheus_client import exposition as prometheus_exposition
 
 from connection_manager import ratelimit, transport
-from controller import admin_ops, admission, context as context_module, fanout, json_input, listing, openapi, placement
+from controller import context as context_module, placement
+from controller.api import admin_ops, admission, fanout, json_input, listing, openapi
 from controller.reconcile import partition, topic as topic_controller
 from store import kv, models
 

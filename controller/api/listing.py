@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from controller import admission
+from controller.api import admission
 from store import local, models
 
 # The most objects one page may hold (?limit=).

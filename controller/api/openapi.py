@@ -1,6 +1,6 @@
 """The OpenAPI 3.1 document of the public API; object schemas come from the pydantic models.
 
-Purely computational, no I/O. ``python -m controller.openapi > docs/openapi.json`` refreshes the
+Purely computational, no I/O. ``python -m controller.api.openapi > docs/openapi.json`` refreshes the
 copy kept in the repo (a test checks the served document equals it).
 """
 
@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from controller import listing
+from controller.api import listing
 from store import models
 
 KIND_SCHEMAS = {"spus": "Spu", "spu-groups": "SpuGroup", "topics": "Topic", "partitions": "Partition"}

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import structlog
 
-from controller import admin_ops, admission, context as context_module
-from controller.fluvio import codec, mapping
+from controller import context as context_module
+from controller.api import admin_ops, admission
+from controller.api.fluvio import codec, mapping
 from store import kv, local, models
 
 log = structlog.get_logger(__name__)

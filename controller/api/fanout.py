@@ -1,6 +1,6 @@
 """Watch fan-out for the HTTP API: one feed per (kind, topic filter) turns each change into event
 lines once, and every subscriber gets the same bytes; a subscriber that falls more than its buffer
-behind is dropped. No sockets here: controller.api writes each subscriber to its connection.
+behind is dropped. No sockets here: controller.api.routes writes each subscriber to its connection.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ from typing import Any
 import structlog
 
 from connection_manager import ratelimit, transport
-from controller import admission, context as context_module, listing
-from controller.fluvio import admin as admin_module, codec, mapping
+from controller import context as context_module
+from controller.api import admission, listing
+from controller.api.fluvio import admin as admin_module, codec, mapping
 from store import local, models
 
 log = structlog.get_logger(__name__)

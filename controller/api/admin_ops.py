@@ -14,7 +14,8 @@ from typing import Any
 
 import pydantic
 
-from controller import admission, context as context_module, placement
+from controller import context as context_module, placement
+from controller.api import admission
 from controller.reconcile import actions, spu_group, spu_ids, topic as topic_controller
 from store import kv, local, models
 
