@@ -9,7 +9,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controller import admin_cli, demo, run_cli, spu_cli
+from controller import admin_cli, run_cli, spu_cli
+from controller.demo import demo
 from controller.audit import cli as audit_cli
 from controller.placement import cli as placement_cli
 

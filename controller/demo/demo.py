@@ -21,7 +21,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from controller import admin_cli, demo_output, demo_processes
+from controller import admin_cli
+from controller.demo import output as demo_output, processes as demo_processes
 from store import embedded_etcd
 
 RACKS = ("r1", "r2", "r3")
