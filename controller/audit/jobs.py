@@ -484,7 +484,7 @@ def report_command(args: argparse.Namespace, default_master: str | None = None) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """spark-submit controller/audit/jobs.py --history DIR --out DIR (the master: spark-submit's)."""
-    from controller.audit import cli
+    from controller.cli import audit as cli
 
     parser = argparse.ArgumentParser(prog="jobs.py", description="The SC's Spark audit jobs over an exported history.")
     cli.add_report_arguments(parser)

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from controller import admin_cli
+from controller.cli import admin as admin_cli
 from controller.demo import output as demo_output, processes as demo_processes
 from store import embedded_etcd
 

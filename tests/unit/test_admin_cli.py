@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from controller import admin_cli, cli, config
+from controller import config
+from controller.cli import admin as admin_cli, main as cli
 from store import models
 from tests.unit import api_server
 from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)
@@ -422,7 +423,7 @@ async def test_drain_of_an_spu_named_by_a_number_of_any_length_says_it_is_not_fo
 
 
 def test_a_whole_number_may_have_any_number_of_leading_zeros() -> None:
-    from controller import admin_cli
+    from controller.cli import admin as admin_cli
 
     assert admin_cli.whole_number("0" * 5000 + "42") == 42
     assert admin_cli.whole_number("0000") == 0

@@ -9,10 +9,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controller import admin_cli, run_cli, spu_cli
+from controller.cli import admin as admin_cli, run as run_cli, spu as spu_cli
 from controller.demo import demo
-from controller.audit import cli as audit_cli
-from controller.placement import cli as placement_cli
+from controller.cli import audit as audit_cli
+from controller.cli import placement as placement_cli
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from connection_manager.spu import checkpoint, settings as spu_settings, simulator
-from controller import admin_cli, config, logs
+from controller import config, logs
+from controller.cli import admin as admin_cli
 
 _DEFAULTS = spu_settings.SpuSettings()
 # SPUs one process runs at most (as many as an SPU group may have).
