@@ -33,7 +33,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 import aiohttp  # noqa: E402
 
 import provisioning  # noqa: E402  (bench/provisioning.py: the `sc run` process and the seeding)
-from controller.api.fluvio import client as client_module, codec  # noqa: E402
+from controller.api.fluvio import client as client_module, messages as codec  # noqa: E402
 from store import embedded_etcd, etcd, models  # noqa: E402
 
 LIST_REPEATS = 20

@@ -42,7 +42,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 
 import aiohttp  # noqa: E402
 
-from controller.api.fluvio import codec  # noqa: E402
+from controller.api.fluvio import messages as codec  # noqa: E402
 from store import embedded_etcd, etcd, kv, models  # noqa: E402
 
 SPU_IDS = (0, 1, 2)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from controller.api.fluvio import client as client_module, codec
+from controller.api.fluvio import client as client_module, messages as codec
 from store import embedded_etcd
 from tests.fixtures import daemon as daemon_fixtures
 

@@ -26,7 +26,7 @@ import pytest
 from connection_manager import transport, wire
 from controller import config
 from controller.api import routes as api
-from controller.api.fluvio import client as client_module, codec
+from controller.api.fluvio import client as client_module, messages as codec
 from store import embedded_etcd
 from tests.fixtures import daemon as daemon_fixtures
 from tests.fixtures.scripted_spu import ScriptedSpu

@@ -17,7 +17,7 @@ import structlog
 
 from controller import context as context_module
 from controller.api import admin_ops, admission
-from controller.api.fluvio import codec, mapping
+from controller.api.fluvio import messages as codec, mapping
 from store import kv, local, models
 
 log = structlog.get_logger(__name__)

@@ -11,7 +11,7 @@ import contextlib
 import itertools
 from typing import Any
 
-from controller.api.fluvio import codec
+from controller.api.fluvio import messages as codec
 
 VERSION = codec.OBJECT_MAX_VERSION
 

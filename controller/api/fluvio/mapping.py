@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pydantic
 
-from controller.api.fluvio import codec
+from controller.api.fluvio import messages as codec
 from store import models
 
 # Fluvio's own limits on a topic's storage settings (fluvio-wire.md §6).

@@ -20,7 +20,7 @@ import structlog
 from connection_manager import ratelimit, transport
 from controller import context as context_module
 from controller.api import admission, listing
-from controller.api.fluvio import admin as admin_module, codec, mapping
+from controller.api.fluvio import admin as admin_module, messages as codec, mapping
 from store import local, models
 
 log = structlog.get_logger(__name__)

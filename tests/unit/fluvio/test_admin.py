@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from controller import config
-from controller.api.fluvio import admin, client as client_module, codec
+from controller.api.fluvio import admin, client as client_module, messages as codec
 from store import local, models
 from tests.fixtures import daemon as daemon_fixtures
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from controller import config
-from controller.api.fluvio import client as client_module, codec, server as server_module
+from controller.api.fluvio import client as client_module, messages as codec, server as server_module
 from tests.fixtures import daemon as daemon_fixtures
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.api.fluvio import codec, mapping
+from controller.api.fluvio import messages as codec, mapping
 from store import models
 from tests import objects
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from controller import config, context as context_module, metrics
-from controller.api.fluvio import client as client_module, codec, mapping, server as server_module
+from controller.api.fluvio import client as client_module, messages as codec, mapping, server as server_module
 from store import local, memory, models
 from tests import objects
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.api.fluvio import codec
+from controller.api.fluvio import messages as codec
 
 V = 19
 TOPIC_ITEM = (

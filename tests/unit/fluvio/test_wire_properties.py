@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.api.fluvio import codec
+from controller.api.fluvio import messages as codec
 
 VERSIONS = st.integers(codec.OBJECT_MIN_VERSION, codec.OBJECT_MAX_VERSION)
 TEXT = st.text(max_size=12)
