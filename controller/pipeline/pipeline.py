@@ -1,35 +1,35 @@
 """The reconcile pipeline: Reader -> local store -> controllers -> action dispatcher -> KV updater.
 
 Owns the tasks and their order: controllers start only once every kind is synced, and a
-stop drains the action queue (bounded) before the Reader and the store go away.
+stop drains the action queue (bounded) before the Reader and the store go away. Each kind's
+controller (controllers.py) holds that kind's state; this module only wires them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import structlog
 
 from connection_manager import health as health_module
 from connection_manager import lrs
 from connection_manager import server as cm_server
-from controller import context as context_module
+from controller.pipeline import controllers
 from controller.pipeline import dispatcher as dispatcher_module
-from controller.pipeline import loop as loop_module
 from controller.pipeline import reader as reader_module
-from controller.reconcile import actions, partition, spu, spu_group, spu_ids, topic
-from store import kv, local, models
+from store import local
+
+if TYPE_CHECKING:  # the context is only read: the pipeline never builds the API's parts it holds
+    from controller import context as context_module
 
 log = structlog.get_logger(__name__)
 
-SPEC, STATUS, ALL = local.Part.SPEC, local.Part.STATUS, local.Part.ALL
-DRAINED = models.SpuDrain.DRAINED
-
 
 class Pipeline:
+    """Wires the Reader, the dispatcher and one controller per kind, and runs them; decides nothing."""
+
     def __init__(
         self,
         context: context_module.Context,
@@ -40,7 +40,6 @@ class Pipeline:
         self.health = health
         self.connections = connections
         self.live = connections.live if connections is not None else lrs.LiveReplicas()
-        settings = context.settings
         # The SC's own writes, for the Reader to take back without decoding them.
         echoes = local.Echoes()
         self.reader = reader_module.Reader(
@@ -51,39 +50,16 @@ class Pipeline:
         )
         if context.history is not None:
             self.dispatcher.on_result(self._record_action)
-        self.loops = [
-            # Partition statuses too: the echo of a status write may be what frees a partition
-            # this loop set aside (an orphan to delete whose write lost to a status update).
-            self._loop("topic", self._decide_topics, {"topics": ALL, "spus": ALL, "partitions": ALL}),
-            self._loop("spu-group", spu_group.decide, {"spu-groups": SPEC, "spus": SPEC}),
-            self._loop("spu", self._decide_spus, {"spus": ALL}),
-            self._loop("partition", self._decide_partitions, {"partitions": ALL, "spus": ALL}),
-        ]
-        self._topic_loop, self._spu_loop, self._partition_loop = self.loops[0], self.loops[-2], self.loops[-1]
-        # InvalidConfig / InsufficientResources topics are re-run once SPUs change, until a pass
-        # has had the placement chain free to try them.
-        self._retry_unplaced = True
-        # What one request to the store may hold: sizes topics and provision transactions.
-        self._request_size = kv.request_size(context.kv_store)
-        # Partitions the partition controller must look at next: None means all of them.
-        self._partitions_due: set[str] | None = None
-        self._shadowed_spus: list[tuple[int, str, str]] = []
+        self.topics = controllers.TopicController(context, self.dispatcher)
+        self.spu_groups = controllers.SpuGroupController(context, self.dispatcher)
+        self.spus = controllers.SpuController(context, self.dispatcher, health, self.live)
+        self.partitions = controllers.PartitionController(context, self.dispatcher, health, self.live, self.spus)
+        self.controllers = (self.topics, self.spu_groups, self.spus, self.partitions)
         health.subscribe(self._on_health)
         if connections is not None:
-            connections.on_live_change = self._on_live_change
+            connections.on_live_change = self.partitions.on_live_change
         self._tasks: list[asyncio.Task[None]] = []
         self._loop_tasks: list[asyncio.Task[None]] = []
-
-    def _loop(self, name: str, decide: loop_module.Decide, listens_to: Mapping[str, local.Part]) -> loop_module.ControllerLoop:
-        return loop_module.ControllerLoop(
-            name,
-            decide,
-            listens_to,
-            self.context.local_store,
-            self.dispatcher,
-            self.context.metrics,
-            self.context.settings.resync_interval,
-        )
 
     def _record_action(self, result: dispatcher_module.Result) -> None:
         """Every action's outcome goes to the history (revision: the commit's when applied)."""
@@ -94,83 +70,9 @@ class Pipeline:
             result.outcome.value, result.revision, action.write_keys, result.detail,
         )
 
-    def _decide_spus(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
-        shadowed = spu_ids.shadowed(snapshot.entries("spus"), snapshot.meta)
-        if shadowed != self._shadowed_spus:
-            # Only writes behind the SC's back make SPUs share an id: say so once per change.
-            self._shadowed_spus = shadowed
-            if shadowed:
-                log.error("SPUs share an id", problem=spu_ids.describe_shadowed(shadowed))
-        now = asyncio.get_running_loop().time()
-        grace = self.context.settings.spu_offline_grace
-        return spu.decide(snapshot, self.health.snapshot(), now, self.health.started_at, grace, self.live.view)
-
-    def _decide_topics(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
-        loop = self._topic_loop
-        full = loop.resyncing
-        if full or any(change.full for change in changes.values()) or not changes["spus"].empty:
-            self._retry_unplaced = True
-        chain_free = not loop.busy(topic.CHAIN_KEY)
-        decided = topic.decide(
-            snapshot, None if full else changes, loop.busy, self._retry_unplaced, self._request_size, loop.failed,
-            placers=self.context.placers,
-        )
-        if chain_free and not any(action.verb is actions.Verb.PROVISION for action in decided):
-            self._retry_unplaced = False  # every unplaced topic was tried with the current SPUs
-        return decided
-
     def _on_health(self, spu_id: int, state: health_module.Health) -> None:
-        self._spu_loop.kick()
-        self._kick_all_partitions()
-
-    def _kick_all_partitions(self) -> None:
-        self._partitions_due = None
-        self._partition_loop.kick()
-
-    def _on_live_change(self, names: set[str]) -> None:
-        if self._partitions_due is not None:
-            self._partitions_due |= names
-        self._partition_loop.kick()
-
-    def _decide_partitions(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
-        """Incremental: only partitions that changed or were reported on, unless SPUs changed
-        (health, registration) or this is a periodic resync, which look at every partition."""
-        partition_changes, spu_changes = changes["partitions"], changes["spus"]
-        due = self._partitions_due
-        if due is None or partition_changes.full or not spu_changes.empty or self._partition_loop.resyncing:
-            names = None
-        else:
-            names = due | {entry.name for entry in partition_changes.updated}
-        self._partitions_due = set()
-        settings = self.context.settings
-        view = partition.ClusterView(
-            health=self.health.snapshot(),
-            live=self.live.view,
-            unclean_election=settings.unclean_leader_election,
-            rebalance_batch=settings.leader_rebalance_batch,
-        )
-        decided = partition.decide(snapshot, names, view)
-        if self._drain_news(snapshot, partition_changes):
-            # A drained SPU's status follows the partitions it leads: what moved, what cannot.
-            self._spu_loop.kick()
-        preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided)
-        if settings.leader_rebalance_batch and preferred >= settings.leader_rebalance_batch:
-            # More may be due: look at all of them again once these writes come back.
-            self._partitions_due = None
-        return decided
-
-    @staticmethod
-    def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes) -> bool:
-        """Whether a drained SPU's status may need another look: one is still Draining (what
-        blocks it follows every partition), or a Drained one leads a partition that changed."""
-        draining = partition.draining_spus(snapshot)
-        if not draining:
-            return False
-        spus = snapshot.entries("spus").values()
-        if any(entry.obj.spec.drain and entry.obj.status.drain is not DRAINED for entry in spus):  # type: ignore[attr-defined]
-            return True
-        updated = partition_changes.updated if not partition_changes.full else snapshot.entries("partitions").values()
-        return any(entry.obj.spec.leader in draining for entry in updated)  # type: ignore[attr-defined]
+        self.spus.loop.kick()
+        self.partitions.kick_all()
 
     async def start(self, sync_timeout: float | None = None) -> None:
         """Start reading; return once every kind is synced and the controllers run."""
@@ -186,26 +88,11 @@ class Pipeline:
             if self._tasks[0] in done:
                 self._tasks[0].result()  # the reader ended (the store closed): raise if it failed
             raise TimeoutError(f"the local store did not sync within {sync_timeout} s")
-        for controller in self.loops:
-            self._loop_tasks.append(spawn(f"controller-{controller.name}", functools.partial(self._run_controller, controller)))
-        grace = self.context.settings.spu_offline_grace
-        self._tasks.append(spawn("spu-grace", functools.partial(self._grace_kick, grace)))
+        for controller in self.controllers:
+            self._loop_tasks.append(spawn(f"controller-{controller.loop.name}", controller.run))
+        self._tasks.append(spawn("spu-grace", self.spus.end_grace))
         self.context.synced.set()
         log.info("pipeline started", objects={kind: len(table) for kind, table in self.context.local_store.tables.items()})
-
-    async def _run_controller(self, controller: loop_module.ControllerLoop) -> None:
-        """One run of a controller loop; after a crash the next one starts from a full pass, its
-        incremental state forgotten."""
-        if controller is self._partition_loop:
-            self._partitions_due = None
-        elif controller is self._topic_loop:
-            self._retry_unplaced = True
-        await controller.run()
-
-    async def _grace_kick(self, grace: float) -> None:
-        # SPUs recorded Online that never reconnect turn Offline when the grace period ends.
-        await asyncio.sleep(max(0.0, self.health.started_at + grace - asyncio.get_running_loop().time()))
-        self._spu_loop.kick()
 
     async def stop(self, drain_timeout: float = 10.0) -> None:
         for task in self._loop_tasks:

@@ -1,6 +1,6 @@
 """Partition controller decisions: status from live replica reports, leader elections.
 
-Purely computational, no I/O: (snapshot, the names to look at, the live cluster view) -> actions.
+Purely computational, no I/O: (snapshot, the live cluster view and the names to look at) -> actions.
 Writes a partition only when its resolution, leader or in-sync set changes, never for offsets.
 """
 
@@ -36,13 +36,23 @@ class ClusterView:
     rebalance_batch: int = 100
 
 
-def decide(snapshot: local.Snapshot, names: Iterable[str] | None, view: ClusterView) -> list[actions.Action]:
-    """Actions for the partitions in ``names`` (every partition when None)."""
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What the partition controller needs beyond the snapshot: the cluster view, and the
+    partitions to look at (``names``; every partition when None)."""
+
+    view: ClusterView
+    names: Iterable[str] | None = None
+
+
+def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
+    """Actions for the partitions in ``inputs.names`` (every partition when None)."""
     partitions = snapshot.entries("partitions")
+    view = inputs.view
     online = _Online(snapshot, view)
     decided: list[actions.Action] = []
     rebalanced = 0
-    for name in partitions if names is None else names:
+    for name in partitions if inputs.names is None else inputs.names:
         entry = partitions.get(name)
         if entry is None:
             continue

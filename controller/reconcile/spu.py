@@ -7,6 +7,7 @@ Purely computational, no I/O: (snapshot, health, live reports, clock) -> actions
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from connection_manager import health as health_module
 from connection_manager import lrs
@@ -17,21 +18,28 @@ ONLINE, OFFLINE, INIT = models.SpuResolution.ONLINE, models.SpuResolution.OFFLIN
 DRAINING, DRAINED = models.SpuDrain.DRAINING, models.SpuDrain.DRAINED
 
 
-def decide(
-    snapshot: local.Snapshot,
-    health: Mapping[int, health_module.HealthRecord],
-    now: float,
-    started_at: float,
-    grace_period: float,
-    live: Mapping[str, lrs.LiveStatus] | None = None,
-) -> list[actions.Action]:
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What the SPU controller needs beyond the snapshot: the connection manager's health view and
+    live reports, the loop clock's ``now``, when the SC started (``started_at``, same clock) and
+    how long SPUs recorded Online have to reconnect after that (``grace_period``)."""
+
+    health: Mapping[int, health_module.HealthRecord]
+    now: float
+    started_at: float
+    grace_period: float
+    live: Mapping[str, lrs.LiveStatus] = field(default_factory=dict)
+
+
+def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     """Online while connected; Offline once it disconnects, or once the grace period after an SC
     start passes without it reconnecting (Fluvio would leave it Online forever). A drained SPU
     is Draining while it leads a partition, Drained once it leads none."""
+    health, now, started_at, grace_period = inputs.health, inputs.now, inputs.started_at, inputs.grace_period
     spus = snapshot.entries("spus")
     draining = partition.draining_spus(snapshot)
     leading = _leading(snapshot, draining) if draining else {}
-    view = partition.ClusterView(health, live or {})
+    view = partition.ClusterView(health, inputs.live)
     decided = []
     for entry in spus.values():
         spu: models.Spu = entry.obj  # type: ignore[assignment]

@@ -8,6 +8,7 @@ managed SPU takes and gives back its id's index key (``spu_ids``) in its own tra
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from controller.reconcile import actions, spu_ids
 from store import local, models
@@ -47,7 +48,12 @@ def owning_group(spu: models.Spu) -> str | None:
     return group if group and index.isdigit() else None
 
 
-def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes] | None = None) -> list[actions.Action]:
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """Nothing beyond the snapshot: every pass decides from the groups and SPUs it holds."""
+
+
+def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     spus: Mapping[str, local.Entry] = snapshot.entries("spus")
     groups: Mapping[str, local.Entry] = snapshot.entries("spu-groups")
     ids = {name: entry.obj.spec.id for name, entry in spus.items()}  # type: ignore[attr-defined]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller import placement
 from controller.reconcile import actions, spu_ids, topic_size
@@ -216,17 +216,9 @@ def _idle(key: str) -> bool:
     return False
 
 
-def decide(
-    snapshot: local.Snapshot,
-    changes: Mapping[str, local.Changes] | None = None,
-    busy: Callable[[str], bool] = _idle,
-    retry_unplaced: bool = True,
-    request_size: kv.RequestSize = DEFAULT_REQUEST_SIZE,
-    alone: Callable[[str], bool] = _idle,
-    *,
-    placers: placement.Placers = NO_PLACERS,
-) -> list[actions.Action]:
-    """The topic controller's actions.
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What the topic controller needs beyond the snapshot.
 
     ``changes`` None (or a full relist) looks at everything; otherwise partitions are checked
     only for the topics and partitions that changed. ``busy(key)``: a write to that key is in
@@ -238,112 +230,210 @@ def decide(
     its own, so that if it fails again it takes no other topic down with it.
     ``placers``: the configured placement plug-ins.
     """
-    topics: Mapping[str, local.Entry] = snapshot.entries("topics")
-    full = changes is None or any(change.full for change in changes.values())
-    touched: set[str] = set()
-    if changes is not None and "topics" in changes and not full:
-        touched = {entry.name for entry in changes["topics"].updated} | set(changes["topics"].deleted)
-    spus = spu_infos(snapshot)
-    chain = read_chain(snapshot)
-    chain_free = not busy(CHAIN_KEY)
-    cursor = chain.start_index
-    decided: list[actions.Action] = []
-    provisions: list[actions.TopicProvision] = []
-    room = PROVISION_WRITES - 1  # the chain key takes one write
-    placed_now: set[str] = set()
 
-    # Only topics with something left to do, from indexes the local store keeps up to date: a
-    # pass costs what those topics cost, not what the whole table does.
-    # Validation depends on the topic's spec and the SPUs alone: without a retry, only the
-    # topics that changed (a topic whose write was set aside comes back as changed).
-    if full or retry_unplaced:
-        unvalidated: Iterable[local.Entry] = snapshot.indexed("topics", "unvalidated", _unvalidated)
+    changes: Mapping[str, local.Changes] | None = None
+    busy: Callable[[str], bool] = _idle
+    retry_unplaced: bool = True
+    request_size: kv.RequestSize = DEFAULT_REQUEST_SIZE
+    alone: Callable[[str], bool] = _idle
+    placers: placement.Placers = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """What one pass looks at."""
+
+    full: bool  # every topic and partition: no changes given, or a relist
+    touched: frozenset[str]  # the topics that changed (a full pass looks at all of them anyway)
+    retry: bool  # unplaced topics are due another try: a full pass, or retry_unplaced
+
+
+def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
+    """The topic controller's actions, in three steps: validate new and invalid topics, place the
+    pending ones (one provision transaction on the chain key), then create the partitions their
+    replica maps name and delete the ones none does."""
+    scope = _scope(inputs)
+    spus = spu_infos(snapshot)
+    decided = _validate(snapshot, inputs, scope, spus)
+    placed = _place(snapshot, inputs, scope, spus)
+    decided += placed.statuses
+    provision = placed.action()
+    if provision is not None:
+        decided.append(provision)
+    decided += _reconcile_partitions(snapshot, inputs, scope, placed.topics)
+    return decided
+
+
+def _scope(inputs: Inputs) -> _Scope:
+    changes = inputs.changes
+    full = changes is None or any(change.full for change in changes.values())
+    touched: frozenset[str] = frozenset()
+    if changes is not None and "topics" in changes and not full:
+        touched = frozenset({entry.name for entry in changes["topics"].updated} | set(changes["topics"].deleted))
+    return _Scope(full, touched, full or inputs.retry_unplaced)
+
+
+def _validate(
+    snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, spus: Sequence[placement.SpuInfo]
+) -> list[actions.Action]:
+    """Init and InvalidConfig topics: Pending when valid, else InvalidConfig with the reason.
+
+    Only topics with something left to do, from indexes the local store keeps up to date: a pass
+    costs what those topics cost, not what the whole table does. Validation depends on the
+    topic's spec and the SPUs alone: without a retry, only the topics that changed (a topic whose
+    write was set aside comes back as changed)."""
+    topics: Mapping[str, local.Entry] = snapshot.entries("topics")
+    unvalidated: Iterable[local.Entry]
+    if scope.retry:
+        unvalidated = snapshot.indexed("topics", "unvalidated", _unvalidated)
     else:
         unvalidated = sorted(
-            (topics[name] for name in touched if name in topics and _unvalidated(topics[name].obj)),
+            (topics[name] for name in scope.touched if name in topics and _unvalidated(topics[name].obj)),
             key=lambda entry: entry.mod_revision,
         )
+    decided: list[actions.Action] = []
     for entry in unvalidated:
-        topic: models.Topic = entry.obj  # type: ignore[assignment]
-        if not busy(topic.key):
-            decided += _validated(entry, spus, placers, request_size)
+        if not inputs.busy(entry.obj.key):
+            decided += _validated(entry, spus, inputs.placers, inputs.request_size)
+    return decided
 
-    # Placement only while the chain is free (one provision in flight keeps it unforked).
-    unplaced = snapshot.indexed("topics", "unplaced", _unplaced) if chain_free else ()
-    # Every partition's replicas, read (O(partitions)) only for a load-aware strategy; with
-    # what this pass placed before it.
-    existing: list[tuple[str, int, list[int]]] | None = None
-    placed_rows: list[tuple[str, int, list[int]]] = []
-    # The bytes the topic statuses of this provision may take, after the chain key's write.
-    room_bytes = request_size.budget - request_size.writes_bound(1, len(CHAIN_KEY), topic_size.CHAIN_VALUE_MAX)
-    for entry in unplaced:
-        if room < 1:
-            break  # this transaction is full: the next pass, once it is written
-        topic = entry.obj  # type: ignore[assignment]
-        resolution = topic.status.resolution
-        if busy(topic.key):
-            continue
-        if resolution is INSUFFICIENT and not (full or retry_unplaced or topic.name in touched):
-            continue  # only SPU changes or its own spec can change the outcome
-        if resolution is PROVISIONED and (topic.spec.partitions or 0) <= len(current_map(topic)):
-            continue
-        if alone(topic.key) and provisions:
-            continue  # in a transaction of its own, at the next pass
-        problem = too_large(topic, spus, request_size, widest=False)
-        if problem is not None:
-            decided += _status(entry, INVALID, problem)  # known without placing it
-            continue
-        if existing is None and _load_aware(topic):
-            existing = _assignment(snapshot) + placed_rows
-        try:
-            result = placement.compute(placement_request(topic, spus, cursor, existing or ()), placers)
-        except placement.PlacementError as error:
-            target = INSUFFICIENT if isinstance(error, placement.InsufficientResources) else INVALID
-            decided += _status(entry, target, unplaced_reason(error))
-            continue
-        kept = len(current_map(topic))
-        replica_map = {index: list(replicas) for index, replicas in enumerate(result.replica_map)}
-        note = placed_note(topic, result.replica_map, spus)
-        provisioned = topic.model_copy(
-            update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason=note)}
-        )
-        value = models.encode(provisioned)
-        problem = _too_large_placed(topic, len(value), spus, request_size)
-        if problem is not None:
-            decided += _status(entry, INVALID, problem)
-            continue
-        cost = request_size.writes_bound(1, len(topic.key), len(value))
-        if cost > room_bytes:
-            break  # this transaction is full: the next pass, once it is written
+
+class _Provision:
+    """The provision transaction this pass fills: topic statuses on the chain key, within the
+    store's limits on writes and bytes per request, and the SPU rows they place."""
+
+    def __init__(self, chain: Chain, request_size: kv.RequestSize) -> None:
+        self.chain = chain
+        self.cursor = chain.start_index
+        self.room = PROVISION_WRITES - 1  # the chain key takes one write
+        # The bytes the topic statuses may take, after the chain key's write.
+        self.room_bytes = request_size.budget - request_size.writes_bound(1, len(CHAIN_KEY), topic_size.CHAIN_VALUE_MAX)
+        self.provisions: list[actions.TopicProvision] = []
+        self.topics: set[str] = set()  # placed by this pass
+        # Topic statuses refused on the way (unplaceable, too large), in topic order.
+        self.statuses: list[actions.Action] = []
+
+    def add(self, provision: actions.TopicProvision, cost: int, next_start_index: int) -> None:
         # Statuses only: up to 127 topics per transaction on the chain key. Their partitions are
         # created by the next pass (create-if-absent, batched 128 per transaction, several in
         # flight), so the chain key is held for one small write per cycle, not 11 topics' worth.
-        room -= 1
-        room_bytes -= cost
-        reason = (
-            f"placed partitions {kept}..{len(result.replica_map) - 1} on {len({s for r in result.replica_map for s in r})} SPUs"
-            if kept
-            else f"placed {len(result.replica_map)} partitions x {len(result.replica_map[0])} replicas"
-        )
-        provisions.append(actions.TopicProvision(provisioned, entry.mod_revision, (), reason, value))
-        placed_now.add(topic.name)
-        rows = [(topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept]
-        (placed_rows if existing is None else existing).extend(rows)
-        cursor = result.next_start_index
-        if alone(topic.key):
-            break
+        self.room -= 1
+        self.room_bytes -= cost
+        self.provisions.append(provision)
+        self.topics.add(provision.topic.name)
+        self.cursor = next_start_index
 
-    if provisions:
-        decided.append(actions.provision(CHAIN_KEY, chain.encode(cursor), chain.mod_revision, provisions))
-    if full:
-        decided += _partition_actions(snapshot, topics, snapshot.entries("partitions").keys(), topics.keys(), placed_now, busy)
-    else:
-        partition_changes = changes.get("partitions") if changes is not None else None
-        changed_partitions = [entry.name for entry in partition_changes.updated] if partition_changes is not None else []
-        # A partition deleted behind the SC's back: its topic is checked for missing partitions.
-        gone = {name.rpartition("-")[0] for name in partition_changes.deleted} if partition_changes is not None else set()
-        decided += _partition_actions(snapshot, topics, changed_partitions, touched | gone, placed_now, busy)
-    return decided
+    def action(self) -> actions.Action | None:
+        if not self.provisions:
+            return None
+        return actions.provision(CHAIN_KEY, self.chain.encode(self.cursor), self.chain.mod_revision, self.provisions)
+
+
+class _Assignment:
+    """Every partition's replicas, read (O(partitions)) only once a load-aware strategy needs
+    them; with what this pass placed before."""
+
+    def __init__(self, snapshot: local.Snapshot) -> None:
+        self._snapshot = snapshot
+        self._rows: list[tuple[str, int, list[int]]] | None = None
+        self._placed: list[tuple[str, int, list[int]]] = []
+
+    def for_topic(self, topic: models.Topic) -> Sequence[tuple[str, int, list[int]]]:
+        if self._rows is None and _load_aware(topic):
+            self._rows = _assignment(self._snapshot) + self._placed
+        return self._rows or ()
+
+    def add(self, rows: Iterable[tuple[str, int, list[int]]]) -> None:
+        (self._placed if self._rows is None else self._rows).extend(rows)
+
+
+def _place(snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, spus: Sequence[placement.SpuInfo]) -> _Provision:
+    """Place the topics waiting for it, oldest first, into one provision transaction.
+
+    Only while the chain is free (one provision in flight keeps it unforked)."""
+    provision = _Provision(read_chain(snapshot), inputs.request_size)
+    if inputs.busy(CHAIN_KEY):
+        return provision
+    assignment = _Assignment(snapshot)
+    for entry in snapshot.indexed("topics", "unplaced", _unplaced):
+        if provision.room < 1:
+            break  # this transaction is full: the next pass, once it is written
+        topic: models.Topic = entry.obj  # type: ignore[assignment]
+        if not _due(topic, inputs, scope, provision):
+            continue
+        problem = too_large(topic, spus, inputs.request_size, widest=False)
+        if problem is not None:
+            provision.statuses += _status(entry, INVALID, problem)  # known without placing it
+            continue
+        try:
+            request = placement_request(topic, spus, provision.cursor, assignment.for_topic(topic))
+            result = placement.compute(request, inputs.placers)
+        except placement.PlacementError as error:
+            target = INSUFFICIENT if isinstance(error, placement.InsufficientResources) else INVALID
+            provision.statuses += _status(entry, target, unplaced_reason(error))
+            continue
+        kept = len(current_map(topic))
+        provisioned, value = _provisioned(topic, result, spus)
+        problem = _too_large_placed(topic, len(value), spus, inputs.request_size)
+        if problem is not None:
+            provision.statuses += _status(entry, INVALID, problem)
+            continue
+        cost = inputs.request_size.writes_bound(1, len(topic.key), len(value))
+        if cost > provision.room_bytes:
+            break  # this transaction is full: the next pass, once it is written
+        reason = _placed_reason(result, kept)
+        provision.add(actions.TopicProvision(provisioned, entry.mod_revision, (), reason, value), cost, result.next_start_index)
+        assignment.add((topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept)
+        if inputs.alone(topic.key):
+            break
+    return provision
+
+
+def _due(topic: models.Topic, inputs: Inputs, scope: _Scope, provision: _Provision) -> bool:
+    """Whether an unplaced topic is to be placed in this pass."""
+    if inputs.busy(topic.key):
+        return False
+    resolution = topic.status.resolution
+    if resolution is INSUFFICIENT and not (scope.retry or topic.name in scope.touched):
+        return False  # only SPU changes or its own spec can change the outcome
+    if resolution is PROVISIONED and (topic.spec.partitions or 0) <= len(current_map(topic)):
+        return False
+    if inputs.alone(topic.key) and provision.provisions:
+        return False  # in a transaction of its own, at the next pass
+    return True
+
+
+def _provisioned(
+    topic: models.Topic, result: placement.PlacementResult, spus: Sequence[placement.SpuInfo]
+) -> tuple[models.Topic, bytes]:
+    """The topic Provisioned with the replica map placed, and its encoding (what will be written)."""
+    replica_map = {index: list(replicas) for index, replicas in enumerate(result.replica_map)}
+    note = placed_note(topic, result.replica_map, spus)
+    provisioned = topic.model_copy(
+        update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason=note)}
+    )
+    return provisioned, models.encode(provisioned)
+
+
+def _placed_reason(result: placement.PlacementResult, kept: int) -> str:
+    if kept:
+        spread = len({spu for row in result.replica_map for spu in row})
+        return f"placed partitions {kept}..{len(result.replica_map) - 1} on {spread} SPUs"
+    return f"placed {len(result.replica_map)} partitions x {len(result.replica_map[0])} replicas"
+
+
+def _reconcile_partitions(
+    snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, placed_now: set[str]
+) -> list[actions.Action]:
+    """Every partition on a full pass; else those that changed and those of the topics that did."""
+    topics: Mapping[str, local.Entry] = snapshot.entries("topics")
+    if scope.full:
+        return _partition_actions(snapshot, topics, snapshot.entries("partitions").keys(), topics.keys(), placed_now, inputs.busy)
+    partition_changes = inputs.changes.get("partitions") if inputs.changes is not None else None
+    changed_partitions = [entry.name for entry in partition_changes.updated] if partition_changes is not None else []
+    # A partition deleted behind the SC's back: its topic is checked for missing partitions.
+    gone = {name.rpartition("-")[0] for name in partition_changes.deleted} if partition_changes is not None else set()
+    return _partition_actions(snapshot, topics, changed_partitions, scope.touched | gone, placed_now, inputs.busy)
 
 
 def _unvalidated(topic: models.ClusterObject) -> bool:

@@ -296,7 +296,7 @@ async def test_a_controller_whose_decision_raises_comes_back_with_a_full_pass(
                 raise RuntimeError("injected fault in the topic controller")
             return real_decide(*args, **kwargs)
 
-        await sc.eventually(lambda: _assert(sc.pipeline._topic_loop.passes >= 1))
+        await sc.eventually(lambda: _assert(sc.pipeline.topics.loop.passes >= 1))
         monkeypatch.setattr(topic_controller, "decide", decide_raising_once)
         await sc.create_topic("orders")
         await sc.provisioned("orders")
