@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import pydantic
 
@@ -18,6 +18,8 @@ from controller import context as context_module, placement
 from controller.api import admission
 from controller.reconcile import actions, spu_group, spu_ids, topic as topic_controller
 from store import kv, local, models
+
+T = TypeVar("T")
 
 # Writes that lose a compare-and-swap to the controllers' status writes are retried this often.
 CAS_ATTEMPTS = 5
@@ -56,41 +58,48 @@ def require_synced(context: context_module.Context) -> None:
 # ---------------------------------------------------------------------------- waiting for the controllers
 
 
-class Settlements:
-    """Wakes API requests waiting for an object of one kind to settle, from one shared listener.
-
-    One listener per kind (not one per request), so a status change wakes only the requests
-    waiting for that object, however many creates are in flight.
+class Waits:
+    """Wakes the requests waiting for a verdict on an object of ``table``, from one shared listener
+    per table (not one per request), so a change wakes only the requests waiting for that object,
+    however many are in flight. Each of ``related`` is another table with the name of the object
+    its changes concern (a partition's topic): a change there wakes that object's waiters too.
     """
 
-    def __init__(self, table: local.KindStore) -> None:
+    def __init__(self, table: local.KindStore, *related: tuple[local.KindStore, Callable[[str], str]]) -> None:
         self.table = table
+        self._follows = ((table, _same_name), *related)
         self._waiters: dict[str, set[asyncio.Event]] = {}
 
     async def run(self) -> None:
-        listener = self.table.listener(local.Part.ALL)
+        """Until cancelled. A task group, not gather: if one follower fails the others stop too,
+        so that a restart (the supervisor's) does not leave a second copy of them running."""
+        async with asyncio.TaskGroup() as group:
+            for table, owner in self._follows:
+                group.create_task(self._follow(table, owner))
+
+    async def _follow(self, table: local.KindStore, owner: Callable[[str], str]) -> None:
+        listener = table.listener(local.Part.ALL)
         try:
             while True:
                 await listener.wait()
+                if not self._waiters:
+                    listener.skip()  # nobody waits: what changed does not matter
+                    continue
                 changes = listener.changes()
                 names: Iterable[str]
                 if changes.full:
                     names = list(self._waiters)
                 else:
-                    names = [entry.name for entry in changes.updated] + changes.deleted
+                    names = {owner(entry.name) for entry in changes.updated} | {owner(name) for name in changes.deleted}
                 for name in names:
                     for event in self._waiters.get(name, ()):
                         event.set()
         finally:
             listener.close()
 
-    async def wait(
-        self, name: str, written_revision: int, settled: Callable[[local.Entry], bool], timeout: float
-    ) -> local.Entry | None:
-        """The object once ``settled(entry)`` holds, or as it is when ``timeout`` seconds pass.
-
-        None once the store has seen the write at ``written_revision`` and then lost the object.
-        """
+    async def wait(self, name: str, verdict: Callable[[], T | None], timeout: float) -> T | None:
+        """``verdict()`` once it is not None, checked again on every change of object ``name`` (or
+        of what ``related`` ties to it); None when ``timeout`` seconds pass first."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         event = asyncio.Event()
@@ -98,12 +107,10 @@ class Settlements:
         try:
             while True:
                 # Checked after registering and before awaiting: no change can slip between.
-                entry = self.table.get(name)
-                if entry is None and self.table.revision >= written_revision:
-                    return None
+                decided = verdict()
                 remaining = deadline - loop.time()
-                if (entry is not None and settled(entry)) or remaining <= 0:
-                    return entry
+                if decided is not None or remaining <= 0:
+                    return decided
                 event.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(remaining):
@@ -113,6 +120,10 @@ class Settlements:
             waiters.discard(event)
             if not waiters:
                 del self._waiters[name]
+
+
+def _same_name(name: str) -> str:
+    return name
 
 
 def topic_settled(written_revision: int) -> Callable[[local.Entry], bool]:
@@ -144,20 +155,39 @@ def group_settled(written_revision: int) -> Callable[[local.Entry], bool]:
 
 
 async def wait_settled(
-    waits: Settlements,
+    waits: Waits,
     written: models.ClusterObject,
     written_revision: int,
     settled: Callable[[local.Entry], bool],
     timeout_ms: int,
 ) -> tuple[models.ClusterObject | None, bool]:
-    """(the object as it is now, whether it settled); None if it was deleted meanwhile."""
+    """(the object as it is now, whether it settled); None if it was deleted meanwhile (once the
+    store has seen the write at ``written_revision``, the object is gone)."""
     if timeout_ms == 0:
         return written, False
-    entry = await waits.wait(written.name, written_revision, settled, timeout_ms / 1000)
+    table = waits.table
+
+    def verdict() -> local.Entry | _Gone | None:
+        entry = table.get(written.name)
+        if entry is None:
+            return _GONE if table.revision >= written_revision else None
+        return entry if settled(entry) else None
+
+    decided = await waits.wait(written.name, verdict, timeout_ms / 1000)
+    if isinstance(decided, _Gone):
+        return None, False
+    entry = decided if decided is not None else table.get(written.name)
     if entry is None:
         # Deleted after our write, or not even mirrored yet when the time ran out.
-        return (None, False) if waits.table.revision >= written_revision else (written, False)
+        return (None, False) if table.revision >= written_revision else (written, False)
     return entry.obj, settled(entry)
+
+
+class _Gone:
+    """The verdict on an object deleted after the write waited for."""
+
+
+_GONE = _Gone()
 
 
 # ---------------------------------------------------------------------------- creates

@@ -287,8 +287,8 @@ def _json_type(value: object) -> str:
     return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
-TOPIC_WAITS = web.AppKey("topic_waits", admin_ops.Settlements)
-GROUP_WAITS = web.AppKey("group_waits", admin_ops.Settlements)
+TOPIC_WAITS = web.AppKey("topic_waits", admin_ops.Waits)
+GROUP_WAITS = web.AppKey("group_waits", admin_ops.Waits)
 
 
 # ---------------------------------------------------------------------------- handlers: health, metrics, docs
@@ -889,8 +889,8 @@ def build_app(context: context_module.Context) -> web.Application:
     app[CONTEXT] = context
     app[STOPPING] = asyncio.Event()
     app[FEEDS] = fanout.Feeds(context.local_store, context.watchers.encodings)
-    app[TOPIC_WAITS] = admin_ops.Settlements(context.local_store["topics"])
-    app[GROUP_WAITS] = admin_ops.Settlements(context.local_store["spu-groups"])
+    app[TOPIC_WAITS] = admin_ops.Waits(context.local_store["topics"])
+    app[GROUP_WAITS] = admin_ops.Waits(context.local_store["spu-groups"])
     app.cleanup_ctx.append(_settlements)
     app.on_shutdown.append(_stop_streams)
     routes = app.router

@@ -7,10 +7,9 @@ Every semantic failure is a Status with a code the client decodes; nothing here 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -46,66 +45,6 @@ class Verdict:
 
     code: Error
     message: str = ""
-
-
-class TopicReadiness:
-    """Wakes creates waiting for a topic and its partitions, from one listener per kind (not per request)."""
-
-    def __init__(self, local_store: local.LocalStore) -> None:
-        self.topics = local_store["topics"]
-        self.partitions = local_store["partitions"]
-        self._waiters: dict[str, set[asyncio.Event]] = {}
-
-    async def run(self) -> None:
-        # A task group, not gather: if one follower fails the other stops too, so that a
-        # restart (the supervisor's) does not leave a second copy of it running.
-        async with asyncio.TaskGroup() as group:
-            group.create_task(self._follow(self.topics, lambda name: name))
-            group.create_task(self._follow(self.partitions, lambda name: name.rpartition("-")[0]))
-
-    async def _follow(self, table: local.KindStore, topic_of: Callable[[str], str]) -> None:
-        listener = table.listener(local.Part.ALL)
-        try:
-            while True:
-                await listener.wait()
-                if not self._waiters:
-                    listener.skip()  # nobody waits: what changed does not matter
-                    continue
-                changes = listener.changes()
-                topics: Iterable[str]
-                if changes.full:
-                    topics = list(self._waiters)
-                else:
-                    topics = {topic_of(entry.name) for entry in changes.updated} | {topic_of(name) for name in changes.deleted}
-                for topic in topics:
-                    for event in self._waiters.get(topic, ()):
-                        event.set()
-        finally:
-            listener.close()
-
-    async def wait(self, topic: str, verdict: Callable[[], Verdict | None], timeout: float) -> Verdict | None:
-        """``verdict()`` once it is not None, re-checked on every change of the topic or its
-        partitions; None when ``timeout`` seconds pass first."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        event = asyncio.Event()
-        self._waiters.setdefault(topic, set()).add(event)
-        try:
-            while True:
-                # Checked after registering and before awaiting: no change can slip between.
-                decided = verdict()
-                remaining = deadline - loop.time()
-                if decided is not None or remaining <= 0:
-                    return decided
-                event.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(remaining):
-                        await event.wait()
-        finally:
-            waiters = self._waiters[topic]
-            waiters.discard(event)
-            if not waiters:
-                del self._waiters[topic]
 
 
 def ready_partitions(
@@ -148,12 +87,13 @@ class Admin:
         self.context = context
         self.readiness = readiness
         self.create_wait = create_wait
-        self.topic_waits = TopicReadiness(context.local_store)
-        self.group_waits = admin_ops.Settlements(context.local_store["spu-groups"])
+        # A topic is ready once its partitions are: their changes wake the topic's waiters too.
+        self.topic_waits = admin_ops.Waits(context.local_store["topics"], (context.local_store["partitions"], _topic_of))
+        self.group_waits = admin_ops.Waits(context.local_store["spu-groups"])
 
     async def run(self) -> None:
         """The shared listeners that wake waiting creates; runs until cancelled (or one fails,
-        which stops the other: see TopicReadiness.run)."""
+        which stops the others: see admin_ops.Waits.run)."""
         async with asyncio.TaskGroup() as group:
             group.create_task(self.topic_waits.run())
             group.create_task(self.group_waits.run())
@@ -335,6 +275,10 @@ class Admin:
     async def _delete_spu_group(self, request: codec.DeleteRequest) -> codec.Status:
         await admin_ops.delete(self.context, "spu-groups", request.key)
         return codec.Status(request.key)
+
+
+def _topic_of(partition_name: str) -> str:
+    return partition_name.rpartition("-")[0]
 
 
 def _request_name(request: codec.CreateRequest | codec.DeleteRequest | codec.UpdateRequest) -> str:
