@@ -16,7 +16,7 @@ import structlog
 
 from controller import context as context_module
 from controller.api import admin_ops, admission
-from controller.api.fluvio import messages as codec, mapping
+from controller.api.fluvio import mapping, messages, objects
 from store import kv, local, models
 
 log = structlog.get_logger(__name__)
@@ -24,7 +24,7 @@ log = structlog.get_logger(__name__)
 # The client gives up on a reply after 60 s: a create answers well before (fluvio-wire.md §6, R2).
 CREATE_WAIT_SECONDS = 30.0
 
-Error = codec.Error
+Error = messages.Error
 
 
 class Readiness(enum.Enum):
@@ -63,16 +63,16 @@ def ready_partitions(
     return ready, wanted
 
 
-def failure(name: str, code: Error, message: str) -> codec.Status:
+def failure(name: str, code: Error, message: str) -> messages.Status:
     args = (message,) if code is Error.OTHER else ()
-    return codec.Status(name, codec.ErrorCode(code, args), message)
+    return messages.Status(name, messages.ErrorCode(code, args), message)
 
 
 # What an admin operation's error (its API.md code) is for the Fluvio client, per object type.
 _TOPIC_ERRORS = {"AlreadyExists": Error.TOPIC_ALREADY_EXISTS, "NotFound": Error.TOPIC_NOT_FOUND, "ManualTopic": Error.TOPIC_INVALID_REPLICA_TYPE}
 _SPU_ERRORS = {"AlreadyExists": Error.SPU_ALREADY_EXISTS, "SpuIdInUse": Error.SPU_ALREADY_EXISTS, "NotFound": Error.SPU_NOT_FOUND}
 _GROUP_ERRORS = {"NotFound": Error.SPU_NOT_FOUND}
-_Handler = Callable[..., Awaitable[codec.Status]] | None
+_Handler = Callable[..., Awaitable[messages.Status]] | None
 
 
 class Admin:
@@ -98,12 +98,12 @@ class Admin:
             group.create_task(self.topic_waits.run())
             group.create_task(self.group_waits.run())
 
-    async def answer(self, request: codec.CreateRequest | codec.DeleteRequest | codec.UpdateRequest) -> codec.Status:
+    async def answer(self, request: messages.CreateRequest | messages.DeleteRequest | messages.UpdateRequest) -> messages.Status:
         """The Status for one write; never raises (a bug answers UnknownServerError and is logged)."""
         name = _request_name(request)
-        if isinstance(request, codec.CreateRequest):
+        if isinstance(request, messages.CreateRequest):
             handler, errors, default = self._create_handler(request.label)
-        elif isinstance(request, codec.DeleteRequest):
+        elif isinstance(request, messages.DeleteRequest):
             handler, errors, default = self._delete_handler(request.label)
         else:
             handler, errors, default = self._update_handler(request.label)
@@ -128,26 +128,26 @@ class Admin:
 
     def _create_handler(self, label: str) -> tuple[_Handler, dict[str, Error], Error]:
         return {
-            codec.TOPIC: (self._create_topic, _TOPIC_ERRORS, Error.TOPIC_ERROR),
-            codec.CUSTOM_SPU: (self._register_spu, _SPU_ERRORS, Error.SPU_ERROR),
-            codec.SPU_GROUP: (self._create_spu_group, _GROUP_ERRORS, Error.SPU_ERROR),
+            objects.TOPIC: (self._create_topic, _TOPIC_ERRORS, Error.TOPIC_ERROR),
+            objects.CUSTOM_SPU: (self._register_spu, _SPU_ERRORS, Error.SPU_ERROR),
+            objects.SPU_GROUP: (self._create_spu_group, _GROUP_ERRORS, Error.SPU_ERROR),
         }.get(label, (None, {}, Error.INVALID_CREATE_REQUEST))
 
     def _delete_handler(self, label: str) -> tuple[_Handler, dict[str, Error], Error]:
         return {
-            codec.TOPIC: (self._delete_topic, _TOPIC_ERRORS, Error.TOPIC_ERROR),
-            codec.CUSTOM_SPU: (self._unregister_spu, _SPU_ERRORS, Error.SPU_ERROR),
-            codec.SPU_GROUP: (self._delete_spu_group, _GROUP_ERRORS, Error.SPU_ERROR),
+            objects.TOPIC: (self._delete_topic, _TOPIC_ERRORS, Error.TOPIC_ERROR),
+            objects.CUSTOM_SPU: (self._unregister_spu, _SPU_ERRORS, Error.SPU_ERROR),
+            objects.SPU_GROUP: (self._delete_spu_group, _GROUP_ERRORS, Error.SPU_ERROR),
         }.get(label, (None, {}, Error.INVALID_DELETE_REQUEST))
 
     def _update_handler(self, label: str) -> tuple[_Handler, dict[str, Error], Error]:
-        if label == codec.TOPIC:
+        if label == objects.TOPIC:
             return self._update_topic, _TOPIC_ERRORS, Error.TOPIC_ERROR
         return None, {}, Error.OTHER
 
     # ------------------------------------------------------------------ topics
 
-    async def _create_topic(self, request: codec.CreateRequest) -> codec.Status:
+    async def _create_topic(self, request: messages.CreateRequest) -> messages.Status:
         """Fluvio's order: name, existence, storage settings, replicas; then dry run or write and wait."""
         name = request.name
         mapping.check_topic_name(name)
@@ -158,14 +158,14 @@ class Admin:
         topic = mapping.topic_from_create(name, request.spec)
         if request.dry_run:
             await admin_ops.dry_run_topic(self.context, topic)
-            return codec.Status(name)
+            return messages.Status(name)
         with kv.budget(self.create_wait):  # an etcd leader change costs time, not the create
             revision = await admin_ops.create_topic(self.context, topic)
         verdict = await self.topic_waits.wait(name, lambda: self._topic_verdict(name, revision), self.create_wait)
         if verdict is None:
             return failure(name, Error.TOPIC_NOT_PROVISIONED, self._not_ready_message(name))
         if verdict.code is Error.NONE:
-            return codec.Status(name)
+            return messages.Status(name)
         return failure(name, verdict.code, verdict.message)
 
     def _topic_verdict(self, name: str, written_revision: int) -> Verdict | None:
@@ -206,7 +206,7 @@ class Admin:
             f"{self.create_wait:g} s (topic {topic.status.resolution.value}); the topic stays and is completed in the background"
         )
 
-    async def _delete_topic(self, request: codec.DeleteRequest) -> codec.Status:
+    async def _delete_topic(self, request: messages.DeleteRequest) -> messages.Status:
         name = request.key
         try:
             await admin_ops.delete(self.context, "topics", name)
@@ -214,12 +214,12 @@ class Admin:
             if error.code == "NotFound":
                 return failure(name, Error.TOPIC_NOT_FOUND, f"Topic {name!r} not found")
             raise
-        return codec.Status(name)
+        return messages.Status(name)
 
-    async def _update_topic(self, request: codec.UpdateRequest) -> codec.Status:
+    async def _update_topic(self, request: messages.UpdateRequest) -> messages.Status:
         name = request.key
         action = request.action
-        if isinstance(action, codec.AddMirror):
+        if isinstance(action, messages.AddMirror):
             return failure(name, Error.TOPIC_INVALID_REPLICA_TYPE, f"topic {name!r}: mirrors are not supported by this SC")
         try:
             await admin_ops.add_partitions(self.context, name, action.count)
@@ -227,20 +227,20 @@ class Admin:
             if error.code == "NotFound":
                 return failure(name, Error.TOPIC_NOT_FOUND, f"Topic {name!r} not found")
             raise
-        return codec.Status(name)  # Fluvio answers without waiting for the new partitions
+        return messages.Status(name)  # Fluvio answers without waiting for the new partitions
 
     # ------------------------------------------------------------------ SPUs and SPU groups
 
-    async def _register_spu(self, request: codec.CreateRequest) -> codec.Status:
+    async def _register_spu(self, request: messages.CreateRequest) -> messages.Status:
         spu = mapping.spu_from_create(request.name, request.spec)
         await admin_ops.register_spu(self.context, spu, dry_run=request.dry_run)
         # Fluvio answers a dry run with an empty name.
-        return codec.Status("" if request.dry_run else spu.name)
+        return messages.Status("" if request.dry_run else spu.name)
 
-    async def _unregister_spu(self, request: codec.DeleteRequest) -> codec.Status:
+    async def _unregister_spu(self, request: messages.DeleteRequest) -> messages.Status:
         key = request.key
         spus = self.context.local_store["spus"]
-        if isinstance(key, codec.SpuKeyName):
+        if isinstance(key, messages.SpuKeyName):
             shown = key.name
             entry = spus.get(key.name)
         else:
@@ -252,14 +252,14 @@ class Admin:
         if spu.spec.spu_type is not models.SpuType.CUSTOM:
             return failure(spu.name, Error.SPU_ERROR, f"expected 'Custom' spu, found '{spu.spec.spu_type.value}' spu ({spu.name!r})")
         await admin_ops.delete(self.context, "spus", spu.name)
-        return codec.Status(spu.name)
+        return messages.Status(spu.name)
 
-    async def _create_spu_group(self, request: codec.CreateRequest) -> codec.Status:
+    async def _create_spu_group(self, request: messages.CreateRequest) -> messages.Status:
         group = mapping.spu_group_from_create(request.name, request.spec)
         if request.dry_run:
             if self.context.local_store["spu-groups"].get(group.name) is not None:
                 return failure(group.name, Error.SPU_ERROR, f"{admin_ops.label('spu-groups', group.name)} already exists")
-            return codec.Status(group.name)
+            return messages.Status(group.name)
         revision = await admin_ops.create(self.context, group)
         wait_ms = min(request.timeout_ms if request.timeout_ms is not None else 120_000, int(self.create_wait * 1000))
         current, _ = await admin_ops.wait_settled(self.group_waits, group, revision, admin_ops.group_settled(revision), wait_ms)
@@ -270,23 +270,23 @@ class Admin:
                 f"SPU group {group.name!r} is Invalid: {current.status.reason}; "  # type: ignore[attr-defined]
                 "it was kept so you can see why: delete it and create it again",
             )
-        return codec.Status(group.name)
+        return messages.Status(group.name)
 
-    async def _delete_spu_group(self, request: codec.DeleteRequest) -> codec.Status:
+    async def _delete_spu_group(self, request: messages.DeleteRequest) -> messages.Status:
         await admin_ops.delete(self.context, "spu-groups", request.key)
-        return codec.Status(request.key)
+        return messages.Status(request.key)
 
 
 def _topic_of(partition_name: str) -> str:
     return partition_name.rpartition("-")[0]
 
 
-def _request_name(request: codec.CreateRequest | codec.DeleteRequest | codec.UpdateRequest) -> str:
-    if isinstance(request, codec.CreateRequest):
+def _request_name(request: messages.CreateRequest | messages.DeleteRequest | messages.UpdateRequest) -> str:
+    if isinstance(request, messages.CreateRequest):
         return request.name
     key = request.key
-    if isinstance(key, codec.SpuKeyName):
+    if isinstance(key, messages.SpuKeyName):
         return key.name
-    if isinstance(key, codec.SpuKeyId):
+    if isinstance(key, messages.SpuKeyId):
         return f"spu-{key.id}"
     return key if isinstance(key, str) else ""

@@ -11,9 +11,9 @@ import contextlib
 import itertools
 from typing import Any
 
-from controller.api.fluvio import messages as codec
+from controller.api.fluvio import messages, objects
 
-VERSION = codec.OBJECT_MAX_VERSION
+VERSION = messages.OBJECT_MAX_VERSION
 
 
 class Client:
@@ -22,10 +22,10 @@ class Client:
         self.writer = writer
         self.client_id = client_id
         self.received_bytes = 0
-        self.api_versions: codec.ApiVersionsResponse | None = None
+        self.api_versions: messages.ApiVersionsResponse | None = None
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[int, int, asyncio.Future[codec.Response]]] = {}
-        self._watches: dict[int, asyncio.Queue[codec.WatchResponse]] = {}
+        self._pending: dict[int, tuple[int, int, asyncio.Future[messages.Response]]] = {}
+        self._watches: dict[int, asyncio.Queue[messages.WatchResponse]] = {}
         self._reading = asyncio.create_task(self._read_loop(), name="fluvio-client-read")
         self.closed = asyncio.Event()
 
@@ -35,11 +35,11 @@ class Client:
         reader, writer = await asyncio.open_connection(host, port)
         client = cls(reader, writer, client_id)
         try:
-            versions = await client.request(codec.API_VERSIONS, codec.ApiVersionsRequest("0.15.2", "linux", "x86_64"), version=2)
+            versions = await client.request(messages.API_VERSIONS, messages.ApiVersionsRequest("0.15.2", "linux", "x86_64"), version=2)
         except BaseException:
             await client.close()
             raise
-        assert isinstance(versions, codec.ApiVersionsResponse)
+        assert isinstance(versions, messages.ApiVersionsResponse)
         client.api_versions = versions
         return client
 
@@ -54,51 +54,51 @@ class Client:
     def send_raw(self, data: bytes) -> None:
         self.writer.write(data)
 
-    async def request(self, api_key: int, body: Any, version: int = VERSION) -> codec.Response:
+    async def request(self, api_key: int, body: Any, version: int = VERSION) -> messages.Response:
         correlation_id = next(self._ids)
-        future: asyncio.Future[codec.Response] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[messages.Response] = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = (api_key, version, future)
-        self.writer.write(codec.encode_request(codec.RequestHeader(api_key, version, correlation_id, self.client_id), body))
+        self.writer.write(messages.encode_request(messages.RequestHeader(api_key, version, correlation_id, self.client_id), body))
         try:
             return await future
         finally:
             self._pending.pop(correlation_id, None)
 
-    async def status(self, api_key: int, body: Any) -> codec.Status:
+    async def status(self, api_key: int, body: Any) -> messages.Status:
         answer = await self.request(api_key, body)
-        assert isinstance(answer, codec.Status), answer
+        assert isinstance(answer, messages.Status), answer
         return answer
 
-    async def list(self, label: str, *filters: str, system: bool = False) -> list[codec.Metadata]:
-        answer = await self.request(codec.LIST, codec.ListRequest(label, list(filters), system=system))
-        assert isinstance(answer, codec.ListResponse) and answer.label == label, answer
+    async def list(self, label: str, *filters: str, system: bool = False) -> list[objects.Metadata]:
+        answer = await self.request(messages.LIST, messages.ListRequest(label, list(filters), system=system))
+        assert isinstance(answer, messages.ListResponse) and answer.label == label, answer
         return answer.items
 
-    def watch(self, label: str, version: int = VERSION) -> asyncio.Queue[codec.WatchResponse]:
+    def watch(self, label: str, version: int = VERSION) -> asyncio.Queue[messages.WatchResponse]:
         """Start a Watch; its frames arrive in the returned queue (unbounded: the test reads at will)."""
         correlation_id = next(self._ids)
-        queue: asyncio.Queue[codec.WatchResponse] = asyncio.Queue()
+        queue: asyncio.Queue[messages.WatchResponse] = asyncio.Queue()
         self._watches[correlation_id] = queue
-        self._pending[correlation_id] = (codec.WATCH, version, asyncio.get_running_loop().create_future())
-        header = codec.RequestHeader(codec.WATCH, version, correlation_id, "dummy")
-        self.writer.write(codec.encode_request(header, codec.WatchRequest(label)))
+        self._pending[correlation_id] = (messages.WATCH, version, asyncio.get_running_loop().create_future())
+        header = messages.RequestHeader(messages.WATCH, version, correlation_id, "dummy")
+        self.writer.write(messages.encode_request(header, messages.WatchRequest(label)))
         return queue
 
     async def _read_loop(self) -> None:
         try:
             while True:
                 prefix = await self.reader.readexactly(4)
-                message = await self.reader.readexactly(codec.frame_length(prefix))
+                message = await self.reader.readexactly(messages.frame_length(prefix))
                 self.received_bytes += 4 + len(message)
                 correlation_id = int.from_bytes(message[:4], "big", signed=True)
                 pending = self._pending.get(correlation_id)
                 if pending is None:
                     continue  # a late reply to a request given up on
                 api_key, version, future = pending
-                _, answer = codec.decode_response(message, api_key, version)
+                _, answer = messages.decode_response(message, api_key, version)
                 queue = self._watches.get(correlation_id)
                 if queue is not None:
-                    assert isinstance(answer, codec.WatchResponse)
+                    assert isinstance(answer, messages.WatchResponse)
                     queue.put_nowait(answer)
                 elif not future.done():
                     future.set_result(answer)

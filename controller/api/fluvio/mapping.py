@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pydantic
 
-from controller.api.fluvio import messages as codec
+from controller.api.fluvio import messages, objects
 from store import models
 
 # Fluvio's own limits on a topic's storage settings (fluvio-wire.md §6).
@@ -27,34 +27,34 @@ MAX_WIRE_PARTITIONS = 0xFFFF
 class Refused(Exception):
     """A request our models cannot represent, as the Fluvio error the client should see."""
 
-    def __init__(self, code: codec.Error, message: str) -> None:
+    def __init__(self, code: messages.Error, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
 
 
-_TOPIC_RESOLUTION = {resolution: codec.TopicResolution[resolution.name] for resolution in models.TopicResolution}
-_PARTITION_RESOLUTION = {resolution: codec.PartitionResolution[resolution.name] for resolution in models.PartitionResolution}
-_SPU_RESOLUTION = {resolution: codec.SpuResolution[resolution.name] for resolution in models.SpuResolution}
-_GROUP_RESOLUTION = {resolution: codec.SpuGroupResolution[resolution.name] for resolution in models.SpuGroupResolution}
+_TOPIC_RESOLUTION = {resolution: objects.TopicResolution[resolution.name] for resolution in models.TopicResolution}
+_PARTITION_RESOLUTION = {resolution: objects.PartitionResolution[resolution.name] for resolution in models.PartitionResolution}
+_SPU_RESOLUTION = {resolution: objects.SpuResolution[resolution.name] for resolution in models.SpuResolution}
+_GROUP_RESOLUTION = {resolution: objects.SpuGroupResolution[resolution.name] for resolution in models.SpuGroupResolution}
 
 
 # ---------------------------------------------------------------------------- our objects -> items
 
 
-def topic_item(topic: models.Topic) -> codec.Metadata:
+def topic_item(topic: models.Topic) -> objects.Metadata:
     spec = topic.spec
-    replicas: codec.ReplicaSpec
+    replicas: objects.ReplicaSpec
     if spec.replica_assignment is not None:
-        replicas = codec.AssignedReplicas([codec.PartitionMap(row.id, list(row.replicas)) for row in spec.replica_assignment])
+        replicas = objects.AssignedReplicas([objects.PartitionMap(row.id, list(row.replicas)) for row in spec.replica_assignment])
     else:
         assert spec.partitions is not None and spec.replication_factor is not None
-        replicas = codec.ComputedReplicas(spec.partitions, spec.replication_factor, spec.ignore_rack_assignment)
+        replicas = objects.ComputedReplicas(spec.partitions, spec.replication_factor, spec.ignore_rack_assignment)
     status = topic.status
-    return codec.Metadata(
+    return objects.Metadata(
         topic.name,
-        codec.TopicSpec(replicas),
-        codec.TopicStatus(
+        objects.TopicSpec(replicas),
+        objects.TopicStatus(
             _TOPIC_RESOLUTION[status.resolution],
             {index: list(spus) for index, spus in status.replica_map.items()},
             {},
@@ -63,77 +63,77 @@ def topic_item(topic: models.Topic) -> codec.Metadata:
     )
 
 
-def partition_item(partition: models.Partition) -> codec.Metadata:
+def partition_item(partition: models.Partition) -> objects.Metadata:
     status = partition.status
     leader = (
-        _replica_status(status.leader) if status.leader is not None else codec.ReplicaStatus(partition.spec.leader)
+        _replica_status(status.leader) if status.leader is not None else objects.ReplicaStatus(partition.spec.leader)
     )
-    return codec.Metadata(
+    return objects.Metadata(
         partition.name,
-        codec.PartitionSpec(partition.spec.leader, list(partition.spec.replicas)),
-        codec.PartitionStatus(
-            leader,
-            _PARTITION_RESOLUTION[status.resolution],
-            status.lrs,
-            [_replica_status(replica) for replica in status.replicas],
+        objects.PartitionSpec(partition.spec.leader, list(partition.spec.replicas)),
+        objects.PartitionStatus(
+            leader=leader,
+            resolution=_PARTITION_RESOLUTION[status.resolution],
+            lrs=status.lrs,
+            replicas=[_replica_status(replica) for replica in status.replicas],
         ),
     )
 
 
-def _replica_status(replica: models.ReplicaStatus) -> codec.ReplicaStatus:
-    return codec.ReplicaStatus(replica.spu, replica.hw, replica.leo)
+def _replica_status(replica: models.ReplicaStatus) -> objects.ReplicaStatus:
+    return objects.ReplicaStatus(replica.spu, replica.hw, replica.leo)
 
 
-def _ingress(endpoint: models.Endpoint) -> codec.IngressPort:
+def _ingress(endpoint: models.Endpoint) -> objects.IngressPort:
     try:
         ipaddress.ip_address(endpoint.host)
     except ValueError:
-        address = codec.IngressAddr(hostname=endpoint.host)
+        address = objects.IngressAddr(hostname=endpoint.host)
     else:
-        address = codec.IngressAddr(ip=endpoint.host)
-    return codec.IngressPort(endpoint.port, [address])
+        address = objects.IngressAddr(ip=endpoint.host)
+    return objects.IngressPort(endpoint.port, [address])
 
 
-def spu_item(spu: models.Spu) -> codec.Metadata:
+def spu_item(spu: models.Spu) -> objects.Metadata:
     spec = spu.spec
-    spu_type = codec.SpuType.CUSTOM if spec.spu_type is models.SpuType.CUSTOM else codec.SpuType.MANAGED
-    return codec.Metadata(
+    spu_type = objects.SpuType.CUSTOM if spec.spu_type is models.SpuType.CUSTOM else objects.SpuType.MANAGED
+    return objects.Metadata(
         spu.name,
-        codec.SpuSpec(
+        objects.SpuSpec(
             spec.id,
             spu_type,
             _ingress(spec.public_endpoint),
-            codec.Endpoint(spec.private_endpoint.port, spec.private_endpoint.host),
+            objects.Endpoint(spec.private_endpoint.port, spec.private_endpoint.host),
             spec.rack,
         ),
-        codec.SpuStatus(_SPU_RESOLUTION[spu.status.resolution]),
+        objects.SpuStatus(_SPU_RESOLUTION[spu.status.resolution]),
     )
 
 
-def custom_spu_item(spu: models.Spu) -> codec.Metadata:
+def custom_spu_item(spu: models.Spu) -> objects.Metadata:
     spec = spu.spec
-    return codec.Metadata(
+    return objects.Metadata(
         spu.name,
-        codec.CustomSpuSpec(
+        objects.CustomSpuSpec(
             spec.id,
             _ingress(spec.public_endpoint),
-            codec.Endpoint(spec.private_endpoint.port, spec.private_endpoint.host),
+            objects.Endpoint(spec.private_endpoint.port, spec.private_endpoint.host),
             spec.rack,
         ),
-        codec.SpuStatus(_SPU_RESOLUTION[spu.status.resolution]),
+        objects.SpuStatus(_SPU_RESOLUTION[spu.status.resolution]),
     )
 
 
-def spu_group_item(group: models.SpuGroup) -> codec.Metadata:
+def spu_group_item(group: models.SpuGroup) -> objects.Metadata:
     spec = group.spec
-    return codec.Metadata(
+    return objects.Metadata(
         group.name,
-        codec.SpuGroupSpec(
+        objects.SpuGroupSpec(
             spec.replicas,
             spec.min_id,
-            codec.SpuConfig(rack=spec.rack, storage=codec.SpuStorageConfig(spec.storage.log_dir, spec.storage.size)),
+            objects.SpuConfig(rack=spec.rack, storage=objects.SpuStorageConfig(spec.storage.log_dir, spec.storage.size)),
         ),
-        codec.SpuGroupStatus(_GROUP_RESOLUTION[group.status.resolution], group.status.reason or None),
+        objects.SpuGroupStatus(_GROUP_RESOLUTION[group.status.resolution], group.status.reason or None),
     )
 
 
@@ -142,12 +142,12 @@ def is_custom(obj: models.ClusterObject) -> bool:
 
 
 # label -> (the kind it lists, which objects of the kind it shows (None: all), the item)
-ITEMS: dict[str, tuple[str, Callable[[models.ClusterObject], bool] | None, Callable[..., codec.Metadata]]] = {
-    codec.TOPIC: ("topics", None, topic_item),
-    codec.PARTITION: ("partitions", None, partition_item),
-    codec.SPU: ("spus", None, spu_item),
-    codec.CUSTOM_SPU: ("spus", is_custom, custom_spu_item),
-    codec.SPU_GROUP: ("spu-groups", None, spu_group_item),
+ITEMS: dict[str, tuple[str, Callable[[models.ClusterObject], bool] | None, Callable[..., objects.Metadata]]] = {
+    objects.TOPIC: ("topics", None, topic_item),
+    objects.PARTITION: ("partitions", None, partition_item),
+    objects.SPU: ("spus", None, spu_item),
+    objects.CUSTOM_SPU: ("spus", is_custom, custom_spu_item),
+    objects.SPU_GROUP: ("spu-groups", None, spu_group_item),
 }
 
 
@@ -158,12 +158,12 @@ def check_topic_name(name: str) -> None:
     try:
         models.validate_name(name, "topic name")
     except ValueError as error:
-        raise Refused(codec.Error.TOPIC_INVALID_NAME, str(error)) from None
+        raise Refused(messages.Error.TOPIC_INVALID_NAME, str(error)) from None
 
 
-def check_topic_config(spec: codec.TopicSpec) -> None:
+def check_topic_config(spec: objects.TopicSpec) -> None:
     """Fluvio's checks of the storage settings, in its order (TopicInvalidConfiguration)."""
-    invalid = codec.Error.TOPIC_INVALID_CONFIGURATION
+    invalid = messages.Error.TOPIC_INVALID_CONFIGURATION
     if spec.cleanup_policy is not None and spec.cleanup_policy.time_in_seconds < MIN_RETENTION_SECONDS:
         raise Refused(
             invalid,
@@ -191,25 +191,25 @@ def check_topic_config(spec: codec.TopicSpec) -> None:
         raise Refused(invalid, "system topics are the cluster's own; create the topic with system = false")
 
 
-def topic_from_create(name: str, spec: codec.TopicSpec) -> models.Topic:
+def topic_from_create(name: str, spec: objects.TopicSpec) -> models.Topic:
     """Our topic for a Fluvio create (after check_topic_name and check_topic_config)."""
     replicas = spec.replicas
-    if isinstance(replicas, codec.MirrorReplicas):
-        raise Refused(codec.Error.TOPIC_INVALID_REPLICA_TYPE, "mirror topics are not supported by this SC: use computed or assigned replicas")
+    if isinstance(replicas, objects.MirrorReplicas):
+        raise Refused(messages.Error.TOPIC_INVALID_REPLICA_TYPE, "mirror topics are not supported by this SC: use computed or assigned replicas")
     fields: dict[str, object]
-    if isinstance(replicas, codec.AssignedReplicas):
+    if isinstance(replicas, objects.AssignedReplicas):
         mirrored = [row.id for row in replicas.maps if row.mirror is not None]
         if mirrored:
             raise Refused(
-                codec.Error.TOPIC_INVALID_REPLICA_TYPE,
+                messages.Error.TOPIC_INVALID_REPLICA_TYPE,
                 f"partitions {mirrored} carry a mirror configuration, which this SC does not support",
             )
         if len(replicas.maps) > MAX_WIRE_PARTITIONS:
-            raise Refused(codec.Error.TOPIC_ERROR, _too_many_partitions(len(replicas.maps)))
+            raise Refused(messages.Error.TOPIC_ERROR, _too_many_partitions(len(replicas.maps)))
         fields = {"replicaAssignment": [{"id": row.id, "replicas": list(row.replicas)} for row in replicas.maps]}
     else:
         if replicas.partitions > MAX_WIRE_PARTITIONS:
-            raise Refused(codec.Error.TOPIC_ERROR, _too_many_partitions(replicas.partitions))
+            raise Refused(messages.Error.TOPIC_ERROR, _too_many_partitions(replicas.partitions))
         fields = {
             "partitions": replicas.partitions,
             "replicationFactor": replicas.replication_factor,
@@ -218,7 +218,7 @@ def topic_from_create(name: str, spec: codec.TopicSpec) -> models.Topic:
     try:
         return models.Topic.model_validate({"name": name, "spec": fields})
     except pydantic.ValidationError as error:
-        raise Refused(codec.Error.TOPIC_ERROR, models.describe_validation_error(error)) from None
+        raise Refused(messages.Error.TOPIC_ERROR, models.describe_validation_error(error)) from None
 
 
 def _too_many_partitions(count: int) -> str:
@@ -228,13 +228,13 @@ def _too_many_partitions(count: int) -> str:
     )
 
 
-def spu_from_create(name: str, spec: codec.CustomSpuSpec) -> models.Spu:
+def spu_from_create(name: str, spec: objects.CustomSpuSpec) -> models.Spu:
     """Our custom SPU for a Fluvio register request."""
-    error = codec.Error.SPU_ERROR
+    error = messages.Error.SPU_ERROR
     if spec.public_endpoint_local is not None:
         raise Refused(error, "publicEndpointLocal is not supported by this SC: register the SPU without it")
     for which, encryption in (("public", spec.public_endpoint.encryption), ("private", spec.private_endpoint.encryption)):
-        if encryption is not codec.Encryption.PLAINTEXT:
+        if encryption is not objects.Encryption.PLAINTEXT:
             raise Refused(error, f"the {which} endpoint asks for {encryption.name} encryption; this SC supports PLAINTEXT only")
     ingress = spec.public_endpoint.ingress
     if len(ingress) != 1:
@@ -259,9 +259,9 @@ def spu_from_create(name: str, spec: codec.CustomSpuSpec) -> models.Spu:
         raise Refused(error, models.describe_validation_error(failure)) from None
 
 
-def spu_group_from_create(name: str, spec: codec.SpuGroupSpec) -> models.SpuGroup:
+def spu_group_from_create(name: str, spec: objects.SpuGroupSpec) -> models.SpuGroup:
     """Our SPU group for a Fluvio create request."""
-    error = codec.Error.SPU_ERROR
+    error = messages.Error.SPU_ERROR
     config = spec.spu_config
     if config.replication is not None and config.replication.in_sync_replica_min is not None:
         raise Refused(

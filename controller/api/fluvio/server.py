@@ -20,7 +20,7 @@ import structlog
 from connection_manager import ratelimit, transport
 from controller import context as context_module
 from controller.api import admission, listing
-from controller.api.fluvio import admin as admin_module, messages as codec, mapping
+from controller.api.fluvio import admin as admin_module, mapping, messages, objects as fluvio_objects, primitives
 from store import local, models
 
 log = structlog.get_logger(__name__)
@@ -28,7 +28,7 @@ log = structlog.get_logger(__name__)
 # Any semver >= 0.9.0 satisfies Fluvio.connect; this is the release the 0.21 client was built from.
 PLATFORM_VERSION = "0.17.3"
 # The object APIs this SC serves, each in the type-labelled layout only (v11..19; the client picks 19).
-SERVED_APIS = (codec.CREATE, codec.DELETE, codec.LIST, codec.WATCH, codec.UPDATE)
+SERVED_APIS = (messages.CREATE, messages.DELETE, messages.LIST, messages.WATCH, messages.UPDATE)
 # Frames above this close the connection (as a body above it gets a 413 over HTTP).
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 # Writes (create, delete, update) answered concurrently per connection; beyond, reading waits.
@@ -64,8 +64,8 @@ _SORT_KEYS: dict[str, Callable[[Any], Any]] = {
 
 
 def api_versions_body() -> bytes:
-    keys = [codec.ApiVersionKey(key, codec.OBJECT_MIN_VERSION, codec.OBJECT_MAX_VERSION) for key in SERVED_APIS]
-    return codec.encode_response_body(codec.ApiVersionsResponse(keys, PLATFORM_VERSION), 0)
+    keys = [messages.ApiVersionKey(key, messages.OBJECT_MIN_VERSION, messages.OBJECT_MAX_VERSION) for key in SERVED_APIS]
+    return messages.encode_response_body(messages.ApiVersionsResponse(api_keys=keys, platform_version=PLATFORM_VERSION), 0)
 
 
 class ItemCache:
@@ -83,8 +83,8 @@ class ItemCache:
             return cached[1]
         _, _, item = mapping.ITEMS[label]
         try:
-            data: bytes | None = codec.encode_metadata(label, item(obj), version)
-        except codec.EncodeError as error:
+            data: bytes | None = fluvio_objects.encode_metadata(label, item(obj), version)
+        except primitives.EncodeError as error:
             log.warning("object left out of Fluvio answers: the protocol cannot carry it", label=label, name=obj.name, error=str(error))
             data = None
         table[obj.name] = (obj, data)
@@ -147,7 +147,7 @@ class FluvioServer:
             encoded += [self.items.encoded(label, version, obj) for obj in objects[start : start + ENCODE_CHUNK]]
         return encoded
 
-    async def list_body(self, request: codec.ListRequest, version: int) -> bytes:
+    async def list_body(self, request: messages.ListRequest, version: int) -> bytes:
         """Topic: name filters are substrings OR-ed, and system selects system topics (we have none);
         Partition: filters ignored; SPU, CustomSpu, SpuGroup: substring filters. Unserved labels: [].
 
@@ -155,11 +155,11 @@ class FluvioServer:
         not change), inside a slot of the expensive-work gate (admission.Busy if none comes)."""
         label = request.label
         served = mapping.ITEMS.get(label)
-        if served is None or (request.system and label in (codec.TOPIC, codec.PARTITION)):
-            return codec.list_body(label, [])
+        if served is None or (request.system and label in (fluvio_objects.TOPIC, fluvio_objects.PARTITION)):
+            return messages.list_body(label, [])
         kind, keep, _ = served
         table = self.context.local_store[kind]
-        filters = tuple(request.name_filters) if label != codec.PARTITION else ()
+        filters = tuple(request.name_filters) if label != fluvio_objects.PARTITION else ()
         lists = self.context.lists
 
         async def build(taken: Callable[[int], None]) -> listing.Answer:
@@ -174,7 +174,7 @@ class FluvioServer:
                     objects = [obj for obj in objects if any(part in obj.name for part in filters)]
                 encoded = await self.encode_all(label, version, objects)
                 self.items.prune(label, version, table.view)
-                return listing.Answer(codec.list_body(label, [item for item in encoded if item is not None]), revision)
+                return listing.Answer(messages.list_body(label, [item for item in encoded if item is not None]), revision)
 
         answer = await lists.answers.get(("fluvio", label, version, filters), table.epoch, None, build)
         return answer.body
@@ -252,13 +252,13 @@ class Session:
                 except TimeoutError:
                     self._timed_out(guard, transport.HEADER_TIMEOUT)
                     return
-                length = codec.frame_length(prefix, self.server.max_frame_bytes)
+                length = messages.frame_length(prefix, self.server.max_frame_bytes)
                 try:
                     message = await self._read_frame(length, settings.client_body_timeout, guard)
                 except TimeoutError:
                     self._timed_out(guard, transport.BODY_TIMEOUT)
                     return
-                request = codec.decode_request(message)
+                request = messages.decode_request(message)
             except (asyncio.IncompleteReadError, _ClosedMidFrame) as error:
                 received = len(error.partial) if isinstance(error, asyncio.IncompleteReadError) else error.received
                 if received:
@@ -268,7 +268,7 @@ class Session:
                 return
             except (ConnectionError, OSError):
                 return
-            except codec.DecodeError as error:
+            except primitives.DecodeError as error:
                 self.server.log.warning(
                     "fluvio:undecodable",
                     "closing Fluvio connections: undecodable frame",
@@ -327,20 +327,20 @@ class Session:
                 f"fluvio:{reason}", "closing Fluvio connections: the client was too slow", peer=self.peer, reason=reason
             )
 
-    async def _dispatch(self, request: codec.Request) -> bool:
+    async def _dispatch(self, request: messages.Request) -> bool:
         """Start answering one request; False when the connection must close."""
         while len(self._replies) >= MAX_QUEUED_REPLIES:
             self._room.clear()
             await self._room.wait()
         header, body = request.header, request.body
         correlation_id, version = header.correlation_id, header.api_version
-        if isinstance(body, codec.ApiVersionsRequest):
+        if isinstance(body, messages.ApiVersionsRequest):
             self.reply(correlation_id, self.server.api_versions)
             return True
-        if isinstance(body, (codec.ListRequest, codec.WatchRequest)):
+        if isinstance(body, (messages.ListRequest, messages.WatchRequest)):
             # Before the store has synced a list would be empty, not true.
             await self.server.context.synced.wait()
-        if isinstance(body, codec.ListRequest):
+        if isinstance(body, messages.ListRequest):
             gate = self.server.context.gate
             try:
                 answer = await self.server.list_body(body, version)
@@ -353,8 +353,8 @@ class Session:
                 self.reply(correlation_id, answer, release)
             except admission.Busy as busy:
                 self.server.log.warning("fluvio:list-busy", "refusing Fluvio Lists: the SC is busy", peer=self.peer, label=body.label, reason=busy.message)
-                self.reply(correlation_id, codec.list_body(BUSY_LABEL, []))
-        elif isinstance(body, codec.WatchRequest):
+                self.reply(correlation_id, messages.list_body(BUSY_LABEL, []))
+        elif isinstance(body, messages.WatchRequest):
             self._watches += 1
             if self._watches > MAX_WATCHES:
                 self.server.log.warning("fluvio:too-many-watches", "closing Fluvio connections: too many watches", peer=self.peer, limit=MAX_WATCHES)
@@ -376,11 +376,11 @@ class Session:
         return True
 
     async def _answer(
-        self, correlation_id: int, version: int, body: codec.CreateRequest | codec.DeleteRequest | codec.UpdateRequest
+        self, correlation_id: int, version: int, body: messages.CreateRequest | messages.DeleteRequest | messages.UpdateRequest
     ) -> None:
         try:
             status = await self.server.admin.answer(body)
-            self.reply(correlation_id, codec.encode_response_body(status, version))
+            self.reply(correlation_id, messages.encode_response_body(status, version))
         finally:
             self._slots.release()
 
@@ -392,7 +392,7 @@ class Session:
     # ------------------------------------------------------------------ writing
 
     def reply(self, correlation_id: int, body: bytes, release: Callable[[], None] | None = None) -> None:
-        self._replies.append((codec.response_header(correlation_id, len(body)), body, release))
+        self._replies.append((messages.response_header(correlation_id, len(body)), body, release))
         self._wake.set()
 
     def watch_ready(self, watch: WatchStream) -> None:
@@ -498,7 +498,7 @@ class WatchStream:
         """The next frame (None if nothing visible changed since the last)."""
         self._built.set()
         if self.table is None or self.listener is None:
-            return codec.response_frame(self.correlation_id, codec.watch_body(self.label, 0, [], []))
+            return messages.response_frame(self.correlation_id, messages.watch_body(self.label, 0, [], []))
         changes = self.listener.changes()
         if self.first:
             self.first = False
@@ -507,36 +507,36 @@ class WatchStream:
             self.known = {obj.name: obj for obj in objects}
             encoded = await self.session.server.encode_all(self.label, self.version, objects)
             snapshot = [item for item in encoded if item is not None]
-            return codec.response_frame(self.correlation_id, codec.watch_body(self.label, changes.epoch, [], snapshot))
-        messages = self._messages(changes)
-        if not messages:
+            return messages.response_frame(self.correlation_id, messages.watch_body(self.label, changes.epoch, [], snapshot))
+        changed = self._messages(changes)
+        if not changed:
             return None
-        items = await self.session.server.encode_all(self.label, self.version, [obj for _, obj in messages])
-        encoded = [(header, item) for (header, _), item in zip(messages, items, strict=True) if item is not None]
+        items = await self.session.server.encode_all(self.label, self.version, [obj for _, obj in changed])
+        encoded = [(header, item) for (header, _), item in zip(changed, items, strict=True) if item is not None]
         self.session.server.items.prune(self.label, self.version, self.table.view)
-        return codec.response_frame(self.correlation_id, codec.watch_body(self.label, changes.epoch, encoded, []))
+        return messages.response_frame(self.correlation_id, messages.watch_body(self.label, changes.epoch, encoded, []))
 
-    def _messages(self, changes: local.Changes) -> list[tuple[codec.MessageType, models.ClusterObject]]:
-        messages: list[tuple[codec.MessageType, models.ClusterObject]] = []
+    def _messages(self, changes: local.Changes) -> list[tuple[messages.MessageType, models.ClusterObject]]:
+        changed: list[tuple[messages.MessageType, models.ClusterObject]] = []
         known = self.known
         updated = [entry.obj for entry in changes.updated]
         if changes.full:
             # Behind a resync fence: whatever the client knows that is gone now was deleted.
             fresh = {obj.name for obj in updated}
             for name in [name for name in known if name not in fresh]:
-                messages.append((codec.MessageType.DELETE, known.pop(name)))
+                changed.append((messages.MessageType.DELETE, known.pop(name)))
         for obj in updated:
             previous = known.get(obj.name)
             if self.keep is not None and not self.keep(obj):
                 if previous is not None:
-                    messages.append((codec.MessageType.DELETE, known.pop(obj.name)))
+                    changed.append((messages.MessageType.DELETE, known.pop(obj.name)))
                 continue
             if previous is None or (previous is not obj and previous != obj):
-                messages.append((codec.MessageType.UPDATE, obj))
+                changed.append((messages.MessageType.UPDATE, obj))
                 known[obj.name] = obj
         for name in changes.deleted:
             gone = known.pop(name, None)
             if gone is not None:
-                messages.append((codec.MessageType.DELETE, gone))
-        return messages
+                changed.append((messages.MessageType.DELETE, gone))
+        return changed
 
