@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from controller.audit import options
+
 
 def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     audit = commands.add_parser("audit", help="export the metadata history and run the Spark audits over it")
@@ -34,18 +36,8 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         description="Leader changes, unavailability, provisioning latency, SPU intervals, placement balance and "
         "spec changes: report.json, report.md with PNG charts, and Parquet tables under --out.",
     )
-    add_report_arguments(report)
+    options.add_report_arguments(report)
     report.set_defaults(handler=handle_report)
-
-
-def add_report_arguments(parser: argparse.ArgumentParser) -> None:
-    """The report's arguments, shared with the spark-submit entry point (controller/audit/jobs.py)."""
-    parser.add_argument("--history", type=Path, required=True, help="the exported history (sc audit export --out DIR)")
-    parser.add_argument("--out", type=Path, required=True, help="where the report goes (created if absent)")
-    parser.add_argument("--master", help="Spark master: local[*] (the default here), spark://host:7077, ...")
-    parser.add_argument("--at", help="placement balance at this ISO 8601 time (default: the end of the history)")
-    parser.add_argument("--flap-count", type=int, default=3, help="offline transitions that make an SPU flapping (default 3)")
-    parser.add_argument("--flap-window", type=float, default=600.0, help="... within this many seconds (default 600)")
 
 
 def handle_export(args: argparse.Namespace) -> int:
