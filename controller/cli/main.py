@@ -9,10 +9,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from controller.cli import admin as admin_cli, run as run_cli, spu as spu_cli
-from controller.demo import demo
-from controller.cli import audit as audit_cli
-from controller.cli import placement as placement_cli
+from controller.cli import audit, demo, partition, placement, run, spu, spu_group, topic
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,12 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Streaming Controller: the control plane of a Fluvio-style streaming cluster.",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    run_cli.register(commands)
-    admin_cli.register(commands)
-    spu_cli.register(commands)
-    placement_cli.register(commands)
-    audit_cli.register(commands)
-    demo.register(commands)
+    # In the order `sc --help` lists them.
+    for group in (run, topic, spu, spu_group, partition, placement, audit, demo):
+        group.register(commands)
     return parser
 
 

@@ -1,6 +1,7 @@
 """`sc demo`: the SC on its embedded etcd and six simulated SPUs in three racks; placement, a failover
 and its return, then the Spark audit. Owns the story and its waits; talks to the SC only over its HTTP
-API, runs everything as subprocesses it always stops (demo_processes), shows it through demo_output."""
+API, runs everything as subprocesses it always stops (processes), shows it through output. Its flags
+are controller/cli/demo.py's."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TypeVar
 
-from controller.cli import admin as admin_cli
+from controller.api import client
 from controller.demo import output as demo_output, processes as demo_processes
 from store import embedded_etcd
 
@@ -83,27 +84,6 @@ class Terminated(KeyboardInterrupt):
 
 
 # ---------------------------------------------------------------------------- the command
-
-
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    summary = "a local cluster end to end: placement, an SPU killed and back, the Spark audit (a few minutes)"
-    demo = commands.add_parser(
-        "demo",
-        help=summary,
-        description="Start the SC on its embedded etcd in a temporary data dir and six simulated SPUs in racks "
-        "r1, r2, r3; create three topics (computed, rack-aware, placement policies) and show their placement; "
-        "kill the SPU leading the most partitions and show the new leaders, bring it back and show the preferred "
-        "leaders return; then export the history and run the Spark audit report into --out. Every process it "
-        "starts is stopped when it ends, fails or is interrupted (Ctrl-C: exit status 130).",
-    )
-    demo.add_argument(
-        "--out", type=Path, default=Path("./sc-demo-report"), metavar="DIR",
-        help="where the report, the exported history and the processes' logs go (default ./sc-demo-report; "
-        "an earlier demo's output there is replaced)",
-    )
-    demo.add_argument("--keep-data", action="store_true", help="keep the temporary data dir (etcd data, history) and print where it is")
-    demo.add_argument("--no-audit", dest="audit", action="store_false", help="skip the history export and the Spark report")
-    demo.set_defaults(handler=handle_demo)
 
 
 def handle_demo(args: argparse.Namespace) -> int:
@@ -188,7 +168,7 @@ class Demo:
         self.data_dir = work_dir / "data"
         self.audit = audit
         self.processes = demo_processes.Processes(mark=str(work_dir), log_dir=out_dir / "logs")
-        self.client = admin_cli.Client("http://127.0.0.1:0")  # the SC's real port once start_sc has chosen it
+        self.client = client.Client("http://127.0.0.1:0")  # the SC's real port once start_sc has chosen it
         self.private_address = ""
         self.spu_ports: list[int] = []
         self.racks: dict[int, str] = {}
@@ -219,7 +199,7 @@ class Demo:
             ports = embedded_etcd.free_ports(4 + 2 * len(RACKS) * SPUS_PER_RACK)
             public, private, etcd_client, etcd_peer = ports[:4]
             self.spu_ports = ports[4:]
-            self.client = admin_cli.Client(f"http://127.0.0.1:{public}")
+            self.client = client.Client(f"http://127.0.0.1:{public}")
             self.private_address = f"127.0.0.1:{private}"
             self.running.add("sc")
             self.processes.start("sc", [
@@ -480,7 +460,7 @@ class Demo:
     def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         try:
             return self.client.call(method, path, body)
-        except admin_cli.CliError as error:
+        except client.ClientError as error:
             raise DemoError(f"{method} {path}: {error}") from None
 
     def partitions(self) -> dict[str, dict[str, Any]]:
@@ -523,7 +503,7 @@ class Demo:
     def _healthy(self) -> bool:
         try:
             status, _ = self.client.call("GET", "/healthz")
-        except admin_cli.CliError:
+        except client.ClientError:
             return False  # not listening yet, or 503 until its store is synced
         return status == 200
 

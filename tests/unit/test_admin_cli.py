@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from controller import config
+from controller.api import client as api_client
 from controller.cli import admin as admin_cli, main as cli
 from store import models
 from tests.unit import api_server
@@ -338,7 +339,7 @@ async def test_partition_list(server: api_server.ApiServer, sc: Sc) -> None:
 
 
 async def test_lists_are_read_in_pages_to_the_end(server: api_server.ApiServer, sc: Sc, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(admin_cli, "PAGE_SIZE", 7)
+    monkeypatch.setattr(api_client, "PAGE_SIZE", 7)
     names = [f"t{number}-{index}" for number in range(3) for index in range(20)]
     await server.put(*(partition(name, [1]) for name in names))
     code, out, _ = await sc("partition", "list", "-o", "json")
