@@ -33,7 +33,7 @@ sys.path.append(str(Path(__file__).resolve().parent))
 import aiohttp  # noqa: E402
 
 import provisioning  # noqa: E402  (bench/provisioning.py: the `sc run` process and the seeding)
-from controller.fluvio import client as client_module, codec  # noqa: E402
+from controller.api.fluvio import client as client_module, messages, objects as fluvio_objects  # noqa: E402
 from store import embedded_etcd, etcd, models  # noqa: E402
 
 LIST_REPEATS = 20
@@ -54,10 +54,10 @@ async def fluvio_list_once(port: int) -> tuple[float, int]:
     """Seconds from sending List "Topic" to the answer's last byte, and the answer's bytes."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
-        request = codec.encode_request(codec.RequestHeader(codec.LIST, 19, 1, "bench"), codec.ListRequest(codec.TOPIC))
+        request = messages.encode_request(messages.RequestHeader(messages.LIST, 19, 1, "bench"), messages.ListRequest(fluvio_objects.TOPIC))
         started = time.perf_counter()
         writer.write(request)
-        length = codec.frame_length(await reader.readexactly(4))
+        length = messages.frame_length(await reader.readexactly(4))
         await reader.readexactly(length)
         return time.perf_counter() - started, 4 + length
     finally:
@@ -118,7 +118,7 @@ async def list_run(endpoints: list[str], workdir: Path, topics: int) -> None:
             http = [await http_list_once(session, sc.url) for _ in range(LIST_REPEATS + 1)]
         check = await client_module.Client.connect("127.0.0.1", sc.port)
         try:
-            assert len(await check.list(codec.TOPIC)) == topics
+            assert len(await check.list(fluvio_objects.TOPIC)) == topics
         finally:
             await check.close()
         real = real_client_list(sc.port, LIST_REPEATS)
@@ -164,15 +164,15 @@ class Watcher:
 async def fluvio_watcher(port: int, watcher: Watcher, ready: asyncio.Event) -> None:
     client = await client_module.Client.connect("127.0.0.1", port)
     try:
-        frames = client.watch(codec.TOPIC)
+        frames = client.watch(fluvio_objects.TOPIC)
         await frames.get()  # the snapshot of the empty cluster
         ready.set()
         while not watcher.done.is_set():
             update = (await frames.get()).update
             watcher.frames += 1
             for message in update.changes:
-                provisioned = message.content.status.resolution is codec.TopicResolution.PROVISIONED
-                watcher.seen(message.content.name, None if message.header is codec.MessageType.DELETE else provisioned)
+                provisioned = message.content.status.resolution is fluvio_objects.TopicResolution.PROVISIONED
+                watcher.seen(message.content.name, None if message.header is messages.MessageType.DELETE else provisioned)
         watcher.bytes = client.received_bytes
     finally:
         await client.close()

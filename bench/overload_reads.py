@@ -42,7 +42,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 
 import aiohttp  # noqa: E402
 
-from controller.fluvio import codec  # noqa: E402
+from controller.api.fluvio import messages, objects as fluvio_objects  # noqa: E402
 from store import embedded_etcd, etcd, kv, models  # noqa: E402
 
 SPU_IDS = (0, 1, 2)
@@ -459,7 +459,7 @@ async def lists_attack(
     return outcomes
 
 
-async def fluvio_lists_attack(port: int, clients: int, label: str = codec.PARTITION) -> collections.Counter[str]:
+async def fluvio_lists_attack(port: int, clients: int, label: str = fluvio_objects.PARTITION) -> collections.Counter[str]:
     """``clients`` connections each sending one List; outcomes: "ok" (the label asked) or the label answered."""
     outcomes: collections.Counter[str] = collections.Counter()
 
@@ -470,8 +470,8 @@ async def fluvio_lists_attack(port: int, clients: int, label: str = codec.PARTIT
             outcomes[type(error).__name__] += 1
             return
         try:
-            writer.write(codec.encode_request(codec.RequestHeader(codec.LIST, 19, 1, "bench"), codec.ListRequest(label)))
-            length = codec.frame_length(await reader.readexactly(4), 1 << 31)
+            writer.write(messages.encode_request(messages.RequestHeader(messages.LIST, 19, 1, "bench"), messages.ListRequest(label)))
+            length = messages.frame_length(await reader.readexactly(4), 1 << 31)
             message = await reader.readexactly(length)
             answered = message[4 + 2 : 4 + 2 + int.from_bytes(message[4:6], "big")].decode()
             outcomes["ok" if answered == label else answered] += 1

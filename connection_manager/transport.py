@@ -219,6 +219,7 @@ class Port:
         self.evictable: dict[Guard, None] = {}
         self._garbage = 0
         self._next_collection = 0.0
+        self._deferred: asyncio.TimerHandle | None = None
 
     def admit(self, host: str) -> bool:
         """Take a connection slot for ``host`` (closing the oldest evictable connection if the port
@@ -261,13 +262,22 @@ class Port:
         """A failed request may have left ``size`` bytes in reference cycles: collect them once
         enough have gathered, whatever the GC's own thresholds."""
         self._garbage += size
-        now = asyncio.get_running_loop().time()
-        if self._garbage >= COLLECT_AFTER_BYTES and now >= self._next_collection:
-            self._garbage = 0
-            self._next_collection = now + COLLECT_INTERVAL
-            self.stats.collections += 1
-            gc.collect()
-            give_memory_back()
+        if self._garbage < COLLECT_AFTER_BYTES or self._deferred is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._next_collection:
+            self._collect(loop)
+        else:
+            # The attack's last clients: collect when the interval ends, not at some later failure.
+            self._deferred = loop.call_at(self._next_collection, self._collect, loop)
+
+    def _collect(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._deferred = None
+        self._garbage = 0
+        self._next_collection = loop.time() + COLLECT_INTERVAL
+        self.stats.collections += 1
+        gc.collect()
+        give_memory_back()
 
 
 def give_memory_back() -> None:

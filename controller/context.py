@@ -9,7 +9,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 from connection_manager import server as cm_server
-from controller import admission, config, listing, metrics, placement
+from controller import config, metrics, placement
+from controller.api import admission, listing, read_metrics
 from store import active_sc, history, kv, local, supervisor as supervisor_module
 
 
@@ -42,4 +43,4 @@ class Context:
         self.gate = admission.Gate(settings.max_expensive_requests, settings.max_expensive_queue, settings.expensive_queue_seconds)
         self.watchers = admission.Watchers(settings.max_watchers, settings.max_watchers_per_address)
         self.lists = listing.Lists(self.local_store, self.gate, settings.list_cache_bytes)
-        self.metrics.watch_reads(self.gate, self.watchers, self.lists)
+        self.metrics.watch(read_metrics.ReadsCollector(self.gate, self.watchers, self.lists))

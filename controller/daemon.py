@@ -17,8 +17,10 @@ from connection_manager import health as health_module
 from connection_manager import lrs
 from connection_manager import server as cm_server
 from connection_manager import transport
-from controller import api, config, context as context_module, metrics, pipeline, placement_plugins
-from controller.fluvio import listener as fluvio_listener, server as fluvio_server
+from controller import config, context as context_module, metrics, placement_plugins
+from controller.api import routes as api
+from controller.pipeline import pipeline
+from controller.api.fluvio import listener as fluvio_listener, server as fluvio_server
 from store import active_sc, embedded_etcd, etcd, history, kv, local, memory
 from store import supervisor as supervisor_module
 

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.json as pajson
 
-from controller import json_input
+from controller.api import json_input
 from store import history, models
 
 STATE_FILE = "_export_state.json"  # Spark ignores files starting with '_'

@@ -13,7 +13,6 @@ import datetime
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from controller.audit import export, report
+from controller.audit import export, options as options_module, report
 
 # The causes of the leader changes the SC decided (controller/partition.py writes them as Action.cause).
 CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean")
@@ -29,33 +28,6 @@ CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean")
 TIMELINE_BUCKETS = 200
 # Jobs submitted at once by the driver.
 PARALLEL_JOBS = 4
-# The longest --flap-window, in seconds (some 31 years).
-MAX_FLAP_WINDOW = 1_000_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class Options:
-    at: datetime.datetime | None = None  # balance at this time (default: the end of the history)
-    flap_count: int = 3  # an SPU that goes offline this many times ...
-    flap_window: float = 600.0  # ... within this many seconds is flapping
-
-    def __post_init__(self) -> None:
-        if self.flap_count < 2:
-            raise ValueError(f"--flap-count {self.flap_count} is too small: an SPU flaps when it goes offline at least twice")
-        # Bounded: Spark takes the window in microseconds as a 64-bit number.
-        if not 0 < self.flap_window <= MAX_FLAP_WINDOW:
-            raise ValueError(
-                f"--flap-window {self.flap_window:g} must be a number of seconds above 0 and at most {MAX_FLAP_WINDOW}"
-            )
-
-
-@dataclass(slots=True)
-class Results:
-    """What the jobs found, collected on the driver: rows as dicts, times as epoch microseconds."""
-
-    tables: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    history: dict[str, Any] = field(default_factory=dict)  # records, first/last time, gaps
-    balance_at_us: int = 0
 
 
 def session(master: str | None = None, app_name: str = "sc-audit", shuffle_partitions: int | None = None) -> SparkSession:
@@ -91,7 +63,9 @@ def load(spark: SparkSession, history_dir: Path | str) -> DataFrame:
     return spark.read.schema(from_arrow_schema(export.SCHEMA)).parquet(str(path))
 
 
-def run(spark: SparkSession, history_dir: Path | str, options: Options = Options()) -> Results:
+def run(
+    spark: SparkSession, history_dir: Path | str, options: options_module.Options = options_module.Options()
+) -> options_module.Results:
     """Every audit over the exported history at ``history_dir``."""
     frame = load(spark, history_dir)
     summary = frame.agg(
@@ -101,7 +75,7 @@ def run(spark: SparkSession, history_dir: Path | str, options: Options = Options
     ).first()
     assert summary is not None
     first_us, last_us = summary["first_us"], summary["last_us"]
-    results = Results(history={"records": summary["records"], "first_us": first_us, "last_us": last_us})
+    results = options_module.Results(history={"records": summary["records"], "first_us": first_us, "last_us": last_us})
     at_us = _micros(options.at) if options.at is not None else last_us
     results.balance_at_us = at_us
 
@@ -312,7 +286,7 @@ def _spu_intervals(runs: DataFrame, last_us: int) -> DataFrame:
     )
 
 
-def _flapping(intervals: DataFrame, options: Options) -> DataFrame:
+def _flapping(intervals: DataFrame, options: options_module.Options) -> DataFrame:
     """SPUs that went offline at least ``flap_count`` times within ``flap_window`` seconds."""
     window_us = int(options.flap_window * 1_000_000)
     offline = intervals.filter(F.col("state") == "Offline")
@@ -457,9 +431,9 @@ def _micros(value: datetime.datetime) -> int:
 
 
 def report_command(args: argparse.Namespace, default_master: str | None = None) -> int:
-    """Run every job and write the report (the arguments of controller.audit.cli); an exit status."""
+    """Run every job and write the report (the arguments of options.add_report_arguments); an exit status."""
     try:
-        options = Options(
+        options = options_module.Options(
             at=export.parse_time(args.at) if args.at else None, flap_count=args.flap_count, flap_window=args.flap_window
         )
     except (ValueError, export.ExportError) as error:
@@ -484,10 +458,8 @@ def report_command(args: argparse.Namespace, default_master: str | None = None) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """spark-submit controller/audit/jobs.py --history DIR --out DIR (the master: spark-submit's)."""
-    from controller.audit import cli
-
     parser = argparse.ArgumentParser(prog="jobs.py", description="The SC's Spark audit jobs over an exported history.")
-    cli.add_report_arguments(parser)
+    options_module.add_report_arguments(parser)
     return report_command(parser.parse_args(argv))
 
 

@@ -8,13 +8,12 @@ import datetime
 import json
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-if TYPE_CHECKING:  # the report is written from results; it never runs a job itself
-    from controller.audit.jobs import Results
+from controller.audit import options
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _TIME = pa.timestamp("us", tz="UTC")
@@ -78,7 +77,7 @@ def _seconds(value: float | None) -> float | None:
     return None if value is None else round(value, 6)
 
 
-def to_json(results: Results) -> dict[str, Any]:
+def to_json(results: options.Results) -> dict[str, Any]:
     """report.json: the keys API.md lists, exactly, then extra keys (API.md: extend freely)."""
     tables = results.tables
     balance_spus = tables["balance_spus"]
@@ -158,7 +157,7 @@ def table(name: str, rows: list[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def write(results: Results, out: Path) -> list[Path]:
+def write(results: options.Results, out: Path) -> list[Path]:
     """report.json, tables/<name>.parquet, charts/*.png and report.md under ``out``; the paths written."""
     (out / "tables").mkdir(parents=True, exist_ok=True)
     (out / "charts").mkdir(parents=True, exist_ok=True)
@@ -181,7 +180,7 @@ def write(results: Results, out: Path) -> list[Path]:
 # ---------------------------------------------------------------------------- the human report
 
 
-def to_markdown(results: Results, charts: list[str]) -> str:
+def to_markdown(results: options.Results, charts: list[str]) -> str:
     tables, summary = results.tables, results.history
     lines = [
         "# SC metadata audit",
@@ -257,7 +256,7 @@ def _image(charts: list[str], name: str, title: str) -> list[str]:
 # ---------------------------------------------------------------------------- charts
 
 
-def _charts(results: Results, directory: Path) -> list[Path]:
+def _charts(results: options.Results, directory: Path) -> list[Path]:
     """PNG charts of what has data: availability per topic, leaders per SPU over time, replicas per
     rack and per SPU."""
     import matplotlib

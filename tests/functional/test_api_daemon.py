@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from controller import cli
+from controller.cli import main as cli
 from store import kv, models
 from tests.fixtures.daemon import Running
 

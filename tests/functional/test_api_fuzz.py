@@ -36,7 +36,8 @@ from schemathesis.checks import (
 )
 
 from connection_manager import health as health_module
-from controller import config, daemon as daemon_module, openapi
+from controller import config, daemon as daemon_module
+from controller.api import openapi
 
 # Inputs per operation and mode: about 25 s for both daemons on a two-core machine.
 EXAMPLES = 25

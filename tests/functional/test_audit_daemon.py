@@ -261,7 +261,7 @@ async def test_a_torn_last_record_is_cut_on_restart_and_its_change_is_replayed(
 
 
 def test_sc_audit_export_prints_what_it_exported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from controller import cli
+    from controller.cli import main as cli
 
     missing = cli.main(["audit", "export", "--history-dir", str(tmp_path / "nothing"), "--out", str(tmp_path / "out")])
     assert missing == 1
@@ -283,7 +283,7 @@ async def _close(recorder: history.Recorder) -> None:
 
 
 def test_sc_audit_report_runs_the_jobs_in_the_shared_session(tmp_path: Path, spark: Any) -> None:
-    from controller import cli
+    from controller.cli import main as cli
 
     recorder = history.Recorder.open(tmp_path / "history")
     recorder.record_change("topics", "t", history.CREATE, 5, models.encode(models.Topic.model_validate({"name": "t", "spec": {"partitions": 1, "replicationFactor": 1}})))
@@ -299,7 +299,7 @@ def test_sc_audit_report_runs_the_jobs_in_the_shared_session(tmp_path: Path, spa
 
 async def test_the_history_of_an_sc_that_created_an_spu_group_exports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The reported crash: an SPU group's spec.replicas is a number where a partition's is a list."""
-    from controller import cli
+    from controller.cli import main as cli
 
     history_dir = tmp_path / "history"
     settings = config.Settings(store=config.StoreKind.MEMORY, history_dir=history_dir, **COMMON_SETTINGS)

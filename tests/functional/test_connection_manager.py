@@ -730,7 +730,7 @@ async def test_an_spu_flapping_50_times_leaves_no_partition_stuck(cluster: Clust
 
 
 async def test_sc_spu_drain_by_id_from_the_cli(cluster: Cluster, capsys: pytest.CaptureFixture[str]) -> None:
-    from controller import cli
+    from controller.cli import main as cli
 
     spus = await online_topic(cluster, "orders", 2, (10, 10, {1: 10}))
     await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=1)

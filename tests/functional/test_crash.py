@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from controller import topic as topic_controller
+from controller.reconcile import topic as topic_controller
 from store import active_sc, embedded_etcd, etcd, kv, models
 from tests import objects
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import demo
+from controller.demo import demo
 
 pytestmark = pytest.mark.etcd
 

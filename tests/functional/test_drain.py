@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller import cli
+from controller.cli import main as cli
 from store import embedded_etcd, models
 from tests.fixtures.daemon import Running, etcd_settings, running
 from tests.functional.test_connection_manager import Cluster, cluster, start_cluster  # noqa: F401 (cluster is a fixture)

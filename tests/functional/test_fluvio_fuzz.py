@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from controller.fluvio import client as client_module, codec
+from controller.api.fluvio import client as client_module, messages, objects
 from store import embedded_etcd
 from tests.fixtures import daemon as daemon_fixtures
 
@@ -23,21 +23,21 @@ SEED = 8
 
 # Requests that read, or that write nothing once corrupted: a mutated Create of a real label could
 # be a valid create, so writes are only ever sent truncated (which never decodes).
-HEADER = codec.RequestHeader(codec.LIST, 19, 1, "fuzz")
+HEADER = messages.RequestHeader(messages.LIST, 19, 1, "fuzz")
 READS = [
-    codec.encode_request(codec.RequestHeader(codec.API_VERSIONS, 2, 1, "fluvio"), codec.ApiVersionsRequest("0.15.2", "linux", "x86_64")),
-    codec.encode_request(HEADER, codec.ListRequest(codec.TOPIC, ["a"])),
-    codec.encode_request(HEADER, codec.ListRequest(codec.SPU)),
-    codec.encode_request(codec.RequestHeader(codec.WATCH, 19, 2, "dummy"), codec.WatchRequest(codec.PARTITION)),
+    messages.encode_request(messages.RequestHeader(messages.API_VERSIONS, 2, 1, "fluvio"), messages.ApiVersionsRequest("0.15.2", "linux", "x86_64")),
+    messages.encode_request(HEADER, messages.ListRequest(objects.TOPIC, ["a"])),
+    messages.encode_request(HEADER, messages.ListRequest(objects.SPU)),
+    messages.encode_request(messages.RequestHeader(messages.WATCH, 19, 2, "dummy"), messages.WatchRequest(objects.PARTITION)),
 ]
 WRITES = [
-    codec.encode_request(
-        codec.RequestHeader(codec.CREATE, 19, 3, "fluvio"),
-        codec.CreateRequest(codec.TOPIC, "fuzzed", codec.TopicSpec(codec.ComputedReplicas(1, 1, True))),
+    messages.encode_request(
+        messages.RequestHeader(messages.CREATE, 19, 3, "fluvio"),
+        messages.CreateRequest(objects.TOPIC, "fuzzed", spec=objects.TopicSpec(objects.ComputedReplicas(1, 1, True))),
     ),
-    codec.encode_request(codec.RequestHeader(codec.DELETE, 19, 4, "fluvio"), codec.DeleteRequest(codec.TOPIC, "kept")),
-    codec.encode_request(codec.RequestHeader(codec.UPDATE, 19, 5, "fluvio"), codec.UpdateRequest(codec.TOPIC, "kept", codec.AddPartition(1))),
-    codec.encode_request(codec.RequestHeader(codec.DELETE, 19, 6, "fluvio"), codec.DeleteRequest(codec.CUSTOM_SPU, codec.SpuKeyId(0))),
+    messages.encode_request(messages.RequestHeader(messages.DELETE, 19, 4, "fluvio"), messages.DeleteRequest(objects.TOPIC, "kept")),
+    messages.encode_request(messages.RequestHeader(messages.UPDATE, 19, 5, "fluvio"), messages.UpdateRequest(objects.TOPIC, "kept", messages.AddPartition(1))),
+    messages.encode_request(messages.RequestHeader(messages.DELETE, 19, 6, "fluvio"), messages.DeleteRequest(objects.CUSTOM_SPU, messages.SpuKeyId(0))),
 ]
 
 
@@ -63,7 +63,7 @@ def corrupted_read(rng: random.Random) -> bytes:
 
 def unserved_write(rng: random.Random) -> bytes:
     """A well-formed write of a label we do not serve, with a random payload."""
-    api_key = rng.choice([codec.CREATE, codec.DELETE, codec.UPDATE])
+    api_key = rng.choice([messages.CREATE, messages.DELETE, messages.UPDATE])
     label = "Fuzz" + "".join(rng.choice("xyz") for _ in range(rng.randrange(4)))
     payload = rng.randbytes(rng.randrange(0, 40))
     message = (
@@ -140,13 +140,13 @@ async def test_fuzzed_frames_change_nothing(fuzz_sc: daemon_fixtures.Running) ->
     # A client that stays connected all along, watching, must be unaffected.
     bystander = await client_module.Client.connect("127.0.0.1", port)
     try:
-        watch = bystander.watch(codec.TOPIC)
+        watch = bystander.watch(objects.TOPIC)
         await asyncio.wait_for(watch.get(), 5)
         await asyncio.gather(*(worker(rng.randrange(2**32)) for _ in range(WORKERS)))
         assert await fuzz_sc.call("GET", "/healthz") == (200, {"status": "ok"})
         status, topics = await fuzz_sc.call("GET", "/v1/topics")
         assert (status, [topic["name"] for topic in topics]) == (200, ["kept"])
-        assert [meta.name for meta in await bystander.list(codec.TOPIC)] == ["kept"]
+        assert [meta.name for meta in await bystander.list(objects.TOPIC)] == ["kept"]
         assert watch.empty(), "the bystander's watch saw changes"
     finally:
         await bystander.close()
@@ -158,6 +158,6 @@ async def test_fuzzed_frames_change_nothing(fuzz_sc: daemon_fixtures.Running) ->
     assert all(counts[kind.__name__] > 20 for kind in KINDS), counts
     fresh = await client_module.Client.connect("127.0.0.1", port)
     try:
-        assert [meta.name for meta in await fresh.list(codec.PARTITION)] == ["kept-0", "kept-1"]
+        assert [meta.name for meta in await fresh.list(objects.PARTITION)] == ["kept-0", "kept-1"]
     finally:
         await fresh.close()

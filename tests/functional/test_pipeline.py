@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import pytest
 
 from connection_manager import health as health_module
-from controller import config, context as context_module, dispatcher as dispatcher_module, metrics, pipeline, topic as topic_controller
+from controller import config, context as context_module, metrics
+from controller.pipeline import dispatcher as dispatcher_module, pipeline
+from controller.reconcile import topic as topic_controller
 from store import kv, local, models
 from tests import objects
 

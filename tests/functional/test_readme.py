@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from prometheus_client import parser
 
-from controller import config, run_cli
+from controller import config
+from controller.cli import run as run_cli
 from store import embedded_etcd
 
 ROOT = Path(__file__).resolve().parents[2]

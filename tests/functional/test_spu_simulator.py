@@ -25,7 +25,7 @@ from connection_manager.spu.replica import Role
 from connection_manager.spu.settings import SpuSettings
 from connection_manager.spu.simulator import SimulatedSpu
 from connection_manager.spu.state import Offsets
-from controller import cli
+from controller.cli import main as cli
 
 FAST = SpuSettings(
     append_interval=0.1,

@@ -19,7 +19,10 @@ from prometheus_client import parser
 
 from connection_manager import health as health_module
 from connection_manager import wire
-from controller import api, config, context as context_module, metrics, pipeline, topic as topic_controller
+from controller import config, context as context_module, metrics
+from controller.api import routes as api
+from controller.pipeline import pipeline
+from controller.reconcile import topic as topic_controller
 from store import kv, local, models
 from store import supervisor as supervisor_module
 from tests import objects
@@ -293,7 +296,7 @@ async def test_a_controller_whose_decision_raises_comes_back_with_a_full_pass(
                 raise RuntimeError("injected fault in the topic controller")
             return real_decide(*args, **kwargs)
 
-        await sc.eventually(lambda: _assert(sc.pipeline._topic_loop.passes >= 1))
+        await sc.eventually(lambda: _assert(sc.pipeline.topics.loop.passes >= 1))
         monkeypatch.setattr(topic_controller, "decide", decide_raising_once)
         await sc.create_topic("orders")
         await sc.provisioned("orders")

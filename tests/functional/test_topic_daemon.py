@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from connection_manager import health as health_module
-from controller import config, dispatcher, placement, topic as topic_controller, topic_size
+from controller import config, placement
+from controller.pipeline import dispatcher
+from controller.reconcile import topic as topic_controller, topic_size
 from store import kv, models
 from tests.fixtures.daemon import Running, running
 
@@ -148,7 +150,7 @@ async def test_a_topic_too_large_to_store_blocks_no_other_topic(quiet_sc: Runnin
     await sc.eventually(huge_invalid)
     # The controller runs again and again (SPUs come and go, a topic is created): the big topic
     # is never decided again.
-    passes = pipeline._topic_loop.passes
+    passes = pipeline.topics.loop.passes
     for spu_id in range(3, 6):
         await sc.register_spu(spu_id)
     status, body = await sc.call("POST", "/v1/topics", {"name": "later", "spec": {"partitions": 3, "replicationFactor": 3}})
@@ -161,7 +163,7 @@ async def test_a_topic_too_large_to_store_blocks_no_other_topic(quiet_sc: Runnin
         assert pipeline.dispatcher.depth == 0
 
     await sc.eventually(settled)
-    assert pipeline._topic_loop.passes > passes + 3
+    assert pipeline.topics.loop.passes > passes + 3
     assert 100_000 not in placed
     huge_results = [(result.action.verb.value, result.outcome.value) for result in results if "huge" in result.action.name.split(",")]
     assert huge_results == [("update-status", "applied")]

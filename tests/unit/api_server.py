@@ -17,7 +17,9 @@ import pytest
 from aiohttp import web
 
 from connection_manager import transport
-from controller import api, config, context as context_module, metrics, reader as reader_module
+from controller import config, context as context_module, metrics
+from controller.api import routes as api
+from controller.pipeline import reader as reader_module
 from store import kv, local, memory, models
 from tests import objects
 

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from controller import admin_cli, cli, config
+from controller import config
+from controller.api import client as api_client
+from controller.cli import admin as admin_cli, main as cli
 from store import models
 from tests.unit import api_server
 from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)
@@ -337,7 +339,7 @@ async def test_partition_list(server: api_server.ApiServer, sc: Sc) -> None:
 
 
 async def test_lists_are_read_in_pages_to_the_end(server: api_server.ApiServer, sc: Sc, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(admin_cli, "PAGE_SIZE", 7)
+    monkeypatch.setattr(api_client, "PAGE_SIZE", 7)
     names = [f"t{number}-{index}" for number in range(3) for index in range(20)]
     await server.put(*(partition(name, [1]) for name in names))
     code, out, _ = await sc("partition", "list", "-o", "json")
@@ -422,7 +424,7 @@ async def test_drain_of_an_spu_named_by_a_number_of_any_length_says_it_is_not_fo
 
 
 def test_a_whole_number_may_have_any_number_of_leading_zeros() -> None:
-    from controller import admin_cli
+    from controller.cli import admin as admin_cli
 
     assert admin_cli.whole_number("0" * 5000 + "42") == 42
     assert admin_cli.whole_number("0000") == 0

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from controller import admission
+from controller.api import admission
 
 
 async def test_the_gate_runs_its_limit_queues_the_next_and_refuses_the_rest() -> None:

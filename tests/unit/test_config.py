@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from controller import cli, config, daemon
+from controller import config, daemon
+from controller.cli import main as cli
 
 
 def test_etcd_endpoints_from_the_environment_are_comma_separated_like_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from connection_manager import health as health_module
-from controller import actions, placement, spu, spu_group, spu_ids, topic, topic_size
+from controller import placement
+from controller.reconcile import actions, spu, spu_group, spu_ids, topic, topic_size
 from store import kv, local, models
 from tests import objects, placement_plugins
 
@@ -50,13 +51,13 @@ def summary(decided: list[actions.Action]) -> list[tuple[str, str, str, list[tup
 def test_spu_follows_health_and_grace_period() -> None:
     snapshot = snapshot_of((make_spu(1, "Init"), 10), (make_spu(2, "Online"), 11), (make_spu(3, "Online"), 12), (make_spu(4, "Offline"), 13))
     health = {1: health_module.HealthRecord(ONLINE, 0.0), 2: health_module.HealthRecord(OFFLINE, 0.0)}
-    decided = spu.decide(snapshot, health, now=5.0, started_at=0.0, grace_period=30.0)
+    decided = spu.decide(snapshot, spu.Inputs(health, now=5.0, started_at=0.0, grace_period=30.0))
     assert [(a.name, a.verb.value, a.reason, json.loads(a.writes[0].value)["status"], a.writes[0].expected_revision) for a in decided] == [
         ("spu-1", "update-status", "SPU connected", {"resolution": "Online"}, 10),
         ("spu-2", "update-status", "SPU disconnected", {"resolution": "Offline"}, 11),
     ]
     # spu-3 was Online before the restart and never reconnected: Offline once the grace ends.
-    later = spu.decide(snapshot, health, now=31.0, started_at=0.0, grace_period=30.0)
+    later = spu.decide(snapshot, spu.Inputs(health, now=31.0, started_at=0.0, grace_period=30.0))
     assert [(a.name, a.reason) for a in later] == [
         ("spu-1", "SPU connected"),
         ("spu-2", "SPU disconnected"),
@@ -67,7 +68,7 @@ def test_spu_follows_health_and_grace_period() -> None:
 def test_spu_controller_is_quiet_when_everything_matches() -> None:
     snapshot = snapshot_of((make_spu(1, "Online"), 10), (make_spu(2, "Init"), 11))
     health = {1: health_module.HealthRecord(ONLINE, 0.0)}
-    assert spu.decide(snapshot, health, now=100.0, started_at=0.0, grace_period=30.0) == []
+    assert spu.decide(snapshot, spu.Inputs(health, now=100.0, started_at=0.0, grace_period=30.0)) == []
 
 
 # ---------------------------------------------------------------------------- SPU-group controller
@@ -81,7 +82,7 @@ def group(replicas: int, min_id: int, resolution: str = "Init", reason: str = ""
 
 def test_spu_group_collision_makes_it_invalid_and_creates_nothing() -> None:
     snapshot = snapshot_of((group(3, 11), 5), (make_spu(12, name="custom-12"), 6))
-    decided = spu_group.decide(snapshot)
+    decided = spu_group.decide(snapshot, spu_group.Inputs())
     assert summary(decided) == [
         (
             "update-status",
@@ -103,8 +104,8 @@ def test_spu_group_collision_makes_it_invalid_and_creates_nothing() -> None:
 
 
 def test_spu_group_reserved_creates_its_spus() -> None:
-    assert [a.verb.value for a in spu_group.decide(snapshot_of((group(2, 11), 5)))] == ["update-status"]
-    decided = spu_group.decide(snapshot_of((group(2, 11, "Reserved", rack="r1"), 5)))
+    assert [a.verb.value for a in spu_group.decide(snapshot_of((group(2, 11), 5)), spu_group.Inputs())] == ["update-status"]
+    decided = spu_group.decide(snapshot_of((group(2, 11, "Reserved", rack="r1"), 5)), spu_group.Inputs())
     assert [(a.verb.value, a.name) for a in decided] == [("create", "main-0"), ("create", "main-1")]
     created = models.decode("spus", decided[1].writes[0].value)  # type: ignore[arg-type]
     assert created.spec == models.SpuSpec(  # type: ignore[attr-defined]
@@ -120,12 +121,12 @@ def test_spu_group_reserved_creates_its_spus() -> None:
 def test_spu_group_scale_down_and_delete() -> None:
     managed = [spu_group.desired_spus(group(3, 11))[index] for index in range(3)]
     snapshot = snapshot_of((group(1, 11, "Reserved"), 5), *((spu_obj, 6 + index) for index, spu_obj in enumerate(managed)))
-    assert [(a.verb.value, a.name, a.reason) for a in spu_group.decide(snapshot)] == [
+    assert [(a.verb.value, a.name, a.reason) for a in spu_group.decide(snapshot, spu_group.Inputs())] == [
         ("delete", "main-1", "SPU group main scaled down to 1"),
         ("delete", "main-2", "SPU group main scaled down to 1"),
     ]
     orphaned = snapshot_of(*((spu_obj, 6 + index) for index, spu_obj in enumerate(managed)), (make_spu(50), 9))
-    assert [(a.verb.value, a.name, a.writes[0].expected_revision) for a in spu_group.decide(orphaned)] == [
+    assert [(a.verb.value, a.name, a.writes[0].expected_revision) for a in spu_group.decide(orphaned, spu_group.Inputs())] == [
         ("delete", "main-0", 6),
         ("delete", "main-1", 7),
         ("delete", "main-2", 8),
@@ -141,7 +142,7 @@ def test_new_topic_is_validated_to_pending_or_invalid() -> None:
         (make_topic("good", partitions=1, replicationFactor=1), 5),
         (make_topic("bad-policy", partitions=1, replicationFactor=1, placement={"strategy": "policies", "policies": "node=sideways"}), 6),
     )
-    decided = topic.decide(snapshot)
+    decided = topic.decide(snapshot, topic.Inputs())
     assert [(a.name, json.loads(a.writes[0].value)["status"]["resolution"]) for a in decided] == [  # type: ignore[arg-type]
         ("good", "Pending"),
         ("bad-policy", "InvalidConfig"),
@@ -154,7 +155,7 @@ def test_pending_topic_is_provisioned_with_partitions_and_chain_in_one_action() 
     spus = [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
     pending = make_topic("t", {"resolution": "Pending"}, partitions=2, replicationFactor=2)
     chain = {topic.CHAIN_KEY: (b'{"nextStartIndex": 1}', 4)}
-    decided = topic.decide(snapshot_of(*spus, (pending, 9), meta=chain))
+    decided = topic.decide(snapshot_of(*spus, (pending, 9), meta=chain), topic.Inputs())
     assert summary(decided) == [
         (
             "provision",
@@ -177,7 +178,7 @@ def test_pending_topic_is_provisioned_with_partitions_and_chain_in_one_action() 
     assert decided[0].key == topic.CHAIN_KEY
     # Once the status is seen, the next pass creates the partitions (create-if-absent).
     provisioned = models.decode("topics", decided[0].writes[1].value)  # type: ignore[arg-type]
-    follow_up = topic.decide(snapshot_of(*spus, (provisioned, 10), meta={topic.CHAIN_KEY: (b'{"nextStartIndex": 3}', 10)}))
+    follow_up = topic.decide(snapshot_of(*spus, (provisioned, 10), meta={topic.CHAIN_KEY: (b'{"nextStartIndex": 3}', 10)}), topic.Inputs())
     assert summary(follow_up) == [
         (
             "create-partitions",
@@ -195,20 +196,20 @@ def test_pending_topic_is_provisioned_with_partitions_and_chain_in_one_action() 
 def test_insufficient_resources_names_how_many_spus_are_missing() -> None:
     pending = make_topic("t", {"resolution": "Pending"}, partitions=1, replicationFactor=3)
     snapshot = snapshot_of((make_spu(0), 1), (make_spu(1, "Offline"), 2), (pending, 9))
-    decided = topic.decide(snapshot)
+    decided = topic.decide(snapshot, topic.Inputs())
     status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
     assert status["resolution"] == "InsufficientResources"
     assert "2 more" in status["reason"], status["reason"]
     # Same situation again: nothing to write.
     stuck = make_topic("t", status, partitions=1, replicationFactor=3)
-    assert topic.decide(snapshot_of((make_spu(0), 1), (make_spu(1, "Offline"), 2), (stuck, 10))) == []
+    assert topic.decide(snapshot_of((make_spu(0), 1), (make_spu(1, "Offline"), 2), (stuck, 10)), topic.Inputs()) == []
 
 
 def test_provisioned_topic_with_all_partitions_needs_nothing() -> None:
     provisioned = make_topic("t", {"resolution": "Provisioned", "replicaMap": {"0": [0, 1]}}, partitions=1, replicationFactor=2)
     partition = models.Partition(name="t-0", spec=models.PartitionSpec(leader=1, replicas=[0, 1]))  # leader moved: fine
     snapshot = snapshot_of((make_spu(0), 1), (make_spu(1), 2), (provisioned, 3), (partition, 3))
-    assert topic.decide(snapshot) == []
+    assert topic.decide(snapshot, topic.Inputs()) == []
 
 
 def test_missing_partitions_are_created_and_orphans_deleted() -> None:
@@ -216,7 +217,7 @@ def test_missing_partitions_are_created_and_orphans_deleted() -> None:
     orphan = models.Partition(name="old-0", spec=models.PartitionSpec(leader=0, replicas=[0]))
     stale = models.Partition(name="t-1", spec=models.PartitionSpec(leader=0, replicas=[0, 2]))
     snapshot = snapshot_of((make_spu(0), 1), (make_spu(1), 2), (orphan, 3), (stale, 4), (provisioned, 5))
-    assert [(a.verb.value, a.name, a.reason) for a in topic.decide(snapshot)] == [
+    assert [(a.verb.value, a.name, a.reason) for a in topic.decide(snapshot, topic.Inputs())] == [
         ("delete", "old-0", "topic old was deleted"),
         ("delete", "t-1", "replicas [0, 2] differ from the topic's replica map [1, 0]"),
         ("create-partitions", "t", "partition 0 of topic t"),
@@ -226,7 +227,7 @@ def test_missing_partitions_are_created_and_orphans_deleted() -> None:
 def test_partitions_left_by_an_earlier_topic_of_the_same_name_are_deleted() -> None:
     recreated = make_topic("t", {"resolution": "Init"}, partitions=1, replicationFactor=1)
     leftover = models.Partition(name="t-0", spec=models.PartitionSpec(leader=0, replicas=[0]))
-    decided = topic.decide(snapshot_of((make_spu(0), 1), (leftover, 2), (recreated, 5)))
+    decided = topic.decide(snapshot_of((make_spu(0), 1), (leftover, 2), (recreated, 5)), topic.Inputs())
     assert [(a.verb.value, a.name, a.reason) for a in decided] == [
         ("update-status", "t", "Pending: configuration is valid"),
         ("delete", "t-0", "topic t has no partition 0 in its replica map"),
@@ -237,7 +238,7 @@ def test_add_partitions_places_only_the_new_ones() -> None:
     spus = [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
     grown = make_topic("t", {"resolution": "Provisioned", "replicaMap": {"0": [2, 0]}}, partitions=3, replicationFactor=2)
     partition = models.Partition(name="t-0", spec=models.PartitionSpec(leader=2, replicas=[2, 0]))
-    decided = topic.decide(snapshot_of(*spus, (grown, 7), (partition, 7)))
+    decided = topic.decide(snapshot_of(*spus, (grown, 7), (partition, 7)), topic.Inputs())
     assert len(decided) == 1 and decided[0].verb is actions.Verb.PROVISION
     written = {write.key: json.loads(write.value) for write in decided[0].writes if write.value is not None}
     replica_map = written["topics/t"]["status"]["replicaMap"]
@@ -249,7 +250,7 @@ def test_add_partitions_places_only_the_new_ones() -> None:
 def test_many_pending_topics_share_one_transaction_within_the_limit() -> None:
     spus = [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
     pending = [(make_topic(f"t{index:03d}", {"resolution": "Pending"}, partitions=10, replicationFactor=2), 10 + index) for index in range(200)]
-    decided = topic.decide(snapshot_of(*spus, *pending))
+    decided = topic.decide(snapshot_of(*spus, *pending), topic.Inputs())
     assert len(decided) == 1
     writes = decided[0].writes
     assert len(writes) == 128
@@ -262,7 +263,7 @@ def test_a_topic_with_more_partitions_than_a_transaction_holds_creates_them_in_c
     replica_map = {str(index): [index % 2] for index in range(300)}
     provisioned = make_topic("big", {"resolution": "Provisioned", "replicaMap": replica_map}, partitions=300, replicationFactor=1)
     existing = models.Partition(name="big-5", spec=models.PartitionSpec(leader=1, replicas=[1]))
-    decided = topic.decide(snapshot_of((make_spu(0), 1), (make_spu(1), 2), (provisioned, 3), (existing, 4)))
+    decided = topic.decide(snapshot_of((make_spu(0), 1), (make_spu(1), 2), (provisioned, 3), (existing, 4)), topic.Inputs())
     assert [(action.key, len(action.writes)) for action in decided] == [
         ("topics/big/partitions/0", 128), ("topics/big/partitions/129", 128), ("topics/big/partitions/257", 43),
     ]
@@ -285,9 +286,9 @@ def test_an_incremental_pass_validates_changed_topics_and_places_every_waiting_o
     def changes(topics: local.Changes) -> dict[str, local.Changes]:
         return {"topics": topics, "spus": nothing, "partitions": nothing}
 
-    chain_busy = topic.decide(snapshot, changes(changed_new), lambda key: key == topic.CHAIN_KEY, retry_unplaced=False)
+    chain_busy = topic.decide(snapshot, topic.Inputs(changes=changes(changed_new), busy=lambda key: key == topic.CHAIN_KEY, retry_unplaced=False))
     assert [(action.verb.value, action.name) for action in chain_busy] == [("update-status", "new")]
-    chain_free = topic.decide(snapshot, changes(nothing), lambda key: False, retry_unplaced=False)
+    chain_free = topic.decide(snapshot, topic.Inputs(changes=changes(nothing), busy=lambda key: False, retry_unplaced=False))
     assert [(action.verb.value, action.name) for action in chain_free] == [("provision", "w0,w1")]
 
 
@@ -325,7 +326,7 @@ def orders_partitions() -> list[tuple[models.ClusterObject, int]]:
 def test_adding_partitions_that_cannot_be_placed_keeps_the_existing_ones() -> None:
     """Partial racks when a partition is added: InvalidConfig with the map of the partitions that
     exist, and not one of them deleted."""
-    decided = topic.decide(snapshot_of(*racked_spus(), (orders("Provisioned"), 40), *orders_partitions()))
+    decided = topic.decide(snapshot_of(*racked_spus(), (orders("Provisioned"), 40), *orders_partitions()), topic.Inputs())
     assert summary(decided) == [
         (
             "update-status",
@@ -350,7 +351,7 @@ def test_adding_partitions_without_enough_spus_keeps_the_existing_ones() -> None
     """Two of the three racked SPUs offline when a partition is added: InsufficientResources with
     the map of the partitions that exist, none deleted, and the missing one of them created."""
     spus = [(make_spu(0, rack="r1"), 1), (make_spu(1, "Offline", rack="r2"), 2), (make_spu(2, "Offline", rack="r3"), 3)]
-    decided = topic.decide(snapshot_of(*spus, (orders("Provisioned"), 40), *orders_partitions()[1:]))
+    decided = topic.decide(snapshot_of(*spus, (orders("Provisioned"), 40), *orders_partitions()[1:]), topic.Inputs())
     assert [(action.verb.value, action.name, action.write_keys) for action in decided] == [
         ("update-status", "orders", ("topics/orders",)),
         ("create-partitions", "orders", ("partitions/orders-0",)),
@@ -363,7 +364,7 @@ def test_an_invalid_topic_valid_again_keeps_its_replica_map() -> None:
     """The issue's scenario: the rack-less SPU goes offline, the topic is valid again. It goes
     Pending with its map (not emptied), and no partition is deleted."""
     snapshot = snapshot_of(*racked_spus(3), (orders("InvalidConfig", PARTIAL_RACKS), 41), *orders_partitions())
-    assert summary(topic.decide(snapshot)) == [
+    assert summary(topic.decide(snapshot, topic.Inputs())) == [
         (
             "update-status",
             "topics",
@@ -383,7 +384,7 @@ def test_an_invalid_topic_valid_again_keeps_its_replica_map() -> None:
     ]
     # Pending with its map: only the new partition is placed, the others stay where they are.
     pending = snapshot_of(*racked_spus(3), (orders("Pending"), 42), *orders_partitions())
-    decided = topic.decide(pending)
+    decided = topic.decide(pending, topic.Inputs())
     assert [(action.verb.value, action.name) for action in decided] == [("provision", "orders")]
     written = models.decode("topics", decided[0].writes[1].value)  # type: ignore[arg-type]
     assert {str(index): replicas for index, replicas in written.status.replica_map.items() if index < 4} == ORDERS_MAP  # type: ignore[attr-defined]
@@ -400,7 +401,7 @@ def test_an_invalid_spec_keeps_the_map_of_the_partitions_that_exist() -> None:
         replicationFactor=2,
         placement={"strategy": "policies", "policies": "node=sideways"},
     )
-    decided = topic.decide(snapshot_of(*racked_spus(3), (broken, 43), *orders_partitions()))
+    decided = topic.decide(snapshot_of(*racked_spus(3), (broken, 43), *orders_partitions()), topic.Inputs())
     assert [(action.verb.value, action.name) for action in decided] == [("update-status", "orders")]
     status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
     assert (status["resolution"], status["replicaMap"]) == ("InvalidConfig", ORDERS_MAP)
@@ -412,7 +413,7 @@ def test_a_partition_deleted_behind_the_sc_is_created_again_by_an_incremental_pa
     snapshot = snapshot_of(*racked_spus(3), (orders("Provisioned", partitions=4), 40), *present)
     nothing = local.Changes(full=False, updated=[], deleted=[], epoch=0)
     deleted = local.Changes(full=False, updated=[], deleted=["orders-1"], epoch=0)
-    decided = topic.decide(snapshot, {"topics": nothing, "spus": nothing, "partitions": deleted}, retry_unplaced=False)
+    decided = topic.decide(snapshot, topic.Inputs(changes={"topics": nothing, "spus": nothing, "partitions": deleted}, retry_unplaced=False))
     assert [(action.verb.value, action.name, action.reason, action.write_keys) for action in decided] == [
         ("create-partitions", "orders", "partition 1 of topic orders", ("partitions/orders-1",))
     ]
@@ -423,7 +424,7 @@ def test_missing_partitions_of_a_topic_that_cannot_grow_are_created_again() -> N
     deleted behind the SC's back comes back where it was."""
     present = orders_partitions()[1:]
     snapshot = snapshot_of(*racked_spus(), (orders("InvalidConfig", PARTIAL_RACKS), 41), *present)
-    assert [(action.verb.value, action.name, action.write_keys) for action in topic.decide(snapshot)] == [
+    assert [(action.verb.value, action.name, action.write_keys) for action in topic.decide(snapshot, topic.Inputs())] == [
         ("create-partitions", "orders", ("partitions/orders-0",))
     ]
 
@@ -454,7 +455,7 @@ def test_a_stored_topic_too_large_for_the_store_is_invalid_without_being_placed(
     and not even placed (at least its size with the narrowest SPU ids is too much)."""
     no_placement(monkeypatch)
     huge = make_topic("huge", partitions=100_000, replicationFactor=3)
-    assert summary(topic.decide(snapshot_of(*three_spus(), (huge, 7)))) == [
+    assert summary(topic.decide(snapshot_of(*three_spus(), (huge, 7)), topic.Inputs())) == [
         (
             "update-status",
             "topics",
@@ -478,13 +479,13 @@ def test_a_topic_too_large_is_never_tried_again(monkeypatch: pytest.MonkeyPatch)
     """InvalidConfig for its size: a full pass with every unplaced topic retried decides nothing."""
     no_placement(monkeypatch)
     huge = make_topic("huge", {"resolution": "InvalidConfig", "reason": HUGE_REASON}, partitions=100_000, replicationFactor=3)
-    assert topic.decide(snapshot_of(*three_spus(), (huge, 8)), retry_unplaced=True) == []
+    assert topic.decide(snapshot_of(*three_spus(), (huge, 8)), topic.Inputs(retry_unplaced=True)) == []
 
 
 def test_a_pending_topic_too_large_is_invalid_without_being_placed(monkeypatch: pytest.MonkeyPatch) -> None:
     no_placement(monkeypatch)
     huge = make_topic("huge", {"resolution": "Pending"}, partitions=100_000, replicationFactor=3)
-    decided = topic.decide(snapshot_of(*three_spus(), (huge, 9)))
+    decided = topic.decide(snapshot_of(*three_spus(), (huge, 9)), topic.Inputs())
     assert [(action.verb.value, json.loads(action.writes[0].value)["status"]) for action in decided] == [  # type: ignore[arg-type]
         ("update-status", {"resolution": "InvalidConfig", "replicaMap": {}, "reason": HUGE_REASON})
     ]
@@ -500,7 +501,7 @@ def test_growing_a_topic_past_what_fits_keeps_its_partitions(monkeypatch: pytest
         (models.Partition(name=f"huge-{index}", spec=models.PartitionSpec(leader=replicas[0], replicas=replicas)), 10 + int(index))
         for index, replicas in existing.items()
     ]
-    decided = topic.decide(snapshot_of(*three_spus(), (grown, 20), *partitions))
+    decided = topic.decide(snapshot_of(*three_spus(), (grown, 20), *partitions), topic.Inputs())
     assert [(action.verb.value, json.loads(action.writes[0].value)["status"]) for action in decided] == [  # type: ignore[arg-type]
         ("update-status", {"resolution": "InvalidConfig", "replicaMap": existing, "reason": HUGE_REASON})
     ]
@@ -511,7 +512,7 @@ def test_a_topic_placed_on_wide_spu_ids_is_sized_exactly_once_placed() -> None:
     size is too large: InvalidConfig, nothing provisioned."""
     spus = [(make_spu(1), 1), (make_spu(123_456_789), 2)]
     wide = make_topic("wide", {"resolution": "Pending"}, partitions=90_000, replicationFactor=2)
-    decided = topic.decide(snapshot_of(*spus, (wide, 9)))
+    decided = topic.decide(snapshot_of(*spus, (wide, 9)), topic.Inputs())
     assert [action.verb.value for action in decided] == ["update-status"]
     status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
     assert (status["resolution"], status["replicaMap"]) == ("InvalidConfig", {})
@@ -533,7 +534,7 @@ def test_a_provision_transaction_is_filled_by_bytes() -> None:
     those that fit together (with the chain key); the others wait for the next pass."""
     request_size = kv.RequestSize(kv.DEFAULT_PREFIX, 256 * 1024)
     pending = [(make_topic(f"t{index}", {"resolution": "Pending"}, partitions=5000, replicationFactor=2), 10 + index) for index in range(10)]
-    decided = topic.decide(snapshot_of(*three_spus(), *pending), request_size=request_size)
+    decided = topic.decide(snapshot_of(*three_spus(), *pending), topic.Inputs(request_size=request_size))
     assert [(action.verb.value, action.name) for action in decided] == [("provision", "t0,t1,t2,t3")]
     writes = decided[0].writes
     compares = [kv.Compare(write.key, write.expected_revision) for write in writes if write.expected_revision is not None]
@@ -545,9 +546,9 @@ def test_a_topic_whose_provision_failed_is_provisioned_alone() -> None:
     transaction of its own, so the one at fault cannot take the others down again."""
     pending = [(make_topic(f"t{index}", {"resolution": "Pending"}, partitions=1, replicationFactor=1), 10 + index) for index in range(3)]
     snapshot = snapshot_of(*three_spus(), *pending)
-    assert [action.name for action in topic.decide(snapshot, alone=lambda key: key == "topics/t1")] == ["t0,t2"]
-    assert [action.name for action in topic.decide(snapshot, alone=lambda key: key == "topics/t0")] == ["t0"]
-    assert [action.name for action in topic.decide(snapshot, alone=lambda key: key != "topics/t2")] == ["t0"]
+    assert [action.name for action in topic.decide(snapshot, topic.Inputs(alone=lambda key: key == "topics/t1"))] == ["t0,t2"]
+    assert [action.name for action in topic.decide(snapshot, topic.Inputs(alone=lambda key: key == "topics/t0"))] == ["t0"]
+    assert [action.name for action in topic.decide(snapshot, topic.Inputs(alone=lambda key: key != "topics/t2"))] == ["t0"]
 
 
 def drained_spu(spu_id: int, resolution: str = "Online", **status: Any) -> models.Spu:
@@ -572,7 +573,7 @@ def test_a_drained_spu_status_says_draining_with_what_cannot_move_then_drained()
     health = {spu_id: health_module.HealthRecord(ONLINE, 0.0) for spu_id in range(3)}
 
     def statuses(*objs: models.ClusterObject) -> list[tuple[str, dict[str, Any], str]]:
-        decided = spu.decide(snapshot_of(*((obj, 10 + index) for index, obj in enumerate(objs))), health, 5.0, 0.0, 30.0)
+        decided = spu.decide(snapshot_of(*((obj, 10 + index) for index, obj in enumerate(objs))), spu.Inputs(health, 5.0, 0.0, 30.0))
         return [(a.name, json.loads(a.writes[0].value)["status"], a.reason) for a in decided]  # type: ignore[arg-type]
 
     others = (make_spu(1), make_spu(2))
@@ -608,9 +609,9 @@ def test_spu_group_keeps_the_drain_of_its_spus() -> None:
     """spec.drain is the operator's: the group controller neither clears it nor rewrites for it."""
     [first] = spu_group.desired_spus(group(1, 11))
     draining = first.model_copy(update={"spec": first.spec.model_copy(update={"drain": True})})
-    assert spu_group.decide(snapshot_of((group(1, 11, "Reserved"), 5), (draining, 6))) == []
+    assert spu_group.decide(snapshot_of((group(1, 11, "Reserved"), 5), (draining, 6)), spu_group.Inputs()) == []
     # A change the group does make keeps the drain.
-    [action] = spu_group.decide(snapshot_of((group(1, 11, "Reserved", rack="r2"), 5), (draining, 6)))
+    [action] = spu_group.decide(snapshot_of((group(1, 11, "Reserved", rack="r2"), 5), (draining, 6)), spu_group.Inputs())
     assert json.loads(action.writes[0].value)["spec"]["rack"] == "r2"  # type: ignore[arg-type]
     assert json.loads(action.writes[0].value)["spec"]["drain"] is True  # type: ignore[arg-type]
 
@@ -625,14 +626,14 @@ def test_a_topic_names_a_configured_plugin_and_anything_else_is_invalid_config()
     spus = [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
     placers = {"highest-first": placement_plugins.HighestFirst()}
     pending = make_topic("top", {"resolution": "Pending"}, partitions=2, replicationFactor=2, placement={"strategy": "highest-first"})
-    [provision] = topic.decide(snapshot_of(*spus, (pending, 9)), placers=placers)
+    [provision] = topic.decide(snapshot_of(*spus, (pending, 9)), topic.Inputs(placers=placers))
     assert json.loads(provision.writes[1].value)["status"] == {  # type: ignore[arg-type]
         "resolution": "Provisioned", "replicaMap": {"0": [2, 1], "1": [2, 1]}, "reason": ""
     }
     # Without it configured (a restart without the flag), the same topic waits for the operator.
-    unconfigured = topic.decide(snapshot_of(*spus, (make_topic("top", partitions=2, replicationFactor=2, placement={"strategy": "highest-first"}), 9)))
+    unconfigured = topic.decide(snapshot_of(*spus, (make_topic("top", partitions=2, replicationFactor=2, placement={"strategy": "highest-first"}), 9)), topic.Inputs())
     module = make_topic("doom", partitions=2, replicationFactor=2, placement={"strategy": "os:abort"})
-    named_module = topic.decide(snapshot_of(*spus, (module, 10)), placers=placers)
+    named_module = topic.decide(snapshot_of(*spus, (module, 10)), topic.Inputs(placers=placers))
     assert statuses(unconfigured + named_module) == [
         (
             "top",
@@ -654,14 +655,14 @@ def test_a_topic_names_a_configured_plugin_and_anything_else_is_invalid_config()
     ]
     # An InvalidConfig topic is validated again on every full pass: configured now, it goes Pending.
     invalid = make_topic("top", {"resolution": "InvalidConfig", "reason": statuses(unconfigured)[0][2]}, partitions=2, replicationFactor=2, placement={"strategy": "highest-first"})
-    assert statuses(topic.decide(snapshot_of(*spus, (invalid, 11)), placers=placers)) == [("top", "Pending", "")]
-    assert topic.decide(snapshot_of(*spus, (invalid, 11))) == []  # still unconfigured: the same reason, no write
+    assert statuses(topic.decide(snapshot_of(*spus, (invalid, 11)), topic.Inputs(placers=placers))) == [("top", "Pending", "")]
+    assert topic.decide(snapshot_of(*spus, (invalid, 11)), topic.Inputs()) == []  # still unconfigured: the same reason, no write
 
 
 def test_a_stored_manual_topic_with_ids_out_of_order_is_invalid_config() -> None:
     """Written straight into the store (the API refuses it): the controller refuses it too, never re-sorts."""
     stored = make_topic("manual", replicaAssignment=[{"id": 1, "replicas": [0]}, {"id": 0, "replicas": [1]}])
-    decided = topic.decide(snapshot_of((make_spu(0), 1), (make_spu(1), 2), (stored, 5)))
+    decided = topic.decide(snapshot_of((make_spu(0), 1), (make_spu(1), 2), (stored, 5)), topic.Inputs())
     assert statuses(decided) == [
         (
             "manual",
@@ -679,7 +680,7 @@ def test_a_placement_with_rack_violations_says_which_partitions() -> None:
     spus = [(make_spu(spu_id, rack=rack), spu_id + 1) for spu_id, rack in enumerate(racks)]
     pending = make_topic("t", {"resolution": "Pending"}, partitions=6, replicationFactor=3)
     ignoring = make_topic("plain", {"resolution": "Pending"}, partitions=6, replicationFactor=3, ignoreRackAssignment=True)
-    [provision] = topic.decide(snapshot_of(*spus, (pending, 10), (ignoring, 11)))
+    [provision] = topic.decide(snapshot_of(*spus, (pending, 10), (ignoring, 11)), topic.Inputs())
     written = {write.key: json.loads(write.value)["status"] for write in provision.writes[1:]}  # type: ignore[arg-type]
     assert written["topics/t"] == {
         "resolution": "Provisioned",
@@ -692,7 +693,7 @@ def test_a_placement_with_rack_violations_says_which_partitions() -> None:
     assert written["topics/plain"]["reason"] == ""
     # Even racks (the usual case): no reason either.
     even = [(make_spu(spu_id, rack=f"r{spu_id % 3}"), spu_id + 1) for spu_id in range(6)]
-    [provision] = topic.decide(snapshot_of(*even, (pending, 10)))
+    [provision] = topic.decide(snapshot_of(*even, (pending, 10)), topic.Inputs())
     assert json.loads(provision.writes[1].value)["status"]["reason"] == ""  # type: ignore[arg-type]
 
 
@@ -704,7 +705,7 @@ def test_overlapping_spu_groups_created_together_leave_the_later_one_invalid() -
     """Both groups were Init in one pass: each was checked against SPUs only, both became Reserved,
     and both created SPUs for ids 13 and 14."""
     snapshot = snapshot_of((named_group("second", 3, 13), 7), (named_group("first", 4, 11), 6))
-    assert [(a.name, json.loads(a.writes[0].value)["status"]) for a in spu_group.decide(snapshot)] == [  # type: ignore[arg-type]
+    assert [(a.name, json.loads(a.writes[0].value)["status"]) for a in spu_group.decide(snapshot, spu_group.Inputs())] == [  # type: ignore[arg-type]
         ("first", {"resolution": "Reserved", "reason": ""}),
         (
             "second",
@@ -716,14 +717,14 @@ def test_overlapping_spu_groups_created_together_leave_the_later_one_invalid() -
     ]
     # The earlier group keeps its range however the later one changes, and one shared id is named alone.
     reserved = snapshot_of((named_group("second", 3, 14, "Reserved"), 7), (named_group("first", 4, 11, "Reserved"), 6))
-    assert [(a.name, json.loads(a.writes[0].value)["status"]["reason"]) for a in spu_group.decide(reserved) if a.verb is actions.Verb.UPDATE_STATUS] == [  # type: ignore[arg-type]
+    assert [(a.name, json.loads(a.writes[0].value)["status"]["reason"]) for a in spu_group.decide(reserved, spu_group.Inputs()) if a.verb is actions.Verb.UPDATE_STATUS] == [  # type: ignore[arg-type]
         ("second", "id range 14..16 collides: id 14 is in the id range of SPU group first, created earlier"),
     ]
 
 
 def test_a_managed_spu_takes_its_id_index_key_in_its_own_create() -> None:
     stale = (spu_ids.encode_holder("deleted-by-hand"), 3)
-    decided = spu_group.decide(snapshot_of((group(2, 11, "Reserved"), 5), meta={"meta/spu-ids/12": stale}))
+    decided = spu_group.decide(snapshot_of((group(2, 11, "Reserved"), 5), meta={"meta/spu-ids/12": stale}), spu_group.Inputs())
     assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes[1:]]) for a in decided] == [
         ("create", "main-0", [("meta/spu-ids/11", b'{"spu": "main-0"}', 0)]),
         ("create", "main-1", [("meta/spu-ids/12", b'{"spu": "main-1"}', 3)]),  # a stale key is taken at its revision
@@ -736,7 +737,7 @@ def test_a_managed_spu_whose_id_another_spu_of_its_group_holds_waits_for_it_to_m
     old = spu_group.desired_spus(group(2, 5))
     index = {f"meta/spu-ids/{spu_obj.spec.id}": (spu_ids.encode_holder(spu_obj.name), 20 + i) for i, spu_obj in enumerate(old)}
     snapshot = snapshot_of((group(2, 6, "Reserved"), 5), (old[0], 10), (old[1], 11), meta=index)
-    decided = spu_group.decide(snapshot)
+    decided = spu_group.decide(snapshot, spu_group.Inputs())
     assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes]) for a in decided] == [
         (
             "update-spec",
@@ -754,7 +755,7 @@ def test_a_managed_spu_whose_id_another_spu_of_its_group_holds_waits_for_it_to_m
 def test_deleted_managed_spus_give_their_id_back_in_the_same_transaction() -> None:
     managed = spu_group.desired_spus(group(2, 11))
     index = {"meta/spu-ids/11": (spu_ids.encode_holder("main-0"), 30), "meta/spu-ids/12": (spu_ids.encode_holder("custom"), 31)}
-    decided = spu_group.decide(snapshot_of((managed[0], 6), (managed[1], 7), meta=index))
+    decided = spu_group.decide(snapshot_of((managed[0], 6), (managed[1], 7), meta=index), spu_group.Inputs())
     assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes]) for a in decided] == [
         ("delete", "main-0", [("spus/main-0", None, 6), ("meta/spu-ids/11", None, 30)]),
         ("delete", "main-1", [("spus/main-1", None, 7)]),  # the key names someone else: left alone
@@ -765,7 +766,7 @@ def test_a_stored_topic_whose_preferred_spu_is_no_id_is_invalid_not_a_crash() ->
     """Written straight into the store: '²' is a digit to isdigit(), not to int()."""
     placement_spec = {"strategy": "policies", "policies": "preferred_nodes=²"}
     snapshot = snapshot_of((make_spu(0), 1), (make_topic("odd", partitions=1, replicationFactor=1, placement=placement_spec), 5))
-    [decided] = topic.decide(snapshot)
+    [decided] = topic.decide(snapshot, topic.Inputs())
     status = json.loads(decided.writes[0].value)["status"]  # type: ignore[arg-type]
     assert (status["resolution"], status["reason"]) == (
         "InvalidConfig",

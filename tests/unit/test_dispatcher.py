@@ -7,7 +7,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from controller import actions, dispatcher as dispatcher_module, metrics
+from controller import metrics
+from controller.pipeline import dispatcher as dispatcher_module
+from controller.reconcile import actions
 from store import kv, local, memory, models
 import structlog.testing
 

@@ -6,7 +6,7 @@ import pytest
 
 from connection_manager import health as health_module
 from connection_manager import lrs
-from controller import actions, election, partition
+from controller.reconcile import actions, election, partition
 from store import local, models
 from tests.objects import spu
 
@@ -108,7 +108,7 @@ def drained(spu_id: int, resolution: str = "Online") -> models.Spu:
 
 def decide(p: models.Partition, view: partition.ClusterView, draining: tuple[int, ...] = ()) -> list[tuple[str, str, dict]]:
     spus = [drained(s.spec.id) if s.spec.id in draining else s for s in SPUS]
-    decided = partition.decide(snapshot_of(*spus, p), None, view)
+    decided = partition.decide(snapshot_of(*spus, p), partition.Inputs(view))
     return [(a.verb.value, a.cause, models.decode("partitions", a.writes[0].value).to_json_dict()) for a in decided]  # type: ignore[union-attr]
 
 
@@ -223,9 +223,9 @@ def test_an_spu_recorded_online_is_trusted_until_the_grace_period_ends() -> None
     recorded_online = spu(0).model_copy(update={"status": models.SpuStatus(resolution=models.SpuResolution.ONLINE)})
     stored = part(0, [0, 1], Online, hw=10, leo=10, followers={1: 10})
     view = partition.ClusterView(health(s1=ONLINE), {})
-    assert partition.decide(snapshot_of(recorded_online, spu(1), stored), None, view) == []
+    assert partition.decide(snapshot_of(recorded_online, spu(1), stored), partition.Inputs(view)) == []
     # Recorded Offline (the grace period passed): elect.
-    [action] = partition.decide(snapshot_of(spu(0, "Offline"), spu(1), stored), None, view)
+    [action] = partition.decide(snapshot_of(spu(0, "Offline"), spu(1), stored), partition.Inputs(view))
     assert (action.verb, action.cause) == (actions.Verb.ELECT, "spu-offline")
 
 
@@ -334,8 +334,8 @@ def test_drain_blockers_name_each_partition_that_could_not_move_with_the_real_re
 def test_only_the_named_partitions_are_looked_at() -> None:
     view = partition.ClusterView(ALL_ONLINE, live(0, 10, 12, s1=10, s2=8))
     snapshot = snapshot_of(*SPUS, part(0, [0, 1, 2]))
-    assert partition.decide(snapshot, ["orders-1", "absent-0"], view) == []
-    assert len(partition.decide(snapshot, ["orders-0"], view)) == 1
+    assert partition.decide(snapshot, partition.Inputs(view, ["orders-1", "absent-0"])) == []
+    assert len(partition.decide(snapshot, partition.Inputs(view, ["orders-0"]))) == 1
 
 
 def test_the_api_overlays_live_offsets_on_online_partitions_only() -> None:

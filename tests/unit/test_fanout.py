@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from controller import fanout
+from controller.api import fanout
 from store import local, models
 
 

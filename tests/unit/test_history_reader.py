@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from controller import metrics, reader as reader_module
+from controller import metrics
+from controller.pipeline import reader as reader_module
 from store import history, kv, local, models
 from tests import objects
 

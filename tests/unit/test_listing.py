@@ -11,7 +11,7 @@ import random
 import pytest
 from hypothesis import given, strategies as st
 
-from controller import admission, listing
+from controller.api import admission, listing
 from store import local, models
 from tests import objects
 

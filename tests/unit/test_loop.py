@@ -8,7 +8,9 @@ from collections.abc import Mapping
 
 import pytest
 
-from controller import actions, dispatcher as dispatcher_module, loop as loop_module, metrics
+from controller import metrics
+from controller.pipeline import dispatcher as dispatcher_module, loop as loop_module
+from controller.reconcile import actions
 from store import local, memory, models
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from connection_manager import transport
-from controller import actions, metrics
+from controller import metrics
+from controller.reconcile import actions
 from store import kv, local, models
 from tests.objects import spu
 

@@ -15,7 +15,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from controller import admission, config, listing, placement
+from controller import config, placement
+from controller.api import admission, listing
 from store import models
 from tests.unit import api_server
 from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)

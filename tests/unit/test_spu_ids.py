@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller import actions, spu_ids, topic
+from controller.reconcile import actions, spu_ids, topic
 from store import local, models
 from tests import objects
 

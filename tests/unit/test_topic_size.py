@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller import topic as topic_controller, topic_size
+from controller.reconcile import topic as topic_controller, topic_size
 from store import kv, models
 
 
@@ -89,7 +89,8 @@ def test_a_reason_is_cut_to_its_room() -> None:
 def test_the_largest_partition_action_fits_the_smallest_request_limit() -> None:
     """The settings' floor for etcd_max_request_bytes: 128 partitions of the largest shape (a
     63-character topic, replication factor 128, 10-digit SPU ids) in one transaction."""
-    from controller import actions, config
+    from controller import config
+    from controller.reconcile import actions
 
     floor = config.Settings.model_fields["etcd_max_request_bytes"].metadata[0].ge
     topic = models.Topic.model_validate({"name": "t" * 63, "spec": {"partitions": 100_000, "replicationFactor": 128}})

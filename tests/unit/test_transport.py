@@ -130,3 +130,21 @@ def test_the_defaults_are_the_settings_defaults() -> None:
         defaults.client_header_timeout, defaults.client_body_timeout, defaults.client_idle_timeout
     )
     assert transport.Limits(1, 1).buffered_bytes == defaults.max_buffered_request_bytes
+
+
+async def test_garbage_left_within_the_interval_is_collected_when_it_ends_without_another_failure() -> None:
+    """The last clients of an attack abandon within the interval of the previous collection: their
+    buffers must not wait for some later failure to be given back (the RSS stayed 70 MB up)."""
+    port = transport.Port(transport.PUBLIC, transport.Limits(connections=10, per_address=10))
+    trimmed: list[int] = []
+    port.garbage(transport.COLLECT_AFTER_BYTES)
+    assert port.stats.collections == 1
+    port.garbage(transport.COLLECT_AFTER_BYTES)
+    assert port.stats.collections == 1  # within the interval: not now...
+    deadline = asyncio.get_running_loop().time() + 10 * transport.COLLECT_INTERVAL
+    while port.stats.collections == 1 and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    trimmed.append(port.stats.collections)
+    assert trimmed == [2]  # ...but once it has passed, with nothing else happening
+    await asyncio.sleep(transport.COLLECT_INTERVAL)
+    assert port.stats.collections == 2  # and only once

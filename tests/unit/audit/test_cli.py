@@ -15,7 +15,7 @@ from store import history
 
 def test_building_the_sc_command_line_imports_no_pyarrow_pyspark_or_matplotlib() -> None:
     probe = (
-        "import sys; from controller import cli, daemon; cli.build_parser(); "
+        "import sys; from controller import daemon; from controller.cli import main; main.build_parser(); "
         "print(sorted(name for name in ('pyarrow', 'pyspark', 'matplotlib') if name in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
@@ -23,7 +23,7 @@ def test_building_the_sc_command_line_imports_no_pyarrow_pyspark_or_matplotlib()
 
 
 def test_the_audit_commands_and_their_arguments() -> None:
-    from controller import cli
+    from controller.cli import main as cli
 
     parser = cli.build_parser()
     args = parser.parse_args(["audit", "report", "--history", "h", "--out", "o", "--master", "spark://m:7077", "--flap-count", "4"])
@@ -35,7 +35,7 @@ def test_the_audit_commands_and_their_arguments() -> None:
 
 
 def test_sc_audit_export_says_which_records_it_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from controller import cli
+    from controller.cli import main as cli
 
     (tmp_path / "history").mkdir()
     (tmp_path / "history" / history.ID_FILE).write_text("abc\n")
@@ -68,7 +68,7 @@ def test_sc_audit_export_says_which_records_it_skipped(tmp_path: Path, capsys: p
 def test_sc_audit_report_refuses_bad_flap_settings_before_starting_spark(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
 ) -> None:
-    from controller import cli
+    from controller.cli import main as cli
 
     code = cli.main(["audit", "report", "--history", str(tmp_path), "--out", str(tmp_path / "report"), *flags])
     assert (code, capsys.readouterr().err) == (2, f"error: {message}\n")

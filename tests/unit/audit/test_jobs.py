@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from controller.audit import export, jobs, report
+from controller.audit import export, jobs, options, report
 from tests.unit.audit import synthetic
 from tests.unit.audit.synthetic import T0, iso
 
@@ -60,17 +60,17 @@ def test_the_dataset_is_read_with_the_schema_of_the_export_not_one_inferred(spar
 
 
 @pytest.fixture(scope="module")
-def results(spark: Any, story: Path) -> jobs.Results:
+def results(spark: Any, story: Path) -> options.Results:
     return jobs.run(spark, story / "export")
 
 
 @pytest.fixture(scope="module")
-def report_dir(results: jobs.Results, story: Path) -> Path:
+def report_dir(results: options.Results, story: Path) -> Path:
     report.write(results, story / "report")
     return story / "report"
 
 
-def test_leader_changes_per_partition_carry_the_cause_of_the_action_that_moved_the_leader(results: jobs.Results) -> None:
+def test_leader_changes_per_partition_carry_the_cause_of_the_action_that_moved_the_leader(results: options.Results) -> None:
     assert [
         (row["partition"], row["from_spu"], row["to_spu"], row["cause"], row["at_us"])
         for row in results.tables["leader_changes"]
@@ -83,7 +83,7 @@ def test_leader_changes_per_partition_carry_the_cause_of_the_action_that_moved_t
     ]
 
 
-def test_leader_changes_per_spu(results: jobs.Results) -> None:
+def test_leader_changes_per_spu(results: options.Results) -> None:
     assert [tuple(row.values()) for row in results.tables["leader_changes_by_spu"]] == [
         (0, "preferred-leader", 1, 0),
         (0, "spu-offline", 0, 1),
@@ -98,7 +98,7 @@ def test_leader_changes_per_spu(results: jobs.Results) -> None:
     ]
 
 
-def test_unavailability_windows_and_their_percentiles_per_topic(results: jobs.Results) -> None:
+def test_unavailability_windows_and_their_percentiles_per_topic(results: options.Results) -> None:
     assert [tuple(row.values()) for row in results.tables["unavailability"]] == [
         ("events-0", "events", at(30), at(45.5), 15.5),
         ("events-0", "events", at(60.5), at(62), 1.5),
@@ -108,7 +108,7 @@ def test_unavailability_windows_and_their_percentiles_per_topic(results: jobs.Re
     assert events == {"topic": "events", "windows": 3, "p50": 15.5, "p99": pytest.approx(19.91), "max": 20.0, "total": 37.0}
 
 
-def test_provisioning_latency_from_creation_to_provisioned(results: jobs.Results) -> None:
+def test_provisioning_latency_from_creation_to_provisioned(results: options.Results) -> None:
     assert [tuple(row.values()) for row in results.tables["provisioning"]] == [
         ("orders", at(5), at(7), 2.0),
         ("events", at(10), at(12.5), 2.5),
@@ -118,7 +118,7 @@ def test_provisioning_latency_from_creation_to_provisioned(results: jobs.Results
     ]
 
 
-def test_spu_intervals_and_flapping_spus(results: jobs.Results) -> None:
+def test_spu_intervals_and_flapping_spus(results: options.Results) -> None:
     assert [(row["spu"], row["state"], row["start_us"], row["end_us"]) for row in results.tables["spu_intervals"]] == [
         (0, "Online", at(1), at(20)),
         (0, "Offline", at(20), at(25)),
@@ -135,7 +135,7 @@ def test_spu_intervals_and_flapping_spus(results: jobs.Results) -> None:
     assert results.tables["flapping_spus"] == [{"spu": 3, "offline_count": 3, "max_in_window": 3}]
 
 
-def test_placement_balance_at_the_end_of_the_history(results: jobs.Results) -> None:
+def test_placement_balance_at_the_end_of_the_history(results: options.Results) -> None:
     assert results.balance_at_us == at(120)
     assert [tuple(row.values()) for row in results.tables["balance_spus"]] == [
         (0, "r1", 2, 2), (1, "r1", 1, 0), (2, "r2", 2, 0), (3, "r3", 2, 2), (4, "r3", 0, 0), (10, None, 0, 0),
@@ -157,7 +157,7 @@ def test_placement_balance_at_a_chosen_time(spark: Any, story: Path) -> None:
     assert violations.count() == 0
 
 
-def test_spec_changes_say_who_made_them_and_leave_out_status_writes(results: jobs.Results) -> None:
+def test_spec_changes_say_who_made_them_and_leave_out_status_writes(results: options.Results) -> None:
     assert [(row["kind"], row["name"], row["op"], row["at_us"], row["by"]) for row in results.tables["spec_changes"]] == [
         ("spus", "spu-0", "create", at(0), "user"),
         ("spus", "spu-1", "create", at(0), "user"),

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from controller.audit import export, jobs, report
+from controller.audit import export, jobs, options, report
 from store import history, models
 from tests.unit.audit.synthetic import Writer, iso
 
@@ -75,14 +75,14 @@ async def write_story(directory: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def results(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> jobs.Results:
+def results(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> options.Results:
     directory = tmp_path_factory.mktemp("causes")
     asyncio.run(write_story(directory / "history"))
     export.export(directory / "history", directory / "export")
     return jobs.run(spark, directory / "export")
 
 
-def test_every_leader_change_has_a_cause(results: jobs.Results) -> None:
+def test_every_leader_change_has_a_cause(results: options.Results) -> None:
     assert [
         (row["partition"], row["from_spu"], row["to_spu"], row["cause"]) for row in results.tables["leader_changes"]
     ] == [
@@ -95,7 +95,7 @@ def test_every_leader_change_has_a_cause(results: jobs.Results) -> None:
     ]
 
 
-def test_report_json_keeps_the_four_causes_of_api_md_and_lists_the_others_apart(results: jobs.Results) -> None:
+def test_report_json_keeps_the_four_causes_of_api_md_and_lists_the_others_apart(results: options.Results) -> None:
     document = report.to_json(results)
     assert [(change["partition"], change["cause"]) for change in document["leaderChanges"]] == [
         ("t-0", "spu-offline"), ("t-1", "spu-offline"),

@@ -10,11 +10,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from controller import config
-from controller.fluvio import admin, client as client_module, codec
+from controller.api.fluvio import admin, client as client_module, messages, objects
 from store import local, models
 from tests.fixtures import daemon as daemon_fixtures
 
-Error = codec.Error
+Error = messages.Error
 
 
 @pytest.fixture
@@ -32,20 +32,20 @@ async def client(fluvio_sc: daemon_fixtures.Running) -> AsyncIterator[client_mod
     await connected.close()
 
 
-def create(label: str, name: str, spec: object, dry_run: bool = False) -> codec.CreateRequest:
-    return codec.CreateRequest(label, name, spec, dry_run=dry_run)
+def create(label: str, name: str, spec: object, dry_run: bool = False) -> messages.CreateRequest:
+    return messages.CreateRequest(label, name, spec=spec, dry_run=dry_run)
 
 
-def error(name: str, code: Error, message: str) -> codec.Status:
-    return codec.Status(name, codec.ErrorCode(code), message)
+def error(name: str, code: Error, message: str) -> messages.Status:
+    return messages.Status(name, messages.ErrorCode(code), message)
 
 
-def computed(partitions: int, replication: int) -> codec.TopicSpec:
-    return codec.TopicSpec(codec.ComputedReplicas(partitions, replication, False))
+def computed(partitions: int, replication: int) -> objects.TopicSpec:
+    return objects.TopicSpec(objects.ComputedReplicas(partitions, replication, False))
 
 
-def custom_spu(spu_id: int, port: int = 9010) -> codec.CustomSpuSpec:
-    return codec.CustomSpuSpec(spu_id, codec.IngressPort(port, [codec.IngressAddr(ip="127.0.0.1")]), codec.Endpoint(port + 1, "127.0.0.1"))
+def custom_spu(spu_id: int, port: int = 9010) -> objects.CustomSpuSpec:
+    return objects.CustomSpuSpec(spu_id, objects.IngressPort(port, [objects.IngressAddr(ip="127.0.0.1")]), objects.Endpoint(port + 1, "127.0.0.1"))
 
 
 # ---------------------------------------------------------------------------- topics
@@ -58,39 +58,39 @@ async def test_a_topic_create_answers_once_its_partitions_are_in_the_store(
         await fluvio_sc.register_spu(spu_id)
     status, predicted = await fluvio_sc.call("POST", "/v1/topics?dryRun=true", {"name": "orders", "spec": {"partitions": 4, "replicationFactor": 2}})
     assert status == 200
-    assert await client.status(codec.CREATE, create(codec.TOPIC, "orders", computed(4, 2))) == codec.Status("orders")
+    assert await client.status(messages.CREATE, create(objects.TOPIC, "orders", computed(4, 2))) == messages.Status("orders")
     # At the reply the local store already holds every partition, with the placement's replicas.
     assert fluvio_sc.daemon.context is not None
     partitions = fluvio_sc.daemon.context.local_store["partitions"]
     assert [partitions.get(f"orders-{index}").obj.spec.replicas for index in range(4)] == predicted["replicaMap"]  # type: ignore[union-attr]
     assert await fluvio_sc.partitions_of("orders") == dict(enumerate(predicted["replicaMap"]))
-    [listed] = await client.list(codec.TOPIC)
-    assert listed.status == codec.TopicStatus(codec.TopicResolution.PROVISIONED, dict(enumerate(predicted["replicaMap"])), {}, "")
-    assert [meta.name for meta in await client.list(codec.PARTITION)] == [f"orders-{index}" for index in range(4)]
+    [listed] = await client.list(objects.TOPIC)
+    assert listed.status == objects.TopicStatus(objects.TopicResolution.PROVISIONED, dict(enumerate(predicted["replicaMap"])), {}, "")
+    assert [meta.name for meta in await client.list(objects.PARTITION)] == [f"orders-{index}" for index in range(4)]
 
 
 async def test_topic_create_failures_in_fluvios_order(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
     for spu_id in range(3):
         await fluvio_sc.register_spu(spu_id)
-    assert await client.status(codec.CREATE, create(codec.TOPIC, "taken", computed(1, 1))) == codec.Status("taken")
-    bad_retention = codec.TopicSpec(codec.ComputedReplicas(1, 1), cleanup_policy=codec.SegmentCleanup(5))
+    assert await client.status(messages.CREATE, create(objects.TOPIC, "taken", computed(1, 1))) == messages.Status("taken")
+    bad_retention = objects.TopicSpec(objects.ComputedReplicas(1, 1), cleanup_policy=objects.SegmentCleanup(5))
     cases = [
-        (create(codec.TOPIC, "Bad_Name", computed(1, 1)), Error.TOPIC_INVALID_NAME,
+        (create(objects.TOPIC, "Bad_Name", computed(1, 1)), Error.TOPIC_INVALID_NAME,
          "topic name 'Bad_Name' is invalid: use only lowercase letters, digits and '-', and do not start or end with '-'"),
         # Existence is checked before the settings, as Fluvio does.
-        (create(codec.TOPIC, "taken", bad_retention), Error.TOPIC_ALREADY_EXISTS, "Topic 'taken' already exists"),
-        (create(codec.TOPIC, "t", bad_retention), Error.TOPIC_INVALID_CONFIGURATION, "retention time 5 s is below the minimum of 10 s"),
-        (create(codec.TOPIC, "t", computed(0, 1)), Error.TOPIC_ERROR, "spec.partitions: Input should be greater than or equal to 1 (got 0)"),
-        (create(codec.TOPIC, "t", computed(1, 0)), Error.TOPIC_ERROR, "spec.replicationFactor: Input should be greater than or equal to 1 (got 0)"),
+        (create(objects.TOPIC, "taken", bad_retention), Error.TOPIC_ALREADY_EXISTS, "Topic 'taken' already exists"),
+        (create(objects.TOPIC, "t", bad_retention), Error.TOPIC_INVALID_CONFIGURATION, "retention time 5 s is below the minimum of 10 s"),
+        (create(objects.TOPIC, "t", computed(0, 1)), Error.TOPIC_ERROR, "spec.partitions: Input should be greater than or equal to 1 (got 0)"),
+        (create(objects.TOPIC, "t", computed(1, 0)), Error.TOPIC_ERROR, "spec.replicationFactor: Input should be greater than or equal to 1 (got 0)"),
     ]  # fmt: skip
     for request, code, message in cases:
-        assert await client.status(codec.CREATE, request) == error(request.name, code, message)
-    unknown_spu = codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(0, [0, 9])]))
-    answer = await client.status(codec.CREATE, create(codec.TOPIC, "manual", unknown_spu))
-    assert answer.error_code == codec.ErrorCode(Error.TOPIC_ERROR) and "9" in (answer.error_message or "")
+        assert await client.status(messages.CREATE, request) == error(request.name, code, message)
+    unknown_spu = objects.TopicSpec(objects.AssignedReplicas([objects.PartitionMap(0, [0, 9])]))
+    answer = await client.status(messages.CREATE, create(objects.TOPIC, "manual", unknown_spu))
+    assert answer.error_code == messages.ErrorCode(Error.TOPIC_ERROR) and "9" in (answer.error_message or "")
     # Fluvio refuses assigned ids out of order (it does not re-sort them): TopicError, as for other assignment errors.
-    out_of_order = codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(1, [0]), codec.PartitionMap(0, [1])]))
-    assert await client.status(codec.CREATE, create(codec.TOPIC, "manual", out_of_order)) == error(
+    out_of_order = objects.TopicSpec(objects.AssignedReplicas([objects.PartitionMap(1, [0]), objects.PartitionMap(0, [1])]))
+    assert await client.status(messages.CREATE, create(objects.TOPIC, "manual", out_of_order)) == error(
         "manual",
         Error.TOPIC_ERROR,
         "invalid replica assignment: assigned partition ids must be in sequence and without gaps: "
@@ -103,8 +103,8 @@ async def test_a_topic_without_enough_spus_is_kept_and_answered_not_provisioned(
     fluvio_sc: daemon_fixtures.Running, client: client_module.Client
 ) -> None:
     await fluvio_sc.register_spu(0)
-    answer = await client.status(codec.CREATE, create(codec.TOPIC, "wide", computed(1, 3)))
-    assert answer.error_code == codec.ErrorCode(Error.TOPIC_NOT_PROVISIONED)
+    answer = await client.status(messages.CREATE, create(objects.TOPIC, "wide", computed(1, 3)))
+    assert answer.error_code == messages.ErrorCode(Error.TOPIC_NOT_PROVISIONED)
     assert (answer.error_message or "").startswith("topic 'wide' is InsufficientResources: ")
     assert (answer.error_message or "").endswith("it was kept and is placed as soon as enough SPUs are online")
     stored = await fluvio_sc.read("topics", "wide")
@@ -116,7 +116,7 @@ async def test_a_topic_that_waits_for_a_rack_says_so_and_is_kept(
 ) -> None:
     await fluvio_sc.register_spu(0, rack="r1")
     await fluvio_sc.register_spu(1)
-    assert await client.status(codec.CREATE, create(codec.TOPIC, "racks", computed(2, 2))) == error(
+    assert await client.status(messages.CREATE, create(objects.TOPIC, "racks", computed(2, 2))) == error(
         "racks",
         Error.TOPIC_INVALID_CONFIGURATION,
         "topic 'racks' is InvalidConfig: rack-aware placement needs a rack on every online SPU, but SPU 1 has none: "
@@ -128,63 +128,63 @@ async def test_a_topic_that_waits_for_a_rack_says_so_and_is_kept(
 
 async def test_a_topic_dry_run_writes_nothing(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
     await fluvio_sc.register_spu(0)
-    assert await client.status(codec.CREATE, create(codec.TOPIC, "maybe", computed(2, 1), dry_run=True)) == codec.Status("maybe")
-    answer = await client.status(codec.CREATE, create(codec.TOPIC, "maybe", computed(2, 2), dry_run=True))
-    assert answer.error_code == codec.ErrorCode(Error.TOPIC_ERROR) and "2" in (answer.error_message or "")
+    assert await client.status(messages.CREATE, create(objects.TOPIC, "maybe", computed(2, 1), dry_run=True)) == messages.Status("maybe")
+    answer = await client.status(messages.CREATE, create(objects.TOPIC, "maybe", computed(2, 2), dry_run=True))
+    assert answer.error_code == messages.ErrorCode(Error.TOPIC_ERROR) and "2" in (answer.error_message or "")
     assert await fluvio_sc.read_all("topics") == {}
 
 
 async def test_add_partitions_and_its_failures(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
     for spu_id in range(2):
         await fluvio_sc.register_spu(spu_id)
-    await client.status(codec.CREATE, create(codec.TOPIC, "grow", computed(1, 2)))
-    assert await client.status(codec.UPDATE, codec.UpdateRequest(codec.TOPIC, "grow", codec.AddPartition(2))) == codec.Status("grow")
+    await client.status(messages.CREATE, create(objects.TOPIC, "grow", computed(1, 2)))
+    assert await client.status(messages.UPDATE, messages.UpdateRequest(objects.TOPIC, "grow", messages.AddPartition(2))) == messages.Status("grow")
 
     async def grown() -> None:
         assert sorted(await fluvio_sc.partitions_of("grow")) == [0, 1, 2]
 
     await fluvio_sc.eventually(grown)
-    manual = codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(0, [1, 0])]))
-    await client.status(codec.CREATE, create(codec.TOPIC, "manual", manual))
+    manual = objects.TopicSpec(objects.AssignedReplicas([objects.PartitionMap(0, [1, 0])]))
+    await client.status(messages.CREATE, create(objects.TOPIC, "manual", manual))
     cases = [
-        (codec.UpdateRequest(codec.TOPIC, "missing", codec.AddPartition(1)), Error.TOPIC_NOT_FOUND, "Topic 'missing' not found"),
-        (codec.UpdateRequest(codec.TOPIC, "manual", codec.AddPartition(1)), Error.TOPIC_INVALID_REPLICA_TYPE,
+        (messages.UpdateRequest(objects.TOPIC, "missing", messages.AddPartition(1)), Error.TOPIC_NOT_FOUND, "Topic 'missing' not found"),
+        (messages.UpdateRequest(objects.TOPIC, "manual", messages.AddPartition(1)), Error.TOPIC_INVALID_REPLICA_TYPE,
          "topic 'manual' has a manual replicaAssignment: partitions cannot be added to it"),
-        (codec.UpdateRequest(codec.TOPIC, "grow", codec.AddPartition(0)), Error.TOPIC_ERROR,
+        (messages.UpdateRequest(objects.TOPIC, "grow", messages.AddPartition(0)), Error.TOPIC_ERROR,
          "count: the number of partitions to add must be at least 1 (got 0)"),
-        (codec.UpdateRequest(codec.TOPIC, "grow", codec.AddMirror("remote")), Error.TOPIC_INVALID_REPLICA_TYPE,
+        (messages.UpdateRequest(objects.TOPIC, "grow", messages.AddMirror("remote")), Error.TOPIC_INVALID_REPLICA_TYPE,
          "topic 'grow': mirrors are not supported by this SC"),
     ]  # fmt: skip
     for request, code, message in cases:
-        assert await client.status(codec.UPDATE, request) == error(request.key, code, message)
-    other = await client.status(codec.UPDATE, codec.UpdateRequest("SmartModule", "sm", b"\x00"))
-    assert other == codec.Status("sm", codec.ErrorCode(Error.OTHER, ("Update of 'SmartModule' objects is not supported by this SC",)),
+        assert await client.status(messages.UPDATE, request) == error(request.key, code, message)
+    other = await client.status(messages.UPDATE, messages.UpdateRequest("SmartModule", "sm", b"\x00"))
+    assert other == messages.Status("sm", messages.ErrorCode(Error.OTHER, ("Update of 'SmartModule' objects is not supported by this SC",)),
                                  "Update of 'SmartModule' objects is not supported by this SC")  # fmt: skip
 
 
 async def test_delete_a_topic_and_its_partitions(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
     await fluvio_sc.register_spu(0)
-    await client.status(codec.CREATE, create(codec.TOPIC, "gone", computed(2, 1)))
-    assert await client.status(codec.DELETE, codec.DeleteRequest(codec.TOPIC, "gone")) == codec.Status("gone")
+    await client.status(messages.CREATE, create(objects.TOPIC, "gone", computed(2, 1)))
+    assert await client.status(messages.DELETE, messages.DeleteRequest(objects.TOPIC, "gone")) == messages.Status("gone")
 
     async def no_partitions() -> None:
         assert await fluvio_sc.partitions_of("gone") == {}
 
     await fluvio_sc.eventually(no_partitions)
-    assert await client.status(codec.DELETE, codec.DeleteRequest(codec.TOPIC, "gone")) == error("gone", Error.TOPIC_NOT_FOUND, "Topic 'gone' not found")
+    assert await client.status(messages.DELETE, messages.DeleteRequest(objects.TOPIC, "gone")) == error("gone", Error.TOPIC_NOT_FOUND, "Topic 'gone' not found")
 
 
 async def test_unsupported_create_labels_answer_invalid_create_request(client: client_module.Client) -> None:
-    answer = await client.status(codec.CREATE, create("SmartModule", "sm", b"\x01\x02"))
+    answer = await client.status(messages.CREATE, create("SmartModule", "sm", b"\x01\x02"))
     assert answer == error("sm", Error.INVALID_CREATE_REQUEST, "Create of 'SmartModule' objects is not supported by this SC")
-    assert await client.list(codec.TOPIC) == []  # and the connection goes on
+    assert await client.list(objects.TOPIC) == []  # and the connection goes on
 
 
 # ---------------------------------------------------------------------------- custom SPUs
 
 
 async def test_register_list_and_unregister_custom_spus(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
-    assert await client.status(codec.CREATE, create(codec.CUSTOM_SPU, "custom-spu-5001", custom_spu(5001))) == codec.Status("custom-spu-5001")
+    assert await client.status(messages.CREATE, create(objects.CUSTOM_SPU, "custom-spu-5001", custom_spu(5001))) == messages.Status("custom-spu-5001")
     stored = await fluvio_sc.read("spus", "custom-spu-5001")
     assert stored == models.Spu.model_validate(
         {
@@ -195,80 +195,80 @@ async def test_register_list_and_unregister_custom_spus(fluvio_sc: daemon_fixtur
     )  # fmt: skip
 
     async def listed() -> None:
-        assert await client.list(codec.CUSTOM_SPU) == [
-            codec.Metadata("custom-spu-5001", custom_spu(5001), codec.SpuStatus(codec.SpuResolution.INIT))
+        assert await client.list(objects.CUSTOM_SPU) == [
+            objects.Metadata("custom-spu-5001", custom_spu(5001), objects.SpuStatus(objects.SpuResolution.INIT))
         ]
 
     await fluvio_sc.eventually(listed)
-    [spu] = await client.list(codec.SPU)
-    assert (spu.spec.spu_type, spu.spec.id) == (codec.SpuType.CUSTOM, 5001)
+    [spu] = await client.list(objects.SPU)
+    assert (spu.spec.spu_type, spu.spec.id) == (objects.SpuType.CUSTOM, 5001)
     cases = [
-        (create(codec.CUSTOM_SPU, "custom-spu-5001", custom_spu(5002)), Error.SPU_ALREADY_EXISTS, "SPU 'custom-spu-5001' already exists"),
-        (create(codec.CUSTOM_SPU, "other", custom_spu(5001)), Error.SPU_ALREADY_EXISTS,
+        (create(objects.CUSTOM_SPU, "custom-spu-5001", custom_spu(5002)), Error.SPU_ALREADY_EXISTS, "SPU 'custom-spu-5001' already exists"),
+        (create(objects.CUSTOM_SPU, "other", custom_spu(5001)), Error.SPU_ALREADY_EXISTS,
          "SPU id 5001 is already used by SPU 'custom-spu-5001'; choose another id"),
-        (create(codec.CUSTOM_SPU, "other", custom_spu(5002, port=0)), Error.SPU_ERROR,
+        (create(objects.CUSTOM_SPU, "other", custom_spu(5002, port=0)), Error.SPU_ERROR,
          "spec.publicEndpoint.port: Input should be greater than or equal to 1 (got 0)"),
     ]  # fmt: skip
     for request, code, message in cases:
-        assert await client.status(codec.CREATE, request) == error(request.name, code, message)
+        assert await client.status(messages.CREATE, request) == error(request.name, code, message)
     # A dry run checks everything, writes nothing and answers an empty name (as Fluvio does).
-    assert await client.status(codec.CREATE, create(codec.CUSTOM_SPU, "dry", custom_spu(5003), dry_run=True)) == codec.Status("")
+    assert await client.status(messages.CREATE, create(objects.CUSTOM_SPU, "dry", custom_spu(5003), dry_run=True)) == messages.Status("")
     assert set(await fluvio_sc.read_all("spus")) == {"custom-spu-5001"}
 
-    by_id = codec.DeleteRequest(codec.CUSTOM_SPU, codec.SpuKeyId(5001))
-    assert await client.status(codec.DELETE, by_id) == codec.Status("custom-spu-5001")
+    by_id = messages.DeleteRequest(objects.CUSTOM_SPU, messages.SpuKeyId(5001))
+    assert await client.status(messages.DELETE, by_id) == messages.Status("custom-spu-5001")
     assert await fluvio_sc.read("spus", "custom-spu-5001") is None
 
     async def unlisted() -> None:
-        assert await client.list(codec.SPU) == []
+        assert await client.list(objects.SPU) == []
 
     await fluvio_sc.eventually(unlisted)
-    assert await client.status(codec.DELETE, by_id) == error("spu-5001", Error.SPU_NOT_FOUND, "SPU 'spu-5001' not found")
-    by_name = codec.DeleteRequest(codec.CUSTOM_SPU, codec.SpuKeyName("nope"))
-    assert await client.status(codec.DELETE, by_name) == error("nope", Error.SPU_NOT_FOUND, "SPU 'nope' not found")
+    assert await client.status(messages.DELETE, by_id) == error("spu-5001", Error.SPU_NOT_FOUND, "SPU 'spu-5001' not found")
+    by_name = messages.DeleteRequest(objects.CUSTOM_SPU, messages.SpuKeyName("nope"))
+    assert await client.status(messages.DELETE, by_name) == error("nope", Error.SPU_NOT_FOUND, "SPU 'nope' not found")
 
 
 # ---------------------------------------------------------------------------- SPU groups
 
 
 async def test_spu_groups_create_list_refuse_and_delete(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
-    main = codec.SpuGroupSpec(2, 100, codec.SpuConfig(rack="r1"))
-    assert await client.status(codec.CREATE, create(codec.SPU_GROUP, "main", main)) == codec.Status("main")
+    main = objects.SpuGroupSpec(2, 100, objects.SpuConfig(rack="r1"))
+    assert await client.status(messages.CREATE, create(objects.SPU_GROUP, "main", main)) == messages.Status("main")
     stored = await fluvio_sc.read("spu-groups", "main")
     assert stored is not None and stored.status.resolution is models.SpuGroupResolution.RESERVED  # type: ignore[attr-defined]
 
     async def managed_spus() -> None:
-        assert [(meta.name, meta.spec.spu_type, meta.spec.id) for meta in await client.list(codec.SPU)] == [
-            ("main-0", codec.SpuType.MANAGED, 100),
-            ("main-1", codec.SpuType.MANAGED, 101),
+        assert [(meta.name, meta.spec.spu_type, meta.spec.id) for meta in await client.list(objects.SPU)] == [
+            ("main-0", objects.SpuType.MANAGED, 100),
+            ("main-1", objects.SpuType.MANAGED, 101),
         ]
 
     await fluvio_sc.eventually(managed_spus)
-    assert await client.list(codec.CUSTOM_SPU) == []
-    [group] = await client.list(codec.SPU_GROUP)
-    assert group == codec.Metadata(
+    assert await client.list(objects.CUSTOM_SPU) == []
+    [group] = await client.list(objects.SPU_GROUP)
+    assert group == objects.Metadata(
         "main",
-        codec.SpuGroupSpec(2, 100, codec.SpuConfig(rack="r1", storage=codec.SpuStorageConfig("/tmp/fluvio", "1Gi"))),
-        codec.SpuGroupStatus(codec.SpuGroupResolution.RESERVED, None),
+        objects.SpuGroupSpec(2, 100, objects.SpuConfig(rack="r1", storage=objects.SpuStorageConfig("/tmp/fluvio", "1Gi"))),
+        objects.SpuGroupStatus(objects.SpuGroupResolution.RESERVED, None),
     )
-    managed = codec.DeleteRequest(codec.CUSTOM_SPU, codec.SpuKeyName("main-0"))
-    assert await client.status(codec.DELETE, managed) == error("main-0", Error.SPU_ERROR, "expected 'Custom' spu, found 'Managed' spu ('main-0')")
-    again = await client.status(codec.CREATE, create(codec.SPU_GROUP, "main", main))
+    managed = messages.DeleteRequest(objects.CUSTOM_SPU, messages.SpuKeyName("main-0"))
+    assert await client.status(messages.DELETE, managed) == error("main-0", Error.SPU_ERROR, "expected 'Custom' spu, found 'Managed' spu ('main-0')")
+    again = await client.status(messages.CREATE, create(objects.SPU_GROUP, "main", main))
     assert again == error("main", Error.SPU_ERROR, "SPU group 'main' already exists")
 
-    clash = await client.status(codec.CREATE, create(codec.SPU_GROUP, "clash", codec.SpuGroupSpec(1, 101)))
-    assert clash.error_code == codec.ErrorCode(Error.SPU_ERROR)
+    clash = await client.status(messages.CREATE, create(objects.SPU_GROUP, "clash", objects.SpuGroupSpec(1, 101)))
+    assert clash.error_code == messages.ErrorCode(Error.SPU_ERROR)
     assert (clash.error_message or "").startswith("SPU group 'clash' is Invalid: ") and "101" in (clash.error_message or "")
 
-    assert await client.status(codec.DELETE, codec.DeleteRequest(codec.SPU_GROUP, "main")) == codec.Status("main")
-    assert await client.status(codec.DELETE, codec.DeleteRequest(codec.SPU_GROUP, "main")) == error(
+    assert await client.status(messages.DELETE, messages.DeleteRequest(objects.SPU_GROUP, "main")) == messages.Status("main")
+    assert await client.status(messages.DELETE, messages.DeleteRequest(objects.SPU_GROUP, "main")) == error(
         "main", Error.SPU_NOT_FOUND, "SPU group 'main' not found"
     )
 
 
 async def test_an_spu_group_dry_run_writes_nothing(fluvio_sc: daemon_fixtures.Running, client: client_module.Client) -> None:
-    spec = codec.SpuGroupSpec(1, 7)
-    assert await client.status(codec.CREATE, create(codec.SPU_GROUP, "maybe", spec, dry_run=True)) == codec.Status("maybe")
+    spec = objects.SpuGroupSpec(1, 7)
+    assert await client.status(messages.CREATE, create(objects.SPU_GROUP, "maybe", spec, dry_run=True)) == messages.Status("maybe")
     assert await fluvio_sc.read_all("spu-groups") == {}
 
 
@@ -301,7 +301,7 @@ async def test_a_create_that_outwaits_its_limit_answers_not_provisioned(fluvio_s
     strict = admin.Admin(fluvio_sc.daemon.context, admin.Readiness.ONLINE, create_wait=0.3)
     waits = asyncio.create_task(strict.run())
     try:
-        answer = await strict.answer(create(codec.TOPIC, "slow", computed(2, 1)))
+        answer = await strict.answer(create(objects.TOPIC, "slow", computed(2, 1)))
     finally:
         waits.cancel()
         await asyncio.gather(waits, return_exceptions=True)
@@ -323,8 +323,8 @@ async def test_a_topic_too_large_to_store_is_refused_by_create_dry_run_and_add_p
     for spu_id in range(10, 13):
         await fluvio_sc.register_spu(spu_id, online=False)  # nothing gets placed
     answers = [
-        await client.status(codec.CREATE, create(codec.TOPIC, "huge", computed(65_535, 5), dry_run=True)),
-        await client.status(codec.CREATE, create(codec.TOPIC, "huge", computed(65_535, 5))),
+        await client.status(messages.CREATE, create(objects.TOPIC, "huge", computed(65_535, 5), dry_run=True)),
+        await client.status(messages.CREATE, create(objects.TOPIC, "huge", computed(65_535, 5))),
     ]
     message = (
         "topic 'huge' with 65535 partitions at replication factor 5 would take up to 1627424 bytes in the store, "
@@ -334,9 +334,9 @@ async def test_a_topic_too_large_to_store_is_refused_by_create_dry_run_and_add_p
     )
     assert answers == [error("huge", Error.TOPIC_ERROR, message)] * 2
     assert await fluvio_sc.read_all("topics") == {}
-    created = await client.status(codec.CREATE, create(codec.TOPIC, "huge", computed(4, 5)))
-    assert created.error_code == codec.ErrorCode(Error.TOPIC_NOT_PROVISIONED)  # kept, InsufficientResources
-    grow = codec.UpdateRequest(codec.TOPIC, "huge", codec.AddPartition(65_531))
-    assert await client.status(codec.UPDATE, grow) == error("huge", Error.TOPIC_ERROR, message)
+    created = await client.status(messages.CREATE, create(objects.TOPIC, "huge", computed(4, 5)))
+    assert created.error_code == messages.ErrorCode(Error.TOPIC_NOT_PROVISIONED)  # kept, InsufficientResources
+    grow = messages.UpdateRequest(objects.TOPIC, "huge", messages.AddPartition(65_531))
+    assert await client.status(messages.UPDATE, grow) == error("huge", Error.TOPIC_ERROR, message)
     stored = await fluvio_sc.read("topics", "huge")
     assert stored is not None and stored.spec.partitions == 4  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from controller import config
-from controller.fluvio import client as client_module, codec, server as server_module
+from controller.api.fluvio import client as client_module, messages, objects, server as server_module
 from tests.fixtures import daemon as daemon_fixtures
 
 
@@ -35,7 +35,7 @@ async def test_http_and_fluvio_share_the_port(fluvio_sc: daemon_fixtures.Running
     try:
         assert await fluvio_sc.call("GET", "/healthz") == (200, {"status": "ok"})
         await fluvio_sc.register_spu(0)
-        assert [meta.name for meta in await client.list(codec.SPU)] == ["spu-0"]
+        assert [meta.name for meta in await client.list(objects.SPU)] == ["spu-0"]
         assert await fluvio_sc.call("GET", "/v1/nothing/here") == (
             404,
             {"error": {"code": "NotFound", "message": "unknown kind 'nothing': use one of spus, spu-groups, topics, partitions"}},
@@ -58,24 +58,24 @@ async def test_raw_http_bytes_still_get_an_http_answer(fluvio_sc: daemon_fixture
 @pytest.mark.parametrize(
     "bad",
     [
-        pytest.param(codec.frame(bytes.fromhex("03eb 0013 00000002 0000 0005546f706963 00000003 000000")), id="short-list-payload"),
-        pytest.param(codec.frame(bytes.fromhex("03ed 0013 00000002 0000")), id="unserved-api-key"),
-        pytest.param(codec.frame(bytes.fromhex("03eb 0013 00000002 0000 0005546f706963 00000006 00000000 0200")), id="bad-bool"),
+        pytest.param(messages.frame(bytes.fromhex("03eb 0013 00000002 0000 0005546f706963 00000003 000000")), id="short-list-payload"),
+        pytest.param(messages.frame(bytes.fromhex("03ed 0013 00000002 0000")), id="unserved-api-key"),
+        pytest.param(messages.frame(bytes.fromhex("03eb 0013 00000002 0000 0005546f706963 00000006 00000000 0200")), id="bad-bool"),
         pytest.param((server_module.MAX_FRAME_BYTES + 1).to_bytes(4, "big"), id="oversized"),
     ],
 )
 async def test_a_bad_frame_closes_only_its_connection(fluvio_sc: daemon_fixtures.Running, bad: bytes) -> None:
     victim, bystander = await connect(fluvio_sc), await connect(fluvio_sc)
     try:
-        watch = bystander.watch(codec.SPU)
+        watch = bystander.watch(objects.SPU)
         await asyncio.wait_for(watch.get(), 5)  # the (empty) snapshot
         victim.send_raw(bad)
         await closed_by_server(victim)
-        assert await bystander.list(codec.TOPIC) == []
+        assert await bystander.list(objects.TOPIC) == []
         assert await fluvio_sc.call("GET", "/healthz") == (200, {"status": "ok"})
         await fluvio_sc.register_spu(1)  # the bystander's watch still streams
         update = (await asyncio.wait_for(watch.get(), 5)).update
-        assert [(m.header, m.content.name) for m in update.changes] == [(codec.MessageType.UPDATE, "spu-1")]
+        assert [(m.header, m.content.name) for m in update.changes] == [(messages.MessageType.UPDATE, "spu-1")]
     finally:
         await victim.close()
         await bystander.close()
@@ -90,14 +90,14 @@ async def test_a_connection_closed_before_its_first_byte_is_harmless(fluvio_sc: 
 
 async def test_a_frame_of_the_largest_size_is_served_as_fluvio(fluvio_sc: daemon_fixtures.Running) -> None:
     # Its length starts with 0x01, not 0x00: it is still a Fluvio frame, not an HTTP request.
-    request = codec.encode_request(codec.RequestHeader(codec.LIST, 19, 7, "big"), codec.ListRequest(codec.TOPIC))
+    request = messages.encode_request(messages.RequestHeader(messages.LIST, 19, 7, "big"), messages.ListRequest(objects.TOPIC))
     message = request[4:] + b"\0" * (server_module.MAX_FRAME_BYTES - len(request) + 4)  # trailing bytes are ignored
     assert len(message) == server_module.MAX_FRAME_BYTES
     reader, writer = await asyncio.open_connection("127.0.0.1", fluvio_sc.daemon.public_port)
     try:
         writer.write(len(message).to_bytes(4, "big") + message)
         async with asyncio.timeout(30):
-            answer = await reader.readexactly(codec.frame_length(await reader.readexactly(4)))
+            answer = await reader.readexactly(messages.frame_length(await reader.readexactly(4)))
     finally:
         writer.close()
         await writer.wait_closed()

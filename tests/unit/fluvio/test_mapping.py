@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from controller.fluvio import codec, mapping
+from controller.api.fluvio import mapping, messages, objects as fluvio_objects
 from store import models
 from tests import objects
 
-Error = codec.Error
+Error = messages.Error
 
 
 def refused(call: object, *args: object) -> mapping.Refused:
@@ -28,10 +28,10 @@ def test_a_computed_topic_item() -> None:
             "status": {"resolution": "Provisioned", "replicaMap": {"1": [2, 0], "0": [0, 1]}},
         }
     )
-    assert mapping.topic_item(topic) == codec.Metadata(
+    assert mapping.topic_item(topic) == fluvio_objects.Metadata(
         "orders",
-        codec.TopicSpec(codec.ComputedReplicas(2, 2, True)),
-        codec.TopicStatus(codec.TopicResolution.PROVISIONED, {0: [0, 1], 1: [2, 0]}, {}, ""),
+        fluvio_objects.TopicSpec(fluvio_objects.ComputedReplicas(2, 2, True)),
+        fluvio_objects.TopicStatus(fluvio_objects.TopicResolution.PROVISIONED, {0: [0, 1], 1: [2, 0]}, {}, ""),
     )
 
 
@@ -43,19 +43,19 @@ def test_a_manual_topic_item_with_its_reason() -> None:
             "status": {"resolution": "InvalidConfig", "reason": "SPU 3 is not registered"},
         }
     )
-    assert mapping.topic_item(topic) == codec.Metadata(
+    assert mapping.topic_item(topic) == fluvio_objects.Metadata(
         "manual",
-        codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(0, [3, 1])])),
-        codec.TopicStatus(codec.TopicResolution.INVALID_CONFIG, {}, {}, "SPU 3 is not registered"),
+        fluvio_objects.TopicSpec(fluvio_objects.AssignedReplicas([fluvio_objects.PartitionMap(0, [3, 1])])),
+        fluvio_objects.TopicStatus(fluvio_objects.TopicResolution.INVALID_CONFIG, {}, {}, "SPU 3 is not registered"),
     )
 
 
 def test_partition_items_with_and_without_a_leader_status() -> None:
     fresh = models.Partition.model_validate({"name": "orders-3", "spec": {"leader": 2, "replicas": [2, 0]}})
-    assert mapping.partition_item(fresh) == codec.Metadata(
+    assert mapping.partition_item(fresh) == fluvio_objects.Metadata(
         "orders-3",
-        codec.PartitionSpec(2, [2, 0]),
-        codec.PartitionStatus(codec.ReplicaStatus(2, -1, -1), codec.PartitionResolution.OFFLINE, 0, []),
+        fluvio_objects.PartitionSpec(2, [2, 0]),
+        fluvio_objects.PartitionStatus(leader=fluvio_objects.ReplicaStatus(2, -1, -1), resolution=fluvio_objects.PartitionResolution.OFFLINE, lrs=0, replicas=[]),
     )
     serving = models.Partition.model_validate(
         {
@@ -69,35 +69,38 @@ def test_partition_items_with_and_without_a_leader_status() -> None:
             },
         }
     )
-    assert mapping.partition_item(serving).status == codec.PartitionStatus(
-        codec.ReplicaStatus(2, 7, 9), codec.PartitionResolution.ONLINE, 2, [codec.ReplicaStatus(0, 7, 7)]
+    assert mapping.partition_item(serving).status == fluvio_objects.PartitionStatus(
+        leader=fluvio_objects.ReplicaStatus(2, 7, 9),
+        resolution=fluvio_objects.PartitionResolution.ONLINE,
+        lrs=2,
+        replicas=[fluvio_objects.ReplicaStatus(0, 7, 7)],
     )
 
 
 def test_spu_items_advertise_an_ip_or_a_hostname() -> None:
     by_ip = objects.spu(5001, resolution="Offline", rack="r1", host="10.0.0.1")
-    assert mapping.spu_item(by_ip) == codec.Metadata(
+    assert mapping.spu_item(by_ip) == fluvio_objects.Metadata(
         "spu-5001",
-        codec.SpuSpec(
-            5001, codec.SpuType.CUSTOM, codec.IngressPort(9005, [codec.IngressAddr(ip="10.0.0.1")]), codec.Endpoint(9006, "10.0.0.1"), "r1"
+        fluvio_objects.SpuSpec(
+            5001, fluvio_objects.SpuType.CUSTOM, fluvio_objects.IngressPort(9005, [fluvio_objects.IngressAddr(ip="10.0.0.1")]), fluvio_objects.Endpoint(9006, "10.0.0.1"), "r1"
         ),
-        codec.SpuStatus(codec.SpuResolution.OFFLINE),
+        fluvio_objects.SpuStatus(fluvio_objects.SpuResolution.OFFLINE),
     )
     by_name = objects.spu(7, resolution="Init", host="spu-7.cluster.local", spu_type="Managed")
     item = mapping.spu_item(by_name)
-    assert item.spec.spu_type is codec.SpuType.MANAGED
-    assert item.spec.public_endpoint.ingress == [codec.IngressAddr(hostname="spu-7.cluster.local")]
-    assert item.status == codec.SpuStatus(codec.SpuResolution.INIT)
+    assert item.spec.spu_type is fluvio_objects.SpuType.MANAGED
+    assert item.spec.public_endpoint.ingress == [fluvio_objects.IngressAddr(hostname="spu-7.cluster.local")]
+    assert item.status == fluvio_objects.SpuStatus(fluvio_objects.SpuResolution.INIT)
 
 
 def test_custom_spu_items_and_which_spus_they_show() -> None:
     custom = objects.spu(5001)
-    assert mapping.custom_spu_item(custom) == codec.Metadata(
+    assert mapping.custom_spu_item(custom) == fluvio_objects.Metadata(
         "spu-5001",
-        codec.CustomSpuSpec(5001, codec.IngressPort(9005, [codec.IngressAddr(ip="127.0.0.1")]), codec.Endpoint(9006, "127.0.0.1")),
-        codec.SpuStatus(codec.SpuResolution.ONLINE),
+        fluvio_objects.CustomSpuSpec(5001, fluvio_objects.IngressPort(9005, [fluvio_objects.IngressAddr(ip="127.0.0.1")]), fluvio_objects.Endpoint(9006, "127.0.0.1")),
+        fluvio_objects.SpuStatus(fluvio_objects.SpuResolution.ONLINE),
     )
-    kind, keep, _ = mapping.ITEMS[codec.CUSTOM_SPU]
+    kind, keep, _ = mapping.ITEMS[fluvio_objects.CUSTOM_SPU]
     assert kind == "spus" and keep is not None
     assert (keep(custom), keep(objects.spu(1, spu_type="Managed"))) == (True, False)
 
@@ -110,19 +113,19 @@ def test_an_spu_group_item() -> None:
             "status": {"resolution": "Invalid", "reason": "id 5001 is taken"},
         }
     )
-    assert mapping.spu_group_item(group) == codec.Metadata(
+    assert mapping.spu_group_item(group) == fluvio_objects.Metadata(
         "main",
-        codec.SpuGroupSpec(3, 5000, codec.SpuConfig(rack="r2", storage=codec.SpuStorageConfig("/data", "2Gi"))),
-        codec.SpuGroupStatus(codec.SpuGroupResolution.INVALID, "id 5001 is taken"),
+        fluvio_objects.SpuGroupSpec(3, 5000, fluvio_objects.SpuConfig(rack="r2", storage=fluvio_objects.SpuStorageConfig("/data", "2Gi"))),
+        fluvio_objects.SpuGroupStatus(fluvio_objects.SpuGroupResolution.INVALID, "id 5001 is taken"),
     )
     reserved = group.model_copy(update={"status": models.SpuGroupStatus(resolution=models.SpuGroupResolution.RESERVED)})
-    assert mapping.spu_group_item(reserved).status == codec.SpuGroupStatus(codec.SpuGroupResolution.RESERVED, None)
+    assert mapping.spu_group_item(reserved).status == fluvio_objects.SpuGroupStatus(fluvio_objects.SpuGroupResolution.RESERVED, None)
 
 
 # ---------------------------------------------------------------------------- topic creates
 
 
-COMPUTED = codec.TopicSpec(codec.ComputedReplicas(3, 2, False))
+COMPUTED = fluvio_objects.TopicSpec(fluvio_objects.ComputedReplicas(3, 2, False))
 
 
 def test_a_computed_topic_create() -> None:
@@ -132,7 +135,7 @@ def test_a_computed_topic_create() -> None:
 
 
 def test_an_assigned_topic_create() -> None:
-    spec = codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(0, [1, 2]), codec.PartitionMap(1, [2, 1])]))
+    spec = fluvio_objects.TopicSpec(fluvio_objects.AssignedReplicas([fluvio_objects.PartitionMap(0, [1, 2]), fluvio_objects.PartitionMap(1, [2, 1])]))
     assert mapping.topic_from_create("manual", spec).spec.replica_assignment == [
         models.PartitionAssignment(id=0, replicas=[1, 2]),
         models.PartitionAssignment(id=1, replicas=[2, 1]),
@@ -143,34 +146,34 @@ def test_an_assigned_topic_create() -> None:
     ("spec", "code", "message"),
     [
         (
-            codec.TopicSpec(codec.ComputedReplicas(0, 1)),
+            fluvio_objects.TopicSpec(fluvio_objects.ComputedReplicas(0, 1)),
             Error.TOPIC_ERROR,
             "spec.partitions: Input should be greater than or equal to 1 (got 0)",
         ),
         (
-            codec.TopicSpec(codec.ComputedReplicas(70_000, 1)),
+            fluvio_objects.TopicSpec(fluvio_objects.ComputedReplicas(70_000, 1)),
             Error.TOPIC_ERROR,
             "70000 partitions cannot be described over Fluvio's protocol (its replica map holds at most 65535); "
             "create the topic through the HTTP API instead",
         ),
         (
-            codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(0, [-1])])),
+            fluvio_objects.TopicSpec(fluvio_objects.AssignedReplicas([fluvio_objects.PartitionMap(0, [-1])])),
             Error.TOPIC_ERROR,
             "spec.replicaAssignment.0.replicas.0: Input should be greater than or equal to 0 (got -1)",
         ),
         (
-            codec.TopicSpec(codec.MirrorReplicas(codec.HomeMirrorConfig([]))),
+            fluvio_objects.TopicSpec(fluvio_objects.MirrorReplicas(fluvio_objects.HomeMirrorConfig([]))),
             Error.TOPIC_INVALID_REPLICA_TYPE,
             "mirror topics are not supported by this SC: use computed or assigned replicas",
         ),
         (
-            codec.TopicSpec(codec.AssignedReplicas([codec.PartitionMap(0, [1], codec.HomePartitionConfig("c", "r"))])),
+            fluvio_objects.TopicSpec(fluvio_objects.AssignedReplicas([fluvio_objects.PartitionMap(0, [1], fluvio_objects.HomePartitionConfig("c", "r"))])),
             Error.TOPIC_INVALID_REPLICA_TYPE,
             "partitions [0] carry a mirror configuration, which this SC does not support",
         ),
     ],
 )
-def test_topic_creates_our_models_cannot_hold(spec: codec.TopicSpec, code: Error, message: str) -> None:
+def test_topic_creates_our_models_cannot_hold(spec: fluvio_objects.TopicSpec, code: Error, message: str) -> None:
     failure = refused(mapping.topic_from_create, "t", spec)
     assert (failure.code, failure.message) == (code, message)
 
@@ -184,18 +187,18 @@ def test_invalid_topic_names(name: str) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"cleanup_policy": codec.SegmentCleanup(9)}, "retention time 9 s is below the minimum of 10 s"),
-        ({"storage": codec.TopicStorageConfig(segment_size=1023)}, "segment size 1023 bytes is below the minimum of 1024 bytes"),
+        ({"cleanup_policy": fluvio_objects.SegmentCleanup(9)}, "retention time 9 s is below the minimum of 10 s"),
+        ({"storage": fluvio_objects.TopicStorageConfig(segment_size=1023)}, "segment size 1023 bytes is below the minimum of 1024 bytes"),
         (
-            {"storage": codec.TopicStorageConfig(segment_size=4096, max_partition_size=2047)},
+            {"storage": fluvio_objects.TopicStorageConfig(segment_size=4096, max_partition_size=2047)},
             "max partition size 2047 bytes is below the minimum of 2048 bytes",
         ),
         (
-            {"storage": codec.TopicStorageConfig(max_partition_size=1_000_000)},
+            {"storage": fluvio_objects.TopicStorageConfig(max_partition_size=1_000_000)},
             "max partition size 1000000 bytes is below the segment size of 1073741824 bytes",
         ),
         (
-            {"deduplication": codec.Deduplication(codec.Bounds(5), codec.Filter(codec.Transform("dedup-filter")))},
+            {"deduplication": fluvio_objects.Deduplication(fluvio_objects.Bounds(5), fluvio_objects.Filter(fluvio_objects.Transform("dedup-filter")))},
             "deduplication runs a SmartModule, and this SC does not run SmartModules: create the topic without it",
         ),
         ({"system": True}, "system topics are the cluster's own; create the topic with system = false"),
@@ -209,11 +212,11 @@ def test_storage_settings_are_checked_as_fluvio_checks_them(change: dict[str, ob
 
 
 def test_acceptable_storage_settings_pass() -> None:
-    spec = codec.TopicSpec(
-        codec.ComputedReplicas(3, 1, True),
-        cleanup_policy=codec.SegmentCleanup(3600),
-        storage=codec.TopicStorageConfig(segment_size=10_000_000, max_partition_size=10_000_000),
-        compression_type=codec.Compression.ZSTD,
+    spec = fluvio_objects.TopicSpec(
+        fluvio_objects.ComputedReplicas(3, 1, True),
+        cleanup_policy=fluvio_objects.SegmentCleanup(3600),
+        storage=fluvio_objects.TopicStorageConfig(segment_size=10_000_000, max_partition_size=10_000_000),
+        compression_type=fluvio_objects.Compression.ZSTD,
     )
     mapping.check_topic_config(spec)  # raises if refused
     assert mapping.topic_from_create("b-topic", spec).spec.partitions == 3
@@ -222,11 +225,11 @@ def test_acceptable_storage_settings_pass() -> None:
 # ---------------------------------------------------------------------------- SPU and SPU group creates
 
 
-def custom_spec(**change: object) -> codec.CustomSpuSpec:
+def custom_spec(**change: object) -> fluvio_objects.CustomSpuSpec:
     import dataclasses
 
-    spec = codec.CustomSpuSpec(
-        5001, codec.IngressPort(9010, [codec.IngressAddr(ip="127.0.0.1")]), codec.Endpoint(9011, "127.0.0.1"), rack="r1"
+    spec = fluvio_objects.CustomSpuSpec(
+        5001, fluvio_objects.IngressPort(9010, [fluvio_objects.IngressAddr(ip="127.0.0.1")]), fluvio_objects.Endpoint(9011, "127.0.0.1"), rack="r1"
     )
     return dataclasses.replace(spec, **change)
 
@@ -244,25 +247,25 @@ def test_a_custom_spu_register() -> None:
             },
         }
     )
-    by_hostname = custom_spec(public_endpoint=codec.IngressPort(9010, [codec.IngressAddr(hostname="spu.example")]))
+    by_hostname = custom_spec(public_endpoint=fluvio_objects.IngressPort(9010, [fluvio_objects.IngressAddr(hostname="spu.example")]))
     assert mapping.spu_from_create("s", by_hostname).spec.public_endpoint == models.Endpoint(host="spu.example", port=9010)
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"public_endpoint_local": codec.Endpoint(1, "h")}, "publicEndpointLocal is not supported by this SC: register the SPU without it"),
+        ({"public_endpoint_local": fluvio_objects.Endpoint(1, "h")}, "publicEndpointLocal is not supported by this SC: register the SPU without it"),
         (
-            {"private_endpoint": codec.Endpoint(9011, "127.0.0.1", codec.Encryption.SSL)},
+            {"private_endpoint": fluvio_objects.Endpoint(9011, "127.0.0.1", fluvio_objects.Encryption.SSL)},
             "the private endpoint asks for SSL encryption; this SC supports PLAINTEXT only",
         ),
         (
-            {"public_endpoint": codec.IngressPort(9010, [codec.IngressAddr(ip="a"), codec.IngressAddr(ip="b")])},
+            {"public_endpoint": fluvio_objects.IngressPort(9010, [fluvio_objects.IngressAddr(ip="a"), fluvio_objects.IngressAddr(ip="b")])},
             "the public endpoint must have exactly one ingress address (ip or hostname), got 2",
         ),
-        ({"public_endpoint": codec.IngressPort(9010, [codec.IngressAddr()])}, "the public endpoint's ingress address has neither an ip nor a hostname"),
+        ({"public_endpoint": fluvio_objects.IngressPort(9010, [fluvio_objects.IngressAddr()])}, "the public endpoint's ingress address has neither an ip nor a hostname"),
         ({"id": -1}, "spec.id: Input should be greater than or equal to 0 (got -1)"),
-        ({"private_endpoint": codec.Endpoint(0, "127.0.0.1")}, "spec.privateEndpoint.port: Input should be greater than or equal to 1 (got 0)"),
+        ({"private_endpoint": fluvio_objects.Endpoint(0, "127.0.0.1")}, "spec.privateEndpoint.port: Input should be greater than or equal to 1 (got 0)"),
     ],
 )
 def test_custom_spus_our_models_cannot_hold(change: dict[str, object], message: str) -> None:
@@ -271,7 +274,7 @@ def test_custom_spus_our_models_cannot_hold(change: dict[str, object], message: 
 
 
 def test_an_spu_group_create() -> None:
-    spec = codec.SpuGroupSpec(3, 5000, codec.SpuConfig(rack="r1", storage=codec.SpuStorageConfig(size="10Gi")))
+    spec = fluvio_objects.SpuGroupSpec(3, 5000, fluvio_objects.SpuConfig(rack="r1", storage=fluvio_objects.SpuStorageConfig(size="10Gi")))
     assert mapping.spu_group_from_create("main", spec) == models.SpuGroup.model_validate(
         {"name": "main", "spec": {"replicas": 3, "minId": 5000, "rack": "r1", "storage": {"size": "10Gi"}}}
     )
@@ -280,17 +283,17 @@ def test_an_spu_group_create() -> None:
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        (codec.SpuConfig(env=[codec.EnvVar("RUST_LOG", "debug")]), "environment variables (RUST_LOG) are not supported by this SC: leave env empty"),
+        (fluvio_objects.SpuConfig(env=[fluvio_objects.EnvVar("RUST_LOG", "debug")]), "environment variables (RUST_LOG) are not supported by this SC: leave env empty"),
         (
-            codec.SpuConfig(replication=codec.ReplicationConfig(2)),
+            fluvio_objects.SpuConfig(replication=fluvio_objects.ReplicationConfig(2)),
             "replication.inSyncReplicaMin 2 is not supported by this SC: leave it unset",
         ),
         (
-            codec.SpuConfig(storage=codec.SpuStorageConfig(size="10G")),
+            fluvio_objects.SpuConfig(storage=fluvio_objects.SpuStorageConfig(size="10G")),
             "spec.storage.size: String should match pattern '^[1-9][0-9]*(Ki|Mi|Gi|Ti)?$' (got '10G')",
         ),
     ],
 )
-def test_spu_groups_our_models_cannot_hold(config: codec.SpuConfig, message: str) -> None:
-    failure = refused(mapping.spu_group_from_create, "main", codec.SpuGroupSpec(3, 5000, config))
+def test_spu_groups_our_models_cannot_hold(config: fluvio_objects.SpuConfig, message: str) -> None:
+    failure = refused(mapping.spu_group_from_create, "main", fluvio_objects.SpuGroupSpec(3, 5000, config))
     assert (failure.code, failure.message) == (Error.SPU_ERROR, message)

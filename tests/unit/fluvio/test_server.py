@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from controller import config, context as context_module, metrics
-from controller.fluvio import client as client_module, codec, mapping, server as server_module
+from controller.api.fluvio import client as client_module, mapping, messages, objects as fluvio_objects, server as server_module
 from store import local, memory, models
 from tests import objects
 
@@ -95,11 +95,11 @@ async def client(store_server: StoreServer) -> AsyncIterator[client_module.Clien
     await connected.close()
 
 
-def item(label: str, obj: models.ClusterObject) -> codec.Metadata:
+def item(label: str, obj: models.ClusterObject) -> fluvio_objects.Metadata:
     return mapping.ITEMS[label][2](obj)
 
 
-async def next_frame(queue: asyncio.Queue[codec.WatchResponse], timeout: float = 5.0) -> codec.MetadataUpdate:
+async def next_frame(queue: asyncio.Queue[messages.WatchResponse], timeout: float = 5.0) -> messages.MetadataUpdate:
     async with asyncio.timeout(timeout):
         return (await queue.get()).update
 
@@ -108,23 +108,23 @@ async def next_frame(queue: asyncio.Queue[codec.WatchResponse], timeout: float =
 
 
 async def test_api_versions_advertise_exactly_the_apis_served(client: client_module.Client) -> None:
-    assert client.api_versions == codec.ApiVersionsResponse(
-        [codec.ApiVersionKey(key, 11, 19) for key in (1001, 1002, 1003, 1004, 1006)], "0.17.3"
+    assert client.api_versions == messages.ApiVersionsResponse(
+        api_keys=[messages.ApiVersionKey(key, 11, 19) for key in (1001, 1002, 1003, 1004, 1006)], platform_version="0.17.3"
     )
 
 
 async def test_topic_filters_are_substrings_or_ed_and_system_lists_none(store_server: StoreServer, client: client_module.Client) -> None:
     store_server.apply(topic("gamma"), topic("alpha"), topic("beta"))
-    assert [meta.name for meta in await client.list(codec.TOPIC)] == ["alpha", "beta", "gamma"]
-    assert await client.list(codec.TOPIC, "al", "mm") == [item(codec.TOPIC, topic("alpha")), item(codec.TOPIC, topic("gamma"))]
-    assert await client.list(codec.TOPIC, "zzz") == []
-    assert await client.list(codec.TOPIC, system=True) == []
+    assert [meta.name for meta in await client.list(fluvio_objects.TOPIC)] == ["alpha", "beta", "gamma"]
+    assert await client.list(fluvio_objects.TOPIC, "al", "mm") == [item(fluvio_objects.TOPIC, topic("alpha")), item(fluvio_objects.TOPIC, topic("gamma"))]
+    assert await client.list(fluvio_objects.TOPIC, "zzz") == []
+    assert await client.list(fluvio_objects.TOPIC, system=True) == []
 
 
 async def test_partition_lists_ignore_filters_and_sort_by_index(store_server: StoreServer, client: client_module.Client) -> None:
     store_server.apply(partition("orders-10", [1]), partition("orders-2", [0]), partition("audit-0", [2]))
-    assert [meta.name for meta in await client.list(codec.PARTITION, "nothing-matches")] == ["audit-0", "orders-2", "orders-10"]
-    assert await client.list(codec.PARTITION, system=True) == []
+    assert [meta.name for meta in await client.list(fluvio_objects.PARTITION, "nothing-matches")] == ["audit-0", "orders-2", "orders-10"]
+    assert await client.list(fluvio_objects.PARTITION, system=True) == []
 
 
 async def test_spu_lists_show_managed_and_custom_custom_spu_lists_only_custom(
@@ -133,20 +133,20 @@ async def test_spu_lists_show_managed_and_custom_custom_spu_lists_only_custom(
     managed = objects.spu(2, name="main-0", spu_type="Managed")
     custom = objects.spu(7, name="edge-7")
     store_server.apply(custom, managed)
-    assert await client.list(codec.SPU) == [item(codec.SPU, managed), item(codec.SPU, custom)]
-    assert await client.list(codec.CUSTOM_SPU) == [item(codec.CUSTOM_SPU, custom)]
-    assert await client.list(codec.SPU, "edge") == [item(codec.SPU, custom)]
+    assert await client.list(fluvio_objects.SPU) == [item(fluvio_objects.SPU, managed), item(fluvio_objects.SPU, custom)]
+    assert await client.list(fluvio_objects.CUSTOM_SPU) == [item(fluvio_objects.CUSTOM_SPU, custom)]
+    assert await client.list(fluvio_objects.SPU, "edge") == [item(fluvio_objects.SPU, custom)]
 
 
 async def test_unserved_labels_list_empty_with_their_label(client: client_module.Client) -> None:
-    answer = await client.request(codec.LIST, codec.ListRequest("SmartModule"))
-    assert answer == codec.ListResponse("SmartModule", [])
+    answer = await client.request(messages.LIST, messages.ListRequest("SmartModule"))
+    assert answer == messages.ListResponse("SmartModule", [])
 
 
 async def test_objects_the_protocol_cannot_carry_are_left_out(store_server: StoreServer, client: client_module.Client) -> None:
     # 70,000 partitions do not fit TopicStatus.replica_map's u16 count.
     store_server.apply(topic("huge", partitions=70_000), topic("small"))
-    assert [meta.name for meta in await client.list(codec.TOPIC)] == ["small"]
+    assert [meta.name for meta in await client.list(fluvio_objects.TOPIC)] == ["small"]
 
 
 # ---------------------------------------------------------------------------- Watch
@@ -154,23 +154,23 @@ async def test_objects_the_protocol_cannot_carry_are_left_out(store_server: Stor
 
 async def test_watch_sends_a_snapshot_then_updates_and_deletes(store_server: StoreServer, client: client_module.Client) -> None:
     store_server.apply(topic("b"), topic("a"))
-    frames = client.watch(codec.TOPIC)
+    frames = client.watch(fluvio_objects.TOPIC)
     snapshot = await next_frame(frames)
-    assert (snapshot.changes, snapshot.all) == ([], [item(codec.TOPIC, topic("a")), item(codec.TOPIC, topic("b"))])
+    assert (snapshot.changes, snapshot.all) == ([], [item(fluvio_objects.TOPIC, topic("a")), item(fluvio_objects.TOPIC, topic("b"))])
     assert snapshot.epoch == store_server.local_store["topics"].epoch
 
     store_server.apply(topic("c", "Pending"))
     update = await next_frame(frames)
-    assert (update.changes, update.all) == ([codec.Message(codec.MessageType.UPDATE, item(codec.TOPIC, topic("c", "Pending")))], [])
+    assert (update.changes, update.all) == ([messages.Message(messages.MessageType.UPDATE, item(fluvio_objects.TOPIC, topic("c", "Pending")))], [])
 
     store_server.delete("topics", "a")
     deleted = await next_frame(frames)
-    assert deleted.changes == [codec.Message(codec.MessageType.DELETE, item(codec.TOPIC, topic("a")))]
+    assert deleted.changes == [messages.Message(messages.MessageType.DELETE, item(fluvio_objects.TOPIC, topic("a")))]
     assert deleted.epoch == store_server.local_store["topics"].epoch
 
 
 async def test_a_burst_of_changes_is_one_frame_in_store_order(store_server: StoreServer, client: client_module.Client) -> None:
-    frames = client.watch(codec.TOPIC)
+    frames = client.watch(fluvio_objects.TOPIC)
     assert (await next_frame(frames)).all == []  # the empty snapshot
     names = [f"t-{index}" for index in range(500)]
     for name in names:
@@ -181,11 +181,11 @@ async def test_a_burst_of_changes_is_one_frame_in_store_order(store_server: Stor
     frame = await next_frame(frames)
     # Latest state only, in the order of each object's last change; t-3 came and went unseen.
     assert [(message.header, message.content.name) for message in frame.changes] == (
-        [(codec.MessageType.UPDATE, name) for name in names[4:] + names[:3]]
+        [(messages.MessageType.UPDATE, name) for name in names[4:] + names[:3]]
     )
-    assert frame.changes[-1].content.status.resolution is codec.TopicResolution.PENDING
+    assert frame.changes[-1].content.status.resolution is fluvio_objects.TopicResolution.PENDING
     store_server.delete("topics", names[0])
-    assert (await next_frame(frames)).changes == [codec.Message(codec.MessageType.DELETE, item(codec.TOPIC, topic(names[0], "Pending")))]
+    assert (await next_frame(frames)).changes == [messages.Message(messages.MessageType.DELETE, item(fluvio_objects.TOPIC, topic(names[0], "Pending")))]
     store_server.apply(topic("last"))
     assert [message.content.name for message in (await next_frame(frames)).changes] == ["last"]
     assert frames.empty()
@@ -193,7 +193,7 @@ async def test_a_burst_of_changes_is_one_frame_in_store_order(store_server: Stor
 
 async def test_unchanged_rewrites_send_nothing(store_server: StoreServer, client: client_module.Client) -> None:
     store_server.apply(topic("a"))
-    frames = client.watch(codec.TOPIC)
+    frames = client.watch(fluvio_objects.TOPIC)
     await next_frame(frames)
     store_server.apply(topic("a"))  # same content at a new revision: no epoch, no wake-up
     store_server.apply(topic("z"))
@@ -202,40 +202,40 @@ async def test_unchanged_rewrites_send_nothing(store_server: StoreServer, client
 
 async def test_a_resync_that_lost_an_object_sends_its_delete(store_server: StoreServer, client: client_module.Client) -> None:
     store_server.apply(topic("kept"), topic("lost"))
-    frames = client.watch(codec.TOPIC)
+    frames = client.watch(fluvio_objects.TOPIC)
     await next_frame(frames)
     store_server.local_store["topics"].resync([(topic("kept"), 1, 1), (topic("new"), 9, 9)], 9)
     frame = await next_frame(frames)
     assert sorted((message.header, message.content.name) for message in frame.changes) == [
-        (codec.MessageType.UPDATE, "new"),
-        (codec.MessageType.DELETE, "lost"),
+        (messages.MessageType.UPDATE, "new"),
+        (messages.MessageType.DELETE, "lost"),
     ]
 
 
 async def test_custom_spu_watch_shows_only_custom_spus(store_server: StoreServer, client: client_module.Client) -> None:
     custom = objects.spu(7, name="edge-7")
     store_server.apply(custom, objects.spu(2, name="main-0", spu_type="Managed"))
-    frames = client.watch(codec.CUSTOM_SPU)
-    assert (await next_frame(frames)).all == [item(codec.CUSTOM_SPU, custom)]
+    frames = client.watch(fluvio_objects.CUSTOM_SPU)
+    assert (await next_frame(frames)).all == [item(fluvio_objects.CUSTOM_SPU, custom)]
     store_server.apply(objects.spu(3, name="main-1", spu_type="Managed"), objects.spu(8, name="edge-8"))
     frame = await next_frame(frames)
-    assert [(message.header, message.content.name) for message in frame.changes] == [(codec.MessageType.UPDATE, "edge-8")]
+    assert [(message.header, message.content.name) for message in frame.changes] == [(messages.MessageType.UPDATE, "edge-8")]
 
 
 async def test_unserved_watch_labels_get_one_empty_snapshot(client: client_module.Client) -> None:
     frames = client.watch("SmartModule")
-    assert await next_frame(frames) == codec.MetadataUpdate(0, [], [])
-    assert (await client.list(codec.TOPIC)) == []  # the connection still answers
+    assert await next_frame(frames) == messages.MetadataUpdate(0, [], [])
+    assert (await client.list(fluvio_objects.TOPIC)) == []  # the connection still answers
     assert frames.empty()
 
 
 async def test_several_watches_and_replies_share_one_connection(store_server: StoreServer, client: client_module.Client) -> None:
-    topics, spus = client.watch(codec.TOPIC), client.watch(codec.SPU)
+    topics, spus = client.watch(fluvio_objects.TOPIC), client.watch(fluvio_objects.SPU)
     await next_frame(topics), await next_frame(spus)
     store_server.apply(topic("a"), objects.spu(1))
     assert [m.content.name for m in (await next_frame(topics)).changes] == ["a"]
     assert [m.content.name for m in (await next_frame(spus)).changes] == ["spu-1"]
-    assert [meta.name for meta in await client.list(codec.TOPIC)] == ["a"]
+    assert [meta.name for meta in await client.list(fluvio_objects.TOPIC)] == ["a"]
 
 
 # ---------------------------------------------------------------------------- the writer
@@ -268,7 +268,7 @@ class RecordingWriter:
 async def test_replies_go_out_before_pending_watch_frames(store_server: StoreServer) -> None:
     writer = RecordingWriter()
     session = server_module.Session(store_server.server, asyncio.StreamReader(), writer)  # type: ignore[arg-type]
-    watch = server_module.WatchStream(session, 3, codec.TOPIC, 19)
+    watch = server_module.WatchStream(session, 3, fluvio_objects.TOPIC, 19)
     watch.listener = store_server.local_store["topics"].listener()
     session.watch_ready(watch)
     session.reply(9, b"reply")
@@ -283,9 +283,9 @@ async def test_replies_go_out_before_pending_watch_frames(store_server: StoreSer
         with contextlib.suppress(asyncio.CancelledError):
             await loop
         watch.listener.close()
-    assert writer.frames[0] == codec.response_frame(9, b"reply")
+    assert writer.frames[0] == messages.response_frame(9, b"reply")
     epoch = store_server.local_store["topics"].epoch
-    assert writer.frames[1] == codec.response_frame(3, codec.watch_body(codec.TOPIC, epoch, [], []))
+    assert writer.frames[1] == messages.response_frame(3, messages.watch_body(fluvio_objects.TOPIC, epoch, [], []))
 
 
 class BlockedWriter(RecordingWriter):
@@ -303,7 +303,7 @@ async def test_a_client_that_stops_reading_stops_being_read(store_server: StoreS
     monkeypatch.setattr(server_module, "MAX_QUEUED_REPLIES", 2)
     writer = BlockedWriter()
     session = server_module.Session(store_server.server, asyncio.StreamReader(), writer)  # type: ignore[arg-type]
-    request = codec.Request(codec.RequestHeader(codec.LIST, 19, 1), codec.ListRequest(codec.TOPIC))
+    request = messages.Request(messages.RequestHeader(messages.LIST, 19, 1), messages.ListRequest(fluvio_objects.TOPIC))
     loop = asyncio.create_task(session._write_loop())
     try:
         for _ in range(3):  # one being written (its drain blocks), two queued
@@ -321,10 +321,10 @@ async def test_a_client_that_stops_reading_stops_being_read(store_server: StoreS
 
 async def test_too_many_watches_close_the_connection(client: client_module.Client, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server_module, "MAX_WATCHES", 3)
-    watches = [client.watch(codec.TOPIC) for _ in range(3)]
+    watches = [client.watch(fluvio_objects.TOPIC) for _ in range(3)]
     for frames in watches:
         await next_frame(frames)
-    client.watch(codec.SPU)
+    client.watch(fluvio_objects.SPU)
     async with asyncio.timeout(5):
         await client.closed.wait()
 
@@ -346,15 +346,15 @@ async def test_large_answers_are_encoded_in_chunks_between_other_work(
     try:
         await asyncio.sleep(0)  # the ticker starts
         before = ticks
-        body = await store_server.server.list_body(codec.ListRequest(codec.TOPIC), 19)
+        body = await store_server.server.list_body(messages.ListRequest(fluvio_objects.TOPIC), 19)
         during = ticks - before
     finally:
         ticker.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await ticker
     assert during >= 9  # the loop ran other work between the ten chunks
-    assert codec.decode_response(codec.response_frame(1, body)[4:], codec.LIST, 19)[1] == codec.ListResponse(
-        codec.TOPIC, [item(codec.TOPIC, topic(f"t-{index:03d}")) for index in range(100)]
+    assert messages.decode_response(messages.response_frame(1, body)[4:], messages.LIST, 19)[1] == messages.ListResponse(
+        fluvio_objects.TOPIC, [item(fluvio_objects.TOPIC, topic(f"t-{index:03d}")) for index in range(100)]
     )
 
 
@@ -382,7 +382,7 @@ async def test_a_client_that_takes_nothing_is_dropped_at_the_stall_deadline_and_
         reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
         try:
             writer.transport.pause_reading()  # type: ignore[attr-defined]
-            writer.write(codec.encode_request(codec.RequestHeader(codec.WATCH, 19, 1, "slow"), codec.WatchRequest(codec.TOPIC)))
+            writer.write(messages.encode_request(messages.RequestHeader(messages.WATCH, 19, 1, "slow"), messages.WatchRequest(fluvio_objects.TOPIC)))
             async with asyncio.timeout(30):
                 while store_server.server._sessions or store_server.context.watchers.total:
                     await asyncio.sleep(0.01)
@@ -401,17 +401,17 @@ async def test_identical_lists_share_one_answer_and_a_busy_sc_refuses_a_list_but
         store_server.apply(topic("b"), topic("a"))
         clients = [await store_server.client() for _ in range(5)]
         try:
-            answers = await asyncio.gather(*(client.list(codec.TOPIC) for client in clients))
-            assert all(answer == [item(codec.TOPIC, topic("a")), item(codec.TOPIC, topic("b"))] for answer in answers)
+            answers = await asyncio.gather(*(client.list(fluvio_objects.TOPIC) for client in clients))
+            assert all(answer == [item(fluvio_objects.TOPIC, topic("a")), item(fluvio_objects.TOPIC, topic("b"))] for answer in answers)
             served = store_server.context.lists.answers.served
             assert served["built"] + served["shared"] + served["cached"] == 5 and served["built"] == 1
             async with store_server.context.gate.slot("placement"):
-                refused = await clients[0].request(codec.LIST, codec.ListRequest(codec.SPU))
-                assert refused == codec.ListResponse(server_module.BUSY_LABEL, [])
+                refused = await clients[0].request(messages.LIST, messages.ListRequest(fluvio_objects.SPU))
+                assert refused == messages.ListResponse(server_module.BUSY_LABEL, [])
                 assert store_server.context.gate.refused == {"fluvio-list": 1}
                 # The answer kept for this table needs no slot.
-                assert await clients[0].list(codec.TOPIC) == answers[0]
-            assert [meta.name for meta in await clients[0].list(codec.SPU)] == []
+                assert await clients[0].list(fluvio_objects.TOPIC) == answers[0]
+            assert [meta.name for meta in await clients[0].list(fluvio_objects.SPU)] == []
         finally:
             for client in clients:
                 await client.close()
@@ -423,7 +423,7 @@ async def test_a_large_list_holds_a_gate_slot_until_written_and_a_stalled_reader
         gate = store_server.context.gate
         client = await store_server.client()
         try:
-            assert len(await client.list(codec.TOPIC)) == 300  # 6 MB, taken: the slot is back
+            assert len(await client.list(fluvio_objects.TOPIC)) == 300  # 6 MB, taken: the slot is back
             assert (gate.running, gate.admitted) == (0, {"fluvio-list": 2})  # one to build, one to write
         finally:
             await client.close()
@@ -434,7 +434,7 @@ async def test_a_large_list_holds_a_gate_slot_until_written_and_a_stalled_reader
         reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
         try:
             writer.transport.pause_reading()  # type: ignore[attr-defined]
-            writer.write(codec.encode_request(codec.RequestHeader(codec.LIST, 19, 1, "slow"), codec.ListRequest(codec.TOPIC)))
+            writer.write(messages.encode_request(messages.RequestHeader(messages.LIST, 19, 1, "slow"), messages.ListRequest(fluvio_objects.TOPIC)))
             async with asyncio.timeout(30):
                 while gate.admitted["fluvio-list"] < 3:  # the kept answer: only the writing takes one
                     await asyncio.sleep(0.01)
@@ -449,13 +449,13 @@ async def test_watches_past_the_limit_close_the_connection() -> None:
     async with serving(max_watchers=2) as store_server:
         first = await store_server.client()
         try:
-            topics, partitions = first.watch(codec.TOPIC), first.watch(codec.PARTITION)
+            topics, partitions = first.watch(fluvio_objects.TOPIC), first.watch(fluvio_objects.PARTITION)
             await next_frame(topics)
             await next_frame(partitions)
             assert store_server.context.watchers.open == {("fluvio", "topics"): 1, ("fluvio", "partitions"): 1}
             second = await store_server.client()
             try:
-                second.watch(codec.SPU)
+                second.watch(fluvio_objects.SPU)
                 async with asyncio.timeout(5):
                     await second.closed.wait()
                 assert store_server.context.watchers.refused == {"fluvio": 1}

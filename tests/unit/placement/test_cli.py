@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller import cli
+from controller.cli import main as cli
 
 SEED_CHAIN_REQUEST = {
     "spus": [{"id": spu_id, "rack": None, "online": True} for spu_id in range(5)],

@@ -1,0 +1,934 @@
+"""The public HTTP API on port 9003 (API.md): reads from the local store, user spec writes to the KV store.
+
+Never writes a status (a new object carries the default one), never writes the local store, and
+answers bad input with 400/404/409/422, never a 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import math
+import secrets
+from collections.abc import Awaitable, Callable, Hashable, Iterator
+from typing import Any
+
+import aiohttp.web_protocol
+import pydantic
+import structlog
+from aiohttp import web
+from prometheus_client import exposition as prometheus_exposition
+
+from connection_manager import ratelimit, transport
+from controller import context as context_module, placement
+from controller.api import admin_ops, admission, fanout, json_input, listing, openapi
+from controller.reconcile import partition, topic as topic_controller
+from store import kv, models
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_WAIT_MS = 30_000
+# A create never holds a connection longer than this, whatever ?timeout= asks for.
+MAX_WAIT_MS = 600_000
+# How often an idle JSON-lines watch checks that its client is still connected.
+WATCH_DISCONNECT_POLL_SECONDS = 1.0
+# A large answer is written in pieces of this size, each waiting for the client to take the previous
+# ones: a client that reads slowly holds one piece in the SC's memory, not a copy of the answer.
+WRITE_CHUNK = 64 * 1024
+# Rows of a replica map encoded to JSON per call: each call holds the GIL, and the loop gets it
+# back between calls (a 100,000-row map is 0.5 s of encoding in one call).
+PLACEMENT_ROWS_PER_ENCODE = 2000
+# A drain answers once no leadership has moved for this long (the rest cannot move).
+DRAIN_STALL_SECONDS = 3.0
+# Bodies may carry large manual replica assignments.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+CONTEXT = web.AppKey("context", context_module.Context)
+STOPPING = web.AppKey("stopping", asyncio.Event)
+FEEDS = web.AppKey("feeds", fanout.Feeds)
+
+# pydantic error types that mean "the JSON value has the wrong type" (400) rather than
+# "the value is of the right type but not acceptable" (422).
+_TYPE_ERRORS = ("json_invalid", "json_type")
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+# Raised by the shared admin operations too; the names stay importable from here.
+ApiError = admin_ops.ApiError
+CAS_ATTEMPTS = admin_ops.CAS_ATTEMPTS
+
+
+class ClientGone(Exception):
+    """The client closed its connection in the middle of its request: nobody is left to answer."""
+
+
+def error_response(status: int, code: str, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message}, **extra}, status=status)
+
+
+def _http_error(error: web.HTTPException, request: web.Request) -> web.Response:
+    if isinstance(error, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(error.allowed_methods))
+        return error_response(
+            405, "MethodNotAllowed", f"{request.method} is not allowed on {request.path} (allowed: {allowed})"
+        )
+    if isinstance(error, web.HTTPNotFound):
+        return error_response(
+            404, "NotFound", f"no route for {request.method} {_clipped(request.path)}; see /openapi.json"
+        )
+    if isinstance(error, web.HTTPRequestEntityTooLarge):
+        return error_response(
+            413, "RequestTooLarge", f"the request body is larger than {MAX_BODY_BYTES} bytes"
+        )
+    return error_response(error.status, error.reason.replace(" ", ""), _clipped(error.text or error.reason))
+
+
+def _clipped(text: str) -> str:
+    """``text`` as it is when short and printable, else a short escaped excerpt (it may be a client's)."""
+    return text if len(text) <= ratelimit.EXCERPT_BYTES and text.isprintable() else ratelimit.excerpt(text)
+
+
+@web.middleware
+async def error_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every failure answers in the error shape; only a bug gives a 500, logged with a request id."""
+    request_id = secrets.token_hex(6)
+    try:
+        response = await handler(request)
+    except ApiError as error:
+        response = error_response(error.status, error.code, error.message, **error.extra)
+        if error.status in (408, 413):
+            response.force_close()  # the rest of its body is not read
+    except ClientGone:
+        response = error_response(400, "ClientClosedRequest", "the client closed its connection mid-request")
+        response.force_close()
+    except admission.Busy as busy:
+        response = error_response(429, "TooManyRequests", busy.message)
+        response.headers["Retry-After"] = str(busy.retry_after)
+    except web.HTTPException as error:
+        if error.status < 400:
+            raise
+        response = _http_error(error, request)
+    except kv.Unavailable as error:
+        response = error_response(503, "Unavailable", f"the KV store is unavailable ({error}); retry shortly")
+    except Exception:
+        log.exception("unexpected error in the public API", request_id=request_id, method=request.method, path=request.path)
+        response = error_response(
+            500, "InternalError", f"internal error (request id {request_id}); the SC log has the details"
+        )
+    if not response.prepared:
+        response.headers["X-Request-Id"] = request_id
+    return response
+
+
+# ---------------------------------------------------------------------------- request parsing
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The request's body. Refused (413) before a byte is read when its Content-Length is above
+    MAX_BODY_BYTES, and cut there when it has none; a body over 64 KiB first waits for room in the
+    port's buffered bytes (503 after the body timeout). A pause longer than the body timeout, or a
+    body slower than transport.MIN_BODY_BYTES_PER_SECOND on average, gets a 408. A client that
+    leaves midway raises ClientGone, the bytes received let go at once: nothing the failure leaves
+    behind (an exception, its traceback) holds them until a collection."""
+    length = request.content_length
+    if length is not None and length > MAX_BODY_BYTES:
+        raise ApiError(
+            413, "RequestTooLarge", f"the request body is {length} bytes (Content-Length); the limit is {MAX_BODY_BYTES} bytes"
+        )
+    guard = transport.guard_of(request.transport)
+    pause = request.app[CONTEXT].settings.client_body_timeout
+    size = MAX_BODY_BYTES if length is None else length
+    loop = asyncio.get_running_loop()
+    body = bytearray()
+    received = 0
+    deadline = math.inf
+    try:
+        async with contextlib.AsyncExitStack() as holding:
+            if guard is not None:
+                await _hold(holding, guard.port.budget, size, pause)
+            # A declared length is allocated at once: no growing buffer leaves copies behind.
+            body = bytearray(length or 0)
+            deadline = loop.time() + transport.whole_body_seconds(pause, size)
+            while True:
+                async with asyncio.timeout_at(min(loop.time() + pause, deadline)):
+                    chunk = await request.content.readany()
+                if not chunk:
+                    return bytes(body)
+                end = received + len(chunk)
+                if end > MAX_BODY_BYTES:
+                    raise ApiError(413, "RequestTooLarge", f"the request body is larger than {MAX_BODY_BYTES} bytes")
+                if length is None:
+                    body += chunk
+                else:
+                    body[received:end] = chunk  # aiohttp stops at the declared length
+                received = end
+    except TimeoutError:
+        if guard is not None:
+            guard.port.refuse(transport.BODY_TIMEOUT, seconds=pause)
+        slow = (
+            f"took longer than {transport.whole_body_seconds(pause, size):g} s for its {size} bytes"
+            if loop.time() >= deadline
+            else f"paused for {pause:g} s (client_body_timeout)"
+        )
+        raise ApiError(
+            408, "RequestTimeout", f"the request body {slow} after {received} bytes; send it without pausing"
+        ) from None
+    except (ConnectionError, aiohttp.web_protocol.RequestPayloadError) as error:
+        body.clear()
+        error.__traceback__ = None
+        if isinstance(error, aiohttp.web_protocol.RequestPayloadError):
+            raise ApiError(400, "MalformedRequest", f"the request body could not be read: {ratelimit.excerpt(str(error))}") from None
+        if guard is not None:
+            guard.port.abandoned(received)
+        raise ClientGone() from None
+    finally:
+        body.clear()
+
+
+async def _hold(holding: contextlib.AsyncExitStack, budget: transport.Budget, size: int, timeout: float) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await holding.enter_async_context(budget.hold(size))
+    except TimeoutError:
+        raise ApiError(
+            503,
+            "Busy",
+            f"the SC is receiving {budget.held} bytes of request bodies (max_buffered_request_bytes is "
+            f"{budget.capacity}); retry shortly",
+        ) from None
+
+
+def _kind(request: web.Request) -> str:
+    kind = request.match_info["kind"]
+    if kind not in models.KINDS:
+        raise ApiError(404, "NotFound", f"unknown kind {ratelimit.excerpt(kind)}: use one of {', '.join(models.KINDS)}")
+    return kind
+
+
+def _int_param(request: web.Request, name: str, default: int, maximum: int) -> int:
+    """A whole number from 0 to ``maximum``; anything else is malformed (400, as API.md says)."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not raw.isascii() or not raw.isdigit():
+        raise ApiError(400, "MalformedRequest", f"query parameter {name} must be a whole number, got {ratelimit.excerpt(raw)}")
+    # Counted before int(), which raises past 4,300 digits (leading zeros included): no longer
+    # number is in range anyway.
+    digits = raw.lstrip("0") or "0"
+    if len(digits) > len(str(maximum)) or int(digits) > maximum:
+        # Only ASCII digits here: shown as they are, cut if long (a message must not echo megabytes).
+        shown = raw if len(raw) <= 40 else f"{raw[:20]}... ({len(raw)} characters)"
+        raise ApiError(400, "MalformedRequest", f"query parameter {name} is at most {maximum}, got {shown}")
+    return int(digits)
+
+
+def _bool_param(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return False
+    lowered = raw.lower()
+    if lowered in ("true", "1", ""):
+        return True
+    if lowered in ("false", "0"):
+        return False
+    raise ApiError(400, "MalformedRequest", f"query parameter {name} must be true or false, got {ratelimit.excerpt(raw)}")
+
+
+def parse_json_object(raw: bytes, shape: str) -> dict[str, Any]:
+    """The body as a JSON object, or a 400 saying what is wrong with it."""
+    if not raw.strip():
+        raise ApiError(400, "MalformedRequest", f"the request body is empty: send a JSON object {shape}")
+    try:
+        body = json_input.loads(raw)
+    except json_input.JsonInputError as error:
+        raise ApiError(400, "MalformedRequest", f"the request body {error}") from None
+    if not isinstance(body, dict):
+        raise ApiError(
+            400, "MalformedRequest", f"the request body must be a JSON object {shape}, got {_json_type(body)}"
+        )
+    return body
+
+
+def parse_object(kind: str, raw: bytes) -> models.ClusterObject:
+    """A user's new object (``{name, spec}``) from a request body, validated strictly.
+
+    Wrong JSON types give 400, values that are not acceptable 422, both naming field and value.
+    """
+    body = parse_json_object(raw, '{"name": ..., "spec": {...}}')
+    if "status" in body:
+        raise ApiError(
+            422, "InvalidObject", "status: is written by the SC, not by users; send only name and spec"
+        )
+    try:
+        # Strict: "3" is not a partition count and true is not a port. Validating the raw bytes
+        # (not a re-serialised copy) keeps pydantic's own limits on deeply nested input.
+        return models.model_for_kind(kind).model_validate_json(raw, strict=True)
+    except pydantic.ValidationError as error:
+        raise _validation_error(error) from None
+
+
+def _validation_error(error: pydantic.ValidationError) -> ApiError:
+    problems = error.errors(include_url=False)
+    wrong_type = any(problem["type"].endswith("_type") or problem["type"] in _TYPE_ERRORS for problem in problems)
+    message = models.describe_validation_error(error)
+    if wrong_type:
+        return ApiError(400, "MalformedRequest", message)
+    return ApiError(422, "InvalidObject", message)
+
+
+def _json_type(value: object) -> str:
+    names = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+TOPIC_WAITS = web.AppKey("topic_waits", admin_ops.Waits)
+GROUP_WAITS = web.AppKey("group_waits", admin_ops.Waits)
+
+
+# ---------------------------------------------------------------------------- handlers: health, metrics, docs
+
+
+async def healthz(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT]
+    failing = context.supervisor.failing()
+    if failing:
+        reason = "; ".join(task.describe() for task in failing)
+        return web.json_response({"status": "failing", "reason": reason}, status=503)
+    if context.synced.is_set():
+        problem = context.active.problem() if context.active is not None else None
+        if problem is not None:
+            return web.json_response({"status": "inactive", "reason": f"this SC may not write: {problem}"}, status=503)
+        return web.json_response({"status": "ok"})
+    waiting = [kind for kind, table in context.local_store.tables.items() if not table.synced]
+    if not context.local_store.meta.synced:
+        waiting.append("meta")
+    reason = (
+        f"the SC is still loading its store (not synced yet: {', '.join(waiting)})"
+        if waiting
+        else "the SC has loaded its store and is still starting"
+    )
+    return web.json_response({"status": "starting", "reason": reason}, status=503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = request.app[CONTEXT].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": prometheus_exposition.CONTENT_TYPE_PLAIN_0_0_4})
+
+
+async def openapi_document(request: web.Request) -> web.Response:
+    return web.json_response(openapi.document())
+
+
+# ---------------------------------------------------------------------------- handlers: reads
+
+
+def _topic_name(request: web.Request, kind: str) -> str | None:
+    topic_name = request.query.get("topic")
+    if topic_name is not None and kind != "partitions":
+        raise ApiError(422, "InvalidRequest", f"query parameter topic filters partitions only, not {kind}")
+    if topic_name is not None:
+        try:
+            models.validate_name(topic_name)
+        except ValueError as error:
+            raise ApiError(400, "MalformedRequest", f"query parameter topic must be a topic name: {error}") from None
+    return topic_name
+
+
+def _limit(request: web.Request) -> int | None:
+    if "limit" not in request.query:
+        return None
+    limit = _int_param(request, "limit", 0, listing.MAX_LIMIT)
+    if limit < 1:
+        # Not a number in its range: malformed, as API.md says of every query parameter.
+        raise ApiError(400, "MalformedRequest", f"query parameter limit is the page size, at least 1, got {limit}")
+    return limit
+
+
+def _after(request: web.Request, kind: str, topic_name: str | None, limit: int | None) -> listing.SortKey | None:
+    token = request.query.get("continue")
+    if token is None:
+        return None
+    if limit is None:
+        raise ApiError(
+            422, "InvalidRequest", "query parameter continue needs limit (the page size): pass ?limit=N&continue=TOKEN"
+        )
+    try:
+        return listing.decode_token(token, kind, topic_name)
+    except listing.TokenError as error:
+        raise ApiError(
+            400, "MalformedRequest", f"query parameter continue: {error}; start the listing again without continue"
+        ) from None
+
+
+async def list_objects(request: web.Request) -> web.StreamResponse:
+    """The objects of a kind in list order: all at once (a bare array, shared by identical concurrent
+    lists), or with ?limit= one page, whose X-Continue header resumes after its last object."""
+    context = request.app[CONTEXT]
+    kind = _kind(request)
+    topic_name = _topic_name(request, kind)
+    limit = _limit(request)
+    after = _after(request, kind, topic_name, limit)
+    admin_ops.require_synced(context)
+    shown = functools.partial(_shown, context)
+    if limit is None:
+        answer = await context.lists.whole(kind, topic_name, shown, _shown_version(context, kind))
+    else:
+        answer = await context.lists.page(kind, topic_name, after, limit, shown)
+    headers = {"X-Revision": str(answer.revision)}
+    if answer.next_after is not None:
+        headers["X-Continue"] = listing.encode_token(kind, topic_name, answer.next_after)
+    if len(answer.body) <= WRITE_CHUNK:
+        return _small_json(answer.body, headers)
+    # Writing a large answer is expensive work too, even a shared one: a thousand clients each
+    # taking the same 5 MB keep the loop busy with nothing else.
+    async with context.gate.slot(admission.LIST):
+        return await _send_json(request, answer.body, headers)
+
+
+def _small_json(body: bytes, headers: dict[str, str]) -> web.Response:
+    return web.Response(body=body, content_type="application/json", headers=headers)
+
+
+async def _send_json(request: web.Request, body: bytes, headers: dict[str, str]) -> web.StreamResponse:
+    """A JSON answer, written in pieces as the client takes them; a client that takes nothing for
+    client_stall_seconds is dropped (its connection aborted, not closed politely: that would wait
+    for it too)."""
+    if len(body) <= WRITE_CHUNK:
+        return _small_json(body, headers)
+    response = web.StreamResponse(headers=headers)
+    response.content_type = "application/json"
+    response.content_length = len(body)
+    await response.prepare(request)
+    stall = request.app[CONTEXT].settings.client_stall_seconds
+    view = memoryview(body)
+    try:
+        for start in range(0, len(body), WRITE_CHUNK):
+            async with asyncio.timeout(stall):
+                await response.write(view[start : start + WRITE_CHUNK])
+        await response.write_eof()
+    except TimeoutError:
+        log.info("dropping a client that took nothing of an answer", peer=request.remote, seconds=stall)
+        _abort(request)
+    except ConnectionError:
+        pass
+    return response
+
+
+def _abort(request: web.Request) -> None:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+
+
+async def get_object(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT]
+    kind = _kind(request)
+    name = request.match_info["name"]
+    admin_ops.require_synced(context)
+    entry = context.local_store[kind].get(name)
+    if entry is None:
+        raise ApiError(404, "NotFound", f"{admin_ops.label(kind, name)} not found")
+    return web.Response(body=models.encode(_shown(context, entry.obj)), content_type="application/json")
+
+
+def _shown(context: context_module.Context, obj: models.ClusterObject) -> models.ClusterObject:
+    """Partitions carry their leader's latest offsets, which live in memory, not in the KV store."""
+    if obj.kind != "partitions" or context.connections is None:
+        return obj
+    return partition.with_live_offsets(obj, context.connections.live.get(obj.name))  # type: ignore[arg-type]
+
+
+def _shown_version(context: context_module.Context, kind: str) -> Hashable:
+    """Changes whenever ``_shown`` would show some object of ``kind`` differently."""
+    if kind != "partitions" or context.connections is None:
+        return 0
+    return context.connections.live.reports
+
+
+async def drain_spu(request: web.Request) -> web.Response:
+    """Controlled shutdown: record the intent to drain an SPU (spec.drain), refusing up front a
+    drain that cannot finish; then wait until its leaderships have moved, and say which did."""
+    context = request.app[CONTEXT]
+    timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
+    force = _bool_param(request, "force")
+    admin_ops.require_synced(context)
+    name = request.match_info["name"]
+    entry = context.local_store["spus"].get(name)
+    if entry is None:
+        raise ApiError(404, "NotFound", f"{admin_ops.label('spus', name)} not found")
+    if context.connections is None:
+        raise ApiError(409, "Unavailable", "this SC runs without a connection manager: there is nothing to drain")
+    spu: models.Spu = entry.obj  # type: ignore[assignment]
+    spu_id = spu.spec.id
+    snapshot = context.local_store.snapshot()
+    leading_before = partition.led_by(snapshot, spu_id)
+    blocked = partition.drain_blockers(snapshot, spu_id, _cluster_view(context))
+    if not spu.spec.drain:
+        if blocked and not force:
+            raise ApiError(
+                409,
+                "DrainRefused",
+                f"SPU {spu_id} ({name!r}) was not drained, nothing was changed: {len(blocked)} of the "
+                f"{len(leading_before)} partition(s) it leads could not get another leader now: "
+                f"{partition.describe_blockers(blocked)}. Bring a follower online or in sync (or undrain "
+                "the other SPU) first, or drain with force=true (`sc spu drain --force`) to move the others and keep these",
+                spu=spu_id,
+                name=name,
+                blocked=_blocked_json(blocked),
+            )
+        await admin_ops.set_drain(context, name, True)
+        log.info("draining SPU", spu=spu_id, name=name, leading=len(leading_before), forced_past=sorted(blocked))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_ms / 1000
+    previous: list[str] = []
+    progress_at = loop.time()
+    while True:
+        led = partition.led_by(context.local_store.snapshot(), spu_id)
+        if led != previous:
+            previous, progress_at = led, loop.time()
+        # Done once what is left is what could not move from the start, or nothing has moved
+        # for a while (what is left has no other replica that may lead now).
+        if set(led) <= blocked.keys() or loop.time() >= deadline or loop.time() - progress_at >= DRAIN_STALL_SECONDS:
+            break
+        await asyncio.sleep(0.05)
+    snapshot = context.local_store.snapshot()
+    partitions = snapshot.entries("partitions")
+    # Moved: led by another SPU now (not deleted meanwhile, nor left leaderless by a crash).
+    new_leaders = {
+        name_before: partitions[name_before].obj.spec.leader  # type: ignore[attr-defined]
+        for name_before in leading_before
+        if name_before not in led and name_before in partitions
+    }
+    moved = [{"partition": name_before, "to": leader} for name_before, leader in new_leaders.items() if leader != spu_id]
+    body: dict[str, Any] = {"spu": spu_id, "name": name, "draining": True, "drained": not led, "moved": moved, "leading": led}
+    if not led:
+        return web.json_response(body)
+    # Still draining (the operator's intent stays recorded): say what keeps each one.
+    stuck = partition.drain_blockers(snapshot, spu_id, _cluster_view(context))
+    body["blocked"] = _blocked_json(
+        {name_left: stuck.get(name_left, "not moved yet: it has a follower that may lead; the drain goes on") for name_left in led}
+    )
+    return web.json_response(body, status=202)
+
+
+async def undrain_spu(request: web.Request) -> web.Response:
+    """Cancel a drain: the SPU may lead again (preferred leaderships return to it once in sync)."""
+    context = request.app[CONTEXT]
+    name = request.match_info["name"]
+    spu = await admin_ops.set_drain(context, name, False)
+    log.info("drain cancelled", spu=spu.spec.id, name=name)
+    return web.json_response({"spu": spu.spec.id, "name": name, "draining": False})
+
+
+def _cluster_view(context: context_module.Context) -> partition.ClusterView:
+    assert context.connections is not None
+    return partition.ClusterView(
+        health=context.connections.health.snapshot(),
+        live=context.connections.live.view,
+        unclean_election=context.settings.unclean_leader_election,
+    )
+
+
+def _blocked_json(blocked: dict[str, str]) -> list[dict[str, str]]:
+    return [{"partition": name, "reason": reason} for name, reason in blocked.items()]
+
+
+# ---------------------------------------------------------------------------- handlers: writes
+
+
+async def register_spu(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT]
+    spu: models.Spu = parse_object("spus", await read_body(request))  # type: ignore[assignment]
+    await admin_ops.register_spu(context, spu)
+    return web.json_response(spu.to_json_dict(), status=201)
+
+
+async def create_spu_group(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT]
+    timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
+    group: models.SpuGroup = parse_object("spu-groups", await read_body(request))  # type: ignore[assignment]
+    with _budget(timeout_ms) as remaining_ms:
+        revision = await admin_ops.create(context, group)
+    current, settled = await admin_ops.wait_settled(
+        request.app[GROUP_WAITS], group, revision, admin_ops.group_settled(revision), remaining_ms()
+    )
+    if current is None:
+        raise ApiError(409, "Conflict", f"{admin_ops.label('spu-groups', group.name)} was deleted while it was being created")
+    resolution = current.status.resolution  # type: ignore[attr-defined]
+    if resolution is models.SpuGroupResolution.INVALID:
+        raise ApiError(
+            422,
+            "SpuGroupInvalid",
+            f"SPU group {group.name!r} is Invalid: {current.status.reason}; "  # type: ignore[attr-defined]
+            f"it was kept so you can see why: delete it and create it again",
+            object=current.to_json_dict(),
+        )
+    return web.json_response(current.to_json_dict(), status=201 if settled else 202)
+
+
+async def create_topic(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT]
+    timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
+    dry_run = _bool_param(request, "dryRun")
+    topic: models.Topic = parse_object("topics", await read_body(request))  # type: ignore[assignment]
+    if dry_run:
+        async with context.gate.slot(admission.DRY_RUN):
+            placement_request, _ = admin_ops.dry_run_request(context, topic)
+            body = await context.gate.offload(_placement_answer, placement_request, context.placers)
+            return await _send_json(request, body, {})
+    with _budget(timeout_ms) as remaining_ms:
+        revision = await admin_ops.create_topic(context, topic)
+    return await _topic_answer(request, topic, revision, remaining_ms(), created=True)
+
+
+@contextlib.contextmanager
+def _budget(timeout_ms: int) -> Iterator[Callable[[], int]]:
+    """The request's ``?timeout=`` as the budget of its writes to the store (an etcd leader change
+    or restart shorter than it costs time, not a failed request); yields what is left of it in ms,
+    for the wait for the controllers' verdict (0 stays 0: answer at once)."""
+    deadline = asyncio.get_running_loop().time() + timeout_ms / 1000
+
+    def remaining_ms() -> int:
+        if timeout_ms == 0:
+            return 0
+        return max(1, int((deadline - asyncio.get_running_loop().time()) * 1000))
+
+    with kv.budget(timeout_ms / 1000):
+        yield remaining_ms
+
+
+async def _topic_answer(
+    request: web.Request, written: models.Topic, revision: int, timeout_ms: int, created: bool
+) -> web.Response:
+    current, settled = await admin_ops.wait_settled(
+        request.app[TOPIC_WAITS], written, revision, admin_ops.topic_settled(revision), timeout_ms
+    )
+    if current is None:
+        raise ApiError(409, "Conflict", f"{admin_ops.label('topics', written.name)} was deleted while waiting for it")
+    status: models.TopicStatus = current.status  # type: ignore[attr-defined]
+    if settled and status.resolution is models.TopicResolution.INVALID_CONFIG:
+        raise ApiError(
+            422, "InvalidConfig", admin_ops.invalid_topic(written.name, status.reason), object=current.to_json_dict()
+        )
+    done = settled and status.resolution is models.TopicResolution.PROVISIONED
+    return web.json_response(current.to_json_dict(), status=(201 if created else 200) if done else 202)
+
+
+async def add_partitions(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT]
+    name = request.match_info["name"]
+    timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
+    count = _integer_body(await read_body(request), "count", "the number of partitions to add")
+    with _budget(timeout_ms) as remaining_ms:
+        grown, revision = await admin_ops.add_partitions(context, name, count)
+    return await _topic_answer(request, grown, revision, remaining_ms(), created=False)
+
+
+def _integer_body(raw: bytes, field: str, meaning: str) -> int:
+    """The one whole number of a ``{"<field>": N}`` body."""
+    body = parse_json_object(raw, f'{{"{field}": N}}')
+    unknown = sorted(set(body) - {field})
+    if unknown:
+        raise ApiError(422, "InvalidRequest", f'{unknown[0]}: unknown field (the body is {{"{field}": N}})')
+    value = body.get(field)
+    if value is None:
+        raise ApiError(422, "InvalidRequest", f"{field}: field required ({meaning})")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ApiError(400, "MalformedRequest", f"{field}: must be a whole number (got {value!r})")
+    return value
+
+
+async def scale_spu_group(request: web.Request) -> web.Response:
+    """Set a group's replica count; the SPU-group controller creates or deletes its SPUs."""
+    context = request.app[CONTEXT]
+    name = request.match_info["name"]
+    replicas = _integer_body(await read_body(request), "replicas", "the number of SPUs the group should have")
+
+    def scale(current: models.ClusterObject) -> models.ClusterObject:
+        try:
+            spec = models.SpuGroupSpec.model_validate({**current.spec.model_dump(), "replicas": replicas})  # type: ignore[attr-defined]
+        except pydantic.ValidationError as error:
+            raise ApiError(422, "InvalidRequest", models.describe_validation_error(error)) from None
+        return current.model_copy(update={"spec": spec})
+
+    scaled, _ = await admin_ops.update_spec(context, "spu-groups", name, scale, "scaling it")
+    # As explicit as deleting an SPU: name the SPUs this deletes that partitions still use.
+    warnings = admin_ops.group_shrink_warnings(
+        context, name, replicas, f"scaling SPU group {name!r} down to {replicas} deletes"
+    )
+    # No verdict to wait for: a group that stays Reserved gets no new status write.
+    return web.json_response({**scaled.to_json_dict(), "warnings": warnings}, status=202)
+
+
+async def set_spu_rack(request: web.Request) -> web.Response:
+    """Give an SPU a rack, or take it away (``{"rack": null}``); compare-and-swap on its spec."""
+    context = request.app[CONTEXT]
+    body = parse_json_object(await read_body(request), '{"rack": R}')
+    unknown = sorted(set(body) - {"rack"})
+    if unknown:
+        raise ApiError(422, "InvalidRequest", f'{unknown[0]}: unknown field (the body is {{"rack": R}})')
+    if "rack" not in body:
+        raise ApiError(422, "InvalidRequest", "rack: field required (the SPU's rack, or null for none)")
+    rack = body["rack"]
+    if rack is not None and not isinstance(rack, str):
+        raise ApiError(400, "MalformedRequest", f"rack: must be a string, or null for no rack (got {rack!r})")
+    spu = await admin_ops.set_spu_rack(context, request.match_info["name"], rack)
+    return web.json_response(spu.to_json_dict())
+
+
+async def delete_object(request: web.Request) -> web.Response:
+    context = request.app[CONTEXT]
+    kind = _kind(request)
+    name = request.match_info["name"]
+    obj, warnings = await admin_ops.delete(context, kind, name)
+    deleted = obj.to_json_dict() if obj is not None else {"name": name}
+    return web.json_response({"deleted": deleted, "warnings": warnings})
+
+
+# ---------------------------------------------------------------------------- placement
+
+
+async def compute_placement(request: web.Request) -> web.StreamResponse:
+    """Parsing, placing and encoding run in the gate's worker thread: 100,000 partitions at RF 32 are
+    most of a second of CPU, which must not stop the loop (SPU heartbeats, /healthz)."""
+    context = request.app[CONTEXT]
+    raw = await read_body(request)
+    live_spus = None
+    if context.synced.is_set():
+        snapshot = context.local_store.snapshot()
+        live_spus = [spu for spu in topic_controller.spu_infos(snapshot) if spu.online]
+    async with context.gate.slot(admission.PLACEMENT):
+        body = await context.gate.offload(_placement_for, raw, live_spus, context.placers)
+        return await _send_json(request, body, {})
+
+
+def _placement_for(raw: bytes, live_spus: list[placement.SpuInfo] | None, placers: placement.Placers) -> bytes:
+    """The answer to a placement request body (in the worker thread; pure)."""
+    body = parse_json_object(raw, "(a placement request, as for `sc placement compute`)")
+    if "spus" not in body and live_spus is None:
+        raise ApiError(503, "NotSynced", "the SC is still loading its store; retry shortly (see /healthz)")
+    try:
+        placement_request = placement.request_from_json(body, default_spus=live_spus)
+        _check_placement_size(placement_request)
+    except placement.PlacementError as error:
+        raise ApiError(422, error.code, error.message) from None
+    return _placement_answer(placement_request, placers)
+
+
+def _placement_answer(placement_request: placement.PlacementRequest, placers: placement.Placers) -> bytes:
+    """Place and encode ``{"replicaMap", "nextStartIndex", "balance"}`` (in the worker thread; pure)."""
+    try:
+        result = placement.compute(placement_request, placers)
+    except placement.PlacementError as error:
+        raise ApiError(422, error.code, error.message) from None
+    answer = placement.result_to_json(result, placement_request.spus)
+    rows: list[Any] = answer.pop("replicaMap")  # type: ignore[assignment]
+    pieces = [
+        json.dumps(rows[start : start + PLACEMENT_ROWS_PER_ENCODE])[1:-1]
+        for start in range(0, len(rows), PLACEMENT_ROWS_PER_ENCODE)
+    ]
+    return ('{"replicaMap": [' + ", ".join(pieces) + "], " + json.dumps(answer)[1:]).encode()
+
+
+def _check_placement_size(placement_request: placement.PlacementRequest) -> None:
+    """The topic limits apply here too: one request must not make the loop build a huge map."""
+    for field, value, limit in (
+        ("partitions", placement_request.partitions, models.MAX_PARTITIONS),
+        ("replicationFactor", placement_request.replication_factor, models.MAX_REPLICATION_FACTOR),
+    ):
+        if value > limit:
+            raise placement.InvalidConfig(f"{field} must be at most {limit}, got {value}")
+
+
+# ---------------------------------------------------------------------------- watch
+
+
+class _LinesSink:
+    """A chunked HTTP response of JSON lines."""
+
+    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
+        self.request = request
+        self.response = response
+
+    async def send_lines(self, lines: list[bytes]) -> None:
+        await self.response.write(b"\n".join(lines) + b"\n")
+
+    async def send_batch(self, batch: fanout.Batch) -> None:
+        await self.response.write(batch.chunk)  # the same bytes for every JSON-lines watcher
+
+    async def until_gone(self) -> None:
+        # aiohttp does not cancel a handler whose client left; look at the transport instead.
+        while True:
+            transport = self.request.transport
+            if transport is None or transport.is_closing():
+                return
+            await asyncio.sleep(WATCH_DISCONNECT_POLL_SECONDS)
+
+    async def finish(self) -> None:
+        with contextlib.suppress(ConnectionError):
+            await self.response.write_eof()
+
+
+class _WebSocketSink:
+    """One WebSocket text message per event."""
+
+    def __init__(self, websocket: web.WebSocketResponse) -> None:
+        self.response = websocket
+
+    async def send_lines(self, lines: list[bytes]) -> None:
+        for line in lines:
+            await self.response.send_frame(line, web.WSMsgType.TEXT)
+
+    async def send_batch(self, batch: fanout.Batch) -> None:
+        await self.send_lines(batch.lines)
+
+    async def until_gone(self) -> None:
+        async for _ in self.response:
+            pass  # the client has nothing to say; this loop only notices it closing
+
+    async def finish(self) -> None:
+        await self.response.close()
+
+
+async def _cancel(*tasks: asyncio.Future[Any]) -> None:
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def watch(request: web.Request) -> web.StreamResponse:
+    context = request.app[CONTEXT]
+    kind = _kind(request)
+    topic_name = _topic_name(request, kind)
+    admin_ops.require_synced(context)
+    # Not compressed: compressing would cost every watcher its own CPU for the same bytes.
+    websocket = web.WebSocketResponse(heartbeat=30.0, compress=False)
+    upgrade = websocket.can_prepare(request).ok
+    watcher = context.watchers.admit("websocket" if upgrade else "http", kind, request.remote or "unknown")
+    try:
+
+        def dropped(reason: str) -> None:
+            watcher.dropped(reason)
+            log.info("dropping a watch stream that fell behind", peer=request.remote, kind=kind, reason=reason)
+            _abort(request)
+
+        keep = None if topic_name is None else functools.partial(_of_topic, topic_name)
+        subscriber = await request.app[FEEDS].subscribe(
+            kind, topic_name, keep, context.settings.watch_buffer_bytes, dropped
+        )
+        try:
+            sink: _LinesSink | _WebSocketSink
+            if upgrade:
+                await websocket.prepare(request)
+                sink = _WebSocketSink(websocket)
+            else:
+                response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+                await response.prepare(request)
+                sink = _LinesSink(request, response)
+            await _stream(subscriber, sink, request.app[STOPPING], context.settings.client_stall_seconds)
+        finally:
+            subscriber.close()
+        if subscriber.dropped is None:
+            await sink.finish()
+    finally:
+        watcher.release()
+    return sink.response
+
+
+def _of_topic(topic_name: str, obj: models.ClusterObject) -> bool:
+    return obj.topic == topic_name  # type: ignore[attr-defined, no-any-return]
+
+
+async def _stream(
+    subscriber: fanout.Subscriber, sink: _LinesSink | _WebSocketSink, stopping: asyncio.Event, stall: float
+) -> None:
+    """The subscriber's snapshot, then its batches as they come, until the client or the SC leaves or
+    the subscriber is dropped; a write the client takes nothing of for ``stall`` seconds drops it."""
+
+    async def sent(write: Awaitable[None]) -> bool:
+        try:
+            async with asyncio.timeout(stall):
+                await write
+        except TimeoutError:
+            subscriber.drop("stalled")
+            return False
+        except ConnectionError:
+            return False
+        return subscriber.dropped is None
+
+    stopped = asyncio.ensure_future(stopping.wait())
+    gone = asyncio.ensure_future(sink.until_gone())
+    # Either ends the subscriber's wait: one await per batch, not a wait on three futures.
+    stopped.add_done_callback(lambda _: subscriber.end())
+    gone.add_done_callback(lambda _: subscriber.end())
+    try:
+        for lines in subscriber.snapshot_batches():
+            if subscriber.ended or not await sent(sink.send_lines(lines)):
+                return
+        while batches := await subscriber.next():
+            for batch in batches:
+                if not await sent(sink.send_batch(batch)):
+                    return
+    finally:
+        await _cancel(stopped, gone)
+
+
+# ---------------------------------------------------------------------------- the application
+
+
+def build_app(context: context_module.Context) -> web.Application:
+    app = web.Application(middlewares=[transport.middleware, error_middleware], client_max_size=MAX_BODY_BYTES)
+    app[CONTEXT] = context
+    app[STOPPING] = asyncio.Event()
+    app[FEEDS] = fanout.Feeds(context.local_store, context.watchers.encodings)
+    app[TOPIC_WAITS] = admin_ops.Waits(context.local_store["topics"])
+    app[GROUP_WAITS] = admin_ops.Waits(context.local_store["spu-groups"])
+    app.cleanup_ctx.append(_settlements)
+    app.on_shutdown.append(_stop_streams)
+    routes = app.router
+    routes.add_get("/healthz", healthz)
+    routes.add_get("/metrics", metrics)
+    routes.add_get("/openapi.json", openapi_document)
+    # Before /v1/{kind}/{name}, which would otherwise take /v1/watch/topics.
+    routes.add_get("/v1/watch/{kind}", watch)
+    routes.add_post("/v1/placement", compute_placement)
+    routes.add_post("/v1/spus", register_spu)
+    routes.add_post("/v1/spus/{name}/drain", drain_spu)
+    routes.add_post("/v1/spus/{name}/rack", set_spu_rack)
+    routes.add_delete("/v1/spus/{name}/drain", undrain_spu)
+    routes.add_post("/v1/spu-groups", create_spu_group)
+    routes.add_post("/v1/spu-groups/{name}/scale", scale_spu_group)
+    routes.add_post("/v1/topics", create_topic)
+    routes.add_post("/v1/topics/{name}/partitions", add_partitions)
+    routes.add_get("/v1/{kind}", list_objects)
+    routes.add_get("/v1/{kind}/{name}", get_object)
+    routes.add_delete("/v1/{kind}/{name}", delete_object)
+    return app
+
+
+async def _settlements(app: web.Application) -> Any:
+    # Each run starts with a fresh listener, whose first changes wake every waiter to look again.
+    spawn = app[CONTEXT].supervisor.spawn
+    tasks = [
+        spawn("api-topic-settlements", app[TOPIC_WAITS].run),
+        spawn("api-group-settlements", app[GROUP_WAITS].run),
+    ]
+    yield
+    await _cancel(*tasks)
+    await app[FEEDS].close()
+    # The context's list answers and worker thread are the API's to end (the Fluvio sessions that
+    # share them are closed before the application is cleaned up).
+    await app[CONTEXT].lists.close()
+    app[CONTEXT].gate.close()
+
+
+async def _stop_streams(app: web.Application) -> None:
+    app[STOPPING].set()

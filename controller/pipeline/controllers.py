@@ -1,0 +1,216 @@
+"""One controller per kind: its loop, and what that kind carries from one pass to the next.
+
+Each builds its kind's inputs from the live state (health, reports, the loop clock, the settings)
+and calls the pure ``controller.reconcile`` decision; none decides anything itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import structlog
+
+from connection_manager import health as health_module
+from connection_manager import lrs
+from controller.pipeline import dispatcher as dispatcher_module
+from controller.pipeline import loop as loop_module
+from controller.reconcile import actions, partition, spu, spu_group, spu_ids, topic
+from store import kv, local, models
+
+if TYPE_CHECKING:  # the context is only read: the pipeline never builds the API's parts it holds
+    from controller import context as context_module
+
+log = structlog.get_logger(__name__)
+
+SPEC, ALL = local.Part.SPEC, local.Part.ALL
+DRAINED = models.SpuDrain.DRAINED
+
+
+def _loop(
+    context: context_module.Context,
+    dispatcher: dispatcher_module.ActionDispatcher,
+    name: str,
+    decide: loop_module.Decide,
+    listens_to: Mapping[str, local.Part],
+) -> loop_module.ControllerLoop:
+    return loop_module.ControllerLoop(
+        name,
+        decide,
+        listens_to,
+        context.local_store,
+        dispatcher,
+        context.metrics,
+        context.settings.resync_interval,
+    )
+
+
+class TopicController:
+    """Topics: validation, placement and their partitions; carries whether unplaced topics are due
+    another try."""
+
+    def __init__(self, context: context_module.Context, dispatcher: dispatcher_module.ActionDispatcher) -> None:
+        self._placers = context.placers
+        # What one request to the store may hold: sizes topics and provision transactions.
+        self._request_size = kv.request_size(context.kv_store)
+        # InvalidConfig / InsufficientResources topics are re-run once SPUs change, until a pass
+        # has had the placement chain free to try them.
+        self._retry_unplaced = True
+        # Partition statuses too: the echo of a status write may be what frees a partition
+        # this loop set aside (an orphan to delete whose write lost to a status update).
+        self.loop = _loop(context, dispatcher, "topic", self.decide, {"topics": ALL, "spus": ALL, "partitions": ALL})
+
+    async def run(self) -> None:
+        """One run of the loop; after a crash the next one starts from a full pass."""
+        self._retry_unplaced = True
+        await self.loop.run()
+
+    def decide(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
+        loop = self.loop
+        full = loop.resyncing
+        if full or any(change.full for change in changes.values()) or not changes["spus"].empty:
+            self._retry_unplaced = True
+        chain_free = not loop.busy(topic.CHAIN_KEY)
+        inputs = topic.Inputs(
+            changes=None if full else changes,
+            busy=loop.busy,
+            retry_unplaced=self._retry_unplaced,
+            request_size=self._request_size,
+            alone=loop.failed,
+            placers=self._placers,
+        )
+        decided = topic.decide(snapshot, inputs)
+        if chain_free and not any(action.verb is actions.Verb.PROVISION for action in decided):
+            self._retry_unplaced = False  # every unplaced topic was tried with the current SPUs
+        return decided
+
+
+class SpuGroupController:
+    """SPU groups and their managed SPUs; nothing carried between passes."""
+
+    def __init__(self, context: context_module.Context, dispatcher: dispatcher_module.ActionDispatcher) -> None:
+        self.loop = _loop(context, dispatcher, "spu-group", self.decide, {"spu-groups": SPEC, "spus": SPEC})
+
+    async def run(self) -> None:
+        await self.loop.run()
+
+    def decide(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
+        return spu_group.decide(snapshot, spu_group.Inputs())
+
+
+class SpuController:
+    """SPU statuses from the health view; carries the SPUs last seen sharing an id (said once)."""
+
+    def __init__(
+        self,
+        context: context_module.Context,
+        dispatcher: dispatcher_module.ActionDispatcher,
+        health: health_module.HealthView,
+        live: lrs.LiveReplicas,
+    ) -> None:
+        self._health = health
+        self._live = live
+        self._grace = context.settings.spu_offline_grace
+        self._shadowed: list[tuple[int, str, str]] = []
+        self.loop = _loop(context, dispatcher, "spu", self.decide, {"spus": ALL})
+
+    async def run(self) -> None:
+        await self.loop.run()
+
+    def decide(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
+        shadowed = spu_ids.shadowed(snapshot.entries("spus"), snapshot.meta)
+        if shadowed != self._shadowed:
+            # Only writes behind the SC's back make SPUs share an id: say so once per change.
+            self._shadowed = shadowed
+            if shadowed:
+                log.error("SPUs share an id", problem=spu_ids.describe_shadowed(shadowed))
+        inputs = spu.Inputs(
+            health=self._health.snapshot(),
+            now=asyncio.get_running_loop().time(),
+            started_at=self._health.started_at,
+            grace_period=self._grace,
+            live=self._live.view,
+        )
+        return spu.decide(snapshot, inputs)
+
+    async def end_grace(self) -> None:
+        """SPUs recorded Online that never reconnect turn Offline when the grace period ends."""
+        await asyncio.sleep(max(0.0, self._health.started_at + self._grace - asyncio.get_running_loop().time()))
+        self.loop.kick()
+
+
+class PartitionController:
+    """Partition statuses and leaders; carries which partitions are due a look (incremental)."""
+
+    def __init__(
+        self,
+        context: context_module.Context,
+        dispatcher: dispatcher_module.ActionDispatcher,
+        health: health_module.HealthView,
+        live: lrs.LiveReplicas,
+        spus: SpuController,
+    ) -> None:
+        self._settings = context.settings
+        self._health = health
+        self._live = live
+        self._spus = spus
+        # Partitions to look at next: None means all of them.
+        self._due: set[str] | None = None
+        self.loop = _loop(context, dispatcher, "partition", self.decide, {"partitions": ALL, "spus": ALL})
+
+    async def run(self) -> None:
+        """One run of the loop; after a crash the next one starts from a full pass."""
+        self._due = None
+        await self.loop.run()
+
+    def kick_all(self) -> None:
+        """Look at every partition (an SPU's health changed)."""
+        self._due = None
+        self.loop.kick()
+
+    def on_live_change(self, names: set[str]) -> None:
+        """The leaders of ``names`` reported something new."""
+        if self._due is not None:
+            self._due |= names
+        self.loop.kick()
+
+    def decide(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
+        """Incremental: only partitions that changed or were reported on, unless SPUs changed
+        (health, registration) or this is a periodic resync, which look at every partition."""
+        partition_changes, spu_changes = changes["partitions"], changes["spus"]
+        due = self._due
+        if due is None or partition_changes.full or not spu_changes.empty or self.loop.resyncing:
+            names = None
+        else:
+            names = due | {entry.name for entry in partition_changes.updated}
+        self._due = set()
+        settings = self._settings
+        view = partition.ClusterView(
+            health=self._health.snapshot(),
+            live=self._live.view,
+            unclean_election=settings.unclean_leader_election,
+            rebalance_batch=settings.leader_rebalance_batch,
+        )
+        decided = partition.decide(snapshot, partition.Inputs(view, names))
+        if _drain_news(snapshot, partition_changes):
+            # A drained SPU's status follows the partitions it leads: what moved, what cannot.
+            self._spus.loop.kick()
+        preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided)
+        if settings.leader_rebalance_batch and preferred >= settings.leader_rebalance_batch:
+            # More may be due: look at all of them again once these writes come back.
+            self._due = None
+        return decided
+
+
+def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes) -> bool:
+    """Whether a drained SPU's status may need another look: one is still Draining (what blocks
+    it follows every partition), or a Drained one leads a partition that changed."""
+    draining = partition.draining_spus(snapshot)
+    if not draining:
+        return False
+    spus = snapshot.entries("spus").values()
+    if any(entry.obj.spec.drain and entry.obj.status.drain is not DRAINED for entry in spus):  # type: ignore[attr-defined]
+        return True
+    updated = partition_changes.updated if not partition_changes.full else snapshot.entries("partitions").values()
+    return any(entry.obj.spec.leader in draining for entry in updated)  # type: ignore[attr-defined]

@@ -1,0 +1,253 @@
+"""The level-triggered loop around a pure controller: wake, snapshot, decide, submit.
+
+A wake-up only says "something changed"; the controller recomputes from the current snapshot.
+Expectations keep it from re-deciding from a store that has not yet seen its own last write, and
+a failed write's keys back off, so a refused action is not decided again in a hot loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import structlog
+
+from controller import metrics as metrics_module
+from controller.pipeline import dispatcher as dispatcher_module
+from controller.reconcile import actions
+from store import local, models
+
+log = structlog.get_logger(__name__)
+
+# A controller: (snapshot, what changed per kind since its last pass) -> actions.
+Decide = Callable[[local.Snapshot, Mapping[str, local.Changes]], Sequence[actions.Action]]
+
+# After a key's write fails for good (Outcome.FAILED) it is busy for this long, doubling with each
+# failure in a row: deciding it again costs what the decision costs (a placement can take 0.5 s),
+# and the store would refuse the same write the same way.
+FAILURE_BACKOFF_INITIAL = 0.5
+FAILURE_BACKOFF_MAX = 60.0
+# Action keys whose last lost compare is remembered (see ControllerLoop._lost_to).
+LOST_TO_LIMIT = 10_000
+
+
+@dataclass(slots=True)
+class _Failure:
+    count: int  # failures in a row
+    until: float  # loop time until which the key is busy
+
+
+class ControllerLoop:
+    def __init__(
+        self,
+        name: str,
+        decide: Decide,
+        listens_to: Mapping[str, local.Part],
+        local_store: local.LocalStore,
+        dispatcher: dispatcher_module.ActionDispatcher,
+        metrics: metrics_module.Metrics,
+        resync_interval: float = 60.0,
+    ) -> None:
+        self.name = name
+        self.decide = decide
+        self.local_store = local_store
+        self.dispatcher = dispatcher
+        self.metrics = metrics
+        self.resync_interval = resync_interval
+        self.listens_to = dict(listens_to)
+        # Made afresh by each run(): a new listener's first changes are everything, a full pass.
+        self.listeners: dict[str, local.Listener] = {}
+        # Write key -> the revision the local store must reach before we decide on that key again.
+        self._expected: dict[str, int] = {}
+        self._submitted: set[str] = set()
+        # Objects whose action was set aside (its key busy, or its write lost a compare): they
+        # count as changed in the first pass after their keys are free, so an incremental
+        # controller looks at them again even when no listener reports them (the echo of a
+        # write can reach the local store before the write's answer, or come from another loop).
+        self._deferred: dict[tuple[str, str], tuple[str, ...]] = {}
+        # Keys whose last write failed for good: busy until their backoff ends, and remembered
+        # (for the next backoff, and so the controller writes them alone) until a write to them
+        # is applied or someone else changes them.
+        self._failures: dict[str, _Failure] = {}
+        # Action key -> the revision its last write lost to. Lost twice to the same revision,
+        # the decision did not see that value (a value the Reader cannot decode never reaches
+        # the local store): deciding again at once would lose again, so it backs off instead.
+        self._lost_to: dict[str, int] = {}
+        self._now = 0.0  # the loop time of the current pass
+        self._kick = asyncio.Event()
+        self._kick.set()
+        self.passes = 0
+        # True during a pass woken by the resync timer rather than by a change or a kick.
+        self.resyncing = False
+        dispatcher.on_result(self._on_result)
+
+    def busy(self, key: str) -> bool:
+        """A write to ``key`` is in flight, its echo has not reached the local store yet, or its
+        last write failed and its backoff has not ended."""
+        if key in self._expected or self.dispatcher.writing(key):
+            return True
+        failure = self._failures.get(key) if self._failures else None
+        return failure is not None and failure.until > self._now
+
+    def failed(self, key: str) -> bool:
+        """The last write to ``key`` failed for good (its backoff may have ended): write it alone,
+        so that if it fails again it takes nothing down with it."""
+        return key in self._failures
+
+    def kick(self) -> None:
+        """Recompute on the next turn (an outside change the listeners cannot see)."""
+        self._kick.set()
+
+    async def run(self) -> None:
+        """Until cancelled. Each call starts clean (after a crash, the supervisor calls it again):
+        fresh listeners and a full first pass; writes in flight keep their expectations."""
+        self.listeners = {kind: self.local_store[kind].listener(part) for kind, part in self.listens_to.items()}
+        self._kick.set()
+        try:
+            while True:
+                self.resyncing = await self._wait()
+                self.run_pass()
+        finally:
+            for listener in self.listeners.values():
+                listener.close()
+
+    def run_pass(self) -> None:
+        """One decision: everything between here and the submits runs without awaiting."""
+        self._kick.clear()
+        changes = {kind: listener.changes() for kind, listener in self.listeners.items()}
+        self._forget_caught_up()
+        loop = asyncio.get_running_loop()
+        started = self._now = loop.time()
+        if self._failures:
+            self._forget_changed_failures(changes)
+        snapshot = self.local_store.snapshot()
+        if self._deferred:
+            changes = self._with_deferred(changes, snapshot)
+        decided = self.decide(snapshot, changes)
+        self.passes += 1
+        self.metrics.reconcile_passes.labels(self.name).inc()
+        self.metrics.reconcile_seconds.labels(self.name).observe(loop.time() - started)
+        for action in decided:
+            if any(self.busy(key) for key in action.write_keys):
+                # Decided from a store behind a write to the same key: decide again once free.
+                self._defer(action)
+                continue
+            self._submitted.add(action.key)
+            self.dispatcher.submit(action)
+
+    def _defer(self, action: actions.Action) -> None:
+        # A provision spans several topics, and pending topics are looked at on every pass.
+        if action.kind in self.listens_to and action.verb is not actions.Verb.PROVISION:
+            self._deferred[(action.kind, action.name)] = tuple(action.write_keys)
+
+    def _with_deferred(self, changes: dict[str, local.Changes], snapshot: local.Snapshot) -> dict[str, local.Changes]:
+        """``changes`` plus the deferred objects whose keys are free now (as updated, or deleted)."""
+        ready: dict[str, list[str]] = {}
+        for (kind, name), keys in list(self._deferred.items()):
+            if not any(self.busy(key) for key in keys):
+                del self._deferred[(kind, name)]
+                ready.setdefault(kind, []).append(name)
+        for kind, names in ready.items():
+            change = changes[kind]
+            if change.full:
+                continue  # everything is looked at anyway
+            table = snapshot.entries(kind)
+            seen = {entry.name for entry in change.updated} | set(change.deleted)
+            fresh = sorted(name for name in names if name not in seen)
+            changes[kind] = local.Changes(
+                full=False,
+                updated=[*change.updated, *(table[name] for name in fresh if name in table)],
+                deleted=[*change.deleted, *(name for name in fresh if name not in table)],
+                epoch=change.epoch,
+            )
+        return changes
+
+    async def _wait(self) -> bool:
+        """Until a change, a kick, a failed key's backoff ending or the resync timer; True if it
+        was the resync timer."""
+        waiters = [asyncio.ensure_future(listener.wait()) for listener in self.listeners.values()]
+        waiters.append(asyncio.ensure_future(self._kick.wait()))
+        loop = asyncio.get_running_loop()
+        timeout = self.resync_interval
+        now = loop.time()
+        backoffs = [failure.until - now for failure in self._failures.values() if failure.until > now]
+        if backoffs and min(backoffs) < timeout:
+            timeout = max(min(backoffs), 0.001)  # not below the loop's timer resolution
+        try:
+            done, _ = await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not done and timeout < self.resync_interval:
+                return False  # a backoff ended: a pass like any other (the deferred come back)
+            return not done
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
+
+    def _on_result(self, result: dispatcher_module.Result) -> None:
+        action = result.action
+        if action.key not in self._submitted:
+            # Another loop's write: it may free a key one of ours was set aside for.
+            if self._deferred and any(
+                key in keys for keys in self._deferred.values() for key in action.write_keys
+            ):
+                self.kick()
+            return
+        self._submitted.discard(action.key)
+        if result.outcome is not dispatcher_module.Outcome.CONFLICT and self._lost_to:
+            self._lost_to.pop(action.key, None)
+        if result.outcome is dispatcher_module.Outcome.APPLIED:
+            for key in action.write_keys:
+                self._expected[key] = max(self._expected.get(key, 0), result.revision)
+                if self._failures:
+                    self._failures.pop(key, None)
+        elif result.outcome is dispatcher_module.Outcome.CONFLICT:
+            if result.revision:
+                for key in action.write_keys:
+                    self._expected[key] = max(self._expected.get(key, 0), result.revision)
+            if result.revision and self._lost_to.get(action.key) == result.revision:
+                delay = self._back_off(action)
+                log.warning(
+                    "a write lost twice to a value this SC does not see (malformed?): decided again after a backoff",
+                    controller=self.name, key=action.key, revision=result.revision, detail=result.detail, backoff=delay,
+                )
+            if len(self._lost_to) >= LOST_TO_LIMIT:
+                self._lost_to.clear()  # forgetting costs one more lost write before a backoff
+            self._lost_to[action.key] = result.revision
+            self._defer(action)  # decided again once the store has the value that won
+        elif result.outcome is dispatcher_module.Outcome.FAILED:
+            delay = self._back_off(action)
+            log.warning("failed action decided again after a backoff", controller=self.name, key=action.key, backoff=delay)
+            self._defer(action)  # decided again once its backoff ends
+        self.kick()
+
+    def _back_off(self, action: actions.Action) -> float:
+        """Make the action's objects busy for their next backoff; the longest delay."""
+        now = asyncio.get_running_loop().time()
+        # A queue key that is also written is shared by many objects' actions (the placement
+        # chain): the objects are to blame, not it.
+        blamed = [key for key in action.write_keys if key != action.queue_key]
+        delay = 0.0
+        for key in blamed:
+            previous = self._failures.get(key)
+            count = 1 if previous is None else previous.count + 1
+            key_delay = min(FAILURE_BACKOFF_MAX, FAILURE_BACKOFF_INITIAL * 2 ** (count - 1))
+            self._failures[key] = _Failure(count, now + key_delay)
+            delay = max(delay, key_delay)
+        return delay
+
+    def _forget_changed_failures(self, changes: Mapping[str, local.Changes]) -> None:
+        """Someone else changed (or deleted) an object whose write failed: decide it afresh."""
+        for kind, change in changes.items():
+            if change.full:
+                continue  # a relist or a resync says nothing about one object
+            for entry in change.updated:
+                self._failures.pop(models.object_key(kind, entry.name), None)
+            for name in change.deleted:
+                self._failures.pop(models.object_key(kind, name), None)
+
+    def _forget_caught_up(self) -> None:
+        revision = self.local_store.revision
+        for key, expected in list(self._expected.items()):
+            if revision >= expected:
+                del self._expected[key]

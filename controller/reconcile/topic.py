@@ -1,0 +1,610 @@
+"""Topic controller decisions: Init -> Pending -> Provisioned, partitions, the start-index chain.
+
+Purely computational, no I/O: one snapshot in, actions out. Placement runs here (the library
+is pure too). Partitions are created exactly once (create-if-absent) and orphans are deleted,
+so a crash anywhere converges to exactly the partitions of each topic's replica map. A topic too
+large to store in one etcd request is InvalidConfig, never placed in a loop.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from controller import placement
+from controller.reconcile import actions, spu_ids, topic_size
+from store import kv, local, models
+
+CHAIN_KEY = "meta/placement-start-index"
+INIT = models.TopicResolution.INIT
+PENDING = models.TopicResolution.PENDING
+INSUFFICIENT = models.TopicResolution.INSUFFICIENT_RESOURCES
+INVALID = models.TopicResolution.INVALID_CONFIG
+PROVISIONED = models.TopicResolution.PROVISIONED
+
+# Resolutions whose replica map lists partitions that exist (or must: one deleted by hand comes
+# back where it was). A topic that cannot place new partitions keeps those it has.
+HAS_PARTITIONS = (PROVISIONED, INSUFFICIENT, INVALID, PENDING)
+
+# Writes one provision transaction may carry: the chain key plus topic statuses and partitions.
+PROVISION_WRITES = kv.MAX_TXN_OPS
+# The store's request size when none is given: etcd's default limit, the default key prefix.
+DEFAULT_REQUEST_SIZE = kv.RequestSize(kv.DEFAULT_PREFIX, kv.DEFAULT_MAX_REQUEST_BYTES)
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    start_index: int
+    mod_revision: int  # 0: the key does not exist yet
+
+    def encode(self, start_index: int) -> bytes:
+        return json.dumps({"nextStartIndex": start_index}).encode()
+
+
+def read_chain(snapshot: local.Snapshot) -> Chain:
+    stored = snapshot.meta(CHAIN_KEY)
+    if stored is None:
+        return Chain(0, 0)
+    value, mod_revision = stored
+    try:
+        start_index = int(json.loads(value)["nextStartIndex"])
+    except (ValueError, KeyError, TypeError, OverflowError):  # OverflowError: 1e400 is infinity
+        start_index = 0  # a hand-edited, unreadable chain restarts at 0 rather than stalling
+    return Chain(start_index, mod_revision)
+
+
+def spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
+    """Every registered SPU, online or not, in id order (placement picks only the online); of SPUs
+    sharing an id (written behind the SC's back), only the one holding it (``spu_ids.holders``).
+
+    The same tuple until the SPUs change: placement recognises it and skips its SPU checks."""
+    return snapshot.derived("spus", "placement-spus", lambda: _spu_infos(snapshot))  # type: ignore[no-any-return]
+
+
+def _spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
+    infos = [
+        placement.SpuInfo(
+            id=entry.obj.spec.id,  # type: ignore[attr-defined]
+            rack=entry.obj.spec.rack,  # type: ignore[attr-defined]
+            online=entry.obj.status.resolution is models.SpuResolution.ONLINE,  # type: ignore[attr-defined]
+        )
+        for entry in spu_ids.holders(snapshot.entries("spus"), snapshot.meta).values()
+    ]
+    return tuple(sorted(infos, key=lambda info: info.id))
+
+
+def current_map(topic: models.Topic) -> list[list[int]]:
+    """The topic's existing partitions in index order (an unbroken prefix 0..n-1)."""
+    replica_map = topic.status.replica_map
+    rows = []
+    for index in range(len(replica_map)):
+        if index not in replica_map:
+            break
+        rows.append(list(replica_map[index]))
+    return rows
+
+
+def placement_request(
+    topic: models.Topic,
+    spus: Sequence[placement.SpuInfo],
+    start_index: int,
+    existing: Iterable[tuple[str, int, list[int]]],
+) -> placement.PlacementRequest:
+    spec = topic.spec
+    if spec.replica_assignment is not None:
+        return placement.PlacementRequest(
+            spus=spus,
+            strategy="manual",
+            replica_assignment=[(row.id, list(row.replicas)) for row in spec.replica_assignment],
+            registered_spu_ids=[spu.id for spu in spus],
+            current_replica_map=current_map(topic),
+        )
+    strategy = spec.placement.strategy if spec.placement is not None else "computed"
+    if not _load_aware(topic):
+        existing = ()  # only load-aware strategies read other topics' assignment (O(partitions))
+    return placement.PlacementRequest(
+        spus=spus,
+        partitions=spec.partitions or 0,
+        replication_factor=spec.replication_factor or 0,
+        strategy=strategy,  # a plug-in's name stays a name: placement finds it among the configured placers
+        start_index=start_index,
+        ignore_rack_assignment=spec.ignore_rack_assignment,
+        policies=spec.placement.policies if spec.placement is not None else None,
+        existing=list(existing),
+        current_replica_map=current_map(topic),
+    )
+
+
+NO_PLACERS: placement.Placers = {}
+
+
+def validate(
+    topic: models.Topic, spus: Sequence[placement.SpuInfo], placers: placement.Placers = NO_PLACERS
+) -> placement.InvalidConfig | None:
+    """Configuration problems found before placing (None when valid): the replica assignment, the
+    policies, and a strategy that is neither built in nor one of the configured ``placers``."""
+    spec = topic.spec
+    try:
+        if spec.replica_assignment is not None:
+            placement.validate_manual(
+                [(row.id, list(row.replicas)) for row in spec.replica_assignment], [spu.id for spu in spus]
+            )
+        elif spec.placement is not None:
+            placement.check_strategy(spec.placement.strategy, placers)
+            if spec.placement.policies:
+                placement.parse_policies(spec.placement.policies)
+    except placement.InvalidConfig as error:
+        return error
+    return None
+
+
+def unplaced_reason(error: placement.PlacementError) -> str:
+    """The reason an unplaceable topic records: the problem, then what makes it placeable."""
+    if not isinstance(error, placement.InvalidConfig):
+        return error.message
+    return f"{error.message}; {_REMEDIES[error.fix]}"
+
+
+_REMEDIES = {
+    placement.Fix.SPEC: "delete the topic and create it again with a valid spec",
+    placement.Fix.CLUSTER: "the topic stays and is placed by itself once the SPUs allow it",
+    placement.Fix.PLUGINS: (
+        "the topic is placed once the SC runs with that plug-in configured and working, or delete it and "
+        "create it again with another strategy"
+    ),
+}
+
+
+def placed_note(topic: models.Topic, replica_map: Sequence[Sequence[int]], spus: Sequence[placement.SpuInfo]) -> str:
+    """The reason a Provisioned topic records: its rack violations, if any ("" otherwise).
+
+    Not when racks are ignored, nor when policies keep replicas together (node=colocated): the
+    topic's own spec asked for them."""
+    violations = placement.rack_violations(replica_map, spus)
+    if not violations or topic.spec.ignore_rack_assignment:
+        return ""
+    policies = topic.spec.placement.policies if topic.spec.placement is not None else None
+    if policies and placement.parse_policies(policies).node == "colocated":
+        return ""
+    online: dict[str, int] = {}
+    for spu in spus:
+        if spu.online and spu.rack is not None:
+            online[spu.rack] = online.get(spu.rack, 0) + 1
+    one = len(violations) == 1
+    per_rack = ", ".join(f"{rack} {count}" for rack, count in sorted(online.items()))
+    return (
+        f"placed with rack violations: partition{'' if one else 's'} {placement.format_ids(violations)} "
+        f"{'has' if one else 'have'} more than one replica in a rack although another rack has none of "
+        f"{'its' if one else 'their'} replicas (online SPUs per rack: {per_rack}; racks of equal size avoid this)"
+    )
+
+
+def dry_run(
+    snapshot: local.Snapshot, topic: models.Topic, placers: placement.Placers = NO_PLACERS
+) -> placement.PlacementResult:
+    """The placement ``topic`` would get now, without deciding anything (the API's dryRun)."""
+    return placement.compute(dry_run_request(snapshot, topic, placers), placers)
+
+
+def dry_run_request(
+    snapshot: local.Snapshot, topic: models.Topic, placers: placement.Placers = NO_PLACERS
+) -> placement.PlacementRequest:
+    """What ``dry_run`` computes, taken from ``snapshot``: the caller may compute it later, elsewhere
+    (the request holds no reference to the store)."""
+    spus = spu_infos(snapshot)
+    problem = validate(topic, spus, placers)
+    if problem is not None:
+        raise problem
+    return placement_request(topic, spus, read_chain(snapshot).start_index, _assignment(snapshot))
+
+
+def _load_aware(topic: models.ClusterObject) -> bool:
+    """Least-loaded, and plug-ins (which see the cluster's assignment), read every partition."""
+    strategy = topic.spec.placement.strategy if topic.spec.placement is not None else "computed"
+    return strategy == "least-loaded" or strategy not in placement.STRATEGIES
+
+
+def _assignment(snapshot: local.Snapshot) -> list[tuple[str, int, list[int]]]:
+    return [
+        (entry.obj.topic, entry.obj.index, list(entry.obj.spec.replicas))  # type: ignore[attr-defined]
+        for entry in snapshot.entries("partitions").values()
+    ]
+
+
+def _idle(key: str) -> bool:
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What the topic controller needs beyond the snapshot.
+
+    ``changes`` None (or a full relist) looks at everything; otherwise partitions are checked
+    only for the topics and partitions that changed. ``busy(key)``: a write to that key is in
+    flight, or failed and waits out a backoff (deciding on it again now would be wasted work).
+    ``retry_unplaced``: re-run topics that are InvalidConfig or InsufficientResources (their
+    outcome only changes with the SPUs or their own spec, which ``changes`` shows).
+    ``request_size``: the store's request limit, which sizes topics and provision transactions.
+    ``alone(key)``: a write to that topic failed before: it is provisioned in a transaction of
+    its own, so that if it fails again it takes no other topic down with it.
+    ``placers``: the configured placement plug-ins.
+    """
+
+    changes: Mapping[str, local.Changes] | None = None
+    busy: Callable[[str], bool] = _idle
+    retry_unplaced: bool = True
+    request_size: kv.RequestSize = DEFAULT_REQUEST_SIZE
+    alone: Callable[[str], bool] = _idle
+    placers: placement.Placers = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """What one pass looks at."""
+
+    full: bool  # every topic and partition: no changes given, or a relist
+    touched: frozenset[str]  # the topics that changed (a full pass looks at all of them anyway)
+    retry: bool  # unplaced topics are due another try: a full pass, or retry_unplaced
+
+
+def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
+    """The topic controller's actions, in three steps: validate new and invalid topics, place the
+    pending ones (one provision transaction on the chain key), then create the partitions their
+    replica maps name and delete the ones none does."""
+    scope = _scope(inputs)
+    spus = spu_infos(snapshot)
+    decided = _validate(snapshot, inputs, scope, spus)
+    placed = _place(snapshot, inputs, scope, spus)
+    decided += placed.statuses
+    provision = placed.action()
+    if provision is not None:
+        decided.append(provision)
+    decided += _reconcile_partitions(snapshot, inputs, scope, placed.topics)
+    return decided
+
+
+def _scope(inputs: Inputs) -> _Scope:
+    changes = inputs.changes
+    full = changes is None or any(change.full for change in changes.values())
+    touched: frozenset[str] = frozenset()
+    if changes is not None and "topics" in changes and not full:
+        touched = frozenset({entry.name for entry in changes["topics"].updated} | set(changes["topics"].deleted))
+    return _Scope(full, touched, full or inputs.retry_unplaced)
+
+
+def _validate(
+    snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, spus: Sequence[placement.SpuInfo]
+) -> list[actions.Action]:
+    """Init and InvalidConfig topics: Pending when valid, else InvalidConfig with the reason.
+
+    Only topics with something left to do, from indexes the local store keeps up to date: a pass
+    costs what those topics cost, not what the whole table does. Validation depends on the
+    topic's spec and the SPUs alone: without a retry, only the topics that changed (a topic whose
+    write was set aside comes back as changed)."""
+    topics: Mapping[str, local.Entry] = snapshot.entries("topics")
+    unvalidated: Iterable[local.Entry]
+    if scope.retry:
+        unvalidated = snapshot.indexed("topics", "unvalidated", _unvalidated)
+    else:
+        unvalidated = sorted(
+            (topics[name] for name in scope.touched if name in topics and _unvalidated(topics[name].obj)),
+            key=lambda entry: entry.mod_revision,
+        )
+    decided: list[actions.Action] = []
+    for entry in unvalidated:
+        if not inputs.busy(entry.obj.key):
+            decided += _validated(entry, spus, inputs.placers, inputs.request_size)
+    return decided
+
+
+class _Provision:
+    """The provision transaction this pass fills: topic statuses on the chain key, within the
+    store's limits on writes and bytes per request, and the SPU rows they place."""
+
+    def __init__(self, chain: Chain, request_size: kv.RequestSize) -> None:
+        self.chain = chain
+        self.cursor = chain.start_index
+        self.room = PROVISION_WRITES - 1  # the chain key takes one write
+        # The bytes the topic statuses may take, after the chain key's write.
+        self.room_bytes = request_size.budget - request_size.writes_bound(1, len(CHAIN_KEY), topic_size.CHAIN_VALUE_MAX)
+        self.provisions: list[actions.TopicProvision] = []
+        self.topics: set[str] = set()  # placed by this pass
+        # Topic statuses refused on the way (unplaceable, too large), in topic order.
+        self.statuses: list[actions.Action] = []
+
+    def add(self, provision: actions.TopicProvision, cost: int, next_start_index: int) -> None:
+        # Statuses only: up to 127 topics per transaction on the chain key. Their partitions are
+        # created by the next pass (create-if-absent, batched 128 per transaction, several in
+        # flight), so the chain key is held for one small write per cycle, not 11 topics' worth.
+        self.room -= 1
+        self.room_bytes -= cost
+        self.provisions.append(provision)
+        self.topics.add(provision.topic.name)
+        self.cursor = next_start_index
+
+    def action(self) -> actions.Action | None:
+        if not self.provisions:
+            return None
+        return actions.provision(CHAIN_KEY, self.chain.encode(self.cursor), self.chain.mod_revision, self.provisions)
+
+
+class _Assignment:
+    """Every partition's replicas, read (O(partitions)) only once a load-aware strategy needs
+    them; with what this pass placed before."""
+
+    def __init__(self, snapshot: local.Snapshot) -> None:
+        self._snapshot = snapshot
+        self._rows: list[tuple[str, int, list[int]]] | None = None
+        self._placed: list[tuple[str, int, list[int]]] = []
+
+    def for_topic(self, topic: models.Topic) -> Sequence[tuple[str, int, list[int]]]:
+        if self._rows is None and _load_aware(topic):
+            self._rows = _assignment(self._snapshot) + self._placed
+        return self._rows or ()
+
+    def add(self, rows: Iterable[tuple[str, int, list[int]]]) -> None:
+        (self._placed if self._rows is None else self._rows).extend(rows)
+
+
+def _place(snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, spus: Sequence[placement.SpuInfo]) -> _Provision:
+    """Place the topics waiting for it, oldest first, into one provision transaction.
+
+    Only while the chain is free (one provision in flight keeps it unforked)."""
+    provision = _Provision(read_chain(snapshot), inputs.request_size)
+    if inputs.busy(CHAIN_KEY):
+        return provision
+    assignment = _Assignment(snapshot)
+    for entry in snapshot.indexed("topics", "unplaced", _unplaced):
+        if provision.room < 1:
+            break  # this transaction is full: the next pass, once it is written
+        topic: models.Topic = entry.obj  # type: ignore[assignment]
+        if not _due(topic, inputs, scope, provision):
+            continue
+        problem = too_large(topic, spus, inputs.request_size, widest=False)
+        if problem is not None:
+            provision.statuses += _status(entry, INVALID, problem)  # known without placing it
+            continue
+        try:
+            request = placement_request(topic, spus, provision.cursor, assignment.for_topic(topic))
+            result = placement.compute(request, inputs.placers)
+        except placement.PlacementError as error:
+            target = INSUFFICIENT if isinstance(error, placement.InsufficientResources) else INVALID
+            provision.statuses += _status(entry, target, unplaced_reason(error))
+            continue
+        kept = len(current_map(topic))
+        provisioned, value = _provisioned(topic, result, spus)
+        problem = _too_large_placed(topic, len(value), spus, inputs.request_size)
+        if problem is not None:
+            provision.statuses += _status(entry, INVALID, problem)
+            continue
+        cost = inputs.request_size.writes_bound(1, len(topic.key), len(value))
+        if cost > provision.room_bytes:
+            break  # this transaction is full: the next pass, once it is written
+        reason = _placed_reason(result, kept)
+        provision.add(actions.TopicProvision(provisioned, entry.mod_revision, (), reason, value), cost, result.next_start_index)
+        assignment.add((topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept)
+        if inputs.alone(topic.key):
+            break
+    return provision
+
+
+def _due(topic: models.Topic, inputs: Inputs, scope: _Scope, provision: _Provision) -> bool:
+    """Whether an unplaced topic is to be placed in this pass."""
+    if inputs.busy(topic.key):
+        return False
+    resolution = topic.status.resolution
+    if resolution is INSUFFICIENT and not (scope.retry or topic.name in scope.touched):
+        return False  # only SPU changes or its own spec can change the outcome
+    if resolution is PROVISIONED and (topic.spec.partitions or 0) <= len(current_map(topic)):
+        return False
+    if inputs.alone(topic.key) and provision.provisions:
+        return False  # in a transaction of its own, at the next pass
+    return True
+
+
+def _provisioned(
+    topic: models.Topic, result: placement.PlacementResult, spus: Sequence[placement.SpuInfo]
+) -> tuple[models.Topic, bytes]:
+    """The topic Provisioned with the replica map placed, and its encoding (what will be written)."""
+    replica_map = {index: list(replicas) for index, replicas in enumerate(result.replica_map)}
+    note = placed_note(topic, result.replica_map, spus)
+    provisioned = topic.model_copy(
+        update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason=note)}
+    )
+    return provisioned, models.encode(provisioned)
+
+
+def _placed_reason(result: placement.PlacementResult, kept: int) -> str:
+    if kept:
+        spread = len({spu for row in result.replica_map for spu in row})
+        return f"placed partitions {kept}..{len(result.replica_map) - 1} on {spread} SPUs"
+    return f"placed {len(result.replica_map)} partitions x {len(result.replica_map[0])} replicas"
+
+
+def _reconcile_partitions(
+    snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, placed_now: set[str]
+) -> list[actions.Action]:
+    """Every partition on a full pass; else those that changed and those of the topics that did."""
+    topics: Mapping[str, local.Entry] = snapshot.entries("topics")
+    if scope.full:
+        return _partition_actions(snapshot, topics, snapshot.entries("partitions").keys(), topics.keys(), placed_now, inputs.busy)
+    partition_changes = inputs.changes.get("partitions") if inputs.changes is not None else None
+    changed_partitions = [entry.name for entry in partition_changes.updated] if partition_changes is not None else []
+    # A partition deleted behind the SC's back: its topic is checked for missing partitions.
+    gone = {name.rpartition("-")[0] for name in partition_changes.deleted} if partition_changes is not None else set()
+    return _partition_actions(snapshot, topics, changed_partitions, scope.touched | gone, placed_now, inputs.busy)
+
+
+def _unvalidated(topic: models.ClusterObject) -> bool:
+    """Init, or InvalidConfig (valid again after a spec change, or SPU changes, may fix it)."""
+    return topic.status.resolution in (INIT, INVALID)  # type: ignore[attr-defined]
+
+
+def _unplaced(topic: models.ClusterObject) -> bool:
+    """Pending, InsufficientResources, or Provisioned with fewer partitions than it asks for."""
+    status, spec = topic.status, topic.spec  # type: ignore[attr-defined]
+    if status.resolution is PROVISIONED:
+        return not spec.is_manual and (spec.partitions or 0) > len(status.replica_map)
+    return status.resolution in (PENDING, INSUFFICIENT)
+
+
+def _validated(
+    entry: local.Entry, spus: Sequence[placement.SpuInfo], placers: placement.Placers, request_size: kv.RequestSize
+) -> list[actions.Action]:
+    topic: models.Topic = entry.obj  # type: ignore[assignment]
+    problem = validate(topic, spus, placers)
+    if problem is not None:
+        return _status(entry, INVALID, unplaced_reason(problem))
+    too_big = too_large(topic, spus, request_size, widest=False)
+    if too_big is not None:
+        return _status(entry, INVALID, too_big)
+    if topic.status.resolution is INVALID:
+        # The configuration is valid now; if placement still rejects it the same way (for
+        # example partial racks), stay put instead of flapping through Pending.
+        try:
+            result = placement.compute(placement_request(topic, spus, 0, []), placers)
+        except placement.InvalidConfig as error:
+            if unplaced_reason(error) == topic.status.reason:
+                return []
+        except placement.PlacementError:
+            pass
+        else:
+            # Placed, but on SPU ids too wide to store it: stay InvalidConfig (with that reason).
+            size = topic_size.stored_bytes(topic, dict(enumerate(result.replica_map)))
+            problem = _too_large_placed(topic, size, spus, request_size)
+            if problem is not None:
+                return _status(entry, INVALID, problem)
+    return _status(entry, PENDING, "configuration is valid")
+
+
+def too_large(
+    topic: models.Topic, spus: Sequence[placement.SpuInfo], request_size: kv.RequestSize, widest: bool = True
+) -> str | None:
+    """Why ``topic`` cannot be stored in one request of the store (None if it fits). Cheap: no
+    placement, its size is counted with its manual assignment, or with every SPU id as wide as
+    the widest registered one (``widest``: what a create or an add-partitions may be sure of) or
+    the narrowest (what the controller refuses before placing; it sizes what it placed exactly).
+    """
+    max_bytes = topic_size.max_topic_bytes(request_size, topic.name, CHAIN_KEY)
+    spec = topic.spec
+    # Existing rows may name SPUs no longer registered: they count among the ids it may get.
+    ids = [spu.id for spu in spus] + [spu for row in topic.status.replica_map.values() for spu in row]
+    if spec.replica_assignment is not None:
+        size = topic_size.stored_bytes(topic, {row.id: row.replicas for row in spec.replica_assignment})
+        bound = ""
+    else:
+        digits = topic_size.id_digits(ids, widest)
+        size = topic_size.provisioned_bytes(topic, spec.partitions or 0, spec.replication_factor or 0, digits)
+        bound = "up to " if widest else "at least "
+    if size <= max_bytes:
+        return None
+    return topic_size.too_large(topic, size, bound, max_bytes, request_size.max_request_bytes, topic_size.id_digits(ids, widest=True))
+
+
+def _too_large_placed(
+    topic: models.Topic, size: int, spus: Sequence[placement.SpuInfo], request_size: kv.RequestSize
+) -> str | None:
+    """Why ``topic``, placed and ``size`` bytes stored, cannot be written (None if it can)."""
+    max_bytes = topic_size.max_topic_bytes(request_size, topic.name, CHAIN_KEY)
+    if size <= max_bytes:
+        return None
+    digits = topic_size.id_digits([spu.id for spu in spus], widest=True)
+    return topic_size.too_large(topic, size, "", max_bytes, request_size.max_request_bytes, digits)
+
+
+def _status(entry: local.Entry, resolution: models.TopicResolution, reason: str) -> list[actions.Action]:
+    """The topic's status with a new resolution and reason.
+
+    The replica map is always kept: it is the record of the partitions that exist, and only the
+    user (deleting the topic) takes them away; a topic that cannot grow, or whose spec went bad,
+    keeps every partition it has where it is.
+    """
+    topic: models.Topic = entry.obj  # type: ignore[assignment]
+    reason = topic_size.bounded_reason(reason)  # room for it is kept in every topic's size
+    status = models.TopicStatus(
+        resolution=resolution,
+        replica_map=topic.status.replica_map,
+        reason="" if resolution is PENDING else reason,
+    )
+    if topic.status == status:
+        return []
+    return [actions.update_status(topic, status, entry.mod_revision, f"{resolution.value}: {reason}")]
+
+
+def _partition_actions(
+    snapshot: local.Snapshot,
+    topics: Mapping[str, local.Entry],
+    partition_names: Iterable[str],
+    topic_names: Iterable[str],
+    placed_now: set[str],
+    busy: Callable[[str], bool],
+) -> list[actions.Action]:
+    """Create the missing partitions of every replica map; delete partitions no topic maps.
+
+    Looks at ``partition_names`` and at every partition of ``topic_names`` (all of them on a full
+    pass). Sound because the snapshot is a consistent cut: a topic status and the partitions
+    written in the same transaction are always seen together.
+    """
+    partitions: Mapping[str, local.Entry] = snapshot.entries("partitions")
+    decided: list[actions.Action] = []
+    topic_names = list(topic_names)
+    candidates = set(partition_names)
+    for topic_name in topic_names:
+        candidates |= snapshot.partitions_of(topic_name)
+    for name in sorted(candidates):
+        entry = partitions.get(name)
+        if entry is None:
+            continue
+        # No busy check here: an orphan's deletion decided while another write to it is in
+        # flight is set aside by the loop and decided again once that write is done.
+        if entry.obj.topic in placed_now:  # type: ignore[attr-defined]
+            continue  # its topic's new replica map is being written: judge it after the echo
+        decided += _orphan(entry, topics)
+    for topic_name in topic_names:
+        topic_entry = topics.get(topic_name)
+        if topic_entry is None or topic_name in placed_now:
+            continue
+        topic: models.Topic = topic_entry.obj  # type: ignore[assignment]
+        if topic.status.resolution not in HAS_PARTITIONS:
+            continue
+        missing = [
+            models.new_partition(topic, index, replicas)
+            for index, replicas in sorted(topic.status.replica_map.items())
+            if (name := models.partition_name(topic.name, index)) not in partitions
+            and not busy(models.object_key("partitions", name))
+        ]
+        for start in range(0, len(missing), kv.MAX_TXN_OPS):
+            chunk = missing[start : start + kv.MAX_TXN_OPS]
+            decided.append(
+                actions.create_partitions(topic.name, chunk, f"{_describe_indexes(chunk)} of topic {topic.name}")
+            )
+    return decided
+
+
+def _describe_indexes(partitions: list[models.Partition]) -> str:
+    """``partition 3``, ``partitions 0..9`` or ``partitions 0..4, 6, 8..9``."""
+    indexes = [partition.index for partition in partitions]
+    runs: list[list[int]] = []
+    for index in indexes:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    text = ", ".join(f"{run[0]}..{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+    return f"{'partition' if len(indexes) == 1 else 'partitions'} {text}"
+
+
+def _orphan(entry: local.Entry, topics: Mapping[str, local.Entry]) -> list[actions.Action]:
+    partition: models.Partition = entry.obj  # type: ignore[assignment]
+    topic_entry = topics.get(partition.topic)
+    if topic_entry is None:
+        return [actions.delete("partitions", partition.name, entry.mod_revision, f"topic {partition.topic} was deleted")]
+    wanted = topic_entry.obj.status.replica_map.get(partition.index)  # type: ignore[attr-defined]
+    if wanted is None:
+        reason = f"topic {partition.topic} has no partition {partition.index} in its replica map"
+    elif list(wanted) != list(partition.spec.replicas):
+        reason = f"replicas {partition.spec.replicas} differ from the topic's replica map {wanted}"
+    else:
+        return []
+    return [actions.delete("partitions", partition.name, entry.mod_revision, reason)]

@@ -1,0 +1,68 @@
+"""admin_ops.Waits: the one wait-for-verdict helper of the HTTP API and the Fluvio admin."""
+
+from __future__ import annotations
+
+import asyncio
+
+from controller.api import admin_ops
+from store import local, models
+
+
+def topic(name: str, resolution: str = "Init") -> models.Topic:
+    return models.Topic.model_validate(
+        {"name": name, "spec": {"partitions": 1, "replicationFactor": 1}, "status": {"resolution": resolution}}
+    )
+
+
+def partition(topic_name: str, index: int) -> models.Partition:
+    return models.Partition.model_validate(
+        {"name": f"{topic_name}-{index}", "spec": {"leader": 0, "replicas": [0]}, "status": {"resolution": "Offline"}}
+    )
+
+
+async def test_a_change_of_a_related_table_wakes_the_waiter_of_the_object_it_names() -> None:
+    store = local.LocalStore()
+    store["topics"].apply(topic("orders"), 1)
+    waits = admin_ops.Waits(store["topics"], (store["partitions"], lambda name: name.rpartition("-")[0]))
+    runner = asyncio.ensure_future(waits.run())
+    try:
+        verdict = asyncio.ensure_future(waits.wait("orders", lambda: store["partitions"].get("orders-0"), 30.0))
+        await asyncio.sleep(0)
+        assert not verdict.done()
+        store["partitions"].apply(partition("other", 0), 2)  # another topic's partition: no verdict yet
+        await asyncio.sleep(0.01)
+        assert not verdict.done()
+        store["partitions"].apply(partition("orders", 0), 3)
+        entry = await asyncio.wait_for(verdict, 5.0)
+        assert entry is not None and entry.name == "orders-0"
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_wait_settled_says_deleted_once_the_store_has_seen_the_write_and_lost_the_object() -> None:
+    store = local.LocalStore()
+    written = topic("orders")
+    store["topics"].apply(written, 5)
+    waits = admin_ops.Waits(store["topics"])
+    runner = asyncio.ensure_future(waits.run())
+    try:
+        settled = asyncio.ensure_future(admin_ops.wait_settled(waits, written, 5, admin_ops.topic_settled(5), 30_000))
+        await asyncio.sleep(0)
+        store["topics"].delete("orders", 6)
+        assert await asyncio.wait_for(settled, 5.0) == (None, False)
+    finally:
+        runner.cancel()
+        await asyncio.gather(runner, return_exceptions=True)
+
+
+async def test_wait_settled_answers_the_object_as_it_is_when_the_time_runs_out() -> None:
+    store = local.LocalStore()
+    written = topic("orders")
+    store["topics"].apply(written.model_copy(update={"status": models.TopicStatus(resolution=models.TopicResolution.PENDING)}), 6)
+    waits = admin_ops.Waits(store["topics"])
+    current, settled = await admin_ops.wait_settled(waits, written, 5, admin_ops.topic_settled(5), 10)
+    assert isinstance(current, models.Topic)
+    assert (current.status.resolution, settled) == (models.TopicResolution.PENDING, False)
+    # Not mirrored yet when the time ran out: the object as written.
+    assert await admin_ops.wait_settled(waits, topic("late"), 9, admin_ops.topic_settled(9), 10) == (topic("late"), False)
