@@ -20,7 +20,7 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from connection_manager import health as health_module
-from connection_manager import lrs, transport, wire
+from connection_manager import lrs, ratelimit, transport, wire
 from store import local, models
 from store import supervisor as supervisor_module
 
@@ -35,6 +35,8 @@ REFUSAL_LOG_INTERVAL = 60.0
 # Distinct (cause, peer) pairs remembered for that; beyond it the oldest are forgotten (a
 # forgotten pair is merely logged again), so refusals from many addresses cannot grow memory.
 REFUSAL_LOG_KEYS = 1_024
+# A frame error's message (ours, quoting a piece of the frame) is cut beyond this many characters.
+FRAME_ERROR_CHARS = 160
 
 
 @dataclass
@@ -188,6 +190,8 @@ class ConnectionManager:
         self.stats = Stats()
         self.supervisor = supervisor if supervisor is not None else supervisor_module.Supervisor()
         self.refusals = RefusalLog()
+        # Events any client can repeat at will, from any number of addresses: one line per kind.
+        self.log = ratelimit.RateLimitedLog(log)
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
         self.port: int | None = None
@@ -320,9 +324,10 @@ class ConnectionManager:
             parsed = wire.parse_spu_message(message.data, self.max_frame_bytes)
         except wire.FrameError as error:
             self.stats.count(self.stats.frame_errors, error.code)
-            if self.refusals.due(f"first-frame:{error.code}", peer, asyncio.get_running_loop().time()) is not None:
-                log.warning("bad first frame from an SPU", peer=peer, code=error.code, error=str(error))
-            await _reject(websocket, error.code, str(error))
+            # The message may quote the client's bytes (a type tag, a field name) at any length.
+            detail = ratelimit.clipped(str(error), FRAME_ERROR_CHARS)
+            self.log.warning(f"spu:first-frame:{error.code}", "bad first frame from an SPU", peer=peer, code=error.code, error=detail)
+            await _reject(websocket, error.code, detail)
             return None
         if not isinstance(parsed, wire.Register):
             await _reject(websocket, "expected-register", f"the first frame must be 'register', got {parsed.type!r}")

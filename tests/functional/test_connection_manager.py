@@ -13,10 +13,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog.testing
 
 from connection_manager import health as health_module
 from connection_manager import server as server_module
-from connection_manager import wire
+from connection_manager import ratelimit, wire
 from store import embedded_etcd, models
 from tests.fixtures.daemon import Running, etcd_settings, running
 from tests.fixtures.scripted_spu import ScriptedSpu
@@ -338,6 +339,31 @@ async def test_a_bad_frame_gets_an_error_and_changes_nothing(cluster: Cluster, f
     await leader.report(("orders-0", 10, 10, {1: 10, 2: 10}))
     await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
     assert await cluster.mod_revision("orders-0") > before
+
+
+async def test_bad_first_frames_from_many_addresses_are_logged_once_with_a_short_excerpt(cluster: Cluster) -> None:
+    """A client may send a bad first frame again and again, from any address, quoting anything: one
+    line per kind of error an interval, whatever the address, quoting at most a short excerpt."""
+    tag = "gossip" * 10_000
+    frame = b'{"type": "' + tag.encode() + b'", "v": 1}'
+    answers = []
+    with structlog.testing.capture_logs() as logged:
+        for address in ("127.0.0.1", "127.0.0.2", "127.0.0.3"):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(address, 0))) as client:
+                async with client.ws_connect(f"ws://127.0.0.1:{cluster.private_port}{wire.SPU_PATH}") as websocket:
+                    await websocket.send_bytes(frame)
+                    answers.append(wire.parse_sc_message((await websocket.receive(timeout=5)).data))
+    excerpt = ratelimit.excerpt(f"unknown message type {tag!r}", server_module.FRAME_ERROR_CHARS)
+    assert excerpt.endswith(f"... ({len(tag) + 23} characters)") and len(excerpt) < 200
+    lines = [entry for entry in logged if entry["event"] == "bad first frame from an SPU"]
+    assert lines == [
+        {"event": "bad first frame from an SPU", "log_level": "warning", "peer": "127.0.0.1", "code": "unknown-type", "error": excerpt}
+    ]
+    assert answers == [wire.Rejected(code="unknown-type", reason=excerpt)] * 3
+    connections = cluster.sc.daemon.connections
+    assert connections is not None
+    assert connections.stats.frame_errors == {"unknown-type": 3}
+    assert connections.log.suppressed_total == 2  # the next line of this kind will say so
 
 
 async def test_an_oversized_frame_closes_only_that_connection(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
