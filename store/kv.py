@@ -96,6 +96,21 @@ class TooLarge(StoreError, ValueError):
         )
 
 
+class TooLargeForCluster(TooLarge):
+    """A request etcd itself refused as too large although it was within etcd_max_request_bytes: the
+    cluster's --max-request-bytes is lower than the setting (by how much, etcd does not say)."""
+
+    def __init__(self, size: int, configured_limit: int) -> None:
+        self.size = size
+        self.limit = configured_limit
+        StoreError.__init__(
+            self,
+            f"etcd refused a request of {size} bytes as too large: the cluster's --max-request-bytes is below "
+            f"that and below the {configured_limit} bytes of the setting etcd_max_request_bytes; set "
+            "etcd_max_request_bytes to the cluster's --max-request-bytes",
+        )
+
+
 class EventType(enum.Enum):
     PUT = "PUT"
     DELETE = "DELETE"
