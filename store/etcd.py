@@ -234,6 +234,8 @@ class EtcdStore(kv.KVStore):
         self._create_tasks: set[asyncio.Task[None]] = set()
         self._creating: set[str] = set()  # keys of the creates in flight
         self._limit_reported: int | None = None  # the cluster's request limit, once found below ours
+        self.cluster_id: int | None = None  # the etcd cluster of the first answer: the only one we use
+        self._wrong_cluster: kv.WrongCluster | None = None
 
     @classmethod
     async def open(
@@ -778,6 +780,7 @@ class EtcdStore(kv.KVStore):
                     response = await call.read()
                     if response is grpc.aio.EOF:
                         break  # etcd ended the stream (shutting down): reconnect
+                    self._check_cluster(response.header.cluster_id)
                     if response.compact_revision:
                         raise kv.Compacted(next_revision, response.compact_revision)
                     if response.canceled:
@@ -921,6 +924,7 @@ class EtcdStore(kv.KVStore):
                 raise
             else:
                 self._timed(operation, loop.time() - sent)
+                self._check_cluster(response.header.cluster_id)  # type: ignore[attr-defined]
                 revision = response.header.revision  # type: ignore[attr-defined]
                 if revision > self._revision_seen:
                     self._revision_seen = revision
@@ -977,6 +981,21 @@ class EtcdStore(kv.KVStore):
     def _check_open(self) -> None:
         if self._closed:
             raise kv.Unavailable("the etcd store is closed")
+        if self._wrong_cluster is not None:
+            raise self._wrong_cluster
+
+    def _check_cluster(self, cluster_id: int) -> None:
+        """Refuse, from now on, every request once an answer comes from another cluster than the
+        first one seen: its data is not ours, and writing there would split the SC's state in two."""
+        if cluster_id == 0:
+            return  # some answers (a lease revoke's) leave the header's cluster id unset: no evidence
+        if self.cluster_id is None:
+            self.cluster_id = cluster_id
+        elif cluster_id != self.cluster_id:
+            if self._wrong_cluster is None:
+                self._wrong_cluster = kv.WrongCluster(self._endpoints_text(), self.cluster_id, cluster_id)
+                _log.error("%s", self._wrong_cluster)
+            raise self._wrong_cluster
 
     def _endpoints_text(self) -> str:
         return ", ".join(self.endpoints)

@@ -111,6 +111,23 @@ class TooLargeForCluster(TooLarge):
         )
 
 
+class WrongCluster(StoreError):
+    """The store's endpoint answers for another etcd cluster than the one it first answered for.
+
+    Retry intent: none, for good: the store refuses every request from then on (the operator must
+    point the SC back at its own cluster, or start it afresh on the new one).
+    """
+
+    def __init__(self, endpoints: str, expected: int, found: int) -> None:
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            f"etcd at {endpoints} now answers for cluster {found:x}, not {expected:x} where this SC's state "
+            "is: the SC stops using the store; point it back at its own cluster, or restart it to start "
+            "afresh on this one"
+        )
+
+
 class EventType(enum.Enum):
     PUT = "PUT"
     DELETE = "DELETE"

@@ -752,3 +752,36 @@ async def test_a_create_too_large_for_etcd_fails_alone_and_its_batch_is_created(
 def test_only_grpcs_message_limit_is_read_as_a_request_too_large(details: str, expected: tuple[int, int] | None) -> None:
     found = etcd.above_grpc_limit(details)
     assert (None if found is None else (found.size, found.limit)) == expected
+
+
+# ---------------------------------------------------------------------- cluster identity
+
+
+async def test_an_endpoint_answering_for_another_cluster_stops_the_store_for_good(
+    etcd_server: embedded_etcd.EmbeddedEtcd, durable_etcd_server: embedded_etcd.EmbeddedEtcd
+) -> None:
+    """The endpoint now reaches another etcd cluster (an operator pointed it elsewhere, a member
+    replaced by a fresh cluster): every request fails with WrongCluster naming both ids, the store
+    writes nothing there, and it stays stopped even if the first cluster comes back."""
+    async with tcp_proxy.TcpProxy(etcd_server.host, etcd_server.client_port) as proxy:
+        store = await etcd.EtcdStore.open([proxy.endpoint], prefix=f"/sc-test/{os.urandom(8).hex()}/", request_timeout=REQUEST_TIMEOUT)
+        try:
+            await store.txn([], [kv.Put("topics/a", b"a")])
+            first = store.cluster_id
+            assert first
+            proxy.target_port = durable_etcd_server.client_port
+            proxy.sever()
+            with pytest.raises(kv.WrongCluster) as raised:
+                await store.get("topics/a")
+            assert raised.value.expected == first and raised.value.found not in (0, first)
+            assert f"{first:x}" in str(raised.value) and f"{raised.value.found:x}" in str(raised.value)
+            with pytest.raises(kv.WrongCluster):
+                await store.txn([], [kv.Put("topics/b", b"b")])
+            proxy.target_port = etcd_server.client_port
+            proxy.sever()
+            with pytest.raises(kv.WrongCluster):
+                await store.get("topics/a")
+        finally:
+            await store.close()
+    async with store_on(durable_etcd_server.endpoints[0], "/sc-test/") as other:
+        assert (await other.list("")).items == []
