@@ -29,6 +29,12 @@ def excerpt(data: bytes | bytearray | memoryview | str, limit: int = EXCERPT_BYT
     return shown
 
 
+def clipped(text: str, limit: int = EXCERPT_BYTES) -> str:
+    """``text`` as it is when it is short and printable, else its excerpt: for a message of ours that
+    may quote a client's bytes (readable as usual, bounded and escaped when it quotes much)."""
+    return text if len(text) <= limit and text.isprintable() else excerpt(text, limit)
+
+
 class Logger(Protocol):
     """What is needed of a logger (a structlog bound logger has it)."""
 

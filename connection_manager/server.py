@@ -13,15 +13,15 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
 from aiohttp import WSMsgType, web
 
 from connection_manager import health as health_module
-from connection_manager import lrs, transport, wire
-from store import local, models
+from connection_manager import lrs, ratelimit, transport, wire
+from store import local, models, spu_index
 from store import supervisor as supervisor_module
 
 log = structlog.get_logger(__name__)
@@ -35,6 +35,8 @@ REFUSAL_LOG_INTERVAL = 60.0
 # Distinct (cause, peer) pairs remembered for that; beyond it the oldest are forgotten (a
 # forgotten pair is merely logged again), so refusals from many addresses cannot grow memory.
 REFUSAL_LOG_KEYS = 1_024
+# A frame error's message (ours, quoting a piece of the frame) is cut beyond this many characters.
+FRAME_ERROR_CHARS = 160
 
 
 @dataclass
@@ -56,8 +58,9 @@ class Stats:
 class Session:
     """One connected SPU: what it has been told, and its outgoing frames (sent in order)."""
 
-    def __init__(self, spu_id: int, websocket: web.WebSocketResponse) -> None:
+    def __init__(self, spu_id: int, name: str, websocket: web.WebSocketResponse) -> None:
         self.spu_id = spu_id
+        self.name = name  # the SPU object holding the id when it connected
         self.websocket = websocket
         self.hosted: dict[str, wire.ReplicaInfo] = {}
         self.told_spus: dict[int, wire.SpuInfo] = {}
@@ -188,6 +191,8 @@ class ConnectionManager:
         self.stats = Stats()
         self.supervisor = supervisor if supervisor is not None else supervisor_module.Supervisor()
         self.refusals = RefusalLog()
+        # Events any client can repeat at will, from any number of addresses: one line per kind.
+        self.log = ratelimit.RateLimitedLog(log)
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
         self.port: int | None = None
@@ -255,7 +260,9 @@ class ConnectionManager:
         if refusal is not None:
             await self._refuse(websocket, peer, spu_id, *refusal)
             return websocket
-        session = Session(spu_id, websocket)
+        registered = self._registered(spu_id)
+        assert registered is not None  # _refusal refused an id no SPU holds, and nothing awaited since
+        session = Session(spu_id, registered.name, websocket)
         previous = self.sessions.get(spu_id)
         now = asyncio.get_running_loop().time()
         self.sessions[spu_id] = session
@@ -269,7 +276,7 @@ class ConnectionManager:
             session.send(wire.Accepted(spu_id=spu_id, heartbeat_timeout=self.heartbeat_timeout))
             self._send_sync(session)
             self.health.set(spu_id, health_module.Health.ONLINE, now)
-            log.info("SPU connected", spu=spu_id, peer=peer, replicas=len(session.hosted))
+            log.info("SPU connected", spu=spu_id, name=session.name, peer=peer, replicas=len(session.hosted))
             await self._read_reports(session)
         finally:
             if self.sessions.get(spu_id) is session:
@@ -320,9 +327,10 @@ class ConnectionManager:
             parsed = wire.parse_spu_message(message.data, self.max_frame_bytes)
         except wire.FrameError as error:
             self.stats.count(self.stats.frame_errors, error.code)
-            if self.refusals.due(f"first-frame:{error.code}", peer, asyncio.get_running_loop().time()) is not None:
-                log.warning("bad first frame from an SPU", peer=peer, code=error.code, error=str(error))
-            await _reject(websocket, error.code, str(error))
+            # The message may quote the client's bytes (a type tag, a field name) at any length.
+            detail = ratelimit.clipped(str(error), FRAME_ERROR_CHARS)
+            self.log.warning(f"spu:first-frame:{error.code}", "bad first frame from an SPU", peer=peer, code=error.code, error=detail)
+            await _reject(websocket, error.code, detail)
             return None
         if not isinstance(parsed, wire.Register):
             await _reject(websocket, "expected-register", f"the first frame must be 'register', got {parsed.type!r}")
@@ -330,10 +338,13 @@ class ConnectionManager:
         return parsed
 
     def _registered(self, spu_id: int) -> models.Spu | None:
-        for entry in self.local_store["spus"].view.values():
-            if entry.obj.spec.id == spu_id:  # type: ignore[attr-defined]
-                return entry.obj  # type: ignore[return-value]
-        return None
+        """The SPU that holds ``spu_id``: of SPUs sharing it (written behind the SC's back), the
+        one placement uses too (store/spu_index.py)."""
+        entry = spu_index.holder(self.local_store["spus"].view, self.local_store.meta.values.get, spu_id)
+        return None if entry is None else entry.obj  # type: ignore[return-value]
+
+    def _holders(self) -> dict[int, local.Entry]:
+        return spu_index.holders(self.local_store["spus"].view, self.local_store.meta.values.get)
 
     def _refusal(self, register: wire.Register) -> tuple[str, str] | None:
         """(code, reason) when the Register is refused.
@@ -477,7 +488,7 @@ class ConnectionManager:
     # ------------------------------------------------------------------ pushing specs
 
     def _send_sync(self, session: Session) -> None:
-        spus = [_spu_info(entry.obj) for entry in self.local_store["spus"].view.values()]  # type: ignore[arg-type]
+        spus = [_spu_info(entry.obj) for entry in self._holders().values()]  # type: ignore[arg-type]
         hosted = {}
         for entry in self.local_store["partitions"].view.values():
             partition: models.Partition = entry.obj  # type: ignore[assignment]
@@ -515,14 +526,13 @@ class ConnectionManager:
     def push(self, spu_changes: local.Changes, partition_changes: local.Changes) -> None:
         """Tell each connected SPU what changed for it (one Update per SPU, only if non-empty)."""
         epoch = self.local_store.revision
-        spus = self.local_store["spus"].view
         partitions = self.local_store["partitions"].view
-        registered_ids = {entry.obj.spec.id for entry in spus.values()}  # type: ignore[attr-defined]
+        held = self._holders()
         for session in list(self.sessions.values()):
-            if session.spu_id not in registered_ids:
+            if session.spu_id not in held:
                 session.close("unregistered", f"SPU {session.spu_id} was unregistered")
                 continue
-            changed_spus, deleted_spus = _spu_delta(session, spu_changes, spus.values())
+            changed_spus, deleted_spus = _spu_delta(session, spu_changes, held)
             changed, deleted = _replica_delta(session, partition_changes, partitions)
             if changed_spus or deleted_spus or changed or deleted:
                 self.stats.updates_sent += 1
@@ -540,21 +550,30 @@ class ConnectionManager:
 
 
 def _spu_delta(
-    session: Session, changes: local.Changes, current: Iterable[local.Entry]
+    session: Session, changes: local.Changes, held: dict[int, local.Entry]
 ) -> tuple[list[wire.SpuInfo], list[int]]:
+    """What ``session`` was told of the ids ``changes`` touch and what their holders (``held``)
+    are now: the ids of the SPUs changed, and the ids told under the name of an SPU changed or
+    deleted (an SPU that moved off an id, or gave it up to another SPU sharing it)."""
     if changes.empty:
         return [], []
-    entries = current if changes.full else changes.updated
-    changed = []
-    for entry in entries:
-        info = _spu_info(entry.obj)  # type: ignore[arg-type]
-        if session.told_spus.get(info.id) != info:
-            session.told_spus[info.id] = info
+    if changes.full:
+        ids = set(held) | set(session.told_spus)
+    else:
+        ids = {entry.obj.spec.id for entry in changes.updated}  # type: ignore[attr-defined]
+        names = {entry.name for entry in changes.updated} | set(changes.deleted)
+        ids.update(spu_id for spu_id, info in session.told_spus.items() if info.name in names)
+    changed, deleted = [], []
+    for spu_id in sorted(ids):
+        holder = held.get(spu_id)
+        if holder is None:
+            if session.told_spus.pop(spu_id, None) is not None:
+                deleted.append(spu_id)
+            continue
+        info = _spu_info(holder.obj)  # type: ignore[arg-type]
+        if session.told_spus.get(spu_id) != info:
+            session.told_spus[spu_id] = info
             changed.append(info)
-    live_ids = {entry.obj.spec.id for entry in current}  # type: ignore[attr-defined]
-    deleted = sorted(spu_id for spu_id in session.told_spus if spu_id not in live_ids)
-    for spu_id in deleted:
-        del session.told_spus[spu_id]
     return changed, deleted
 
 

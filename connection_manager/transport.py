@@ -48,12 +48,12 @@ MAX_DERIVED_PRIVATE = 4_096
 MIN_BODY_BYTES_PER_SECOND = 64 * 1024
 # Request bodies and frames up to this size are not counted against a port's buffered bytes.
 SMALL_BODY_BYTES = 64 * 1024
-# Connections accepted per event-loop turn and listening socket: a flood of the public port
-# leaves every turn time for the SPUs' frames and the API's answers.
-ACCEPTS_PER_TURN = 64
-# Connections the kernel queues before they are accepted (capped by net.core.somaxconn): a burst
-# that fills the queue makes every client's connect wait a second for its SYN to be sent again.
-BACKLOG = 1024
+# Connections the kernel queues before they are accepted: as many as it allows (Linux caps
+# listen()'s backlog at net.core.somaxconn, read from here). A burst that fills the queue makes
+# every later client's connect wait a second, then three, for its SYN to be sent again.
+SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
+# Where that cannot be read: Linux's default since 5.4 (other systems cap it at their own).
+FALLBACK_BACKLOG = 4096
 # Pause before accepting again after accept() failed (out of descriptors or memory), doubled at
 # each failure in a row: asyncio's own loop logs and retries each failure at once.
 FIRST_ACCEPT_PAUSE = 0.05
@@ -134,6 +134,17 @@ def derive_limits(
 def reserved_descriptors(file_limit: int) -> int:
     """Descriptors kept out of the ports' limits: RESERVED_DESCRIPTORS, or a quarter of a small limit."""
     return RESERVED_DESCRIPTORS if file_limit >= 4 * RESERVED_DESCRIPTORS else file_limit // 4
+
+
+def listen_backlog() -> int:
+    """The listen backlog of both ports: the system's largest (net.core.somaxconn on Linux), else
+    FALLBACK_BACKLOG."""
+    try:
+        with open(SOMAXCONN_PATH, "rb") as limit:
+            text = limit.read(32).strip()
+    except OSError:
+        return FALLBACK_BACKLOG
+    return int(text) if text.isdigit() and 0 < int(text) < 1 << 31 else FALLBACK_BACKLOG
 
 
 def file_limit() -> int:
@@ -475,12 +486,12 @@ class Listener(asyncio.AbstractServer):
     a log line each, and a failing accept() pauses accepting for a growing time instead of spinning."""
 
     def __init__(
-        self, port: Port, sockets: list[socket.socket], choose: Callable[[bytes], asyncio.Protocol | None], accepts_per_turn: int
+        self, port: Port, sockets: list[socket.socket], choose: Callable[[bytes], asyncio.Protocol | None], backlog: int
     ) -> None:
         self.port = port
         self._sockets = sockets
         self._choose = choose
-        self._accepts_per_turn = accepts_per_turn
+        self.backlog = backlog
         self._loop = asyncio.get_running_loop()
         self._serving = False
         self._pause = 0.0
@@ -495,10 +506,10 @@ class Listener(asyncio.AbstractServer):
         host: str | None,
         port_number: int,
         choose: Callable[[bytes], asyncio.Protocol | None],
-        backlog: int = BACKLOG,
     ) -> Listener:
         loop = asyncio.get_running_loop()
         addresses = await loop.getaddrinfo(host or None, port_number, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        backlog = listen_backlog()
         sockets: list[socket.socket] = []
         try:
             for family, kind, protocol, _, address in dict.fromkeys(addresses):
@@ -514,7 +525,7 @@ class Listener(asyncio.AbstractServer):
             for sock in sockets:
                 sock.close()
             raise
-        listener = cls(port, sockets, choose, ACCEPTS_PER_TURN)
+        listener = cls(port, sockets, choose, backlog)
         await listener.start_serving()
         return listener
 
@@ -567,7 +578,12 @@ class Listener(asyncio.AbstractServer):
             self._loop.remove_reader(sock.fileno())
 
     def _accept(self, sock: socket.socket) -> None:
-        for _ in range(self._accepts_per_turn):
+        # The whole queue at each wake-up: a connection waits behind every earlier one, and on a
+        # busy loop each wake-up is a turn of many milliseconds, so taking a few per turn made a
+        # liveness probe behind a burst of a thousand wait seconds. At most one queue's worth,
+        # so a steady flood cannot hold the loop, and no more than the port holds: beyond it,
+        # each would only evict one accepted in the same turn.
+        for _ in range(min(self.backlog, self.port.limits.connections)):
             try:
                 connection, address = sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -582,20 +598,21 @@ class Listener(asyncio.AbstractServer):
             if not self.port.admit(host):
                 connection.close()
                 continue
-            task = self._loop.create_task(self._connect(connection, host))
+            guard = Guard(self.port, host, self._choose, self._guards)
+            task = self._loop.create_task(self._connect(connection, guard))
             self._connecting.add(task)
-            task.add_done_callback(self._connecting.discard)
+            # A callback, not a finally: a task cancelled (by close) before it ran runs no finally.
+            task.add_done_callback(lambda task, connection=connection, guard=guard: self._connected(task, connection, guard))
 
-    async def _connect(self, connection: socket.socket, host: str) -> None:
-        guard = Guard(self.port, host, self._choose, self._guards)
-        try:
+    async def _connect(self, connection: socket.socket, guard: Guard) -> None:
+        with contextlib.suppress(OSError):  # the client is gone already
             await self._loop.connect_accepted_socket(lambda: guard, sock=connection)
-        except OSError:
-            pass  # the client is gone already
-        finally:
-            if not guard.made:  # never connected: no connection_lost will release its slot
-                connection.close()
-                guard.release()
+
+    def _connected(self, task: asyncio.Task[None], connection: socket.socket, guard: Guard) -> None:
+        self._connecting.discard(task)
+        if not guard.made:  # never connected: no connection_lost will release its slot
+            connection.close()
+            guard.release()
 
     def _pause_accepting(self, error: OSError) -> None:
         self._pause = min(MAX_ACCEPT_PAUSE, self._pause * 2 or FIRST_ACCEPT_PAUSE)

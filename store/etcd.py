@@ -11,6 +11,7 @@ import contextlib
 import functools
 import ipaddress
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -48,10 +49,20 @@ _WATCH_BACKOFF_INITIAL = 0.1
 _WATCH_BACKOFF_MAX = 2.0
 
 # Codes worth retrying within the deadline. RESOURCE_EXHAUSTED is etcd's "too many requests"
-# (and "database space exceeded", which retrying does not fix, so it ends as Unavailable).
+# (and "database space exceeded", which retrying does not fix, so it ends as Unavailable), except
+# gRPC's refusal of a message above its limit (see above_grpc_limit), which is terminal.
 _RETRYABLE_CODES = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 )
+# etcd's gRPC server takes messages of up to --max-request-bytes plus this (etcd's own
+# grpcOverheadBytes): gRPC refuses a larger one before etcd sees it.
+_ETCD_GRPC_OVERHEAD_BYTES = 512 * 1024
+# That refusal in grpc-go's words: it shares RESOURCE_EXHAUSTED with etcd's retryable answers and
+# carries no structured detail (no trailing metadata), so its sizes are read from the message.
+_GRPC_TOO_LARGE = re.compile(r"grpc: received message (?:after decompression )?larger than max \((\d+) vs\. (\d+)\)")
+# etcd's refusal of a request above its --max-request-bytes (rpctypes.ErrRequestTooLarge): a
+# message, as etcd's own Go client matches it, with no sizes in it.
+_ETCD_TOO_LARGE = "etcdserver: request is too large"
 # An error that comes this late in an attempt (share of its timeout) is the attempt's deadline.
 _DEADLINE_REACHED = 0.9
 # Codes after which a write may or may not have been applied: the request may have reached etcd.
@@ -134,6 +145,18 @@ def grpc_target(endpoints: Sequence[str]) -> str:
     raise ValueError(f"etcd endpoints {list(endpoints)!r}: do not mix IPv4 and IPv6 addresses")
 
 
+def above_grpc_limit(details: str | None) -> kv.TooLarge | None:
+    """The request a RESOURCE_EXHAUSTED with these details refused as above etcd's gRPC message
+    limit, with the cluster's --max-request-bytes behind that limit; None for etcd's own answers
+    with that code ("too many requests", "database space exceeded"), which do not depend on size."""
+    match = _GRPC_TOO_LARGE.fullmatch(details or "")
+    if match is None:
+        return None
+    size, grpc_limit = int(match[1]), int(match[2])
+    # Behind something else than etcd's own server (a proxy), the limit is gRPC's as it stands.
+    return kv.TooLarge(size, grpc_limit - _ETCD_GRPC_OVERHEAD_BYTES if grpc_limit > _ETCD_GRPC_OVERHEAD_BYTES else grpc_limit)
+
+
 class _Create:
     """One caller's create waiting for its group commit."""
 
@@ -210,6 +233,9 @@ class EtcdStore(kv.KVStore):
         self._create_flush_scheduled = False
         self._create_tasks: set[asyncio.Task[None]] = set()
         self._creating: set[str] = set()  # keys of the creates in flight
+        self._limit_reported: int | None = None  # the cluster's request limit, once found below ours
+        self.cluster_id: int | None = None  # the etcd cluster of the first answer: the only one we use
+        self._wrong_cluster: kv.WrongCluster | None = None
 
     @classmethod
     async def open(
@@ -341,8 +367,17 @@ class EtcdStore(kv.KVStore):
         deadline = max(create.deadline for create in batch)
         try:
             response = await self._request(
-                "create", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write
+                "create", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write, txn_request=request
             )
+        except ValueError as refused:  # TooLarge too
+            if len(batch) > 1:
+                # etcd refused the request itself: one create in it, most likely too large for a
+                # cluster that takes less than we were told (etcd_max_request_bytes above its
+                # --max-request-bytes). Each create alone, so that only that one fails.
+                await asyncio.gather(*(self._create_together([create]) for create in batch))
+            elif not batch[0].future.done():
+                batch[0].future.set_exception(refused)
+            return
         except (kv.StoreError, ValueError, asyncio.CancelledError) as error:
             for create in batch:
                 if not create.future.done():
@@ -476,7 +511,7 @@ class EtcdStore(kv.KVStore):
         write = _Write() if operations else None
         while True:
             response = await self._request(
-                "txn", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write
+                "txn", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write, txn_request=request
             )
             if response.succeeded:
                 return response.header.revision
@@ -745,6 +780,7 @@ class EtcdStore(kv.KVStore):
                     response = await call.read()
                     if response is grpc.aio.EOF:
                         break  # etcd ended the stream (shutting down): reconnect
+                    self._check_cluster(response.header.cluster_id)
                     if response.compact_revision:
                         raise kv.Compacted(next_revision, response.compact_revision)
                     if response.canceled:
@@ -829,6 +865,7 @@ class EtcdStore(kv.KVStore):
         deadline: float | None = None,
         write: _Write | None = None,
         sized: bool = False,
+        txn_request: etcdpb.TxnRequest | None = None,
     ) -> _T:
         """``call(timeout)`` until it answers, retrying transient failures until the deadline.
 
@@ -837,7 +874,8 @@ class EtcdStore(kv.KVStore):
         attempt we abandoned is retried at once (it has waited already). ``sized``: the answer
         grows with the data, so attempts are not cut until one answer has been timed. Raises
         Unavailable at the deadline and the mapped typed error for anything not transient; marks
-        ``write`` when an attempt failed in a way that may have applied it.
+        ``write`` when an attempt failed in a way that may have applied it. ``txn_request``: the
+        transaction ``call`` sends, whose size a refusal as too large names.
         """
         self._check_open()
         loop = asyncio.get_running_loop()
@@ -860,8 +898,13 @@ class EtcdStore(kv.KVStore):
                     # etcd answers UNKNOWN ("context deadline exceeded") when the deadline we sent
                     # expires on its side first: it is our deadline, whatever the code says.
                     code = grpc.StatusCode.DEADLINE_EXCEEDED
+                if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    too_large = above_grpc_limit(error.details())
+                    if too_large is not None:
+                        self._report_limit(too_large.limit)
+                        raise too_large from None
                 if code not in _RETRYABLE_CODES:
-                    raise self._store_error(operation, error) from None
+                    raise self._store_error(operation, error, txn_request) from None
                 if write is not None and code in _MAYBE_APPLIED_CODES:
                     write.maybe_applied = True
                 abandoned = code is grpc.StatusCode.DEADLINE_EXCEEDED and timeout < remaining
@@ -881,10 +924,22 @@ class EtcdStore(kv.KVStore):
                 raise
             else:
                 self._timed(operation, loop.time() - sent)
+                self._check_cluster(response.header.cluster_id)  # type: ignore[attr-defined]
                 revision = response.header.revision  # type: ignore[attr-defined]
                 if revision > self._revision_seen:
                     self._revision_seen = revision
                 return response
+
+    def _report_limit(self, limit: int) -> None:
+        """Say once that the cluster takes smaller requests than etcd_max_request_bytes: each write
+        between the two is refused as too large by etcd rather than here, with a clear message."""
+        if limit < self.max_request_bytes and limit != self._limit_reported:
+            self._limit_reported = limit
+            _log.warning(
+                "etcd at %s takes requests of at most %d bytes (its --max-request-bytes), less than the "
+                "%d of etcd_max_request_bytes: set etcd_max_request_bytes to %d",
+                self._endpoints_text(), limit, self.max_request_bytes, limit,
+            )
 
     def _attempt_timeout(self, operation: str, sized: bool) -> float | None:
         """How long the first attempt of ``operation`` may take (None: all the time there is)."""
@@ -910,10 +965,15 @@ class EtcdStore(kv.KVStore):
             f"attempt(s) within {budget:.3g} s: {_describe(error)}.{outcome}"
         )
 
-    def _store_error(self, operation: str, error: grpc.aio.AioRpcError) -> Exception:
+    def _store_error(
+        self, operation: str, error: grpc.aio.AioRpcError, txn_request: etcdpb.TxnRequest | None = None
+    ) -> Exception:
         code = error.code()
         if code == grpc.StatusCode.OUT_OF_RANGE:
             return _OutOfRange(error.details())
+        if code == grpc.StatusCode.INVALID_ARGUMENT and error.details() == _ETCD_TOO_LARGE and txn_request is not None:
+            # Below our limit but above the cluster's: the size is ours to name, the limit etcd's to keep.
+            return kv.TooLargeForCluster(txn_request.ByteSize(), self.max_request_bytes)
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return ValueError(f"etcd rejected {operation}: {error.details()}")
         return kv.StoreError(f"etcd at {self._endpoints_text()} failed {operation}: {_describe(error)}")
@@ -921,6 +981,21 @@ class EtcdStore(kv.KVStore):
     def _check_open(self) -> None:
         if self._closed:
             raise kv.Unavailable("the etcd store is closed")
+        if self._wrong_cluster is not None:
+            raise self._wrong_cluster
+
+    def _check_cluster(self, cluster_id: int) -> None:
+        """Refuse, from now on, every request once an answer comes from another cluster than the
+        first one seen: its data is not ours, and writing there would split the SC's state in two."""
+        if cluster_id == 0:
+            return  # some answers (a lease revoke's) leave the header's cluster id unset: no evidence
+        if self.cluster_id is None:
+            self.cluster_id = cluster_id
+        elif cluster_id != self.cluster_id:
+            if self._wrong_cluster is None:
+                self._wrong_cluster = kv.WrongCluster(self._endpoints_text(), self.cluster_id, cluster_id)
+                _log.error("%s", self._wrong_cluster)
+            raise self._wrong_cluster
 
     def _endpoints_text(self) -> str:
         return ", ".join(self.endpoints)

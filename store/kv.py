@@ -96,6 +96,38 @@ class TooLarge(StoreError, ValueError):
         )
 
 
+class TooLargeForCluster(TooLarge):
+    """A request etcd itself refused as too large although it was within etcd_max_request_bytes: the
+    cluster's --max-request-bytes is lower than the setting (by how much, etcd does not say)."""
+
+    def __init__(self, size: int, configured_limit: int) -> None:
+        self.size = size
+        self.limit = configured_limit
+        StoreError.__init__(
+            self,
+            f"etcd refused a request of {size} bytes as too large: the cluster's --max-request-bytes is below "
+            f"that and below the {configured_limit} bytes of the setting etcd_max_request_bytes; set "
+            "etcd_max_request_bytes to the cluster's --max-request-bytes",
+        )
+
+
+class WrongCluster(StoreError):
+    """The store's endpoint answers for another etcd cluster than the one it first answered for.
+
+    Retry intent: none, for good: the store refuses every request from then on (the operator must
+    point the SC back at its own cluster, or start it afresh on the new one).
+    """
+
+    def __init__(self, endpoints: str, expected: int, found: int) -> None:
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            f"etcd at {endpoints} now answers for cluster {found:x}, not {expected:x} where this SC's state "
+            "is: the SC stops using the store; point it back at its own cluster, or restart it to start "
+            "afresh on this one"
+        )
+
+
 class EventType(enum.Enum):
     PUT = "PUT"
     DELETE = "DELETE"

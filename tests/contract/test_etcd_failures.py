@@ -647,14 +647,141 @@ async def test_supervision_restarts_a_killed_etcd_with_its_data(tmp_path: Path) 
 
 async def test_etcd_refusing_a_request_as_too_large_is_a_terminal_error_at_once(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
     """A store told a larger limit than the cluster's --max-request-bytes (1.5 MiB here) sends the
-    request: etcd answers "request is too large" (INVALID_ARGUMENT), a ValueError at once (a retry
-    until the deadline would end as Unavailable)."""
+    request: etcd answers "request is too large" (INVALID_ARGUMENT), TooLarge at once naming the
+    size sent and the setting to lower (a retry until the deadline would end as Unavailable)."""
     store = await etcd.EtcdStore.open(
         etcd_server.endpoints, prefix="/sc-test/too-large/", request_timeout=REQUEST_TIMEOUT, max_request_bytes=2 * 1024 * 1024
     )
     try:
-        with pytest.raises(ValueError, match="request is too large"):
-            await store.txn([], [kv.Put("topics/big", b"x" * (kv.DEFAULT_MAX_REQUEST_BYTES + 1024))])
+        operations = [kv.Put("topics/big", b"x" * (kv.DEFAULT_MAX_REQUEST_BYTES + 1024))]
+        with pytest.raises(kv.TooLarge) as raised:
+            await store.txn([], operations)
+        size = kv.request_size(store).txn_bytes([], operations)
+        assert (raised.value.size, raised.value.limit) == (size, 2 * 1024 * 1024)
+        assert str(raised.value) == (
+            f"etcd refused a request of {size} bytes as too large: the cluster's --max-request-bytes is below "
+            "that and below the 2097152 bytes of the setting etcd_max_request_bytes; set etcd_max_request_bytes "
+            "to the cluster's --max-request-bytes"
+        )
         assert await store.get("topics/big") is None
     finally:
         await store.close()
+
+
+# etcd's gRPC server takes a message of up to --max-request-bytes plus 512 KiB; above that, gRPC
+# itself refuses it with RESOURCE_EXHAUSTED, the code etcd also uses for "too many requests".
+SMALL_LIMIT = 10_000
+ABOVE_GRPC_LIMIT = SMALL_LIMIT + 512 * 1024 + 1024
+
+
+@pytest.fixture(scope="module")
+def small_etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded_etcd.EmbeddedEtcd]:
+    """An etcd whose --max-request-bytes is 10,000 bytes (its gRPC limit 534,288)."""
+    server = embedded_etcd.EmbeddedEtcd(
+        tmp_path_factory.mktemp("small-etcd"), *embedded_etcd.free_ports(2), extra_args=("--unsafe-no-fsync",), max_request_bytes=SMALL_LIMIT
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.asynccontextmanager
+async def store_told_too_much(server: embedded_etcd.EmbeddedEtcd) -> AsyncIterator[etcd.EtcdStore]:
+    """A store configured with a limit (2 MiB) far above the cluster's: it sends what etcd refuses."""
+    store = await etcd.EtcdStore.open(
+        server.endpoints, prefix=f"/sc-test/{os.urandom(8).hex()}/", request_timeout=REQUEST_TIMEOUT, max_request_bytes=2 * 1024 * 1024
+    )
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def test_a_request_above_etcds_grpc_limit_is_too_large_not_unavailable(small_etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    """RESOURCE_EXHAUSTED from gRPC's message limit never passes with time: TooLarge at once, naming
+    the cluster's real limit (retried until the deadline it was Unavailable, and so was every
+    write batched with it)."""
+    async with store_told_too_much(small_etcd_server) as store:
+        operations = [kv.Put("topics/big", b"x" * ABOVE_GRPC_LIMIT)]
+        with pytest.raises(kv.TooLarge) as raised:
+            await store.txn([], operations)
+        assert (raised.value.size, raised.value.limit) == (kv.request_size(store).txn_bytes([], operations), SMALL_LIMIT)
+        assert "its limit of 10000 bytes" in str(raised.value)
+        assert await store.get("topics/big") is None
+        assert await store.txn([], [kv.Put("topics/small", b"y")]) > 0  # the store still works
+
+
+@pytest.mark.parametrize(
+    ("size", "refusal"),
+    [
+        (ABOVE_GRPC_LIMIT, "its limit of 10000 bytes"),  # gRPC's RESOURCE_EXHAUSTED: TooLarge
+        (2 * SMALL_LIMIT, "etcd refused a request of 20"),  # etcd's INVALID_ARGUMENT: TooLarge too
+    ],
+)
+async def test_a_create_too_large_for_etcd_fails_alone_and_its_batch_is_created(
+    small_etcd_server: embedded_etcd.EmbeddedEtcd, size: int, refusal: str
+) -> None:
+    """Creates made together share one transaction (group commit): the one etcd refuses as too large
+    fails, with TooLarge, and the others are created."""
+    async with store_told_too_much(small_etcd_server) as store:
+        outcomes = await asyncio.gather(
+            store.create("topics/a", b"a"),
+            store.create("topics/big", b"x" * size),
+            store.create("topics/b", b"b"),
+            return_exceptions=True,
+        )
+        assert isinstance(outcomes[1], kv.TooLarge) and refusal in str(outcomes[1]), outcomes
+        assert [isinstance(outcome, int) for outcome in (outcomes[0], outcomes[2])] == [True, True], outcomes
+        listed = await store.list("topics/")
+        assert [(item.key, item.value) for item in listed.items] == [("topics/a", b"a"), ("topics/b", b"b")]
+
+
+@pytest.mark.parametrize(
+    ("details", "expected"),
+    [
+        ("grpc: received message larger than max (600018 vs. 534288)", (600018, SMALL_LIMIT)),
+        ("grpc: received message after decompression larger than max (600018 vs. 534288)", (600018, SMALL_LIMIT)),
+        # etcd's own RESOURCE_EXHAUSTED answers: they pass with time (or do not depend on the size).
+        ("etcdserver: too many requests", None),
+        ("etcdserver: mvcc: database space exceeded", None),
+        ("grpc: received message larger than max", None),
+    ],
+)
+def test_only_grpcs_message_limit_is_read_as_a_request_too_large(details: str, expected: tuple[int, int] | None) -> None:
+    found = etcd.above_grpc_limit(details)
+    assert (None if found is None else (found.size, found.limit)) == expected
+
+
+# ---------------------------------------------------------------------- cluster identity
+
+
+async def test_an_endpoint_answering_for_another_cluster_stops_the_store_for_good(
+    etcd_server: embedded_etcd.EmbeddedEtcd, durable_etcd_server: embedded_etcd.EmbeddedEtcd
+) -> None:
+    """The endpoint now reaches another etcd cluster (an operator pointed it elsewhere, a member
+    replaced by a fresh cluster): every request fails with WrongCluster naming both ids, the store
+    writes nothing there, and it stays stopped even if the first cluster comes back."""
+    async with tcp_proxy.TcpProxy(etcd_server.host, etcd_server.client_port) as proxy:
+        store = await etcd.EtcdStore.open([proxy.endpoint], prefix=f"/sc-test/{os.urandom(8).hex()}/", request_timeout=REQUEST_TIMEOUT)
+        try:
+            await store.txn([], [kv.Put("topics/a", b"a")])
+            first = store.cluster_id
+            assert first
+            proxy.target_port = durable_etcd_server.client_port
+            proxy.sever()
+            with pytest.raises(kv.WrongCluster) as raised:
+                await store.get("topics/a")
+            assert raised.value.expected == first and raised.value.found not in (0, first)
+            assert f"{first:x}" in str(raised.value) and f"{raised.value.found:x}" in str(raised.value)
+            with pytest.raises(kv.WrongCluster):
+                await store.txn([], [kv.Put("topics/b", b"b")])
+            proxy.target_port = etcd_server.client_port
+            proxy.sever()
+            with pytest.raises(kv.WrongCluster):
+                await store.get("topics/a")
+        finally:
+            await store.close()
+    async with store_on(durable_etcd_server.endpoints[0], "/sc-test/") as other:
+        assert (await other.list("")).items == []

@@ -13,11 +13,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog.testing
 
 from connection_manager import health as health_module
 from connection_manager import server as server_module
-from connection_manager import wire
-from store import embedded_etcd, models
+from connection_manager import ratelimit, wire
+from store import embedded_etcd, kv, models, spu_index
 from tests.fixtures.daemon import Running, etcd_settings, running
 from tests.fixtures.scripted_spu import ScriptedSpu
 
@@ -271,6 +272,64 @@ async def test_an_impostor_never_evicts_a_healthy_spu_and_its_reports_change_not
     assert isinstance(await _register_raw(cluster, 0), wire.Accepted)
 
 
+def shared_id_spu(name: str, port: int, rack: str | None = None) -> models.Spu:
+    endpoint = models.Endpoint(host="127.0.0.1", port=port)
+    return models.Spu(name=name, spec=models.SpuSpec(id=7, rack=rack, public_endpoint=endpoint, private_endpoint=endpoint))
+
+
+async def test_of_spus_sharing_an_id_the_one_the_index_names_is_the_one_connected_and_told(cluster: Cluster) -> None:
+    """SPUs written behind the SC's back may share an id: the one the index key names holds it (else
+    the one created first), as for placement. A connection registering as that id is that SPU, and
+    every SPU is told that one's endpoints for the id, whatever the other one does."""
+    store = cluster.sc.kv_store
+    watcher = await cluster.connect(0)
+    first, indexed = shared_id_spu("spu-b", 7001), shared_id_spu("spu-a", 7002)
+
+    def told(spu: ScriptedSpu, name: str) -> bool:
+        return 7 in spu.spus and spu.spus[7].name == name
+
+    await store.create(models.object_key("spus", "spu-b"), models.encode(first))  # alone: it holds 7
+    await watcher.wait_for(lambda: told(watcher, "spu-b"))
+    index = spu_index.index_key(7)
+    await store.txn(
+        [kv.Compare(index, 0)],
+        [kv.Put(models.object_key("spus", "spu-a"), models.encode(indexed)), kv.Put(index, spu_index.encode_holder("spu-a"))],
+    )
+    await watcher.wait_for(lambda: told(watcher, "spu-a"))
+    assert watcher.spus[7].private_endpoint.port == 7002
+
+    spu = await cluster.connect(7)
+    connections = cluster.sc.daemon.connections
+    assert connections is not None and connections.sessions[7].name == "spu-a"
+    await spu.wait_for(lambda: any(isinstance(message, wire.Sync) for message in spu.received))
+    sync = next(message for message in spu.received if isinstance(message, wire.Sync))
+    assert [(info.name, info.private_endpoint.port) for info in sync.spus if info.id == 7] == [("spu-a", 7002)]
+
+    # The other one changes: nobody is told (SPU 8 registered after it shows its change is past).
+    while True:  # the SC writes its status meanwhile
+        current = await store.get(models.object_key("spus", "spu-b"))
+        assert current is not None
+        status = models.decode("spus", current.value).status  # type: ignore[attr-defined]
+        changed = shared_id_spu("spu-b", 7003, rack="r9").model_copy(update={"status": status})
+        with contextlib.suppress(kv.Conflict):
+            await store.update(current.key, models.encode(changed), current.mod_revision)
+            break
+    await cluster.sc.register_spu(8, online=False)
+    await watcher.wait_for(lambda: 8 in watcher.spus and 8 in spu.spus)
+    assert (told(watcher, "spu-a"), told(spu, "spu-a")) == (True, True)
+    assert not [
+        info for message in watcher.received + spu.received if isinstance(message, wire.Update) for info in message.spus
+        if info.name == "spu-b" and info.private_endpoint.port == 7003
+    ]
+
+    # The indexed one goes (with its index key): the other one holds 7 now, and everybody is told.
+    await store.txn([], [kv.Delete(models.object_key("spus", "spu-a")), kv.Delete(index)])
+    await watcher.wait_for(lambda: told(watcher, "spu-b"))
+    await spu.wait_for(lambda: told(spu, "spu-b"))
+    assert watcher.spus[7].private_endpoint.port == spu.spus[7].private_endpoint.port == 7003
+    assert 7 in connections.sessions  # its id is still registered
+
+
 async def test_with_the_token_a_new_connection_replaces_the_old_one_as_a_restart(
     etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path
 ) -> None:
@@ -338,6 +397,31 @@ async def test_a_bad_frame_gets_an_error_and_changes_nothing(cluster: Cluster, f
     await leader.report(("orders-0", 10, 10, {1: 10, 2: 10}))
     await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
     assert await cluster.mod_revision("orders-0") > before
+
+
+async def test_bad_first_frames_from_many_addresses_are_logged_once_with_a_short_excerpt(cluster: Cluster) -> None:
+    """A client may send a bad first frame again and again, from any address, quoting anything: one
+    line per kind of error an interval, whatever the address, quoting at most a short excerpt."""
+    tag = "gossip" * 10_000
+    frame = b'{"type": "' + tag.encode() + b'", "v": 1}'
+    answers = []
+    with structlog.testing.capture_logs() as logged:
+        for address in ("127.0.0.1", "127.0.0.2", "127.0.0.3"):
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(address, 0))) as client:
+                async with client.ws_connect(f"ws://127.0.0.1:{cluster.private_port}{wire.SPU_PATH}") as websocket:
+                    await websocket.send_bytes(frame)
+                    answers.append(wire.parse_sc_message((await websocket.receive(timeout=5)).data))
+    excerpt = ratelimit.excerpt(f"unknown message type {tag!r}", server_module.FRAME_ERROR_CHARS)
+    assert excerpt.endswith(f"... ({len(tag) + 23} characters)") and len(excerpt) < 200
+    lines = [entry for entry in logged if entry["event"] == "bad first frame from an SPU"]
+    assert lines == [
+        {"event": "bad first frame from an SPU", "log_level": "warning", "peer": "127.0.0.1", "code": "unknown-type", "error": excerpt}
+    ]
+    assert answers == [wire.Rejected(code="unknown-type", reason=excerpt)] * 3
+    connections = cluster.sc.daemon.connections
+    assert connections is not None
+    assert connections.stats.frame_errors == {"unknown-type": 3}
+    assert connections.log.suppressed_total == 2  # the next line of this kind will say so
 
 
 async def test_an_oversized_frame_closes_only_that_connection(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:

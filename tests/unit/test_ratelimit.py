@@ -72,3 +72,11 @@ def test_excerpt_quotes_at_most_the_limit_escaped_and_says_how_long_it_was() -> 
     )
     assert ratelimit.excerpt("naïve\r\nX-Injected: 1", limit=12) == "'na\\xefve\\r\\nX-Inj'... (20 characters)"
     assert len(ratelimit.excerpt(b"Z" * (1 << 20))) == len("b''... (1048576 bytes)") + ratelimit.EXCERPT_BYTES
+
+
+def test_a_message_is_clipped_only_when_long_or_unprintable() -> None:
+    assert ratelimit.clipped("unknown message type 'gossip'") == "unknown message type 'gossip'"
+    assert ratelimit.clipped("x" * 64) == "x" * 64
+    assert ratelimit.clipped("x" * 65) == "'" + "x" * 64 + "'... (65 characters)"
+    assert ratelimit.clipped("a\nb") == "'a\\nb'"
+    assert ratelimit.clipped("y" * 100, limit=10) == "'yyyyyyyyyy'... (100 characters)"

@@ -1,13 +1,19 @@
 """The listening ports' policy (connection_manager/transport.py): limits derived from the open-file
-limit, per-address slots, the buffered-bytes budget, the collection after abandoned requests, and
-the open-file limit raised to the hard limit (in a subprocess: it is process-wide)."""
+limit, per-address slots, the buffered-bytes budget, the collection after abandoned requests, the
+open-file limit raised to the hard limit (in a subprocess: it is process-wide), and the listen
+backlog and accept loop (real sockets on 127.0.0.1)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -148,3 +154,85 @@ async def test_garbage_left_within_the_interval_is_collected_when_it_ends_withou
     assert trimmed == [2]  # ...but once it has passed, with nothing else happening
     await asyncio.sleep(transport.COLLECT_INTERVAL)
     assert port.stats.collections == 2  # and only once
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [(b"4096\n", 4096), (b"65535\n", 65535), (b"128\n", 128), (b"", transport.FALLBACK_BACKLOG), (b"-1\n", transport.FALLBACK_BACKLOG),
+     (b"lots\n", transport.FALLBACK_BACKLOG), (b"99999999999999999999\n", transport.FALLBACK_BACKLOG), (None, transport.FALLBACK_BACKLOG)],
+)
+def test_the_listen_backlog_is_the_systems_largest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, content: bytes | None, expected: int
+) -> None:
+    somaxconn = tmp_path / "somaxconn"
+    if content is not None:
+        somaxconn.write_bytes(content)
+    monkeypatch.setattr(transport, "SOMAXCONN_PATH", str(somaxconn))
+    assert transport.listen_backlog() == expected
+
+
+# More than the backlog the ports had (1,024), and few enough descriptors for a default limit of 4,096.
+BURST = 1500
+
+
+def tcp_state(sock: socket.socket) -> int:
+    """The kernel's TCP state of ``sock`` (Linux's struct tcp_info starts with it: 1 established, 2 SYN sent)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+
+@contextlib.contextmanager
+def connecting(port_number: int, count: int) -> Iterator[list[socket.socket]]:
+    """``count`` non-blocking connects to 127.0.0.1:``port_number``; closed at the end."""
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            client = socket.socket()
+            clients.append(client)
+            client.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                client.connect(("127.0.0.1", port_number))
+        yield clients
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the TCP state from Linux's TCP_INFO")
+async def test_a_burst_of_connections_waits_in_the_listen_queue_instead_of_being_dropped() -> None:
+    """The kernel queues as many connections as somaxconn allows before the loop accepts any: a
+    connection it cannot queue has its SYN dropped, and its client waits a second to send it again."""
+    soft_limit = transport.file_limit()
+    if soft_limit < BURST + 256:
+        pytest.skip(f"needs {BURST + 256} open files, the limit is {soft_limit}")
+    port = transport.Port(transport.PUBLIC, transport.Limits(connections=BURST, per_address=BURST))
+    listener = await transport.Listener.open(port, "127.0.0.1", 0, lambda first: None)
+    try:
+        assert listener.backlog == transport.listen_backlog()
+        queued = min(BURST, listener.backlog + 1)  # Linux queues one more than the backlog
+        # No await from here on: the loop accepts nothing meanwhile, the kernel's queue holds them.
+        with connecting(listener.sockets[0].getsockname()[1], BURST) as clients:
+            deadline = time.monotonic() + 5.0  # loopback connects complete at once; a dropped SYN waits 1 s, 3 s
+            while (established := sum(tcp_state(client) == 1 for client in clients)) < queued and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert established == queued
+    finally:
+        listener.close()
+        await listener.wait_closed()
+
+
+@pytest.mark.parametrize(("waiting", "limit", "taken"), [(300, 1000, 300), (30, 5, 5)])
+async def test_one_wake_up_accepts_every_connection_waiting_up_to_the_ports_limit(waiting: int, limit: int, taken: int) -> None:
+    """A connection behind a burst is accepted at the next turn of the loop, not after the burst's
+    size in turns; and no more than the port holds, which would evict those just accepted."""
+    port = transport.Port(transport.PUBLIC, transport.Limits(connections=limit, per_address=limit))
+    listener = await transport.Listener.open(port, "127.0.0.1", 0, lambda first: None)
+    try:
+        with connecting(listener.sockets[0].getsockname()[1], waiting):
+            # The listener's wake-up runs once per turn, after this task's: at the first turn this
+            # task sees anything open, exactly one wake-up has run.
+            for _ in range(100):
+                if port.stats.open:
+                    break
+                await asyncio.sleep(0)
+            assert (port.stats.open, port.stats.refused[transport.EVICTED]) == (taken, 0)
+    finally:
+        listener.close()
+        await listener.wait_closed()
