@@ -246,7 +246,7 @@ class _Sources:
         if problem["type"] == "extra_forbidden":
             return (
                 f"{name} (in {self.config_file}) = {_shown(problem['input'])}: is not a setting "
-                "(see the configuration reference in README.md)"
+                "(see the configuration reference in docs/configuration.md)"
             )
         template = _MUST_BE.get(problem["type"])
         bounds = {key: f"{value:g}" if isinstance(value, float) else value for key, value in problem.get("ctx", {}).items()}

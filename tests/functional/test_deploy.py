@@ -408,7 +408,7 @@ def test_systemd_bad_config_exits_with_the_status_the_unit_does_not_restart(tmp_
     assert finished.returncode == 2
     assert finished.stderr == (
         f"error: invalid configuration: public_prot (in {tmp_path / 'sc.toml'}) = 9003: is not a setting "
-        "(see the configuration reference in README.md)\n"
+        "(see the configuration reference in docs/configuration.md)\n"
     )
 
 

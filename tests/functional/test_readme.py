@@ -1,5 +1,6 @@
-"""README.md is tested: its shell blocks run as written (markers say how), outputs are compared, and the
-configuration table is checked against controller/config.py and `sc run`'s flags."""
+"""README.md and docs/*.md are tested: their shell blocks run as written (markers say how), outputs are
+compared, the configuration table is checked against controller/config.py and `sc run`'s flags, and every
+relative link resolves."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 import signal
 import subprocess
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -28,6 +30,12 @@ from store import embedded_etcd
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+CONFIGURATION = DOCS / "configuration.md"
+OPERATIONS = DOCS / "operations.md"
+DEVELOPMENT = DOCS / "development.md"
+# The README is the front page: what it is, the quickstart, concepts, the tour, the layout, links.
+README_MAX_BYTES = 12 * 1024
 
 MARKER = re.compile(r"^<!-- test: (?P<kind>[a-z-]+)(?P<argument>.*?) -->$")
 FENCE = re.compile(r"^```[a-z]*\s*$")  # an opening fence: three backticks and a language, alone on the line
@@ -45,12 +53,22 @@ class Block:
     marker: str | None = None
     argument: str = ""
     expected: Block | None = None  # for a run block: the output block that follows it
+    document: str = "README.md"  # relative to the repository root
 
     def where(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.document}:{self.line}"
 
 
-def parse(text: str) -> list[Block]:
+def documents() -> list[Path]:
+    """README.md first (its tour starts the SC), then docs/*.md by name: their blocks run in this order."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def all_blocks() -> list[Block]:
+    return [block for path in documents() for block in parse(path.read_text(), str(path.relative_to(ROOT)))]
+
+
+def parse(text: str, document: str = "README.md") -> list[Block]:
     """Every fenced block, with the `<!-- test: ... -->` comment right before it (blank lines allowed)."""
     blocks: list[Block] = []
     pending: tuple[str, str] | None = None
@@ -69,7 +87,7 @@ def parse(text: str) -> list[Block]:
                 body.append(lines[index])
                 index += 1
             kind, argument = pending if pending is not None else (None, "")
-            blocks.append(Block(index - len(body), language, "\n".join(body) + "\n", kind, argument))
+            blocks.append(Block(index - len(body), language, "\n".join(body) + "\n", kind, argument, document=document))
             pending = None
         elif line.strip():
             pending = None  # a marker applies only to the block right after it
@@ -134,14 +152,14 @@ def _lines(text: str) -> list[str]:
 
 
 def test_every_shell_block_is_marked_and_every_skip_says_why() -> None:
-    blocks = shell_blocks(parse(README.read_text()))
+    blocks = shell_blocks(all_blocks())
     assert len(blocks) >= 10
     for block in blocks:
         if block.marker == "skip":
             assert len(block.argument.split()) >= 4, f"{block.where()}: say why the block is not run"
         if block.marker == "run":
             expected_status(block)
-    assert [block.marker for block in blocks].count("daemon") == 1
+    assert [(block.document, block.marker) for block in blocks if block.marker == "daemon"] == [("README.md", "daemon")]
 
 
 def test_the_markers_catch_an_unmarked_block_and_a_stray_output() -> None:
@@ -176,6 +194,77 @@ def test_the_quickstart_is_exactly_the_demo_and_the_test_suite_that_ci_runs() ->
     assert (ROOT / ".ci" / "run").read_text().rstrip().splitlines()[-1] == "exec scripts/test"
 
 
+def test_the_readme_fits_on_a_few_screens() -> None:
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, (
+        f"README.md is {size} bytes, above {README_MAX_BYTES}: move the reference into docs/ and link it"
+    )
+
+
+LINK = re.compile(r"\[[^\]]*\]\((?P<target>[^)\s]+)\)")
+FENCED = re.compile(r"^```.*?^```[ \t]*$", re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+HEADING = re.compile(r"^#{1,6} (?P<title>.+?)\s*#*\s*$", re.MULTILINE)
+
+
+def _prose(text: str) -> str:
+    """The text without code: a bracket in a JSON example or a shell block is no link, a `# comment` no heading."""
+    return CODE_SPAN.sub("", FENCED.sub("", text))
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, punctuation dropped, spaces to
+    hyphens, and a repeated one numbered (-1, -2, ...)."""
+    seen: dict[str, int] = {}
+    result = set()
+    for heading in HEADING.finditer(FENCED.sub("", text)):
+        slug = re.sub(r"[^\w\- ]", "", heading["title"].replace("`", "").lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        result.add(slug if count == 0 else f"{slug}-{count}")
+    return result
+
+
+def broken_links(path: Path) -> list[str]:
+    """Each relative link of a Markdown file whose file, or heading anchor, does not exist."""
+    broken = []
+    for link in LINK.finditer(_prose(path.read_text())):
+        target = link["target"]
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto: ... are not ours to check
+            continue
+        file_part, _, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve() if file_part else path
+        if not linked.exists():
+            broken.append(f"{target}: no file {linked}")
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked.read_text()):
+            broken.append(f"{target}: {linked.name} has no heading with anchor #{anchor}")
+    return broken
+
+
+def test_every_relative_link_of_the_readme_and_the_docs_resolves_to_a_file_and_heading() -> None:
+    checked = [*documents(), ROOT / "CHANGELOG.md"]
+    found = {str(path.relative_to(ROOT)): broken_links(path) for path in checked}
+    assert {name: links for name, links in found.items() if links} == {}
+    assert sum(len(LINK.findall(_prose(path.read_text()))) for path in checked) >= 50
+
+
+def test_the_link_check_catches_a_missing_file_and_a_missing_anchor(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# Other\n\n## Pages and `limits`: two\n\n## Pages\n\n## Pages\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Title\n\n```sh\n# not a heading\necho [x](gone.md)\n```\n"
+        "[a](other.md#pages-and-limits-two) [b](other.md#pages-1) [`c`](other.md#pages) [d](#title) [e](https://x.org/y)\n"
+        "[f](gone.md) [g](other.md#gone) [h](#not-a-heading) `[i](in-code.md)` [j](other.md#pages-2)\n"
+    )
+    assert anchors(page.read_text()) == {"title"}
+    assert broken_links(page) == [
+        f"gone.md: no file {tmp_path / 'gone.md'}",
+        "other.md#gone: other.md has no heading with anchor #gone",
+        "#not-a-heading: page.md has no heading with anchor #not-a-heading",
+        "other.md#pages-2: other.md has no heading with anchor #pages-2",
+    ]
+
+
 def _run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sc")
     run_cli.register(parser.add_subparsers())
@@ -197,7 +286,7 @@ def _shown_default(value: Any) -> str:
 
 
 def _configuration_table() -> list[list[str]]:
-    section = README.read_text().split("<!-- config-table: begin -->\n", 1)[1].split("<!-- config-table: end -->", 1)[0]
+    section = CONFIGURATION.read_text().split("<!-- config-table: begin -->\n", 1)[1].split("<!-- config-table: end -->", 1)[0]
     rows = [line.strip().strip("|").split("|") for line in section.strip().splitlines()[2:]]
     return [[cell.strip().strip("`") for cell in row] for row in rows]
 
@@ -209,10 +298,25 @@ def test_the_configuration_table_lists_every_setting_with_its_flag_variable_and_
         default = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
         wanted.append([name, flags.get(name, "(none)"), f"SC_{name.upper()}", _shown_default(default)])
     table = _configuration_table()
-    assert [row[:4] for row in table] == wanted, "README's configuration table differs from controller/config.py"
+    assert [row[:4] for row in table] == wanted, "docs/configuration.md's table differs from controller/config.py"
     assert all(row[4] for row in table), "every setting says what it means"
     # Every flag of `sc run` is a setting, except --config (the file) and --help.
     assert set(flags) - set(config.Settings.model_fields) == {"help", "config"}
+
+
+def _dependencies_named() -> set[str]:
+    """The first column of "Dependencies and why": `pyspark, pyarrow, matplotlib (`audit` extra)` names three."""
+    section = DEVELOPMENT.read_text().split("\n## Dependencies and why\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip().strip("|").split("|")[0] for line in section.strip().splitlines()[2:]]
+    cells = [re.sub(r"\(.*?\)", "", row) for row in rows]
+    return {name.split()[0].lower() for cell in cells for name in cell.split(",") if name.strip()}
+
+
+def test_the_dependencies_table_says_why_for_every_declared_dependency() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *(req for extra in project["optional-dependencies"].values() for req in extra)]
+    declared = {re.match(r"[A-Za-z0-9_.-]+", requirement)[0].lower() for requirement in requirements}  # type: ignore[index]
+    assert declared - _dependencies_named() == set(), "add a row to docs/development.md's Dependencies and why"
 
 
 # ---------------------------------------------------------------------------- running the blocks
@@ -303,7 +407,7 @@ def session(tmp_path: Path) -> Iterator[Session]:
 @pytest.mark.timeout(900)
 def test_the_readme_commands_run_as_written_and_print_what_it_shows(session: Session) -> None:
     ran = 0
-    for block in shell_blocks(parse(README.read_text())):
+    for block in shell_blocks(all_blocks()):
         if block.marker == "daemon":
             session.start_daemon(block)
         elif block.marker == "run":
@@ -313,17 +417,17 @@ def test_the_readme_commands_run_as_written_and_print_what_it_shows(session: Ses
             ran += 1
     assert ran >= 10
     assert session.daemon is not None and session.daemon.poll() is None, session.daemon_log()
-    # Every metric the Observability section names is served by the tour's SC.
+    # Every metric the Metrics section names is served by the tour's SC.
     with urllib.request.urlopen(session.env["SC_ADDR"] + "/metrics", timeout=10) as response:
         served = set()
         for family in parser.text_string_to_metric_families(response.read().decode()):
             served |= {family.name, *(sample.name for sample in family.samples)}
             if family.type == "counter":  # a labelled counter with no child yet has no sample
                 served.add(f"{family.name}_total")
-    named = set(re.findall(r"`(sc_[a-z_]+)", observability_section()))
+    named = set(re.findall(r"`(sc_[a-z_]+)", metrics_section()))
     assert len(named) >= 20
     assert named - served == set()
 
 
-def observability_section() -> str:
-    return README.read_text().split("\n## Observability\n", 1)[1].split("\n## ", 1)[0]
+def metrics_section() -> str:
+    return OPERATIONS.read_text().split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]

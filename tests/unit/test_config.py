@@ -57,7 +57,7 @@ FIVE_THOUSAND_DIGITS = "9" * 5000
                 "private_port (--private-port) = -1: must be at least 0",
                 "resync_interval (SC_RESYNC_INTERVAL) = abc: must be a number",
                 "log_level (log_level in {file}) = [1]: must be a string",
-                "bogus (in {file}) = 1: is not a setting (see the configuration reference in README.md)",
+                "bogus (in {file}) = 1: is not a setting (see the configuration reference in docs/configuration.md)",
             ],
         ),
         # The environment is above the file: the value that counts, and its source, are the variable's.
