@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import json
 import socket
 import ssl
@@ -16,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from connection_manager import tls
+from connection_manager import health as health_module, tls
 from connection_manager.spu import settings as spu_settings
 from connection_manager.spu.simulator import SimulatedSpu
 from controller import config
@@ -352,3 +353,41 @@ async def test_the_cli_calls_a_tls_port_with_a_token(ca: Authority, tmp_path: Pa
         assert "this SC requires a credential" in capsys.readouterr().err
         assert await asyncio.to_thread(cli.main, ["spu", "list", "--sc", url, "--token", READER_TOKEN]) == 1
         assert "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- the real fluvio client
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fluvio") is None, reason="the fluvio client is not installed (dev extra)")
+async def test_the_fluvio_client_lists_and_creates_topics_over_mutual_tls(ca: Authority, tmp_path: Path) -> None:
+    from tests.functional.test_fluvio_client import run_client
+
+    server = ca.server()
+    admin_pair, reader_pair = ca.issue("fluvio-admin"), ca.issue("fluvio-reader")
+    settings = settings_for(
+        tls_cert=server.cert, tls_key=server.key, tls_client_ca=ca.path,
+        auth_tokens=tokens_file(tmp_path, "ops admin cert:fluvio-admin", "viewer read cert:fluvio-reader"),
+    )  # fmt: skip
+    async with running(settings) as sc:
+        spu = {"name": "spu-1", "spec": {"id": 1, "publicEndpoint": {"host": "127.0.0.1", "port": 9005},
+                                         "privateEndpoint": {"host": "127.0.0.1", "port": 9006}}}  # fmt: skip
+        assert (await call(sc, "POST", "/v1/spus", context=client_tls(ca), token=ADMIN_TOKEN, body=spu))[0] == 201
+        assert sc.daemon.pipeline is not None
+        sc.daemon.pipeline.health.set(1, health_module.Health.ONLINE, asyncio.get_running_loop().time())
+
+        def script(pair: Pair) -> str:
+            return f"""
+            config.set_tls_file_paths("localhost", {str(pair.key)!r}, {str(pair.cert)!r}, {str(ca.path)!r})
+            admin = fluvio.FluvioAdmin.connect_with_config(config)
+            emit("created", error_text(admin.create_topic, "tls-topic"))
+            emit("topics", sorted(topic.name() for topic in admin.list_topics([])))
+            """
+
+        as_admin = await run_client(sc, script(admin_pair))
+        assert as_admin == {"created": None, "topics": ["tls-topic"], "done": True}
+        as_reader = await run_client(sc, script(reader_pair).replace('"tls-topic"', '"other-topic"'))
+        assert as_reader["topics"] == ["tls-topic"]
+        assert as_reader["created"] == (
+            "CN=fluvio-reader has role read, and this request needs admin on topic 'other-topic'; ask for an admin credential"
+        ), as_reader
+        assert await sc.read("topics", "other-topic") is None
