@@ -20,7 +20,7 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from connection_manager import health as health_module
-from connection_manager import lrs, ratelimit, transport, wire
+from connection_manager import lrs, ratelimit, tls, transport, wire
 from store import local, models, spu_index
 from store import supervisor as supervisor_module
 
@@ -149,6 +149,11 @@ class RefusalLog:
         return suppressed
 
 
+def spu_identity(spu_id: int) -> str:
+    """The name an SPU's client certificate carries (CN or DNS SAN) under mutual TLS."""
+    return f"spu-{spu_id}"
+
+
 def is_loopback(peer: str | None) -> bool:
     """A peer address on this host (127.0.0.0/8, ::1, or IPv4 loopback mapped into IPv6)."""
     if peer is None:
@@ -175,13 +180,16 @@ class ConnectionManager:
         on_live_change: Callable[[set[str]], None] = lambda names: None,
         supervisor: supervisor_module.Supervisor | None = None,
         listener: transport.Port | None = None,
+        certificate_identity: bool = False,
     ) -> None:
         self.local_store = local_store
         self.health = health
         self.live = live
         self.token = token
-        # Without a token, anyone who reaches the port could be any SPU: only this host may.
-        self.allow_remote = token is not None or allow_remote_without_token
+        # Under mutual TLS each SPU's client certificate names it (CN or DNS SAN spu-<id>).
+        self.certificate_identity = certificate_identity
+        # Without a token or certificates, anyone who reaches the port could be any SPU: only this host may.
+        self.allow_remote = token is not None or certificate_identity or allow_remote_without_token
         self.heartbeat_timeout = heartbeat_timeout
         self.max_frame_bytes = max_frame_bytes
         self.on_live_change = on_live_change
@@ -204,17 +212,19 @@ class ConnectionManager:
         app.router.add_get(wire.SPU_PATH, self._handle)
         return app
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, tls_context: transport.TlsContext | None = None) -> None:
         self._runner = web.AppRunner(self.build_app(), access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
-        site = transport.GuardedSite(self._runner, host, port, self.listener)
+        site = transport.GuardedSite(self._runner, host, port, self.listener, tls=tls_context)
         await site.start()
         self.port = next(
             (int(address[1]) for address in self._runner.addresses if isinstance(address, tuple)), port
         )
         self._pusher = self.supervisor.spawn("cm-pusher", self._push_changes)
         log.info("connection manager listening", host=host, port=self.port)
-        if self.token is None and not self.allow_remote:
+        if self.certificate_identity:
+            log.info("SPUs prove who they are with client certificates naming spu-<id>", port=self.port)
+        elif self.token is None and not self.allow_remote:
             log.warning(
                 "no SPU token is configured: the private port accepts SPUs from this host (loopback) only; "
                 "to accept SPUs from other hosts, give every SPU a shared token (spu_token_file, "
@@ -256,7 +266,7 @@ class ConnectionManager:
         if register is None:
             return websocket
         spu_id = register.spu_id
-        refusal = self._refusal(register)
+        refusal = self._identity_refusal(spu_id, tls.peercert_of(request.transport)) or self._refusal(register)
         if refusal is not None:
             await self._refuse(websocket, peer, spu_id, *refusal)
             return websocket
@@ -346,6 +356,20 @@ class ConnectionManager:
     def _holders(self) -> dict[int, local.Entry]:
         return spu_index.holders(self.local_store["spus"].view, self.local_store.meta.values.get)
 
+    def _identity_refusal(self, spu_id: int, peercert: dict[str, object] | None) -> tuple[str, str] | None:
+        """(code, reason) when mutual TLS is on and the client certificate does not name SPU ``spu_id``."""
+        if not self.certificate_identity:
+            return None
+        common_name, dns_names = tls.peer_names(peercert)
+        expected = spu_identity(spu_id)
+        if expected == common_name or expected in dns_names:
+            return None
+        named = ", ".join(dict.fromkeys(name for name in (common_name, *dns_names) if name)) or "no name"
+        return "wrong-identity", (
+            f"the client certificate names {named}, not {expected}: SPU {spu_id} must present a certificate "
+            f"whose CN or a DNS SAN is {expected}"
+        )
+
     def _refusal(self, register: wire.Register) -> tuple[str, str] | None:
         """(code, reason) when the Register is refused.
 
@@ -363,7 +387,8 @@ class ConnectionManager:
                 "(`sc spu register` or an SPU group)"
             )
         current = self.sessions.get(spu_id)
-        if self.token is None and current is not None and current.healthy(asyncio.get_running_loop().time(), self.heartbeat_timeout):
+        proven = self.token is not None or self.certificate_identity
+        if not proven and current is not None and current.healthy(asyncio.get_running_loop().time(), self.heartbeat_timeout):
             return "already-connected", (
                 f"SPU {spu_id} is connected and healthy on another connection; a new connection may take over "
                 f"only once that one has been silent for {self.heartbeat_timeout:g} s (or with the SPU token, "

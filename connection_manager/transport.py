@@ -20,6 +20,7 @@ import os
 import re
 import resource
 import socket
+import ssl
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -481,14 +482,27 @@ def guard_of(transport: asyncio.BaseTransport | None) -> Guard | None:
     return protocol if isinstance(protocol, Guard) else None
 
 
+# The TLS context for a new connection (connection_manager/tls.py): asked at each accept, so that a
+# reloaded certificate serves the next handshake.
+TlsContext = Callable[[], ssl.SSLContext]
+
+
 class Listener(asyncio.AbstractServer):
     """Accepts connections on its sockets itself, so that a full port refuses them at once without
-    a log line each, and a failing accept() pauses accepting for a growing time instead of spinning."""
+    a log line each, and a failing accept() pauses accepting for a growing time instead of spinning.
+    With ``tls``, each connection's handshake comes first (within the header timeout), and its guard
+    sees the decrypted bytes."""
 
     def __init__(
-        self, port: Port, sockets: list[socket.socket], choose: Callable[[bytes], asyncio.Protocol | None], backlog: int
+        self,
+        port: Port,
+        sockets: list[socket.socket],
+        choose: Callable[[bytes], asyncio.Protocol | None],
+        backlog: int,
+        tls: TlsContext | None = None,
     ) -> None:
         self.port = port
+        self.tls = tls
         self._sockets = sockets
         self._choose = choose
         self.backlog = backlog
@@ -506,6 +520,7 @@ class Listener(asyncio.AbstractServer):
         host: str | None,
         port_number: int,
         choose: Callable[[bytes], asyncio.Protocol | None],
+        tls: TlsContext | None = None,
     ) -> Listener:
         loop = asyncio.get_running_loop()
         addresses = await loop.getaddrinfo(host or None, port_number, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -525,7 +540,7 @@ class Listener(asyncio.AbstractServer):
             for sock in sockets:
                 sock.close()
             raise
-        listener = cls(port, sockets, choose, backlog)
+        listener = cls(port, sockets, choose, backlog, tls)
         await listener.start_serving()
         return listener
 
@@ -605,8 +620,14 @@ class Listener(asyncio.AbstractServer):
             task.add_done_callback(lambda task, connection=connection, guard=guard: self._connected(task, connection, guard))
 
     async def _connect(self, connection: socket.socket, guard: Guard) -> None:
-        with contextlib.suppress(OSError):  # the client is gone already
-            await self._loop.connect_accepted_socket(lambda: guard, sock=connection)
+        # OSError: the client is gone already, or its handshake failed (ssl.SSLError, a timeout).
+        with contextlib.suppress(OSError):
+            if self.tls is None:
+                await self._loop.connect_accepted_socket(lambda: guard, sock=connection)
+            else:
+                await self._loop.connect_accepted_socket(
+                    lambda: guard, sock=connection, ssl=self.tls(), ssl_handshake_timeout=self.port.timeouts.header
+                )
 
     def _connected(self, task: asyncio.Task[None], connection: socket.socket, guard: Guard) -> None:
         self._connecting.discard(task)
@@ -704,7 +725,7 @@ class GuardedSite(web.BaseSite):
     must have ``middleware``. ``other`` may claim a connection by its first bytes for another
     protocol (Fluvio's, on the public port); the rest is HTTP."""
 
-    __slots__ = ("_host", "_port_number", "_policy", "_other")
+    __slots__ = ("_host", "_port_number", "_policy", "_other", "_tls")
 
     def __init__(
         self,
@@ -713,16 +734,18 @@ class GuardedSite(web.BaseSite):
         port_number: int,
         policy: Port,
         other: Callable[[bytes], asyncio.Protocol | None] = lambda first: None,
+        tls: TlsContext | None = None,
     ) -> None:
         super().__init__(runner)
         self._host = host
         self._port_number = port_number
         self._policy = policy
         self._other = other
+        self._tls = tls
 
     @property
     def name(self) -> str:
-        return f"http://{self._host or '0.0.0.0'}:{self.port}"
+        return f"{'https' if self._tls else 'http'}://{self._host or '0.0.0.0'}:{self.port}"
 
     @property
     def port(self) -> int:
@@ -744,4 +767,4 @@ class GuardedSite(web.BaseSite):
                 return claimed
             return HttpHandler(server, timeouts) if _METHOD.match(first, 0, MAX_METHOD_BYTES + 1) else None
 
-        self._server = await Listener.open(self._policy, self._host, self._port_number, choose)
+        self._server = await Listener.open(self._policy, self._host, self._port_number, choose, tls=self._tls)

@@ -42,7 +42,8 @@ Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SC_", extra="forbid", frozen=True)
 
-    bind_host: str = "0.0.0.0"
+    # None: all interfaces (0.0.0.0), except the public port without credentials: loopback (public_bind).
+    bind_host: str | None = None
     public_port: Port = 9003
     private_port: Port = 9004
     store: StoreKind = StoreKind.ETCD
@@ -71,6 +72,16 @@ class Settings(BaseSettings):
     # Without a token the private port accepts SPUs from loopback only, unless this says otherwise.
     spu_allow_remote_without_token: bool = False
     spu_max_frame_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    # TLS on both ports (PEM files, reloaded when they change or on SIGHUP; connection_manager/tls.py).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # Client certificates signed by this CA: required of SPUs on the private port (CN or DNS SAN
+    # spu-<id>), optional on the public port, where a mapped one is a credential.
+    tls_client_ca: Path | None = None
+    # Credentials of the public port: lines NAME ROLE TOKEN or NAME ROLE cert:CN (controller/api/auth.py).
+    auth_tokens: Path | None = None
+    # Without any credential the public port listens on loopback only, unless this says otherwise.
+    public_bind_without_auth: bool = False
     # Slow or silent clients on both ports (connection_manager/transport.py).
     client_header_timeout: Seconds = 10.0
     client_body_timeout: Seconds = 30.0
@@ -101,6 +112,20 @@ class Settings(BaseSettings):
     # NoDecode: SC_PLACEMENT_PLUGINS is written like the flags (NAME=module:Class,...), not as JSON.
     placement_plugins: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
     placement_entry_points: bool = False
+
+    @pydantic.model_validator(mode="after")
+    def _tls_pairs(self) -> Settings:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, missing = ("tls_cert", "tls_key") if self.tls_key is None else ("tls_key", "tls_cert")
+            raise ValueError(f"{given} is set but {missing} is not: TLS needs both the certificate and its key")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError("tls_client_ca is set without tls_cert and tls_key: client certificates need TLS")
+        return self
+
+    @property
+    def has_credentials(self) -> bool:
+        """Whether the public port can tell who calls it (a tokens file, or client certificates)."""
+        return self.auth_tokens is not None or self.tls_client_ca is not None
 
     @pydantic.field_validator("etcd_endpoints", mode="before")
     @classmethod
@@ -153,6 +178,32 @@ class Settings(BaseSettings):
         if not prefix.startswith("/") or not prefix.endswith("/"):
             raise ValueError(f"key prefix {prefix!r} must start and end with '/', like /sc/")
         return prefix
+
+
+LOOPBACK = "127.0.0.1"
+ALL_INTERFACES = "0.0.0.0"
+
+
+def public_bind(settings: Settings) -> tuple[str, str | None]:
+    """The address the public port binds to, and why it is loopback when it is held there (None when
+    it is not): without a credential, anyone who reaches the port may change everything."""
+    wanted = settings.bind_host or ALL_INTERFACES
+    if settings.has_credentials or settings.public_bind_without_auth or _is_loopback_host(wanted):
+        return wanted, None
+    return LOOPBACK, (
+        f"no credential is configured, so the public port listens on {LOOPBACK} only (not {wanted}); "
+        "to accept clients from other hosts set auth_tokens (--auth-tokens) or tls_client_ca "
+        "(--tls-client-ca), or set public_bind_without_auth = true to serve everyone unauthenticated"
+    )
+
+
+def private_bind(settings: Settings) -> str:
+    """The private port's address: SPUs prove themselves there (token, certificate, else loopback only)."""
+    return settings.bind_host or ALL_INTERFACES
+
+
+def _is_loopback_host(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 def read_token(path: Path | None) -> str | None:

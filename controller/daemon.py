@@ -16,12 +16,12 @@ from aiohttp import web
 from connection_manager import health as health_module
 from connection_manager import lrs
 from connection_manager import server as cm_server
-from connection_manager import transport
+from connection_manager import tls, transport
 from controller import config, context as context_module, metrics, placement_plugins
-from controller.api import routes as api
+from controller.api import auth, routes as api
 from controller.pipeline import pipeline
 from controller.api.fluvio import listener as fluvio_listener, server as fluvio_server
-from store import active_sc, embedded_etcd, etcd, history, kv, local, memory
+from store import active_sc, attribution, embedded_etcd, etcd, history, kv, local, memory
 from store import supervisor as supervisor_module
 
 log = structlog.get_logger(__name__)
@@ -51,6 +51,9 @@ class Daemon:
         self._etcd_supervision: asyncio.Task[None] | None = None
         self.active: active_sc.ActiveSc | None = None
         self._keeper: asyncio.Task[None] | None = None
+        # Both ports' TLS contexts (None: plaintext), reloaded on SIGHUP and when the files change.
+        self.tls: tls.Contexts | None = None
+        self._tls_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         try:
@@ -58,12 +61,17 @@ class Daemon:
             placers = placement_plugins.load(self.settings.placement_plugins, self.settings.placement_entry_points)
             if placers:
                 log.info("placement plug-ins loaded", plugins=sorted(placers))
+            # Then the certificates and credentials: files that do not load stop the SC before it binds.
+            authenticator = self._open_security()
             # The history next: a second SC on the same data dir is refused before it starts anything.
             await self._open_history()
             raw_store = await self._open_store()
             self.active = active_sc.ActiveSc(raw_store, self.settings.active_sc_lease_ttl)
             # Everything but the claim itself writes through the guard: nothing while not active.
-            kv_store = active_sc.GuardedStore(raw_store, self.active)
+            kv_store: kv.KVStore = active_sc.GuardedStore(raw_store, self.active)
+            if self.history is not None:
+                # The API's writes carry who asked for them into the history.
+                kv_store = attribution.AttributedStore(kv_store, self.history)
             loop = asyncio.get_running_loop()
             self.context = context_module.Context(
                 settings=self.settings,
@@ -74,6 +82,7 @@ class Daemon:
                 supervisor=self.supervisor,
                 active=self.active,
                 placers=placers,
+                authenticator=authenticator,
             )
             self.context.metrics.watch_local_store(self.context.local_store)
             self.context.metrics.watch_tasks(self.context.supervisor)
@@ -92,6 +101,7 @@ class Daemon:
                 max_frame_bytes=self.settings.spu_max_frame_bytes,
                 supervisor=self.context.supervisor,
                 listener=private,
+                certificate_identity=self.settings.tls_client_ca is not None,
             )
             self.context.connections = self.connections
             self.context.metrics.watch_connections(self.connections)
@@ -101,16 +111,28 @@ class Daemon:
             await self._runner.setup()
             # One port, two protocols: Fluvio's binary admin protocol next to the HTTP API.
             fluvio = fluvio_server.FluvioServer(self.context)
-            site = fluvio_listener.SniffingSite(self._runner, self.settings.bind_host, self.settings.public_port, fluvio, public)
+            public_host, held_on_loopback = config.public_bind(self.settings)
+            contexts = self.tls
+            site = fluvio_listener.SniffingSite(
+                self._runner, public_host, self.settings.public_port, fluvio, public,
+                tls=(lambda: contexts.public) if contexts is not None else None,
+            )  # fmt: skip
             await site.start()
             self.public_port = _bound_port(self._runner, self.settings.public_port)
-            log.info("public API listening", host=self.settings.bind_host, port=self.public_port)
+            if held_on_loopback is not None:
+                log.warning(held_on_loopback, port=self.public_port)
+            log.info("public API listening", host=public_host, port=self.public_port, tls=contexts is not None)
             # Once the public port is bound (its address is part of the claim), before any write.
-            await self.active.acquire(f"{self.settings.bind_host}:{self.public_port}")
+            await self.active.acquire(f"{public_host}:{self.public_port}")
             self._keeper = self.supervisor.spawn("active-sc-lease", self.active.run)
             await self.pipeline.start()
             # Only once synced: before, every registered SPU would look unregistered.
-            await self.connections.start(self.settings.bind_host, self.settings.private_port)
+            await self.connections.start(
+                config.private_bind(self.settings), self.settings.private_port,
+                (lambda: contexts.private) if contexts is not None else None,
+            )  # fmt: skip
+            if contexts is not None:
+                self._tls_watch = self.supervisor.spawn("tls-reload", contexts.watch)
             self.private_port = self.connections.port
             log.info(
                 "SC ready", public_port=self.public_port, private_port=self.private_port, store=self.settings.store.value
@@ -118,6 +140,20 @@ class Daemon:
         except BaseException:
             await self.stop()
             raise
+
+    def _open_security(self) -> auth.Authenticator:
+        """The TLS contexts and the public port's credentials, from their files (warning when a
+        secret file is readable by other users)."""
+        settings = self.settings
+        tls.warn_if_readable_by_others(settings.tls_key, "TLS private key")
+        tls.warn_if_readable_by_others(settings.auth_tokens, "credentials file (auth_tokens)")
+        tls.warn_if_readable_by_others(settings.spu_token_file, "SPU token file")
+        if settings.tls_cert is not None and settings.tls_key is not None:
+            self.tls = tls.Contexts(tls.Files(settings.tls_cert, settings.tls_key, settings.tls_client_ca))
+        credentials = auth.load(settings.auth_tokens) if settings.auth_tokens is not None else None
+        if credentials is not None:
+            log.info("public port credentials loaded", tokens=len(credentials.tokens), certificates=len(credentials.certificates))
+        return auth.Authenticator(credentials, client_certificates=settings.tls_client_ca is not None)
 
     async def _open_store(self) -> kv.KVStore:
         settings = self.settings
@@ -180,6 +216,10 @@ class Daemon:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self._tls_watch is not None:
+            self._tls_watch.cancel()
+            await asyncio.gather(self._tls_watch, return_exceptions=True)
+            self._tls_watch = None
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
@@ -196,11 +236,17 @@ class Daemon:
             await asyncio.to_thread(self.etcd_server.stop)
             self.etcd_server = None
 
+    def reload_tls(self) -> None:
+        if self.tls is not None:
+            self.tls.reload()
+
     async def run_until_signalled(self) -> None:
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stopping.set)
+        # SIGHUP: load the TLS files again now (they are also looked at every few seconds).
+        loop.add_signal_handler(signal.SIGHUP, self.reload_tls)
         # Process-wide settings, so only here (the `sc run` process), not in start().
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         transport.raise_file_limit()

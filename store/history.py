@@ -44,6 +44,8 @@ _FRAME = struct.Struct("<II")  # payload length, CRC32 of the payload
 
 # Record types.
 CHANGE, ACTION, GAP, SYNC = "change", "action", "gap", "sync"
+# Who asked for a user's write (store/attribution.py): the principal and its address, by revision.
+REQUEST = "request"
 # Where a change record comes from: the live watch, the catch-up after a restart, or a listing
 # (a baseline when the history starts, or a snapshot after a gap).
 WATCH, REPLAY, LIST = "watch", "replay", "list"
@@ -437,6 +439,11 @@ class Recorder:
             "causeRevision": cause_revision, "outcome": outcome, "revision": revision, "keys": list(keys),
             "detail": detail,
         }
+        self._push(fields, None, None)
+
+    def record_request(self, kind: str, name: str, revision: int, by: str, address: str | None) -> None:
+        """A write of the public port committed at ``revision`` for principal ``by`` from ``address``."""
+        fields = {"type": REQUEST, "kind": kind, "name": name, "revision": revision, "by": by, "address": address}
         self._push(fields, None, None)
 
     def record_gap(self, first_revision: int, last_revision: int, reason: str, dropped: int = 0) -> None:

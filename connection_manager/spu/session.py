@@ -7,6 +7,7 @@ While disconnected the SPU keeps its last picture and keeps replicating: the dat
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import Callable
 
 import aiohttp
@@ -28,10 +29,13 @@ class ScSession:
         token: str | None,
         settings: settings_module.SpuSettings,
         on_change: Callable[[], None],
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.state = state
         host, port = sc_address
-        self.url = f"ws://{f'[{host}]' if ':' in host else host}:{port}{wire.SPU_PATH}"
+        # With ``tls`` (the SC's CA, and this SPU's client certificate under mutual TLS): wss.
+        self.tls = tls
+        self.url = f"{'wss' if tls is not None else 'ws'}://{f'[{host}]' if ':' in host else host}:{port}{wire.SPU_PATH}"
         self.token = token
         self.settings = settings
         self.on_change = on_change  # called after each Sync or Update is applied
@@ -69,6 +73,7 @@ class ScSession:
             self.url,
             heartbeat=self.settings.sc_ping_interval,
             max_msg_size=wire.MAX_FRAME_BYTES,
+            ssl=self.tls if self.tls is not None else True,
             # A stopping SPU waits this long at most for the SC to acknowledge the close.
             timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=1.0),
         ) as ws:

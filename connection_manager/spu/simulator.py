@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,8 @@ class SimulatedSpu:
     (``spu-<id>/offsets.json``) every ``settings.checkpoint_interval`` and on ``stop``, and resumed
     on ``start``; without it the SPU starts from offset 0. ``listen_host``: bind the fetch server
     there instead of the host of the SPU's registered private endpoint (its port is always the
-    registered one), for a container whose registered name is not a local address.
+    registered one), for a container whose registered name is not a local address. ``tls``: connect
+    to the SC over TLS with this client context (connection_manager/tls.py's client_context).
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class SimulatedSpu:
         settings: settings_module.SpuSettings | None = None,
         data_dir: Path | None = None,
         listen_host: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.spu_id = spu_id
         self.sc_address = parse_address(sc_address) if isinstance(sc_address, str) else sc_address
@@ -67,7 +70,7 @@ class SimulatedSpu:
         self.server = fetch.FetchServer(self.state)
         self.fetchers = fetch.Fetchers(self.state, self.settings)
         self.session = session_module.ScSession(
-            self.state, self.sc_address, token, self.settings, on_change=self._picture_changed
+            self.state, self.sc_address, token, self.settings, on_change=self._picture_changed, tls=tls
         )
         self._roles: dict[str, tuple[replica_module.Role, int | None]] | None = None  # None: no picture yet
         self._endpoint_changed = asyncio.Event()

@@ -6,10 +6,12 @@ whose message is for a person (what went wrong, and what to do).
 from __future__ import annotations
 
 import json
+import ssl
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 # The SC waits up to 30 s for a topic's verdict; leave it room to answer.
@@ -27,11 +29,24 @@ class ClientError(Exception):
 
 
 class Client:
-    def __init__(self, address: str) -> None:
+    """``token``: sent as a bearer token; ``ca``: the CA trusted for an https:// address (None: the
+    system's)."""
+
+    def __init__(self, address: str, token: str | None = None, ca: Path | None = None) -> None:
         address = address.strip().rstrip("/")
         if "://" not in address:
             address = f"http://{address}"
         self.address = address
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._tls: ssl.SSLContext | None = None
+        if ca is not None:
+            try:
+                self._tls = ssl.create_default_context(cafile=str(ca))
+            except (OSError, ssl.SSLError) as error:
+                raise ClientError(f"cannot use CA file {str(ca)!r} ({error}): give the PEM CA that signed the SC's certificate") from None
+            self._tls.minimum_version = ssl.TLSVersion.TLSv1_2
 
     def call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None) -> tuple[int, Any]:
         """(status, decoded JSON answer) for any status below 400; raises ClientError for the others."""
@@ -59,9 +74,9 @@ class Client:
         url = self.address + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode()
         for attempt in range(BUSY_RETRIES + 1):
-            request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+            request = urllib.request.Request(url, data=data, method=method, headers=self._headers)
             try:
-                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT) as response:
+                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT, context=self._tls) as response:
                     return response.status, dict(response.headers), _decode(response.read())
             except urllib.error.HTTPError as failure:
                 answer = _decode(failure.read())

@@ -589,6 +589,40 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# Answered to any operation but /healthz when the SC has credentials configured (controller/api/auth.py).
+_AUTH_ERRORS = {
+    "401": _error(
+        "Unauthenticated: credentials are configured and the request has none, or an unknown token, or a "
+        "client certificate mapped to no role (WWW-Authenticate: Bearer)"
+    ),
+    "403": _error("Forbidden: the credential's role lacks the right this request needs (the message names it)"),
+}
+# Either credential; none at all when the SC has none configured (it then listens on loopback only).
+_SECURITY = [{}, {"bearerToken": []}, {"clientCertificate": []}]
+_SECURITY_SCHEMES = {
+    "bearerToken": {
+        "type": "http", "scheme": "bearer",
+        "description": "A token of the SC's --auth-tokens file (lines NAME ROLE TOKEN; roles read, admin, admin:PREFIX)",
+    },
+    "clientCertificate": {
+        "type": "mutualTLS",
+        "description": "A client certificate signed by --tls-client-ca whose CN the --auth-tokens file maps (NAME ROLE cert:CN)",
+    },
+}
+
+
+def _secured(paths: dict[str, Any]) -> dict[str, Any]:
+    """Every operation but /healthz: the credentials it takes, and its 401 and 403 answers."""
+    for path, methods in paths.items():
+        if path == "/healthz":
+            methods["get"]["security"] = [{}]
+            continue
+        for operation in methods.values():
+            operation["security"] = _SECURITY
+            operation["responses"] = {**operation["responses"], **_AUTH_ERRORS}
+    return paths
+
+
 def document() -> dict[str, Any]:
     objects = _object_schemas()
     return {
@@ -598,14 +632,16 @@ def document() -> dict[str, Any]:
             "version": "1",
             "description": "The SC's HTTP API on the public port (default 9003); see API.md. Errors are "
             '{"error": {"code", "message"}}; 400 malformed, 404 absent, 409 exists or conflict, '
-            "422 well-formed but invalid, 429 too many expensive requests or watchers (with Retry-After), 503 "
+            "422 well-formed but invalid, 401 no or bad credentials and 403 a right the credential's role lacks "
+            "(when credentials are configured: read may GET, watch and compute placements and dry runs; admin may "
+            "do everything), 429 too many expensive requests or watchers (with Retry-After), 503 "
             "store unavailable or not synced; a request body is refused with 413 above 16 MiB (before it is read "
             "when its Content-Length says so), 408 when it pauses longer than client_body_timeout, 503 (Busy) when "
             "max_buffered_request_bytes are being received already. An integer is a JSON number written without a "
             "fraction or exponent (1.0 is malformed), of at most 20 digits.",
         },
-        "paths": _paths(),
-        "components": {"schemas": {**objects, **_extra_schemas(objects)}},
+        "paths": _secured(_paths()),
+        "components": {"schemas": {**objects, **_extra_schemas(objects)}, "securitySchemes": _SECURITY_SCHEMES},
     }
 
 

@@ -57,6 +57,9 @@ SCHEMA = pa.schema(
         pa.field("first_revision", pa.int64()),
         pa.field("dropped", pa.int64()),
         pa.field("snapshot", pa.bool_()),
+        # Request records: who asked for the write at ``revision`` (a principal), and from where.
+        pa.field("by", pa.string()),
+        pa.field("address", pa.string()),
         pa.field("date", pa.string(), nullable=False),
         pa.field("kind", pa.string(), nullable=False),
     ]
@@ -194,7 +197,9 @@ def _batches(records: Iterable[tuple[int, bytes]], size: int) -> Iterator[list[t
 # Python's json (``_slow_row``), which exports any layout and says what is wrong with a record it
 # cannot export: malformed records are counted and skipped, never fatal.
 
-RECORD_TYPES = (history.CHANGE, history.ACTION, history.GAP, history.SYNC)
+RECORD_TYPES = (history.CHANGE, history.ACTION, history.REQUEST, history.GAP, history.SYNC)
+# The record types that belong to an object (and carry its kind).
+_OBJECT_RECORD_TYPES = (history.CHANGE, history.ACTION, history.REQUEST)
 OBJECT_KINDS = tuple(models.KINDS)
 # Malformed records listed one by one in the result (all of them are counted).
 MALFORMED_LISTED = 100
@@ -207,7 +212,7 @@ _RECORD_FIELDS = pa.schema(
         ("revision", _INT64), ("source", _STRING), ("snapshotRevision", _INT64), ("verb", _STRING),
         ("reason", _STRING), ("cause", _STRING), ("causeRevision", _INT64), ("outcome", _STRING),
         ("keys", pa.list_(_STRING)), ("detail", _STRING), ("firstRevision", _INT64), ("lastRevision", _INT64),
-        ("dropped", _INT64), ("snapshot", _BOOL),
+        ("dropped", _INT64), ("snapshot", _BOOL), ("by", _STRING), ("address", _STRING),
     ]
 )
 # What the typed columns take from each kind's spec and status (the models' camelCase fields; a
@@ -305,7 +310,7 @@ def _kind_table(kind: str | None, batch: list[tuple[int, bytes]]) -> pa.Table:
     parsed = _parse_lines(lines, _RECORD_FIELDS)
     column = parsed.column
     record_type, kinds, times = column("type"), column("kind"), column("time")
-    types = (history.CHANGE, history.ACTION) if kind is not None else (history.GAP, history.SYNC)
+    types = _OBJECT_RECORD_TYPES if kind is not None else (history.GAP, history.SYNC)
     checks = [
         pc.equal(column("seq"), pa.array([seq for seq, _ in batch], _INT64)),
         pc.is_in(record_type, pa.array(types)),
@@ -409,6 +414,8 @@ def _assemble(
         "first_revision": column("firstRevision"),
         "dropped": column("dropped"),
         "snapshot": column("snapshot"),
+        "by": column("by"),
+        "address": column("address"),
         "date": pc.strftime(timestamps, format="%Y-%m-%d"),
         "kind": pa.array([kind or HISTORY_KIND] * rows, _STRING),
     }
@@ -436,7 +443,7 @@ def _slow_row(seq: int, payload: bytes) -> pa.Table:
         raise Malformed(f"has seq {record.get('seq')}, but it is record {seq} of the history")
     if record_type not in RECORD_TYPES:
         raise Malformed(f"has type {record_type!r}: expected {', '.join(RECORD_TYPES[:-1])} or {RECORD_TYPES[-1]}")
-    if record_type in (history.CHANGE, history.ACTION) and kind not in OBJECT_KINDS:
+    if record_type in _OBJECT_RECORD_TYPES and kind not in OBJECT_KINDS:
         expected = f"{', '.join(OBJECT_KINDS[:-1])} or {OBJECT_KINDS[-1]}"
         raise Malformed(f"has kind {kind!r}: expected {expected}" if kind is not None else f"has no kind: expected {expected}")
     if record_type in (history.GAP, history.SYNC) and kind is not None:
@@ -487,6 +494,8 @@ def _slow_row(seq: int, payload: bytes) -> pa.Table:
         "first_revision": record.get("firstRevision"),
         "dropped": record.get("dropped"),
         "snapshot": record.get("snapshot"),
+        "by": record.get("by"),
+        "address": record.get("address"),
         "date": f"{when.year:04d}-{when.month:02d}-{when.day:02d}",
         "kind": kind or HISTORY_KIND,
     }

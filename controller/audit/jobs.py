@@ -136,11 +136,19 @@ def enrich(frame: DataFrame) -> DataFrame:
             F.col("action_revision").alias("revision"), "action_cause", F.lit(True).alias("by_sc"),
         )
     )
+    # Who asked for a write of the public port (one per key and revision): the principal.
+    requested = frame.filter(F.col("type") == "request").select(
+        "kind", "name", "revision", F.col("by").alias("requested_by"), F.col("address").alias("requested_from")
+    ).dropDuplicates(["kind", "name", "revision"])
     changes = frame.filter(F.col("type") == "change").select(
         "seq", "time", "kind", "name", "op", "revision", "source", "snapshot_revision", "resolution", "leader",
         "replicas", "spu_id", "rack", "ignore_rack_assignment", F.xxhash64("spec").alias("spec_hash"),
     )
-    joined = changes.join(applied, ["kind", "name", "revision"], "left").repartition("kind", "name")
+    joined = (
+        changes.join(applied, ["kind", "name", "revision"], "left")
+        .join(requested, ["kind", "name", "revision"], "left")
+        .repartition("kind", "name")
+    )
     ordered = Window.partitionBy("kind", "name").orderBy("seq")
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     enriched = joined.select(
@@ -378,7 +386,9 @@ def balance(frame: DataFrame, changes: DataFrame, at_us: int) -> tuple[DataFrame
 
 def _spec_changes(changes: DataFrame) -> DataFrame:
     """Creates, deletes and updates that changed the spec (status-only writes are not spec changes),
-    as seen live; ``by`` is "sc" when an action of the SC wrote it, else "user"."""
+    as seen live; ``by`` is "sc" when an action of the SC wrote it, else the principal of the request
+    that did (a token's name, CN=<cn>, anonymous@loopback), else "user" (a write from outside the SC,
+    or from an SC that recorded no principal); ``address`` is where that request came from."""
     kept = changes.filter(
         (F.col("source") != "list")
         & (
@@ -393,7 +403,8 @@ def _spec_changes(changes: DataFrame) -> DataFrame:
         "op",
         F.unix_micros("time").alias("at_us"),
         "revision",
-        F.when(F.col("by_sc"), F.lit("sc")).otherwise(F.lit("user")).alias("by"),
+        F.when(F.col("by_sc"), F.lit("sc")).otherwise(F.coalesce(F.col("requested_by"), F.lit("user"))).alias("by"),
+        F.when(F.col("by_sc"), F.lit(None)).otherwise(F.col("requested_from")).alias("address"),
     )
 
 

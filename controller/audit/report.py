@@ -56,7 +56,7 @@ TABLES: dict[str, list[tuple[str, pa.DataType]]] = {
     ],
     "spec_changes": [
         ("seq", pa.int64()), ("kind", pa.string()), ("name", pa.string()), ("op", pa.string()), ("at_us", _TIME),
-        ("revision", pa.int64()), ("by", pa.string()),
+        ("revision", pa.int64()), ("by", pa.string()), ("address", pa.string()),
     ],
     "gaps": [
         ("seq", pa.int64()), ("at_us", _TIME), ("first_revision", pa.int64()), ("last_revision", pa.int64()),
@@ -113,7 +113,7 @@ def to_json(results: options.Results) -> dict[str, Any]:
             ],
         },
         "specChanges": [
-            {"kind": row["kind"], "name": row["name"], "op": row["op"], "at": iso(row["at_us"])}
+            {"kind": row["kind"], "name": row["name"], "op": row["op"], "at": iso(row["at_us"]), "by": row["by"]}
             for row in tables["spec_changes"]
         ],
         # Extensions.

@@ -12,6 +12,7 @@ import os
 import sys
 import urllib.parse
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from controller.api import client
@@ -27,6 +28,13 @@ class CliError(Exception):
 
 def address(args: argparse.Namespace) -> str:
     return args.sc or os.environ.get("SC_ADDR") or DEFAULT_ADDRESS
+
+
+def client_of(args: argparse.Namespace) -> client.Client:
+    """A client of the SC at --sc, with --token (else $SC_TOKEN) and --ca (else $SC_CA) if given."""
+    token = getattr(args, "token", None) or os.environ.get("SC_TOKEN") or None
+    ca = getattr(args, "ca", None) or os.environ.get("SC_CA") or None
+    return client.Client(address(args), token=token, ca=Path(ca) if ca else None)
 
 
 # ---------------------------------------------------------------------------- output
@@ -101,7 +109,7 @@ def path(kind: str, name: str, *more: str) -> str:
 def lister(kind: str, human: Callable[[Any], str], by_topic: bool = False) -> Callable[[argparse.Namespace], int]:
     def list_objects(args: argparse.Namespace) -> int:
         query = {"topic": args.topic} if by_topic and args.topic is not None else None
-        objects = client.Client(address(args)).list_all(f"/v1/{kind}", query=query)
+        objects = client_of(args).list_all(f"/v1/{kind}", query=query)
         show(args, objects, human)
         return 0
 
@@ -110,7 +118,7 @@ def lister(kind: str, human: Callable[[Any], str], by_topic: bool = False) -> Ca
 
 def deleter(kind: str, label: str) -> Callable[[argparse.Namespace], int]:
     def delete(args: argparse.Namespace) -> int:
-        _, answer = client.Client(address(args)).call("DELETE", path(kind, args.name))
+        _, answer = client_of(args).call("DELETE", path(kind, args.name))
         report_deleted(args, label, args.name, answer)
         return 0
 
@@ -157,6 +165,8 @@ def common() -> argparse.ArgumentParser:
         "--sc", metavar="URL", help=f"the SC's public address (default: $SC_ADDR, else {DEFAULT_ADDRESS})"
     )
     parser.add_argument("-o", "--output", choices=["table", "json"], default="table", help="table (default) or json")
+    parser.add_argument("--token", help="bearer token of the SC's --auth-tokens file (default: $SC_TOKEN)")
+    parser.add_argument("--ca", metavar="FILE", help="PEM CA that signed the SC's certificate, for an https:// --sc (default: $SC_CA)")
     return parser
 
 

@@ -26,4 +26,9 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     parser.add_argument("--keep-data", action="store_true", help="keep the temporary data dir (etcd data, history) and print where it is")
     parser.add_argument("--no-audit", dest="audit", action="store_false", help="skip the history export and the Spark report")
+    parser.add_argument(
+        "--tls-dir", type=Path, metavar="DIR",
+        help="run both ports over mutual TLS with DIR's ca.pem, sc.crt and sc.key (for 127.0.0.1), spu.crt and spu.key "
+        "(DNS SANs spu-0 .. spu-5); the API then needs a token, which the demo makes",
+    )
     parser.set_defaults(handler=demo.handle_demo)

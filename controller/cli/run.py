@@ -17,7 +17,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         description="Run the SC. With no --etcd-endpoints it starts and supervises its own etcd under --data-dir.",
     )
     run.add_argument("--config", type=Path, help="TOML config file (keys as the settings, e.g. public_port = 9003)")
-    run.add_argument("--bind-host", help="address the public port binds to (default 0.0.0.0)")
+    run.add_argument("--bind-host", help="address both ports bind to (default 0.0.0.0; the public port stays on 127.0.0.1 while no credential is configured)")
     run.add_argument("--public-port", type=int, help="public API port (default 9003)")
     run.add_argument("--private-port", type=int, help="private SPU port (default 9004)")
     run.add_argument("--store", choices=[kind.value for kind in config.StoreKind], help="etcd (default) or memory")
@@ -32,6 +32,11 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     run.add_argument("--spu-offline-grace", type=float, help="seconds an SPU recorded Online may take to reconnect after an SC start (default 30)")
     run.add_argument("--spu-heartbeat-timeout", type=float, help="seconds of SPU silence before it is marked offline (default 10)")
     run.add_argument("--spu-token-file", type=Path, help="file holding a shared token every SPU must present")
+    run.add_argument("--tls-cert", type=Path, help="PEM certificate (chain) of both ports: they speak TLS 1.2+ (reloaded on change and SIGHUP)")
+    run.add_argument("--tls-key", type=Path, help="PEM private key of --tls-cert")
+    run.add_argument("--tls-client-ca", type=Path, help="PEM CA of client certificates: SPUs must present one naming spu-<id>; on the public port one is a credential")
+    run.add_argument("--auth-tokens", type=Path, help="credentials of the public port: lines NAME ROLE TOKEN or NAME ROLE cert:CN (roles read, admin, admin:PREFIX)")
+    run.add_argument("--public-bind-without-auth", action="store_true", default=None, help="bind the public port to --bind-host even with no credential configured (anyone reaching it may change everything)")
     run.add_argument("--client-header-timeout", type=float, help="seconds a client has to send a request's line and headers, or a Fluvio frame's length (default 10)")
     run.add_argument("--client-body-timeout", type=float, help="seconds a request body or Fluvio frame may pause; the whole may take this plus 1 s per 64 KiB (default 30)")
     run.add_argument("--client-idle-timeout", type=float, help="seconds a connection may wait between requests (default 60)")
@@ -68,7 +73,8 @@ def handle_run(args: argparse.Namespace) -> int:
             "bind_host", "public_port", "private_port", "store", "etcd_endpoints", "key_prefix", "data_dir",
             "history_dir", "record_history",
             "embedded_etcd_client_port", "embedded_etcd_peer_port", "resync_interval", "spu_offline_grace",
-            "spu_heartbeat_timeout", "spu_token_file", "client_header_timeout", "client_body_timeout",
+            "spu_heartbeat_timeout", "spu_token_file", "tls_cert", "tls_key", "tls_client_ca", "auth_tokens",
+            "public_bind_without_auth", "client_header_timeout", "client_body_timeout",
             "client_idle_timeout", "max_connections_public", "max_connections_private", "max_connections_per_address",
             "max_buffered_request_bytes", "unclean_leader_election", "leader_rebalance_batch",
             "log_format", "log_level", "placement_plugins", "placement_entry_points",
@@ -84,12 +90,14 @@ def handle_run(args: argparse.Namespace) -> int:
         return 2
     # Imported here: every other `sc` command (an SPU simulator, an admin call) starts faster
     # without the daemon's modules.
+    from connection_manager import tls
     from controller import daemon, placement_plugins
+    from controller.api import auth
     from store import active_sc, embedded_etcd, history, kv
 
     try:
         asyncio.run(daemon.Daemon(settings).run_until_signalled())
-    except placement_plugins.PluginError as error:
+    except (placement_plugins.PluginError, tls.TlsError, auth.CredentialsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except (embedded_etcd.EtcdError, history.HistoryError, kv.Unavailable, active_sc.AnotherScActive, OSError) as error:

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ssl
 import sys
 from pathlib import Path
 from typing import Any
 
+from connection_manager import tls
 from connection_manager.spu import checkpoint, settings as spu_settings, simulator
 from controller import config, logs
 from controller.api import client
@@ -71,6 +73,9 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="the SC's private port (default 127.0.0.1:9004)",
     )
     run.add_argument("--token-file", type=Path, metavar="FILE", help="file holding the token the SC requires of SPUs")
+    run.add_argument("--tls-ca", type=Path, metavar="FILE", help="PEM CA that signed the SC's certificate: connect over TLS")
+    run.add_argument("--tls-cert", type=Path, metavar="FILE", help="this SPU's PEM client certificate (CN or a DNS SAN spu-<id>), with --tls-ca")
+    run.add_argument("--tls-key", type=Path, metavar="FILE", help="the PEM private key of --tls-cert")
     run.add_argument(
         "--data-dir", type=Path, metavar="DIR", help="save offsets here (spu-ID/offsets.json) and resume them on restart"
     )
@@ -124,7 +129,7 @@ def _spu_register(args: argparse.Namespace) -> int:
     }
     if args.rack is not None:
         spec["rack"] = args.rack
-    _, spu = client.Client(admin.address(args)).call("POST", "/v1/spus", {"name": args.spu_name, "spec": spec})
+    _, spu = admin.client_of(args).call("POST", "/v1/spus", {"name": args.spu_name, "spec": spec})
     admin.show(args, spu, lambda answer: spu_rows([answer]))
     return 0
 
@@ -140,7 +145,7 @@ def _spu_name_of(sc: client.Client, spu_id: int) -> str:
 def _spu_unregister(args: argparse.Namespace) -> int:
     if (args.name is None) == (args.id is None):
         args.usage("name the SPU to unregister: give its NAME or --id ID (one of them)")
-    sc = client.Client(admin.address(args))
+    sc = admin.client_of(args)
     name = args.name if args.name is not None else _spu_name_of(sc, args.id)
     _, answer = sc.call("DELETE", admin.path("spus", name))
     admin.report_deleted(args, "SPU", name, answer)
@@ -151,7 +156,7 @@ def _spu_drain(args: argparse.Namespace) -> int:
     """Controlled shutdown: every leadership moves off the SPU before it is stopped. Exit status
     1 while it still leads something (it stays draining): stopping it then would leave those
     partitions without a leader."""
-    sc = client.Client(admin.address(args))
+    sc = admin.client_of(args)
     name = _spu_by_id_or_name(sc, args.spu)
     query = {"timeout": str(args.timeout_ms), **({"force": "true"} if args.force else {})}
     _, answer = sc.call("POST", admin.path("spus", name, "drain"), query=query)
@@ -181,7 +186,7 @@ def _spu_by_id_or_name(sc: client.Client, spu: str) -> str:
 
 
 def _spu_undrain(args: argparse.Namespace) -> int:
-    sc = client.Client(admin.address(args))
+    sc = admin.client_of(args)
     name = _spu_by_id_or_name(sc, args.spu)
     _, answer = sc.call("DELETE", admin.path("spus", name, "drain"))
     if args.output == "json":
@@ -193,7 +198,7 @@ def _spu_undrain(args: argparse.Namespace) -> int:
 
 def _spu_set_rack(args: argparse.Namespace) -> int:
     """Give an SPU a rack (or none): topics waiting for one are then placed by themselves."""
-    sc = client.Client(admin.address(args))
+    sc = admin.client_of(args)
     name = _spu_by_id_or_name(sc, args.spu)
     _, spu = sc.call("POST", admin.path("spus", name, "rack"), {"rack": None if args.no_rack else args.rack})
     admin.show(args, spu, lambda answer: spu_rows([answer]))
@@ -253,6 +258,7 @@ def handle_run(args: argparse.Namespace) -> int:
         args.usage(f"SPU ids {first} to {first + args.count - 1}: the largest SPU id is {LARGEST_SPU_ID}")
     try:
         token = _read_token(args.token_file)
+        tls_context = _tls_context(args)
         settings = spu_settings.SpuSettings(
             append_interval=args.append_interval,
             append_records=args.append_records,
@@ -266,7 +272,8 @@ def handle_run(args: argparse.Namespace) -> int:
         return 2
     spus = [
         simulator.SimulatedSpu(
-            spu_id, args.sc_private, token, settings=settings, data_dir=args.data_dir, listen_host=args.listen_host
+            spu_id, args.sc_private, token, settings=settings, data_dir=args.data_dir, listen_host=args.listen_host,
+            tls=tls_context,
         )
         for spu_id in range(first, first + args.count)
     ]
@@ -276,6 +283,20 @@ def handle_run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The SPUs' TLS client context from --tls-ca, --tls-cert and --tls-key (None: plaintext)."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together: give both, or neither")
+    if args.tls_ca is None:
+        if args.tls_cert is not None:
+            raise ValueError("--tls-cert needs --tls-ca (the CA that signed the SC's certificate)")
+        return None
+    try:
+        return tls.client_context(args.tls_ca, args.tls_cert, args.tls_key)
+    except (OSError, ssl.SSLError) as error:
+        raise ValueError(f"cannot use the TLS files --tls-ca {str(args.tls_ca)!r}, --tls-cert {args.tls_cert}: {error}") from None
 
 
 def _read_token(path: Path | None) -> str | None:

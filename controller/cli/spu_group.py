@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from controller.api import client
 from controller.cli import admin
 
 
@@ -13,14 +12,14 @@ def _spu_group_create(args: argparse.Namespace) -> int:
     spec: dict[str, Any] = {"replicas": args.replicas, "minId": args.min_id}
     if args.rack is not None:
         spec["rack"] = args.rack
-    status, group = client.Client(admin.address(args)).call("POST", "/v1/spu-groups", {"name": args.name, "spec": spec})
+    status, group = admin.client_of(args).call("POST", "/v1/spu-groups", {"name": args.name, "spec": spec})
     admin.show(args, group, lambda answer: spu_group_rows([answer]))
     admin.report_pending("spu group", status, group)
     return 0
 
 
 def _spu_group_scale(args: argparse.Namespace) -> int:
-    _, group = client.Client(admin.address(args)).call("POST", admin.path("spu-groups", args.name, "scale"), {"replicas": args.replicas})
+    _, group = admin.client_of(args).call("POST", admin.path("spu-groups", args.name, "scale"), {"replicas": args.replicas})
     for warning in group.get("warnings", []):
         admin.warn(warning)
     admin.show(args, group, lambda answer: spu_group_rows([answer]))

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from controller.api import client, json_input
+from controller.api import json_input
 from controller.cli import admin
 
 
 def _topic_create(args: argparse.Namespace) -> int:
-    sc = client.Client(admin.address(args))
+    sc = admin.client_of(args)
     if args.replica_assignment is not None:
         computed_flags = [
             flag
@@ -83,13 +83,13 @@ def _read_assignment(path: str) -> list[Any]:
 
 
 def _topic_describe(args: argparse.Namespace) -> int:
-    _, topic = client.Client(admin.address(args)).call("GET", admin.path("topics", args.name))
+    _, topic = admin.client_of(args).call("GET", admin.path("topics", args.name))
     admin.show(args, topic, describe_topic)
     return 0
 
 
 def _topic_add_partitions(args: argparse.Namespace) -> int:
-    status, topic = client.Client(admin.address(args)).call("POST", admin.path("topics", args.name, "partitions"), {"count": args.count})
+    status, topic = admin.client_of(args).call("POST", admin.path("topics", args.name, "partitions"), {"count": args.count})
     admin.show(args, topic, lambda answer: topic_rows([answer]))
     admin.report_pending("topic", status, topic)
     return 0

@@ -10,6 +10,7 @@ import collections
 import datetime
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -89,13 +90,14 @@ class Terminated(KeyboardInterrupt):
 def handle_demo(args: argparse.Namespace) -> int:
     try:
         out_dir = prepare_out_dir(args.out)
+        tls_dir = tls_files(args.tls_dir)
     except DemoError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     titles = STEP_TITLES + (AUDIT_STEP_TITLES if args.audit else ())
     output = demo_output.for_stream(sys.stdout, len(titles))
     work_dir = Path(tempfile.mkdtemp(prefix="sc-demo-")).resolve()
-    demo = Demo(output, out_dir, work_dir, args.audit)
+    demo = Demo(output, out_dir, work_dir, args.audit, tls_dir)
     previous_sigterm = signal.signal(signal.SIGTERM, _terminated)
     previous_sigint = signal.getsignal(signal.SIGINT)
     code, problem = 0, ""
@@ -137,6 +139,22 @@ def _terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated()
 
 
+TLS_FILES = ("ca.pem", "sc.crt", "sc.key", "spu.crt", "spu.key")
+
+
+def tls_files(directory: Path | None) -> Path | None:
+    """``--tls-dir``, absolute, once every file the demo needs is there."""
+    if directory is None:
+        return None
+    missing = [name for name in TLS_FILES if not (directory / name).is_file()]
+    if missing:
+        raise DemoError(
+            f"--tls-dir {str(directory)!r} lacks {', '.join(missing)}: it needs {', '.join(TLS_FILES)} "
+            "(sc.crt for 127.0.0.1, spu.crt naming spu-0 .. spu-5 in its DNS SANs; see README's Security section)"
+        )
+    return directory.resolve()
+
+
 def prepare_out_dir(path: Path) -> Path:
     """``path`` made empty and marked as a demo's output; refused if it holds anything else."""
     out_dir = path.resolve()
@@ -161,8 +179,11 @@ def prepare_out_dir(path: Path) -> Path:
 
 
 class Demo:
-    def __init__(self, output: demo_output.Output, out_dir: Path, work_dir: Path, audit: bool) -> None:
+    def __init__(self, output: demo_output.Output, out_dir: Path, work_dir: Path, audit: bool, tls_dir: Path | None = None) -> None:
         self.output = output
+        # With TLS: the files of both ports and the SPUs, and a token of the demo's own for its API calls.
+        self.tls_dir = tls_dir
+        self.token = secrets.token_urlsafe(32) if tls_dir is not None else None
         self.out_dir = out_dir
         self.work_dir = work_dir
         self.data_dir = work_dir / "data"
@@ -199,18 +220,20 @@ class Demo:
             ports = embedded_etcd.free_ports(4 + 2 * len(RACKS) * SPUS_PER_RACK)
             public, private, etcd_client, etcd_peer = ports[:4]
             self.spu_ports = ports[4:]
-            self.client = client.Client(f"http://127.0.0.1:{public}")
+            scheme = "https" if self.tls_dir is not None else "http"
+            ca = self.tls_dir / "ca.pem" if self.tls_dir is not None else None
+            self.client = client.Client(f"{scheme}://127.0.0.1:{public}", token=self.token, ca=ca)
             self.private_address = f"127.0.0.1:{private}"
             self.running.add("sc")
             self.processes.start("sc", [
                 "run", "--bind-host", "127.0.0.1", "--public-port", str(public), "--private-port", str(private),
                 "--data-dir", str(self.data_dir), "--embedded-etcd-client-port", str(etcd_client),
-                "--embedded-etcd-peer-port", str(etcd_peer), "--log-format", "json",
+                "--embedded-etcd-peer-port", str(etcd_peer), "--log-format", "json", *self._sc_tls_flags(),
             ])
             step.progress("waiting for /healthz")
             self.wait_for("the SC to answer /healthz", START_TIMEOUT, self._healthy)
             step.done(
-                f"API on http://127.0.0.1:{public}, SPUs connect to {self.private_address}, "
+                f"API on {scheme}://127.0.0.1:{public}, SPUs connect to {self.private_address}, "
                 f"etcd on 127.0.0.1:{etcd_client}, data in {self.data_dir}"
             )
 
@@ -240,8 +263,25 @@ class Demo:
     def start_spu(self, spu_id: int) -> demo_processes.Child:
         self.running.add(f"spu-{spu_id}")
         return self.processes.start(
-            f"spu-{spu_id}", ["spu", "run", "--id", str(spu_id), "--sc-private", self.private_address, "--log-format", "json"]
+            f"spu-{spu_id}",
+            ["spu", "run", "--id", str(spu_id), "--sc-private", self.private_address, "--log-format", "json", *self._spu_tls_flags()],
         )
+
+    def _sc_tls_flags(self) -> list[str]:
+        if self.tls_dir is None:
+            return []
+        tokens = self.work_dir / "tokens"
+        tokens.write_text(f"demo admin {self.token}\n")
+        tokens.chmod(0o600)
+        return [
+            "--tls-cert", str(self.tls_dir / "sc.crt"), "--tls-key", str(self.tls_dir / "sc.key"),
+            "--tls-client-ca", str(self.tls_dir / "ca.pem"), "--auth-tokens", str(tokens),
+        ]
+
+    def _spu_tls_flags(self) -> list[str]:
+        if self.tls_dir is None:
+            return []
+        return ["--tls-ca", str(self.tls_dir / "ca.pem"), "--tls-cert", str(self.tls_dir / "spu.crt"), "--tls-key", str(self.tls_dir / "spu.key")]
 
     def create_topics(self) -> None:
         with self.output.step(STEP_TITLES[2]) as step:

@@ -38,9 +38,13 @@ from schemathesis.checks import (
 from connection_manager import health as health_module
 from controller import config, daemon as daemon_module
 from controller.api import openapi
+from tests.fixtures import certs
 
 # Inputs per operation and mode: about 25 s for both daemons on a two-core machine.
 EXAMPLES = 25
+# The same over TLS with a token: fewer, since what differs is the transport, not the inputs.
+TLS_EXAMPLES = 8
+ADMIN_TOKEN = "fuzzing-admin-token-0123456789"
 # The longest wait a fuzzed request may ask for, in milliseconds (long-poll routes wait that long).
 LONGEST_WAIT_MS = 100
 # Sizes the fuzzer may ask for: the document allows 100,000 partitions, which is work, not fuzzing.
@@ -106,24 +110,38 @@ class Cluster:
     url: str
     names: dict[str, list[str]]  # objects that exist, by kind: fuzzed paths name them too
     session: requests.Session
+    examples: int = EXAMPLES
+    secured: bool = False  # over TLS, the fuzzer holding an admin token
 
 
-@pytest.fixture(scope="module", params=["empty", "populated"])
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """A daemon (memory store) on its own event loop in a thread: the fuzzer's client is synchronous."""
+@pytest.fixture(scope="module", params=["empty", "populated", "populated-tls"])
+def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """A daemon (memory store) on its own event loop in a thread: the fuzzer's client is synchronous.
+    ``populated-tls``: over TLS, with credentials required (the fuzzer holds an admin token)."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="fuzzed-daemon", daemon=True)
     thread.start()
+    secured: dict[str, Any] = {}
+    session = requests.Session()
+    if request.param.endswith("-tls"):
+        directory = tmp_path_factory.mktemp("fuzz-tls")
+        authority = certs.Authority(directory)
+        server = authority.server()
+        (directory / "tokens").write_text(f"fuzzer admin {ADMIN_TOKEN}\n")
+        secured = {"tls_cert": server.cert, "tls_key": server.key, "auth_tokens": directory / "tokens"}
+        session.verify = str(authority.path)
+        session.trust_env = False  # else REQUESTS_CA_BUNDLE, if set, replaces verify
+        session.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
     settings_ = config.Settings(
         store=config.StoreKind.MEMORY, bind_host="127.0.0.1", public_port=0, private_port=0, record_history=False,
-        spu_offline_grace=3600.0, log_level="critical",
+        spu_offline_grace=3600.0, log_level="critical", **secured,
     )
     daemon = daemon_module.Daemon(settings_)
     asyncio.run_coroutine_threadsafe(daemon.start(), loop).result(30)
-    session = requests.Session()
-    cluster = Cluster(f"http://127.0.0.1:{daemon.public_port}", {}, session)
+    scheme = "https" if secured else "http"
+    cluster = Cluster(f"{scheme}://127.0.0.1:{daemon.public_port}", {}, session, TLS_EXAMPLES if secured else EXAMPLES, bool(secured))
     try:
-        if request.param == "populated":
+        if request.param.startswith("populated"):
             populate(cluster, daemon, loop)
         yield cluster
     finally:
@@ -181,7 +199,7 @@ def test_no_input_makes_the_api_answer_5xx_or_off_its_document(cluster: Cluster,
     streams = "application/x-ndjson" in json.dumps(operation.definition.raw.get("responses", {}).get("200", {}))
 
     @settings(
-        max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
+        max_examples=cluster.examples, derandomize=True, database=None, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
         phases=[Phase.explicit, Phase.generate, Phase.shrink],
     )
@@ -191,8 +209,12 @@ def test_no_input_makes_the_api_answer_5xx_or_off_its_document(cluster: Cluster,
         if streams:
             check_stream(case, cluster, mode)
             return
-        response = case.call(base_url=cluster.url, session=cluster.session, timeout=30)
+        # verify given: schemathesis would otherwise pass its own default, not the session's CA.
+        response = case.call(base_url=cluster.url, session=cluster.session, timeout=30, verify=cluster.session.verify)
         case.validate_response(response, checks=CHECKS[mode])
+        if cluster.secured:
+            # The admin token opens every operation: the fuzzer reaches the handlers, not only the gate.
+            assert response.status_code not in (401, 403), response.text
 
     fuzz()
 
@@ -217,7 +239,7 @@ def aim(case: schemathesis.Case, data: st.DataObject, cluster: Cluster, mode: Ge
 def check_stream(case: schemathesis.Case, cluster: Cluster, mode: GenerationMode) -> None:
     """A streaming answer: the checks of the others on what it sends first (an error, or the first
     event line, which must also match the document's event schema)."""
-    arguments = case.as_transport_kwargs(base_url=cluster.url)
+    arguments = {**case.as_transport_kwargs(base_url=cluster.url), "verify": cluster.session.verify}
     with cluster.session.request(**arguments, stream=True, timeout=30) as response:
         if response.status_code == 200:
             first = next(response.iter_lines())

@@ -239,10 +239,10 @@ async def test_kill_restart_drain_and_delete_give_exact_audit_figures(
     # Spec changes: the users' creates and delete, the SC's partition creates, leader moves and delete.
     spec_changes = collections.Counter((row["kind"], row["op"], row["by"]) for row in tables["spec_changes"])
     assert spec_changes == {
-        ("spus", "create", "user"): 4,
-        ("spus", "update", "user"): 1,  # the drain of SPU 1, the operator's intent in its spec
-        ("topics", "create", "user"): 2,
-        ("topics", "delete", "user"): 1,
+        ("spus", "create", "anonymous@loopback"): 4,
+        ("spus", "update", "anonymous@loopback"): 1,  # the drain of SPU 1, the operator's intent in its spec
+        ("topics", "create", "anonymous@loopback"): 2,
+        ("topics", "delete", "anonymous@loopback"): 1,
         ("partitions", "create", "sc"): 7,
         ("partitions", "update", "sc"): 6,
         ("partitions", "delete", "sc"): 1,

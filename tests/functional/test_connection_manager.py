@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import ipaddress
 import socket
+import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,9 @@ import structlog.testing
 
 from connection_manager import health as health_module
 from connection_manager import server as server_module
-from connection_manager import ratelimit, wire
+from connection_manager import ratelimit, tls, wire
 from store import embedded_etcd, kv, models, spu_index
+from tests.fixtures import certs
 from tests.fixtures.daemon import Running, etcd_settings, running
 from tests.fixtures.scripted_spu import ScriptedSpu
 
@@ -26,9 +28,10 @@ pytestmark = pytest.mark.etcd
 
 
 class Cluster:
-    def __init__(self, sc: Running, client: aiohttp.ClientSession) -> None:
+    def __init__(self, sc: Running, client: aiohttp.ClientSession, tls: bool = False) -> None:
         self.sc = sc
         self.client = client
+        self.tls = tls  # both ports speak TLS; the client's certificate names every SPU id
         self.spus: dict[int, ScriptedSpu] = {}
 
     @property
@@ -37,7 +40,7 @@ class Cluster:
         return self.sc.daemon.private_port
 
     async def connect(self, spu_id: int, token: str | None = None, heartbeat: float | None = 0.25) -> ScriptedSpu:
-        spu = ScriptedSpu(self.client, self.private_port, spu_id)
+        spu = ScriptedSpu(self.client, self.private_port, spu_id, tls=self.tls)
         answer = await spu.connect(token, heartbeat)
         assert isinstance(answer, wire.Accepted), answer
         self.spus[spu_id] = spu
@@ -75,11 +78,14 @@ class Cluster:
             await spu.close()
 
 
-async def start_cluster(server: embedded_etcd.EmbeddedEtcd, spu_ids: range, **settings: Any) -> AsyncIterator[Cluster]:
-    async with running(etcd_settings(server, **settings)) as sc, aiohttp.ClientSession() as client:
+async def start_cluster(
+    server: embedded_etcd.EmbeddedEtcd, spu_ids: range, client_tls: ssl.SSLContext | None = None, **settings: Any
+) -> AsyncIterator[Cluster]:
+    connector = aiohttp.TCPConnector(ssl=client_tls) if client_tls is not None else None
+    async with running(etcd_settings(server, **settings), client_tls) as sc, aiohttp.ClientSession(connector=connector) as client:
         for spu_id in spu_ids:
             await sc.register_spu(spu_id, online=False)
-        cluster = Cluster(sc, client)
+        cluster = Cluster(sc, client, tls=client_tls is not None)
         try:
             yield cluster
         finally:
@@ -718,8 +724,30 @@ async def test_drain_moves_every_leadership_off_the_spu(cluster: Cluster) -> Non
 # ---------------------------------------------------------------------------- robustness
 
 
-async def test_random_and_truncated_frames_leave_the_daemon_and_the_store_untouched(cluster: Cluster) -> None:
+@pytest.fixture(params=["plain", "mutual-tls"])
+async def fuzzed_cluster(
+    request: pytest.FixtureRequest, etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path
+) -> AsyncIterator[Cluster]:
+    """The cluster fixture's, and the same over mutual TLS (one client certificate names SPUs 0-3 in
+    its DNS SANs, and is the API's admin credential)."""
+    secured: dict[str, Any] = {}
+    client_tls = None
+    if request.param == "mutual-tls":
+        authority = certs.Authority(tmp_path / "ca")
+        server, client = authority.server(), authority.issue("tester", dns_names=tuple(f"spu-{i}" for i in range(4)))
+        (tmp_path / "tokens").write_text("tester admin cert:tester\n")
+        secured = {"tls_cert": server.cert, "tls_key": server.key, "tls_client_ca": authority.path, "auth_tokens": tmp_path / "tokens"}
+        client_tls = tls.client_context(authority.path, client.cert, client.key)
+    async for handle in start_cluster(
+        etcd_server, range(3), client_tls, spu_heartbeat_timeout=1.0, spu_offline_grace=5.0, **secured
+    ):
+        yield handle
+
+
+async def test_random_and_truncated_frames_leave_the_daemon_and_the_store_untouched(fuzzed_cluster: Cluster) -> None:
     import random
+
+    cluster = fuzzed_cluster
 
     spus = [await cluster.connect(spu_id) for spu_id in range(3)]
     await create_topic(cluster.sc, "orders", 2, 3)
@@ -738,7 +766,7 @@ async def test_random_and_truncated_frames_leave_the_daemon_and_the_store_untouc
     sent = 0
     await cluster.sc.register_spu(3, online=False)  # the fuzzer's own identity: hosts nothing
     while loop.time() < deadline:
-        fuzzer = ScriptedSpu(cluster.client, cluster.private_port, 3)
+        fuzzer = ScriptedSpu(cluster.client, cluster.private_port, 3, tls=cluster.tls)
         registered = chooser.random() < 0.5
         if registered:  # frames reach the LRS path of an accepted session
             assert isinstance(await fuzzer.connect(heartbeat=None), wire.Accepted)

@@ -172,6 +172,33 @@ def test_the_demo_tells_the_whole_story_and_the_report_holds_the_failover_it_cau
 
 
 @pytest.mark.timeout(600)
+def test_the_demo_runs_over_mutual_tls_with_files_it_is_given(tmp_path: Path, runs: list[Demo]) -> None:
+    from tests.fixtures import certs
+
+    authority = certs.Authority(tmp_path / "tls", "ca")
+    authority.server(file_name="sc")
+    spus = tuple(f"spu-{spu_id}" for spu_id in range(len(demo.RACKS) * demo.SPUS_PER_RACK))
+    authority.issue("demo-spus", dns_names=spus, file_name="spu")
+    run = Demo("--no-audit", "--out", str(tmp_path / "out"), "--tls-dir", str(tmp_path / "tls"))
+    runs.append(run)
+    titles = demo.STEP_TITLES
+    run.wait_for_line(f"[{len(titles)}/{len(titles)}] ok (")
+    assert run.finish(timeout=120) == 0, run.output
+    assert any(line.startswith("[1/") and "ok (" in line for line in run.lines), run.output
+    assert "API on https://127.0.0.1:" in run.output, run.output
+    assert "warning" not in run.output and "error" not in run.output, run.output
+    run.assert_nothing_left()
+
+
+def test_a_tls_dir_without_the_files_is_refused_before_anything_starts(tmp_path: Path, runs: list[Demo]) -> None:
+    (tmp_path / "tls").mkdir()
+    run = Demo("--no-audit", "--out", str(tmp_path / "out"), "--tls-dir", str(tmp_path / "tls"))
+    runs.append(run)
+    assert run.finish(timeout=60) == 2
+    assert f"error: --tls-dir {str(tmp_path / 'tls')!r} lacks ca.pem, sc.crt, sc.key, spu.crt, spu.key" in run.output
+
+
+@pytest.mark.timeout(600)
 def test_ctrl_c_stops_the_sc_its_etcd_and_every_spu_and_exits_130(tmp_path: Path, runs: list[Demo]) -> None:
     run = Demo("--no-audit", "--out", str(tmp_path / "out"))
     runs.append(run)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import structlog
 
 from controller import context as context_module
-from controller.api import admin_ops, admission
+from controller.api import admin_ops, admission, auth
 from controller.api.fluvio import mapping, messages, objects
-from store import kv, local, models
+from store import attribution, kv, local, models
 
 log = structlog.get_logger(__name__)
 
@@ -98,9 +98,29 @@ class Admin:
             group.create_task(self.topic_waits.run())
             group.create_task(self.group_waits.run())
 
-    async def answer(self, request: messages.CreateRequest | messages.DeleteRequest | messages.UpdateRequest) -> messages.Status:
-        """The Status for one write; never raises (a bug answers UnknownServerError and is logged)."""
+    async def answer(
+        self,
+        request: messages.CreateRequest | messages.DeleteRequest | messages.UpdateRequest,
+        who: auth.Principal | auth.Unauthenticated | None = None,
+    ) -> messages.Status:
+        """The Status for one write by ``who`` (its principal, or why the connection has none; None:
+        not checked); never raises (a bug answers UnknownServerError and is logged)."""
         name = _request_name(request)
+        if isinstance(who, auth.Unauthenticated):
+            return failure(name, Error.PERMISSION_DENIED, str(who))
+        if who is None:
+            return await self._answer(request, name)
+        if not (isinstance(request, messages.CreateRequest) and request.dry_run):
+            try:
+                auth.check(who, auth.Right(auth.ADMIN, name if request.label == objects.TOPIC else None))
+            except auth.Forbidden as forbidden:
+                return failure(name, Error.PERMISSION_DENIED, str(forbidden))
+        with attribution.acting(attribution.Actor(who.name, who.address)):
+            return await self._answer(request, name)
+
+    async def _answer(
+        self, request: messages.CreateRequest | messages.DeleteRequest | messages.UpdateRequest, name: str
+    ) -> messages.Status:
         if isinstance(request, messages.CreateRequest):
             handler, errors, default = self._create_handler(request.label)
         elif isinstance(request, messages.DeleteRequest):

@@ -25,8 +25,10 @@ class SniffingSite(transport.GuardedSite):
         port: int,
         fluvio: server_module.FluvioServer,
         policy: transport.Port,
+        tls: transport.TlsContext | None = None,
     ) -> None:
-        super().__init__(runner, host, port, policy, other=self._fluvio_protocol)
+        # Under TLS the first byte sniffed is the first one decrypted: both protocols work over it.
+        super().__init__(runner, host, port, policy, other=self._fluvio_protocol, tls=tls)
         self._fluvio = fluvio
 
     def _fluvio_protocol(self, first: bytes) -> asyncio.Protocol | None:

@@ -17,9 +17,9 @@ from typing import Any
 
 import structlog
 
-from connection_manager import ratelimit, transport
+from connection_manager import ratelimit, tls, transport
 from controller import context as context_module
-from controller.api import admission, listing
+from controller.api import admission, auth, listing
 from controller.api.fluvio import admin as admin_module, mapping, messages, objects as fluvio_objects, primitives
 from store import local, models
 
@@ -196,6 +196,13 @@ class Session:
         peer = writer.get_extra_info("peername")
         self.peer = str(peer)
         self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
+        # Fluvio's protocol carries no token: a client certificate (under mutual TLS) is the credential.
+        common_name, _ = tls.peer_names(writer.get_extra_info("peercert"))
+        self.principal: auth.Principal | auth.Unauthenticated
+        try:
+            self.principal = server.context.authenticator.authenticate(None, common_name, self.address)
+        except auth.Unauthenticated as refused:
+            self.principal = refused
         # (frame header, body, what gives back the gate slot its writing holds, if any)
         self._replies: collections.deque[tuple[bytes, bytes, Callable[[], None] | None]] = collections.deque()
         # Watches with a frame to build, in the order they asked (an ordered set).
@@ -337,6 +344,10 @@ class Session:
         if isinstance(body, messages.ApiVersionsRequest):
             self.reply(correlation_id, self.server.api_versions)
             return True
+        if isinstance(body, (messages.ListRequest, messages.WatchRequest)) and isinstance(self.principal, auth.Unauthenticated):
+            # A List or Watch answer has no error field: an empty one would lie, so the connection closes.
+            self.server.log.warning("fluvio:unauthenticated", "closing Fluvio connections without a credential", peer=self.peer, reason=str(self.principal))
+            return False
         if isinstance(body, (messages.ListRequest, messages.WatchRequest)):
             # Before the store has synced a list would be empty, not true.
             await self.server.context.synced.wait()
@@ -379,7 +390,7 @@ class Session:
         self, correlation_id: int, version: int, body: messages.CreateRequest | messages.DeleteRequest | messages.UpdateRequest
     ) -> None:
         try:
-            status = await self.server.admin.answer(body)
+            status = await self.server.admin.answer(body, self.principal)
             self.reply(correlation_id, messages.encode_response_body(status, version))
         finally:
             self._slots.release()

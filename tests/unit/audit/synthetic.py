@@ -50,9 +50,12 @@ class Writer:
             self.recorder.record_change(obj.kind, obj.name, op, self.revision, models.encode(obj))
         return self.revision
 
-    def delete(self, kind: str, name: str, by_sc: str | None = None) -> int:
+    def delete(self, kind: str, name: str, by_sc: str | None = None, requested_by: tuple[str, str] | None = None) -> int:
+        """``requested_by``: the principal and address of the API request that deleted it."""
         self.revision += 1
         key = models.object_key(kind, name)
+        if requested_by is not None:
+            self.recorder.record_request(kind, name, self.revision, *requested_by)
         if by_sc is not None:
             self.recorder.record_action(kind, name, "delete", by_sc, "", self.revision - 1, "applied", self.revision, [key])
         del self.objects[key]
@@ -180,7 +183,7 @@ async def write_cluster_story(directory: Path) -> Writer:
 
     w.at(105).topic("tmp", {"partitions": 1, "replicationFactor": 9})
     w.at(106).put(w.topic_status("tmp", "InsufficientResources"), by_sc="6 SPUs missing")
-    w.at(110).delete("topics", "tmp")
+    w.at(110).delete("topics", "tmp", requested_by=("alice", "10.0.0.7"))
     w.at(115).put(models.SpuGroup.model_validate({"name": "g", "spec": {"replicas": 1, "minId": 10}}))
     reserved = models.SpuGroupStatus(resolution="Reserved")
     w.at(115.5).put(w.get("spu-groups", "g").model_copy(update={"status": reserved}), by_sc="ids 10..10 are free")

@@ -238,7 +238,7 @@ MALFORMED = [
     (b"null", "is not a JSON object (got null)"),
     (b"[2, 3]", "is not a JSON object (got an array)"),
     (b'{"seq":5,"type":"gap","time":1}{"seq":5,"type":"gap","time":1}', "is not valid JSON: Extra data: line 1 column 32 (char 31)"),
-    (b'{"seq":6,"type":"bogus","time":1}', "has type 'bogus': expected change, action, gap or sync"),
+    (b'{"seq":6,"type":"bogus","time":1}', "has type 'bogus': expected change, action, request, gap or sync"),
     (b'{"seq":7,"type":"change","kind":"brokers","name":"b","time":1}', "has kind 'brokers': expected spus, spu-groups, topics or partitions"),
     (b'{"seq":99,"type":"sync","revision":3,"time":1}', "has seq 99, but it is record 8 of the history"),
     (b'{"seq":9,"type":"sync","revision":3}', "has no time"),
@@ -313,7 +313,7 @@ TIME = st.integers(export.micros(T0), export.micros(T0) + 10**12)
 
 @st.composite
 def recorded(draw: st.DrawFn, seq: int) -> bytes:
-    """A record as the recorder writes it: a change with an object in the SC's layout, an action, a gap or a sync."""
+    """A record as the recorder writes it: a change with an object in the SC's layout, an action, a request, a gap or a sync."""
     record_type = draw(st.sampled_from(RECORD_TYPES))
     kind = draw(st.sampled_from(list(models.KINDS)))
     time = draw(TIME)
@@ -334,6 +334,11 @@ def recorded(draw: st.DrawFn, seq: int) -> bytes:
             "reason": draw(st.text(max_size=8)), "cause": draw(st.sampled_from(["", "drain"])), "causeRevision": draw(st.integers(0, 99)),
             "outcome": "applied", "revision": draw(st.integers(0, 99)), "keys": draw(st.lists(st.text(max_size=5), max_size=3)),
             "detail": draw(st.sampled_from(["", "lost"])), "time": time,
+        }
+    elif record_type == history.REQUEST:
+        fields = {
+            "seq": seq, "type": record_type, "kind": kind, "name": draw(st.text(max_size=8)), "revision": draw(st.integers(0, 99)),
+            "by": draw(st.text(max_size=8)), "address": draw(st.none() | st.sampled_from(["127.0.0.1", "::1"])), "time": time,
         }
     elif record_type == history.GAP:
         fields = {"seq": seq, "type": record_type, "firstRevision": 3, "lastRevision": 9, "reason": "compacted", "dropped": 2, "time": time}

@@ -42,10 +42,10 @@ def test_the_story_holds_every_kind_and_its_malformed_records_are_skipped(
 ) -> None:
     directory, result = exported
     assert [(record.seq, record.reason) for record in result.malformed] == [
-        (83, 'has object.spec.leader = "2": expected a whole number from -2147483648 to 2147483647'),
-        (84, "is not valid JSON: Expecting value: line 1 column 1 (char 0)"),
+        (84, 'has object.spec.leader = "2": expected a whole number from -2147483648 to 2147483647'),
+        (85, "is not valid JSON: Expecting value: line 1 column 1 (char 0)"),
     ]
-    assert (result.rows, result.malformed_records, result.last_seq) == (82, 2, 84)
+    assert (result.rows, result.malformed_records, result.last_seq) == (83, 2, 85)
     kinds = jobs.load(spark, directory / "export").filter("type = 'change'").groupBy("kind").count().orderBy("kind").collect()
     assert [tuple(row) for row in kinds] == [("partitions", 18), ("spu-groups", 2), ("spus", 18), ("topics", 12)]
 
@@ -178,7 +178,7 @@ def test_spec_changes_say_who_made_them_and_leave_out_status_writes(results: opt
         ("spus", "spu-4", "create", at(90), "user"),
         ("spus", "spu-4", "update", at(95), "user"),
         ("topics", "tmp", "create", at(105), "user"),
-        ("topics", "tmp", "delete", at(110), "user"),
+        ("topics", "tmp", "delete", at(110), "alice"),
         ("spu-groups", "g", "create", at(115), "user"),
         ("spus", "g-0", "create", at(115.5), "sc"),
         ("topics", "late", "create", at(120), "user"),
@@ -213,14 +213,14 @@ def test_report_json_has_exactly_the_shape_of_the_api(report_dir: Path) -> None:
         "rackViolations": [{"partition": "manual-0", "replicas": [0, 1], "racks": ["r1", "r1"]}],
     }
     assert document["specChanges"][-4:] == [
-        {"kind": "topics", "name": "tmp", "op": "delete", "at": iso(110)},
-        {"kind": "spu-groups", "name": "g", "op": "create", "at": iso(115)},
-        {"kind": "spus", "name": "g-0", "op": "create", "at": iso(115.5)},
-        {"kind": "topics", "name": "late", "op": "create", "at": iso(120)},
+        {"kind": "topics", "name": "tmp", "op": "delete", "at": iso(110), "by": "alice"},
+        {"kind": "spu-groups", "name": "g", "op": "create", "at": iso(115), "by": "user"},
+        {"kind": "spus", "name": "g-0", "op": "create", "at": iso(115.5), "by": "sc"},
+        {"kind": "topics", "name": "late", "op": "create", "at": iso(120), "by": "user"},
     ]
     assert document["unavailabilityByTopic"] == [{"topic": "events", "windows": 3, "p50": 15.5, "p99": 19.91, "max": 20.0}]
     assert document["flappingSpus"] == [{"spu": 3, "offlineCount": 3, "maxInWindow": 3}]
-    assert document["history"] == {"records": 82, "from": iso(0), "to": iso(120)}
+    assert document["history"] == {"records": 83, "from": iso(0), "to": iso(120)}
 
 
 def test_the_human_report_and_its_charts(report_dir: Path) -> None:

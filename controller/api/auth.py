@@ -1,0 +1,239 @@
+"""Who is calling the public port and what they may do: the credentials file (bearer tokens and
+client-certificate names, each with a role), the principal of a request, and the right a request
+needs. Purely computational, no I/O but reading the credentials file; it never logs a token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+READ = "read"
+ADMIN = "admin"
+ROLES = (READ, ADMIN)
+# The third column of a credentials line naming a client certificate's subject CN, not a token.
+CERT_PREFIX = "cert:"
+# A token shorter than this is guessable: refused when the file is read.
+MIN_TOKEN_CHARS = 16
+# The principal of a request when no credential is configured (the port then listens on loopback).
+ANONYMOUS = "anonymous"
+
+
+class CredentialsError(ValueError):
+    """The credentials file cannot be used; the message names the file, the line and what to do."""
+
+
+class Unauthenticated(Exception):
+    """No valid credential (HTTP 401); the message says what to send."""
+
+
+class Forbidden(Exception):
+    """The credential lacks the right (HTTP 403); the message names the right."""
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A role, and for ``admin:PREFIX`` the topics it may change (read stays on everything)."""
+
+    role: str
+    topic_prefix: str | None = None
+
+    def __str__(self) -> str:
+        return self.role if self.topic_prefix is None else f"{self.role}:{self.topic_prefix}"
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who made a request: ``name`` is a token's name, ``CN=<cn>`` for a client certificate, or
+    ``anonymous@loopback`` (``anonymous`` from elsewhere) when no credential is configured."""
+
+    name: str
+    grant: Grant
+    address: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    name: str
+    grant: Grant
+    digest: bytes  # SHA-256 of the token: every comparison is of equal lengths
+
+
+@dataclass(frozen=True)
+class Credentials:
+    tokens: tuple[_Entry, ...] = ()
+    # Client certificate subject CN -> (name in the file, grant).
+    certificates: dict[str, tuple[str, Grant]] = dataclasses.field(default_factory=dict)
+
+
+def parse_grant(text: str) -> Grant:
+    """``read``, ``admin`` or ``admin:PREFIX`` (admin on the topics whose name starts with PREFIX)."""
+    role, colon, prefix = text.partition(":")
+    if role not in ROLES or (colon and (role != ADMIN or not prefix)):
+        raise ValueError(f"role {text!r} is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)")
+    return Grant(role, prefix if colon else None)
+
+
+def parse(text: str, source: str) -> Credentials:
+    """Lines ``NAME ROLE TOKEN`` or ``NAME ROLE cert:CN``; blank lines and ``#`` comments are skipped."""
+    tokens: list[_Entry] = []
+    certificates: dict[str, tuple[str, Grant]] = {}
+    names: set[str] = set()
+    digests: set[bytes] = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        where = f"{source} line {number}"
+        if len(fields) != 3:
+            # The line may hold a token: it is not quoted.
+            raise CredentialsError(f"{where} has {len(fields)} fields: write NAME ROLE TOKEN (or NAME ROLE cert:CN)")
+        name, role, secret = fields
+        try:
+            grant = parse_grant(role)
+        except ValueError as error:
+            raise CredentialsError(f"{where}: {error}") from None
+        if name in names:
+            raise CredentialsError(f"{where}: name {name!r} is given twice; each credential needs a name of its own")
+        names.add(name)
+        if secret.startswith(CERT_PREFIX):
+            common_name = secret[len(CERT_PREFIX) :]
+            if not common_name or common_name in certificates:
+                raise CredentialsError(f"{where}: certificate CN {common_name!r} is empty or mapped twice")
+            certificates[common_name] = (name, grant)
+            continue
+        if len(secret) < MIN_TOKEN_CHARS:
+            raise CredentialsError(
+                f"{where}: the token of {name!r} has {len(secret)} characters, fewer than {MIN_TOKEN_CHARS}; "
+                "make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
+        digest = hashlib.sha256(secret.encode()).digest()
+        if digest in digests:
+            raise CredentialsError(f"{where}: the token of {name!r} is another name's too; give each its own")
+        digests.add(digest)
+        tokens.append(_Entry(name, grant, digest))
+    return Credentials(tuple(tokens), certificates)
+
+
+def load(path: Path) -> Credentials:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise CredentialsError(f"cannot read the credentials file {str(path)!r}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise CredentialsError(f"the credentials file {str(path)!r} is not UTF-8 text") from None
+    return parse(text, repr(str(path)))
+
+
+def is_loopback(address: str | None) -> bool:
+    if address is None:
+        return False
+    try:
+        parsed = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        return False
+    mapped = getattr(parsed, "ipv4_mapped", None)
+    return bool(parsed.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+class Authenticator:
+    """Turns what a request presents into its principal. ``enabled`` is False when the operator
+    configured no credential (no file, no client CA): every request is then anonymous with every
+    right, which is why the port then listens on loopback only (unless the operator overrides it)."""
+
+    def __init__(self, credentials: Credentials | None, client_certificates: bool) -> None:
+        self.credentials = credentials or Credentials()
+        self.enabled = credentials is not None or client_certificates
+
+    def authenticate(self, authorization: str | None, certificate_cn: str | None, address: str | None) -> Principal:
+        if not self.enabled:
+            name = f"{ANONYMOUS}@loopback" if is_loopback(address) else ANONYMOUS
+            return Principal(name, Grant(ADMIN), address)
+        if authorization is not None:
+            scheme, _, token = authorization.strip().partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                raise Unauthenticated("the Authorization header must be 'Bearer TOKEN'")
+            entry = self._token(token.strip())
+            if entry is None:
+                raise Unauthenticated("the bearer token is not valid: use a token from the SC's --auth-tokens file")
+            return Principal(entry.name, entry.grant, address)
+        if certificate_cn is not None:
+            mapped = self.credentials.certificates.get(certificate_cn)
+            if mapped is None:
+                raise Unauthenticated(
+                    f"client certificate CN={certificate_cn!r} has no role: map it in the SC's --auth-tokens file "
+                    f"(a line NAME ROLE cert:{certificate_cn})"
+                )
+            return Principal(f"CN={certificate_cn}", mapped[1], address)
+        raise Unauthenticated(
+            "this SC requires a credential: send 'Authorization: Bearer TOKEN' (a token of its --auth-tokens file) "
+            "or a client certificate its --tls-client-ca signed"
+        )
+
+    def _token(self, token: str) -> _Entry | None:
+        """The entry of ``token``, comparing with every entry in constant time (no early exit)."""
+        digest = hashlib.sha256(token.encode()).digest()
+        found = None
+        for entry in self.credentials.tokens:
+            if hmac.compare_digest(digest, entry.digest):
+                found = entry
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Right:
+    """What a request needs: ``role``, and for a change of one topic, its name (for admin:PREFIX)."""
+
+    role: str
+    topic: str | None = None
+
+    def __str__(self) -> str:
+        return self.role if self.topic is None else f"{self.role} on topic {self.topic!r}"
+
+
+# Requests answered without any credential: a load balancer's or orchestrator's health check.
+UNAUTHENTICATED_PATHS = frozenset({"/healthz"})
+# POST routes that change nothing (placement dry runs): the read role may call them.
+_READ_POSTS = frozenset({"/v1/placement"})
+
+
+def http_right(method: str, path: str, dry_run: bool) -> Right | None:
+    """The right an HTTP request needs (None: none at all)."""
+    if path in UNAUTHENTICATED_PATHS:
+        return None
+    if method in ("GET", "HEAD", "OPTIONS") or path in _READ_POSTS or (method == "POST" and dry_run):
+        return Right(READ)
+    return Right(ADMIN, _topic_of(path))
+
+
+def _topic_of(path: str) -> str | None:
+    """The topic a path changes (``/v1/topics/NAME``..., ``/v1/partitions/NAME-I``), if any."""
+    parts = path.split("/")
+    if len(parts) >= 4 and parts[1] == "v1" and parts[2] == "topics":
+        return parts[3]
+    if len(parts) >= 4 and parts[1] == "v1" and parts[2] == "partitions":
+        return parts[3].rpartition("-")[0] or parts[3]
+    return None
+
+
+def check(principal: Principal, right: Right, topics: Iterable[str] = ()) -> None:
+    """Raise Forbidden unless ``principal`` holds ``right`` (over ``topics`` as well, if given)."""
+    grant = principal.grant
+    if right.role == READ or (grant.role == ADMIN and grant.topic_prefix is None):
+        return
+    if grant.role == ADMIN and grant.topic_prefix is not None:
+        named = [right.topic] if right.topic is not None else list(topics)
+        outside = [topic for topic in named if not topic.startswith(grant.topic_prefix)]
+        if named and not outside:
+            return
+        what = f"topic {outside[0]!r}" if outside else "objects other than topics"
+        raise Forbidden(
+            f"{principal.name} has role {grant}: it may change only topics starting with {grant.topic_prefix!r}, "
+            f"not {what}; this request needs {right}"
+        )
+    raise Forbidden(f"{principal.name} has role {grant}, and this request needs {right}; ask for an admin credential")

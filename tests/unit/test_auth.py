@@ -1,0 +1,123 @@
+"""The credentials file, principals and rights of the public port (controller/api/auth.py): pure,
+table-driven."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controller import config
+from controller.api import auth
+
+TOKEN = "a-token-of-24-characters"
+
+
+def test_a_file_gives_tokens_and_certificate_names_their_roles() -> None:
+    credentials = auth.parse(f"# comment\n\nalice admin {TOKEN}\nbob read {TOKEN}-b\nops admin:orders- cert:ops-host\n", "f")
+    authenticator = auth.Authenticator(credentials, client_certificates=True)
+    assert authenticator.authenticate(f"Bearer {TOKEN}", None, "10.0.0.1") == auth.Principal("alice", auth.Grant("admin"), "10.0.0.1")
+    assert authenticator.authenticate(f"bearer  {TOKEN}-b ", "ops-host", None) == auth.Principal("bob", auth.Grant("read"), None)
+    assert authenticator.authenticate(None, "ops-host", "::1") == auth.Principal("CN=ops-host", auth.Grant("admin", "orders-"), "::1")
+
+
+@pytest.mark.parametrize(
+    ("header", "common_name", "message"),
+    [
+        (None, None, "this SC requires a credential: send 'Authorization: Bearer TOKEN' (a token of its --auth-tokens file) or a client certificate its --tls-client-ca signed"),
+        ("Bearer wrong-token-but-long-enough", None, "the bearer token is not valid: use a token from the SC's --auth-tokens file"),
+        (f"Basic {TOKEN}", None, "the Authorization header must be 'Bearer TOKEN'"),
+        ("Bearer ", None, "the Authorization header must be 'Bearer TOKEN'"),
+        (None, "stranger", "client certificate CN='stranger' has no role: map it in the SC's --auth-tokens file (a line NAME ROLE cert:stranger)"),
+    ],
+)
+def test_no_valid_credential_is_refused_with_what_to_send(header: str | None, common_name: str | None, message: str) -> None:
+    authenticator = auth.Authenticator(auth.parse(f"alice admin {TOKEN}\n", "f"), client_certificates=True)
+    with pytest.raises(auth.Unauthenticated) as refused:
+        authenticator.authenticate(header, common_name, "10.0.0.1")
+    assert str(refused.value) == message
+
+
+def test_without_credentials_everyone_is_anonymous_with_every_right() -> None:
+    authenticator = auth.Authenticator(None, client_certificates=False)
+    assert not authenticator.enabled
+    assert authenticator.authenticate("Bearer anything", None, "127.0.0.1") == auth.Principal("anonymous@loopback", auth.Grant("admin"), "127.0.0.1")
+    assert authenticator.authenticate(None, None, "10.1.2.3").name == "anonymous"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("alice admin", "'t' line 1 has 2 fields: write NAME ROLE TOKEN (or NAME ROLE cert:CN)"),
+        (f"alice root {TOKEN}", "'t' line 1: role 'root' is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"),
+        (f"alice read:x {TOKEN}", "'t' line 1: role 'read:x' is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"),
+        (f"alice admin: {TOKEN}", "'t' line 1: role 'admin:' is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"),
+        ("alice admin short", "'t' line 1: the token of 'alice' has 5 characters, fewer than 16; make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"),
+        (f"alice admin {TOKEN}\nalice read {TOKEN}x", "'t' line 2: name 'alice' is given twice; each credential needs a name of its own"),
+        (f"alice admin {TOKEN}\nbob read {TOKEN}", "'t' line 2: the token of 'bob' is another name's too; give each its own"),
+        ("a admin cert:x\nb read cert:x", "'t' line 2: certificate CN 'x' is empty or mapped twice"),
+    ],
+)
+def test_a_bad_line_is_named_and_its_token_never_shown(text: str, message: str) -> None:
+    with pytest.raises(auth.CredentialsError) as refused:
+        auth.parse(text, "'t'")
+    assert str(refused.value) == message
+    assert TOKEN not in str(refused.value)
+
+
+def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(auth.CredentialsError) as refused:
+        auth.load(tmp_path / "absent")
+    assert str(refused.value) == f"cannot read the credentials file {str(tmp_path / 'absent')!r}: No such file or directory"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "dry_run", "right"),
+    [
+        ("GET", "/healthz", False, None),
+        ("GET", "/metrics", False, auth.Right("read")),
+        ("GET", "/v1/watch/topics", False, auth.Right("read")),
+        ("POST", "/v1/placement", False, auth.Right("read")),
+        ("POST", "/v1/topics", True, auth.Right("read")),
+        ("POST", "/v1/topics", False, auth.Right("admin")),
+        ("DELETE", "/v1/topics/orders-eu", False, auth.Right("admin", "orders-eu")),
+        ("POST", "/v1/topics/orders-eu/partitions", False, auth.Right("admin", "orders-eu")),
+        ("DELETE", "/v1/partitions/orders-eu-3", False, auth.Right("admin", "orders-eu")),
+        ("POST", "/v1/spus/spu-1/drain", False, auth.Right("admin")),
+    ],
+)
+def test_each_request_needs_its_right(method: str, path: str, dry_run: bool, right: auth.Right | None) -> None:
+    assert auth.http_right(method, path, dry_run) == right
+
+
+def test_a_topic_prefix_admin_changes_its_topics_only() -> None:
+    orders = auth.Principal("orders", auth.Grant("admin", "orders-"), None)
+    auth.check(orders, auth.Right("admin", "orders-eu"))
+    auth.check(orders, auth.Right("admin"), topics=["orders-a", "orders-b"])
+    auth.check(orders, auth.Right("read"))
+    with pytest.raises(auth.Forbidden) as refused:
+        auth.check(orders, auth.Right("admin", "payments"))
+    assert str(refused.value) == (
+        "orders has role admin:orders-: it may change only topics starting with 'orders-', not topic 'payments'; "
+        "this request needs admin on topic 'payments'"
+    )
+    with pytest.raises(auth.Forbidden, match="not objects other than topics"):
+        auth.check(orders, auth.Right("admin"))
+    reader = auth.Principal("bob", auth.Grant("read"), None)
+    with pytest.raises(auth.Forbidden, match="^bob has role read, and this request needs admin; ask for an admin credential$"):
+        auth.check(reader, auth.Right("admin"))
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"tls_cert": "c.pem"}, "tls_cert is set but tls_key is not: TLS needs both the certificate and its key"),
+        ({"tls_key": "k.pem"}, "tls_key is set but tls_cert is not: TLS needs both the certificate and its key"),
+        ({"tls_client_ca": "ca.pem"}, "tls_client_ca is set without tls_cert and tls_key: client certificates need TLS"),
+    ],
+)
+def test_tls_settings_come_in_pairs(settings: dict[str, str], problem: str) -> None:
+    with pytest.raises(config.ConfigError) as refused:
+        config.load(**settings)
+    assert refused.value.problems == [f"(settings) (default) = {json.dumps(settings)}: {problem}"]
