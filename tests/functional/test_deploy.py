@@ -126,8 +126,9 @@ def image_env() -> dict[str, str]:
     return {**env, "PATH": env["PATH"].replace("/opt/sc/bin", BIN, 1)}
 
 
-def post_json(url: str, body: Any) -> tuple[int, Any]:
-    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
+def post_json(url: str, body: Any, token: str | None = None) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=5) as response:
             return response.status, json.load(response)
@@ -135,12 +136,26 @@ def post_json(url: str, body: Any) -> tuple[int, Any]:
         return error.code, json.load(error)
 
 
-def register_spu(public: int) -> str:
+def register_spu(public: int, token: str | None = None) -> str:
     """Something for the history to record: an SPU registered through the API; its name."""
     spec = {"id": 7, "publicEndpoint": {"host": "spu-7", "port": 9005}, "privateEndpoint": {"host": "spu-7", "port": 9006}}
-    status, body = post_json(f"http://127.0.0.1:{public}/v1/spus", {"name": "spu-7", "spec": spec})
+    if token is not None:  # the deployed SC asks for a credential: without one, a 401
+        status, body = post_json(f"http://127.0.0.1:{public}/v1/spus", {"name": "spu-7", "spec": spec})
+        assert status == 401, body
+    status, body = post_json(f"http://127.0.0.1:{public}/v1/spus", {"name": "spu-7", "spec": spec}, token)
     assert status == 201, body
     return "spu-7"
+
+
+DEPLOY_TOKEN = "deploy-test-token-0123456789abcdef"
+
+
+def tokens_file(tmp_path: Path) -> Path:
+    """What the operator makes by deploy/README.md: one admin credential, readable by the SC only."""
+    path = tmp_path / "tokens"
+    path.write_text(f"ops admin {DEPLOY_TOKEN}\n")
+    path.chmod(0o600)
+    return path
 
 
 def assert_history_recorded(directory: Path, spu_name: str) -> None:
@@ -335,6 +350,7 @@ def test_kubernetes_sc_runs_as_deployed(etcd_server: embedded_etcd.EmbeddedEtcd,
         public_port=public,
         private_port=private,
         history_dir=str(workdir / "history"),
+        auth_tokens=str(tokens_file(tmp_path)),
     )
     local_config = tmp_path / config_path.name
     local_config.write_text(settings)
@@ -343,7 +359,7 @@ def test_kubernetes_sc_runs_as_deployed(etcd_server: embedded_etcd.EmbeddedEtcd,
 
     with started(argv, env, workdir, tmp_path, "sc") as process:
         wait_healthy(process, public)
-        spu = register_spu(public)
+        spu = register_spu(public, DEPLOY_TOKEN)
         assert sorted(path.name for path in workdir.iterdir()) == ["history"]
         stop_cleanly(process, timeout=pod["terminationGracePeriodSeconds"])
     assert_private_port_warning(process, remote_spus=True)
@@ -386,13 +402,14 @@ def test_systemd_sc_runs_as_the_unit_starts_it(etcd_server: embedded_etcd.Embedd
         public_port=public,
         private_port=private,
         history_dir=str(state / history_dir.name),
+        auth_tokens=str(tokens_file(tmp_path)),
     )
     argv, env = systemd_command(unit, settings, tmp_path)
     [kill_signal] = service["KillSignal"]
     [stop_timeout] = service["TimeoutStopSec"]
     with started(argv, env, state, tmp_path, "sc") as process:
         wait_healthy(process, public)
-        spu = register_spu(public)
+        spu = register_spu(public, DEPLOY_TOKEN)
         assert sorted(path.name for path in state.iterdir()) == ["history"]
         stop_cleanly(process, getattr(signal, kill_signal), float(stop_timeout))
     assert_private_port_warning(process, remote_spus=False)

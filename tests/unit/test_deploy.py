@@ -150,6 +150,25 @@ def test_the_scs_whose_spus_run_elsewhere_accept_them() -> None:
         assert settings.spu_token_file is not None or settings.spu_allow_remote_without_token
 
 
+def test_the_scs_that_serve_other_hosts_ask_for_credentials_or_say_they_do_not() -> None:
+    """Without a credential the SC serves its public port on loopback only; Compose's spu-init, the
+    Kubernetes Service and probes, and systemd's clients on other hosts must reach it."""
+    compose_env = files.compose()["services"]["sc"]["environment"]
+    compose = config.Settings(**{
+        name.removeprefix("SC_").lower(): value for name, value in compose_env.items() if name.startswith(("SC_PUBLIC_", "SC_AUTH_"))
+    })
+    kubernetes = config.Settings(**tomllib.loads(files.kubernetes_object("ConfigMap", "sc-config")["data"]["sc.toml"]))
+    systemd = config.Settings(**tomllib.loads(files.SYSTEMD_CONFIG.read_text()))
+    for settings in (compose, kubernetes, systemd):
+        assert settings.has_credentials or settings.public_bind_without_auth
+    # Kubernetes: the tokens file is the Secret sc-auth, mounted where the config names it.
+    deployment = files.kubernetes_object("Deployment", "sc")
+    [mount] = [m for m in files.container(deployment, "sc")["volumeMounts"] if m["name"] == "auth"]
+    assert kubernetes.auth_tokens is not None and str(kubernetes.auth_tokens.parent) == mount["mountPath"]
+    [volume] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "auth"]
+    assert volume["secret"]["secretName"] == "sc-auth"
+
+
 def test_every_pod_runs_non_root_read_only_and_bounded() -> None:
     uid, gid = dockerfile_user()
     for kind, name in (("Deployment", "sc"), ("StatefulSet", "etcd")):
@@ -413,7 +432,7 @@ def test_sc_environment_variables_are_settings() -> None:
         *services["sc"]["environment"],
         *(variable["name"] for variable in files.container(deployment, "sc").get("env", [])),
     ]
-    assert variables == ["SC_KEY_PREFIX", "SC_LOG_FORMAT", "SC_SPU_ALLOW_REMOTE_WITHOUT_TOKEN"]
+    assert variables == ["SC_KEY_PREFIX", "SC_LOG_FORMAT", "SC_SPU_ALLOW_REMOTE_WITHOUT_TOKEN", "SC_PUBLIC_BIND_WITHOUT_AUTH"]
     for variable in variables:
         assert variable.removeprefix("SC_").lower() in config.Settings.model_fields, variable
     # The others' SC_ADDR is the admin commands' address of the SC, which they reach by its service name.
