@@ -22,7 +22,7 @@ def partition_rows(partitions: list[dict[str, Any]]) -> str:
     return admin.table(["NAME", "LEADER", "REPLICAS", "RESOLUTION", "LRS"], rows)
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    partitions = admin.Group(commands, "partition", "list partitions")
+def register(parser: argparse.ArgumentParser) -> None:
+    partitions = admin.Group(parser)
     list_partitions = partitions.command("list", admin.lister("partitions", partition_rows, by_topic=True), "list partitions")
     list_partitions.add_argument("--topic", metavar="NAME", help="only this topic's partitions")

@@ -55,8 +55,7 @@ def _topic_create(args: argparse.Namespace) -> int:
         print(placement_rows(answer))
         return 0
     status, answer = sc.call("POST", "/v1/topics", body)
-    admin.show(args, answer, lambda topic: topic_rows([topic]))
-    admin.report_pending("topic", status, answer)
+    admin.show_written(args, "topic", status, answer, lambda topic: topic_rows([topic]))
     return 0
 
 
@@ -90,8 +89,7 @@ def _topic_describe(args: argparse.Namespace) -> int:
 
 def _topic_add_partitions(args: argparse.Namespace) -> int:
     status, topic = client.Client(admin.address(args)).call("POST", admin.path("topics", args.name, "partitions"), {"count": args.count})
-    admin.show(args, topic, lambda answer: topic_rows([answer]))
-    admin.report_pending("topic", status, topic)
+    admin.show_written(args, "topic", status, topic, lambda answer: topic_rows([answer]))
     return 0
 
 
@@ -146,8 +144,8 @@ def describe_topic(topic: dict[str, Any]) -> str:
     return text
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    topics = admin.Group(commands, "topic", "create, list, describe and delete topics; add partitions")
+def register(parser: argparse.ArgumentParser) -> None:
+    topics = admin.Group(parser)
     create = topics.command("create", _topic_create, "create a topic (waits until it is provisioned or cannot be)")
     create.add_argument("name", metavar="NAME")
     create.add_argument("-p", "--partitions", type=admin.whole_number, metavar="N", help="number of partitions")

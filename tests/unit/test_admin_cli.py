@@ -78,14 +78,18 @@ async def test_topic_create_as_json_with_policies(server: api_server.ApiServer, 
     }
 
 
-async def test_topic_create_waiting_for_spus_warns_but_succeeds(server: api_server.ApiServer, sc: Sc) -> None:
+async def test_topic_create_waiting_for_spus_is_a_failure_that_keeps_the_topic(server: api_server.ApiServer, sc: Sc) -> None:
     reason = "replication factor 2 needs 2 online SPUs, none is online: 2 more needed"
     deciding = server.decide_later("topics", "orders", {"resolution": "InsufficientResources", "reason": reason})
     code, out, err = await sc("topic", "create", "orders", "-p", "3", "-r", "2")
     await deciding
-    assert code == 0
+    assert code == 1
     assert out.splitlines()[1].split(None, 4) == ["orders", "InsufficientResources", "3", "2", reason]
-    assert err == f"warning: topic 'orders' is not provisioned yet: {reason}; it will be once enough SPUs are online\n"
+    assert err == (
+        f"error: topic 'orders' is not provisioned: {reason}; it was kept and will be provisioned once enough SPUs "
+        "are online (or delete it: sc topic delete orders)\n"
+    )
+    assert await server.read("topics", "orders") is not None
 
 
 async def test_topic_create_errors_exit_1(server: api_server.ApiServer, sc: Sc) -> None:
