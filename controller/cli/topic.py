@@ -82,8 +82,13 @@ def _read_assignment(path: str) -> list[Any]:
 
 
 def _topic_describe(args: argparse.Namespace) -> int:
-    _, topic = client.Client(admin.address(args)).call("GET", admin.path("topics", args.name))
-    admin.show(args, topic, describe_topic)
+    sc = client.Client(admin.address(args))
+    _, topic = sc.call("GET", admin.path("topics", args.name))
+    if args.output == "json":
+        admin.print_json(topic)
+        return 0
+    partitions = sc.list_all("/v1/partitions", query={"topic": args.name})
+    print(describe_topic(topic, partitions))
     return 0
 
 
@@ -120,7 +125,9 @@ def placement_rows(answer: dict[str, Any]) -> str:
     return text
 
 
-def describe_topic(topic: dict[str, Any]) -> str:
+def describe_topic(topic: dict[str, Any], partitions: list[dict[str, Any]]) -> str:
+    """The topic's settings, then each partition as Kafka's ``--describe`` shows it: leader, replicas,
+    in-sync set, and the lag of its slowest follower."""
     spec, status = topic["spec"], topic.get("status", {})
     lines = [("Name", topic["name"]), ("Resolution", admin.resolution_of(topic))]
     if "replicaAssignment" in spec:
@@ -137,11 +144,50 @@ def describe_topic(topic: dict[str, Any]) -> str:
             lines.append(("Policies", placement["policies"]))
     lines.append(("Reason", status.get("reason")))
     text = "\n".join(f"{label + ':':<13}{admin.cell(value)}" for label, value in lines)
+    by_index = {_index(topic["name"], partition["name"]): partition for partition in partitions}
     replica_map = status.get("replicaMap") or {}
-    if replica_map:
-        rows = [[index, replica_map[index]] for index in sorted(replica_map, key=int)]
-        text += "\nReplica map:\n" + "\n".join("  " + line for line in admin.table(["PARTITION", "REPLICAS"], rows).splitlines())
+    indexes = sorted({*(int(index) for index in replica_map), *(index for index in by_index if index is not None)})
+    if indexes:
+        rows = [_partition_row(index, replica_map.get(str(index)), by_index.get(index)) for index in indexes]
+        table = admin.table(["PARTITION", "LEADER", "REPLICAS", "ISR", "LAG", "RESOLUTION"], rows)
+        text += "\nPartitions:\n" + "\n".join("  " + line for line in table.splitlines())
     return text
+
+
+def _index(topic: str, partition: str) -> int | None:
+    """The index of partition ``<topic>-<index>``; None for a name of another shape."""
+    index = partition.removeprefix(f"{topic}-")
+    return int(index) if index != partition and admin.is_digits(index) and len(index) <= 10 else None
+
+
+def _partition_row(index: int, mapped: list[int] | None, partition: dict[str, Any] | None) -> list[object]:
+    """One partition: from its object once created (its leader may have changed), else from the map."""
+    if partition is None:
+        return [index, (mapped or [None])[0], mapped, None, None, None]
+    spec = partition["spec"]
+    return [index, spec["leader"], spec["replicas"], in_sync(partition), lag(partition), admin.resolution_of(partition)]
+
+
+def in_sync(partition: dict[str, Any]) -> list[int] | None:
+    """The in-sync set as the SC stores it (controller.reconcile.partition.stored_in_sync): the leader,
+    and the followers whose last LEO reaches the leader's HW, in replica order; None before any report."""
+    status = partition.get("status", {})
+    leader = status.get("leader")
+    if not leader:
+        return None
+    caught_up = {replica["spu"] for replica in status.get("replicas", []) if replica["leo"] >= leader["hw"]}
+    return [spu for spu in partition["spec"]["replicas"] if spu == leader["spu"] or spu in caught_up]
+
+
+def lag(partition: dict[str, Any]) -> int | None:
+    """Records the slowest follower is behind the leader's LEO (0 without followers); None before any report."""
+    status = partition.get("status", {})
+    leader = status.get("leader")
+    if not leader:
+        return None
+    # A follower not reported yet has LEO -1 (nothing): it lacks every record, LEO of them.
+    followers = [max(replica["leo"], 0) for replica in status.get("replicas", []) if replica["spu"] != leader["spu"]]
+    return max(0, leader["leo"] - min(followers)) if followers else 0
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -168,7 +214,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     create.add_argument("--dry-run", action="store_true", help="show the placement the topic would get; create nothing")
     topics.command("list", admin.lister("topics", topic_rows), "list topics")
-    describe = topics.command("describe", _topic_describe, "show one topic and its replica map")
+    describe = topics.command("describe", _topic_describe, "show one topic and its partitions: leader, replicas, in-sync set, lag")
     describe.add_argument("name", metavar="NAME")
     delete = topics.command("delete", admin.deleter("topics", "topic"), "delete a topic and its partitions")
     delete.add_argument("name", metavar="NAME")
