@@ -42,76 +42,131 @@ Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SC_", extra="forbid", frozen=True)
 
-    # None: all interfaces (0.0.0.0), except the public port without credentials: loopback (public_bind).
-    bind_host: str | None = None
-    public_port: Port = 9003
-    private_port: Port = 9004
-    store: StoreKind = StoreKind.ETCD
+    # Each setting's description is the help of its `sc run` flag (controller/cli/run.py).
+    bind_host: str | None = Field(
+        None,
+        description="address both ports bind to; none: all interfaces, except the public port while no credential is configured: 127.0.0.1",
+    )
+    public_port: Port = Field(9003, description="HTTP API, /metrics and Fluvio's protocol (0: any free port)")
+    private_port: Port = Field(9004, description="where SPUs connect (0: any free port)")
+    store: StoreKind = Field(StoreKind.ETCD, description="etcd, or memory (nothing survives a restart)")
     # NoDecode: SC_ETCD_ENDPOINTS is written like the flag (comma-separated), not as a JSON list.
-    etcd_endpoints: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    key_prefix: str = kv.DEFAULT_PREFIX
-    data_dir: Path = Path("./sc-data")
-    # The metadata history (store/history.py); None: <data_dir>/history with the embedded etcd, else none.
-    history_dir: Path | None = None
-    record_history: bool = True
-    embedded_etcd_client_port: Port = 12379
-    embedded_etcd_peer_port: Port = 12380
-    etcd_request_timeout: Seconds = 5.0
+    etcd_endpoints: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="comma-separated http://host:port of an existing etcd cluster; none: the embedded etcd"
+    )
+    key_prefix: str = Field(kv.DEFAULT_PREFIX, description="where this cluster's objects live in etcd (starts and ends with /)")
+    data_dir: Path = Field(Path("./sc-data"), description="the embedded etcd's data (and the history under it)")
+    # The metadata history (store/history.py).
+    history_dir: Path | None = Field(
+        None, description="the metadata history; none: <data_dir>/history with the embedded etcd, no history otherwise"
+    )
+    record_history: bool = Field(True, description="record the metadata history")
+    embedded_etcd_client_port: Port = Field(12379, description="the embedded etcd's client port (on 127.0.0.1)")
+    embedded_etcd_peer_port: Port = Field(12380, description="the embedded etcd's peer port")
+    etcd_request_timeout: Seconds = Field(
+        5.0, description="seconds an etcd request may take, retries included, before it counts as unavailable"
+    )
     # One attempt of an etcd request, retried within etcd_request_timeout (store/etcd.py).
-    etcd_attempt_timeout: Seconds = 0.5
-    # Seconds the active-SC claim outlives its SC's last keep-alive (store/active_sc.py).
-    active_sc_lease_ttl: Annotated[int, Field(ge=2, le=3600)] = 10
-    # etcd's --max-request-bytes (the embedded etcd runs with it; an external cluster must match).
+    etcd_attempt_timeout: Seconds = Field(
+        0.5, description="seconds before one attempt of an etcd request is abandoned and retried (or 4 times its slowest recent answer, if longer)"
+    )
+    # The active-SC claim: store/active_sc.py.
+    active_sc_lease_ttl: Annotated[int, Field(ge=2, le=3600)] = Field(
+        10, description="seconds the active-SC claim outlives its SC's last keep-alive: how long a crashed SC delays the next start"
+    )
     # The memory store enforces it too. At least 512 KiB: a transaction of 128 partitions of the
     # largest shape (replication factor 128, 10-digit SPU ids) must fit.
-    etcd_max_request_bytes: Annotated[int, Field(ge=512 * 1024)] = kv.DEFAULT_MAX_REQUEST_BYTES
-    resync_interval: Seconds = 60.0
-    spu_offline_grace: Seconds = 30.0
-    spu_heartbeat_timeout: Seconds = 10.0
-    spu_token_file: Path | None = None
+    etcd_max_request_bytes: Annotated[int, Field(ge=512 * 1024)] = Field(
+        kv.DEFAULT_MAX_REQUEST_BYTES,
+        description="etcd's --max-request-bytes (the embedded etcd runs with it; set it to an external cluster's own); at least 524288",
+    )
+    resync_interval: Seconds = Field(60.0, description="seconds between full controller resyncs")
+    spu_offline_grace: Seconds = Field(30.0, description="seconds an SPU recorded Online may take to reconnect after an SC start")
+    spu_heartbeat_timeout: Seconds = Field(10.0, description="seconds of SPU silence before it is marked offline")
+    spu_token_file: Path | None = Field(None, description="file holding a shared token every SPU must present")
     # Without a token the private port accepts SPUs from loopback only, unless this says otherwise.
-    spu_allow_remote_without_token: bool = False
-    spu_max_frame_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    spu_allow_remote_without_token: bool = Field(
+        False, description="without a token, accept SPUs from other hosts too (anyone reaching the port can then be any SPU)"
+    )
+    spu_max_frame_bytes: Annotated[int, Field(ge=1024)] = Field(
+        4 * 1024 * 1024, description="largest frame an SPU may send; a larger one closes that connection"
+    )
     # TLS on both ports (PEM files, reloaded when they change or on SIGHUP; connection_manager/tls.py).
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
+    tls_cert: Path | None = Field(
+        None, description="PEM certificate (chain) of both ports: they then speak TLS 1.2 or later only (reloaded on change and SIGHUP)"
+    )
+    tls_key: Path | None = Field(None, description="PEM private key of tls_cert")
     # Client certificates signed by this CA: required of SPUs on the private port (CN or DNS SAN
     # spu-<id>), optional on the public port, where a mapped one is a credential.
-    tls_client_ca: Path | None = None
-    # Credentials of the public port: lines NAME ROLE TOKEN or NAME ROLE cert:CN (controller/api/auth.py).
-    auth_tokens: Path | None = None
-    # Without any credential the public port listens on loopback only, unless this says otherwise.
-    public_bind_without_auth: bool = False
+    tls_client_ca: Path | None = Field(
+        None, description="PEM CA of client certificates: SPUs must present one naming spu-<id>; on the public port one is a credential"
+    )
+    # controller/api/auth.py.
+    auth_tokens: Path | None = Field(
+        None, description="credentials of the public port: lines NAME ROLE TOKEN or NAME ROLE cert:CN (roles read, admin, admin:PREFIX)"
+    )
+    public_bind_without_auth: bool = Field(
+        False, description="bind the public port to bind_host even with no credential configured (anyone reaching it may change everything)"
+    )
     # Slow or silent clients on both ports (connection_manager/transport.py).
-    client_header_timeout: Seconds = 10.0
-    client_body_timeout: Seconds = 30.0
-    client_idle_timeout: Seconds = 60.0
+    client_header_timeout: Seconds = Field(
+        10.0, description="seconds a client has to send a request's line and headers, or a Fluvio frame's length"
+    )
+    client_body_timeout: Seconds = Field(
+        30.0, description="seconds a request body or Fluvio frame may pause; the whole may take this plus 1 s per 64 KiB"
+    )
+    client_idle_timeout: Seconds = Field(60.0, description="seconds a connection may wait between requests")
     # None: derived from the open-file limit at start (transport.derive_limits).
-    max_connections_public: Annotated[int, Field(ge=1)] | None = None
-    max_connections_private: Annotated[int, Field(ge=1)] | None = None
-    max_connections_per_address: Annotated[int, Field(ge=1)] | None = None
-    max_buffered_request_bytes: Annotated[int, Field(ge=1024 * 1024)] = 128 * 1024 * 1024
-    unclean_leader_election: bool = False
-    leader_rebalance_batch: Annotated[int, Field(ge=0)] = 100
+    max_connections_public: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="connections the public port holds at once; none: derived from the open-file limit"
+    )
+    max_connections_private: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="connections the private port holds at once; none: derived from the open-file limit"
+    )
+    max_connections_per_address: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="connections one client address may hold on each port; none: a quarter of the public port's"
+    )
+    max_buffered_request_bytes: Annotated[int, Field(ge=1024 * 1024)] = Field(
+        128 * 1024 * 1024, description="bytes of large request bodies and Fluvio frames buffered at once"
+    )
+    unclean_leader_election: bool = Field(
+        False, description="let an out-of-sync replica lead when no in-sync one is online (may lose committed records)"
+    )
+    leader_rebalance_batch: Annotated[int, Field(ge=0)] = Field(100, description="preferred-leader moves per controller pass (0: none)")
     # Expensive reads (whole lists, placement and dry runs, Fluvio List) admitted at once, how many
     # more may wait for a slot and for how long; beyond, HTTP 429 with Retry-After.
-    max_expensive_requests: Annotated[int, Field(ge=1)] = 8
-    max_expensive_queue: Annotated[int, Field(ge=0)] = 64
-    expensive_queue_seconds: Seconds = 5.0
-    # Encoded list answers kept for identical lists of an unchanged store (bytes, all kinds together).
-    list_cache_bytes: Annotated[int, Field(ge=0)] = 64 * 1024 * 1024
-    # Watch streams (HTTP, WebSocket, Fluvio) open at once, in all and from one client address.
-    max_watchers: Annotated[int, Field(ge=1)] = 1024
-    max_watchers_per_address: Annotated[int, Field(ge=1)] = 256
-    # Changes queued for one HTTP watcher that has not taken them yet; beyond, it is dropped.
-    watch_buffer_bytes: Annotated[int, Field(ge=64 * 1024)] = 16 * 1024 * 1024
-    # A watcher or a list reader that accepts no bytes for this long is dropped (connection aborted).
-    client_stall_seconds: Seconds = 30.0
-    log_format: LogFormat = LogFormat.AUTO
-    log_level: str = "info"
+    max_expensive_requests: Annotated[int, Field(ge=1)] = Field(
+        8, description="whole lists, pages, placements and dry runs (HTTP and Fluvio) computed at once"
+    )
+    max_expensive_queue: Annotated[int, Field(ge=0)] = Field(
+        64, description="more of them that may wait for a slot; beyond, 429 with Retry-After"
+    )
+    expensive_queue_seconds: Seconds = Field(5.0, description="how long one may wait for a slot before its 429")
+    # All kinds together.
+    list_cache_bytes: Annotated[int, Field(ge=0)] = Field(
+        64 * 1024 * 1024, description="bytes of encoded whole-list answers kept for identical lists of an unchanged store"
+    )
+    max_watchers: Annotated[int, Field(ge=1)] = Field(
+        1024, description="watch streams open at once (HTTP, WebSocket, Fluvio); beyond, 429"
+    )
+    max_watchers_per_address: Annotated[int, Field(ge=1)] = Field(256, description="watch streams open at once from one client address")
+    watch_buffer_bytes: Annotated[int, Field(ge=64 * 1024)] = Field(
+        16 * 1024 * 1024, description="bytes of changes an HTTP watcher may have not taken yet; beyond, it is dropped"
+    )
+    client_stall_seconds: Seconds = Field(
+        30.0, description="a watcher or list reader that takes no bytes for this long is dropped (connection aborted)"
+    )
+    log_format: LogFormat = Field(LogFormat.AUTO, description="auto (console on a terminal, JSON otherwise), console or json")
+    log_level: str = Field("info", description="debug, info, warning or error")
     # NoDecode: SC_PLACEMENT_PLUGINS is written like the flags (NAME=module:Class,...), not as JSON.
-    placement_plugins: Annotated[dict[str, str], NoDecode] = Field(default_factory=dict)
-    placement_entry_points: bool = False
+    placement_plugins: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="load a placement plug-in at start, which topics then name as placement strategy NAME (the flag once per plug-in)",
+    )
+    placement_entry_points: bool = Field(
+        False,
+        description="also load the placement plug-ins installed packages declare (entry points streaming_controller.placement)",
+    )
 
     @pydantic.model_validator(mode="after")
     def _tls_pairs(self) -> Settings:

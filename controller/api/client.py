@@ -25,7 +25,12 @@ MAX_RETRY_AFTER = 10.0
 
 
 class ClientError(Exception):
-    """The SC refused a request or could not be reached; the message says why, for a person."""
+    """The SC refused a request or could not be reached; the message says why, for a person, and
+    ``code`` for a program: the SC's error code, or Unreachable, Timeout or BadAnswer."""
+
+    def __init__(self, message: str, code: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Client:
@@ -61,7 +66,7 @@ class Client:
             page_query = {**(query or {}), "limit": str(PAGE_SIZE), **({"continue": token} if token else {})}
             _, headers, page = self.exchange("GET", path, query=page_query)
             if not isinstance(page, list):
-                raise ClientError(f"the SC answered a list with {str(page)[:200]}")
+                raise ClientError(f"the SC answered a list with {str(page)[:200]}", "BadAnswer")
             objects.extend(page)
             token = headers.get("X-Continue")
             if not token:
@@ -85,18 +90,19 @@ class Client:
                 if failure.code == 429 and method == "GET" and attempt < BUSY_RETRIES and retry_after.isdigit():
                     time.sleep(min(float(retry_after), MAX_RETRY_AFTER))
                     continue
-                raise ClientError(_error_message(failure.code, answer)) from None
+                raise ClientError(_error_message(failure.code, answer), _error_code(failure.code, answer)) from None
             except urllib.error.URLError as failure:
                 if isinstance(failure.reason, ConnectionRefusedError):
                     raise ClientError(
                         f"cannot reach the SC at {self.address}: connection refused. Is it running? "
-                        "Start it with `sc run`, or point to it with --sc URL or SC_ADDR"
+                        "Start it with `sc run`, or point to it with --sc URL or SC_ADDR",
+                        "Unreachable",
                     ) from None
-                raise ClientError(f"cannot reach the SC at {self.address}: {failure.reason}") from None
+                raise ClientError(f"cannot reach the SC at {self.address}: {failure.reason}", "Unreachable") from None
             except TimeoutError:
-                raise ClientError(f"the SC at {self.address} did not answer within {REQUEST_TIMEOUT:g} s") from None
+                raise ClientError(f"the SC at {self.address} did not answer within {REQUEST_TIMEOUT:g} s", "Timeout") from None
             except (ConnectionError, ValueError) as failure:
-                raise ClientError(f"cannot talk to the SC at {self.address}: {failure}") from None
+                raise ClientError(f"cannot talk to the SC at {self.address}: {failure}", "Unreachable") from None
         raise AssertionError("unreachable: the last attempt returns or raises")
 
 
@@ -105,6 +111,12 @@ def _decode(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError:
         return raw.decode(errors="replace")
+
+
+def _error_code(status: int, answer: Any) -> str:
+    if isinstance(answer, dict) and isinstance(answer.get("error"), dict) and isinstance(answer["error"].get("code"), str):
+        return str(answer["error"]["code"])
+    return f"HTTP{status}"
 
 
 def _error_message(status: int, answer: Any) -> str:

@@ -1,5 +1,6 @@
 """What the commands that call the SC's HTTP API share (topic, spu, spu-group, partition): the --sc
-and -o flags, tables and JSON output, warnings, and errors on stderr with exit status 1.
+and -o flags, tables and JSON output, warnings, and errors with exit status 1 (on stderr, or with
+``-o json`` as ``{"error": {"code", "message"}}`` on stdout).
 
 Decides nothing itself: every check and verdict is the SC's.
 """
@@ -23,7 +24,11 @@ MAX_WHOLE_NUMBER = 2**31 - 1
 
 
 class CliError(Exception):
-    """Printed as ``error: <message>``; the command exits with status 1."""
+    """Printed as ``error: <message>`` (or a JSON error object with ``code``); the command exits with status 1."""
+
+    def __init__(self, message: str, code: str = "InvalidInput") -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def address(args: argparse.Namespace) -> str:
@@ -78,19 +83,36 @@ def show(args: argparse.Namespace, answer: Any, human: Callable[[Any], str]) -> 
         print(human(answer))
 
 
+def show_written(args: argparse.Namespace, kind: str, status: int, obj: dict[str, Any], human: Callable[[Any], str]) -> None:
+    """What a create shows: the object, then a failure if the SC has not made it usable (with -o json
+    the error object alone, so that stdout holds one JSON document)."""
+    if args.output != "json":
+        show(args, obj, human)
+    report_pending(kind, status, obj)
+    if args.output == "json":
+        show(args, obj, human)
+
+
 def report_pending(kind: str, status: int, obj: dict[str, Any]) -> None:
-    """A 202: written, but the controller has not (or not yet) made it usable."""
+    """A 202: written, but the controller has not (or not yet) made it usable: a failure, as with
+    Kafka's tool, though what was written stays (the SC finishes it once it can)."""
     if status != 202:
         return
     resolution = resolution_of(obj)
     reason = obj.get("status", {}).get("reason")
+    name = obj["name"]
+    command = kind.replace(" ", "-")
     if resolution == "InsufficientResources":
-        warn(f"{kind} {obj['name']!r} is not provisioned yet: {reason}; it will be once enough SPUs are online")
-    else:
-        warn(
-            f"{kind} {obj['name']!r} was written but the SC has not finished with it yet "
-            f"(resolution {resolution}); check it with `sc {kind.replace(' ', '-')} list`"
+        raise CliError(
+            f"{kind} {name!r} is not provisioned: {reason}; it was kept and will be provisioned once enough SPUs "
+            f"are online (or delete it: sc {command} delete {name})",
+            code=resolution,
         )
+    raise CliError(
+        f"{kind} {name!r} was written but the SC has not finished with it yet (resolution {resolution}); "
+        f"check it with `sc {command} list`",
+        code="Pending",
+    )
 
 
 def report_deleted(args: argparse.Namespace, kind: str, name: str, answer: dict[str, Any]) -> None:
@@ -133,7 +155,10 @@ def run(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
         try:
             return handler(args)
         except (CliError, client.ClientError) as failure:
-            print(f"error: {failure}", file=sys.stderr)
+            if args.output == "json":
+                print_json({"error": {"code": failure.code, "message": str(failure)}})
+            else:
+                print(f"error: {failure}", file=sys.stderr)
             return 1
 
     return run
@@ -158,24 +183,44 @@ def shown(text: str) -> str:
     return text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
 
 
-def common() -> argparse.ArgumentParser:
-    """The flags of every command that calls the SC (a parent parser): --sc and -o."""
-    parser = argparse.ArgumentParser(add_help=False)
+# The global flags' values when no command line gives them.
+GLOBAL_DEFAULTS = {"sc": None, "output": "table", "token": None, "ca": None}
+
+
+def add_global_flags(parser: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
+    """--sc, -o, --token and --ca: on the root parser with GLOBAL_DEFAULTS, and again on each command calling the
+    SC with no default (SUPPRESS), so that they go before or after the command and the one nearest
+    the command wins."""
     parser.add_argument(
-        "--sc", metavar="URL", help=f"the SC's public address (default: $SC_ADDR, else {DEFAULT_ADDRESS})"
-    )
-    parser.add_argument("-o", "--output", choices=["table", "json"], default="table", help="table (default) or json")
-    parser.add_argument("--token", help="bearer token of the SC's --auth-tokens file (default: $SC_TOKEN)")
-    parser.add_argument("--ca", metavar="FILE", help="PEM CA that signed the SC's certificate, for an https:// --sc (default: $SC_CA)")
+        "--sc", metavar="URL", default=defaults.get("sc", argparse.SUPPRESS),
+        help=f"the SC's public address (default: $SC_ADDR, else {DEFAULT_ADDRESS})",
+    )  # fmt: skip
+    parser.add_argument(
+        "-o", "--output", choices=["table", "json"], default=defaults.get("output", argparse.SUPPRESS),
+        help="table (default) or json; with json, errors are a JSON object on stdout too",
+    )  # fmt: skip
+    parser.add_argument(
+        "--token", default=defaults.get("token", argparse.SUPPRESS),
+        help="bearer token of the SC's --auth-tokens file (default: $SC_TOKEN)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--ca", metavar="FILE", default=defaults.get("ca", argparse.SUPPRESS),
+        help="PEM CA that signed the SC's certificate, for an https:// --sc (default: $SC_CA)",
+    )  # fmt: skip
+
+
+def common() -> argparse.ArgumentParser:
+    """The flags of every command that calls the SC (a parent parser): --sc, -o, --token, --ca."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_global_flags(parser, {})
     return parser
 
 
 class Group:
     """The subcommands of one command group (``sc topic ...``), each with the common flags."""
 
-    def __init__(self, commands: argparse._SubParsersAction, name: str, summary: str) -> None:  # type: ignore[type-arg]
-        parser = commands.add_parser(name, help=summary, description=summary)
-        self.subcommands = parser.add_subparsers(dest=f"{name}_command", metavar="COMMAND", required=True)
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        self.subcommands = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
         self._common = common()
 
     def command(self, name: str, handler: Callable[[argparse.Namespace], int], summary: str) -> argparse.ArgumentParser:

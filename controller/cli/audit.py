@@ -14,8 +14,7 @@ from pathlib import Path
 from controller.audit import options
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    audit = commands.add_parser("audit", help="export the metadata history and run the Spark audits over it")
+def register(audit: argparse.ArgumentParser) -> None:
     verbs = audit.add_subparsers(dest="audit_command", metavar="VERB", required=True)
 
     export = verbs.add_parser(

@@ -5,19 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from controller.demo import demo
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    summary = "a local cluster end to end: placement, an SPU killed and back, the Spark audit (a few minutes)"
-    parser = commands.add_parser(
-        "demo",
-        help=summary,
-        description="Start the SC on its embedded etcd in a temporary data dir and six simulated SPUs in racks "
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Start the SC on its embedded etcd in a temporary data dir and six simulated SPUs in racks "
         "r1, r2, r3; create three topics (computed, rack-aware, placement policies) and show their placement; "
         "kill the SPU leading the most partitions and show the new leaders, bring it back and show the preferred "
         "leaders return; then export the history and run the Spark audit report into --out. Every process it "
-        "starts is stopped when it ends, fails or is interrupted (Ctrl-C: exit status 130).",
+        "starts is stopped when it ends, fails or is interrupted (Ctrl-C: exit status 130)."
     )
     parser.add_argument(
         "--out", type=Path, default=Path("./sc-demo-report"), metavar="DIR",
@@ -31,4 +27,10 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         help="run both ports over mutual TLS with DIR's ca.pem, sc.crt and sc.key (for 127.0.0.1), spu.crt and spu.key "
         "(DNS SANs spu-0 .. spu-5); the API then needs a token, which the demo makes",
     )
-    parser.set_defaults(handler=demo.handle_demo)
+    parser.set_defaults(handler=handle_demo)
+
+
+def handle_demo(args: argparse.Namespace) -> int:
+    from controller.demo import demo  # its processes and output: only when the demo runs
+
+    return demo.handle_demo(args)

@@ -16,9 +16,8 @@ from controller.api import json_input
 from controller.placement import codec, engine, model, planner
 
 
-def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `placement` command group to the root `sc` parser."""
-    group = commands.add_parser("placement", help="compute replica placements offline (no server needed)")
+def register(group: argparse.ArgumentParser) -> None:
+    """Fill the `placement` command group's parser."""
     actions = group.add_subparsers(dest="placement_command", metavar="COMMAND", required=True)
     compute = actions.add_parser(
         "compute",

@@ -2,8 +2,8 @@
 SC, see admin.py); and `sc spu run`: run one simulated SPU (or K of them in this process) until
 SIGTERM/SIGINT.
 
-Owns the flags and exit codes only; the simulator is ``connection_manager.spu.simulator``. `sc spu
-run` exits with status 2 for bad flags, 1 when the SPUs cannot start (an unusable checkpoint), 0 on
+Owns the flags and exit codes only; the simulator is ``connection_manager.spu.simulator``, loaded
+only when SPUs run (the other commands and --help start faster without it). `sc spu run` exits with status 2 for bad flags, 1 when the SPUs cannot start (an unusable checkpoint), 0 on
 a signal.
 """
 
@@ -16,9 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from connection_manager import tls
-from connection_manager.spu import checkpoint, settings as spu_settings, simulator
-from controller import config, logs
+from connection_manager.spu import settings as spu_settings
 from controller.api import client
 from controller.cli import admin
 
@@ -28,8 +26,8 @@ MAX_SPUS = 10_000
 LARGEST_SPU_ID = 2**31 - 1
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    spus = admin.Group(commands, "spu", "register, list and unregister SPUs; run simulated SPUs")
+def register(parser: argparse.ArgumentParser) -> None:
+    spus = admin.Group(parser)
     register_spu = spus.command("register", _spu_register, "register a custom SPU")
     register_spu.add_argument("--id", type=admin.whole_number, required=True, metavar="ID", help="SPU id, unique in the cluster")
     register_spu.add_argument("--name", dest="spu_name", required=True, metavar="NAME", help="SPU name")
@@ -103,7 +101,8 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
         "--replica-lag-time", type=float, default=_DEFAULTS.replica_lag_time, metavar="S",
         help=f"seconds a follower may go without catching up before it leaves the ISR (default {_DEFAULTS.replica_lag_time:g})",
     )
-    run.add_argument("--log-format", choices=[fmt.value for fmt in config.LogFormat], default="auto", help="auto (default), console or json")
+    # Checked when the SPUs start (config.LogFormat): the settings' module is not loaded for the other commands.
+    run.add_argument("--log-format", default="auto", metavar="{auto,console,json}", help="auto (default), console or json")
     run.add_argument("--log-level", default="info", help="debug, info (default), warning or error")
     run.set_defaults(handler=handle_run, usage=run.error)
 
@@ -240,6 +239,8 @@ def spu_rows(spus: list[dict[str, Any]]) -> str:
 
 
 def _address(text: str) -> tuple[str, int]:
+    from connection_manager.spu import simulator
+
     try:
         return simulator.parse_address(text)
     except ValueError as error:
@@ -247,6 +248,11 @@ def _address(text: str) -> tuple[str, int]:
 
 
 def handle_run(args: argparse.Namespace) -> int:
+    from connection_manager.spu import checkpoint, simulator
+    from controller import config, logs
+
+    if args.log_format not in {fmt.value for fmt in config.LogFormat}:
+        args.usage(f"argument --log-format: invalid choice: {admin.shown(args.log_format)!r} (choose from auto, console, json)")
     if args.id is not None and args.count != 1:
         args.usage(f"--count {args.count} runs several SPUs: give --first-id N instead of --id")
     if args.count < 1:
@@ -293,6 +299,8 @@ def _tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
         if args.tls_cert is not None:
             raise ValueError("--tls-cert needs --tls-ca (the CA that signed the SC's certificate)")
         return None
+    from connection_manager import tls  # only when an SPU runs over TLS
+
     try:
         return tls.client_context(args.tls_ca, args.tls_cert, args.tls_key)
     except (OSError, ssl.SSLError) as error:

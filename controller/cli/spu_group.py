@@ -13,8 +13,7 @@ def _spu_group_create(args: argparse.Namespace) -> int:
     if args.rack is not None:
         spec["rack"] = args.rack
     status, group = admin.client_of(args).call("POST", "/v1/spu-groups", {"name": args.name, "spec": spec})
-    admin.show(args, group, lambda answer: spu_group_rows([answer]))
-    admin.report_pending("spu group", status, group)
+    admin.show_written(args, "spu group", status, group, lambda answer: spu_group_rows([answer]))
     return 0
 
 
@@ -41,8 +40,8 @@ def spu_group_rows(groups: list[dict[str, Any]]) -> str:
     return admin.table(["NAME", "REPLICAS", "MIN-ID", "RACK", "RESOLUTION", "REASON"], rows)
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    groups = admin.Group(commands, "spu-group", "create, scale, list and delete SPU groups (managed SPUs)")
+def register(parser: argparse.ArgumentParser) -> None:
+    groups = admin.Group(parser)
     create_group = groups.command("create", _spu_group_create, "create an SPU group")
     create_group.add_argument("name", metavar="NAME")
     create_group.add_argument("--replicas", type=admin.whole_number, required=True, metavar="N", help="number of SPUs")

@@ -55,8 +55,7 @@ def _topic_create(args: argparse.Namespace) -> int:
         print(placement_rows(answer))
         return 0
     status, answer = sc.call("POST", "/v1/topics", body)
-    admin.show(args, answer, lambda topic: topic_rows([topic]))
-    admin.report_pending("topic", status, answer)
+    admin.show_written(args, "topic", status, answer, lambda topic: topic_rows([topic]))
     return 0
 
 
@@ -83,15 +82,19 @@ def _read_assignment(path: str) -> list[Any]:
 
 
 def _topic_describe(args: argparse.Namespace) -> int:
-    _, topic = admin.client_of(args).call("GET", admin.path("topics", args.name))
-    admin.show(args, topic, describe_topic)
+    sc = admin.client_of(args)
+    _, topic = sc.call("GET", admin.path("topics", args.name))
+    if args.output == "json":
+        admin.print_json(topic)
+        return 0
+    partitions = sc.list_all("/v1/partitions", query={"topic": args.name})
+    print(describe_topic(topic, partitions))
     return 0
 
 
 def _topic_add_partitions(args: argparse.Namespace) -> int:
     status, topic = admin.client_of(args).call("POST", admin.path("topics", args.name, "partitions"), {"count": args.count})
-    admin.show(args, topic, lambda answer: topic_rows([answer]))
-    admin.report_pending("topic", status, topic)
+    admin.show_written(args, "topic", status, topic, lambda answer: topic_rows([answer]))
     return 0
 
 
@@ -122,7 +125,9 @@ def placement_rows(answer: dict[str, Any]) -> str:
     return text
 
 
-def describe_topic(topic: dict[str, Any]) -> str:
+def describe_topic(topic: dict[str, Any], partitions: list[dict[str, Any]]) -> str:
+    """The topic's settings, then each partition as Kafka's ``--describe`` shows it: leader, replicas,
+    in-sync set, and the lag of its slowest follower."""
     spec, status = topic["spec"], topic.get("status", {})
     lines = [("Name", topic["name"]), ("Resolution", admin.resolution_of(topic))]
     if "replicaAssignment" in spec:
@@ -139,15 +144,54 @@ def describe_topic(topic: dict[str, Any]) -> str:
             lines.append(("Policies", placement["policies"]))
     lines.append(("Reason", status.get("reason")))
     text = "\n".join(f"{label + ':':<13}{admin.cell(value)}" for label, value in lines)
+    by_index = {_index(topic["name"], partition["name"]): partition for partition in partitions}
     replica_map = status.get("replicaMap") or {}
-    if replica_map:
-        rows = [[index, replica_map[index]] for index in sorted(replica_map, key=int)]
-        text += "\nReplica map:\n" + "\n".join("  " + line for line in admin.table(["PARTITION", "REPLICAS"], rows).splitlines())
+    indexes = sorted({*(int(index) for index in replica_map), *(index for index in by_index if index is not None)})
+    if indexes:
+        rows = [_partition_row(index, replica_map.get(str(index)), by_index.get(index)) for index in indexes]
+        table = admin.table(["PARTITION", "LEADER", "REPLICAS", "ISR", "LAG", "RESOLUTION"], rows)
+        text += "\nPartitions:\n" + "\n".join("  " + line for line in table.splitlines())
     return text
 
 
-def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    topics = admin.Group(commands, "topic", "create, list, describe and delete topics; add partitions")
+def _index(topic: str, partition: str) -> int | None:
+    """The index of partition ``<topic>-<index>``; None for a name of another shape."""
+    index = partition.removeprefix(f"{topic}-")
+    return int(index) if index != partition and admin.is_digits(index) and len(index) <= 10 else None
+
+
+def _partition_row(index: int, mapped: list[int] | None, partition: dict[str, Any] | None) -> list[object]:
+    """One partition: from its object once created (its leader may have changed), else from the map."""
+    if partition is None:
+        return [index, (mapped or [None])[0], mapped, None, None, None]
+    spec = partition["spec"]
+    return [index, spec["leader"], spec["replicas"], in_sync(partition), lag(partition), admin.resolution_of(partition)]
+
+
+def in_sync(partition: dict[str, Any]) -> list[int] | None:
+    """The in-sync set as the SC stores it (controller.reconcile.partition.stored_in_sync): the leader,
+    and the followers whose last LEO reaches the leader's HW, in replica order; None before any report."""
+    status = partition.get("status", {})
+    leader = status.get("leader")
+    if not leader:
+        return None
+    caught_up = {replica["spu"] for replica in status.get("replicas", []) if replica["leo"] >= leader["hw"]}
+    return [spu for spu in partition["spec"]["replicas"] if spu == leader["spu"] or spu in caught_up]
+
+
+def lag(partition: dict[str, Any]) -> int | None:
+    """Records the slowest follower is behind the leader's LEO (0 without followers); None before any report."""
+    status = partition.get("status", {})
+    leader = status.get("leader")
+    if not leader:
+        return None
+    # A follower not reported yet has LEO -1 (nothing): it lacks every record, LEO of them.
+    followers = [max(replica["leo"], 0) for replica in status.get("replicas", []) if replica["spu"] != leader["spu"]]
+    return max(0, leader["leo"] - min(followers)) if followers else 0
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    topics = admin.Group(parser)
     create = topics.command("create", _topic_create, "create a topic (waits until it is provisioned or cannot be)")
     create.add_argument("name", metavar="NAME")
     create.add_argument("-p", "--partitions", type=admin.whole_number, metavar="N", help="number of partitions")
@@ -170,7 +214,7 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     create.add_argument("--dry-run", action="store_true", help="show the placement the topic would get; create nothing")
     topics.command("list", admin.lister("topics", topic_rows), "list topics")
-    describe = topics.command("describe", _topic_describe, "show one topic and its replica map")
+    describe = topics.command("describe", _topic_describe, "show one topic and its partitions: leader, replicas, in-sync set, lag")
     describe.add_argument("name", metavar="NAME")
     delete = topics.command("delete", admin.deleter("topics", "topic"), "delete a topic and its partitions")
     delete.add_argument("name", metavar="NAME")

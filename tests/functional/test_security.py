@@ -350,7 +350,8 @@ async def test_the_cli_calls_a_tls_port_with_a_token(ca: Authority, tmp_path: Pa
         assert await asyncio.to_thread(cli.main, [*argv, "--token", READER_TOKEN]) == 0
         assert capsys.readouterr().out.splitlines()[-1] == "[]"
         assert await asyncio.to_thread(cli.main, argv) == 1
-        assert "this SC requires a credential" in capsys.readouterr().err
+        error = json.loads(capsys.readouterr().out)["error"]  # with -o json, errors are JSON on stdout
+        assert error["code"] == "Unauthenticated" and "this SC requires a credential" in error["message"]
         assert await asyncio.to_thread(cli.main, ["spu", "list", "--sc", url, "--token", READER_TOKEN]) == 1
         assert "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err
 

@@ -78,14 +78,18 @@ async def test_topic_create_as_json_with_policies(server: api_server.ApiServer, 
     }
 
 
-async def test_topic_create_waiting_for_spus_warns_but_succeeds(server: api_server.ApiServer, sc: Sc) -> None:
+async def test_topic_create_waiting_for_spus_is_a_failure_that_keeps_the_topic(server: api_server.ApiServer, sc: Sc) -> None:
     reason = "replication factor 2 needs 2 online SPUs, none is online: 2 more needed"
     deciding = server.decide_later("topics", "orders", {"resolution": "InsufficientResources", "reason": reason})
     code, out, err = await sc("topic", "create", "orders", "-p", "3", "-r", "2")
     await deciding
-    assert code == 0
+    assert code == 1
     assert out.splitlines()[1].split(None, 4) == ["orders", "InsufficientResources", "3", "2", reason]
-    assert err == f"warning: topic 'orders' is not provisioned yet: {reason}; it will be once enough SPUs are online\n"
+    assert err == (
+        f"error: topic 'orders' is not provisioned: {reason}; it was kept and will be provisioned once enough SPUs "
+        "are online (or delete it: sc topic delete orders)\n"
+    )
+    assert await server.read("topics", "orders") is not None
 
 
 async def test_topic_create_errors_exit_1(server: api_server.ApiServer, sc: Sc) -> None:
@@ -202,11 +206,11 @@ async def test_topic_list_describe_and_json(server: api_server.ApiServer, sc: Sc
         "Rack-aware:  yes\n"
         "Strategy:    computed\n"
         "Reason:      -\n"
-        "Replica map:\n"
-        "  PARTITION  REPLICAS\n"
-        "  0          [0, 1]\n"
-        "  1          [1, 2]\n"
-        "  2          [2, 0]\n",
+        "Partitions:\n"
+        "  PARTITION  LEADER  REPLICAS  ISR  LAG  RESOLUTION\n"
+        "  0          0       [0, 1]    -    -    -\n"
+        "  1          1       [1, 2]    -    -    -\n"
+        "  2          2       [2, 0]    -    -    -\n",
         "",
     )
     code, out, _ = await sc("topic", "describe", "orders", "-o", "json")
@@ -331,11 +335,70 @@ async def test_partition_list(server: api_server.ApiServer, sc: Sc) -> None:
     await server.put(partition("a-0", [1, 2, 3]), partition("b-0", [2]), partition("a-1", [3, 1]))
     assert await sc("partition", "list", "--topic", "a") == (
         0,
-        "NAME  LEADER  REPLICAS   RESOLUTION  LRS\na-0   1       [1, 2, 3]  Offline     0\na-1   3       [3, 1]     Offline     0\n",
+        "NAME  LEADER  REPLICAS   RESOLUTION  HW  LEO  LRS\n"
+        "a-0   1       [1, 2, 3]  Offline     -   -    0\n"
+        "a-1   3       [3, 1]     Offline     -   -    0\n",
         "",
     )
     code, out, _ = await sc("partition", "list", "-o", "json")
     assert (code, [obj["name"] for obj in json.loads(out)]) == (0, ["a-0", "a-1", "b-0"])
+
+
+def reported(name: str, replicas: list[int], leader: tuple[int, int], followers: dict[int, int], **status: Any) -> models.Partition:
+    """Partition ``name`` led by its first replica, whose LRS said: leader (HW, LEO), each follower's LEO."""
+    hw, leo = leader
+    return models.Partition.model_validate(
+        {
+            "name": name,
+            "spec": {"leader": replicas[0], "replicas": replicas},
+            "status": {
+                "resolution": "Online",
+                "leader": {"spu": replicas[0], "hw": hw, "leo": leo},
+                "replicas": [{"spu": spu, "hw": min(hw, follower_leo), "leo": follower_leo} for spu, follower_leo in followers.items()],
+                "lrs": sum(1 for follower_leo in followers.values() if follower_leo >= hw),
+                **status,
+            },
+        }
+    )
+
+
+async def test_topic_describe_shows_each_partitions_leader_replicas_in_sync_set_and_lag(server: api_server.ApiServer, sc: Sc) -> None:
+    await server.put(
+        topic("orders", 3, 3, resolution="Provisioned", replicaMap={"0": [0, 1, 2], "1": [1, 2, 0], "2": [2, 0, 1]}),
+        reported("orders-0", [0, 1, 2], (100, 120), {1: 120, 2: 100}),
+        reported("orders-1", [2, 0, 1], (50, 80), {0: 30, 1: 80}),  # its leader moved from 1 to 2
+        partition("other-0", [5]),
+    )
+    code, out, err = await sc("topic", "describe", "orders")
+    assert (code, err) == (0, "")
+    assert out.split("Partitions:\n")[1] == (
+        "  PARTITION  LEADER  REPLICAS   ISR        LAG  RESOLUTION\n"
+        "  0          0       [0, 1, 2]  [0, 1, 2]  20   Online\n"
+        "  1          2       [2, 0, 1]  [2, 1]     50   Online\n"
+        "  2          2       [2, 0, 1]  -          -    -\n"  # not created yet: its place in the replica map
+    )
+    assert await sc("partition", "list", "--topic", "orders") == (
+        0,
+        "NAME      LEADER  REPLICAS   RESOLUTION  HW   LEO  LRS\n"
+        "orders-0  0       [0, 1, 2]  Online      100  120  2\n"
+        "orders-1  2       [2, 0, 1]  Online      50   80   1\n",
+        "",
+    )
+
+
+def test_the_in_sync_set_shown_is_the_one_the_sc_stores() -> None:
+    from controller.cli import topic as topic_cli
+    from controller.reconcile import partition as partition_rules
+
+    for shown, listed in (
+        (reported("t-0", [0, 1, 2], (100, 120), {1: 120, 2: 99}), [0, 1]),
+        (reported("t-0", [2, 0, 1], (100, 100), {0: 100, 1: -1}), [2, 0]),
+        (reported("t-0", [3], (7, 7), {}), [3]),
+    ):
+        stored = partition_rules.stored_in_sync(shown.status)  # type: ignore[attr-defined]
+        assert (topic_cli.in_sync(shown.to_json_dict()), sorted(stored)) == (listed, sorted(set(listed) - {shown.spec.leader}))  # type: ignore[attr-defined]
+    assert (topic_cli.in_sync(partition("t-0", [0, 1]).to_json_dict()), topic_cli.lag(partition("t-0", [0, 1]).to_json_dict())) == (None, None)
+    assert topic_cli.lag(reported("t-0", [2, 0, 1], (100, 100), {0: 100, 1: -1}).to_json_dict()) == 100
 
 
 async def test_lists_are_read_in_pages_to_the_end(server: api_server.ApiServer, sc: Sc, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 from pathlib import Path
 
 import pytest
 
-from controller import config, daemon
+from controller import config, daemon, logs
 from controller.cli import main as cli
 
 
@@ -102,3 +104,54 @@ def test_sc_run_prints_each_bad_setting_on_one_line_naming_its_source_with_statu
         "error: invalid configuration: " + line.format(file=config_file) for line in expected
     ]
     assert captured.out == ""
+
+
+# ---------------------------------------------------------------------------- `sc run`'s flags: made from Settings
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = cli.build_parser(commands=["run"])
+    return parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+
+
+def test_every_setting_has_a_flag_whose_help_is_its_description_and_default() -> None:
+    actions = {action.dest: action for action in _run_parser()._actions if action.option_strings}
+    assert set(actions) == {"help", "config", *config.Settings.model_fields}
+    assert (actions["public_port"].option_strings, actions["public_port"].help) == (
+        ["--public-port"], "HTTP API, /metrics and Fluvio's protocol (0: any free port) (default 9003)"
+    )  # fmt: skip
+    assert (actions["record_history"].option_strings, actions["record_history"].help) == (["--no-history"], "do not record the metadata history")
+    assert (actions["data_dir"].help, actions["history_dir"].help) == (
+        "the embedded etcd's data (and the history under it) (default ./sc-data)",
+        "the metadata history; none: <data_dir>/history with the embedded etcd, no history otherwise",
+    )
+    assert actions["store"].choices == ["etcd", "memory"]
+    for name, field in config.Settings.model_fields.items():
+        assert field.description and actions[name].help and field.description in actions[name].help, name
+
+
+def test_each_flag_reaches_its_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[config.Settings] = []
+
+    async def record(self: daemon.Daemon) -> None:
+        started.append(self.settings)
+
+    monkeypatch.setattr(daemon.Daemon, "run_until_signalled", record)
+    monkeypatch.setattr(logs, "configure", lambda log_format, level: None)  # the test process's logging stays as it is
+    for name in list(os.environ):
+        if name.upper().startswith("SC_"):
+            monkeypatch.delenv(name)
+    argv = [
+        "run", "--store", "memory", "--bind-host", "127.0.0.1", "--public-port", "7003", "--no-history",
+        "--etcd-endpoints", "http://a:2379,http://b:2379", "--etcd-attempt-timeout", "0.25", "--active-sc-lease-ttl", "20",
+        "--spu-allow-remote-without-token", "--max-connections-public", "50", "--log-level", "warning",
+        "--placement-plugin", "one=tests.placement_plugins:HighestFirst", "--placement-plugin", "two=pkg.mod:Placer",
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    (settings,) = started
+    assert settings == config.Settings(
+        store=config.StoreKind.MEMORY, bind_host="127.0.0.1", public_port=7003, record_history=False,
+        etcd_endpoints=["a:2379", "b:2379"], etcd_attempt_timeout=0.25, active_sc_lease_ttl=20,
+        spu_allow_remote_without_token=True, max_connections_public=50, log_level="warning",
+        placement_plugins={"one": "tests.placement_plugins:HighestFirst", "two": "pkg.mod:Placer"},
+    )  # fmt: skip
