@@ -8,6 +8,8 @@ simulator, the Fluvio codec nor Spark.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import json
 import os
 import sys
@@ -160,5 +162,21 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+def console() -> NoReturn:
+    """The `sc` executable: main(), then the interpreter's exit, except after Arrow was loaded
+    (`sc audit export`, `sc audit report`): its C++ thread pools may abort the process while Python
+    tears its modules down ("terminate called without an active exception", apache/arrow#34314),
+    turning a finished command into exit status 134 about once in 40 runs. Then the exit handlers
+    run (Spark's, temporary directories') and the process ends without that teardown."""
+    status = main()
+    if "pyarrow" not in sys.modules:
+        sys.exit(status)
+    with contextlib.suppress(BrokenPipeError):
+        sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

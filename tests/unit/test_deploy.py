@@ -342,7 +342,7 @@ def test_dockerfile_runs_sc_as_a_non_root_user_it_creates() -> None:
     assert f"useradd --system --uid {uid} --gid {gid} --home-dir {files.image_workdir()} --create-home" in creates
     # `sc` is the project's console script, found on the PATH at the venv the build stage filled.
     assert files.image_entrypoint() == ["sc"]
-    assert files.pyproject()["project"]["scripts"]["sc"] == "controller.cli.main:main"
+    assert files.pyproject()["project"]["scripts"]["sc"] == "controller.cli.main:console"
     assert files.image_cmd() == ["run"]
     assert files.image_env(base_path="/usr/local/bin")["PATH"] == "/opt/sc/bin:/usr/local/bin"
     assert files.image_env(base_path="")["PYTHONUNBUFFERED"] == "1"  # log lines leave as written
