@@ -604,7 +604,7 @@ async def create_spu_group(request: web.Request) -> web.Response:
             422,
             "SpuGroupInvalid",
             f"SPU group {group.name!r} is Invalid: {current.status.reason}; "  # type: ignore[attr-defined]
-            f"it was kept so you can see why: delete it and create it again",
+            "it is kept, and reserves its range by itself once nothing collides: unregister the SPUs named, or delete the group and create it with another minId",
             object=current.to_json_dict(),
         )
     return web.json_response(current.to_json_dict(), status=201 if settled else 202)

@@ -329,6 +329,25 @@ async def test_an_orphan_busy_when_its_topic_is_deleted_is_deleted_once_free(kv_
         await cluster.pipeline.stop()
 
 
+async def test_an_invalid_spu_group_reserves_its_range_once_the_colliding_spu_is_gone(cluster: Cluster) -> None:
+    """What the API's 422 tells the operator to do: no need to delete and create the group again."""
+    await cluster.add_spu(31, online=False)  # collides with the group's range 30..31
+    await cluster.create(models.SpuGroup.model_validate({"name": "late", "spec": {"replicas": 2, "minId": 30}}))
+
+    async def resolution_is(expected: models.SpuGroupResolution) -> None:
+        stored = await cluster.read("spu-groups", "late")
+        assert stored is not None and stored.status.resolution is expected, stored
+
+    await cluster.eventually(lambda: resolution_is(models.SpuGroupResolution.INVALID))
+    await cluster.kv_store.delete("spus/spu-31")
+    await cluster.eventually(lambda: resolution_is(models.SpuGroupResolution.RESERVED))
+
+    async def created() -> None:
+        assert sorted(await cluster.read_all("spus")) == ["late-0", "late-1"]
+
+    await cluster.eventually(created)
+
+
 async def test_spu_group_reserves_creates_scales_and_deletes(cluster: Cluster) -> None:
     await cluster.add_spu(12, online=False)  # collides with the group's range 11..13
     group = models.SpuGroup.model_validate({"name": "main", "spec": {"replicas": 3, "minId": 11, "rack": "zone-a"}})

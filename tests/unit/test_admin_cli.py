@@ -303,7 +303,7 @@ async def test_spu_group_create_list_delete(server: api_server.ApiServer, sc: Sc
     assert await sc("spu-group", "create", "clash", "--replicas", "2", "--min-id", "100") == (
         1,
         "",
-        f"error: SPU group 'clash' is Invalid: {reason}; it was kept so you can see why: delete it and create it again\n",
+        f"error: SPU group 'clash' is Invalid: {reason}; it is kept, and reserves its range by itself once nothing collides: unregister the SPUs named, or delete the group and create it with another minId\n",
     )
     await deciding
     assert await sc("spu-group", "scale", "main", "--replicas", "5") == (

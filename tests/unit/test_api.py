@@ -306,7 +306,7 @@ async def test_spu_group_invalid_is_422_and_kept(server: api_server.ApiServer) -
         {
             **error(
                 "SpuGroupInvalid",
-                f"SPU group 'g' is Invalid: {reason}; it was kept so you can see why: delete it and create it again",
+                f"SPU group 'g' is Invalid: {reason}; it is kept, and reserves its range by itself once nothing collides: unregister the SPUs named, or delete the group and create it with another minId",
             ),
             "object": stored.to_json_dict(),
         },

@@ -288,7 +288,7 @@ class Admin:
                 group.name,
                 Error.SPU_ERROR,
                 f"SPU group {group.name!r} is Invalid: {current.status.reason}; "  # type: ignore[attr-defined]
-                "it was kept so you can see why: delete it and create it again",
+                "it is kept, and reserves its range by itself once nothing collides: unregister the SPUs named, or delete the group and create it with another minId",
             )
         return messages.Status(group.name)
 
