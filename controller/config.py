@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     max_connections_public: Annotated[int, Field(ge=1)] | None = None
     max_connections_private: Annotated[int, Field(ge=1)] | None = None
     max_connections_per_address: Annotated[int, Field(ge=1)] | None = None
+    # None: the system's largest (net.core.somaxconn on Linux; transport.listen_backlog), which
+    # also caps a larger value.
+    listen_backlog: Annotated[int, Field(ge=1, lt=1 << 31)] | None = None
     max_buffered_request_bytes: Annotated[int, Field(ge=1024 * 1024)] = 128 * 1024 * 1024
     unclean_leader_election: bool = False
     leader_rebalance_batch: Annotated[int, Field(ge=0)] = 100
