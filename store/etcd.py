@@ -993,6 +993,9 @@ class EtcdStore(kv.KVStore):
             return ValueError(f"etcd rejected {operation}: {error.details()}")
         return kv.StoreError(f"etcd at {self._endpoints_text()} failed {operation}: {_describe(error)}")
 
+    def stopped(self) -> kv.StoreError | None:
+        return self._wrong_cluster
+
     def _check_open(self) -> None:
         if self._closed:
             raise kv.Unavailable("the etcd store is closed")
