@@ -110,6 +110,7 @@ class Limits:
     connections: int
     per_address: int
     buffered_bytes: int = 128 * 1024 * 1024
+    backlog: int | None = None  # None: listen_backlog()
 
 
 @dataclass(frozen=True)
@@ -524,7 +525,7 @@ class Listener(asyncio.AbstractServer):
     ) -> Listener:
         loop = asyncio.get_running_loop()
         addresses = await loop.getaddrinfo(host or None, port_number, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-        backlog = listen_backlog()
+        backlog = port.limits.backlog or listen_backlog()
         sockets: list[socket.socket] = []
         try:
             for family, kind, protocol, _, address in dict.fromkeys(addresses):

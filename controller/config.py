@@ -126,6 +126,11 @@ class Settings(BaseSettings):
     max_connections_per_address: Annotated[int, Field(ge=1)] | None = Field(
         None, description="connections one client address may hold on each port; none: a quarter of the public port's"
     )
+    # None: the system's largest (net.core.somaxconn on Linux; transport.listen_backlog), which
+    # also caps a larger value.
+    listen_backlog: Annotated[int, Field(ge=1, lt=1 << 31)] | None = Field(
+        None, description="connections the kernel queues on each port before the SC accepts them; none: the system's largest (somaxconn)"
+    )
     max_buffered_request_bytes: Annotated[int, Field(ge=1024 * 1024)] = Field(
         128 * 1024 * 1024, description="bytes of large request bodies and Fluvio frames buffered at once"
     )

@@ -277,6 +277,7 @@ def _ports(settings: config.Settings) -> tuple[transport.Port, transport.Port]:
     )
     timeouts = transport.Timeouts(settings.client_header_timeout, settings.client_body_timeout, settings.client_idle_timeout)
     buffered = settings.max_buffered_request_bytes
+    backlog = settings.listen_backlog or transport.listen_backlog()
     reserve = transport.reserved_descriptors(files)
     if limits.public + limits.private > files - reserve:
         log.warning(
@@ -285,11 +286,11 @@ def _ports(settings: config.Settings) -> tuple[transport.Port, transport.Port]:
         )
     log.info(
         "connection limits", open_file_limit=files, public=limits.public, private=limits.private,
-        per_address=limits.per_address, header_timeout=timeouts.header, body_timeout=timeouts.body, idle_timeout=timeouts.idle,
+        per_address=limits.per_address, listen_backlog=backlog, header_timeout=timeouts.header, body_timeout=timeouts.body, idle_timeout=timeouts.idle,
     )  # fmt: skip
     return (
-        transport.Port(transport.PUBLIC, transport.Limits(limits.public, limits.per_address, buffered), timeouts),
-        transport.Port(transport.PRIVATE, transport.Limits(limits.private, limits.per_address, buffered), timeouts),
+        transport.Port(transport.PUBLIC, transport.Limits(limits.public, limits.per_address, buffered, backlog), timeouts),
+        transport.Port(transport.PRIVATE, transport.Limits(limits.private, limits.per_address, buffered, backlog), timeouts),
     )
 
 

@@ -258,6 +258,9 @@ class GuardedStore(kv.KVStore):
     async def get(self, key: str) -> kv.KeyValue | None:
         return await self.inner.get(key)
 
+    def stopped(self) -> kv.StoreError | None:
+        return self.inner.stopped()
+
     async def list(self, prefix: str) -> kv.ListResult:
         return await self.inner.list(prefix)
 

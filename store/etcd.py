@@ -160,11 +160,14 @@ def above_grpc_limit(details: str | None) -> kv.TooLarge | None:
 class _Create:
     """One caller's create waiting for its group commit."""
 
-    __slots__ = ("key", "value", "future", "size", "deadline")
+    __slots__ = ("key", "value", "op", "future", "size", "deadline")
 
-    def __init__(self, key: str, value: bytes, future: asyncio.Future[int], size: int, deadline: float) -> None:
+    def __init__(
+        self, key: str, value: bytes, op: etcdpb.RequestOp, future: asyncio.Future[int], size: int, deadline: float
+    ) -> None:
         self.key = key
         self.value = value
+        self.op = op
         self.future = future
         self.size = size  # its bytes in the group's transaction
         self.deadline = deadline
@@ -309,8 +312,10 @@ class EtcdStore(kv.KVStore):
         size = self._request_size.create_bytes(key, len(value))
         if size > self._request_size.budget:
             raise kv.TooLarge(size, self.max_request_bytes)
+        # Encoded here, so that a value etcd cannot take fails its own caller at once, not its batch.
+        op = _create_op(self._prefix_bytes + key.encode(), value)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending_creates.append(_Create(key, value, future, size, self._deadline()))
+        self._pending_creates.append(_Create(key, value, op, future, size, self._deadline()))
         self._schedule_creates()
         return await future
 
@@ -352,15 +357,24 @@ class EtcdStore(kv.KVStore):
         self._schedule_creates()
 
     async def _create_batch(self, batch: list[_Create]) -> None:
+        failure: BaseException | None = None
         try:
             await self._create_together(batch)
+        except asyncio.CancelledError as cancelled:
+            failure = cancelled
+            raise
+        except Exception as error:
+            # A bug (ours or a library's): its callers must hear of it, not wait for ever.
+            failure = error
+            _log.exception("etcd group commit of %d create(s) failed unexpectedly", len(batch))
         finally:
             self._creating.difference_update(create.key for create in batch)
+            for create in batch:
+                if not create.future.done():
+                    create.future.set_exception(_unresolved_create(create.key, failure))
 
     async def _create_together(self, batch: list[_Create]) -> None:
-        prefix = self._prefix_bytes
-        keys = [prefix + create.key.encode() for create in batch]
-        request = etcdpb.TxnRequest(success=[_create_op(key, create.value) for key, create in zip(keys, batch)])
+        request = etcdpb.TxnRequest(success=[create.op for create in batch])
         floor = self._revision_seen
         write = _Write()
         # The longest budget in the batch: a create never gets less than it asked for.
@@ -374,18 +388,19 @@ class EtcdStore(kv.KVStore):
                 # etcd refused the request itself: one create in it, most likely too large for a
                 # cluster that takes less than we were told (etcd_max_request_bytes above its
                 # --max-request-bytes). Each create alone, so that only that one fails.
-                await asyncio.gather(*(self._create_together([create]) for create in batch))
+                alone = await asyncio.gather(*(self._create_together([create]) for create in batch), return_exceptions=True)
+                # Each ran to its end (none left running behind us); the first unexpected error is
+                # the batch's (its callers' futures still unresolved are failed with it).
+                raised = next((outcome for outcome in alone if isinstance(outcome, BaseException)), None)
+                if raised is not None:
+                    raise raised
             elif not batch[0].future.done():
                 batch[0].future.set_exception(refused)
             return
-        except (kv.StoreError, ValueError, asyncio.CancelledError) as error:
+        except kv.StoreError as error:  # a cancellation (the store closing) is _create_batch's
             for create in batch:
                 if not create.future.done():
-                    create.future.set_exception(
-                        kv.Unavailable("etcd store closed during create") if isinstance(error, asyncio.CancelledError) else error
-                    )
-            if isinstance(error, asyncio.CancelledError):
-                raise
+                    create.future.set_exception(error)
             return
         # Keys created after we sent the request but changed since (a controller writes a status
         # at once): whether the create was ours is read at their create revision.
@@ -978,6 +993,9 @@ class EtcdStore(kv.KVStore):
             return ValueError(f"etcd rejected {operation}: {error.details()}")
         return kv.StoreError(f"etcd at {self._endpoints_text()} failed {operation}: {_describe(error)}")
 
+    def stopped(self) -> kv.StoreError | None:
+        return self._wrong_cluster
+
     def _check_open(self) -> None:
         if self._closed:
             raise kv.Unavailable("the etcd store is closed")
@@ -1007,6 +1025,17 @@ class EtcdStore(kv.KVStore):
             mod_revision=item.mod_revision,
             create_revision=item.create_revision,
         )
+
+
+def _unresolved_create(key: str, failure: BaseException | None) -> kv.Unavailable:
+    """The error of a create its group commit ended without answering (it may have been sent)."""
+    if failure is None or isinstance(failure, asyncio.CancelledError):
+        return kv.Unavailable("etcd store closed during create")
+    unavailable = kv.Unavailable(
+        f"etcd create of {key!r} failed unexpectedly ({type(failure).__name__}: {failure}); it may or may not have been applied"
+    )
+    unavailable.__cause__ = failure
+    return unavailable
 
 
 def _create_op(key: bytes, value: bytes) -> etcdpb.RequestOp:

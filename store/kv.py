@@ -279,6 +279,12 @@ class KVStore(abc.ABC):
     async def close(self) -> None:
         """Release connections; pending watches end."""
 
+    def stopped(self) -> StoreError | None:
+        """The error every request now fails with, for good (WrongCluster), or None: the store
+        works, or fails in a way that may pass. Lets /healthz say so without waiting for a task
+        to trip over it."""
+        return None
+
 
 # Largest number of operations etcd accepts in one transaction by default (--max-txn-ops).
 MAX_TXN_OPS = 128

@@ -17,7 +17,7 @@ import pydantic
 from controller import context as context_module, placement
 from controller.api import admission
 from controller.reconcile import actions, spu_group, spu_ids, topic as topic_controller
-from store import kv, local, models
+from store import kv, local, models, spu_index
 
 T = TypeVar("T")
 
@@ -218,7 +218,7 @@ async def register_spu(context: context_module.Context, spu: models.Spu, dry_run
             f"spec.spuType: only Custom SPUs can be registered; Managed SPUs are created by SPU groups "
             f"(got {spu.spec.spu_type.value!r})",
         )
-    index_key = spu_ids.index_key(spu.spec.id)
+    index_key = spu_index.index_key(spu.spec.id)
     for _ in range(CAS_ATTEMPTS):
         # The index key before the SPUs: an index key naming an SPU that the later listing lacks
         # is then certainly stale (an SPU and its key are only ever written together).
@@ -486,7 +486,7 @@ async def delete(context: context_module.Context, kind: str, name: str) -> tuple
 
 async def _release_spu_id(context: context_module.Context, spu: models.Spu) -> actions.Write | None:
     """The delete of the SPU's id index key, to go with the SPU's own (None if it names another)."""
-    stored = await context.kv_store.get(spu_ids.index_key(spu.spec.id))
+    stored = await context.kv_store.get(spu_index.index_key(spu.spec.id))
     return spu_ids.release(spu.name, spu.spec.id, None if stored is None else (stored.value, stored.mod_revision))
 
 

@@ -492,7 +492,7 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
         },
         "Health": {
             "type": "object",
-            "properties": {"status": {"enum": ["ok", "starting", "failing", "inactive"]}, "reason": {"type": "string"}},
+            "properties": {"status": {"enum": ["ok", "starting", "failing", "inactive", "store-stopped"]}, "reason": {"type": "string"}},
             "required": ["status"],
         },
         "Drain": {

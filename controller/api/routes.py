@@ -334,6 +334,10 @@ GROUP_WAITS = web.AppKey("group_waits", admin_ops.Waits)
 
 async def healthz(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
+    stopped = context.kv_store.stopped()
+    if stopped is not None:
+        # Before the tasks: they fail because of it, and restarting them cannot help.
+        return web.json_response({"status": "store-stopped", "reason": str(stopped)}, status=503)
     failing = context.supervisor.failing()
     if failing:
         reason = "; ".join(task.describe() for task in failing)

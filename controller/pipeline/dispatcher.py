@@ -242,14 +242,17 @@ class ActionDispatcher:
                 "store unavailable, actions kept and retried with backoff",
                 actions=len(batch), keys=[action.key for action in batch[:5]], error=str(unavailable),
             )
-        except (kv.StoreError, ValueError) as error:
+        except Exception as error:
+            # A store refusal, or a bug (ours or a library's): either way its actions get a result.
+            unexpected = not isinstance(error, kv.StoreError | ValueError)
             if len(batch) > 1:
                 # Find the culprit: a bad action must not drop the whole batch.
                 for action in batch:
                     self._requeue(action, isolate=True)
             else:
-                results = [Result(batch[0], Outcome.FAILED, 0, str(error))]
-                log.error("action failed", key=batch[0].key, verb=batch[0].verb.value, error=str(error))
+                detail = f"{type(error).__name__}: {error}" if unexpected else str(error)
+                results = [Result(batch[0], Outcome.FAILED, 0, detail)]
+                log.error("action failed", key=batch[0].key, verb=batch[0].verb.value, error=detail, exc_info=unexpected)
                 self._back_off(batch[0].key)
         finally:
             for action in batch:

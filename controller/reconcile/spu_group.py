@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controller.reconcile import actions, spu_ids
-from store import local, models
+from store import local, models, spu_index
 
 RESERVED, INVALID = models.SpuGroupResolution.RESERVED, models.SpuGroupResolution.INVALID
 
@@ -80,10 +80,10 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     return decided
 
 
-def _delete(entry: local.Entry, meta: spu_ids.MetaReader, reason: str) -> actions.Action:
+def _delete(entry: local.Entry, meta: spu_index.MetaReader, reason: str) -> actions.Action:
     """Delete a managed SPU and, in the same transaction, give its id back."""
     spu: models.Spu = entry.obj  # type: ignore[assignment]
-    released = spu_ids.release(spu.name, spu.spec.id, meta(spu_ids.index_key(spu.spec.id)))
+    released = spu_ids.release(spu.name, spu.spec.id, meta(spu_index.index_key(spu.spec.id)))
     return actions.delete("spus", spu.name, entry.mod_revision, reason, also=() if released is None else (released,))
 
 
@@ -92,7 +92,7 @@ def _reconcile_group(
     spus: Mapping[str, local.Entry],
     ids: Mapping[str, int],
     reserved: dict[int, str],
-    meta: spu_ids.MetaReader,
+    meta: spu_index.MetaReader,
 ) -> list[actions.Action]:
     group: models.SpuGroup = entry.obj  # type: ignore[assignment]
     wanted = desired_spus(group)
@@ -130,7 +130,7 @@ def _reconcile_group(
             continue
         # The id's index key goes in the same transaction as the SPU; an id still held by another
         # of the group's SPUs (its ids are being moved, a hand edit) waits for that one to move.
-        stored_index = meta(spu_ids.index_key(spu.spec.id))
+        stored_index = meta(spu_index.index_key(spu.spec.id))
         try:
             taken = spu_ids.claim(spu.name, spu.spec.id, stored_index, ids)
         except spu_ids.IdInUse:
@@ -144,7 +144,7 @@ def _reconcile_group(
         if current.obj.spec == spec:  # type: ignore[attr-defined]
             continue
         old_id = current.obj.spec.id  # type: ignore[attr-defined]
-        released = None if old_id == spu.spec.id else spu_ids.release(spu.name, old_id, meta(spu_ids.index_key(old_id)))
+        released = None if old_id == spu.spec.id else spu_ids.release(spu.name, old_id, meta(spu_index.index_key(old_id)))
         decided.append(
             actions.update_spec(
                 current.obj,

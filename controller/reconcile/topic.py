@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controller import placement
-from controller.reconcile import actions, spu_ids, topic_size
-from store import kv, local, models
+from controller.reconcile import actions, topic_size
+from store import kv, local, models, spu_index
 
 CHAIN_KEY = "meta/placement-start-index"
 INIT = models.TopicResolution.INIT
@@ -56,7 +56,7 @@ def read_chain(snapshot: local.Snapshot) -> Chain:
 
 def spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
     """Every registered SPU, online or not, in id order (placement picks only the online); of SPUs
-    sharing an id (written behind the SC's back), only the one holding it (``spu_ids.holders``).
+    sharing an id (written behind the SC's back), only the one holding it (``spu_index.holders``).
 
     The same tuple until the SPUs change: placement recognises it and skips its SPU checks."""
     return snapshot.derived("spus", "placement-spus", lambda: _spu_infos(snapshot))  # type: ignore[no-any-return]
@@ -69,7 +69,7 @@ def _spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
             rack=entry.obj.spec.rack,  # type: ignore[attr-defined]
             online=entry.obj.status.resolution is models.SpuResolution.ONLINE,  # type: ignore[attr-defined]
         )
-        for entry in spu_ids.holders(snapshot.entries("spus"), snapshot.meta).values()
+        for entry in spu_index.holders(snapshot.entries("spus"), snapshot.meta).values()
     ]
     return tuple(sorted(infos, key=lambda info: info.id))
 

@@ -203,6 +203,52 @@ async def test_closing_the_store_ends_the_creates_waiting_for_a_group_commit(
     assert applied <= stored  # a create cut off by the close may still have been applied
 
 
+async def test_a_create_etcd_cannot_encode_fails_alone_at_once(etcd_store: etcd.EtcdStore) -> None:
+    """A value that is not bytes (a caller's bug) made the group commit's task die before any
+    future was resolved: that create and every create batched with it waited forever."""
+    async with asyncio.timeout(10):  # a hang is the defect; the answer comes at once
+        outcomes = await asyncio.gather(
+            etcd_store.create("topics/a", b"a"),
+            etcd_store.create("topics/bad", memoryview(b"x")),  # type: ignore[arg-type]  # the caller's bug under test
+            etcd_store.create("topics/b", b"b"),
+            return_exceptions=True,
+        )
+    assert isinstance(outcomes[1], TypeError) and "memoryview" in str(outcomes[1]), outcomes
+    assert [isinstance(outcome, int) for outcome in (outcomes[0], outcomes[2])] == [True, True], outcomes
+    listed = await etcd_store.list("topics/")
+    assert [(item.key, item.value) for item in listed.items] == [("topics/a", b"a"), ("topics/b", b"b")]
+
+
+async def test_a_create_whose_request_fails_unexpectedly_ends_unavailable_and_the_store_goes_on(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """Anything but a StoreError, ValueError or cancellation out of the group commit (here a bug
+    injected in the gRPC call) left every create of the batch waiting forever. Each ends with
+    Unavailable naming its key and the error (it may have been sent: it may have applied), and
+    the next creates are made."""
+    async with store_on(etcd_server.endpoints[0], etcd_store.prefix) as store:
+        txn = store._kv.Txn
+
+        def broken(*args: object, **kwargs: object) -> None:
+            raise RuntimeError("injected fault in the gRPC call")
+
+        store._kv.Txn = broken
+        try:
+            async with asyncio.timeout(10):  # a hang is the defect; the answer comes at once
+                outcomes = await asyncio.gather(
+                    store.create("topics/a", b"a"), store.create("topics/b", b"b"), return_exceptions=True
+                )
+        finally:
+            store._kv.Txn = txn
+        assert [type(outcome) for outcome in outcomes] == [kv.Unavailable, kv.Unavailable], outcomes
+        assert str(outcomes[0]) == (
+            "etcd create of 'topics/a' failed unexpectedly (RuntimeError: injected fault in the gRPC call); "
+            "it may or may not have been applied"
+        )
+        assert await store.create("topics/c", b"c") > 0
+    assert [item.key for item in (await etcd_store.list("topics/")).items] == ["topics/c"]
+
+
 async def test_a_request_while_etcd_is_down_raises_unavailable_within_a_bounded_time(
     etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
 ) -> None:

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -607,3 +608,36 @@ async def test_junk_gets_a_short_answer_a_short_rate_limited_log_and_keeps_no_me
     malformed = [(line["port"], line["status"]) for line in lines if line["event"] == "HTTP requests refused"]
     assert sorted(set(not_http)) == [("private", "not-http"), ("public", "not-http")] and len(not_http) <= 2 * intervals
     assert sorted(set(malformed)) == [("private", 400), ("public", 400)] and len(malformed) <= 2 * intervals
+
+
+def tcp_state(sock: socket.socket) -> int:
+    """The kernel's TCP state of ``sock`` (Linux's struct tcp_info starts with it: 1 established)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the TCP state from Linux's TCP_INFO")
+async def test_the_listen_backlog_setting_is_the_kernel_queue_of_both_ports() -> None:
+    """listen_backlog overrides the system's largest backlog on both ports: with the loop accepting
+    nothing, the kernel completes exactly backlog + 1 connections on each (Linux queues one more)."""
+    backlog, burst = 5, 20
+    settings = config.Settings(store=config.StoreKind.MEMORY, **{**daemon_fixtures.COMMON_SETTINGS, "listen_backlog": backlog})
+    async with daemon_fixtures.running(settings) as sc:
+        established: dict[int, int] = {}
+        # No await from here on: the loop accepts nothing meanwhile, the kernel's queue holds them.
+        for port_number in (sc.daemon.public_port, sc.daemon.private_port):
+            clients: list[socket.socket] = []
+            try:
+                for _ in range(burst):
+                    client = socket.socket()
+                    clients.append(client)
+                    client.setblocking(False)
+                    with contextlib.suppress(BlockingIOError):
+                        client.connect(("127.0.0.1", port_number))
+                deadline = time.monotonic() + 5.0  # loopback connects complete at once; a dropped SYN waits 1 s
+                while sum(tcp_state(client) == 1 for client in clients) < backlog + 1 and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                established[port_number] = sum(tcp_state(client) == 1 for client in clients)
+            finally:
+                for client in clients:
+                    client.close()
+    assert established == {sc.daemon.public_port: backlog + 1, sc.daemon.private_port: backlog + 1}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,10 +24,10 @@ from controller import config, context as context_module, metrics
 from controller.api import routes as api
 from controller.pipeline import pipeline
 from controller.reconcile import topic as topic_controller
-from store import kv, local, models
+from store import active_sc, embedded_etcd, etcd, kv, local, models
 from store import supervisor as supervisor_module
 from tests import objects
-from tests.fixtures import daemon as daemon_fixture
+from tests.fixtures import daemon as daemon_fixture, tcp_proxy
 from tests.fixtures.scripted_spu import ScriptedSpu
 
 INJECTED = "etcd at 127.0.0.1:2379 failed watch: INTERNAL: injected by the test"
@@ -418,3 +419,48 @@ async def test_every_long_lived_task_of_the_daemon_is_supervised_and_exported(
             if sample.name == "sc_task_restarts_total"
         }
         assert restarts == dict.fromkeys(expected, 0.0)
+
+
+# ---------------------------------------------------------------------------- a store that is not ours any more
+
+
+@pytest.mark.etcd
+async def test_a_store_answering_for_another_cluster_turns_healthz_503_naming_both_clusters(
+    etcd_server: embedded_etcd.EmbeddedEtcd, durable_etcd_server: embedded_etcd.EmbeddedEtcd
+) -> None:
+    """The SC's etcd endpoint starts answering for another cluster (pointed elsewhere, a member
+    replaced by a fresh cluster): the store stops for good (store/etcd.py), and /healthz must say
+    so, with both cluster ids, for as long as it lasts, so that an operator or a probe sees it."""
+    async with tcp_proxy.TcpProxy(etcd_server.host, etcd_server.client_port) as proxy:
+        settings = config.Settings(
+            store=config.StoreKind.ETCD, etcd_endpoints=[proxy.endpoint], key_prefix=f"/sc-test/{uuid.uuid4().hex}/",
+            **daemon_fixture.COMMON_SETTINGS,
+        )  # fmt: skip
+        async with daemon_fixture.running(settings) as sc:
+            assert (await sc.call("GET", "/healthz")) == (200, {"status": "ok"})
+            store = sc.daemon.context.kv_store  # type: ignore[union-attr]
+            while isinstance(store, active_sc.GuardedStore):
+                store = store.inner
+            assert isinstance(store, etcd.EtcdStore)
+            first = store.cluster_id
+            proxy.target_port = durable_etcd_server.client_port
+            proxy.sever()
+
+            async with await etcd.EtcdStore.open(durable_etcd_server.endpoints, "/sc-test/", 2.0) as other:
+                found = other.cluster_id
+            stopped = {
+                "status": "store-stopped",
+                "reason": f"etcd at {proxy.endpoint} now answers for cluster {found:x}, not {first:x} where this SC's "
+                "state is: the SC stops using the store; point it back at its own cluster, or restart it to start "
+                "afresh on this one",
+            }
+
+            async def unhealthy() -> None:
+                assert (await sc.call("GET", "/healthz")) == (503, stopped)
+
+            await sc.eventually(unhealthy)
+            # For good: even once the endpoint answers for the first cluster again.
+            proxy.target_port = etcd_server.client_port
+            proxy.sever()
+            await asyncio.sleep(0.5)
+            await unhealthy()

@@ -10,7 +10,7 @@ import pytest
 from connection_manager import health as health_module
 from controller import placement
 from controller.reconcile import actions, spu, spu_group, spu_ids, topic, topic_size
-from store import kv, local, models
+from store import kv, local, models, spu_index
 from tests import objects, placement_plugins
 
 ONLINE, OFFLINE, UNKNOWN = health_module.Health.ONLINE, health_module.Health.OFFLINE, health_module.Health.UNKNOWN
@@ -723,7 +723,7 @@ def test_overlapping_spu_groups_created_together_leave_the_later_one_invalid() -
 
 
 def test_a_managed_spu_takes_its_id_index_key_in_its_own_create() -> None:
-    stale = (spu_ids.encode_holder("deleted-by-hand"), 3)
+    stale = (spu_index.encode_holder("deleted-by-hand"), 3)
     decided = spu_group.decide(snapshot_of((group(2, 11, "Reserved"), 5), meta={"meta/spu-ids/12": stale}), spu_group.Inputs())
     assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes[1:]]) for a in decided] == [
         ("create", "main-0", [("meta/spu-ids/11", b'{"spu": "main-0"}', 0)]),
@@ -735,7 +735,7 @@ def test_a_managed_spu_whose_id_another_spu_of_its_group_holds_waits_for_it_to_m
     """The group's minId changed behind the SC's back (5 -> 6): main-0 must wait for main-1 to give
     id 6 up; main-1 moves to 7, giving 6 back in the same transaction."""
     old = spu_group.desired_spus(group(2, 5))
-    index = {f"meta/spu-ids/{spu_obj.spec.id}": (spu_ids.encode_holder(spu_obj.name), 20 + i) for i, spu_obj in enumerate(old)}
+    index = {f"meta/spu-ids/{spu_obj.spec.id}": (spu_index.encode_holder(spu_obj.name), 20 + i) for i, spu_obj in enumerate(old)}
     snapshot = snapshot_of((group(2, 6, "Reserved"), 5), (old[0], 10), (old[1], 11), meta=index)
     decided = spu_group.decide(snapshot, spu_group.Inputs())
     assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes]) for a in decided] == [
@@ -754,7 +754,7 @@ def test_a_managed_spu_whose_id_another_spu_of_its_group_holds_waits_for_it_to_m
 
 def test_deleted_managed_spus_give_their_id_back_in_the_same_transaction() -> None:
     managed = spu_group.desired_spus(group(2, 11))
-    index = {"meta/spu-ids/11": (spu_ids.encode_holder("main-0"), 30), "meta/spu-ids/12": (spu_ids.encode_holder("custom"), 31)}
+    index = {"meta/spu-ids/11": (spu_index.encode_holder("main-0"), 30), "meta/spu-ids/12": (spu_index.encode_holder("custom"), 31)}
     decided = spu_group.decide(snapshot_of((managed[0], 6), (managed[1], 7), meta=index), spu_group.Inputs())
     assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes]) for a in decided] == [
         ("delete", "main-0", [("spus/main-0", None, 6), ("meta/spu-ids/11", None, 30)]),

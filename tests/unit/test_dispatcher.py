@@ -193,3 +193,43 @@ async def test_a_result_hook_that_raises_stalls_nothing(running) -> None:  # typ
     assert [(entry["key"], entry["log_level"], entry["exc_info"]) for entry in failures] == [
         (f"partitions/t-{index}", "error", True) for index in range(12)
     ]
+
+
+class FaultyUpdater(dispatcher_module.KvUpdater):
+    """Raises a bug's exception (not a store error) for any batch holding the action named "bad-0"."""
+
+    async def apply(self, batch):  # type: ignore[no-untyped-def]
+        if any(action.name == "bad-0" for action in batch):
+            raise RuntimeError("injected fault")
+        return await super().apply(batch)
+
+
+async def test_an_unexpected_error_fails_its_action_alone_and_says_so() -> None:
+    """An exception other than a store error out of a write used to drop its whole batch without a
+    result (no controller heard of it, nothing was retried, nothing logged but an unretrieved task
+    error). The batch is split as for a store refusal: the others are applied, the culprit FAILED
+    with the error, logged with its traceback."""
+    store = memory.MemoryStore()
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(FaultyUpdater(store, instance_metrics), instance_metrics)
+    results: list[dispatcher_module.Result] = []
+    dispatcher.on_result(results.append)
+    for name in ("t-0", "bad-0", "t-1"):
+        dispatcher.submit(actions.create(partition(name), "test"))
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        with structlog.testing.capture_logs() as logged:
+            await asyncio.wait_for(dispatcher.drained(), 5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    outcomes = sorted((result.action.name, result.outcome, result.detail) for result in results)
+    assert outcomes == [
+        ("bad-0", Outcome.FAILED, "RuntimeError: injected fault"),
+        ("t-0", Outcome.APPLIED, ""),
+        ("t-1", Outcome.APPLIED, ""),
+    ]
+    assert sorted(item.key for item in (await store.list("partitions/")).items) == ["partitions/t-0", "partitions/t-1"]
+    failures = [(entry["key"], entry["log_level"], entry.get("exc_info")) for entry in logged if entry["event"] == "action failed"]
+    assert failures == [("partitions/bad-0", "error", True)]
+    await store.close()
