@@ -14,7 +14,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from store import kv
@@ -247,28 +247,12 @@ class ActiveSc:
         _log.error("%s is now the active SC of this store (%s): this SC stops", self.holder, self.key)
 
 
-class GuardedStore(kv.KVStore):
+class GuardedStore(kv.ForwardingStore):
     """The store as this SC's pipeline and API see it: reads pass, writes only while it may write."""
 
     def __init__(self, inner: kv.KVStore, active: ActiveSc) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.active = active
-        self.prefix = inner.prefix
-
-    async def get(self, key: str) -> kv.KeyValue | None:
-        return await self.inner.get(key)
-
-    def stopped(self) -> kv.StoreError | None:
-        return self.inner.stopped()
-
-    async def list(self, prefix: str) -> kv.ListResult:
-        return await self.inner.list(prefix)
-
-    def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
-        return self.inner.watch(prefix, from_revision)
-
-    async def revision(self) -> int:
-        return await self.inner.revision()
 
     async def create(self, key: str, value: bytes) -> int:
         self.active.check_writable()
@@ -291,18 +275,6 @@ class GuardedStore(kv.KVStore):
         self.active.check_writable()
         await self.inner.compact(revision)
 
-    async def grant_lease(self, ttl: int) -> kv.Lease:
-        return await self.inner.grant_lease(ttl)
-
-    async def keep_alive(self, lease: int) -> int:
-        return await self.inner.keep_alive(lease)
-
-    async def revoke_lease(self, lease: int) -> None:
-        await self.inner.revoke_lease(lease)
-
     async def claim(self, key: str, value: bytes, lease: int) -> kv.Claim:
         self.active.check_writable()
         return await self.inner.claim(key, value, lease)
-
-    async def close(self) -> None:
-        await self.inner.close()

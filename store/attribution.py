@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from store import history, kv, models
@@ -33,27 +33,13 @@ def acting(actor: Actor) -> Iterator[None]:
         ACTOR.reset(token)
 
 
-class AttributedStore(kv.KVStore):
+class AttributedStore(kv.ForwardingStore):
     """The store as the API sees it: each write made for an actor is recorded in the history as a
     request record (kind, name, revision, by, address) once it committed."""
 
     def __init__(self, inner: kv.KVStore, recorder: history.Recorder) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.recorder = recorder
-        self.prefix = inner.prefix
-        self.max_request_bytes = inner.max_request_bytes
-
-    async def get(self, key: str) -> kv.KeyValue | None:
-        return await self.inner.get(key)
-
-    async def list(self, prefix: str) -> kv.ListResult:
-        return await self.inner.list(prefix)
-
-    def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
-        return self.inner.watch(prefix, from_revision)
-
-    async def revision(self) -> int:
-        return await self.inner.revision()
 
     async def create(self, key: str, value: bytes) -> int:
         return self._attributed([key], await self.inner.create(key, value))
@@ -66,24 +52,6 @@ class AttributedStore(kv.KVStore):
 
     async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
         return self._attributed([operation.key for operation in operations], await self.inner.txn(compares, operations))
-
-    async def grant_lease(self, ttl: int) -> kv.Lease:
-        return await self.inner.grant_lease(ttl)
-
-    async def keep_alive(self, lease: int) -> int:
-        return await self.inner.keep_alive(lease)
-
-    async def revoke_lease(self, lease: int) -> None:
-        await self.inner.revoke_lease(lease)
-
-    async def claim(self, key: str, value: bytes, lease: int) -> kv.Claim:
-        return await self.inner.claim(key, value, lease)
-
-    async def compact(self, revision: int) -> None:
-        await self.inner.compact(revision)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     def _attributed(self, keys: Sequence[str], revision: int) -> int:
         actor = ACTOR.get()

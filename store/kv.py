@@ -286,6 +286,69 @@ class KVStore(abc.ABC):
         return None
 
 
+
+class ForwardingStore(KVStore):
+    """A store in front of another: every method, the prefix, the request limit and the health are
+    the inner store's. Wrappers (the active-SC guard, the history's attribution) override only what
+    they add, so a method or attribute the interface gains reaches the backend through them too."""
+
+    def __init__(self, inner: KVStore) -> None:
+        self.inner = inner
+
+    @property  # type: ignore[override]  # KVStore declares plain attributes; a wrapper reads its inner store's
+    def prefix(self) -> str:
+        return self.inner.prefix
+
+    @property  # type: ignore[override]
+    def max_request_bytes(self) -> int:
+        return self.inner.max_request_bytes
+
+    async def get(self, key: str) -> KeyValue | None:
+        return await self.inner.get(key)
+
+    async def list(self, prefix: str) -> ListResult:
+        return await self.inner.list(prefix)
+
+    async def create(self, key: str, value: bytes) -> int:
+        return await self.inner.create(key, value)
+
+    async def update(self, key: str, value: bytes, mod_revision: int) -> int:
+        return await self.inner.update(key, value, mod_revision)
+
+    async def delete(self, key: str, mod_revision: int | None = None) -> int:
+        return await self.inner.delete(key, mod_revision)
+
+    async def txn(self, compares: Sequence[Compare], operations: Sequence[Operation]) -> int:
+        return await self.inner.txn(compares, operations)
+
+    def watch(self, prefix: str, from_revision: int) -> AsyncIterator[WatchEvent]:
+        return self.inner.watch(prefix, from_revision)
+
+    async def grant_lease(self, ttl: int) -> Lease:
+        return await self.inner.grant_lease(ttl)
+
+    async def keep_alive(self, lease: int) -> int:
+        return await self.inner.keep_alive(lease)
+
+    async def revoke_lease(self, lease: int) -> None:
+        await self.inner.revoke_lease(lease)
+
+    async def claim(self, key: str, value: bytes, lease: int) -> Claim:
+        return await self.inner.claim(key, value, lease)
+
+    async def revision(self) -> int:
+        return await self.inner.revision()
+
+    async def compact(self, revision: int) -> None:
+        await self.inner.compact(revision)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def stopped(self) -> StoreError | None:
+        return self.inner.stopped()
+
+
 # Largest number of operations etcd accepts in one transaction by default (--max-txn-ops).
 MAX_TXN_OPS = 128
 
