@@ -51,8 +51,10 @@ _WATCH_BACKOFF_MAX = 2.0
 # Codes worth retrying within the deadline. RESOURCE_EXHAUSTED is etcd's "too many requests"
 # (and "database space exceeded", which retrying does not fix, so it ends as Unavailable), except
 # gRPC's refusal of a message above its limit (see above_grpc_limit), which is terminal.
+# INTERNAL is gRPC's C core failing a call on our side ("Internal error from Core", seen under load
+# on a lease keep-alive): one attempt lost, like a dropped connection, not an answer from etcd.
 _RETRYABLE_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
 )
 # etcd's gRPC server takes messages of up to --max-request-bytes plus this (etcd's own
 # grpcOverheadBytes): gRPC refuses a larger one before etcd sees it.
@@ -66,7 +68,7 @@ _ETCD_TOO_LARGE = "etcdserver: request is too large"
 # An error that comes this late in an attempt (share of its timeout) is the attempt's deadline.
 _DEADLINE_REACHED = 0.9
 # Codes after which a write may or may not have been applied: the request may have reached etcd.
-_MAYBE_APPLIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+_MAYBE_APPLIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.INTERNAL})
 
 # Creates made while others are in flight share one etcd transaction (group commit), each as a
 # nested transaction with its own "absent" compare. etcd counts a nested transaction's operations

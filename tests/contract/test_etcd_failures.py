@@ -17,7 +17,9 @@ import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from store import embedded_etcd, etcd, kv
@@ -831,3 +833,50 @@ async def test_an_endpoint_answering_for_another_cluster_stops_the_store_for_goo
             await store.close()
     async with store_on(durable_etcd_server.endpoints[0], "/sc-test/") as other:
         assert (await other.list("")).items == []
+
+
+def _internal_error() -> grpc.aio.AioRpcError:
+    """What gRPC's C core raises on its own side of a call (seen under load on a lease keep-alive)."""
+    return grpc.aio.AioRpcError(
+        grpc.StatusCode.INTERNAL, grpc.aio.Metadata(), grpc.aio.Metadata(), details="Internal error from Core"
+    )
+
+
+async def test_grpcs_internal_error_is_retried_like_a_lost_connection(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """It lost the active-SC claim's keep-alive once (the claim task restarted and writes paused):
+    one failed attempt on the client's side, not an answer from etcd, so worth another attempt; a
+    write it interrupts may or may not have been applied."""
+    async with store_on(etcd_server.endpoints[0], etcd_store.prefix) as store:
+        lease = await store.grant_lease(10)
+        range_, keep_alive, txn = store._kv.Range, store._leases.LeaseKeepAlive, store._kv.Txn
+        failed: list[str] = []
+
+        def once(name: str, real: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                if name not in failed:
+                    failed.append(name)
+                    raise _internal_error()
+                return real(*args, **kwargs)
+
+            return call
+
+        store._kv.Range, store._leases.LeaseKeepAlive = once("get", range_), once("keep-alive", keep_alive)
+        try:
+            assert await store.keep_alive(lease.id) > 0
+            assert await store.get("topics/a") is None
+        finally:
+            store._kv.Range, store._leases.LeaseKeepAlive = range_, keep_alive
+        assert failed == ["keep-alive", "get"]
+
+        def always(*args: Any, **kwargs: Any) -> Any:
+            raise _internal_error()
+
+        store._kv.Txn = always
+        try:
+            with pytest.raises(kv.Unavailable, match="may or may not have been applied"):
+                await store.txn([], [kv.Put("topics/b", b"y")])
+        finally:
+            store._kv.Txn = txn
+        await store.revoke_lease(lease.id)
