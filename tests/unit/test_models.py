@@ -48,6 +48,9 @@ PARTITION = {
     "spec": {"leader": 101, "replicas": [101, 102]},
     "status": {
         "resolution": "Online",
+        "leaderEpoch": 3,
+        "partitionEpoch": 5,
+        "isr": [101, 102],
         "leader": {"spu": 101, "hw": 10, "leo": 12},
         "replicas": [{"spu": 102, "hw": 10, "leo": 11}],
         "lrs": 1,
@@ -241,6 +244,8 @@ def test_spu_group_spec_rules(spec_changes: dict[str, Any], message: str) -> Non
         ({"name": "orders-01"}, "name: partition name 'orders-01' is not of the form <topic>-<index>"),
         ({"status": {"resolution": "Online", "lrs": -1}}, "status.lrs: Input should be greater than or equal to 0 (got -1)"),
         ({"status": {"resolution": "Gone"}}, "status.resolution: Input should be 'Offline', 'Online' or 'LeaderOffline' (got 'Gone')"),
+        ({"status": {"isr": [1, 1]}}, "status.isr: isr [1, 1] lists an SPU more than once (got [1, 1])"),
+        ({"status": {"leaderEpoch": -1}}, "status.leaderEpoch: Input should be greater than or equal to 0 (got -1)"),
     ],
 )
 def test_partition_rules(document_changes: dict[str, Any], message: str) -> None:
