@@ -14,13 +14,13 @@ from collections.abc import Mapping
 import structlog
 
 from connection_manager import health as health_module
-from connection_manager import lrs
+from connection_manager import lrs, reports, wire
 from connection_manager import server as cm_server
 from controller import context as context_module
 from controller import dispatcher as dispatcher_module
 from controller import loop as loop_module
 from controller import reader as reader_module
-from controller import actions, partition, spu, spu_group, spu_ids, topic
+from controller import actions, partition, partition_state, spu, spu_group, spu_ids, topic
 from store import kv, local, models
 
 log = structlog.get_logger(__name__)
@@ -70,7 +70,7 @@ class Pipeline:
         self._shadowed_spus: list[tuple[int, str, str]] = []
         health.subscribe(self._on_health)
         if connections is not None:
-            connections.on_live_change = self._on_live_change
+            connections.on_news = self._on_news
         self._tasks: list[asyncio.Task[None]] = []
         self._loop_tasks: list[asyncio.Task[None]] = []
 
@@ -103,7 +103,7 @@ class Pipeline:
                 log.error("SPUs share an id", problem=spu_ids.describe_shadowed(shadowed))
         now = asyncio.get_running_loop().time()
         grace = self.context.settings.spu_offline_grace
-        return spu.decide(snapshot, self.health.snapshot(), now, self.health.started_at, grace, self.live.view)
+        return spu.decide(snapshot, self.health.snapshot(), now, self.health.started_at, grace, self.cluster_view())
 
     def _decide_topics(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
         loop = self._topic_loop
@@ -127,7 +127,27 @@ class Pipeline:
         self._partitions_due = None
         self._partition_loop.kick()
 
-    def _on_live_change(self, names: set[str]) -> None:
+    def cluster_view(self) -> partition.ClusterView:
+        """What the partition decisions read beyond the store, from the SPUs' current connections."""
+        settings = self.context.settings
+        connections = self.connections
+        if connections is None:
+            return partition.ClusterView(
+                self.health.snapshot(), {}, settings.unclean_leader_election, settings.leader_rebalance_batch
+            )
+        return partition.ClusterView(
+            health=self.health.snapshot(),
+            live=self.live.view,
+            unclean_election=settings.unclean_leader_election,
+            rebalance_batch=settings.leader_rebalance_batch,
+            incarnations=connections.incarnations,
+            proposals=connections.proposals,
+            confirmed=connections.confirmed,
+            max_hw=self.live.max_hws,
+        )
+
+    def _on_news(self, names: set[str]) -> None:
+        """Confirmations or proposals about ``names`` arrived: look at those partitions."""
         if self._partitions_due is not None:
             self._partitions_due |= names
         self._partition_loop.kick()
@@ -143,21 +163,18 @@ class Pipeline:
             names = due | {entry.name for entry in partition_changes.updated}
         self._partitions_due = set()
         settings = self.context.settings
-        view = partition.ClusterView(
-            health=self.health.snapshot(),
-            live=self.live.view,
-            unclean_election=settings.unclean_leader_election,
-            rebalance_batch=settings.leader_rebalance_batch,
-        )
-        decided = partition.decide(snapshot, names, view)
+        decided = partition.decide(snapshot, names, self.cluster_view())
+        if self.connections is not None:
+            for proposal, answer, state in decided.answers:
+                self.connections.answer(proposal, _alter_isr_result(proposal, answer, state))
         if self._drain_news(snapshot, partition_changes):
             # A drained SPU's status follows the partitions it leads: what moved, what cannot.
             self._spu_loop.kick()
-        preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided)
+        preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided.actions)
         if settings.leader_rebalance_batch and preferred >= settings.leader_rebalance_batch:
             # More may be due: look at all of them again once these writes come back.
             self._partitions_due = None
-        return decided
+        return decided.actions
 
     @staticmethod
     def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes) -> bool:
@@ -220,3 +237,17 @@ class Pipeline:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         self._loop_tasks.clear()
+
+
+def _alter_isr_result(
+    proposal: reports.Proposal, answer: partition_state.Answer, state: partition_state.State
+) -> wire.AlterIsrResult:
+    """The answer to a leader's proposal, with the committed state it adopts either way."""
+    return wire.AlterIsrResult(
+        partition=proposal.partition,
+        error=answer.error,
+        message=answer.message,
+        leader_epoch=state.leader_epoch,
+        partition_epoch=state.partition_epoch,
+        isr=list(state.isr),
+    )

@@ -1,7 +1,7 @@
 """SPU controller decisions: SPU resolution follows the connection manager's health view; a
 drained SPU's status says how far its drain is (Draining, Drained) and what keeps it from ending.
 
-Purely computational, no I/O: (snapshot, health, live reports, clock) -> actions.
+Purely computational, no I/O: (snapshot, health, what SPUs reported, clock) -> actions.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from connection_manager import health as health_module
-from connection_manager import lrs
 from controller import actions, partition
 from store import local, models
 
@@ -23,7 +22,7 @@ def decide(
     now: float,
     started_at: float,
     grace_period: float,
-    live: Mapping[str, lrs.LiveStatus] | None = None,
+    view: partition.ClusterView | None = None,
 ) -> list[actions.Action]:
     """Online while connected; Offline once it disconnects, or once the grace period after an SC
     start passes without it reconnecting (Fluvio would leave it Online forever). A drained SPU
@@ -31,7 +30,7 @@ def decide(
     spus = snapshot.entries("spus")
     draining = partition.draining_spus(snapshot)
     leading = _leading(snapshot, draining) if draining else {}
-    view = partition.ClusterView(health, live or {})
+    view = view if view is not None else partition.ClusterView(health, {})
     decided = []
     for entry in spus.values():
         spu: models.Spu = entry.obj  # type: ignore[assignment]
