@@ -133,7 +133,8 @@ class Members:
             return False
         incarnation = self.spus.incarnation(spu)
         leo = None if incarnation is None else incarnation.leo(self.name)
-        return leo is not None and leo >= self.committed_hw
+        # A process that does not list the partition holds none of it: its log ends at 0.
+        return (leo or 0) >= self.committed_hw
 
     def lost_records(self, spu: int) -> bool:
         """Restarted and back without every record the SC knows committed."""

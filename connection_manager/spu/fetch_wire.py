@@ -49,7 +49,8 @@ class PartitionFetched(wire.Message):
     ``error`` is set, and the offsets are 0, when the leader cannot serve this partition:
     ``not-leader`` (it does not lead it now), ``not-a-replica`` (the follower is not in its replica
     list), ``fenced-leader-epoch`` (the follower's epoch is older than the leader's: it waits for
-    the SC's update), ``unknown-leader-epoch`` (newer: this leader stops leading at once).
+    the SC's update), ``unknown-leader-epoch`` (newer: this leader was replaced and has not heard
+    yet; the follower waits for its new leader).
     """
 
     v: Literal[2] = Field(default=wire.PROTOCOL_VERSION, exclude=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 NOT_LEADER = "not-leader"
 NOT_A_REPLICA = "not-a-replica"
 FENCED_LEADER_EPOCH = "fenced-leader-epoch"  # the follower's epoch is older than the leader's
-UNKNOWN_LEADER_EPOCH = "unknown-leader-epoch"  # newer: this leader has been replaced and stops leading
+UNKNOWN_LEADER_EPOCH = "unknown-leader-epoch"  # newer: this leader has probably been replaced
 NO_EPOCH = -1  # the last epoch of an empty log
 
 
@@ -156,8 +156,8 @@ class Replica:
 
     Leader rules:
     - Its records get its leader epoch. A fetch carries the follower's leader epoch: another
-      epoch is refused (``fenced-leader-epoch`` if older; ``unknown-leader-epoch`` if newer, and
-      then this replica stops leading at once: a newer leader exists). A fetch also carries the
+      epoch is refused (``fenced-leader-epoch`` if older, ``unknown-leader-epoch`` if newer). It
+      stops leading when the SC says a newer epoch exists (``step_down``). A fetch also carries the
       epoch of the follower's last record; if the follower's log does not match the leader's up
       to the fetch offset, the answer is ``Diverging`` (where the logs part) and nothing else.
     - A fetch at offset ``o`` tells the leader the follower holds every record below ``o``. The
@@ -302,10 +302,10 @@ class Replica:
             )
         assert self.leader_epoch is not None
         if leader_epoch is not None and leader_epoch != self.leader_epoch:
-            if leader_epoch > self.leader_epoch:
-                self.step_down(leader_epoch)
-                return UNKNOWN_LEADER_EPOCH
-            return FENCED_LEADER_EPOCH
+            # A newer epoch in a fetch is not acted on: the fetch port proves nothing, and a false
+            # one would silence a good leader. It commits nothing new anyway (this follower does
+            # not fetch from it at its epoch); the SC's word makes it stop.
+            return UNKNOWN_LEADER_EPOCH if leader_epoch > self.leader_epoch else FENCED_LEADER_EPOCH
         if offset > 0:
             epoch, end = self.log.end_offset_for(last_fetched_epoch)
             if epoch != last_fetched_epoch or end < offset:

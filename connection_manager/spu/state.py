@@ -49,7 +49,7 @@ class Changes:
     leaderships: dict[str, int] = field(default_factory=dict)  # started leading: partition -> leader epoch
     acked: dict[str, tuple[int, int]] = field(default_factory=dict)  # committed while leading: -> (epoch, HW)
     proposals: list[tuple[str, replica_module.Proposal]] = field(default_factory=list)
-    stepped_down: dict[str, int] = field(default_factory=dict)  # learned a newer epoch: -> that epoch
+    stepped_down: dict[str, int] = field(default_factory=dict)  # the SC said a newer epoch exists: -> that epoch
 
 
 class SyncRequired(ValueError):
@@ -254,7 +254,6 @@ class SpuState:
     def serve(self, request: fetch_wire.FetchRequest, now: float) -> fetch_wire.FetchResponse:
         """Answer every partition of one fetch; a partition it cannot serve gets an error, the others their records."""
         answers = []
-        stepped_down = False
         for wanted in request.partitions:
             name = wanted.partition
             replica = self.replicas.get(name)
@@ -268,9 +267,6 @@ class SpuState:
                 request.spu, wanted.offset, wanted.hw, request.max_records, now, wanted.leader_epoch, wanted.last_fetched_epoch
             )
             if isinstance(answer, str):
-                if answer == replica_module.UNKNOWN_LEADER_EPOCH:
-                    self.changes.stepped_down[name] = wanted.leader_epoch
-                    stepped_down = True
                 answers.append(fetch_wire.PartitionFetched(partition=name, offset=wanted.offset, error=answer))  # type: ignore[arg-type]
                 continue
             self._noted(replica, hw, leo)
@@ -291,8 +287,6 @@ class SpuState:
                         epochs=list(answer.epochs),
                     )
                 )
-        if stepped_down:
-            self._index()
         return fetch_wire.FetchResponse(partitions=answers)
 
     # ------------------------------------------------------------------ following

@@ -145,6 +145,14 @@ def test_the_last_member_back_after_a_restart_leads_only_with_every_committed_re
     assert decide(lost, spus)[0] == expected
 
 
+@pytest.mark.parametrize(("hw", "expected"), [(-1, State(0, ONLINE, 5, 6, (0,))), (0, State(0, ONLINE, 5, 6, (0,))), (1, State(0, LEADER_OFFLINE, 4, 6, ()))])
+def test_a_process_that_does_not_list_the_partition_holds_none_of_it(hw: int, expected: State) -> None:
+    """Its log ends at 0: enough when nothing is known committed, not otherwise."""
+    lost = partition(isr=(0,), resolution=LEADER_OFFLINE, leader_epoch=4, partition_epoch=5, hw=hw)
+    spus = Spus(online_ids={0}, incarnations={0: restarted(0, partition_epoch=5)})
+    assert decide(lost, spus)[0] == expected
+
+
 def test_a_restarted_member_is_second_choice_to_one_that_never_stopped() -> None:
     lost = partition(isr=(0, 1), resolution=LEADER_OFFLINE, leader_epoch=4, partition_epoch=5)
     spus = Spus(online_ids={0, 1}, incarnations={0: restarted(0, leo=500, partition_epoch=5)})
