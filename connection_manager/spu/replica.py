@@ -74,6 +74,13 @@ class EpochLog:
         end = self.runs[index + 1][1] if index + 1 < len(self.runs) else self.leo
         return found, end
 
+    def epoch_at(self, offset: int) -> int:
+        """The leader epoch of the record at ``offset`` (NO_EPOCH past the end)."""
+        if not 0 <= offset < self.leo:
+            return NO_EPOCH
+        index = bisect.bisect_right([start for _, start in self.runs], offset) - 1
+        return self.runs[index][0]
+
     def truncate(self, offset: int) -> None:
         """Drop every record from ``offset`` on."""
         if offset >= self.leo:

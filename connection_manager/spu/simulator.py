@@ -41,9 +41,10 @@ def parse_address(text: str) -> tuple[str, int]:
 class Recorder:
     """``--record FILE``: one JSON line per leadership taken (``lead``: partition, leader epoch) and
     per acknowledgement (``ack``: a leader's HW reached ``offset``, so every record appended below it
-    is acknowledged to its producer), appended and handed to the operating system before the SPU
-    goes on. A chaos test reads every SPU's file: no acknowledged offset may be lost, and no epoch
-    of a partition may have two leaders."""
+    is acknowledged to its producer; ``lastEpoch``: the leader epoch of the record at ``offset - 1``,
+    which identifies it), appended and handed to the operating system before the SPU goes on. A
+    chaos test reads every SPU's file: no acknowledged record may be lost, and no epoch of a
+    partition may have two leaders."""
 
     def __init__(self, path: Path, spu_id: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,8 +58,11 @@ class Recorder:
             for name, epoch in sorted(changes.leaderships.items())
         ]
         lines += [
-            {"spu": self.spu_id, "pid": self.pid, "event": "ack", "partition": name, "epoch": epoch, "offset": hw}
-            for name, (epoch, hw) in sorted(changes.acked.items())
+            {
+                "spu": self.spu_id, "pid": self.pid, "event": "ack", "partition": name, "epoch": epoch, "offset": hw,
+                "lastEpoch": last,
+            }
+            for name, (epoch, hw, last) in sorted(changes.acked.items())
         ]
         if lines:
             self._file.write(b"".join(json.dumps(line, separators=(",", ":")).encode() + b"\n" for line in lines))

@@ -47,7 +47,8 @@ class Changes:
 
     logs: set[str] = field(default_factory=set)  # LEO, HW or epochs changed: journal them
     leaderships: dict[str, int] = field(default_factory=dict)  # started leading: partition -> leader epoch
-    acked: dict[str, tuple[int, int]] = field(default_factory=dict)  # committed while leading: -> (epoch, HW)
+    # Committed while leading: -> (leader epoch, HW, the epoch of the record at HW - 1).
+    acked: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     proposals: list[tuple[str, replica_module.Proposal]] = field(default_factory=list)
     stepped_down: dict[str, int] = field(default_factory=dict)  # the SC said a newer epoch exists: -> that epoch
 
@@ -141,7 +142,7 @@ class SpuState:
                 self.offsets_changed.add(name)
                 if replica.hw > hw:
                     assert replica.leader_epoch is not None
-                    self.changes.acked[name] = (replica.leader_epoch, replica.hw)
+                    self.changes.acked[name] = (replica.leader_epoch, replica.hw, replica.log.epoch_at(replica.hw - 1))
 
     def endpoint_of(self, spu_id: int) -> wire.Endpoint | None:
         """Where ``spu_id`` serves fetches, as the SC last described it."""

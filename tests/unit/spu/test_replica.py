@@ -257,6 +257,7 @@ def test_epoch_log_runs_end_offsets_and_truncation() -> None:
     ]
     assert log.runs_between(30, 80) == [(0, 30), (2, 40), (5, 70)]
     assert log.runs_between(70, 70) == []
+    assert [log.epoch_at(offset) for offset in (-1, 0, 39, 40, 69, 70, 99, 100)] == [-1, 0, 0, 2, 2, 5, 5, -1]
     log.truncate(45)
     assert (log.leo, log.runs, log.last_epoch) == (45, [(0, 0), (2, 40)], 2)
     log.truncate(40)

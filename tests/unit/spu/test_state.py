@@ -223,7 +223,7 @@ def test_time_makes_a_leader_propose_and_the_answer_is_adopted() -> None:
     )
     assert (state.pending_proposals(), state.replicas["a-0"].isr) == ([], (0,))
     state.append(10, now=3.0)
-    assert state.drain().acked == {"a-0": (1, 10)}  # alone in its set: each burst is committed at once
+    assert state.drain().acked == {"a-0": (1, 10, 1)}  # alone in its set: each burst is committed at once
 
 
 def test_the_sc_fencing_an_epoch_makes_its_leader_stop() -> None:
