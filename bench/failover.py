@@ -182,12 +182,12 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
-async def wait_until(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+async def wait_until(check, timeout: float, what: str, interval: float = 0.1) -> None:  # type: ignore[no-untyped-def]
     deadline = time.perf_counter() + timeout
     while not await check():
         if time.perf_counter() > deadline:
             raise TimeoutError(f"{what} did not happen within {timeout} s")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(interval)
 
 
 async def main() -> int:
@@ -272,7 +272,9 @@ async def main() -> int:
                     return len(listed.items) == args.partitions and online == args.partitions
 
                 setup_started = time.perf_counter()
-                await wait_until(all_online, 600, "every partition Online")
+                # Listing every partition is costly at 100,000: not too often, or etcd and this
+                # process slow the SC down.
+                await wait_until(all_online, 900, "every partition Online", interval=max(0.1, args.partitions / 20_000))
                 print(f"setup: {args.spus} SPUs, {args.partitions} partitions Online ({time.perf_counter() - setup_started:.1f} s after the topics)")
                 await settle(store)
                 # Idle: nothing changes; the SPUs heartbeat. What does the SC spend?
@@ -333,7 +335,7 @@ async def main() -> int:
                         decoded = [models.decode("partitions", item.value) for item in listed.items]
                         return all(p.spec.leader == p.spec.replicas[0] for p in decoded)  # type: ignore[attr-defined]
 
-                    await wait_until(preferred_back, 120, "preferred leaders back")
+                    await wait_until(preferred_back, 300, "preferred leaders back", interval=max(0.1, args.partitions / 20_000))
 
                 # Offsets intake: everybody sends offsets flat out; nothing but offsets changes.
                 # First let the last round settle.

@@ -42,6 +42,9 @@ class ClusterView:
     confirmed: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     # Partition -> the highest high watermark reported since the SC started.
     max_hw: Mapping[str, int] = field(default_factory=dict)
+    # Writes that change no leader decided per pass (elections are never held back): a failover
+    # writes its elections first and the in-sync changes of the SPU's followerships next.
+    changes_batch: int = 1000
 
 
 @dataclass(slots=True)
@@ -49,6 +52,8 @@ class Decided:
     actions: list[actions.Action] = field(default_factory=list)
     # (the proposal, the answer to send its SPU)
     answers: list[tuple[reports.Proposal, partition_state.Answer, partition_state.State]] = field(default_factory=list)
+    # Partitions with a change due that did not fit in this pass: to look at again at once.
+    postponed: set[str] = field(default_factory=set)
 
 
 def decide(snapshot: local.Snapshot, names: Iterable[str] | None, view: ClusterView) -> Decided:
@@ -57,7 +62,7 @@ def decide(snapshot: local.Snapshot, names: Iterable[str] | None, view: ClusterV
     partitions = snapshot.entries("partitions")
     cluster = Cluster(snapshot, view)
     decided = Decided()
-    rebalanced = 0
+    rebalanced = changes = 0
     for name in partitions if names is None else names:
         entry = partitions.get(name)
         if entry is None:
@@ -79,9 +84,14 @@ def decide(snapshot: local.Snapshot, names: Iterable[str] | None, view: ClusterV
             rebalance=rebalanced < view.rebalance_batch,
         )
         decision = partition_state.decide(partition, entry.mod_revision, cluster, facts)
+        transition = decision.transition
+        if transition is not None and not transition.cause:
+            if changes >= view.changes_batch:
+                decided.postponed.add(name)
+                continue
+            changes += 1
         if decision.answer is not None:
             decided.answers.append((decision.answer.proposal, decision.answer, partition_state.stored_state(partition)))
-        transition = decision.transition
         if transition is None:
             continue
         rebalanced += transition.cause == CAUSE_PREFERRED
@@ -89,6 +99,38 @@ def decide(snapshot: local.Snapshot, names: Iterable[str] | None, view: ClusterV
     # Leader changes first: they are what a failover waits for, the in-sync changes can follow.
     decided.actions.sort(key=lambda action: action.verb is not actions.Verb.ELECT)
     return decided
+
+
+class HostingIndex:
+    """SPU id -> the names of the partitions with a replica on it, kept up to date from the
+    partition controller's changes, so a change of one SPU looks at its partitions only (a failover
+    at 100,000 partitions would otherwise check every partition first). Partitions stay put, so it
+    rarely changes; a name left behind by a deletion costs a lookup that finds nothing."""
+
+    def __init__(self) -> None:
+        self._hosting: dict[int, set[str]] = {}
+        self.built = False
+
+    def update(self, snapshot: local.Snapshot, changes: local.Changes) -> None:
+        if changes.full or not self.built:
+            self._hosting = {}
+            entries: Iterable[local.Entry] = snapshot.entries("partitions").values()
+            self.built = True
+        else:
+            entries = changes.updated
+        hosting = self._hosting
+        for entry in entries:
+            for spu in entry.obj.spec.replicas:  # type: ignore[attr-defined]
+                names = hosting.get(spu)
+                if names is None:
+                    names = hosting[spu] = set()
+                names.add(entry.name)
+
+    def of(self, spu_ids: Iterable[int]) -> set[str]:
+        found: set[str] = set()
+        for spu in spu_ids:
+            found |= self._hosting.get(spu, set())
+        return found
 
 
 def committed_hw(partition: models.Partition, max_hw: Mapping[str, int]) -> int:
@@ -204,13 +246,16 @@ def _status(
     and the highest committed offset known, so the shown HW never goes back."""
     known = _known_offsets(partition, live)
     leader = known.get(state.leader)
-    return models.PartitionStatus(
+    # Built without validation: every value is an SPU id, an epoch or an offset the SC holds
+    # already (a failover writes thousands of these in one pass).
+    construct = models.ReplicaStatus.model_construct
+    return models.PartitionStatus.model_construct(
         resolution=state.resolution,
         leader_epoch=state.leader_epoch,
         partition_epoch=state.partition_epoch,
         isr=list(state.isr),
-        leader=models.ReplicaStatus(spu=state.leader, hw=hw, leo=-1 if leader is None else leader.leo),
-        replicas=[known.get(spu) or models.ReplicaStatus(spu=spu) for spu in partition.spec.replicas if spu != state.leader],
+        leader=construct(spu=state.leader, hw=hw, leo=-1 if leader is None else leader.leo),
+        replicas=[known.get(spu) or construct(spu=spu, hw=-1, leo=-1) for spu in partition.spec.replicas if spu != state.leader],
         lrs=partition_state.in_sync_followers(state),
     )
 

@@ -67,6 +67,8 @@ class Pipeline:
         self._request_size = kv.request_size(context.kv_store)
         # Partitions the partition controller must look at next: None means all of them.
         self._partitions_due: set[str] | None = None
+        self._hosting = partition.HostingIndex()
+        self._spu_ids: dict[str, int] = {}  # SPU name -> id, to find a deleted SPU's partitions
         self._shadowed_spus: list[tuple[int, str, str]] = []
         health.subscribe(self._on_health)
         if connections is not None:
@@ -121,7 +123,12 @@ class Pipeline:
 
     def _on_health(self, spu_id: int, state: health_module.Health) -> None:
         self._spu_loop.kick()
-        self._kick_all_partitions()
+        if self._partitions_due is not None and self._hosting.built:
+            # Only the partitions with a replica on it can be concerned.
+            self._partitions_due |= self._hosting.of((spu_id,))
+            self._partition_loop.kick()
+        else:
+            self._kick_all_partitions()
 
     def _kick_all_partitions(self) -> None:
         self._partitions_due = None
@@ -153,20 +160,26 @@ class Pipeline:
         self._partition_loop.kick()
 
     def _decide_partitions(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list:
-        """Incremental: only partitions that changed or were reported on, unless SPUs changed
-        (health, registration) or this is a periodic resync, which look at every partition."""
+        """Incremental: only partitions that changed, were reported on, or have a replica on an SPU
+        that changed (health, registration, drain); a relist or a periodic resync looks at every one."""
         partition_changes, spu_changes = changes["partitions"], changes["spus"]
+        self._hosting.update(snapshot, partition_changes)
+        if spu_changes.full:
+            self._spu_ids = {entry.name: entry.obj.spec.id for entry in snapshot.entries("spus").values()}  # type: ignore[attr-defined]
         due = self._partitions_due
-        if due is None or partition_changes.full or not spu_changes.empty or self._partition_loop.resyncing:
+        if due is None or partition_changes.full or spu_changes.full or self._partition_loop.resyncing:
             names = None
         else:
-            names = due | {entry.name for entry in partition_changes.updated}
+            names = due | {entry.name for entry in partition_changes.updated} | self._of_spus(spu_changes)
         self._partitions_due = set()
         settings = self.context.settings
         decided = partition.decide(snapshot, names, self.cluster_view())
         if self.connections is not None:
             for proposal, answer, state in decided.answers:
                 self.connections.answer(proposal, _alter_isr_result(proposal, answer, state))
+        if decided.postponed:
+            self._partitions_due = None if self._partitions_due is None else self._partitions_due | decided.postponed
+            self._partition_loop.kick()
         if self._drain_news(snapshot, partition_changes):
             # A drained SPU's status follows the partitions it leads: what moved, what cannot.
             self._spu_loop.kick()
@@ -175,6 +188,21 @@ class Pipeline:
             # More may be due: look at all of them again once these writes come back.
             self._partitions_due = None
         return decided.actions
+
+    def _of_spus(self, spu_changes: local.Changes) -> set[str]:
+        """The partitions hosted by the SPUs in ``spu_changes`` (registered, unregistered, drained,
+        recorded online or offline), by the ids they have and had."""
+        if spu_changes.empty:
+            return set()
+        ids = set()
+        for entry in spu_changes.updated:
+            spu_id = entry.obj.spec.id  # type: ignore[attr-defined]
+            self._spu_ids[entry.name] = spu_id
+            ids.add(spu_id)
+        for name in spu_changes.deleted:
+            if name in self._spu_ids:
+                ids.add(self._spu_ids.pop(name))
+        return self._hosting.of(ids)
 
     @staticmethod
     def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes) -> bool:

@@ -317,3 +317,31 @@ def test_the_api_shows_the_current_leaders_offsets_and_the_highest_hw_known() ->
     lagging = partition.with_live_offsets(stored, live(0, 1, 3, 95)["orders-0"], 90)
     assert lagging.status.leader == models.ReplicaStatus(spu=0, hw=90, leo=95)
     assert partition.with_live_offsets(stored, None, -1) is stored
+
+
+def test_a_pass_writes_every_election_and_postpones_in_sync_changes_past_its_batch() -> None:
+    """A failover's elections are never held back; the followerships' in-sync changes beyond the
+    batch are decided in the next pass."""
+    led = [part(0, [0, 1, 2]).model_copy(update={"name": f"led-{index}"}) for index in range(3)]
+    followed = [part(1, [1, 0, 2]).model_copy(update={"name": f"followed-{index}"}) for index in range(3)]
+    view = partition.ClusterView(health(s0=OFFLINE, s1=ONLINE, s2=ONLINE), {}, changes_batch=1)
+    decided = partition.decide(snapshot_of(*SPUS, *led, *followed), None, view)
+    assert [(a.name, a.verb) for a in decided.actions] == [
+        ("led-0", actions.Verb.ELECT), ("led-1", actions.Verb.ELECT), ("led-2", actions.Verb.ELECT),
+        ("followed-0", actions.Verb.UPDATE_STATUS),
+    ]
+    assert decided.postponed == {"followed-1", "followed-2"}
+
+
+def test_the_hosting_index_names_the_partitions_of_an_spu_and_follows_changes() -> None:
+    store = local.LocalStore()
+    store["partitions"].apply(part(0, [0, 1]).model_copy(update={"name": "a-0"}), 1)
+    store["partitions"].apply(part(1, [1, 2]).model_copy(update={"name": "b-0"}), 2)
+    index = partition.HostingIndex()
+    listener = store["partitions"].listener(local.Part.ALL)
+    index.update(store.snapshot(), listener.changes())
+    assert (index.of([0]), index.of([1]), index.of([2, 9])) == ({"a-0"}, {"a-0", "b-0"}, {"b-0"})
+    store["partitions"].apply(part(2, [2, 0]).model_copy(update={"name": "c-0"}), 3)
+    index.update(store.snapshot(), listener.changes())
+    assert index.of([0]) == {"a-0", "c-0"}
+    listener.close()
