@@ -10,8 +10,10 @@ once. Then everything comes back and settles, and the records prove it:
 - no two SPUs ever took the leadership of one partition at the same epoch;
 - the logs of each partition's replicas are identical (up to where the slowest one stopped).
 
-Seeded and repeatable in what it does (SC_CHAOS_SEED, default 17); SC_CHAOS_SECONDS sets how long
-the chaos lasts: 15 s by default (in scripts/test), the issue's 60 s with SC_CHAOS_SECONDS=60.
+Seeded and repeatable in what it does (SC_CHAOS_SEED, default 17): the steps and their times are
+drawn from the seed before the chaos starts, not from what the processes happen to be doing;
+SC_CHAOS_SECONDS sets how long the chaos lasts: 15 s by default (in scripts/test), the issue's 60 s
+with SC_CHAOS_SECONDS=60.
 """
 
 from __future__ import annotations
@@ -106,9 +108,6 @@ class Cluster:
         elif how is signal.SIGCONT:
             self.paused.discard(spu_id)
 
-    def running(self) -> list[int]:
-        return [spu_id for spu_id, process in self.spus.items() if process.poll() is None and spu_id not in self.paused]
-
     def stop_all(self) -> None:
         for spu_id in list(self.paused):
             self.spus[spu_id].send_signal(signal.SIGCONT)
@@ -159,50 +158,87 @@ async def partitions(client: aiohttp.ClientSession, cluster: Cluster) -> list[di
     return body  # type: ignore[no-any-return]
 
 
-async def chaos(cluster: Cluster, client: aiohttp.ClientSession, chooser: random.Random) -> None:
-    """Kill, pause and restart SPUs for CHAOS_SECONDS, at most two down at once; kill and restart the
-    SC once, halfway."""
+@dataclass(frozen=True)
+class Step:
+    at: float  # seconds after the chaos starts
+    what: str  # "kill", "stop", "restart", "resume", "sc-kill", "sc-start"
+    spu: int | None = None
+
+
+def plan(chooser: random.Random, seconds: float) -> list[Step]:
+    """What the chaos does and when, drawn from ``chooser`` alone on a clock of its own: the same seed
+    gives the same steps whatever the machine's speed. SPUs are killed or paused, at most two down
+    at once, each back after a while; the SC is killed once, halfway, and started again."""
+    steps: list[Step] = []
+    pending: list[tuple[float, str, int]] = []  # (when, what, SPU)
+    up = set(range(SPUS))
+    now, sc_restarted = 0.0, False
+    while now < seconds:
+        for at, what, spu_id in sorted(pending):
+            if at <= now:
+                pending.remove((at, what, spu_id))
+                steps.append(Step(now, what, spu_id))
+                up.add(spu_id)
+        if not sc_restarted and now >= seconds / 2:
+            sc_restarted = True
+            steps.append(Step(now, "sc-kill"))
+            now += chooser.uniform(0.2, 1.0)
+            steps.append(Step(now, "sc-start"))
+        if len(up) > SPUS - 2:
+            victim = chooser.choice(sorted(up))
+            up.discard(victim)
+            if chooser.random() < 0.5:
+                steps.append(Step(now, "kill", victim))
+                pending.append((now + chooser.uniform(0.5, 3.0), "restart", victim))
+            else:
+                steps.append(Step(now, "stop", victim))
+                # Often longer than the heartbeat timeout: the SC elects others while it sleeps.
+                pending.append((now + chooser.uniform(0.3, 4.0), "resume", victim))
+        now += chooser.uniform(0.3, 1.2)
+    steps.extend(Step(now, what, spu_id) for _, what, spu_id in sorted(pending))
+    return steps
+
+
+async def chaos(cluster: Cluster, steps: list[Step]) -> None:
+    """Carries out ``steps`` at their times (late ones at once: the order is what matters)."""
     loop = asyncio.get_running_loop()
     start = loop.time()
-    pending: list[tuple[float, str, int]] = []  # (when, what, SPU)
-    sc_restarted = False
-    while loop.time() - start < CHAOS_SECONDS:
-        now = loop.time()
-        for item in sorted(pending):
-            at, what, spu_id = item
-            if at <= now:
-                pending.remove(item)
-                if what == "restart":
-                    cluster.log.append(f"SPU {spu_id} restarted")
-                    cluster.start_spu(spu_id)
-                else:
-                    cluster.signal_spu(spu_id, signal.SIGCONT)
-        if not sc_restarted and now - start >= CHAOS_SECONDS / 2:
-            sc_restarted = True
+    for step in steps:
+        await asyncio.sleep(max(0.0, start + step.at - loop.time()))
+        if step.what == "sc-kill":
             assert cluster.sc is not None
             cluster.log.append("SC SIGKILL")
             cluster.sc.send_signal(signal.SIGKILL)
             cluster.sc.wait(10)
-            await asyncio.sleep(chooser.uniform(0.2, 1.0))
+        elif step.what == "sc-start":
             cluster.log.append("SC restarted")
             cluster.start_sc()
-        up = cluster.running()
-        if len(up) > SPUS - 2:
-            victim = chooser.choice(sorted(up))
-            if chooser.random() < 0.5:
-                cluster.signal_spu(victim, signal.SIGKILL)
-                pending.append((now + chooser.uniform(0.5, 3.0), "restart", victim))
-            else:
-                cluster.signal_spu(victim, signal.SIGSTOP)
-                # Often longer than the heartbeat timeout: the SC elects others while it sleeps.
-                pending.append((now + chooser.uniform(0.3, 4.0), "resume", victim))
-        await asyncio.sleep(chooser.uniform(0.3, 1.2))
-    for _, what, spu_id in sorted(pending):
-        if what == "restart":
-            cluster.log.append(f"SPU {spu_id} restarted")
-            cluster.start_spu(spu_id)
         else:
-            cluster.signal_spu(spu_id, signal.SIGCONT)
+            assert step.spu is not None
+            if step.what == "restart":
+                cluster.log.append(f"SPU {step.spu} restarted")
+                cluster.start_spu(step.spu)
+            else:
+                how = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "resume": signal.SIGCONT}[step.what]
+                cluster.signal_spu(step.spu, how)
+
+
+def test_the_chaos_is_a_function_of_its_seed() -> None:
+    steps = plan(random.Random(SEED), CHAOS_SECONDS)
+    assert steps == plan(random.Random(SEED), CHAOS_SECONDS)
+    assert steps != plan(random.Random(SEED + 1), CHAOS_SECONDS)
+    # Every SPU taken down comes back, never more than two are down at once, the SC restarts once.
+    down: set[int] = set()
+    for step in steps:
+        if step.what in ("kill", "stop"):
+            assert step.spu not in down, step
+            down.add(step.spu)  # type: ignore[arg-type]
+            assert len(down) <= 2, steps
+        elif step.what in ("restart", "resume"):
+            down.remove(step.spu)  # type: ignore[arg-type]
+    assert down == set()
+    assert [step.what for step in steps if step.what.startswith("sc-")] == ["sc-kill", "sc-start"]
+    assert {"kill", "stop"} <= {step.what for step in steps}
 
 
 def check_records_and_logs(cluster: Cluster, final: dict[str, dict[str, Any]]) -> dict[str, int]:
@@ -245,7 +281,7 @@ async def test_no_committed_record_is_lost_and_no_epoch_has_two_leaders_under_ch
         etcd_server.start()
     ports = embedded_etcd.free_ports(2 + SPUS * 2)
     cluster = Cluster(etcd_server.endpoints[0], tmp_path, ports[0], ports[1], ports[2:])
-    chooser = random.Random(SEED)
+    steps = plan(random.Random(SEED), CHAOS_SECONDS)
     cluster.start_sc()
     try:
         async with aiohttp.ClientSession() as client:
@@ -265,7 +301,7 @@ async def test_no_committed_record_is_lost_and_no_epoch_has_two_leaders_under_ch
             assert status == 201, body
             await until(lambda: _settled(client, cluster), 30, "every partition online, every replica in sync")
 
-            await chaos(cluster, client, chooser)
+            await chaos(cluster, steps)
 
             # Everything back: every partition led, every replica in sync again, and each leader
             # has acknowledged past the highest offset ever acknowledged.
