@@ -136,7 +136,7 @@ async def websocket_round(small: int, large: int) -> float:
         async with aiohttp.ClientSession() as session, session.ws_connect(f"http://127.0.0.1:{port}/ws", max_msg_size=wire.MAX_FRAME_BYTES) as ws:
             started = time.perf_counter()
             for index in range(small + large):
-                await ws.send_bytes(offsets if index % (small // large + 1) == 0 and large else heartbeat)
+                await ws.send_bytes(offsets if large and index % (small // large + 1) == 0 else heartbeat)
             await done.wait()
             return time.perf_counter() - started
     finally:
