@@ -15,7 +15,7 @@ not a data plane. 10,000 partitions x RF 3 by default (--partitions 100000 for t
   - offsets intake: every SPU sends offsets for every partition it leads as fast as it can for a
     few seconds; entries/s taken in by the SC, and the etcd writes they caused (target: none).
 
-    .venv/bin/python bench/failover.py [--spus 50] [--partitions 10000] [--rounds 5] [--idle-seconds 10]
+    .venv/bin/python bench/failover.py [--spus 50] [--partitions 10000] [--rounds 5] [--idle-seconds 10] [--sc-loop uvloop]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 
 import aiohttp  # noqa: E402
 
+from bench import provisioning  # noqa: E402
 from connection_manager import wire  # noqa: E402
 from store import embedded_etcd, etcd, kv, models  # noqa: E402
 
@@ -197,6 +198,7 @@ async def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--intake-seconds", type=float, default=5.0)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--sc-loop", choices=sorted(provisioning.SC_LOOPS), default="asyncio", help="the event loop the SC runs on")
     parser.add_argument("--sc-log", type=Path, help="write the SC's log (info level) here instead of a temporary file")
     args = parser.parse_args()
     topics, per_topic = args.partitions // 100, 100
@@ -208,7 +210,7 @@ async def main() -> int:
         prefix = "/bench/failover/"
         log_path = args.sc_log or work / "sc.log"
         command = [
-            sys.executable, "-m", "controller.cli", "run",
+            sys.executable, *provisioning.SC_LOOPS[args.sc_loop], "run",
             "--etcd-endpoints", ",".join(f"http://{endpoint}" for endpoint in server.endpoints),
             "--key-prefix", prefix, "--bind-host", "127.0.0.1",
             "--public-port", str(public_port), "--private-port", str(private_port),

@@ -15,7 +15,7 @@ hosts: they confirm leaderships, replicate, append and report offsets while the 
 the run also reports partitions/s per raw etcd key/s (target >= 0.10) and the time until every
 partition is Online (confirmed by its leader).
 
-    .venv/bin/python bench/provisioning.py [--topics N] [--partitions P] [--preloaded N] [--live-spus]
+    .venv/bin/python bench/provisioning.py [--topics N] [--partitions P] [--preloaded N] [--live-spus] [--sc-loop uvloop]
 """
 
 from __future__ import annotations
@@ -43,6 +43,17 @@ import etcd3aio  # noqa: E402
 from store import embedded_etcd, etcd, kv, models  # noqa: E402
 
 SPUS = 100
+
+# How the benches start `sc run`: on asyncio's own loop, or on uvloop's (to measure whether the SC
+# would gain from it end to end; the SC itself runs asyncio's, see docs/replication.md).
+SC_LOOPS = {
+    "asyncio": ["-m", "controller.cli"],
+    "uvloop": [
+        "-c",
+        "import asyncio, runpy, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
+        "runpy.run_module('controller.cli', run_name='__main__')",
+    ],
+}
 
 
 def spu(spu_id: int) -> models.Spu:
@@ -95,13 +106,13 @@ async def raw_txn_keys_per_second(endpoints: list[str], seconds: float, concurre
 
 
 class Sc:
-    def __init__(self, endpoints: list[str], prefix: str, log_path: Path) -> None:
+    def __init__(self, endpoints: list[str], prefix: str, log_path: Path, loop: str = "asyncio") -> None:
         self.port, self.private_port = embedded_etcd.free_ports(2)
         # SC_BENCH_PROFILE=FILE runs the provisioning SC under cProfile (to find where its time goes).
         # SC_BENCH_PROFILE_STARTUP=FILE does the same for the SC started on 100k partitions.
         profile = os.environ.get("SC_BENCH_PROFILE" if "provision" in prefix else "SC_BENCH_PROFILE_STARTUP" if "loaded" in prefix else "")
         self.command = [
-            sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), "-m", "controller.cli", "run",
+            sys.executable, *(["-m", "cProfile", "-o", profile] if profile else []), *SC_LOOPS[loop], "run",
             "--etcd-endpoints", ",".join(f"http://{endpoint}" for endpoint in endpoints),
             "--key-prefix", prefix, "--bind-host", "127.0.0.1",
             "--public-port", str(self.port), "--private-port", str(self.private_port),
@@ -189,9 +200,10 @@ async def provisioning_run(
     prefix: str = "/bench/provision/",
     etcd_pid: int | None = None,
     live_spus: bool = False,
+    loop: str = "asyncio",
 ) -> dict[str, float]:
     store = await etcd.EtcdStore.open(endpoints, prefix, request_timeout=30)
-    sc = make(endpoints, prefix, workdir / f"{prefix.strip('/').replace('/', '-')}.log")
+    sc = make(endpoints, prefix, workdir / f"{prefix.strip('/').replace('/', '-')}.log", loop)
     live: subprocess.Popen[bytes] | None = None
     online_at = 0.0
     try:
@@ -376,6 +388,7 @@ async def main() -> int:
     parser.add_argument("--raw-seconds", type=float, default=5.0)
     parser.add_argument("--skip-startup", action="store_true", help="skip the 100k-partition startup run")
     parser.add_argument("--live-spus", action="store_true", help="100 simulator SPUs in a niced process instead of Online records")
+    parser.add_argument("--sc-loop", choices=sorted(SC_LOOPS), default="asyncio", help="the event loop the provisioning SC runs on")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sc-bench-") as workdir:
         work = Path(workdir)
@@ -383,7 +396,8 @@ async def main() -> int:
         try:
             raw = await raw_txn_keys_per_second(server.endpoints, args.raw_seconds)
             provisioning = await provisioning_run(
-                server.endpoints, work, args.topics, args.partitions, etcd_pid=server.pid, live_spus=args.live_spus
+                server.endpoints, work, args.topics, args.partitions, etcd_pid=server.pid, live_spus=args.live_spus,
+                loop=args.sc_loop,
             )
             startup = (
                 {"startup_seconds": float("nan"), "bytes_per_partition": float("nan"), "empty_rss_mib": 0.0, "loaded_rss_mib": 0.0}
