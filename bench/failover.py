@@ -242,6 +242,12 @@ async def main() -> int:
                     }
                     async with api.post("/v1/spus", json=body) as response:
                         assert response.status == 201, await response.text()
+                async def all_spus_known() -> bool:
+                    # A 201 means written; the SC accepts an SPU once its mirror has it.
+                    async with api.get("/v1/spus") as response:
+                        return response.status == 200 and len(await response.json()) == args.spus
+
+                await wait_until(all_spus_known, 60, "every SPU in the SC's mirror")
                 url = f"ws://127.0.0.1:{private_port}{wire.SPU_PATH}"
                 connected: set[int] = set()
                 spus = [BenchSpu(spu_id, url, ws, connected) for spu_id in range(args.spus)]
