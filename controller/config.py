@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     resync_interval: Seconds = 60.0
     spu_offline_grace: Seconds = 30.0
     spu_heartbeat_timeout: Seconds = 10.0
+    # An SPU sends live offsets at most this often, and only those that changed (for people: no
+    # decision depends on them). The SC's cost of a busy cluster's offsets scales with its inverse.
+    spu_offsets_interval: Seconds = 1.0
     spu_token_file: Path | None = None
     # Without a token the private port accepts SPUs from loopback only, unless this says otherwise.
     spu_allow_remote_without_token: bool = False

@@ -72,7 +72,12 @@ def register(commands: argparse._SubParsersAction) -> None:  # type: ignore[type
     )
     run.add_argument("--token-file", type=Path, metavar="FILE", help="file holding the token the SC requires of SPUs")
     run.add_argument(
-        "--data-dir", type=Path, metavar="DIR", help="save offsets here (spu-ID/offsets.json) and resume them on restart"
+        "--data-dir", type=Path, metavar="DIR",
+        help="journal logs here as they change (spu-ID/), and resume them on restart",
+    )
+    run.add_argument(
+        "--record", type=Path, metavar="FILE",
+        help="append a JSON line here for every leadership taken and every offset acknowledged (for chaos tests)",
     )
     run.add_argument(
         "--listen-host", metavar="HOST", help="bind the private endpoint here instead of its registered host"
@@ -266,7 +271,8 @@ def handle_run(args: argparse.Namespace) -> int:
         return 2
     spus = [
         simulator.SimulatedSpu(
-            spu_id, args.sc_private, token, settings=settings, data_dir=args.data_dir, listen_host=args.listen_host
+            spu_id, args.sc_private, token, settings=settings, data_dir=args.data_dir, listen_host=args.listen_host,
+            record=args.record,
         )
         for spu_id in range(first, first + args.count)
     ]
