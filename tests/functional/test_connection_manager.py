@@ -87,6 +87,14 @@ async def start_cluster(
     async with running(etcd_settings(server, **settings), client_tls) as sc, aiohttp.ClientSession(connector=connector) as client:
         for spu_id in spu_ids:
             await sc.register_spu(spu_id, online=False)
+
+        async def mirrored() -> None:
+            # The API answers once etcd has the SPUs; the private port admits them once the SC's
+            # mirror does (under load that came later, and a connect right away was refused).
+            held = {entry.obj.spec.id for entry in sc.daemon.context.local_store["spus"].view.values()}  # type: ignore[attr-defined]
+            assert set(spu_ids) <= held, held
+
+        await sc.eventually(mirrored)
         cluster = Cluster(sc, client, tls=client_tls is not None)
         try:
             yield cluster
