@@ -1,17 +1,21 @@
-"""Failover benchmark (issue 5): how fast the SC moves leaderships off an SPU whose connection closes.
+"""Failover and idle-cost benchmark (issues 5 and 17): what an idle SC costs, and how fast it moves
+leaderships off an SPU whose connection closes.
 
 Starts its own etcd WITH fsync and a real `sc run`. 50 SPUs connect to the private port as
-protocol-level clients (register, follow Sync/Update, report LRS every 400 ms for the partitions
-they lead, every follower in sync): the SC is measured, not a data plane. 10,000 partitions x RF 3.
-Then, for several SPUs in turn: close its connection and measure
-  - from the close to the last new leader written in etcd (every partition it led), and
-  - from the close to the last surviving SPU being told (the Update frame carrying the new leader);
-the SPU reconnects and leadership returns to it (preferred leader) before the next round.
-Finally LRS intake: every SPU reports as fast as it can for a few seconds; updates/s absorbed
-by the SC (it parses each SPU's newest frame and skips the ones a newer frame supersedes) and
-the etcd writes they caused (target: none, only offsets change).
+protocol-level clients (protocol v2: register, say what they hold, follow Sync/Update, confirm
+what they lead, propose every replica back into the in-sync set, heartbeat): the SC is measured,
+not a data plane. 10,000 partitions x RF 3 by default (--partitions 100000 for the large case).
+  - idle: once every partition is Online with its full in-sync set, the SC's CPU over
+    --idle-seconds while the SPUs only heartbeat (target: under 5% of a core at 100,000
+    partitions, and no growth from 10,000 beyond noise);
+  - failover, for several SPUs in turn: close its connection and measure from the close to the last
+    new leader written in etcd (every partition it led) and to the last surviving SPU being told
+    (the Update carrying the new leader); the SPU reconnects, is proposed back into the in-sync
+    sets and leadership returns to it (preferred leader) before the next round;
+  - offsets intake: every SPU sends offsets for every partition it leads as fast as it can for a
+    few seconds; entries/s taken in by the SC, and the etcd writes they caused (target: none).
 
-    .venv/bin/python bench/failover.py [--spus 50] [--partitions 10000] [--rounds 5]
+    .venv/bin/python bench/failover.py [--spus 50] [--partitions 10000] [--rounds 5] [--idle-seconds 10] [--sc-loop uvloop]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import statistics
 import subprocess
@@ -32,17 +37,26 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 
 import aiohttp  # noqa: E402
 
+from bench import provisioning  # noqa: E402
 from connection_manager import wire  # noqa: E402
 from store import embedded_etcd, etcd, kv, models  # noqa: E402
 
 TARGET_SECONDS = 1.0
 
 
-class BenchSpu:
-    """One SPU at the protocol level: keeps its replica view, reports LRS for what it leads."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, spu_id: int, url: str, session: aiohttp.ClientSession) -> None:
+
+class BenchSpu:
+    """One SPU at the protocol level: keeps its replica view, confirms what it leads, proposes
+    every replica back into its in-sync sets, heartbeats; offsets only when the bench asks."""
+
+    def __init__(self, spu_id: int, url: str, session: aiohttp.ClientSession, connected: set[int]) -> None:
         self.spu_id = spu_id
+        self.connected = connected  # the bench SPUs connected now (shared): only those are proposed
         self.url = url
         self.session = session
         self.replicas: dict[str, wire.ReplicaInfo] = {}
@@ -52,13 +66,28 @@ class BenchSpu:
         self.reports_sent = 0
         self.tasks: list[asyncio.Task[None]] = []
         self.synced = asyncio.Event()
+        self.proposed: dict[str, int] = {}  # partition -> the partition epoch of the proposal in flight
+        self.dirty = asyncio.Event()
+        self.peers: list[BenchSpu] = []
 
     async def connect(self) -> None:
+        """Connect as the same process (it says it holds what it was told, at the epochs it was told)."""
         self.synced.clear()
+        self.proposed.clear()
         self.websocket = await self.session.ws_connect(self.url, max_msg_size=wire.MAX_FRAME_BYTES)
         await self.websocket.send_bytes(wire.encode(wire.Register(spu_id=self.spu_id)))
-        self.tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._report_loop())]
-        await asyncio.wait_for(self.synced.wait(), 30)
+        accepted = wire.parse_sc_message((await self.websocket.receive(timeout=30)).data)
+        assert isinstance(accepted, wire.Accepted), accepted
+        held = [
+            wire.HostedReplica(partition=name, leo=self.offset, leader_epoch=info.leader_epoch if info.leader is not None else None)
+            for name, info in self.replicas.items()
+        ]
+        await self.websocket.send_bytes(wire.encode(wire.Hosted(partitions=held)))
+        self.connected.add(self.spu_id)
+        for spu in self.peers:
+            spu.dirty.set()  # its followers may be proposed back now
+        self.tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._heartbeat()), asyncio.create_task(self._lead())]
+        await asyncio.wait_for(self.synced.wait(), 60)
 
     async def _read(self) -> None:
         assert self.websocket is not None
@@ -70,6 +99,7 @@ class BenchSpu:
             if isinstance(parsed, wire.Sync):
                 self.replicas = {info.partition: info for info in parsed.replicas}
                 self.synced.set()
+                self.dirty.set()
             elif isinstance(parsed, wire.Update):
                 for info in parsed.replicas:
                     previous = self.replicas.get(info.partition)
@@ -78,32 +108,69 @@ class BenchSpu:
                     self.replicas[info.partition] = info
                 for name in parsed.deleted_replicas:
                     self.replicas.pop(name, None)
+                self.dirty.set()
+            elif isinstance(parsed, wire.AlterIsrResult):
+                self.proposed.pop(parsed.partition, None)
+                self.dirty.set()
 
-    def report(self) -> bytes:
-        """An LRS frame for every partition this SPU leads, every follower caught up.
+    async def _lead(self) -> None:
+        """Confirm new leaderships, and propose every replica into in-sync sets lacking some (as
+        a leader whose followers all caught up would)."""
+        assert self.websocket is not None
+        confirmed: set[tuple[str, int]] = set()
+        while not self.websocket.closed:
+            await self.dirty.wait()
+            self.dirty.clear()
+            led = {name: info for name, info in self.replicas.items() if info.leader == self.spu_id}
+            fresh = [(name, info.leader_epoch) for name, info in led.items() if (name, info.leader_epoch) not in confirmed]
+            if fresh:
+                entries = ",".join(f'{{"partition":"{name}","leaderEpoch":{epoch}}}' for name, epoch in fresh)
+                await self.websocket.send_bytes(('{"v":2,"type":"leading","partitions":[' + entries + "]}").encode())
+                confirmed.update(fresh)
+            for name, info in led.items():
+                if len(info.isr) == len(info.replicas) or not self.connected.issuperset(info.replicas):
+                    continue
+                if self.proposed.get(name) != info.partition_epoch:
+                    self.proposed[name] = info.partition_epoch
+                    await self.websocket.send_bytes(
+                        wire.encode(
+                            wire.AlterIsr(
+                                partition=name, leader_epoch=info.leader_epoch, partition_epoch=info.partition_epoch,
+                                isr=list(info.replicas),
+                            )
+                        )
+                    )
+            await asyncio.sleep(0.05)
+
+    async def _heartbeat(self) -> None:
+        assert self.websocket is not None
+        frame = wire.encode(wire.Heartbeat())
+        while not self.websocket.closed:
+            await self.websocket.send_bytes(frame)
+            await asyncio.sleep(2.5)
+
+    def offsets(self) -> bytes:
+        """An Offsets frame for every partition this SPU leads, every follower caught up.
 
         Written as JSON text directly (the same bytes wire.encode would give): the bench's own
         CPU must not be what limits 50 SPUs reporting."""
         self.offset += 10
         offset = self.offset
-        leaders = []
+        entries = []
         for name, info in self.replicas.items():
             if info.leader != self.spu_id:
                 continue
             followers = ",".join(
                 f'{{"spu":{spu},"hw":{offset},"leo":{offset}}}' for spu in info.replicas if spu != self.spu_id
             )
-            leaders.append(f'{{"partition":"{name}","hw":{offset},"leo":{offset},"followers":[{followers}]}}')
-        self.reports_sent += len(leaders)
-        return ('{"v":1,"type":"lrs","leaders":[' + ",".join(leaders) + "]}").encode()
-
-    async def _report_loop(self) -> None:
-        assert self.websocket is not None
-        while not self.websocket.closed:
-            await self.websocket.send_bytes(self.report())
-            await asyncio.sleep(0.4)
+            entries.append(
+                f'{{"partition":"{name}","leaderEpoch":{info.leader_epoch},"hw":{offset},"leo":{offset},"followers":[{followers}]}}'
+            )
+        self.reports_sent += len(entries)
+        return ('{"v":2,"type":"offsets","partitions":[' + ",".join(entries) + "]}").encode()
 
     async def close(self) -> None:
+        self.connected.discard(self.spu_id)
         if self.websocket is not None:
             await self.websocket.close()
         for task in self.tasks:
@@ -116,12 +183,12 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
-async def wait_until(check, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+async def wait_until(check, timeout: float, what: str, interval: float = 0.1) -> None:  # type: ignore[no-untyped-def]
     deadline = time.perf_counter() + timeout
     while not await check():
         if time.perf_counter() > deadline:
             raise TimeoutError(f"{what} did not happen within {timeout} s")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(interval)
 
 
 async def main() -> int:
@@ -130,6 +197,8 @@ async def main() -> int:
     parser.add_argument("--partitions", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--intake-seconds", type=float, default=5.0)
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--sc-loop", choices=sorted(provisioning.SC_LOOPS), default="asyncio", help="the event loop the SC runs on")
     parser.add_argument("--sc-log", type=Path, help="write the SC's log (info level) here instead of a temporary file")
     args = parser.parse_args()
     topics, per_topic = args.partitions // 100, 100
@@ -141,7 +210,7 @@ async def main() -> int:
         prefix = "/bench/failover/"
         log_path = args.sc_log or work / "sc.log"
         command = [
-            sys.executable, "-m", "controller.cli", "run",
+            sys.executable, *provisioning.SC_LOOPS[args.sc_loop], "run",
             "--etcd-endpoints", ",".join(f"http://{endpoint}" for endpoint in server.endpoints),
             "--key-prefix", prefix, "--bind-host", "127.0.0.1",
             "--public-port", str(public_port), "--private-port", str(private_port),
@@ -173,8 +242,17 @@ async def main() -> int:
                     }
                     async with api.post("/v1/spus", json=body) as response:
                         assert response.status == 201, await response.text()
+                async def all_spus_known() -> bool:
+                    # A 201 means written; the SC accepts an SPU once its mirror has it.
+                    async with api.get("/v1/spus") as response:
+                        return response.status == 200 and len(await response.json()) == args.spus
+
+                await wait_until(all_spus_known, 60, "every SPU in the SC's mirror")
                 url = f"ws://127.0.0.1:{private_port}{wire.SPU_PATH}"
-                spus = [BenchSpu(spu_id, url, ws) for spu_id in range(args.spus)]
+                connected: set[int] = set()
+                spus = [BenchSpu(spu_id, url, ws, connected) for spu_id in range(args.spus)]
+                for spu in spus:
+                    spu.peers = spus
                 await asyncio.gather(*(spu.connect() for spu in spus))
 
                 async def all_spus_online() -> bool:
@@ -196,12 +274,24 @@ async def main() -> int:
 
                 async def all_online() -> bool:
                     listed = await store.list("partitions/")
-                    online = sum(b'"resolution":"Online"' in item.value for item in listed.items)
+                    online = sum(
+                        b'"resolution":"Online"' in item.value and b'"partitionEpoch":0' not in item.value for item in listed.items
+                    )
                     return len(listed.items) == args.partitions and online == args.partitions
 
                 setup_started = time.perf_counter()
-                await wait_until(all_online, 300, "every partition Online")
+                # Listing every partition is costly at 100,000: not too often, or etcd and this
+                # process slow the SC down.
+                await wait_until(all_online, 900, "every partition Online", interval=max(0.1, args.partitions / 20_000))
                 print(f"setup: {args.spus} SPUs, {args.partitions} partitions Online ({time.perf_counter() - setup_started:.1f} s after the topics)")
+                await settle(store)
+                # Idle: nothing changes; the SPUs heartbeat. What does the SC spend?
+                frames_before = await metric(api, 'sc_spu_frames_total{type="offsets"}')
+                cpu_before, idle_started = cpu_seconds(process.pid), time.perf_counter()
+                await asyncio.sleep(args.idle_seconds)
+                idle_cpu = (cpu_seconds(process.pid) - cpu_before) / (time.perf_counter() - idle_started)
+                idle_offsets = await metric(api, 'sc_spu_frames_total{type="offsets"}') - frames_before
+                print(f"idle: SC CPU {idle_cpu * 100:.2f}% of a core over {args.idle_seconds:g} s, offsets frames {idle_offsets:.0f}")
 
                 etcd_seconds: list[float] = []
                 told_seconds: list[float] = []
@@ -253,36 +343,32 @@ async def main() -> int:
                         decoded = [models.decode("partitions", item.value) for item in listed.items]
                         return all(p.spec.leader == p.spec.replicas[0] for p in decoded)  # type: ignore[attr-defined]
 
-                    await wait_until(preferred_back, 120, "preferred leaders back")
+                    await wait_until(preferred_back, 300, "preferred leaders back", interval=max(0.1, args.partitions / 20_000))
 
-                # LRS intake: everybody reports flat out; nothing but offsets changes. First let
-                # the last round settle (the returning leaders' first reports are real changes).
-                revision = await store.revision()
-                while True:
-                    await asyncio.sleep(2.0)
-                    settled, revision = revision, await store.revision()
-                    if settled == revision:
-                        break
-                reports_before = await lrs_reports(api)
-                frames_before = await lrs_reports(api, "sc_lrs_frames_total")
-                skipped_before = await lrs_reports(api, "sc_lrs_frames_skipped_total")
+                # Offsets intake: everybody sends offsets flat out; nothing but offsets changes.
+                # First let the last round settle.
+                revision = await settle(store)
+                entries_before = await metric(api, "sc_spu_offsets_entries_total")
                 sent_before = sum(spu.reports_sent for spu in spus)
                 stop_at = time.perf_counter() + args.intake_seconds
 
                 async def flood(spu: BenchSpu) -> None:
                     assert spu.websocket is not None
                     while time.perf_counter() < stop_at:
-                        await spu.websocket.send_bytes(spu.report())
+                        await spu.websocket.send_bytes(spu.offsets())
                         await asyncio.sleep(0)
 
                 started = time.perf_counter()
                 await asyncio.gather(*(flood(spu) for spu in spus))
-                await asyncio.sleep(1.0)  # let the SC drain what is in flight
-                absorbed = await lrs_reports(api) - reports_before
-                frames_parsed = await lrs_reports(api, "sc_lrs_frames_total") - frames_before
-                frames_skipped = await lrs_reports(api, "sc_lrs_frames_skipped_total") - skipped_before
-                elapsed = time.perf_counter() - started
                 sent = sum(spu.reports_sent for spu in spus) - sent_before
+
+                async def drained() -> bool:
+                    return await metric(api, "sc_spu_offsets_entries_total") - entries_before >= sent
+
+                with contextlib.suppress(TimeoutError):
+                    await wait_until(drained, 120, "the SC taking in every offsets entry sent")
+                absorbed = await metric(api, "sc_spu_offsets_entries_total") - entries_before
+                elapsed = time.perf_counter() - started  # until the SC had taken everything in
                 writes_during = (await store.revision()) - revision
                 if writes_during:
                     async with contextlib.aclosing(store.watch("", revision + 1)) as events:
@@ -303,6 +389,8 @@ async def main() -> int:
             server.stop()
 
     rows = [
+        (f"idle: SC CPU, {args.partitions} partitions hosted (% of a core)", f"{idle_cpu * 100:.2f}", "< 5", "ok" if idle_cpu < 0.05 else "MISSED"),
+        ("idle: offsets frames the SC took in", f"{idle_offsets:.0f}", "0", "ok" if idle_offsets == 0 else "MISSED"),
         (f"leaderships moved per round (RF 3, {args.partitions} partitions / {args.spus} SPUs)", f"~{args.partitions // args.spus}", "", ""),
         ("close -> last new leader in etcd, p50 (ms)", f"{statistics.median(etcd_seconds) * 1000:.0f}", "", ""),
         ("close -> last new leader in etcd, p99 (ms)", f"{percentile(etcd_seconds, 0.99) * 1000:.0f}", "", ""),
@@ -310,9 +398,8 @@ async def main() -> int:
         ("close -> last SPU told, p50 (ms)", f"{statistics.median(told_seconds) * 1000:.0f}", "", ""),
         ("close -> last SPU told, max (ms)", f"{max(told_seconds) * 1000:.0f}", "< 1000", "ok" if max(told_seconds) < TARGET_SECONDS else "MISSED"),
         ("  ratio to Kafka 1.1's ~3 s controlled shutdown (max etcd)", f"{max(etcd_seconds) / 3.0:.2f}", "", ""),
-        (f"LRS intake, {args.spus} SPUs flat out: reports/s sent", f"{sent / elapsed:,.0f}", "", ""),
-        ("  reports/s absorbed by the SC (newest frame of each SPU)", f"{absorbed / elapsed:,.0f}", "", ""),
-        ("  frames parsed / superseded before parsing", f"{frames_parsed:,.0f} / {frames_skipped:,.0f}", "", ""),
+        (f"offsets intake, {args.spus} SPUs flat out: entries sent", f"{sent:,.0f}", "", ""),
+        ("  entries/s taken in by the SC (every one, in order)", f"{absorbed / elapsed:,.0f}", "", ""),
         ("  etcd writes caused", f"{writes_during}", "0", "ok" if writes_during == 0 else "MISSED"),
     ]
     width = max(len(row[0]) for row in rows)
@@ -321,13 +408,23 @@ async def main() -> int:
     return 0 if all(row[3] != "MISSED" for row in rows) else 1
 
 
-async def lrs_reports(api: aiohttp.ClientSession, metric: str = "sc_lrs_reports_total") -> float:
+async def settle(store: etcd.EtcdStore) -> int:
+    """Wait until nothing is written for 2 s; the revision then."""
+    revision = await store.revision()
+    while True:
+        await asyncio.sleep(2.0)
+        settled, revision = revision, await store.revision()
+        if settled == revision:
+            return revision
+
+
+async def metric(api: aiohttp.ClientSession, series: str) -> float:
     async with api.get("/metrics") as response:
         text = await response.text()
     for line in text.splitlines():
-        if line.startswith(metric + " "):
+        if line.startswith(series + " "):
             return float(line.split()[1])
-    raise RuntimeError(f"no {metric} in /metrics")
+    raise RuntimeError(f"no {series} in /metrics")
 
 
 if __name__ == "__main__":

@@ -148,8 +148,9 @@ async def serve(endpoints: list[str], prefix: str, port: int, spus: int) -> None
 
 
 class FloorServer(provisioning.Sc):
-    def __init__(self, endpoints: list[str], prefix: str, log_path: Path) -> None:
-        super().__init__(endpoints, prefix, log_path)
+    def __init__(self, endpoints: list[str], prefix: str, log_path: Path, loop: str = "asyncio") -> None:
+        # The floor server is the same on any loop: ``loop`` only keeps the signature of Sc.
+        super().__init__(endpoints, prefix, log_path, loop)
         self.command = [
             sys.executable, str(Path(__file__).resolve()), "--serve", "--endpoints", ",".join(endpoints),
             "--prefix", prefix, "--port", str(self.port), "--spus", str(provisioning.SPUS),

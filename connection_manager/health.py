@@ -21,6 +21,8 @@ class Health(str, enum.Enum):
 class HealthRecord:
     state: Health
     since: float  # loop time of the last change
+    # The connection (incarnation) it is online through; while offline, the last one it had.
+    incarnation: int = 0
 
 
 class HealthView:
@@ -32,11 +34,14 @@ class HealthView:
     def subscribe(self, listener: Callable[[int, Health], None]) -> None:
         self._listeners.append(listener)
 
-    def set(self, spu_id: int, state: Health, now: float) -> None:
+    def set(self, spu_id: int, state: Health, now: float, incarnation: int | None = None) -> None:
+        """``incarnation``: the connection it is online through (None: the one it had)."""
         current = self._records.get(spu_id)
-        if current is not None and current.state is state:
+        if incarnation is None:
+            incarnation = 0 if current is None else current.incarnation
+        if current is not None and current.state is state and current.incarnation == incarnation:
             return
-        self._records[spu_id] = HealthRecord(state, now)
+        self._records[spu_id] = HealthRecord(state, now, incarnation)
         for listener in self._listeners:
             listener(spu_id, state)
 

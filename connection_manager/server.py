@@ -1,10 +1,13 @@
-"""The connection manager: the SC's private WebSocket server for SPUs (port 9004).
+"""The connection manager: the SC's private WebSocket server for SPUs (port 9004, protocol v2).
 
 Accepts only registered SPUs (with the shared token when one is configured, else from loopback
-only), never lets a newcomer without the token evict a healthy session, keeps the health view,
-takes in live-replica reports, and pushes each SPU the SPU endpoints and the replicas it hosts: a
-full Sync on connect, then Update deltas as committed specs change. It never writes to the KV
-store; the controllers turn what it learns into writes.
+only), never lets a newcomer without the token evict a healthy session, numbers every accepted
+connection (its incarnation), keeps the health view, takes in what SPUs report (what a process
+holds, leadership confirmations, in-sync proposals, live offsets) and pushes each SPU the SPU
+endpoints and the replicas it hosts with their committed state: a full Sync once the SPU said what
+it holds, then Update deltas as committed objects change. It never writes to the KV store; the
+controllers turn what it learns into writes, and it sends their answers. docs/replication.md
+describes the protocol.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from connection_manager import health as health_module
-from connection_manager import lrs, ratelimit, tls, transport, wire
+from connection_manager import lrs, ratelimit, reports, tls, transport, wire
 from store import local, models, spu_index
 from store import supervisor as supervisor_module
 
 log = structlog.get_logger(__name__)
 
-REGISTER_TIMEOUT = 10.0  # seconds a new connection has to send its Register frame
+REGISTER_TIMEOUT = 10.0  # seconds a new connection has to send its Register frame, then its Hosted frame
+DEFAULT_OFFSETS_INTERVAL = 1.0  # seconds: an SPU sends at most one Offsets frame this often
 SEND_QUEUE_LIMIT = 1_000  # frames queued for one SPU before it is considered stuck
 HEARTBEAT_SECOND_LOOK = 0.5  # seconds
 # A refused connection is logged once per (cause, peer address) in this many seconds; the
@@ -46,8 +50,9 @@ class Stats:
     accepted: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     frame_errors: dict[str, int] = field(default_factory=dict)
-    lrs_frames: int = 0
-    lrs_frames_skipped: int = 0  # superseded by a newer frame of the same SPU before being parsed
+    frames: dict[str, int] = field(default_factory=dict)  # SPU frames taken in, by type
+    stale_entries: int = 0  # offsets or confirmations at an epoch that is not (or no longer) the SPU's
+    proposals: int = 0  # AlterIsr frames taken in
     heartbeat_timeouts: int = 0
     updates_sent: int = 0
 
@@ -56,17 +61,23 @@ class Stats:
 
 
 class Session:
-    """One connected SPU: what it has been told, and its outgoing frames (sent in order)."""
+    """One connected SPU: its incarnation, what it has been told, and its outgoing frames (sent in order)."""
 
-    def __init__(self, spu_id: int, name: str, websocket: web.WebSocketResponse) -> None:
+    def __init__(self, spu_id: int, name: str, incarnation: int, websocket: web.WebSocketResponse) -> None:
         self.spu_id = spu_id
         self.name = name  # the SPU object holding the id when it connected
+        self.incarnation = reports.Incarnation(spu_id, incarnation)
         self.websocket = websocket
-        self.hosted: dict[str, wire.ReplicaInfo] = {}
+        self.hosted: dict[str, wire.ReplicaInfo] = {}  # partition -> what it was last told of it
         self.told_spus: dict[int, wire.SpuInfo] = {}
         self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.closing: tuple[str, str] | None = None
         self.last_frame_at = asyncio.get_running_loop().time()
+        self.ready = False  # it said what it holds (Hosted): online, synced
+
+    @property
+    def number(self) -> int:
+        return self.incarnation.number
 
     def healthy(self, now: float, heartbeat_timeout: float) -> bool:
         """Open, and heard from within the heartbeat timeout: the SPU behind it is alive."""
@@ -93,33 +104,6 @@ class Session:
                 await self.websocket.close(message=reason[:120].encode())
                 return
             await self.websocket.send_bytes(frame)
-
-
-class _LatestFrame:
-    """A one-frame mailbox: a new frame replaces one not yet taken."""
-
-    def __init__(self) -> None:
-        self._frame: bytes | str | None = None
-        self._ready = asyncio.Event()
-
-    def put(self, frame: bytes | str) -> bool:
-        """Leave ``frame``; True when it replaced one that was never taken."""
-        replaced = self._frame is not None
-        self._frame = frame
-        self._ready.set()
-        return replaced
-
-    async def take(self) -> bytes | str:
-        await self._ready.wait()
-        frame = self.take_nowait()
-        assert frame is not None
-        return frame
-
-    def take_nowait(self) -> bytes | str | None:
-        """The frame left and not taken yet, if any."""
-        self._ready.clear()
-        frame, self._frame = self._frame, None
-        return frame
 
 
 class RefusalLog:
@@ -176,8 +160,9 @@ class ConnectionManager:
         token: str | None = None,
         allow_remote_without_token: bool = False,
         heartbeat_timeout: float = 10.0,
+        offsets_interval: float = DEFAULT_OFFSETS_INTERVAL,
         max_frame_bytes: int = wire.MAX_FRAME_BYTES,
-        on_live_change: Callable[[set[str]], None] = lambda names: None,
+        on_news: Callable[[set[str]], None] = lambda names: None,
         supervisor: supervisor_module.Supervisor | None = None,
         listener: transport.Port | None = None,
         certificate_identity: bool = False,
@@ -191,11 +176,21 @@ class ConnectionManager:
         # Without a token or certificates, anyone who reaches the port could be any SPU: only this host may.
         self.allow_remote = token is not None or certificate_identity or allow_remote_without_token
         self.heartbeat_timeout = heartbeat_timeout
+        self.offsets_interval = offsets_interval
         self.max_frame_bytes = max_frame_bytes
-        self.on_live_change = on_live_change
+        # Told the partitions a leader's confirmation or proposal is about: the partition
+        # controller looks at them (offsets never wake it: no decision depends on them).
+        self.on_news = on_news
         # Connection limits and timeouts of the private port (None: the defaults).
         self.listener = listener if listener is not None else transport.Port(transport.PRIVATE)
         self.sessions: dict[int, Session] = {}
+        # SPU id -> its current connection, once it said what it holds (what the controllers read).
+        self.incarnations: dict[int, reports.Incarnation] = {}
+        # Partition -> the pending AlterIsr of its leader's current connection, until answered.
+        self.proposals: dict[str, reports.Proposal] = {}
+        # Partition -> (SPU, leader epoch) of the last leadership confirmation accepted.
+        self.confirmed: dict[str, tuple[int, int]] = {}
+        self._incarnation_counter = 0
         self.stats = Stats()
         self.supervisor = supervisor if supervisor is not None else supervisor_module.Supervisor()
         self.refusals = RefusalLog()
@@ -272,28 +267,40 @@ class ConnectionManager:
             return websocket
         registered = self._registered(spu_id)
         assert registered is not None  # _refusal refused an id no SPU holds, and nothing awaited since
-        session = Session(spu_id, registered.name, websocket)
+        self._incarnation_counter += 1
+        session = Session(spu_id, registered.name, self._incarnation_counter, websocket)
         previous = self.sessions.get(spu_id)
         now = asyncio.get_running_loop().time()
         self.sessions[spu_id] = session
         if previous is not None:
             previous.close("replaced", f"a new connection for SPU {spu_id} replaced this one")
-            log.info("SPU connection replaced", spu=spu_id, peer=peer, previous_was_healthy=previous.healthy(now, self.heartbeat_timeout))
-            self._restarted(spu_id, now)
+            log.info(
+                "SPU connection replaced", spu=spu_id, peer=peer, incarnation=session.number,
+                previous_was_healthy=previous.healthy(now, self.heartbeat_timeout),
+            )
+            self._gone(previous, now)
         self.stats.accepted += 1
         writer = asyncio.create_task(session.write_loop(), name=f"cm-writer-{spu_id}")
         try:
-            session.send(wire.Accepted(spu_id=spu_id, heartbeat_timeout=self.heartbeat_timeout))
-            self._send_sync(session)
-            self.health.set(spu_id, health_module.Health.ONLINE, now)
-            log.info("SPU connected", spu=spu_id, name=session.name, peer=peer, replicas=len(session.hosted))
-            await self._read_reports(session)
+            session.send(
+                wire.Accepted(
+                    spu_id=spu_id, incarnation=session.number, heartbeat_timeout=self.heartbeat_timeout,
+                    offsets_interval=self.offsets_interval,
+                )
+            )
+            if await self._read_hosted(session):
+                log.info(
+                    "SPU connected", spu=spu_id, name=session.name, peer=peer, incarnation=session.number,
+                    replicas=len(session.hosted),
+                )
+                await self._read_frames(session)
         finally:
             if self.sessions.get(spu_id) is session:
                 del self.sessions[spu_id]
-                if session.closing is None or session.closing[0] != "shutting-down":  # an SC stopping says nothing of its SPUs
-                    self.health.set(spu_id, health_module.Health.OFFLINE, asyncio.get_running_loop().time())
-                log.info("SPU disconnected", spu=spu_id, reason=session.closing)
+                # An SC stopping says nothing of its SPUs.
+                if session.closing is None or session.closing[0] != "shutting-down":
+                    self._gone(session, asyncio.get_running_loop().time())
+                log.info("SPU disconnected", spu=spu_id, incarnation=session.number, reason=session.closing)
             session.close(*(session.closing or ("closed", "connection closed")))
             with contextlib.suppress(asyncio.TimeoutError, ConnectionError, RuntimeError):
                 await asyncio.wait_for(writer, 2.0)
@@ -301,15 +308,15 @@ class ConnectionManager:
             await asyncio.gather(writer, return_exceptions=True)
         return websocket
 
-    def _restarted(self, spu_id: int, now: float) -> None:
-        """A new connection took over from a previous one: the SPU restarted. What its previous
-        incarnation reported as leader is dropped (the new one may have lost records, and its
-        reports will say), and the SPU goes offline then online, so every listener looks again."""
-        forgotten = self.live.forget_leader(spu_id)
-        self.health.set(spu_id, health_module.Health.OFFLINE, now)
-        self.health.set(spu_id, health_module.Health.ONLINE, now)
-        if forgotten:
-            self.on_live_change(forgotten)
+    def _gone(self, session: Session, now: float) -> None:
+        """``session`` is over: the SPU is offline until a newer connection says what it holds, and
+        nothing its proposals asked is pending any more (its leader re-sends them on that one)."""
+        if self.incarnations.get(session.spu_id) is session.incarnation:
+            del self.incarnations[session.spu_id]
+        dropped = {name for name, proposal in self.proposals.items() if proposal.incarnation == session.number}
+        for name in dropped:
+            del self.proposals[name]
+        self.health.set(session.spu_id, health_module.Health.OFFLINE, now)
 
     async def _refuse(
         self, websocket: web.WebSocketResponse, peer: str | None, spu_id: int | None, code: str, reason: str
@@ -346,6 +353,47 @@ class ConnectionManager:
             await _reject(websocket, "expected-register", f"the first frame must be 'register', got {parsed.type!r}")
             return None
         return parsed
+
+    async def _read_hosted(self, session: Session) -> bool:
+        """The second frame says what the SPU's process holds: from then on the SPU is online (this
+        incarnation), its Sync is sent, and the roles it was not told of are known (a restart)."""
+        try:
+            message = await session.websocket.receive(timeout=REGISTER_TIMEOUT)
+        except asyncio.TimeoutError:
+            session.close("hosted-timeout", f"no Hosted frame within {REGISTER_TIMEOUT:g} s of the registration")
+            return False
+        if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+            return False
+        try:
+            parsed = wire.parse_spu_message(message.data, self.max_frame_bytes)
+        except wire.FrameError as error:
+            self.stats.count(self.stats.frame_errors, error.code)
+            session.close(error.code, str(error))
+            return False
+        if not isinstance(parsed, wire.Hosted):
+            session.close("expected-hosted", f"the frame after the registration must be 'hosted', got {parsed.type!r}")
+            return False
+        if self.sessions.get(session.spu_id) is not session:
+            return False  # replaced meanwhile
+        session.last_frame_at = asyncio.get_running_loop().time()
+        self.stats.count(self.stats.frames, "hosted")
+        hosted = reports.hosted_map(parsed.partitions)
+        partitions = [
+            entry.obj for entry in self.local_store["partitions"].view.values()
+            if session.spu_id in entry.obj.spec.replicas  # type: ignore[attr-defined]
+        ]
+        restarted = reports.roles_not_continued(session.spu_id, hosted, partitions)  # type: ignore[arg-type]
+        session.incarnation = reports.Incarnation(session.spu_id, session.number, hosted, restarted)
+        self.incarnations[session.spu_id] = session.incarnation
+        if restarted:
+            log.info(
+                "SPU restarted: roles it was not told of are decided again", spu=session.spu_id,
+                incarnation=session.number, partitions=len(restarted),
+            )
+        session.ready = True
+        self._send_sync(session)
+        self.health.set(session.spu_id, health_module.Health.ONLINE, session.last_frame_at, session.number)
+        return True
 
     def _registered(self, spu_id: int) -> models.Spu | None:
         """The SPU that holds ``spu_id``: of SPUs sharing it (written behind the SC's back), the
@@ -396,36 +444,10 @@ class ConnectionManager:
             )
         return None
 
-    async def _read_reports(self, session: Session) -> None:
-        """Receive frames as fast as they come; a second task parses the newest one.
-
-        Receiving is cheap, parsing and merging a report of thousands of partitions is not. An
-        LRS frame is a complete snapshot, so when this SPU's frames come faster than the SC takes
-        them in (an SC busy elsewhere, or a backlog in the socket buffers) only the newest one
-        is worth parsing: the ones it replaces are counted as skipped, and every frame still
-        counts as a heartbeat. So intake never falls behind its SPUs, and stale reports are
-        never applied after fresher ones."""
-        inbox = _LatestFrame()
-        taker = asyncio.create_task(self._take_frames(session, inbox), name=f"cm-lrs-{session.spu_id}")
-        taker.add_done_callback(lambda task: self._taker_done(session, task))
-        try:
-            await self._receive_frames(session, inbox)
-        finally:
-            taker.cancel()
-            await asyncio.gather(taker, return_exceptions=True)
-            # The SPU's newest report, received but not taken in yet when its connection ended
-            # (an SPU often reports right before it stops): take it before the disconnect is
-            # acted on, since an election judges the followers by these offsets. Not after a
-            # failure taking frames in, nor from a connection another one has replaced.
-            last = inbox.take_nowait()
-            failed = not taker.cancelled() and taker.exception() is not None
-            if last is not None and not failed and self.sessions.get(session.spu_id) is session:
-                try:
-                    self._take_frame(session, last)
-                except Exception as error:  # a bug here must not skip the disconnect's cleanup
-                    log.error("SPU frame handling failed", spu=session.spu_id, error=repr(error))
-
-    async def _receive_frames(self, session: Session, inbox: _LatestFrame) -> None:
+    async def _read_frames(self, session: Session) -> None:
+        """Take frames in as they come, each one whole before the next (none supersedes another:
+        proposals, confirmations and offset deltas all count). Taking a frame in never waits on
+        anything, so a slow SPU only slows its own connection."""
         websocket = session.websocket
         while session.closing is None:
             try:
@@ -449,21 +471,16 @@ class ConnectionManager:
                 log.warning("SPU connection error", spu=session.spu_id, error=str(websocket.exception()))
                 return
             session.last_frame_at = asyncio.get_running_loop().time()
-            if inbox.put(message.data):
-                self.stats.lrs_frames_skipped += 1
-
-    def _taker_done(self, session: Session, task: asyncio.Task[None]) -> None:
-        """A bug while taking a frame in must not leave the SPU connected but unheard: drop it
-        (it reconnects and gets a fresh Sync)."""
-        if task.cancelled() or task.exception() is None:
-            return
-        error = task.exception()
-        log.error("SPU frame handling failed", spu=session.spu_id, error=repr(error))
-        session.close("internal-error", f"the SC failed to take a frame of SPU {session.spu_id} in: {error!r}")
-
-    async def _take_frames(self, session: Session, inbox: _LatestFrame) -> None:
-        while True:
-            self._take_frame(session, await inbox.take())
+            if self.sessions.get(session.spu_id) is not session:
+                return  # replaced: what it says is not its SPU's current word
+            try:
+                self._take_frame(session, message.data)
+            except Exception as error:
+                # A bug here must not leave the SPU connected but unheard: drop it (it reconnects
+                # and gets a fresh Sync).
+                log.error("SPU frame handling failed", spu=session.spu_id, error=repr(error))
+                session.close("internal-error", f"the SC failed to take a frame of SPU {session.spu_id} in: {error!r}")
+                return
             # One frame at a time per SPU, then let everybody else run: fifty SPUs reporting
             # never starve the controllers, the API or the heartbeats.
             await asyncio.sleep(0)
@@ -471,44 +488,111 @@ class ConnectionManager:
     def _take_frame(self, session: Session, frame: bytes | str) -> None:
         try:
             parsed = wire.parse_spu_message(frame, self.max_frame_bytes)
-            if isinstance(parsed, wire.Register):
+            self.stats.count(self.stats.frames, parsed.type)
+            if isinstance(parsed, wire.Heartbeat):
+                return
+            if isinstance(parsed, wire.Offsets):
+                self._take_offsets(session, parsed)
+            elif isinstance(parsed, wire.Leading):
+                self._take_leading(session, parsed)
+            elif isinstance(parsed, wire.AlterIsr):
+                self._take_proposal(session, parsed)
+            elif isinstance(parsed, wire.Register):
                 raise wire.FrameError("already-registered", f"SPU {session.spu_id} is already registered")
-            self._take_reports(session, parsed)
+            else:
+                raise wire.FrameError("already-hosted", f"SPU {session.spu_id} said what it holds already, on this connection")
         except wire.FrameError as error:
             self.stats.count(self.stats.frame_errors, error.code)
             log.warning("frame refused", spu=session.spu_id, code=error.code, error=str(error))
             session.send(wire.Error(code=error.code, message=str(error)))
 
-    def _take_reports(self, session: Session, message: wire.LiveReplicas) -> None:
-        """Check the whole frame first, so a bad entry changes nothing at all."""
-        self.stats.lrs_frames += 1
+    def _told(self, session: Session, name: str) -> wire.ReplicaInfo:
+        told = session.hosted.get(name)
+        if told is None:
+            raise wire.FrameError("not-hosted", f"SPU {session.spu_id} sent partition {name!r}, which it does not host")
+        return told
+
+    def _take_offsets(self, session: Session, message: wire.Offsets) -> None:
+        """Check the whole frame first, so a bad entry changes nothing at all. An entry from a
+        leader at an epoch that is not the one it was told (a race with a leader change) is
+        dropped and counted: only the current leader's offsets are shown."""
         accepted = []
-        spu_id, hosted_by_name = session.spu_id, session.hosted
-        for report in message.leaders:
-            hosted = hosted_by_name.get(report["partition"])
-            if hosted is None:
+        spu_id, told_by_name = session.spu_id, session.hosted
+        stale = 0
+        for entry in message.partitions:
+            told = told_by_name.get(entry["partition"])
+            if told is None:
                 raise wire.FrameError(
-                    "not-hosted", f"SPU {spu_id} reported partition {report['partition']!r}, which it does not host"
+                    "not-hosted", f"SPU {spu_id} reported partition {entry['partition']!r}, which it does not host"
                 )
-            followers = report.get("followers")
+            followers = entry.get("followers")
             if followers:
-                replicas = hosted.replicas
+                replicas = told.replicas
                 for follower in followers:
                     if follower["spu"] not in replicas or follower["spu"] == spu_id:
                         strangers = [f["spu"] for f in followers if f["spu"] not in replicas] or [spu_id]
                         raise wire.FrameError(
                             "not-a-replica",
                             f"SPU {spu_id} reported followers {strangers} for partition "
-                            f"{report['partition']!r}, whose replicas are {replicas}",
+                            f"{entry['partition']!r}, whose replicas are {replicas}",
                         )
-            if hosted.leader == spu_id:
-                accepted.append(report)
-            # A report for a partition it no longer leads is a race with a leader change: ignored.
+            if told.leader == spu_id and told.leader_epoch == entry["leader_epoch"]:
+                accepted.append(entry)
+            else:
+                stale += 1
+        self.stats.stale_entries += stale
         now = asyncio.get_running_loop().time()
         merge = self.live.merge
-        changed = {report["partition"] for report in accepted if merge(spu_id, report, now)}
-        if changed:
-            self.on_live_change(changed)
+        for entry in accepted:
+            merge(spu_id, entry, now)
+
+    def _take_leading(self, session: Session, message: wire.Leading) -> None:
+        """Leadership confirmations: accepted from the leader it was told, at the epoch it was
+        told; any other is stale and the SPU is told the committed epoch (it stops leading)."""
+        news = set()
+        for entry in message.partitions:
+            name, epoch = entry["partition"], entry["leader_epoch"]
+            told = self._told(session, name)
+            if told.leader != session.spu_id or told.leader_epoch != epoch:
+                self.stats.stale_entries += 1
+                session.send(
+                    wire.Error(
+                        code=_stale_code(told, session.spu_id),
+                        message=(
+                            f"SPU {session.spu_id} does not lead partition {name!r} at leader epoch {epoch}: "
+                            f"the committed leader is {told.leader} at leader epoch {told.leader_epoch}"
+                        ),
+                        partition=name,
+                        leader_epoch=told.leader_epoch,
+                    )
+                )
+                continue
+            log.debug("leadership confirmed", spu=session.spu_id, partition=name, leader_epoch=epoch, incarnation=session.number)
+            if self.confirmed.get(name) != (session.spu_id, epoch):
+                self.confirmed[name] = (session.spu_id, epoch)
+                news.add(name)
+        if news:
+            self.on_news(news)
+
+    def _take_proposal(self, session: Session, message: wire.AlterIsr) -> None:
+        """Held for the partition controller, which decides it against the committed state and
+        answers (through ``answer``); a newer proposal of the same leader replaces it."""
+        self._told(session, message.partition)
+        self.stats.proposals += 1
+        self.proposals[message.partition] = reports.Proposal(
+            message.partition, session.spu_id, session.number, message.leader_epoch, message.partition_epoch, tuple(message.isr)
+        )
+        self.on_news({message.partition})
+
+    def answer(self, proposal: reports.Proposal, message: wire.AlterIsrResult) -> None:
+        """Send the answer to ``proposal``'s connection, if it is still its SPU's current one, and
+        forget the proposal (unless a newer one replaced it)."""
+        name = message.partition
+        if self.proposals.get(name) == proposal:
+            del self.proposals[name]
+        session = self.sessions.get(proposal.spu)
+        if session is not None and session.number == proposal.incarnation and session.closing is None:
+            session.send(message)
 
     # ------------------------------------------------------------------ pushing specs
 
@@ -518,7 +602,7 @@ class ConnectionManager:
         for entry in self.local_store["partitions"].view.values():
             partition: models.Partition = entry.obj  # type: ignore[assignment]
             if session.spu_id in partition.spec.replicas:
-                hosted[partition.name] = _replica_info(partition)
+                hosted[partition.name] = _replica_info(partition, session.incarnation)
         session.hosted = hosted
         session.told_spus = {info.id: info for info in spus}
         session.send(wire.Sync(epoch=self.local_store.revision, spus=spus, replicas=list(hosted.values())))
@@ -532,7 +616,7 @@ class ConnectionManager:
         spu_listener.changes()
         partition_listener.changes()
         for session in list(self.sessions.values()):
-            if session.closing is None:
+            if session.closing is None and session.ready:
                 self._send_sync(session)
         try:
             while True:
@@ -557,6 +641,8 @@ class ConnectionManager:
             if session.spu_id not in held:
                 session.close("unregistered", f"SPU {session.spu_id} was unregistered")
                 continue
+            if not session.ready:
+                continue  # its Sync, once it said what it holds, will have everything
             changed_spus, deleted_spus = _spu_delta(session, spu_changes, held)
             changed, deleted = _replica_delta(session, partition_changes, partitions)
             if changed_spus or deleted_spus or changed or deleted:
@@ -572,6 +658,12 @@ class ConnectionManager:
                 )
         for name in partition_changes.deleted:
             self.live.forget(name)
+            self.confirmed.pop(name, None)
+
+
+def _stale_code(told: wire.ReplicaInfo, spu_id: int) -> str:
+    """The error code for a confirmation that does not match what the SPU was told."""
+    return "stale-epoch" if told.leader == spu_id else "not-leader"
 
 
 def _spu_delta(
@@ -610,17 +702,21 @@ def _replica_delta(
     view: dict[str, local.Entry] = partitions  # type: ignore[assignment]
     entries = view.values() if changes.full else changes.updated
     changed, deleted = [], []
+    restarted = session.incarnation.restarted
     for entry in entries:
         partition: models.Partition = entry.obj  # type: ignore[assignment]
-        told = session.hosted.get(partition.name)
+        name = partition.name
+        if restarted and name in restarted and restarted[name] != partition.status.partition_epoch:
+            del restarted[name]  # decided again since: the fact is spent
+        told = session.hosted.get(name)
         if session.spu_id in partition.spec.replicas:
-            info = _replica_info(partition)
+            info = _replica_info(partition, session.incarnation)
             if told != info:
-                session.hosted[partition.name] = info
+                session.hosted[name] = info
                 changed.append(info)
         elif told is not None:
-            del session.hosted[partition.name]
-            deleted.append(partition.name)
+            del session.hosted[name]
+            deleted.append(name)
     gone = changes.deleted if not changes.full else [name for name in session.hosted if name not in view]
     for name in gone:
         if session.hosted.pop(name, None) is not None:
@@ -639,11 +735,22 @@ def _spu_info(spu: models.Spu) -> wire.SpuInfo:
     )
 
 
-def _replica_info(partition: models.Partition) -> wire.ReplicaInfo:
-    leaderless = partition.status.resolution is models.PartitionResolution.LEADER_OFFLINE
+def _replica_info(partition: models.Partition, incarnation: reports.Incarnation) -> wire.ReplicaInfo:
+    """What an SPU is told of a partition it hosts: the committed state. A leadership its current
+    process was not told of when it connected is withheld (no leader) until the SC decides the
+    partition again, so a restarted process never leads at an epoch granted to its predecessor."""
+    status = partition.status
+    leader: int | None = partition.spec.leader
+    if status.resolution is models.PartitionResolution.LEADER_OFFLINE:
+        leader = None
+    elif leader == incarnation.spu and incarnation.restarted_at(partition.name, status.partition_epoch):
+        leader = None
     return wire.ReplicaInfo(
         partition=partition.name,
-        leader=None if leaderless else partition.spec.leader,
+        leader=leader,
+        leader_epoch=status.leader_epoch,
+        partition_epoch=status.partition_epoch,
+        isr=partition.in_sync(),
         replicas=list(partition.spec.replicas),
     )
 

@@ -15,7 +15,7 @@ import pydantic
 from pydantic import Field
 from pydantic.alias_generators import to_camel
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 # Largest frame either side accepts, by default; an SPU's full sync of thousands of replicas fits.
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 # The WebSocket path on the SC's private port.
@@ -34,11 +34,13 @@ class Message(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
     )
-    v: Literal[1] = PROTOCOL_VERSION
+    v: Literal[2] = PROTOCOL_VERSION
 
 
 # 64-bit, as offsets are everywhere (Fluvio's wire, Kafka's): a larger one could not be passed on.
 Offset = Annotated[int, Field(ge=0, le=2**63 - 1)]
+# Epochs only grow by one per change, but a frame may carry anything: bounded like offsets.
+Epoch = Annotated[int, Field(ge=0, le=2**63 - 1)]
 SpuId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 PartitionName = Annotated[str, Field(min_length=3, max_length=200)]
 
@@ -47,7 +49,7 @@ PartitionName = Annotated[str, Field(min_length=3, max_length=200)]
 
 
 class Endpoint(Message):
-    v: Literal[1] = Field(default=PROTOCOL_VERSION, exclude=True)
+    v: Literal[2] = Field(default=PROTOCOL_VERSION, exclude=True)
     host: str
     port: int
 
@@ -55,7 +57,7 @@ class Endpoint(Message):
 class SpuInfo(Message):
     """What an SPU needs to know of another SPU: where to fetch from, and its rack."""
 
-    v: Literal[1] = Field(default=PROTOCOL_VERSION, exclude=True)
+    v: Literal[2] = Field(default=PROTOCOL_VERSION, exclude=True)
     id: SpuId
     name: str
     rack: str | None = None
@@ -64,23 +66,28 @@ class SpuInfo(Message):
 
 
 class ReplicaInfo(Message):
-    """A partition this SPU hosts: who leads it and the full replica list (preferred leader first)."""
+    """A partition this SPU hosts, as the SC committed it: who leads at which leader epoch, the
+    committed in-sync set at which partition epoch, and the replica list (preferred leader first)."""
 
-    v: Literal[1] = Field(default=PROTOCOL_VERSION, exclude=True)
+    v: Literal[2] = Field(default=PROTOCOL_VERSION, exclude=True)
     partition: PartitionName
-    leader: SpuId | None  # None while the partition has no leader (LeaderOffline)
+    leader: SpuId | None  # None while the partition has no leader the SPU may follow (LeaderOffline)
+    leader_epoch: Epoch = 0
+    partition_epoch: Epoch = 0
+    isr: list[SpuId] = []
     replicas: list[SpuId]
 
 
-# The entries of a live-replica report are TypedDicts, validated by pydantic like the models but
-# built as plain dicts: an SPU leading thousands of partitions sends thousands of them every
-# 400 ms, and building a model instance for each would cost the SC twice the parsing time.
-_ENTRY = pydantic.ConfigDict(extra="forbid")
+# The entries of the frames that list partitions are TypedDicts, validated by pydantic like the
+# models but built as plain dicts: an SPU hosting thousands of partitions lists thousands of them,
+# and building a model instance for each would cost the SC twice the parsing time.
+# Their keys are camelCase on the wire like the models' (``leaderEpoch``), snake_case in Python.
+_ENTRY = pydantic.ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
 
 
 @pydantic.with_config(_ENTRY)
 class ReplicaOffsets(TypedDict):
-    """A follower's offsets, as its leader tracks them."""
+    """A follower's offsets, as its leader tracks them at the current leader epoch."""
 
     spu: SpuId
     hw: Offset
@@ -88,13 +95,31 @@ class ReplicaOffsets(TypedDict):
 
 
 @pydantic.with_config(_ENTRY)
-class LeaderReport(TypedDict):
-    """One partition a reporting SPU leads: its own offsets and each follower's, as it tracks them."""
+class PartitionOffsets(TypedDict):
+    """One partition a reporting SPU leads at ``leaderEpoch``: its own offsets and each follower's."""
 
     partition: PartitionName
+    leader_epoch: Epoch
     hw: Offset
     leo: Offset
     followers: NotRequired[list[ReplicaOffsets]]
+
+
+@pydantic.with_config(_ENTRY)
+class HostedReplica(TypedDict):
+    """A replica the reporting SPU's process holds: its log end, and the leader epoch this process
+    was last told for it (None: not told since the process started, e.g. just restored from disk)."""
+
+    partition: PartitionName
+    leo: Offset
+    leader_epoch: Epoch | None
+
+
+@pydantic.with_config(_ENTRY)
+class Leadership(TypedDict):
+    partition: PartitionName
+    leader_epoch: Epoch
+
 
 
 # ----------------------------------------------------------------- SPU -> SC
@@ -108,17 +133,48 @@ class Register(Message):
     token: str | None = None
 
 
-class LiveReplicas(Message):
-    """Live-replica status (LRS): every partition this SPU leads. Also the heartbeat (may be empty).
+class Hosted(Message):
+    """Second frame of a connection, once: what this SPU process holds. The SC counts the SPU
+    online only from here, and compares each replica's leader epoch with the committed state: a
+    role (leader, in-sync member) this process was not told of is a restart."""
 
-    Each frame is a complete snapshot, so a newer frame supersedes an older one: an SC that is
-    behind takes the newest frame of an SPU and skips the ones it replaces."""
-
-    type: Literal["lrs"] = "lrs"
-    leaders: list[LeaderReport] = []
+    type: Literal["hosted"] = "hosted"
+    partitions: list[HostedReplica] = []
 
 
-SpuMessage = Annotated[Register | LiveReplicas, Field(discriminator="type")]
+class Heartbeat(Message):
+    """Sent every heartbeat interval; no per-partition payload."""
+
+    type: Literal["heartbeat"] = "heartbeat"
+
+
+class Leading(Message):
+    """The SPU leads these partitions at these epochs (on change, and after each Sync)."""
+
+    type: Literal["leading"] = "leading"
+    partitions: list[Leadership]
+
+
+class AlterIsr(Message):
+    """A leader's proposal of a new committed in-sync set, made at the epochs it holds."""
+
+    type: Literal["alterIsr"] = "alterIsr"
+    partition: PartitionName
+    leader_epoch: Epoch
+    partition_epoch: Epoch
+    isr: list[SpuId]
+
+
+class Offsets(Message):
+    """Live offsets of partitions this SPU leads: only those that changed since its previous
+    Offsets frame, at most one frame per offsets interval, none while nothing changes."""
+
+    type: Literal["offsets"] = "offsets"
+    partitions: list[PartitionOffsets]
+
+
+SpuMessage = Annotated[Register | Hosted | Heartbeat | Leading | AlterIsr | Offsets, Field(discriminator="type")]
+SpuMessages = Register | Hosted | Heartbeat | Leading | AlterIsr | Offsets
 
 
 # ----------------------------------------------------------------- SC -> SPU
@@ -127,7 +183,9 @@ SpuMessage = Annotated[Register | LiveReplicas, Field(discriminator="type")]
 class Accepted(Message):
     type: Literal["accepted"] = "accepted"
     spu_id: SpuId
+    incarnation: Annotated[int, Field(ge=1)]  # this connection's number: every connection is a new one
     heartbeat_timeout: float  # seconds of silence after which the SC marks the SPU offline
+    offsets_interval: float  # the SPU sends at most one Offsets frame this often
 
 
 class Rejected(Message):
@@ -158,30 +216,56 @@ class Update(Message):
     deleted_replicas: list[PartitionName] = []
 
 
+class AlterIsrResult(Message):
+    """The SC's answer to an AlterIsr: ``error`` None when the proposed set is committed. Either
+    way, the partition's committed state: the leader adopts it (a newer partition epoch wins)."""
+
+    type: Literal["alterIsrResult"] = "alterIsrResult"
+    partition: PartitionName
+    error: str | None = None
+    message: str = ""
+    leader_epoch: Epoch
+    partition_epoch: Epoch
+    isr: list[SpuId]
+
+
 class Error(Message):
-    """A frame the SC refused; the connection stays open and nothing changed."""
+    """A frame the SC refused; the connection stays open and nothing changed. ``partition`` and
+    ``leaderEpoch`` (the committed one) when it was about one partition at a stale epoch: an SPU
+    leading it at an older epoch stops at once."""
 
     type: Literal["error"] = "error"
     code: str
     message: str
+    partition: PartitionName | None = None
+    leader_epoch: Epoch | None = None
 
 
-ScMessage = Annotated[Accepted | Rejected | Sync | Update | Error, Field(discriminator="type")]
+ScMessage = Annotated[Accepted | Rejected | Sync | Update | AlterIsrResult | Error, Field(discriminator="type")]
+ScMessages = Accepted | Rejected | Sync | Update | AlterIsrResult | Error
 
-_SPU_MESSAGES: pydantic.TypeAdapter[Register | LiveReplicas] = pydantic.TypeAdapter(SpuMessage)
-_SC_MESSAGES: pydantic.TypeAdapter[Accepted | Rejected | Sync | Update | Error] = pydantic.TypeAdapter(ScMessage)
+_SPU_MESSAGES: pydantic.TypeAdapter[SpuMessages] = pydantic.TypeAdapter(SpuMessage)
+_SC_MESSAGES: pydantic.TypeAdapter[ScMessages] = pydantic.TypeAdapter(ScMessage)
 
 
 def encode(message: Message) -> bytes:
     return message.model_dump_json(by_alias=True).encode()
 
 
-def parse_spu_message(frame: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> Register | LiveReplicas:
+def encode_json(value: object) -> bytes:
+    """A frame built as plain data (the hot path of an SPU's reports), in the same JSON form."""
+    return _ANY.dump_json(value)
+
+
+_ANY: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(object)
+
+
+def parse_spu_message(frame: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> SpuMessages:
     """A frame an SPU sent, validated; raises FrameError (oversized, not JSON, bad version, bad field)."""
     return parse_with(_SPU_MESSAGES, frame, max_bytes)
 
 
-def parse_sc_message(frame: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> Accepted | Rejected | Sync | Update | Error:
+def parse_sc_message(frame: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> ScMessages:
     """A frame the SC sent, validated (the SPU side of the same checks)."""
     return parse_with(_SC_MESSAGES, frame, max_bytes)
 

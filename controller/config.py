@@ -83,6 +83,9 @@ class Settings(BaseSettings):
     resync_interval: Seconds = Field(60.0, description="seconds between full controller resyncs")
     spu_offline_grace: Seconds = Field(30.0, description="seconds an SPU recorded Online may take to reconnect after an SC start")
     spu_heartbeat_timeout: Seconds = Field(10.0, description="seconds of SPU silence before it is marked offline")
+    # An SPU sends live offsets at most this often, and only those that changed (for people: no
+    # decision depends on them). The SC's cost of a busy cluster's offsets scales with its inverse.
+    spu_offsets_interval: Seconds = Field(1.0, description="seconds between an SPU's live offsets reports (only the offsets that changed)")
     spu_token_file: Path | None = Field(None, description="file holding a shared token every SPU must present")
     # Without a token the private port accepts SPUs from loopback only, unless this says otherwise.
     spu_allow_remote_without_token: bool = Field(

@@ -98,6 +98,7 @@ class Daemon:
                 token=config.read_token(self.settings.spu_token_file),
                 allow_remote_without_token=self.settings.spu_allow_remote_without_token,
                 heartbeat_timeout=self.settings.spu_heartbeat_timeout,
+                offsets_interval=self.settings.spu_offsets_interval,
                 max_frame_bytes=self.settings.spu_max_frame_bytes,
                 supervisor=self.context.supervisor,
                 listener=private,

@@ -20,6 +20,8 @@ from connection_manager import transport
 from controller.reconcile import actions, partition, spu_ids
 from store import history, kv, local, models, supervisor as supervisor_module
 
+# Every frame type an SPU sends after its registration, so each series exists from the start.
+SPU_FRAME_TYPES = ("hosted", "heartbeat", "leading", "alterIsr", "offsets")
 # Every cause a leader election is recorded with (Action.cause), so each series exists from the start.
 ELECTION_CAUSES = (partition.CAUSE_SPU_OFFLINE, partition.CAUSE_PREFERRED, partition.CAUSE_DRAIN, partition.CAUSE_UNCLEAN)
 # The KV store requests the SC times: the Reader's listing and the dispatcher's transactions.
@@ -235,17 +237,21 @@ class _ConnectionsCollector(Collector):
         for code, count in sorted(stats.frame_errors.items()):
             frames.add_metric([code], count)
         yield frames
-        lrs_frames = CounterMetricFamily("sc_lrs_frames", "Live-replica status frames taken in")
-        lrs_frames.add_metric([], stats.lrs_frames)
-        yield lrs_frames
-        skipped = CounterMetricFamily(
-            "sc_lrs_frames_skipped", "Live-replica status frames superseded by a newer one before the SC parsed them"
+        by_type = CounterMetricFamily("sc_spu_frames", "SPU frames taken in, by type", labels=["type"])
+        for kind in SPU_FRAME_TYPES:
+            by_type.add_metric([kind], stats.frames.get(kind, 0))
+        yield by_type
+        offsets = CounterMetricFamily("sc_spu_offsets_entries", "Per-partition live offsets merged (changes only)")
+        offsets.add_metric([], self.connections.live.reports)
+        yield offsets
+        stale = CounterMetricFamily(
+            "sc_spu_stale_entries", "Offsets and leadership confirmations dropped for an epoch that is not the SPU's"
         )
-        skipped.add_metric([], stats.lrs_frames_skipped)
-        yield skipped
-        reports = CounterMetricFamily("sc_lrs_reports", "Per-partition live-replica reports merged")
-        reports.add_metric([], self.connections.live.reports)
-        yield reports
+        stale.add_metric([], stats.stale_entries)
+        yield stale
+        proposals = CounterMetricFamily("sc_isr_proposals", "In-sync set proposals (AlterIsr) received from leaders")
+        proposals.add_metric([], stats.proposals)
+        yield proposals
         timeouts = CounterMetricFamily("sc_spu_heartbeat_timeouts", "SPUs dropped for silence")
         timeouts.add_metric([], stats.heartbeat_timeouts)
         yield timeouts

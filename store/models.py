@@ -335,10 +335,37 @@ class PartitionSpec(Model):
 
 
 class PartitionStatus(Model):
+    """A partition's state, written by the SC's partition controller only. leaderEpoch, partitionEpoch
+    and isr change in the same compare-and-swap write as spec.leader; elections decide from them
+    alone (docs/replication.md)."""
+
     resolution: PartitionResolution = PartitionResolution.OFFLINE
+    # 64-bit, as on 9004's wire (an epoch past it could not be told to an SPU).
+    leader_epoch: Annotated[int, Field(ge=0, le=2**63 - 1)] = Field(
+        0, description="+1 at every leader change (to no leader too), in the same write as spec.leader; never decreases"
+    )
+    partition_epoch: Annotated[int, Field(ge=0, le=2**63 - 1)] = Field(
+        0, description="+1 at every change of the leader or of isr; 0 while the partition is as created"
+    )
+    # Empty at partitionEpoch 0 (every replica is in sync: nothing is committed yet), and after a
+    # member that lost records was removed with nobody left (only an unclean election helps then).
+    isr: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        description=(
+            "the committed in-sync set (SPU ids): every member holds every committed record; written by the SC "
+            "only. At partitionEpoch 0 it is empty and every replica counts as in sync"
+        ),
+    )
     leader: ReplicaStatus | None = None
     replicas: list[ReplicaStatus] = Field(default_factory=list)
     lrs: Annotated[int, Field(ge=0)] = 0
+
+    @field_validator("isr")
+    @classmethod
+    def _isr_lists_each_spu_once(cls, isr: list[int]) -> list[int]:
+        if len(set(isr)) != len(isr):
+            raise ValueError(f"isr {isr} lists an SPU more than once")
+        return isr
 
 
 _DEFAULT_SPU_STATUS = SpuStatus()
@@ -444,6 +471,12 @@ class Partition(ClusterObject):
     def index(self) -> int:
         return int(self.name.rpartition("-")[2])
 
+    def in_sync(self) -> list[int]:
+        """The committed in-sync set: ``status.isr``, or every replica while the partition is as
+        created (partition epoch 0: nothing is committed, so every replica holds all of it)."""
+        status = self.status
+        return list(self.spec.replicas) if status.partition_epoch == 0 else status.isr
+
 
 KINDS: dict[str, type[ClusterObject]] = {
     model.kind: model for model in (Spu, SpuGroup, Topic, Partition)
@@ -520,7 +553,7 @@ class Interner:
 
     def __init__(self) -> None:
         self._specs: dict[tuple[int, tuple[int, ...]], PartitionSpec] = {}
-        self._statuses: dict[tuple[PartitionResolution, int], PartitionStatus] = {}
+        self._statuses: dict[tuple[PartitionResolution, int, int, int, tuple[int, ...]], PartitionStatus] = {}
         self._all_fields = {"name", "spec", "status"}
 
     def intern(self, obj: ClusterObject) -> ClusterObject:
@@ -531,7 +564,8 @@ class Interner:
         fields["spec"] = self._specs.setdefault((spec.leader, tuple(spec.replicas)), spec)
         status = obj.status
         if status.leader is None and not status.replicas:
-            fields["status"] = self._statuses.setdefault((status.resolution, status.lrs), status)
+            key = (status.resolution, status.lrs, status.leader_epoch, status.partition_epoch, tuple(status.isr))
+            fields["status"] = self._statuses.setdefault(key, status)
         if obj.__pydantic_fields_set__ == self._all_fields:
             # pydantic copies this set before changing it (model_copy): sharing it is safe.
             object.__setattr__(obj, "__pydantic_fields_set__", self._all_fields)

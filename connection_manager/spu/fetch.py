@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import structlog
 
@@ -32,8 +33,9 @@ async def _read_frame(reader: asyncio.StreamReader) -> bytes:
 class FetchServer:
     """Serves followers' fetches on one address; ``listen`` again moves it, ``close`` drops every connection."""
 
-    def __init__(self, state: state_module.SpuState) -> None:
+    def __init__(self, state: state_module.SpuState, on_change: Callable[[], None] = lambda: None) -> None:
         self.state = state
+        self.on_change = on_change  # after each fetch served: HWs may have moved, a leader may have stepped down
         self.address: tuple[str, int] | None = None
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
@@ -79,7 +81,9 @@ class FetchServer:
                     writer.write(fetch_wire.encode(fetch_wire.FetchError(code=error.code, message=str(error))))
                     await writer.drain()
                     return
-                writer.write(fetch_wire.encode(self.state.serve(request, loop.time())))
+                response = self.state.serve(request, loop.time())
+                self.on_change()
+                writer.write(fetch_wire.encode(response))
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             return  # the follower went away
@@ -91,9 +95,12 @@ class FetchServer:
 class Fetchers:
     """One fetch loop per leader this SPU follows; ``reconcile`` after every change of the SC's picture."""
 
-    def __init__(self, state: state_module.SpuState, settings: settings_module.SpuSettings) -> None:
+    def __init__(
+        self, state: state_module.SpuState, settings: settings_module.SpuSettings, on_change: Callable[[], None] = lambda: None
+    ) -> None:
         self.state = state
         self.settings = settings
+        self.on_change = on_change  # after each answer applied: logs moved (journaled before the next fetch)
         self._loops: dict[int, tuple[wire.Endpoint, asyncio.Task[None]]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self.log = structlog.get_logger(__name__).bind(spu=state.spu_id)
@@ -178,6 +185,7 @@ class Fetchers:
                 if isinstance(response, fetch_wire.FetchError):
                     raise LeaderRefused(f"leader refused the fetch: {response.code}: {response.message}")
                 problems = self.state.apply_response(leader, response)
+                self.on_change()
                 if problems != reported:
                     # Logged when they change: "not-leader" repeats until the SC's update reaches both SPUs.
                     if problems:

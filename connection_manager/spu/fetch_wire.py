@@ -1,7 +1,9 @@
-"""The fetch protocol between simulated SPUs: a follower asks its leader for records (offsets only).
+"""The fetch protocol between SPUs: a follower asks its leader for records (offsets and epochs only).
 
 Purely computational, no I/O. A frame: a 4-byte big-endian length, then a JSON object tagged like
-``wire``'s. ``fetch`` requests, one in flight a connection; ``fetched`` answers, or ``error`` and close.
+``wire``'s (version 2). ``fetch`` requests, one in flight a connection; ``fetched`` answers, or
+``error`` and close. Every partition of a fetch carries the follower's leader epoch and the epoch
+of its last record; docs/replication.md gives the leader's rules.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ MAX_FRAME_BYTES = wire.MAX_FRAME_BYTES
 
 
 class PartitionFetch(wire.Message):
-    v: Literal[1] = Field(default=wire.PROTOCOL_VERSION, exclude=True)
+    v: Literal[2] = Field(default=wire.PROTOCOL_VERSION, exclude=True)
     partition: wire.PartitionName
     offset: wire.Offset  # the follower's LEO: it has every record below this offset
     hw: wire.Offset
+    leader_epoch: wire.Epoch  # the epoch the SC told the follower: the leader refuses any other
+    last_fetched_epoch: Annotated[int, Field(ge=-1)]  # the epoch of its record at offset - 1; -1: empty log
 
 
 class FetchRequest(wire.Message):
@@ -36,19 +40,29 @@ class FetchRequest(wire.Message):
 
 
 class PartitionFetched(wire.Message):
-    """The leader's answer for one partition: ``records`` records from ``offset`` (after truncating to ``leo``).
+    """The leader's answer for one partition: ``records`` records from ``offset``, whose leader
+    epochs are ``epochs`` (``[epoch, start offset]`` runs, the first at ``offset``).
 
+    ``divergingEpoch``/``divergingEndOffset`` (no records) when the follower's log parts from the
+    leader's: the largest epoch <= its last one the leader holds, and where that epoch ends in the
+    leader's log; it truncates there (or at its own end of that epoch, if smaller).
     ``error`` is set, and the offsets are 0, when the leader cannot serve this partition:
-    ``not-leader`` (it does not lead it now), ``not-a-replica`` (the follower is not in its replica list).
+    ``not-leader`` (it does not lead it now), ``not-a-replica`` (the follower is not in its replica
+    list), ``fenced-leader-epoch`` (the follower's epoch is older than the leader's: it waits for
+    the SC's update), ``unknown-leader-epoch`` (newer: this leader was replaced and has not heard
+    yet; the follower waits for its new leader).
     """
 
-    v: Literal[1] = Field(default=wire.PROTOCOL_VERSION, exclude=True)
+    v: Literal[2] = Field(default=wire.PROTOCOL_VERSION, exclude=True)
     partition: wire.PartitionName
     offset: wire.Offset
     leo: wire.Offset = 0
     hw: wire.Offset = 0
     records: wire.Offset = 0
-    error: Literal["not-leader", "not-a-replica"] | None = None
+    epochs: list[tuple[wire.Epoch, wire.Offset]] = []
+    diverging_epoch: Annotated[int, Field(ge=-1)] | None = None
+    diverging_end_offset: wire.Offset | None = None
+    error: Literal["not-leader", "not-a-replica", "fenced-leader-epoch", "unknown-leader-epoch"] | None = None
 
 
 class FetchResponse(wire.Message):

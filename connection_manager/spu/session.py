@@ -1,20 +1,28 @@
-"""A simulated SPU's connection to the SC's private port: register, apply Sync/Update, send the LRS every 400 ms.
+"""A simulated SPU's connection to the SC's private port (protocol v2): register, say what it holds,
+apply Sync/Update, confirm leaderships and propose in-sync sets as they come, heartbeat, and send
+the offsets that changed at most once per offsets interval.
 
 Reconnects forever (capped exponential backoff with jitter) after a drop or a refusal, until cancelled.
-While disconnected the SPU keeps its last picture and keeps replicating: the data plane does not need the SC.
+While disconnected the SPU keeps its last picture and keeps replicating: the data plane does not need
+the SC (but its leaders cannot change their in-sync sets, so they commit nothing a lost member misses).
 """
 
 from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import aiohttp
 import structlog
 
 from connection_manager import wire
-from connection_manager.spu import backoff as backoff_module, settings as settings_module, state as state_module
+from connection_manager.spu import (
+    backoff as backoff_module,
+    replica as replica_module,
+    settings as settings_module,
+    state as state_module,
+)
 
 
 class SessionError(Exception):
@@ -30,6 +38,7 @@ class ScSession:
         settings: settings_module.SpuSettings,
         on_change: Callable[[], None],
         tls: ssl.SSLContext | None = None,
+        on_step: Callable[[], None] = lambda: None,
     ) -> None:
         self.state = state
         host, port = sc_address
@@ -39,10 +48,14 @@ class ScSession:
         self.token = token
         self.settings = settings
         self.on_change = on_change  # called after each Sync or Update is applied
+        self.on_step = on_step  # called after anything changed the state (it drains state.changes)
         self.connected = False  # accepted and synced on the current connection
         self._synced_here = False  # a Sync was applied on the current (or just ended) connection
         self.connections = 0  # connections the SC accepted since start
+        self.incarnation: int | None = None  # the SC's number for the current connection
         self.last_rejection: wire.Rejected | None = None
+        self._outbox: asyncio.Queue[bytes] | None = None
+        self._confirmed: set[tuple[str, int]] = set()  # leaderships said on this connection
         self.log = structlog.get_logger(__name__).bind(spu=state.spu_id)
 
     async def run(self) -> None:
@@ -61,11 +74,43 @@ class ScSession:
                     self.log.warning("sc broke the protocol; reconnecting for a fresh sync", url=self.url, error=str(error))
                 finally:
                     self.connected = False
+                    self._outbox = None
                 if self._synced_here:
                     backoff.reset()
                 delay = backoff.next_delay()
                 self.log.debug("sc reconnect scheduled", delay=round(delay, 3), attempt=backoff.attempt)
                 await asyncio.sleep(delay)
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, message: wire.Message) -> bool:
+        """Queue ``message`` on the current connection once synced; False (dropped) otherwise:
+        what it said is said again after the next Sync (leaderships, pending proposals, offsets)."""
+        if self._outbox is None or not self.connected:
+            return False
+        self._outbox.put_nowait(wire.encode(message))
+        return True
+
+    def tell(self, changes: state_module.Changes) -> None:
+        """What the SC must hear of ``changes``: new leaderships and new proposals."""
+        self._confirm(changes.leaderships.items())
+        for name, proposal in changes.proposals:
+            self.send(_alter_isr(name, proposal))
+
+    def _confirm(self, leaderships: Iterable[tuple[str, int]]) -> None:
+        """Say each leadership once per connection."""
+        fresh = sorted(item for item in leaderships if item not in self._confirmed)
+        if fresh and self.send(
+            wire.Leading(partitions=[wire.Leadership(partition=name, leader_epoch=epoch) for name, epoch in fresh])
+        ):
+            self._confirmed.update(fresh)
+
+    async def _write(self, ws: aiohttp.ClientWebSocketResponse, outbox: asyncio.Queue[bytes]) -> None:
+        while True:
+            frame = await outbox.get()
+            await ws.send_bytes(frame)
+
+    # ------------------------------------------------------------------ one connection
 
     async def _serve_connection(self, http: aiohttp.ClientSession) -> None:
         """One connection, until it ends."""
@@ -77,7 +122,7 @@ class ScSession:
             # A stopping SPU waits this long at most for the SC to acknowledge the close.
             timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=1.0),
         ) as ws:
-            await ws.send_str(wire.encode(wire.Register(spu_id=self.state.spu_id, token=self.token)).decode())
+            await ws.send_bytes(wire.encode(wire.Register(spu_id=self.state.spu_id, token=self.token)))
             answer = await self._receive(ws, self.settings.request_timeout)
             if isinstance(answer, wire.Rejected):
                 self.last_rejection = answer
@@ -87,25 +132,42 @@ class ScSession:
                 raise SessionError(f"expected accepted or rejected after register, got {_kind(answer)}")
             if answer.spu_id != self.state.spu_id:
                 raise SessionError(f"the SC accepted SPU {answer.spu_id}, but this is SPU {self.state.spu_id}")
+            # What this process holds, before anything the SC says on this connection changes it.
+            await ws.send_bytes(wire.encode(self.state.hosted()))
             self.connections += 1
-            self.log.info("sc accepted", url=self.url, heartbeat_timeout=answer.heartbeat_timeout)
-            if answer.heartbeat_timeout <= self.settings.lrs_interval:
-                self.log.warning(
-                    "the SC's heartbeat timeout is not above this SPU's report interval: it will be marked offline",
-                    heartbeat_timeout=answer.heartbeat_timeout,
-                    lrs_interval=self.settings.lrs_interval,
-                )
-            reporter = asyncio.create_task(self._report(ws), name=f"spu-{self.state.spu_id}-lrs")
+            self.incarnation = answer.incarnation
+            self.log.info(
+                "sc accepted", url=self.url, incarnation=answer.incarnation, heartbeat_timeout=answer.heartbeat_timeout
+            )
+            outbox: asyncio.Queue[bytes] = asyncio.Queue()
+            self._outbox = outbox
+            self._confirmed = set()
+            tasks = [
+                asyncio.create_task(self._write(ws, outbox), name=f"spu-{self.state.spu_id}-sc-writer"),
+                asyncio.create_task(self._heartbeat(answer.heartbeat_timeout), name=f"spu-{self.state.spu_id}-heartbeat"),
+                asyncio.create_task(self._offsets(answer.offsets_interval), name=f"spu-{self.state.spu_id}-offsets"),
+            ]
             try:
-                await self._apply_messages(ws)
+                await self._apply_messages(ws, tasks)
             finally:
-                reporter.cancel()
-                await asyncio.gather(reporter, return_exceptions=True)
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _apply_messages(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+    async def _apply_messages(self, ws: aiohttp.ClientWebSocketResponse, tasks: list[asyncio.Task[None]]) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            message = await self._receive(ws, None)
+            receiving = asyncio.ensure_future(self._receive(ws, None))
+            done, _ = await asyncio.wait([receiving, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            if receiving not in done:
+                receiving.cancel()
+                await asyncio.gather(receiving, return_exceptions=True)
+                for task in done:
+                    error = task.exception()
+                    # Without heartbeats the SC will mark this SPU offline: end the connection, start again.
+                    self.log.info("sc connection lost while sending; reconnecting", error=_describe(error) if error else "ended")
+                return
+            message = receiving.result()
             if message is None:
                 self.log.info("sc closed the connection", close_code=ws.close_code)
                 return
@@ -114,6 +176,8 @@ class ScSession:
                 self._synced_here = self.connected = True
                 self.log.info("sc sync applied", epoch=message.epoch, spus=len(message.spus), replicas=len(message.replicas))
                 self.on_change()
+                self.on_step()
+                self._after_sync()
             elif isinstance(message, wire.Update):
                 if not self._synced_here:
                     raise SessionError(f"update of epoch {message.epoch} arrived before the sync on this connection")
@@ -127,8 +191,18 @@ class ScSession:
                     deleted_spus=message.deleted_spus,
                 )
                 self.on_change()
+                self.on_step()
+            elif isinstance(message, wire.AlterIsrResult):
+                if message.error is not None:
+                    self.log.info("sc refused an in-sync proposal", partition=message.partition, code=message.error, message=message.message)
+                self.state.proposal_answered(message, loop.time())
+                self.on_step()
             elif isinstance(message, wire.Error):
                 self.log.warning("sc refused a frame", code=message.code, message=message.message)
+                if message.partition is not None and message.leader_epoch is not None:
+                    if self.state.fenced(message.partition, message.leader_epoch):
+                        self.on_change()
+                        self.on_step()
             elif isinstance(message, wire.Rejected):
                 self.last_rejection = message
                 self.log.error("sc ended the session", code=message.code, reason=message.reason)
@@ -136,29 +210,48 @@ class ScSession:
             else:
                 raise SessionError(f"unexpected {_kind(message)} message after the registration was accepted")
 
-    async def _receive(
-        self, ws: aiohttp.ClientWebSocketResponse, timeout: float | None
-    ) -> wire.Accepted | wire.Rejected | wire.Sync | wire.Update | wire.Error | None:
+    def _after_sync(self) -> None:
+        """Everything the SC may have missed while this SPU was away: every leadership, every
+        pending proposal (the SC forgot them with the old connection), every live offset."""
+        leading = self.state.leaderships()
+        if leading is not None:
+            self._confirm((entry["partition"], entry["leader_epoch"]) for entry in leading.partitions)
+        for name, proposal in self.state.pending_proposals():
+            self.send(_alter_isr(name, proposal))
+        entries = self.state.offsets(only_changed=False)
+        if entries:
+            self.send(wire.Offsets(partitions=entries))
+
+    async def _receive(self, ws: aiohttp.ClientWebSocketResponse, timeout: float | None) -> wire.ScMessages | None:
         """The next SC message, or None once the connection is closed."""
         frame = await ws.receive(timeout)
         if frame.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
             return wire.parse_sc_message(frame.data)
         return None
 
-    async def _report(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        """The LRS at a fixed rate; empty until this connection's Sync (the old picture may be stale)."""
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        try:
-            while True:
-                report = self.state.live_replicas(loop.time()) if self.connected else wire.LiveReplicas()
-                await ws.send_str(wire.encode(report).decode())
-                next_at += self.settings.lrs_interval
-                await asyncio.sleep(max(0.0, next_at - loop.time()))
-        except (aiohttp.ClientError, ConnectionError) as error:
-            # Without heartbeats the SC will mark this SPU offline: end the connection and start again.
-            self.log.info("sc report failed; closing the connection", error=_describe(error))
-            await ws.close()
+    async def _heartbeat(self, heartbeat_timeout: float) -> None:
+        """A small frame with no per-partition payload, four times per heartbeat timeout."""
+        interval = min(self.settings.heartbeat_interval, heartbeat_timeout / 4)
+        frame = wire.encode(wire.Heartbeat())
+        while True:
+            if self._outbox is not None:
+                self._outbox.put_nowait(frame)
+            await asyncio.sleep(interval)
+
+    async def _offsets(self, interval: float) -> None:
+        """The offsets that changed, at most once per ``interval``; nothing while nothing changes."""
+        while True:
+            await asyncio.sleep(interval)
+            if self.connected:
+                entries = self.state.offsets()
+                if entries:
+                    self.send(wire.Offsets(partitions=entries))
+
+
+def _alter_isr(name: str, proposal: replica_module.Proposal) -> wire.AlterIsr:
+    return wire.AlterIsr(
+        partition=name, leader_epoch=proposal.leader_epoch, partition_epoch=proposal.partition_epoch, isr=list(proposal.isr)
+    )
 
 
 def _kind(message: object) -> str:

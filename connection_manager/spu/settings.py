@@ -1,4 +1,4 @@
-"""The knobs of a simulated SPU: append rate, fetch rate, ISR lag time, report and retry periods.
+"""The knobs of a simulated SPU: append rate, fetch rate, ISR lag time, heartbeat and retry periods.
 
 Purely computational, no I/O. Every value is validated here, with the offending value in the error.
 """
@@ -18,10 +18,15 @@ class SpuSettings:
     # records a partition a round: catching up 10,000 records takes 1 s by default.
     fetch_interval: float = 0.05
     fetch_max_records: int = 500
-    # Kafka's replica.lag.time.max.ms: a follower that has not caught up for this long leaves the ISR.
+    # Kafka's replica.lag.time.max.ms: a follower that has not caught up for this long is proposed
+    # out of the in-sync set; one caught up for this long is proposed back in.
     replica_lag_time: float = 2.0
-    # The SC expects live-replica status (also the heartbeat) this often.
-    lrs_interval: float = 0.4
+    # How often a leader looks at its in-sync set (and HW) when no fetch or append made it look.
+    tick_interval: float = 0.25
+    # A proposal the SC refused is not made again before this many seconds (unless its state moves).
+    proposal_retry: float = 1.0
+    # A heartbeat at most this often apart (and at least four per SC heartbeat timeout).
+    heartbeat_interval: float = 2.5
     # Reconnecting to the SC after a drop or a refusal.
     reconnect_initial: float = 0.1
     reconnect_max: float = 5.0
@@ -32,12 +37,14 @@ class SpuSettings:
     request_timeout: float = 5.0
     # WebSocket ping period towards the SC, to notice a dead connection that TCP has not reported.
     sc_ping_interval: float = 5.0
-    # How often offsets are written to --data-dir (also on a clean exit).
+    # With --data-dir every change of a log is journaled at once (before anything depends on it);
+    # the journal is folded into a snapshot this often (and on a clean exit).
     checkpoint_interval: float = 1.0
 
     def __post_init__(self) -> None:
         for name in (
-            "append_interval", "fetch_interval", "replica_lag_time", "lrs_interval", "reconnect_initial",
+            "append_interval", "fetch_interval", "replica_lag_time", "tick_interval", "proposal_retry",
+            "heartbeat_interval", "reconnect_initial",
             "reconnect_max", "fetch_retry_initial", "fetch_retry_max", "request_timeout", "sc_ping_interval",
             "checkpoint_interval",
         ):

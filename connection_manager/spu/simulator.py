@@ -1,17 +1,21 @@
-"""The SPU simulator: ``SimulatedSpu`` joins the SC, hosts its replicas and replicates their offsets, no payloads.
+"""The SPU simulator: ``SimulatedSpu`` joins the SC, hosts its replicas and replicates their offsets
+and leader epochs, no payloads. It is the reference SPU of the private protocol (docs/replication.md).
 
 In-process (``start``/``stop``, K on one loop) or by ``sc spu run``. Wires the pure ``SpuState`` to its
-I/O: SC session, fetch server on its own private endpoint, fetch loops, append bursts, checkpoint.
+I/O: SC session, fetch server on its own private endpoint, fetch loops, append bursts, the leaders'
+ticks, the journal and checkpoint, and the record of leaderships and acknowledgements.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import ssl
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import structlog
 
@@ -38,15 +42,50 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class Recorder:
+    """``--record FILE``: one JSON line per leadership taken (``lead``: partition, leader epoch) and
+    per acknowledgement (``ack``: a leader's HW reached ``offset``, so every record appended below it
+    is acknowledged to its producer; ``lastEpoch``: the leader epoch of the record at ``offset - 1``,
+    which identifies it), appended and handed to the operating system before the SPU goes on. A
+    chaos test reads every SPU's file: no acknowledged record may be lost, and no epoch of a
+    partition may have two leaders."""
+
+    def __init__(self, path: Path, spu_id: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.spu_id = spu_id
+        self.pid = os.getpid()
+        self._file: IO[bytes] = open(path, "ab")
+
+    def write(self, changes: state_module.Changes) -> None:
+        lines = [
+            {"spu": self.spu_id, "pid": self.pid, "event": "lead", "partition": name, "epoch": epoch}
+            for name, epoch in sorted(changes.leaderships.items())
+        ]
+        lines += [
+            {
+                "spu": self.spu_id, "pid": self.pid, "event": "ack", "partition": name, "epoch": epoch, "offset": hw,
+                "lastEpoch": last,
+            }
+            for name, (epoch, hw, last) in sorted(changes.acked.items())
+        ]
+        if lines:
+            self._file.write(b"".join(json.dumps(line, separators=(",", ":")).encode() + b"\n" for line in lines))
+            self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class SimulatedSpu:
     """SPU ``spu_id`` connecting to the SC's private port at ``sc_address`` (``HOST:PORT`` or (host, port)).
 
-    ``token``: sent in Register when the SC requires one. ``data_dir``: offsets are saved under it
-    (``spu-<id>/offsets.json``) every ``settings.checkpoint_interval`` and on ``stop``, and resumed
-    on ``start``; without it the SPU starts from offset 0. ``listen_host``: bind the fetch server
-    there instead of the host of the SPU's registered private endpoint (its port is always the
-    registered one), for a container whose registered name is not a local address. ``tls``: connect
-    to the SC over TLS with this client context (connection_manager/tls.py's client_context).
+    ``token``: sent in Register when the SC requires one. ``data_dir``: logs are journaled under it
+    (``spu-<id>/``) as they change, folded into ``offsets.json`` every ``settings.checkpoint_interval``
+    and on ``stop``, and resumed on ``start``; without it the SPU starts empty. ``listen_host``: bind
+    the fetch server there instead of the host of the SPU's registered private endpoint (its port is
+    always the registered one), for a container whose registered name is not a local address.
+    ``record``: append leaderships and acknowledgements to this file (see ``Recorder``). ``tls``:
+    connect to the SC over TLS with this client context (connection_manager/tls.py's client_context).
     """
 
     def __init__(
@@ -59,6 +98,7 @@ class SimulatedSpu:
         data_dir: Path | None = None,
         listen_host: str | None = None,
         tls: ssl.SSLContext | None = None,
+        record: Path | None = None,
     ) -> None:
         self.spu_id = spu_id
         self.sc_address = parse_address(sc_address) if isinstance(sc_address, str) else sc_address
@@ -66,12 +106,15 @@ class SimulatedSpu:
         self.settings = settings or settings_module.SpuSettings()
         self.checkpoint_path = None if data_dir is None else checkpoint.path_for(data_dir, spu_id)
         self.listen_host = listen_host
-        self.state = state_module.SpuState(spu_id, self.settings.replica_lag_time)
-        self.server = fetch.FetchServer(self.state)
-        self.fetchers = fetch.Fetchers(self.state, self.settings)
+        self.record_path = record
+        self.state = state_module.SpuState(spu_id, self.settings.replica_lag_time, self.settings.proposal_retry)
+        self.server = fetch.FetchServer(self.state, on_change=self.after_change)
+        self.fetchers = fetch.Fetchers(self.state, self.settings, on_change=self.after_change)
         self.session = session_module.ScSession(
-            self.state, self.sc_address, token, self.settings, on_change=self._picture_changed, tls=tls
+            self.state, self.sc_address, token, self.settings, on_change=self._picture_changed, on_step=self.after_change, tls=tls
         )
+        self._journal: checkpoint.Journal | None = None
+        self._recorder: Recorder | None = None
         self._roles: dict[str, tuple[replica_module.Role, int | None]] | None = None  # None: no picture yet
         self._endpoint_changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -81,7 +124,7 @@ class SimulatedSpu:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        """Resume offsets from the checkpoint, then connect, listen, append and fetch in the background.
+        """Resume logs from the data dir, then connect, listen, append, tick and fetch in the background.
 
         Once: a stopped SPU is not started again; make a new one, as a restarted process would be.
         """
@@ -90,16 +133,22 @@ class SimulatedSpu:
         if self.checkpoint_path is not None:
             restored = await asyncio.to_thread(checkpoint.load, self.checkpoint_path)
             self.state.restore(restored)
+            self._journal = checkpoint.Journal(self.checkpoint_path)
+            # From here the journal alone holds changes: fold what was restored into the snapshot.
+            self._journal.compact(restored, sync=True)
             self.log.info("offsets restored", path=str(self.checkpoint_path), partitions=len(restored))
+        if self.record_path is not None:
+            self._recorder = Recorder(self.record_path, self.spu_id)
         self._spawn(self.session.run(), "session")
         self._spawn(self._listen(), "listen")
-        self._spawn(append_bursts(self.state, self.settings), "append")
-        if self.checkpoint_path is not None:
+        self._spawn(append_bursts(self.state, self.settings, self.after_change), "append")
+        self._spawn(self._tick(), "tick")
+        if self._journal is not None:
             self._spawn(self._checkpoint(), "checkpoint")
         self.log.info("spu started", sc=f"{self.sc_address[0]}:{self.sc_address[1]}")
 
     async def stop(self) -> None:
-        """Stop everything it started, drop its connections, and save its offsets last."""
+        """Stop everything it started, drop its connections, and save its logs last."""
         if self._stopped or not self._tasks:
             return
         self._stopped = True
@@ -109,12 +158,32 @@ class SimulatedSpu:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.fetchers.close()
         await self.server.close()
-        if self.checkpoint_path is not None:
+        self.after_change()
+        if self._journal is not None:
             try:
-                await self._save(checkpoint.encode(self.state.offsets()))
+                self._journal.compact(self.state.logs(), sync=True)
             except OSError as error:
                 self.log.error("cannot save offsets", path=str(self.checkpoint_path), error=str(error))
+            self._journal.close()
+        if self._recorder is not None:
+            self._recorder.close()
         self.log.info("spu stopped")
+
+    def after_change(self) -> None:
+        """After each step that may have changed the state: journal the logs that moved, record
+        leaderships and acknowledgements, and tell the SC what it must hear, in that order (what
+        is acknowledged or said is on disk first)."""
+        changes = self.state.drain()
+        if self._journal is not None and changes.logs:
+            try:
+                self._journal.write(self.state.logs(changes.logs))
+            except OSError as error:
+                self.log.error("cannot journal offsets", path=str(self.checkpoint_path), error=str(error))
+        if self._recorder is not None:
+            self._recorder.write(changes)
+        for name, epoch in sorted(changes.stepped_down.items()):
+            self.log.info("stopped leading: a newer leader epoch exists", partition=name, leader_epoch=epoch)
+        self.session.tell(changes)
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(work, name=f"spu-{self.spu_id}-{name}")
@@ -184,30 +253,37 @@ class SimulatedSpu:
                 self._endpoint_changed.set()
 
     async def _checkpoint(self) -> None:
-        saved = b""
         while True:
             await asyncio.sleep(self.settings.checkpoint_interval)
-            data = checkpoint.encode(self.state.offsets())
-            if data != saved:
-                try:
-                    await self._save(data)
-                    saved = data
-                except OSError as error:
-                    self.log.error("cannot save offsets", path=str(self.checkpoint_path), error=str(error))
-
-    async def _save(self, data: bytes) -> None:
-        assert self.checkpoint_path is not None
-        await asyncio.to_thread(checkpoint.save, self.checkpoint_path, data)
+            assert self._journal is not None
+            try:
+                self._journal.compact(self.state.logs())
+            except OSError as error:
+                self.log.error("cannot save offsets", path=str(self.checkpoint_path), error=str(error))
 
 
-async def append_bursts(state: state_module.SpuState, settings: settings_module.SpuSettings) -> None:
-    """Bursts of ``append_records`` records in every partition ``state`` leads, every ``append_interval`` s, forever."""
+    async def _tick(self) -> None:
+        """Leaders look at their in-sync sets as time passes (a follower may have gone quiet)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.settings.tick_interval)
+            self.state.tick(loop.time())
+            self.after_change()
+
+
+async def append_bursts(
+    state: state_module.SpuState, settings: settings_module.SpuSettings, after: Callable[[], None] = lambda: None
+) -> None:
+    """Bursts of ``append_records`` records in every partition ``state`` leads, every ``append_interval`` s,
+    forever; ``after`` each (the simulator journals and records what moved)."""
     loop = asyncio.get_running_loop()
     next_at = loop.time() + settings.append_interval
     while True:
         await asyncio.sleep(max(0.0, next_at - loop.time()))
         next_at += settings.append_interval
-        state.append(settings.append_records, loop.time())
+        if settings.append_records:
+            state.append(settings.append_records, loop.time())
+            after()
 
 
 async def run_until_signalled(spus: Sequence[SimulatedSpu]) -> None:

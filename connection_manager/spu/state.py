@@ -1,22 +1,29 @@
-"""What one simulated SPU knows and holds: the SC's picture (SPUs, its replicas) and each replica's offsets.
+"""What one simulated SPU knows and holds: the SC's picture (SPUs, its replicas' committed state)
+and each replica's log, and what changed since its I/O last looked.
 
-Purely computational, no I/O: applies Sync/Update, serves and applies fetches, appends, builds the
-LRS. Time is passed in. The session, the fetch server and the fetchers drive it.
+Purely computational, no I/O: applies Sync/Update and the SC's answers, serves and applies fetches,
+appends, makes proposals, builds the frames it sends the SC. Time is passed in. The session, the
+fetch server, the fetchers and the simulator drive it, and drain ``changes`` after each step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from connection_manager import wire
 from connection_manager.spu import fetch_wire, replica as replica_module
 
+Role = replica_module.Role
+
 
 @dataclass(frozen=True, slots=True)
 class Offsets:
+    """A replica's log as a checkpoint keeps it: its end, HW, and leader epoch runs."""
+
     leo: int
     hw: int
+    epochs: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +33,24 @@ class ReplicaStatus:
     partition: str
     role: replica_module.Role
     leader: int | None
+    leader_epoch: int | None
     leo: int
     hw: int
-    in_sync: tuple[int, ...]  # leader only: the followers in its ISR, by id (the leader itself is implied)
-    followers: Mapping[int, int]  # leader only: each follower heard from -> its LEO as the leader knows it
+    in_sync: tuple[int, ...]  # leader only: the followers its HW waits for, by id (the leader itself is implied)
+    followers: Mapping[int, int]  # leader only: each follower heard from at this epoch -> its LEO
+    isr: tuple[int, ...]  # the committed in-sync set the SC gave it
+
+
+@dataclass(slots=True)
+class Changes:
+    """What happened since the I/O last drained it."""
+
+    logs: set[str] = field(default_factory=set)  # LEO, HW or epochs changed: journal them
+    leaderships: dict[str, int] = field(default_factory=dict)  # started leading: partition -> leader epoch
+    # Committed while leading: -> (leader epoch, HW, the epoch of the record at HW - 1).
+    acked: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    proposals: list[tuple[str, replica_module.Proposal]] = field(default_factory=list)
+    stepped_down: dict[str, int] = field(default_factory=dict)  # the SC said a newer epoch exists: -> that epoch
 
 
 class SyncRequired(ValueError):
@@ -37,24 +58,32 @@ class SyncRequired(ValueError):
 
 
 class SpuState:
-    def __init__(self, spu_id: int, lag_time: float) -> None:
+    def __init__(self, spu_id: int, lag_time: float, proposal_retry: float = 1.0) -> None:
         self.spu_id = spu_id
         self.lag_time = lag_time
+        self.proposal_retry = proposal_retry
         self.spus: dict[int, wire.SpuInfo] = {}
         self.replicas: dict[str, replica_module.Replica] = {}
         self.epoch: int | None = None
         self.synced = False
+        self.changes = Changes()
+        # Led partitions whose offsets changed since the last Offsets frame.
+        self.offsets_changed: set[str] = set()
         # Leader id -> partitions followed from it, rebuilt when the SC's picture changes, so a
         # fetch round costs the partitions it fetches, not every replica hosted here.
         self._following: dict[int, list[str]] = {}
-        # Offsets from a checkpoint, given to a partition the first Sync assigns; dropped after it.
+        # Logs from a checkpoint, given to a partition the first Sync assigns; dropped after it.
         self._restored: dict[str, Offsets] = {}
 
     def restore(self, offsets: Mapping[str, Offsets]) -> None:
-        """Offsets saved by a previous run, resumed by the partitions the first Sync gives this SPU."""
+        """Logs saved by a previous run, resumed by the partitions the first Sync gives this SPU."""
         if self.synced:
             raise ValueError(f"SPU {self.spu_id}: offsets can only be restored before the first sync")
         self._restored = dict(offsets)
+
+    def drain(self) -> Changes:
+        changes, self.changes = self.changes, Changes()
+        return changes
 
     # ------------------------------------------------------------------ the SC's picture
 
@@ -64,6 +93,7 @@ class SpuState:
         listed = {info.partition for info in sync.replicas}
         for name in [name for name in self.replicas if name not in listed]:
             del self.replicas[name]
+            self.offsets_changed.discard(name)
         for info in sync.replicas:
             self._assign(info, now)
         self._restored.clear()
@@ -81,6 +111,7 @@ class SpuState:
             self.spus[spu.id] = spu
         for name in update.deleted_replicas:
             self.replicas.pop(name, None)
+            self.offsets_changed.discard(name)
         for info in update.replicas:
             self._assign(info, now)
         self.epoch = update.epoch
@@ -90,9 +121,28 @@ class SpuState:
         replica = self.replicas.get(info.partition)
         if replica is None:
             restored = self._restored.pop(info.partition, Offsets(0, 0))
-            replica = replica_module.Replica(info.partition, self.spu_id, self.lag_time, restored.leo, restored.hw)
+            replica = replica_module.Replica(
+                info.partition, self.spu_id, self.lag_time, restored.leo, restored.hw, restored.epochs
+            )
             self.replicas[info.partition] = replica
-        replica.assign(info.leader, info.replicas, now)
+        hw = replica.hw
+        started = replica.assign(info.leader, info.replicas, now, info.leader_epoch, info.partition_epoch, info.isr)
+        if started:
+            assert replica.leader_epoch is not None
+            self.changes.leaderships[info.partition] = replica.leader_epoch
+            self.offsets_changed.add(info.partition)
+        self._noted(replica, hw, replica.leo)
+
+    def _noted(self, replica: replica_module.Replica, hw: int, leo: int) -> None:
+        """Record what moved on ``replica`` since it had ``hw`` and ``leo``."""
+        name = replica.partition
+        if replica.hw != hw or replica.leo != leo:
+            self.changes.logs.add(name)
+            if replica.role is Role.LEADER:
+                self.offsets_changed.add(name)
+                if replica.hw > hw:
+                    assert replica.leader_epoch is not None
+                    self.changes.acked[name] = (replica.leader_epoch, replica.hw, replica.log.epoch_at(replica.hw - 1))
 
     def endpoint_of(self, spu_id: int) -> wire.Endpoint | None:
         """Where ``spu_id`` serves fetches, as the SC last described it."""
@@ -102,7 +152,7 @@ class SpuState:
     def _index(self) -> None:
         following: dict[int, list[str]] = {}
         for name, replica in sorted(self.replicas.items()):
-            if replica.role is replica_module.Role.FOLLOWER and replica.leader is not None:
+            if replica.role is Role.FOLLOWER and replica.leader is not None:
                 following.setdefault(replica.leader, []).append(name)
         self._following = following
 
@@ -110,50 +160,154 @@ class SpuState:
         """Leader id -> the partitions this SPU follows from it, by name."""
         return {leader: list(names) for leader, names in self._following.items()}
 
+    def proposal_answered(self, result: wire.AlterIsrResult, now: float) -> None:
+        replica = self.replicas.get(result.partition)
+        if replica is not None:
+            hw = replica.hw
+            replica.proposal_answered(result.error, result.leader_epoch, result.partition_epoch, result.isr, now)
+            self._noted(replica, hw, replica.leo)
+
+    def fenced(self, partition: str, leader_epoch: int) -> bool:
+        """The SC said ``leader_epoch`` is the partition's: stop leading an older one at once."""
+        replica = self.replicas.get(partition)
+        if replica is None or not replica.step_down(leader_epoch):
+            return False
+        self.changes.stepped_down[partition] = leader_epoch
+        self._index()
+        return True
+
+    # ------------------------------------------------------------------ what it tells the SC
+
+    def hosted(self) -> wire.Hosted:
+        """Every replica this process holds, with the leader epoch it was told with its role."""
+        entries = [
+            wire.HostedReplica(partition=name, leo=offsets.leo, leader_epoch=None)
+            for name, offsets in sorted(self._restored.items())
+            if name not in self.replicas
+        ]
+        entries += [
+            wire.HostedReplica(partition=name, leo=replica.leo, leader_epoch=replica.told_epoch)
+            for name, replica in sorted(self.replicas.items())
+        ]
+        return wire.Hosted(partitions=entries)
+
+    def leaderships(self) -> wire.Leading | None:
+        """Every partition it leads, at its epoch (said again after each Sync)."""
+        led = [
+            wire.Leadership(partition=name, leader_epoch=replica.leader_epoch)  # type: ignore[typeddict-item]
+            for name, replica in sorted(self.replicas.items())
+            if replica.role is Role.LEADER
+        ]
+        return wire.Leading(partitions=led) if led else None
+
+    def pending_proposals(self) -> list[tuple[str, replica_module.Proposal]]:
+        return [
+            (name, replica.pending)
+            for name, replica in sorted(self.replicas.items())
+            if replica.role is Role.LEADER and replica.pending is not None
+        ]
+
+    def offsets(self, only_changed: bool = True) -> list[wire.PartitionOffsets]:
+        """Live offsets of the partitions it leads: those that changed since the last call (all of
+        them with ``only_changed`` False)."""
+        names = sorted(self.offsets_changed) if only_changed else sorted(self.replicas)
+        self.offsets_changed = set()
+        entries = []
+        for name in names:
+            replica = self.replicas.get(name)
+            if replica is None or replica.role is not Role.LEADER:
+                continue
+            entries.append(
+                wire.PartitionOffsets(
+                    partition=name,
+                    leader_epoch=replica.leader_epoch,  # type: ignore[typeddict-item]
+                    hw=replica.hw,
+                    leo=replica.leo,
+                    followers=[
+                        wire.ReplicaOffsets(spu=spu, hw=progress.hw, leo=progress.leo)
+                        for spu, progress in sorted(replica.followers.items())
+                    ],
+                )
+            )
+        return entries
+
     # ------------------------------------------------------------------ leading
 
     def append(self, records: int, now: float) -> None:
         """One burst: ``records`` more records in every partition this SPU leads."""
         for replica in self.replicas.values():
-            if replica.role is replica_module.Role.LEADER:
+            if replica.role is Role.LEADER:
+                hw, leo = replica.hw, replica.leo
                 replica.append(records, now)
+                self._noted(replica, hw, leo)
+
+    def tick(self, now: float) -> None:
+        """Time passed: each led partition's HW and in-sync set are looked at again (proposals)."""
+        for name, replica in self.replicas.items():
+            if replica.role is not Role.LEADER:
+                continue
+            hw, leo = replica.hw, replica.leo
+            proposal = replica.proposal(now, self.proposal_retry)
+            self._noted(replica, hw, leo)
+            if proposal is not None:
+                self.changes.proposals.append((name, proposal))
 
     def serve(self, request: fetch_wire.FetchRequest, now: float) -> fetch_wire.FetchResponse:
         """Answer every partition of one fetch; a partition it cannot serve gets an error, the others their records."""
         answers = []
         for wanted in request.partitions:
-            replica = self.replicas.get(wanted.partition)
-            if replica is None or replica.role is not replica_module.Role.LEADER:
-                answers.append(fetch_wire.PartitionFetched(partition=wanted.partition, offset=wanted.offset, error="not-leader"))
-            elif request.spu not in replica.replicas:
-                answers.append(fetch_wire.PartitionFetched(partition=wanted.partition, offset=wanted.offset, error="not-a-replica"))
-            else:
-                served = replica.serve_fetch(request.spu, wanted.offset, wanted.hw, request.max_records, now)
+            name = wanted.partition
+            replica = self.replicas.get(name)
+            if replica is None:
+                answers.append(fetch_wire.PartitionFetched(partition=name, offset=wanted.offset, error="not-leader"))
+                continue
+            hw, leo = replica.hw, replica.leo
+            progress = replica.followers.get(request.spu)
+            before = None if progress is None else progress.leo
+            answer = replica.serve_fetch(
+                request.spu, wanted.offset, wanted.hw, request.max_records, now, wanted.leader_epoch, wanted.last_fetched_epoch
+            )
+            if isinstance(answer, str):
+                answers.append(fetch_wire.PartitionFetched(partition=name, offset=wanted.offset, error=answer))  # type: ignore[arg-type]
+                continue
+            self._noted(replica, hw, leo)
+            progress = replica.followers.get(request.spu)
+            if progress is not None and progress.leo != before:
+                self.offsets_changed.add(name)
+            if isinstance(answer, replica_module.Diverging):
                 answers.append(
                     fetch_wire.PartitionFetched(
-                        partition=wanted.partition, offset=served.offset, leo=served.leo, hw=served.hw, records=served.records
+                        partition=name, offset=answer.offset, leo=replica.leo, hw=replica.hw,
+                        diverging_epoch=answer.epoch, diverging_end_offset=answer.end_offset,
+                    )
+                )
+            else:
+                answers.append(
+                    fetch_wire.PartitionFetched(
+                        partition=name, offset=answer.offset, leo=answer.leo, hw=answer.hw, records=answer.records,
+                        epochs=list(answer.epochs),
                     )
                 )
         return fetch_wire.FetchResponse(partitions=answers)
-
-    def live_replicas(self, now: float) -> wire.LiveReplicas:
-        """The LRS: one report per partition this SPU leads, by name (empty: still the heartbeat)."""
-        return wire.LiveReplicas(
-            leaders=[
-                replica.report(now)
-                for _, replica in sorted(self.replicas.items())
-                if replica.role is replica_module.Role.LEADER
-            ]
-        )
 
     # ------------------------------------------------------------------ following
 
     def fetch_request(self, leader: int, max_records: int) -> fetch_wire.FetchRequest | None:
         """The next fetch round towards ``leader``: every partition followed from it, at its LEO; None if none."""
-        partitions = [
-            fetch_wire.PartitionFetch(partition=name, offset=self.replicas[name].leo, hw=self.replicas[name].hw)
-            for name in self._following.get(leader, ())
-        ]
+        partitions = []
+        for name in self._following.get(leader, ()):
+            replica = self.replicas[name]
+            if replica.role is not Role.FOLLOWER or replica.leader_epoch is None:
+                continue
+            partitions.append(
+                fetch_wire.PartitionFetch(
+                    partition=name,
+                    offset=replica.leo,
+                    hw=replica.hw,
+                    leader_epoch=replica.leader_epoch,
+                    last_fetched_epoch=replica.log.last_epoch,
+                )
+            )
         if not partitions:
             return None
         return fetch_wire.FetchRequest(spu=self.spu_id, max_records=max_records, partitions=partitions)
@@ -172,31 +326,47 @@ class SpuState:
             replica = self.replicas.get(answer.partition)
             if replica is None:
                 continue
-            served = replica_module.Served(answer.offset, answer.leo, answer.hw, answer.records)
+            taken: replica_module.Served | replica_module.Diverging
+            if answer.diverging_epoch is not None and answer.diverging_end_offset is not None:
+                taken = replica_module.Diverging(answer.offset, answer.diverging_epoch, answer.diverging_end_offset)
+            else:
+                taken = replica_module.Served(answer.offset, answer.leo, answer.hw, answer.records, tuple(answer.epochs))
+            hw, leo = replica.hw, replica.leo
             try:
-                replica.apply_fetched(leader, served)
+                replica.apply_fetched(leader, taken)
             except replica_module.ReplicaError as error:
                 problems[answer.partition] = str(error)
+            self._noted(replica, hw, leo)
         return problems
 
     # ------------------------------------------------------------------ observing
 
-    def offsets(self) -> dict[str, Offsets]:
-        """Every partition's offsets, for the checkpoint; restored ones not yet assigned are kept."""
-        current = {name: Offsets(replica.leo, replica.hw) for name, replica in self.replicas.items()}
+    def logs(self, names: Iterable[str] | None = None) -> dict[str, Offsets]:
+        """Replicas' logs (``names``, or all), for the checkpoint; restored ones not yet assigned are kept."""
+        current = {
+            name: Offsets(replica.leo, replica.hw, tuple(replica.log.runs))
+            for name, replica in self.replicas.items()
+            if names is None or name in names
+        }
+        if names is not None:
+            return current
         return {**self._restored, **current}
 
     def status(self, partition: str, now: float) -> ReplicaStatus | None:
         replica = self.replicas.get(partition)
         if replica is None:
             return None
+        hw, leo = replica.hw, replica.leo
         replica.refresh(now)
+        self._noted(replica, hw, leo)
         return ReplicaStatus(
             partition=partition,
             role=replica.role,
             leader=replica.leader,
+            leader_epoch=replica.leader_epoch,
             leo=replica.leo,
             hw=replica.hw,
             in_sync=tuple(sorted(replica.in_sync)),
             followers={spu: progress.leo for spu, progress in sorted(replica.followers.items())},
+            isr=replica.isr,
         )

@@ -483,7 +483,8 @@ def _shown(context: context_module.Context, obj: models.ClusterObject) -> models
     """Partitions carry their leader's latest offsets, which live in memory, not in the KV store."""
     if obj.kind != "partitions" or context.connections is None:
         return obj
-    return partition.with_live_offsets(obj, context.connections.live.get(obj.name))  # type: ignore[arg-type]
+    live = context.connections.live
+    return partition.with_live_offsets(obj, live.get(obj.name), live.max_hw(obj.name))  # type: ignore[arg-type]
 
 
 def _shown_version(context: context_module.Context, kind: str) -> Hashable:
@@ -570,10 +571,14 @@ async def undrain_spu(request: web.Request) -> web.Response:
 
 def _cluster_view(context: context_module.Context) -> partition.ClusterView:
     assert context.connections is not None
+    connections = context.connections
     return partition.ClusterView(
-        health=context.connections.health.snapshot(),
-        live=context.connections.live.view,
+        health=connections.health.snapshot(),
+        live=connections.live.view,
         unclean_election=context.settings.unclean_leader_election,
+        incarnations=connections.incarnations,
+        confirmed=connections.confirmed,
+        max_hw=connections.live.max_hws,
     )
 
 

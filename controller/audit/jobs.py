@@ -22,7 +22,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from controller.audit import export, options as options_module, report
 
-# The causes of the leader changes the SC decided (controller/partition.py writes them as Action.cause).
+# The causes of the leader changes the SC decided (controller/reconcile/partition_state.py names them, written as Action.cause).
 CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean")
 # Buckets of the "leaders per SPU over time" series.
 TIMELINE_BUCKETS = 200

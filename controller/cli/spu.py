@@ -75,7 +75,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--tls-cert", type=Path, metavar="FILE", help="this SPU's PEM client certificate (CN or a DNS SAN spu-<id>), with --tls-ca")
     run.add_argument("--tls-key", type=Path, metavar="FILE", help="the PEM private key of --tls-cert")
     run.add_argument(
-        "--data-dir", type=Path, metavar="DIR", help="save offsets here (spu-ID/offsets.json) and resume them on restart"
+        "--data-dir", type=Path, metavar="DIR",
+        help="journal logs here as they change (spu-ID/), and resume them on restart",
+    )
+    run.add_argument(
+        "--record", type=Path, metavar="FILE",
+        help="append a JSON line here for every leadership taken and every offset acknowledged (for chaos tests)",
     )
     run.add_argument(
         "--listen-host", metavar="HOST", help="bind the private endpoint here instead of its registered host"
@@ -280,6 +285,7 @@ def handle_run(args: argparse.Namespace) -> int:
         simulator.SimulatedSpu(
             spu_id, args.sc_private, token, settings=settings, data_dir=args.data_dir, listen_host=args.listen_host,
             tls=tls_context,
+            record=args.record,
         )
         for spu_id in range(first, first + args.count)
     ]

@@ -169,14 +169,15 @@ def _partition_row(index: int, mapped: list[int] | None, partition: dict[str, An
 
 
 def in_sync(partition: dict[str, Any]) -> list[int] | None:
-    """The in-sync set as the SC stores it (controller.reconcile.partition.stored_in_sync): the leader,
-    and the followers whose last LEO reaches the leader's HW, in replica order; None before any report."""
+    """The committed in-sync set the SC stores (store.models.Partition.in_sync): ``status.isr``, or
+    every replica while the partition is as created (partition epoch 0), in replica order; None
+    before its leader has confirmed it leads."""
     status = partition.get("status", {})
-    leader = status.get("leader")
-    if not leader:
+    if not status.get("leader"):
         return None
-    caught_up = {replica["spu"] for replica in status.get("replicas", []) if replica["leo"] >= leader["hw"]}
-    return [spu for spu in partition["spec"]["replicas"] if spu == leader["spu"] or spu in caught_up]
+    replicas = partition["spec"]["replicas"]
+    committed = set(replicas) if status.get("partitionEpoch", 0) == 0 else set(status.get("isr", []))
+    return [spu for spu in replicas if spu in committed]
 
 
 def lag(partition: dict[str, Any]) -> int | None:

@@ -13,19 +13,44 @@ from typing import TYPE_CHECKING
 import structlog
 
 from connection_manager import health as health_module
-from connection_manager import lrs
+from connection_manager import lrs, reports, wire
 from controller.pipeline import dispatcher as dispatcher_module
 from controller.pipeline import loop as loop_module
-from controller.reconcile import actions, partition, spu, spu_group, spu_ids, topic
+from controller.reconcile import actions, partition, partition_state, spu, spu_group, spu_ids, topic
 from store import kv, local, models
 
 if TYPE_CHECKING:  # the context is only read: the pipeline never builds the API's parts it holds
+    from connection_manager import server as cm_server
+    from controller import config
     from controller import context as context_module
 
 log = structlog.get_logger(__name__)
 
 SPEC, ALL = local.Part.SPEC, local.Part.ALL
 DRAINED = models.SpuDrain.DRAINED
+
+
+def cluster_view(
+    settings: config.Settings,
+    health: health_module.HealthView,
+    live: lrs.LiveReplicas,
+    connections: cm_server.ConnectionManager | None,
+) -> partition.ClusterView:
+    """What the partition decisions read beyond the store, from the SPUs' current connections."""
+    if connections is None:
+        return partition.ClusterView(
+            health.snapshot(), {}, settings.unclean_leader_election, settings.leader_rebalance_batch
+        )
+    return partition.ClusterView(
+        health=health.snapshot(),
+        live=live.view,
+        unclean_election=settings.unclean_leader_election,
+        rebalance_batch=settings.leader_rebalance_batch,
+        incarnations=connections.incarnations,
+        proposals=connections.proposals,
+        confirmed=connections.confirmed,
+        max_hw=live.max_hws,
+    )
 
 
 def _loop(
@@ -108,9 +133,12 @@ class SpuController:
         dispatcher: dispatcher_module.ActionDispatcher,
         health: health_module.HealthView,
         live: lrs.LiveReplicas,
+        connections: cm_server.ConnectionManager | None = None,
     ) -> None:
+        self._settings = context.settings
         self._health = health
         self._live = live
+        self._connections = connections
         self._grace = context.settings.spu_offline_grace
         self._shadowed: list[tuple[int, str, str]] = []
         self.loop = _loop(context, dispatcher, "spu", self.decide, {"spus": ALL})
@@ -130,7 +158,7 @@ class SpuController:
             now=asyncio.get_running_loop().time(),
             started_at=self._health.started_at,
             grace_period=self._grace,
-            live=self._live.view,
+            view=cluster_view(self._settings, self._health, self._live, self._connections),
         )
         return spu.decide(snapshot, inputs)
 
@@ -141,7 +169,8 @@ class SpuController:
 
 
 class PartitionController:
-    """Partition statuses and leaders; carries which partitions are due a look (incremental)."""
+    """Partition statuses, leaders and in-sync sets, and the answers to leaders' proposals; carries
+    which partitions are due a look (incremental) and which partitions each SPU hosts."""
 
     def __init__(
         self,
@@ -150,13 +179,17 @@ class PartitionController:
         health: health_module.HealthView,
         live: lrs.LiveReplicas,
         spus: SpuController,
+        connections: cm_server.ConnectionManager | None = None,
     ) -> None:
         self._settings = context.settings
         self._health = health
         self._live = live
         self._spus = spus
+        self._connections = connections
         # Partitions to look at next: None means all of them.
         self._due: set[str] | None = None
+        self._hosting = partition.HostingIndex()
+        self._spu_ids: dict[str, int] = {}  # SPU name -> id, to find a deleted SPU's partitions
         self.loop = _loop(context, dispatcher, "partition", self.decide, {"partitions": ALL, "spus": ALL})
 
     async def run(self) -> None:
@@ -165,42 +198,70 @@ class PartitionController:
         await self.loop.run()
 
     def kick_all(self) -> None:
-        """Look at every partition (an SPU's health changed)."""
+        """Look at every partition."""
         self._due = None
         self.loop.kick()
 
-    def on_live_change(self, names: set[str]) -> None:
-        """The leaders of ``names`` reported something new."""
+    def on_health(self, spu_id: int) -> None:
+        """An SPU's health changed: only the partitions with a replica on it can be concerned."""
+        if self._due is not None and self._hosting.built:
+            self._due |= self._hosting.of((spu_id,))
+            self.loop.kick()
+        else:
+            self.kick_all()
+
+    def on_news(self, names: set[str]) -> None:
+        """Confirmations or proposals about ``names`` arrived: look at those partitions."""
         if self._due is not None:
             self._due |= names
         self.loop.kick()
 
     def decide(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
-        """Incremental: only partitions that changed or were reported on, unless SPUs changed
-        (health, registration) or this is a periodic resync, which look at every partition."""
+        """Incremental: only partitions that changed, were reported on, or have a replica on an SPU
+        that changed (health, registration, drain); a relist or a periodic resync looks at every one.
+        Proposals decided are answered on the spot (on 9004, not through the store)."""
         partition_changes, spu_changes = changes["partitions"], changes["spus"]
+        self._hosting.update(snapshot, partition_changes)
+        if spu_changes.full:
+            self._spu_ids = {entry.name: entry.obj.spec.id for entry in snapshot.entries("spus").values()}  # type: ignore[attr-defined]
         due = self._due
-        if due is None or partition_changes.full or not spu_changes.empty or self.loop.resyncing:
+        if due is None or partition_changes.full or spu_changes.full or self.loop.resyncing:
             names = None
         else:
-            names = due | {entry.name for entry in partition_changes.updated}
+            names = due | {entry.name for entry in partition_changes.updated} | self._of_spus(spu_changes)
         self._due = set()
         settings = self._settings
-        view = partition.ClusterView(
-            health=self._health.snapshot(),
-            live=self._live.view,
-            unclean_election=settings.unclean_leader_election,
-            rebalance_batch=settings.leader_rebalance_batch,
-        )
+        view = cluster_view(settings, self._health, self._live, self._connections)
         decided = partition.decide(snapshot, partition.Inputs(view, names))
+        if self._connections is not None:
+            for proposal, answer, state in decided.answers:
+                self._connections.answer(proposal, _alter_isr_result(proposal, answer, state))
+        if decided.postponed:
+            self._due = None if self._due is None else self._due | decided.postponed
+            self.loop.kick()
         if _drain_news(snapshot, partition_changes):
             # A drained SPU's status follows the partitions it leads: what moved, what cannot.
             self._spus.loop.kick()
-        preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided)
+        preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided.actions)
         if settings.leader_rebalance_batch and preferred >= settings.leader_rebalance_batch:
             # More may be due: look at all of them again once these writes come back.
             self._due = None
-        return decided
+        return decided.actions
+
+    def _of_spus(self, spu_changes: local.Changes) -> set[str]:
+        """The partitions hosted by the SPUs in ``spu_changes`` (registered, unregistered, drained,
+        recorded online or offline), by the ids they have and had."""
+        if spu_changes.empty:
+            return set()
+        ids = set()
+        for entry in spu_changes.updated:
+            spu_id = entry.obj.spec.id  # type: ignore[attr-defined]
+            self._spu_ids[entry.name] = spu_id
+            ids.add(spu_id)
+        for name in spu_changes.deleted:
+            if name in self._spu_ids:
+                ids.add(self._spu_ids.pop(name))
+        return self._hosting.of(ids)
 
 
 def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes) -> bool:
@@ -214,3 +275,17 @@ def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes) -> b
         return True
     updated = partition_changes.updated if not partition_changes.full else snapshot.entries("partitions").values()
     return any(entry.obj.spec.leader in draining for entry in updated)  # type: ignore[attr-defined]
+
+
+def _alter_isr_result(
+    proposal: reports.Proposal, answer: partition_state.Answer, state: partition_state.State
+) -> wire.AlterIsrResult:
+    """The answer to a leader's proposal, with the committed state it adopts either way."""
+    return wire.AlterIsrResult(
+        partition=proposal.partition,
+        error=answer.error,
+        message=answer.message,
+        leader_epoch=state.leader_epoch,
+        partition_epoch=state.partition_epoch,
+        isr=list(state.isr),
+    )

@@ -52,12 +52,14 @@ class Pipeline:
             self.dispatcher.on_result(self._record_action)
         self.topics = controllers.TopicController(context, self.dispatcher)
         self.spu_groups = controllers.SpuGroupController(context, self.dispatcher)
-        self.spus = controllers.SpuController(context, self.dispatcher, health, self.live)
-        self.partitions = controllers.PartitionController(context, self.dispatcher, health, self.live, self.spus)
+        self.spus = controllers.SpuController(context, self.dispatcher, health, self.live, connections)
+        self.partitions = controllers.PartitionController(
+            context, self.dispatcher, health, self.live, self.spus, connections
+        )
         self.controllers = (self.topics, self.spu_groups, self.spus, self.partitions)
         health.subscribe(self._on_health)
         if connections is not None:
-            connections.on_live_change = self.partitions.on_live_change
+            connections.on_news = self.partitions.on_news
         self._tasks: list[asyncio.Task[None]] = []
         self._loop_tasks: list[asyncio.Task[None]] = []
 
@@ -72,7 +74,7 @@ class Pipeline:
 
     def _on_health(self, spu_id: int, state: health_module.Health) -> None:
         self.spus.loop.kick()
-        self.partitions.kick_all()
+        self.partitions.on_health(spu_id)
 
     async def start(self, sync_timeout: float | None = None) -> None:
         """Start reading; return once every kind is synced and the controllers run."""

@@ -1,17 +1,19 @@
-"""Partition controller decisions: status from live replica reports, leader elections.
+"""Partition controller decisions: leader elections and the committed in-sync set, from the
+stored state and what the SC knows of its SPUs; answers to leaders' proposals.
 
-Purely computational, no I/O: (snapshot, the live cluster view and the names to look at) -> actions.
-Writes a partition only when its resolution, leader or in-sync set changes, never for offsets.
+Purely computational, no I/O: (snapshot, the cluster view and the names to look at) -> actions and
+answers. The rules are ``partition_state``'s; this module finds what to look at, fast, and turns
+transitions into writes. Offsets never decide anything: they are only shown.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from connection_manager import health as health_module
-from connection_manager import lrs
-from controller.reconcile import actions, election
+from connection_manager import lrs, reports
+from controller.reconcile import actions, election, partition_state
 from store import local, models
 
 ONLINE = models.PartitionResolution.ONLINE
@@ -20,20 +22,29 @@ LEADER_OFFLINE = models.PartitionResolution.LEADER_OFFLINE
 HEALTH_ONLINE, HEALTH_OFFLINE = health_module.Health.ONLINE, health_module.Health.OFFLINE
 
 # The structured causes of a leader change (Action.cause), as the audits report them.
-CAUSE_SPU_OFFLINE = "spu-offline"
-CAUSE_PREFERRED = "preferred-leader"
-CAUSE_DRAIN = "drain"
-CAUSE_UNCLEAN = "unclean"
+CAUSE_SPU_OFFLINE = partition_state.CAUSE_SPU_OFFLINE
+CAUSE_PREFERRED = partition_state.CAUSE_PREFERRED
+CAUSE_DRAIN = partition_state.CAUSE_DRAIN
+CAUSE_UNCLEAN = partition_state.CAUSE_UNCLEAN
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
-    """What the partition controller knows beyond the store: who is connected, and what they report."""
+    """What the partition controller knows beyond the store, all of it from SPUs' current connections."""
 
     health: Mapping[int, health_module.HealthRecord]
     live: Mapping[str, lrs.LiveStatus]
     unclean_election: bool = False
     rebalance_batch: int = 100
+    incarnations: Mapping[int, reports.Incarnation] = field(default_factory=dict)
+    proposals: Mapping[str, reports.Proposal] = field(default_factory=dict)
+    # Partition -> (SPU, leader epoch) of the last leadership confirmation accepted.
+    confirmed: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    # Partition -> the highest high watermark reported since the SC started.
+    max_hw: Mapping[str, int] = field(default_factory=dict)
+    # Writes that change no leader decided per pass (elections are never held back): a failover
+    # writes its elections first and the in-sync changes of the SPU's followerships next.
+    changes_batch: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,24 +56,100 @@ class Inputs:
     names: Iterable[str] | None = None
 
 
-def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
-    """Actions for the partitions in ``inputs.names`` (every partition when None)."""
+@dataclass(slots=True)
+class Decided:
+    """Unlike the other kinds, a pass owes answers too: leaders' proposals are refused or
+    committed here, and the answer goes back on 9004 (not through the store)."""
+
+    actions: list[actions.Action] = field(default_factory=list)
+    # (the proposal, the answer to send its SPU)
+    answers: list[tuple[reports.Proposal, partition_state.Answer, partition_state.State]] = field(default_factory=list)
+    # Partitions with a change due that did not fit in this pass: to look at again at once.
+    postponed: set[str] = field(default_factory=set)
+
+
+def decide(snapshot: local.Snapshot, inputs: Inputs) -> Decided:
+    """Actions for the partitions in ``inputs.names`` (every partition when None), and the answers
+    owed to proposals about them (a proposal for a partition that does not exist is refused)."""
     partitions = snapshot.entries("partitions")
-    view = inputs.view
-    online = _Online(snapshot, view)
-    decided: list[actions.Action] = []
-    rebalanced = 0
-    for name in partitions if inputs.names is None else inputs.names:
+    view, names = inputs.view, inputs.names
+    cluster = Cluster(snapshot, view)
+    decided = Decided()
+    rebalanced = changes = 0
+    for name in partitions if names is None else names:
         entry = partitions.get(name)
         if entry is None:
+            proposal = view.proposals.get(name)
+            if proposal is not None:
+                answer = partition_state.Answer(
+                    proposal, partition_state.UNKNOWN_PARTITION, f"partition {name!r} does not exist"
+                )
+                decided.answers.append((proposal, answer, partition_state.State(proposal.spu, OFFLINE, 0, 0, ())))
             continue
-        action = _decide_one(entry, online, view)
-        if action is None and rebalanced < view.rebalance_batch:
-            action = _preferred_leader(entry, online, view)
-            rebalanced += action is not None
-        if action is not None:
-            decided.append(action)
+        if cluster.quiet(entry, view):
+            continue
+        partition: models.Partition = entry.obj  # type: ignore[assignment]
+        facts = partition_state.Facts(
+            committed_hw=committed_hw(partition, view.max_hw),
+            confirmed=view.confirmed.get(name) == (partition.spec.leader, partition.status.leader_epoch),
+            proposal=view.proposals.get(name),
+            unclean=view.unclean_election,
+            rebalance=rebalanced < view.rebalance_batch,
+        )
+        decision = partition_state.decide(partition, entry.mod_revision, cluster, facts)
+        transition = decision.transition
+        if transition is not None and not transition.cause:
+            if changes >= view.changes_batch:
+                decided.postponed.add(name)
+                continue
+            changes += 1
+        if decision.answer is not None:
+            decided.answers.append((decision.answer.proposal, decision.answer, partition_state.stored_state(partition)))
+        if transition is None:
+            continue
+        rebalanced += transition.cause == CAUSE_PREFERRED
+        decided.actions.append(_write(entry, transition, view, facts.committed_hw))
+    # Leader changes first: they are what a failover waits for, the in-sync changes can follow.
+    decided.actions.sort(key=lambda action: action.verb is not actions.Verb.ELECT)
     return decided
+
+
+class HostingIndex:
+    """SPU id -> the names of the partitions with a replica on it, kept up to date from the
+    partition controller's changes, so a change of one SPU looks at its partitions only (a failover
+    at 100,000 partitions would otherwise check every partition first). Partitions stay put, so it
+    rarely changes; a name left behind by a deletion costs a lookup that finds nothing."""
+
+    def __init__(self) -> None:
+        self._hosting: dict[int, set[str]] = {}
+        self.built = False
+
+    def update(self, snapshot: local.Snapshot, changes: local.Changes) -> None:
+        if changes.full or not self.built:
+            self._hosting = {}
+            entries: Iterable[local.Entry] = snapshot.entries("partitions").values()
+            self.built = True
+        else:
+            entries = changes.updated
+        hosting = self._hosting
+        for entry in entries:
+            for spu in entry.obj.spec.replicas:  # type: ignore[attr-defined]
+                names = hosting.get(spu)
+                if names is None:
+                    names = hosting[spu] = set()
+                names.add(entry.name)
+
+    def of(self, spu_ids: Iterable[int]) -> set[str]:
+        found: set[str] = set()
+        for spu in spu_ids:
+            found |= self._hosting.get(spu, set())
+        return found
+
+
+def committed_hw(partition: models.Partition, max_hw: Mapping[str, int]) -> int:
+    """The highest high watermark known: stored, or reported since the SC started."""
+    stored = partition.status.leader
+    return max(-1 if stored is None else stored.hw, max_hw.get(partition.name, -1))
 
 
 def draining_spus(snapshot: local.Snapshot) -> frozenset[int]:
@@ -74,24 +161,40 @@ def draining_spus(snapshot: local.Snapshot) -> frozenset[int]:
     )
 
 
-class _Online:
-    """Whether an SPU is up: connected now, or (before it reconnects after an SC restart)
-    recorded Online and still within the SPU controller's grace period; and whether it may lead
-    (up and not draining)."""
+class Cluster:
+    """``partition_state.Spus`` over one snapshot and view. An SPU is online when connected through
+    an incarnation that said what it holds, or (before it reconnects after an SC restart) when
+    recorded Online and still within the SPU controller's grace period."""
 
     def __init__(self, snapshot: local.Snapshot, view: ClusterView, also_draining: Collection[int] = ()) -> None:
         self._health = view.health
+        self._incarnations = view.incarnations
         self._recorded_online = set()
+        self._registered: dict[int, int] = {}
         draining = set(also_draining)
         for entry in snapshot.entries("spus").values():
             spu: models.Spu = entry.obj  # type: ignore[assignment]
+            spu_id = spu.spec.id
             if spu.status.resolution is models.SpuResolution.ONLINE:
-                self._recorded_online.add(spu.spec.id)
+                self._recorded_online.add(spu_id)
             if spu.spec.drain:
-                draining.add(spu.spec.id)
-        self.draining = frozenset(draining)
+                draining.add(spu_id)
+            # Of SPUs sharing an id (only writes behind the SC's back make them), the first created.
+            known = self._registered.get(spu_id)
+            self._registered[spu_id] = entry.create_revision if known is None else min(known, entry.create_revision)
+        self._draining = frozenset(draining)
+        self.newest_registration = max(self._registered.values(), default=0)
+        # SPUs nothing is to be decided about in the common case: up, leading freely, registered,
+        # and whose connection took up every role it had.
+        self.good = frozenset(
+            spu_id
+            for spu_id in self._registered
+            if spu_id not in self._draining
+            and self.online(spu_id)
+            and not (spu_id in self._incarnations and self._incarnations[spu_id].restarted)
+        )
 
-    def __call__(self, spu: int) -> bool:
+    def online(self, spu: int) -> bool:
         record = self._health.get(spu)
         if record is not None and record.state is HEALTH_ONLINE:
             return True
@@ -99,250 +202,153 @@ class _Online:
             return False
         return spu in self._recorded_online
 
-    def may_lead(self, spu: int) -> bool:
-        return self(spu) and spu not in self.draining
+    def draining(self, spu: int) -> bool:
+        return spu in self._draining
+
+    def registered_at(self, spu: int) -> int | None:
+        return self._registered.get(spu)
+
+    def incarnation(self, spu: int) -> reports.Incarnation | None:
+        return self._incarnations.get(spu)
+
+    def quiet(self, entry: local.Entry, view: ClusterView) -> bool:
+        """Nothing can be due for this partition (checked without building anything): Online,
+        led and in sync through good SPUs registered before its last write, no proposal, and no
+        preferred leader waiting to take over. Every partition of a large cluster goes through
+        here on each full pass."""
+        partition: models.Partition = entry.obj  # type: ignore[assignment]
+        status = partition.status
+        if view.proposals and partition.name in view.proposals:
+            return False
+        resolution = status.resolution
+        if resolution is OFFLINE:
+            # As created, until its leader confirms it leads.
+            if view.confirmed.get(partition.name) == (partition.spec.leader, status.leader_epoch):
+                return False
+        elif resolution is not ONLINE:
+            return False
+        good = self.good
+        spec = partition.spec
+        leader = spec.leader
+        if leader not in good or (self.newest_registration > entry.mod_revision and status.partition_epoch):
+            return False
+        in_sync = status.isr if status.partition_epoch else spec.replicas
+        for spu in in_sync:
+            if spu not in good:
+                return False
+        preferred = spec.replicas[0]
+        return resolution is OFFLINE or preferred == leader or preferred not in good or preferred not in in_sync
 
 
-def _decide_one(entry: local.Entry, online: _Online, view: ClusterView) -> actions.Action | None:
+def _write(entry: local.Entry, transition: partition_state.Transition, view: ClusterView, hw: int) -> actions.Action:
     partition: models.Partition = entry.obj  # type: ignore[assignment]
-    spec, status = partition.spec, partition.status
-    leader = spec.leader
-    live = view.live.get(partition.name)
-    if live is not None and live.leader != leader:
-        live = None  # a report from a former leader says nothing of the current one
-
-    if status.resolution is LEADER_OFFLINE:
-        return _recover(entry, online, view)
-    if not online(leader):
-        return _replace_leader(entry, live, online, view, CAUSE_SPU_OFFLINE)
-    if leader in online.draining:
-        return _replace_leader(entry, live, online, view, CAUSE_DRAIN)
-    if live is None:
-        return None  # the leader has not reported yet: the status stays as it is
-    if _still_meant(status, spec.replicas, live):
-        return None  # only offsets moved: nothing to write (the common case, checked without models)
-    desired = _status_from_live(spec.replicas, live)
-    reason = f"leader SPU {leader} reports {desired.lrs} of {len(spec.replicas) - 1} followers in sync"
-    return actions.update_status(partition, desired, entry.mod_revision, reason)
-
-
-def _replace_leader(
-    entry: local.Entry, live: lrs.LiveStatus | None, online: _Online, view: ClusterView, cause: str
-) -> actions.Action | None:
-    partition: models.Partition = entry.obj  # type: ignore[assignment]
-    spec, status = partition.spec, partition.status
-    leo, leader_hw = _known_offsets(status, live)
-    if cause == CAUSE_DRAIN:
-        # Only to a replica that may lead, in sync: else the draining leader keeps it (a drain
-        # never leaves a partition without a leader, nor risks its committed records).
-        chosen = election.elect(spec.replicas, spec.leader, online.may_lead, leo, leader_hw)
-        if chosen is None:
-            return None
-        return _elect(entry, chosen, leo, leader_hw, cause, f"leader SPU {spec.leader} " + _WHY[cause])
-    chosen = _choose(spec.replicas, spec.leader, online, leo, leader_hw, view.unclean_election)
-    if chosen is None:
-        if status.resolution is LEADER_OFFLINE:
-            return None
-        lost = _status_at_loss(spec, status, live)
-        reason = f"leader SPU {spec.leader} is offline and no in-sync follower is online"
-        return actions.update_status(partition, lost, entry.mod_revision, reason)
-    return _elect(entry, chosen, leo, leader_hw, cause, f"leader SPU {spec.leader} " + _WHY[cause])
-
-
-_WHY = {
-    CAUSE_SPU_OFFLINE: "went offline",
-    CAUSE_DRAIN: "is being drained",
-}
-
-
-def _choose(
-    replicas: list[int], leaving: int | None, online: _Online, leo: Mapping[int, int], leader_hw: int, unclean: bool
-) -> election.Election | None:
-    """A new leader when the current one cannot lead: an in-sync replica that is not draining;
-    else one that is (better a draining leader than none); else, if allowed, an unclean one."""
-    return election.elect(replicas, leaving, online.may_lead, leo, leader_hw) or election.elect(
-        replicas, leaving, online, leo, leader_hw, unclean
-    )
-
-
-def _recover(entry: local.Entry, online: _Online, view: ClusterView) -> actions.Action | None:
-    """A LeaderOffline partition: a replica that was in sync when the leader was lost is back."""
-    partition: models.Partition = entry.obj  # type: ignore[assignment]
-    spec, status = partition.spec, partition.status
-    leo, leader_hw = _known_offsets(status, None)
-    # The leader itself first (no leader change), unless it is draining and another in-sync
-    # replica is back; a draining leader still leads rather than leave the partition leaderless.
-    chosen = None
-    if not online.may_lead(spec.leader):
-        chosen = election.elect(spec.replicas, spec.leader, online.may_lead, leo, leader_hw)
-    if chosen is None and online(spec.leader):
-        back = models.PartitionStatus(
-            resolution=ONLINE, leader=status.leader, replicas=status.replicas, lrs=status.lrs
-        )
-        reason = f"leader SPU {spec.leader} is back online"
-        return actions.update_status(partition, back, entry.mod_revision, reason)
-    if chosen is None:
-        chosen = _choose(spec.replicas, spec.leader, online, leo, leader_hw, view.unclean_election)
-    if chosen is None:
-        return None
-    reason = f"replica SPU {chosen.leader} is back online and was in sync when leader SPU {spec.leader} was lost"
-    return _elect(entry, chosen, leo, leader_hw, CAUSE_SPU_OFFLINE, reason)
-
-
-def _preferred_leader(entry: local.Entry, online: _Online, view: ClusterView) -> actions.Action | None:
-    """Leadership returns to the first replica once it is back and in sync (Kafka's balancing)."""
-    partition: models.Partition = entry.obj  # type: ignore[assignment]
-    spec, status = partition.spec, partition.status
-    preferred = spec.replicas[0]
-    if spec.leader == preferred or status.resolution is not ONLINE or not online.may_lead(preferred):
-        return None
-    live = view.live.get(partition.name)
-    if live is None or live.leader != spec.leader or preferred not in live.in_sync():
-        return None
-    leo = {offsets.spu: offsets.leo for offsets in live.followers}
-    chosen = election.Election(preferred, clean=True)
-    reason = f"preferred leader SPU {preferred} is back and in sync"
-    return _elect(entry, chosen, leo, live.hw, CAUSE_PREFERRED, reason)
-
-
-def _elect(
-    entry: local.Entry, chosen: election.Election, leo: Mapping[int, int], leader_hw: int, cause: str, reason: str
-) -> actions.Action:
-    partition: models.Partition = entry.obj  # type: ignore[assignment]
-    replicas = partition.spec.replicas
-    new_leader = chosen.leader
-    unknown = election.UNKNOWN_OFFSET
-    # The former leader leaves the in-sync set at once (Kafka shrinks the ISR the same way): from
-    # now on the new leader commits records it does not have, until it is reported caught up.
-    leo = {spu: offset for spu, offset in leo.items() if spu != partition.spec.leader}
-    followers = [
-        models.ReplicaStatus(spu=spu, hw=min(leader_hw, leo.get(spu, unknown)), leo=leo.get(spu, unknown))
-        for spu in replicas
-        if spu != new_leader
-    ]
-    # The new leader's high watermark is the committed point it is known to hold.
-    new_leo = leo.get(new_leader, unknown)
-    status = models.PartitionStatus(
-        resolution=ONLINE,
-        leader=models.ReplicaStatus(spu=new_leader, hw=min(leader_hw, new_leo), leo=new_leo),
-        replicas=followers,
-        lrs=len(lrs.in_sync_followers(leader_hw, (lrs.ReplicaOffsets(f.spu, f.hw, f.leo) for f in followers))),
-    )
+    state = transition.state
+    status = _status(partition, state, view.live.get(partition.name), hw)
+    if state.leader == partition.spec.leader:
+        return actions.update_status(partition, status, entry.mod_revision, transition.reason)
     updated = partition.model_copy(
-        update={"spec": models.PartitionSpec(leader=new_leader, replicas=replicas), "status": status}
+        update={"spec": models.PartitionSpec(leader=state.leader, replicas=partition.spec.replicas), "status": status}
     )
-    if not chosen.clean:
-        cause = CAUSE_UNCLEAN
-        reason += f"; unclean election: SPU {new_leader} may miss committed records"
-    return actions.elect(partition, updated, entry.mod_revision, f"{reason}: SPU {new_leader} now leads", cause)
+    return actions.elect(partition, updated, entry.mod_revision, transition.reason, transition.cause)
 
 
-def _known_offsets(status: models.PartitionStatus, live: lrs.LiveStatus | None) -> tuple[dict[int, int], int]:
-    """Each replica's last LEO and the leader's HW: from the live report, else the stored status."""
-    if live is not None:
-        leo = {offsets.spu: offsets.leo for offsets in live.followers}
-        leo[live.leader] = live.leo
-        return leo, live.hw
-    leo = {replica.spu: replica.leo for replica in status.replicas}
-    if status.leader is None:
-        return leo, election.UNKNOWN_OFFSET
-    leo[status.leader.spu] = status.leader.leo
-    return leo, status.leader.hw
-
-
-def _status_at_loss(
-    spec: models.PartitionSpec, status: models.PartitionStatus, live: lrs.LiveStatus | None
+def _status(
+    partition: models.Partition, state: partition_state.State, live: lrs.LiveStatus | None, hw: int
 ) -> models.PartitionStatus:
-    """LeaderOffline, keeping the offsets known when the leader was lost: they decide who may
-    lead when a replica returns."""
-    if live is not None:
-        return _status_from_live(spec.replicas, live).model_copy(update={"resolution": LEADER_OFFLINE})
-    return status.model_copy(update={"resolution": LEADER_OFFLINE})
-
-
-def _status_from_live(replicas: list[int], live: lrs.LiveStatus) -> models.PartitionStatus:
-    reported = {offsets.spu: offsets for offsets in live.followers}
-    followers = []
-    for spu in replicas:
-        if spu == live.leader:
-            continue
-        offsets = reported.get(spu)
-        followers.append(
-            models.ReplicaStatus(spu=spu)
-            if offsets is None
-            else models.ReplicaStatus(spu=spu, hw=offsets.hw, leo=offsets.leo)
-        )
-    in_sync = live.in_sync() & set(replicas)
-    return models.PartitionStatus(
-        resolution=ONLINE,
-        leader=models.ReplicaStatus(spu=live.leader, hw=live.hw, leo=live.leo),
-        replicas=followers,
-        lrs=len(in_sync),
+    """The stored status for ``state``, with the offsets last known (shown, never decided from)
+    and the highest committed offset known, so the shown HW never goes back."""
+    known = _known_offsets(partition, live)
+    leader = known.get(state.leader)
+    # Built without validation: every value is an SPU id, an epoch or an offset the SC holds
+    # already (a failover writes thousands of these in one pass).
+    construct = models.ReplicaStatus.model_construct
+    return models.PartitionStatus.model_construct(
+        resolution=state.resolution,
+        leader_epoch=state.leader_epoch,
+        partition_epoch=state.partition_epoch,
+        isr=list(state.isr),
+        leader=construct(spu=state.leader, hw=hw, leo=-1 if leader is None else leader.leo),
+        replicas=[known.get(spu) or construct(spu=spu, hw=-1, leo=-1) for spu in partition.spec.replicas if spu != state.leader],
+        lrs=partition_state.in_sync_followers(state),
     )
 
 
-def _still_meant(status: models.PartitionStatus, replicas: list[int], live: lrs.LiveStatus) -> bool:
-    """True when the stored status means what ``live`` says for the KV store: Online, the same
-    leader and the same in-sync set (offsets may differ, they stay in memory).
-
-    Every partition of a large cluster goes through here on each full pass, so it compares the
-    stored status with the report directly instead of building the desired status as models."""
-    leader = status.leader
-    if status.resolution is not ONLINE or leader is None or leader.spu != live.leader:
-        return False
-    in_sync = live.in_sync()
-    if not in_sync.issubset(replicas):
-        in_sync = in_sync.intersection(replicas)
-    return stored_in_sync(status) == in_sync
+def _known_offsets(partition: models.Partition, live: lrs.LiveStatus | None) -> dict[int, models.ReplicaStatus]:
+    status = partition.status
+    known = {replica.spu: replica for replica in status.replicas}
+    if status.leader is not None:
+        known[status.leader.spu] = status.leader
+    if _current(partition, live):
+        assert live is not None
+        known[live.leader] = models.ReplicaStatus(spu=live.leader, hw=live.hw, leo=live.leo)
+        for follower in live.followers:
+            known[follower.spu] = models.ReplicaStatus(spu=follower.spu, hw=follower.hw, leo=follower.leo)
+    return known
 
 
-def stored_in_sync(status: models.PartitionStatus) -> frozenset[int]:
-    if status.leader is None:
-        return frozenset()
-    return frozenset(replica.spu for replica in status.replicas if replica.leo >= status.leader.hw)
+def _current(partition: models.Partition, live: lrs.LiveStatus | None) -> bool:
+    """``live`` was reported by the partition's leader at its current leader epoch."""
+    status = partition.status
+    return (
+        live is not None
+        and status.resolution is not LEADER_OFFLINE
+        and live.leader == partition.spec.leader
+        and live.leader_epoch == status.leader_epoch
+    )
 
 
-def with_live_offsets(partition: models.Partition, live: lrs.LiveStatus | None) -> models.Partition:
-    """The partition as the API shows it: the stored status with the leader's latest offsets."""
-    if live is None or live.leader != partition.spec.leader or partition.status.resolution is not ONLINE:
-        return partition
-    return partition.model_copy(update={"status": _status_from_live(partition.spec.replicas, live)})
+def with_live_offsets(partition: models.Partition, live: lrs.LiveStatus | None, max_hw: int = -1) -> models.Partition:
+    """The partition as the API shows it: the stored status with its leader's latest offsets, and
+    the highest committed offset known as ``leader.hw`` (it never goes back, across leaders too)."""
+    status = partition.status
+    stored = status.leader
+    hw = max(-1 if stored is None else stored.hw, max_hw)
+    if not _current(partition, live):
+        if stored is None or hw == stored.hw:
+            return partition
+        return partition.model_copy(update={"status": status.model_copy(update={"leader": stored.model_copy(update={"hw": hw})})})
+    assert live is not None
+    known = _known_offsets(partition, live)
+    shown = status.model_copy(
+        update={
+            "leader": models.ReplicaStatus(spu=live.leader, hw=max(hw, live.hw), leo=live.leo),
+            "replicas": [known.get(spu) or models.ReplicaStatus(spu=spu) for spu in partition.spec.replicas if spu != live.leader],
+        }
+    )
+    return partition.model_copy(update={"status": shown})
 
 
 def drain_blockers(snapshot: local.Snapshot, spu: int, view: ClusterView) -> dict[str, str]:
     """The partitions ``spu`` leads that no other replica could take over if it were drained
     (besides the SPUs already draining), each with the reason, by name; {} when every one could.
 
-    The same election a drain runs (online, not draining, in sync by the same offsets), so what
-    this names is exactly what the drain would leave behind right now."""
-    online = _Online(snapshot, view, also_draining=(spu,))
+    The same election a drain runs (a member of the committed in-sync set, up, not draining), so
+    what this names is exactly what the drain would leave behind right now."""
+    cluster = Cluster(snapshot, view, also_draining=(spu,))
     blocked = {}
     for entry in snapshot.entries("partitions").values():
         partition: models.Partition = entry.obj  # type: ignore[assignment]
-        spec, status = partition.spec, partition.status
-        if spec.leader != spu or status.resolution is LEADER_OFFLINE:
+        if partition.spec.leader != spu or partition.status.resolution is LEADER_OFFLINE:
             continue
-        live = view.live.get(partition.name)
-        if live is not None and live.leader != spu:
-            live = None
-        leo, leader_hw = _known_offsets(status, live)
-        if election.elect(spec.replicas, spu, online.may_lead, leo, leader_hw) is None:
-            blocked[partition.name] = _why_stuck(spec.replicas, spu, online, leo, leader_hw)
+        members = partition_state.Members(partition, entry.mod_revision, cluster, -1)
+        followers = [member for member in partition.in_sync() if member != spu]
+        if election.elect(partition.spec.replicas, followers, members.leads_well) is None:
+            blocked[partition.name] = _why_stuck(partition, spu, cluster, members)
     return dict(sorted(blocked.items(), key=lambda item: _name_order(item[0])))
 
 
-def _why_stuck(replicas: list[int], leader: int, online: _Online, leo: Mapping[int, int], leader_hw: int) -> str:
+def _why_stuck(partition: models.Partition, leader: int, cluster: Cluster, members: partition_state.Members) -> str:
     """Why no follower of ``leader`` may take over: the first of the election's conditions none meets."""
-    followers = [spu for spu in replicas if spu != leader]
+    followers = [spu for spu in partition.spec.replicas if spu != leader]
     if not followers:
         return "it has no other replica"
-    up = [spu for spu in followers if online(spu)]
+    up = [spu for spu in followers if cluster.online(spu)]
     if not up:
         return f"no follower is online ({_spus(followers)} offline)"
-    in_sync = [spu for spu in up if leo.get(spu, election.UNKNOWN_OFFSET) >= leader_hw]
+    in_sync = [spu for spu in up if spu in partition.in_sync() and members.sound(spu)]
     if not in_sync:
         followers_are = "the online followers ({}) are" if len(up) > 1 else "the online follower ({}) is"
-        return f"{followers_are.format(_spus(up))} out of sync (behind the high watermark {leader_hw})"
+        return f"{followers_are.format(_spus(up))} not in the in-sync set {partition.in_sync()}"
     if len(in_sync) == 1:
         return f"the only in-sync follower online, SPU {in_sync[0]}, is draining too"
     return f"the in-sync followers online ({_spus(in_sync)}) are draining too"

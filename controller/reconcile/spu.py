@@ -1,16 +1,15 @@
 """SPU controller decisions: SPU resolution follows the connection manager's health view; a
 drained SPU's status says how far its drain is (Draining, Drained) and what keeps it from ending.
 
-Purely computational, no I/O: (snapshot, health, live reports, clock) -> actions.
+Purely computational, no I/O: (snapshot, health, what SPUs reported, clock) -> actions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from connection_manager import health as health_module
-from connection_manager import lrs
 from controller.reconcile import actions, partition
 from store import local, models
 
@@ -20,15 +19,16 @@ DRAINING, DRAINED = models.SpuDrain.DRAINING, models.SpuDrain.DRAINED
 
 @dataclass(frozen=True, slots=True)
 class Inputs:
-    """What the SPU controller needs beyond the snapshot: the connection manager's health view and
-    live reports, the loop clock's ``now``, when the SC started (``started_at``, same clock) and
-    how long SPUs recorded Online have to reconnect after that (``grace_period``)."""
+    """What the SPU controller needs beyond the snapshot: the connection manager's health view,
+    the loop clock's ``now``, when the SC started (``started_at``, same clock), how long SPUs
+    recorded Online have to reconnect after that (``grace_period``), and the partition
+    controller's cluster view (what SPUs reported), which a drain's progress is judged by."""
 
     health: Mapping[int, health_module.HealthRecord]
     now: float
     started_at: float
     grace_period: float
-    live: Mapping[str, lrs.LiveStatus] = field(default_factory=dict)
+    view: partition.ClusterView | None = None
 
 
 def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
@@ -39,7 +39,7 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     spus = snapshot.entries("spus")
     draining = partition.draining_spus(snapshot)
     leading = _leading(snapshot, draining) if draining else {}
-    view = partition.ClusterView(health, inputs.live)
+    view = inputs.view if inputs.view is not None else partition.ClusterView(health, {})
     decided = []
     for entry in spus.values():
         spu: models.Spu = entry.obj  # type: ignore[assignment]

@@ -38,15 +38,16 @@ LEADER_OFFLINE = models.PartitionResolution.LEADER_OFFLINE
 class Spus:
     """The simulator SPUs, each a real `sc spu run` process talking to the SC's private port."""
 
-    def __init__(self, sc_private: str) -> None:
+    def __init__(self, sc_private: str, data_dir: Path) -> None:
         self.sc_private = sc_private
+        self.data_dir = data_dir  # each keeps its log across a kill, as an SPU's disk would
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
 
     def start(self, spu_id: int) -> None:
         assert spu_id not in self.processes or self.processes[spu_id].poll() is not None
         self.processes[spu_id] = subprocess.Popen(
             [sys.executable, "-m", "controller.cli", "spu", "run", "--id", str(spu_id), "--sc-private", self.sc_private,
-             "--log-format", "json", "--log-level", "warning"],
+             "--data-dir", str(self.data_dir), "--log-format", "json", "--log-level", "warning"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -117,7 +118,7 @@ async def test_kill_restart_drain_and_delete_give_exact_audit_figures(
     both = expected_names(("orders", ORDERS), ("solo", SOLO))
     async with running(settings) as sc:
         await register(sc)
-        group = Spus(f"127.0.0.1:{sc.daemon.private_port}")
+        group = Spus(f"127.0.0.1:{sc.daemon.private_port}", tmp_path / "spus")
         spus.append(group)
         for spu_id in SPUS:
             group.start(spu_id)
@@ -139,7 +140,8 @@ async def test_kill_restart_drain_and_delete_give_exact_audit_figures(
         await sc.eventually(lambda: spu_resolutions(sc, {KILLED: models.SpuResolution.OFFLINE}), WAIT)
         moved_to = {name: (await partitions(sc))[name].spec.leader for name in LED_BY_KILLED}
 
-        # SPU 0 comes back (empty): it catches up, and the preferred leaders return to it.
+        # SPU 0 comes back with its log: it catches up, its leaders propose it back into their
+        # in-sync sets, and the preferred leaders return to it; solo-0 (its log intact) leads again.
         group.start(KILLED)
         await sc.eventually(lambda: all_online_in_sync(sc, both), WAIT)
 

@@ -31,15 +31,22 @@ async def create_manual(sc: Running, name: str, *replicas: list[int]) -> None:
 
 
 async def report_led(cluster: Cluster, offset: int = 10) -> None:
-    """Every connected SPU reports each partition it leads, every follower at ``offset``."""
+    """Every connected SPU reports each partition it leads, every follower at ``offset``, and (as
+    a leader whose followers all caught up would) proposes every online replica into the in-sync set."""
+    online = {spu_id for spu_id, spu in cluster.spus.items() if spu.websocket is not None and not spu.websocket.closed}
     for spu in cluster.spus.values():
-        if spu.websocket is None or spu.websocket.closed:
+        if spu.spu_id not in online:
             continue
         led = [name for name, info in spu.replicas.items() if info.leader == spu.spu_id]
         if led:
             await spu.report(
                 *[(name, offset, offset, {f: offset for f in spu.replicas[name].replicas if f != spu.spu_id}) for name in led]
             )
+        for name in led:
+            info = spu.replicas[name]
+            wanted = [replica for replica in info.replicas if replica in online]
+            if set(wanted) - set(info.isr):
+                await spu.propose(name, wanted)
 
 
 async def hosting(cluster: Cluster, layout: dict[int, set[str]]) -> None:
@@ -224,13 +231,15 @@ async def test_a_drain_outlives_a_reconnection_and_an_sc_restart(etcd_server: em
             await asyncio.sleep(0.5)  # room for a preferred-leader move, had the drain ended
             await all_online(first, {"pair-0": 1})
             assert (await spu_shown(sc, "spu-0"))["spec"]["drain"] is True
+            # What each process holds, as it will say when it reconnects to the restarted SC.
+            held = {spu_id: spu.held({"pair-0": 10}) for spu_id, spu in first.spus.items()}
         finally:
             await first.close()
     async with running(settings) as sc, aiohttp.ClientSession() as client:
         second = Cluster(sc, client)
         try:
             for spu_id in range(2):
-                await second.connect(spu_id)
+                await second.connect(spu_id, hosted=held[spu_id])
             await hosting(second, {0: {"pair-0"}, 1: {"pair-0"}})
             # (Had SPU 0 come back first, it led meanwhile, being the only in-sync replica online.)
             await all_online(second, {"pair-0": 1})

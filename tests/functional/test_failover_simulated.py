@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from connection_manager import wire
-from connection_manager.spu import simulator
+from connection_manager.spu import settings as settings_module, simulator
 from store import embedded_etcd, models
 from tests.fixtures.daemon import Running, etcd_settings, running
 
@@ -118,8 +118,11 @@ async def test_killing_the_leader_process_moves_every_leadership_to_an_in_sync_f
     assert [process.returncode for spu_id, process in sorted(processes.items())] == [0, 0, 0]
 
 
-async def test_all_replicas_gone_is_leader_offline_until_the_last_leader_returns(sc: Running) -> None:
-    spus = {spu_id: simulator.SimulatedSpu(spu_id, private_address(sc)) for spu_id in (0, 1)}
+async def test_all_replicas_gone_is_leader_offline_until_the_last_leader_returns(sc: Running, tmp_path: Path) -> None:
+    def start(spu_id: int) -> simulator.SimulatedSpu:
+        return simulator.SimulatedSpu(spu_id, private_address(sc), data_dir=tmp_path)
+
+    spus = {spu_id: start(spu_id) for spu_id in (0, 1)}
     for spu in spus.values():
         await spu.start()
     try:
@@ -128,28 +131,79 @@ async def test_all_replicas_gone_is_leader_offline_until_the_last_leader_returns
         status, answer = await sc.call("POST", "/v1/topics", body)
         assert status == 201, answer
         await sc.eventually(lambda: all_online_in_sync(sc, lrs=1), timeout=20)
-        await spus[0].stop()  # the leader: SPU 1 takes over
-        await sc.eventually(lambda: _leader_is(sc, "pair-0", 1, models.PartitionResolution.ONLINE), timeout=15)
+        await spus[0].stop()  # the leader: SPU 1 takes over, alone in the in-sync set
+        await sc.eventually(lambda: _leader_is(sc, "pair-0", 1, models.PartitionResolution.ONLINE, isr=[1]), timeout=15)
         await spus[1].stop()  # the last replica: nobody may lead
-        await sc.eventually(lambda: _leader_is(sc, "pair-0", 1, models.PartitionResolution.LEADER_OFFLINE), timeout=15)
-        # SPU 0 missed what SPU 1 committed alone: it may not lead. SPU 1, the last leader, may.
-        spus[0] = simulator.SimulatedSpu(0, private_address(sc))
+        await sc.eventually(lambda: _leader_is(sc, "pair-0", 1, models.PartitionResolution.LEADER_OFFLINE, isr=[1]), timeout=15)
+        # SPU 0 missed what SPU 1 committed alone: it may not lead. SPU 1, the last leader, back
+        # with its log (its data dir), may.
+        spus[0] = start(0)
         await spus[0].start()
+        await sc.eventually(lambda: spus_online(sc, 1), timeout=15)
         await asyncio.sleep(1.0)
-        await _leader_is(sc, "pair-0", 1, models.PartitionResolution.LEADER_OFFLINE)
-        spus[1] = simulator.SimulatedSpu(1, private_address(sc))
+        await _leader_is(sc, "pair-0", 1, models.PartitionResolution.LEADER_OFFLINE, isr=[1])
+        spus[1] = start(1)
         await spus[1].start()
-        await sc.eventually(lambda: _leader_is(sc, "pair-0", None, models.PartitionResolution.ONLINE), timeout=15)
+        await sc.eventually(lambda: _leader_is(sc, "pair-0", 1, models.PartitionResolution.ONLINE), timeout=15)
     finally:
         for spu in spus.values():
             await spu.stop()
 
 
-async def _leader_is(sc: Running, name: str, leader: int | None, resolution: models.PartitionResolution) -> None:
+async def test_the_last_replica_back_without_its_log_may_not_lead(sc: Running) -> None:
+    """Without a data dir a restarted simulator holds nothing: the records its membership promised
+    are gone, so it leaves the in-sync set and only an unclean election could give a leader."""
+    spu = simulator.SimulatedSpu(0, private_address(sc))
+    await spu.start()
+    try:
+        await sc.eventually(lambda: spus_online(sc, 1), timeout=30)
+        body = {"name": "solo", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0]}]}}
+        status, answer = await sc.call("POST", "/v1/topics", body)
+        assert status == 201, answer
+        await sc.eventually(lambda: all_online_in_sync(sc, lrs=0), timeout=20)
+        await asyncio.sleep(1.5)  # records committed, and reported (offsets interval 1 s)
+        await spu.stop()
+        await sc.eventually(lambda: _leader_is(sc, "solo-0", 0, models.PartitionResolution.LEADER_OFFLINE, isr=[0]), timeout=15)
+        spu = simulator.SimulatedSpu(0, private_address(sc))
+        await spu.start()
+        await sc.eventually(lambda: _leader_is(sc, "solo-0", 0, models.PartitionResolution.LEADER_OFFLINE, isr=[]), timeout=15)
+    finally:
+        await spu.stop()
+
+
+async def test_idle_spus_send_nothing_per_partition(sc: Running) -> None:
+    """The issue's cost: an idle cluster's SPUs used to send every partition they lead every
+    400 ms. Now, once nothing changes, they send heartbeats only: no entry reaches the SC."""
+    idle = settings_module.SpuSettings(append_records=0)
+    spus = [simulator.SimulatedSpu(spu_id, private_address(sc), settings=idle) for spu_id in range(SPUS)]
+    for spu in spus:
+        await spu.start()
+    try:
+        await create_topic(sc, "idle", 30, 3)
+        await sc.eventually(lambda: all_online_in_sync(sc, lrs=2), timeout=30)
+        connections = sc.daemon.connections
+        assert connections is not None
+        await asyncio.sleep(1.5)  # what the leaders say once, when they start to lead
+        entries, frames = connections.live.reports, dict(connections.stats.frames)
+        await asyncio.sleep(2.0)
+        assert connections.live.reports == entries
+        assert {kind: count - frames.get(kind, 0) for kind, count in connections.stats.frames.items() if kind != "heartbeat"} == {
+            kind: 0 for kind in connections.stats.frames if kind != "heartbeat"
+        }
+    finally:
+        for spu in spus:
+            await spu.stop()
+
+
+async def _leader_is(
+    sc: Running, name: str, leader: int | None, resolution: models.PartitionResolution, isr: list[int] | None = None
+) -> None:
     partition = (await partitions(sc))[name]
     assert partition.status.resolution is resolution, partition
     if leader is not None:
         assert partition.spec.leader == leader, partition
+    if isr is not None:
+        assert partition.status.isr == isr, partition
 
 
 async def test_drain_never_leaves_a_partition_without_a_leader(sc: Running) -> None:
@@ -188,10 +242,10 @@ class Impostor:
     def __init__(self, sc: Running, spu_id: int, partitions: list[str]) -> None:
         self.url = f"ws://{private_address(sc)}{wire.SPU_PATH}"
         self.spu_id = spu_id
-        self.forged = wire.LiveReplicas(
-            leaders=[
-                wire.LeaderReport(
-                    partition=name, hw=1_000_000, leo=1_000_000,
+        self.forged = wire.Offsets(
+            partitions=[
+                wire.PartitionOffsets(
+                    partition=name, leader_epoch=0, hw=1_000_000, leo=1_000_000,
                     followers=[wire.ReplicaOffsets(spu=spu, hw=0, leo=0) for spu in range(SPUS) if spu != spu_id],
                 )
                 for name in partitions

@@ -30,7 +30,7 @@ from tests.functional.test_connection_manager import _non_loopback_address
 READER_TOKEN = "reader-token-0123456789"
 ADMIN_TOKEN = "admin-token-0123456789ab"
 ORDERS_TOKEN = "orders-token-0123456789"
-FAST = spu_settings.SpuSettings(lrs_interval=0.05, reconnect_initial=0.02, reconnect_max=0.1, append_interval=0.05)
+FAST = spu_settings.SpuSettings(tick_interval=0.05, reconnect_initial=0.02, reconnect_max=0.1, append_interval=0.05)
 
 
 @pytest.fixture

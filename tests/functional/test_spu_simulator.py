@@ -8,6 +8,7 @@ SimulatedSpu instances over their own fetch servers on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -62,19 +63,34 @@ class Connection:
     registered_at: float
     register: wire.Register
     websocket: web.WebSocketResponse
-    reports: list[tuple[float, wire.LiveReplicas]] = field(default_factory=list)
+    hosted: wire.Hosted | None = None
+    frames: list[tuple[float, wire.Message]] = field(default_factory=list)
+
+    def of_type(self, kind: type[wire.Message]) -> list[tuple[float, wire.Message]]:
+        return [(at, frame) for at, frame in self.frames if isinstance(frame, kind)]
+
+
+def replica(partition: str, leader: int | None, replicas: list[int], epoch: int = 1, isr: list[int] | None = None) -> wire.ReplicaInfo:
+    return wire.ReplicaInfo(
+        partition=partition, leader=leader, leader_epoch=epoch, partition_epoch=epoch,
+        isr=replicas if isr is None else isr, replicas=replicas,
+    )
 
 
 class FakeSc:
-    """Accepts the SPUs it knows (and the token, if set), sends each a Sync of its picture, records what they send."""
+    """Accepts the SPUs it knows (and the token, if set), sends each a Sync of its picture once it
+    said what it holds, records what they send, and commits every proposal of a partition's
+    leader at its epochs (it checks nothing else: the real rules are the SC's)."""
 
     def __init__(self, spus: list[wire.SpuInfo], replicas: list[wire.ReplicaInfo], token: str | None = None) -> None:
         self.spus = {spu.id: spu for spu in spus}
         self.replicas = {info.partition: info for info in replicas}
         self.token = token
         self.epoch = 1
+        self.incarnations = 0
         self.connections: list[Connection] = []
         self.drop_after_accept = 0  # the next N connections are closed right after Accepted, before any Sync
+        self.offsets_interval = 0.2
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -88,8 +104,15 @@ class FakeSc:
                 return connection
         return None
 
-    def reports_of(self, spu_id: int) -> list[tuple[float, wire.LiveReplicas]]:
-        return [report for c in self.connections if c.spu_id == spu_id for report in c.reports]
+    def frames_of(self, spu_id: int, kind: type[wire.Message]) -> list[tuple[float, wire.Message]]:
+        return [frame for c in self.connections if c.spu_id == spu_id for frame in c.of_type(kind)]
+
+    def offsets_of(self, spu_id: int, partition: str = "t-0") -> list[wire.PartitionOffsets]:
+        return [
+            entry for _, frame in self.frames_of(spu_id, wire.Offsets)
+            for entry in frame.partitions  # type: ignore[attr-defined]
+            if entry["partition"] == partition
+        ]
 
     async def start(self) -> None:
         app = web.Application()
@@ -117,18 +140,43 @@ class FakeSc:
             await websocket.send_bytes(wire.encode(wire.Rejected(code=code, reason=f"SPU {register.spu_id} refused")))
             await websocket.close()
             return websocket
-        await websocket.send_bytes(wire.encode(wire.Accepted(spu_id=register.spu_id, heartbeat_timeout=2.0)))
+        self.incarnations += 1
+        accepted = wire.Accepted(
+            spu_id=register.spu_id, incarnation=self.incarnations, heartbeat_timeout=2.0, offsets_interval=self.offsets_interval
+        )
+        await websocket.send_bytes(wire.encode(accepted))
         if self.drop_after_accept:
             self.drop_after_accept -= 1
             await websocket.close()
             return websocket
+        hosted = wire.parse_spu_message((await websocket.receive()).data)
+        assert isinstance(hosted, wire.Hosted), hosted
+        connection.hosted = hosted
         await websocket.send_bytes(wire.encode(self.sync_for(register.spu_id)))
         async for frame in websocket:
             if frame.type in (WSMsgType.TEXT, WSMsgType.BINARY):
                 message = wire.parse_spu_message(frame.data)
-                assert isinstance(message, wire.LiveReplicas)
-                connection.reports.append((loop.time(), message))
+                connection.frames.append((loop.time(), message))
+                if isinstance(message, wire.AlterIsr):
+                    await self._commit(register.spu_id, message)
         return websocket
+
+    async def _commit(self, spu_id: int, proposal: wire.AlterIsr) -> None:
+        current = self.replicas[proposal.partition]
+        if current.leader != spu_id or (current.leader_epoch, current.partition_epoch) != (proposal.leader_epoch, proposal.partition_epoch):
+            return
+        committed = current.model_copy(update={"isr": list(proposal.isr), "partition_epoch": current.partition_epoch + 1})
+        connection = self.live(spu_id)
+        assert connection is not None
+        await connection.websocket.send_bytes(
+            wire.encode(
+                wire.AlterIsrResult(
+                    partition=proposal.partition, leader_epoch=committed.leader_epoch,
+                    partition_epoch=committed.partition_epoch, isr=committed.isr,
+                )
+            )
+        )
+        await self.update(replicas=[committed])
 
     def sync_for(self, spu_id: int) -> wire.Sync:
         hosted = [info for info in self.replicas.values() if spu_id in info.replicas]
@@ -145,7 +193,7 @@ class FakeSc:
             self.replicas[info.partition] = info
         for spu_id in list(self.spus):
             connection = self.live(spu_id)
-            if connection is None:
+            if connection is None or connection.hosted is None:
                 continue
             update = wire.Update(
                 epoch=self.epoch,
@@ -207,23 +255,41 @@ def offsets(spu: SimulatedSpu, partition: str = "t-0") -> tuple[Role, int, int]:
 # ---------------------------------------------------------------------------- the SC session
 
 
-async def test_an_spu_registers_listens_on_its_endpoint_and_reports_every_400_ms(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+async def test_an_spu_registers_says_what_it_holds_and_sends_offsets_only_as_they_change(make_sc, running) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
-    sc = make_sc([spu_info(0, port)], [wire.ReplicaInfo(partition="t-0", leader=0, replicas=[0])], token="secret")
+    sc = make_sc([spu_info(0, port)], [replica("t-0", 0, [0])], token="secret")
     await sc.start()
     spu = running(SimulatedSpu(0, sc.address, token="secret", settings=FAST))
     await spu.start()
 
     await eventually(lambda: _assert(spu.connected and spu.listening == ("127.0.0.1", port)))
     assert sc.connections[0].register == wire.Register(spu_id=0, token="secret")
-    await eventually(lambda: _assert(len(sc.reports_of(0)) >= 6), timeout=5.0)
-    times = [at for at, _ in sc.reports_of(0)]
+    assert sc.connections[0].hosted == wire.Hosted(partitions=[])  # a new process: it holds nothing
+    await eventually(lambda: _assert(len(sc.offsets_of(0)) >= 6), timeout=5.0)
+    [(_, leading)] = sc.frames_of(0, wire.Leading)
+    assert leading == wire.Leading(partitions=[wire.Leadership(partition="t-0", leader_epoch=1)])
+    times = [at for at, _ in sc.frames_of(0, wire.Offsets)]
     gaps = [later - earlier for earlier, later in zip(times[1:], times[2:])]
-    assert 0.35 <= sum(gaps) / len(gaps) <= 0.5, gaps
-    leos = [report.leaders[0]["leo"] for _, report in sc.reports_of(0)[1:]]
+    assert min(gaps) >= 0.15, gaps  # at most one Offsets frame per offsets interval (0.2 s)
+    leos = [entry["leo"] for entry in sc.offsets_of(0)]
     assert leos == sorted(leos) and leos[-1] > leos[0]
-    report = sc.reports_of(0)[-1][1].leaders[0]
-    assert (report["partition"], report["hw"], report["followers"]) == ("t-0", report["leo"], [])  # alone in its ISR
+    entry = sc.offsets_of(0)[-1]
+    assert (entry["leader_epoch"], entry["hw"], entry["followers"]) == (1, entry["leo"], [])  # alone in its set
+    # Heartbeats carry nothing about partitions; a quarter of the SC's heartbeat timeout apart.
+    beats = [at for at, _ in sc.frames_of(0, wire.Heartbeat)]
+    assert len(beats) >= 2 and all(later - earlier >= 0.45 for earlier, later in zip(beats, beats[1:])), beats
+
+
+async def test_an_idle_spu_sends_heartbeats_and_no_offsets(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+    sc = make_sc([spu_info(0, free_port())], [replica("t-0", 0, [0]), replica("t-1", 0, [0])])
+    await sc.start()
+    spu = running(SimulatedSpu(0, sc.address, settings=SpuSettings(append_records=0, append_interval=0.05)))
+    await spu.start()
+    await eventually(lambda: _assert(len(sc.frames_of(0, wire.Heartbeat)) >= 1 and sc.frames_of(0, wire.Offsets)))
+    # The first frame after the Sync said where the partitions are; nothing has changed since.
+    await asyncio.sleep(1.0)
+    assert len(sc.frames_of(0, wire.Offsets)) == 1
+    assert len(sc.frames_of(0, wire.Heartbeat)) >= 2
 
 
 async def test_a_dropped_spu_reconnects_with_growing_delays_then_from_the_initial_delay_after_a_sync(make_sc, running) -> None:  # type: ignore[no-untyped-def]
@@ -265,10 +331,7 @@ async def test_updates_switch_roles_at_once_move_the_endpoint_and_remove_replica
     port, other_port = free_port(), free_port()
     sc = make_sc(
         [spu_info(0, port), spu_info(1, free_port())],
-        [
-            wire.ReplicaInfo(partition="t-0", leader=0, replicas=[0, 1]),
-            wire.ReplicaInfo(partition="t-1", leader=1, replicas=[1, 0]),
-        ],
+        [replica("t-0", 0, [0, 1]), replica("t-1", 1, [1, 0])],
     )
     await sc.start()
     spu = running(SimulatedSpu(0, sc.address, settings=FAST))
@@ -278,11 +341,7 @@ async def test_updates_switch_roles_at_once_move_the_endpoint_and_remove_replica
 
     await sc.update(
         spus=[spu_info(0, other_port)],
-        replicas=[
-            wire.ReplicaInfo(partition="t-0", leader=1, replicas=[0, 1]),
-            wire.ReplicaInfo(partition="t-1", leader=None, replicas=[1, 0]),
-            wire.ReplicaInfo(partition="t-2", leader=0, replicas=[0]),
-        ],
+        replicas=[replica("t-0", 1, [0, 1], epoch=2), replica("t-1", None, [1, 0], epoch=2), replica("t-2", 0, [0])],
     )
     await eventually(lambda: _assert(spu.state.epoch == 2 and spu.listening == ("127.0.0.1", other_port)))
     roles = {name: (spu.status(name).role, spu.status(name).leader) for name in ("t-0", "t-1", "t-2")}  # type: ignore[union-attr]
@@ -292,7 +351,9 @@ async def test_updates_switch_roles_at_once_move_the_endpoint_and_remove_replica
 
     await sc.update(deleted_replicas=["t-0", "t-1"])
     await eventually(lambda: _assert(sorted(spu.state.replicas) == ["t-2"]))
-    await eventually(lambda: _assert([leader["partition"] for leader in sc.reports_of(0)[-1][1].leaders] == ["t-2"]))
+    await eventually(lambda: _assert(len(sc.offsets_of(0, "t-2")) >= 2))
+    last = sc.frames_of(0, wire.Offsets)[-1][1]
+    assert [entry["partition"] for entry in last.partitions] == ["t-2"]  # type: ignore[attr-defined]
 
 
 async def test_the_fetch_server_refuses_a_malformed_frame_and_closes(make_sc, running) -> None:  # type: ignore[no-untyped-def]
@@ -317,12 +378,12 @@ async def test_the_fetch_server_refuses_a_malformed_frame_and_closes(make_sc, ru
 
 async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_followers(make_sc, running) -> None:  # type: ignore[no-untyped-def]
     ports = [free_port() for _ in range(3)]
-    sc = make_sc([spu_info(i, ports[i]) for i in range(3)], [wire.ReplicaInfo(partition="t-0", leader=0, replicas=[0, 1, 2])])
+    sc = make_sc([spu_info(i, ports[i]) for i in range(3)], [replica("t-0", 0, [0, 1, 2])])
     await sc.start()
     # Catching up runs at 20 records / 20 ms, against 100 appended / 200 ms: a visible second or so.
     settings = SpuSettings(
         append_interval=0.2, append_records=100, fetch_interval=0.02, fetch_max_records=20, replica_lag_time=1.0,
-        reconnect_initial=0.05, reconnect_max=0.4, fetch_retry_initial=0.02, fetch_retry_max=0.2,
+        reconnect_initial=0.05, reconnect_max=0.4, fetch_retry_initial=0.02, fetch_retry_max=0.2, tick_interval=0.05,
     )
     leader, first, second = (running(SimulatedSpu(i, sc.address, settings=settings)) for i in range(3))
     for spu in (leader, first, second):
@@ -330,31 +391,25 @@ async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_fo
 
     # Followers catch up between bursts: at some moment all three hold the same records.
     await eventually(lambda: _assert(offsets(leader)[1] >= 300 and offsets(leader)[1] == offsets(first)[1] == offsets(second)[1]))
-    await eventually(lambda: _assert(leader_status(leader).in_sync == (1, 2)))
     status = leader_status(leader)
-    assert status.hw == min(status.leo, *(status.followers[spu] for spu in status.in_sync))
+    assert status.isr == (0, 1, 2) and status.hw <= min(status.leo, *status.followers.values())
     assert offsets(first)[1] >= status.hw and offsets(second)[1] >= status.hw
-    report = sc.reports_of(0)[-1][1].leaders[0]
-    assert [follower["spu"] for follower in report["followers"]] == [1, 2]
+    assert [follower["spu"] for follower in sc.offsets_of(0)[-1]["followers"]] == [1, 2]
 
-    # A follower restarted without its records is out of sync while it catches up, then in sync.
+    # A follower stops: the leader commits nothing it misses until the SC commits a set without it.
     await second.stop()
-    await asyncio.sleep(0.5)
+    stopped_at = offsets(second)[1]
+    await eventually(lambda: _assert(leader_status(leader).isr == (0, 1)), timeout=5.0)
+    assert [proposal.isr for _, proposal in sc.frames_of(0, wire.AlterIsr)] == [[0, 1]]  # type: ignore[attr-defined]
+    committed_without = leader_status(leader).hw
+    assert committed_without >= stopped_at  # nothing lost, and it moves on without SPU 2
+
+    # Restarted without its records, it catches up and the leader proposes it back in.
     second = running(SimulatedSpu(2, sc.address, settings=settings))
     await second.start()
-    await eventually(lambda: _assert(offsets(second)[1] > 0), interval=0.005)
-    catching_up = leader.status("t-0")
-    assert catching_up is not None and catching_up.in_sync == (1,) and offsets(second)[1] < catching_up.hw
-    await eventually(lambda: _assert(leader.status("t-0").in_sync == (1, 2)))  # type: ignore[union-attr]
-    # The SC saw it too: a report with follower 2 below the HW, then one with it at or above.
-    follower_states = [
-        next(f["leo"] >= entry["hw"] for f in entry["followers"] if f["spu"] == 2)
-        for _, lrs in sc.reports_of(0)
-        for entry in lrs.leaders
-        if any(f["spu"] == 2 for f in entry["followers"])
-    ]
-    assert False in follower_states
-    await eventually(lambda: _assert(_follower_in_sync(sc.reports_of(0)[-1][1], 2)))
+    await eventually(lambda: _assert(leader_status(leader).isr == (0, 1, 2)), timeout=10.0)
+    assert [proposal.isr for _, proposal in sc.frames_of(0, wire.AlterIsr)] == [[0, 1], [0, 1, 2]]  # type: ignore[attr-defined]
+    assert offsets(second)[1] >= leader_status(leader).hw - 100
 
     # The leader dies: its followers stop advancing (once they have read what was already sent).
     await leader.stop()
@@ -365,38 +420,43 @@ async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_fo
     assert frozen[0][0] is Role.FOLLOWER
 
 
-async def test_a_new_leader_truncates_a_follower_that_was_ahead_and_offsets_resume_from_the_data_dir(make_sc, running, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    checkpoint.save(checkpoint.path_for(tmp_path, 0), checkpoint.encode({"t-0": Offsets(500, 450)}))
-    checkpoint.save(checkpoint.path_for(tmp_path, 1), checkpoint.encode({"t-0": Offsets(50, 50)}))
-    sc = make_sc([spu_info(0, free_port()), spu_info(1, free_port())], [wire.ReplicaInfo(partition="t-0", leader=1, replicas=[1, 0])])
+async def test_a_new_leader_truncates_a_follower_that_was_ahead_and_logs_resume_from_the_data_dir(make_sc, running, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # SPU 0 led epoch 1 to offset 500; SPU 1 had 50 of those records when it was elected at epoch 2.
+    checkpoint.save(checkpoint.path_for(tmp_path, 0), checkpoint.encode({"t-0": Offsets(500, 450, ((1, 0),))}))
+    checkpoint.save(checkpoint.path_for(tmp_path, 1), checkpoint.encode({"t-0": Offsets(50, 50, ((1, 0),))}))
+    sc = make_sc([spu_info(0, free_port()), spu_info(1, free_port())], [replica("t-0", 1, [1, 0], epoch=2)])
     await sc.start()
     quiet = SpuSettings(append_interval=60.0, fetch_interval=0.02, checkpoint_interval=0.1)  # no append during the test
     old, new = (running(SimulatedSpu(i, sc.address, settings=quiet, data_dir=tmp_path)) for i in (0, 1))
     await new.start()
     await old.start()
+    # Its records of epoch 1 past 50 are not in the new leader's log: it truncates there (KIP-101).
     await eventually(lambda: _assert(offsets(old) == (Role.FOLLOWER, 50, 50) and offsets(new) == (Role.LEADER, 50, 50)))
-    await eventually(lambda: _assert(leader_status(new).in_sync == (0,)))
-    await eventually(lambda: _assert(checkpoint.load(checkpoint.path_for(tmp_path, 0)) == {"t-0": Offsets(50, 50)}))
+    assert sc.connections[-1].hosted == wire.Hosted(partitions=[wire.HostedReplica(partition="t-0", leo=500, leader_epoch=None)])
+    await eventually(lambda: _assert(checkpoint.load(checkpoint.path_for(tmp_path, 0)) == {"t-0": Offsets(50, 50, ((1, 0),))}))
 
-    # A restart resumes the saved LEO; a stopped SimulatedSpu itself is not restarted.
+    # A restart resumes the saved log; a stopped SimulatedSpu itself is not restarted.
     await new.stop()
     with pytest.raises(RuntimeError, match=r"^SPU 1 was already started: create a new SimulatedSpu to run it again$"):
         await new.start()
-    await sc.update(replicas=[wire.ReplicaInfo(partition="t-0", leader=None, replicas=[1, 0])])
+    await sc.update(replicas=[replica("t-0", None, [1, 0], epoch=3)])
     restarted = running(SimulatedSpu(1, sc.address, settings=quiet, data_dir=tmp_path))
     await restarted.start()
     await eventually(lambda: _assert(offsets(restarted) == (Role.IDLE, 50, 50)))
 
 
-async def test_a_clean_stop_saves_the_offsets_it_stopped_at(make_sc, running, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    sc = make_sc([spu_info(0, free_port())], [wire.ReplicaInfo(partition="t-0", leader=0, replicas=[0])])
+async def test_every_change_is_journaled_before_the_spu_goes_on_and_a_clean_stop_folds_it(make_sc, running, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    sc = make_sc([spu_info(0, free_port())], [replica("t-0", 0, [0])])
     await sc.start()
     never_periodically = SpuSettings(append_interval=0.05, append_records=10, checkpoint_interval=3600.0)
     spu = running(SimulatedSpu(0, sc.address, settings=never_periodically, data_dir=tmp_path))
     await spu.start()
     await eventually(lambda: _assert(offsets(spu)[1] >= 50))
+    # Not folded yet: the journal holds every append already, as a killed process would leave it.
+    assert checkpoint.load(checkpoint.path_for(tmp_path, 0))["t-0"].leo == offsets(spu)[1]
     await spu.stop()
-    assert checkpoint.load(checkpoint.path_for(tmp_path, 0)) == {"t-0": Offsets(offsets(spu)[1], offsets(spu)[2])}
+    assert checkpoint.load(checkpoint.path_for(tmp_path, 0)) == {"t-0": Offsets(offsets(spu)[1], offsets(spu)[2], ((1, 0),))}
+    assert checkpoint.journal_path(checkpoint.path_for(tmp_path, 0)).read_bytes() == b""
 
 
 def leader_status(spu: SimulatedSpu):  # type: ignore[no-untyped-def]
@@ -409,19 +469,19 @@ def leader_status(spu: SimulatedSpu):  # type: ignore[no-untyped-def]
 
 
 async def test_sc_spu_run_starts_k_spus_and_exits_cleanly_on_sigterm(make_sc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    sc = make_sc([spu_info(3, free_port()), spu_info(4, free_port())], [wire.ReplicaInfo(partition="t-0", leader=3, replicas=[3, 4])], token="s3cret")
+    sc = make_sc([spu_info(3, free_port()), spu_info(4, free_port())], [replica("t-0", 3, [3, 4])], token="s3cret")
     await sc.start()
     token_file = tmp_path / "token"
     token_file.write_text("s3cret\n")
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "controller.cli", "spu", "run", "--first-id", "3", "--count", "2",
         "--sc-private", sc.address, "--token-file", str(token_file), "--data-dir", str(tmp_path / "data"),
-        "--append-interval", "0.1", "--log-format", "json",
+        "--append-interval", "0.1", "--log-format", "json", "--record", str(tmp_path / "record.jsonl"),
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
     try:
-        await eventually(lambda: _assert(_follower_in_sync(sc.reports_of(3)[-1][1], 4) if sc.reports_of(3) else False), timeout=20.0)
+        await eventually(lambda: _assert(_follower_in_sync(sc.offsets_of(3), 4)), timeout=20.0)
     finally:
         process.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(process.communicate(), 10.0)
@@ -429,6 +489,13 @@ async def test_sc_spu_run_starts_k_spus_and_exits_cleanly_on_sigterm(make_sc, tm
     assert stderr.decode().count('"event": "spu stopped"') == 2
     saved = checkpoint.load(checkpoint.path_for(tmp_path / "data", 3))
     assert saved["t-0"].leo >= 100
+    # The record: SPU 3 took the leadership at epoch 1, and acknowledged offsets as they were committed.
+    lines = [json.loads(line) for line in (tmp_path / "record.jsonl").read_text().splitlines()]
+    assert [(line["spu"], line["event"], line["partition"], line["epoch"]) for line in lines if line["event"] == "lead"] == [
+        (3, "lead", "t-0", 1)
+    ]
+    acked = [line["offset"] for line in lines if line["event"] == "ack"]
+    assert acked == sorted(acked) and acked[-1] <= saved["t-0"].hw
 
 
 @pytest.mark.parametrize(
@@ -463,8 +530,8 @@ def test_sc_spu_run_refuses_bad_flags_with_the_reason(
     assert (code, capsys.readouterr().err.splitlines()[-1].endswith(message.replace("{tmp}", str(tmp_path)))) == (2, True)
 
 
-def _follower_in_sync(report: wire.LiveReplicas, follower: int) -> bool:
-    return any(f["spu"] == follower and f["leo"] >= entry["hw"] for entry in report.leaders for f in entry["followers"])
+def _follower_in_sync(entries: list[wire.PartitionOffsets], follower: int) -> bool:
+    return any(f["spu"] == follower and f["leo"] >= entry["hw"] > 0 for entry in entries for f in entry.get("followers", ()))
 
 
 def _assert(condition: object) -> None:

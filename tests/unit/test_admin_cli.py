@@ -366,7 +366,7 @@ async def test_topic_describe_shows_each_partitions_leader_replicas_in_sync_set_
     await server.put(
         topic("orders", 3, 3, resolution="Provisioned", replicaMap={"0": [0, 1, 2], "1": [1, 2, 0], "2": [2, 0, 1]}),
         reported("orders-0", [0, 1, 2], (100, 120), {1: 120, 2: 100}),
-        reported("orders-1", [2, 0, 1], (50, 80), {0: 30, 1: 80}),  # its leader moved from 1 to 2
+        reported("orders-1", [2, 0, 1], (50, 80), {0: 30, 1: 80}, partitionEpoch=2, isr=[1, 2]),  # its leader moved from 1 to 2; 0 left the in-sync set
         partition("other-0", [5]),
     )
     code, out, err = await sc("topic", "describe", "orders")
@@ -388,15 +388,15 @@ async def test_topic_describe_shows_each_partitions_leader_replicas_in_sync_set_
 
 def test_the_in_sync_set_shown_is_the_one_the_sc_stores() -> None:
     from controller.cli import topic as topic_cli
-    from controller.reconcile import partition as partition_rules
 
     for shown, listed in (
-        (reported("t-0", [0, 1, 2], (100, 120), {1: 120, 2: 99}), [0, 1]),
-        (reported("t-0", [2, 0, 1], (100, 100), {0: 100, 1: -1}), [2, 0]),
-        (reported("t-0", [3], (7, 7), {}), [3]),
+        (reported("t-0", [0, 1, 2], (100, 120), {1: 120, 2: 99}, partitionEpoch=3, isr=[1, 0]), [0, 1]),
+        (reported("t-0", [2, 0, 1], (100, 100), {0: 100, 1: -1}, partitionEpoch=1, isr=[2]), [2]),
+        (reported("t-0", [2, 0, 1], (100, 100), {0: 100, 1: -1}), [2, 0, 1]),  # as created: every replica
+        (reported("t-0", [3], (7, 7), {}, partitionEpoch=2, isr=[3]), [3]),
     ):
-        stored = partition_rules.stored_in_sync(shown.status)  # type: ignore[attr-defined]
-        assert (topic_cli.in_sync(shown.to_json_dict()), sorted(stored)) == (listed, sorted(set(listed) - {shown.spec.leader}))  # type: ignore[attr-defined]
+        stored = shown.in_sync()  # type: ignore[attr-defined]
+        assert (topic_cli.in_sync(shown.to_json_dict()), sorted(stored)) == (listed, sorted(listed))
     assert (topic_cli.in_sync(partition("t-0", [0, 1]).to_json_dict()), topic_cli.lag(partition("t-0", [0, 1]).to_json_dict())) == (None, None)
     assert topic_cli.lag(reported("t-0", [2, 0, 1], (100, 100), {0: 100, 1: -1}).to_json_dict()) == 100
 

@@ -185,8 +185,8 @@ def test_pending_topic_is_provisioned_with_partitions_and_chain_in_one_action() 
             "topics",
             "t",
             [
-                ("partitions/t-0", {"name": "t-0", "spec": {"leader": 1, "replicas": [1, 2]}, "status": {"resolution": "Offline", "replicas": [], "lrs": 0}}, 0),
-                ("partitions/t-1", {"name": "t-1", "spec": {"leader": 2, "replicas": [2, 0]}, "status": {"resolution": "Offline", "replicas": [], "lrs": 0}}, 0),
+                ("partitions/t-0", {"name": "t-0", "spec": {"leader": 1, "replicas": [1, 2]}, "status": {"resolution": "Offline", "leaderEpoch": 0, "partitionEpoch": 0, "isr": [], "replicas": [], "lrs": 0}}, 0),
+                ("partitions/t-1", {"name": "t-1", "spec": {"leader": 2, "replicas": [2, 0]}, "status": {"resolution": "Offline", "leaderEpoch": 0, "partitionEpoch": 0, "isr": [], "replicas": [], "lrs": 0}}, 0),
             ],
         ),
     ]

@@ -224,11 +224,11 @@ async def test_answers_larger_than_the_budget_are_not_kept_and_old_ones_go_first
         assert lists.answers.served == {"built": 2}
     finally:
         await lists.close()
-    lists = listing.Lists(written.store, admission.Gate(limit=1, queue=10, wait=60), cache_bytes=300)
+    lists = listing.Lists(written.store, admission.Gate(limit=1, queue=10, wait=60), cache_bytes=400)
     try:
         one = await lists.whole("partitions", "a", lambda obj: obj, 0)
         two = await lists.whole("partitions", "b", lambda obj: obj, 0)
-        assert lists.answers.bytes == len(one.body) + len(two.body) <= 300
+        assert lists.answers.bytes == len(one.body) + len(two.body) <= 400
         three = await lists.whole("partitions", "c", lambda obj: obj, 0)  # the least recently used goes
         assert lists.answers.bytes == len(two.body) + len(three.body)
         await lists.whole("partitions", "b", lambda obj: obj, 0)

@@ -48,6 +48,9 @@ PARTITION = {
     "spec": {"leader": 101, "replicas": [101, 102]},
     "status": {
         "resolution": "Online",
+        "leaderEpoch": 3,
+        "partitionEpoch": 5,
+        "isr": [101, 102],
         "leader": {"spu": 101, "hw": 10, "leo": 12},
         "replicas": [{"spu": 102, "hw": 10, "leo": 11}],
         "lrs": 1,
@@ -245,6 +248,12 @@ def test_spu_group_spec_rules(spec_changes: dict[str, Any], message: str) -> Non
         (
             {"status": {"leader": {"spu": 1, "hw": 2**63, "leo": 2**63}}},
             "status.leader.hw: Input should be less than or equal to 9223372036854775807 (got 9223372036854775808)",
+        ),
+        ({"status": {"isr": [1, 1]}}, "status.isr: isr [1, 1] lists an SPU more than once (got [1, 1])"),
+        ({"status": {"leaderEpoch": -1}}, "status.leaderEpoch: Input should be greater than or equal to 0 (got -1)"),
+        (
+            {"status": {"leaderEpoch": 2**63}},
+            "status.leaderEpoch: Input should be less than or equal to 9223372036854775807 (got 9223372036854775808)",
         ),
     ],
 )

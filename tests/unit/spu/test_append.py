@@ -20,10 +20,10 @@ async def test_every_partition_led_gets_a_burst_each_interval_and_the_others_non
             epoch=1,
             spus=[],
             replicas=[
-                wire.ReplicaInfo(partition="t-0", leader=0, replicas=[0]),
-                wire.ReplicaInfo(partition="t-1", leader=0, replicas=[0]),
-                wire.ReplicaInfo(partition="t-2", leader=1, replicas=[1, 0]),
-                wire.ReplicaInfo(partition="t-3", leader=None, replicas=[1, 0]),
+                wire.ReplicaInfo(partition="t-0", leader=0, leader_epoch=1, isr=[0], replicas=[0]),
+                wire.ReplicaInfo(partition="t-1", leader=0, leader_epoch=1, isr=[0], replicas=[0]),
+                wire.ReplicaInfo(partition="t-2", leader=1, leader_epoch=1, isr=[1, 0], replicas=[1, 0]),
+                wire.ReplicaInfo(partition="t-3", leader=None, leader_epoch=1, isr=[1, 0], replicas=[1, 0]),
             ],
         ),
         now=0.0,
@@ -43,5 +43,6 @@ async def test_every_partition_led_gets_a_burst_each_interval_and_the_others_non
         (1.25, {"t-0": 200, "t-1": 200, "t-2": 0, "t-3": 0}),
         (10.25, {"t-0": 2000, "t-1": 2000, "t-2": 0, "t-3": 0}),
     ]
-    # Alone in their ISR, the leaders commit each burst at once.
+    # Alone in their in-sync sets, the leaders commit each burst at once.
     assert (state.replicas["t-0"].hw, state.replicas["t-1"].hw) == (2000, 2000)
+    assert state.replicas["t-0"].log.runs == [(1, 0)]

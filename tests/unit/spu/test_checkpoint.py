@@ -1,4 +1,5 @@
-"""The offsets checkpoint of --data-dir: its format, atomic replacement, and unusable files named with the reason."""
+"""The logs of --data-dir: the snapshot's format, the journal replayed over it, atomic replacement,
+and unusable files named with the reason."""
 
 from __future__ import annotations
 
@@ -10,15 +11,36 @@ from connection_manager.spu import checkpoint
 from connection_manager.spu.state import Offsets
 
 
-def test_offsets_are_written_sorted_and_read_back(tmp_path: Path) -> None:
+def test_logs_are_written_sorted_with_their_epochs_and_read_back(tmp_path: Path) -> None:
     path = checkpoint.path_for(tmp_path, 3)
     assert path == tmp_path / "spu-3" / "offsets.json"
-    data = checkpoint.encode({"b-0": Offsets(7, 5), "a-1": Offsets(100, 100)})
-    assert data == b'{\n "version": 1,\n "partitions": {\n  "a-1": {\n   "leo": 100,\n   "hw": 100\n  },\n  "b-0": {\n   "leo": 7,\n   "hw": 5\n  }\n }\n}'
+    data = checkpoint.encode({"b-0": Offsets(7, 5, ((0, 0),)), "a-1": Offsets(100, 100, ((1, 0), (4, 60)))})
+    assert data == (
+        b'{\n "version": 2,\n "partitions": {\n  "a-1": {\n   "leo": 100,\n   "hw": 100,\n   "epochs": [\n    [\n     1,\n     0\n    ],\n'
+        b'    [\n     4,\n     60\n    ]\n   ]\n  },\n  "b-0": {\n   "leo": 7,\n   "hw": 5,\n   "epochs": [\n    [\n     0,\n     0\n    ]\n   ]\n  }\n }\n}'
+    )
     checkpoint.save(path, data)
-    checkpoint.save(path, checkpoint.encode({"a-1": Offsets(120, 110)}))
-    assert checkpoint.load(path) == {"a-1": Offsets(120, 110)}
+    checkpoint.save(path, checkpoint.encode({"a-1": Offsets(120, 110, ((1, 0),))}))
+    assert checkpoint.load(path) == {"a-1": Offsets(120, 110, ((1, 0),))}
     assert sorted(p.name for p in path.parent.iterdir()) == ["offsets.json"]  # no temporary file left
+
+
+def test_the_journal_replays_every_change_since_the_snapshot_and_ignores_a_cut_last_line(tmp_path: Path) -> None:
+    path = checkpoint.path_for(tmp_path, 0)
+    journal = checkpoint.Journal(path)
+    journal.compact({"a-0": Offsets(10, 10, ((1, 0),))})
+    journal.write({"a-0": Offsets(20, 15, ((1, 0),)), "b-0": Offsets(5, 0, ((2, 0),))})
+    journal.write({"a-0": Offsets(12, 12, ((1, 0), (3, 10)))})  # truncated, then appended at epoch 3
+    journal.close()
+    with open(checkpoint.journal_path(path), "ab") as file:
+        file.write(b'{"partition":"a-0","leo":99')  # the process died while writing this line
+    assert checkpoint.load(path) == {"a-0": Offsets(12, 12, ((1, 0), (3, 10))), "b-0": Offsets(5, 0, ((2, 0),))}
+    # Folded into a snapshot, the journal starts empty.
+    journal = checkpoint.Journal(path)
+    journal.compact(checkpoint.load(path))
+    journal.close()
+    assert checkpoint.journal_path(path).read_bytes() == b""
+    assert checkpoint.load(path) == {"a-0": Offsets(12, 12, ((1, 0), (3, 10))), "b-0": Offsets(5, 0, ((2, 0),))}
 
 
 def test_a_missing_checkpoint_is_a_first_start(tmp_path: Path) -> None:
@@ -29,20 +51,26 @@ def test_a_missing_checkpoint_is_a_first_start(tmp_path: Path) -> None:
     ("data", "message"),
     [
         (b"{", "checkpoint F is not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1)); delete it to start from offset 0"),
-        (b'{"version": 2, "partitions": {}}', "checkpoint F has format version 2, this SPU reads version 1"),
-        (b"[]", "checkpoint F has format version None, this SPU reads version 1"),
-        (b'{"version": 1}', "checkpoint F has no 'partitions' object"),
         (
-            b'{"version": 1, "partitions": {"t-0": {"leo": 5, "hw": 6}}}',
-            "checkpoint F: partition 't-0' has {'leo': 5, 'hw': 6}; expected whole numbers with 0 <= hw <= leo",
+            b'{"version": 1, "partitions": {}}',
+            "checkpoint F has format version 1, this SPU reads version 2 (logs with leader epochs); delete it to start from offset 0",
+        ),
+        (b"[]", "checkpoint F has format version None, this SPU reads version 2 (logs with leader epochs); delete it to start from offset 0"),
+        (b'{"version": 2}', "checkpoint F has no 'partitions' object"),
+        (
+            b'{"version": 2, "partitions": {"t-0": {"leo": 5, "hw": 6, "epochs": []}}}',
+            "checkpoint F: partition 't-0' has {'leo': 5, 'hw': 6, 'epochs': []}; expected whole numbers with 0 <= hw <= leo "
+            "and epochs as [[epoch, start offset], ...]",
         ),
         (
-            b'{"version": 1, "partitions": {"t-0": {"leo": true, "hw": 0}}}',
-            "checkpoint F: partition 't-0' has {'leo': True, 'hw': 0}; expected whole numbers with 0 <= hw <= leo",
+            b'{"version": 2, "partitions": {"t-0": {"leo": true, "hw": 0, "epochs": []}}}',
+            "checkpoint F: partition 't-0' has {'leo': True, 'hw': 0, 'epochs': []}; expected whole numbers with 0 <= hw <= leo "
+            "and epochs as [[epoch, start offset], ...]",
         ),
         (
-            b'{"version": 1, "partitions": {"t-0": 5}}',
-            "checkpoint F: partition 't-0' has 5; expected whole numbers with 0 <= hw <= leo",
+            b'{"version": 2, "partitions": {"t-0": {"leo": 5, "hw": 0, "epochs": [[1]]}}}',
+            "checkpoint F: partition 't-0' has {'leo': 5, 'hw': 0, 'epochs': [[1]]}; expected whole numbers with 0 <= hw <= leo "
+            "and epochs as [[epoch, start offset], ...]",
         ),
     ],
 )
@@ -50,3 +78,8 @@ def test_an_unusable_checkpoint_is_refused_naming_the_file_and_the_problem(data:
     with pytest.raises(checkpoint.CheckpointError) as refused:
         checkpoint.decode(data, "F")
     assert str(refused.value) == message
+
+
+def test_a_journal_line_broken_in_the_middle_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(checkpoint.CheckpointError, match=r"^journal J: line 1 is not valid JSON; delete the data directory"):
+        checkpoint.replay({}, b'{"partition"\n{"partition":"a-0","leo":1,"hw":0,"epochs":[[0,0]]}\n', "J")

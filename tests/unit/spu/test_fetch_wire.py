@@ -10,9 +10,14 @@ from connection_manager.spu import fetch_wire
 
 def test_a_frame_is_a_big_endian_length_then_the_json_body() -> None:
     request = fetch_wire.FetchRequest(
-        spu=2, max_records=500, partitions=[fetch_wire.PartitionFetch(partition="t-0", offset=70, hw=60)]
+        spu=2,
+        max_records=500,
+        partitions=[fetch_wire.PartitionFetch(partition="t-0", offset=70, hw=60, leader_epoch=3, last_fetched_epoch=2)],
     )
-    body = b'{"v":1,"type":"fetch","spu":2,"maxRecords":500,"partitions":[{"partition":"t-0","offset":70,"hw":60}]}'
+    body = (
+        b'{"v":2,"type":"fetch","spu":2,"maxRecords":500,"partitions":[{"partition":"t-0","offset":70,"hw":60,'
+        b'"leaderEpoch":3,"lastFetchedEpoch":2}]}'
+    )
     assert fetch_wire.encode(request) == len(body).to_bytes(4, "big") + body
     assert fetch_wire.body_length(len(body).to_bytes(4, "big")) == len(body)
     assert fetch_wire.parse_request(body) == request
@@ -21,13 +26,17 @@ def test_a_frame_is_a_big_endian_length_then_the_json_body() -> None:
 def test_answers_and_refusals_round_trip() -> None:
     response = fetch_wire.FetchResponse(
         partitions=[
-            fetch_wire.PartitionFetched(partition="t-0", offset=70, leo=100, hw=60, records=30),
-            fetch_wire.PartitionFetched(partition="t-1", offset=5, error="not-leader"),
+            fetch_wire.PartitionFetched(partition="t-0", offset=70, leo=100, hw=60, records=30, epochs=[(2, 70), (3, 90)]),
+            fetch_wire.PartitionFetched(partition="t-1", offset=5, error="fenced-leader-epoch"),
+            fetch_wire.PartitionFetched(partition="t-2", offset=9, leo=8, hw=8, diverging_epoch=1, diverging_end_offset=6),
         ]
     )
     assert fetch_wire.encode(response)[4:] == (
-        b'{"v":1,"type":"fetched","partitions":[{"partition":"t-0","offset":70,"leo":100,"hw":60,"records":30,"error":null},'
-        b'{"partition":"t-1","offset":5,"leo":0,"hw":0,"records":0,"error":"not-leader"}]}'
+        b'{"v":2,"type":"fetched","partitions":[{"partition":"t-0","offset":70,"leo":100,"hw":60,"records":30,'
+        b'"epochs":[[2,70],[3,90]],"divergingEpoch":null,"divergingEndOffset":null,"error":null},'
+        b'{"partition":"t-1","offset":5,"leo":0,"hw":0,"records":0,"epochs":[],"divergingEpoch":null,"divergingEndOffset":null,'
+        b'"error":"fenced-leader-epoch"},'
+        b'{"partition":"t-2","offset":9,"leo":8,"hw":8,"records":0,"epochs":[],"divergingEpoch":1,"divergingEndOffset":6,"error":null}]}'
     )
     assert fetch_wire.parse_response(fetch_wire.encode(response)[4:]) == response
     refusal = fetch_wire.FetchError(code="malformed", message="frame is not valid JSON")
@@ -52,17 +61,23 @@ def test_a_header_announcing_an_oversized_frame_is_refused(header: bytes, code: 
     [
         (b"{not json", "malformed", "frame is not valid JSON: Invalid JSON: key must be a string at line 1 column 2"),
         (b"[1]", "malformed", "frame must be a JSON object, got [1]"),
-        (b'{"v":1,"spu":1,"maxRecords":1,"partitions":[]}', "unknown-type", "message has no 'type' field"),
-        (b'{"v":1,"type":"fetched","partitions":[]}', "unknown-type", "unknown message type 'fetched'"),
+        (b'{"v":2,"spu":1,"maxRecords":1,"partitions":[]}', "unknown-type", "message has no 'type' field"),
+        (b'{"v":2,"type":"fetched","partitions":[]}', "unknown-type", "unknown message type 'fetched'"),
         (
-            b'{"v":2,"type":"fetch","spu":1,"maxRecords":1,"partitions":[]}',
+            b'{"v":1,"type":"fetch","spu":1,"maxRecords":1,"partitions":[]}',
             "unsupported-version",
-            "protocol version 2 is not supported; this SC speaks version 1",
+            "protocol version 1 is not supported; this SC speaks version 2",
         ),
         (
-            b'{"v":1,"type":"fetch","spu":1,"maxRecords":1,"partitions":[{"partition":"t-0","offset":-1,"hw":0}]}',
+            b'{"v":2,"type":"fetch","spu":1,"maxRecords":1,"partitions":[{"partition":"t-0","offset":-1,"hw":0,'
+            b'"leaderEpoch":0,"lastFetchedEpoch":-1}]}',
             "invalid",
             "field 'fetch.partitions.0.offset': Input should be greater than or equal to 0 (got -1)",
+        ),
+        (
+            b'{"v":2,"type":"fetch","spu":1,"maxRecords":1,"partitions":[{"partition":"t-0","offset":1,"hw":0}]}',
+            "invalid",
+            "field 'fetch.partitions.0.leaderEpoch': Field required (got {'partition': 't-0', 'offset': 1, 'hw': 0})",
         ),
     ],
 )
@@ -73,8 +88,11 @@ def test_a_malformed_request_is_refused_with_a_code_and_the_offending_value(body
 
 
 def test_an_answer_with_an_unknown_error_code_is_refused() -> None:
-    body = b'{"v":1,"type":"fetched","partitions":[{"partition":"t-0","offset":0,"error":"on-fire"}]}'
+    body = b'{"v":2,"type":"fetched","partitions":[{"partition":"t-0","offset":0,"error":"on-fire"}]}'
     with pytest.raises(wire.FrameError) as refused:
         fetch_wire.parse_response(body)
     assert refused.value.code == "invalid"
-    assert str(refused.value).startswith("field 'fetched.partitions.0.error': Input should be 'not-leader' or 'not-a-replica'")
+    assert str(refused.value).startswith(
+        "field 'fetched.partitions.0.error': Input should be 'not-leader', 'not-a-replica', 'fenced-leader-epoch' or "
+        "'unknown-leader-epoch'"
+    )

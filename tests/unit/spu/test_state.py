@@ -1,4 +1,5 @@
-"""An SPU's state: applying the SC's Sync and Update, serving and applying fetch rounds, the LRS it reports."""
+"""An SPU's state: applying the SC's Sync and Update, serving and applying fetch rounds, what it
+tells the SC (what it holds, leaderships, proposals, changed offsets only) and what changed."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 from connection_manager import wire
 from connection_manager.spu import fetch_wire
-from connection_manager.spu.replica import Role
+from connection_manager.spu.replica import Proposal, Role
 from connection_manager.spu.state import Offsets, ReplicaStatus, SpuState, SyncRequired
 
 LAG = 2.0
@@ -21,8 +22,11 @@ def spu_info(spu_id: int, port: int | None = None) -> wire.SpuInfo:
     )
 
 
-def hosted(partition: str, leader: int | None, replicas: list[int]) -> wire.ReplicaInfo:
-    return wire.ReplicaInfo(partition=partition, leader=leader, replicas=replicas)
+def hosted(partition: str, leader: int | None, replicas: list[int], epoch: int = 1, isr: list[int] | None = None) -> wire.ReplicaInfo:
+    return wire.ReplicaInfo(
+        partition=partition, leader=leader, leader_epoch=epoch, partition_epoch=epoch,
+        isr=replicas if isr is None else isr, replicas=replicas,
+    )
 
 
 def roles(state: SpuState) -> dict[str, tuple[Role, int | None, int, int]]:
@@ -39,42 +43,59 @@ def synced_state(spu_id: int = 0) -> SpuState:
         ),
         now=0.0,
     )
+    state.drain()
     return state
 
 
-def test_a_sync_gives_each_replica_its_role_and_restored_offsets_go_to_their_partitions() -> None:
+def fetch(partition: str, offset: int, epoch: int = 1, last: int = -1, hw: int = 0) -> fetch_wire.PartitionFetch:
+    return fetch_wire.PartitionFetch(partition=partition, offset=offset, hw=hw, leader_epoch=epoch, last_fetched_epoch=last)
+
+
+def test_a_sync_gives_each_replica_its_role_and_restored_logs_go_to_their_partitions() -> None:
     state = SpuState(0, LAG)
-    state.restore({"a-0": Offsets(500, 400), "a-1": Offsets(300, 300), "gone-0": Offsets(9, 9)})
+    state.restore({"a-0": Offsets(500, 400, ((1, 0),)), "a-1": Offsets(300, 300, ((1, 0),)), "gone-0": Offsets(9, 9, ((1, 0),))})
+    # What it says it holds before the SC's picture: nothing told to this process yet.
+    assert state.hosted() == wire.Hosted(
+        partitions=[
+            wire.HostedReplica(partition="a-0", leo=500, leader_epoch=None),
+            wire.HostedReplica(partition="a-1", leo=300, leader_epoch=None),
+            wire.HostedReplica(partition="gone-0", leo=9, leader_epoch=None),
+        ]
+    )
     state.apply_sync(
         wire.Sync(
             epoch=7,
             spus=[spu_info(0), spu_info(1)],
-            replicas=[hosted("a-0", 0, [0, 1]), hosted("a-1", 1, [1, 0]), hosted("b-0", None, [1, 0])],
+            replicas=[hosted("a-0", 0, [0, 1], epoch=3), hosted("a-1", 1, [1, 0], epoch=2), hosted("b-0", None, [1, 0])],
         ),
         now=0.0,
     )
     assert roles(state) == {
-        "a-0": (Role.LEADER, 0, 500, 500),
+        "a-0": (Role.LEADER, 0, 500, 400),  # its HW waits for SPU 1 at epoch 3
         "a-1": (Role.FOLLOWER, 1, 300, 300),
         "b-0": (Role.IDLE, None, 0, 0),
     }
     assert (state.epoch, state.synced, sorted(state.spus)) == (7, True, [0, 1])
     assert state.followed_leaders() == {1: ["a-1"]}
+    assert state.drain().leaderships == {"a-0": 3}
+    assert [(e["partition"], e["leader_epoch"]) for e in state.hosted().partitions] == [("a-0", 3), ("a-1", 2), ("b-0", None)]
     # What the first sync did not assign is not resumed later: the SC's picture is authoritative.
-    assert state.offsets() == {"a-0": Offsets(500, 500), "a-1": Offsets(300, 300), "b-0": Offsets(0, 0)}
+    assert state.logs() == {
+        "a-0": Offsets(500, 400, ((1, 0),)), "a-1": Offsets(300, 300, ((1, 0),)), "b-0": Offsets(0, 0, ()),
+    }
 
 
-def test_restored_offsets_not_yet_assigned_are_kept_for_the_next_checkpoint() -> None:
+def test_restored_logs_not_yet_assigned_are_kept_for_the_next_checkpoint() -> None:
     state = SpuState(0, LAG)
-    state.restore({"a-0": Offsets(500, 400)})
-    assert state.offsets() == {"a-0": Offsets(500, 400)}
+    state.restore({"a-0": Offsets(500, 400, ((0, 0),))})
+    assert state.logs() == {"a-0": Offsets(500, 400, ((0, 0),))}
 
 
-def test_a_later_sync_replaces_the_picture_and_keeps_the_offsets_of_partitions_still_hosted() -> None:
+def test_a_later_sync_replaces_the_picture_and_keeps_the_logs_of_partitions_still_hosted() -> None:
     state = synced_state()
     state.replicas["a-0"].append(40, now=0.0)
-    state.apply_sync(wire.Sync(epoch=9, spus=[spu_info(0), spu_info(2)], replicas=[hosted("a-0", 2, [0, 1, 2])]), now=1.0)
-    assert roles(state) == {"a-0": (Role.FOLLOWER, 2, 40, 40)}
+    state.apply_sync(wire.Sync(epoch=9, spus=[spu_info(0), spu_info(2)], replicas=[hosted("a-0", 2, [0, 1, 2], epoch=2)]), now=1.0)
+    assert roles(state) == {"a-0": (Role.FOLLOWER, 2, 40, 0)}
     assert (state.epoch, sorted(state.spus), state.followed_leaders()) == (9, [0, 2], {2: ["a-0"]})
     with pytest.raises(ValueError, match=r"^SPU 0: offsets can only be restored before the first sync$"):
         state.restore({})
@@ -83,25 +104,29 @@ def test_a_later_sync_replaces_the_picture_and_keeps_the_offsets_of_partitions_s
 def test_an_update_switches_roles_at_once_and_deletes_before_it_adds() -> None:
     state = synced_state()
     state.replicas["a-0"].append(40, now=0.0)
-    state.replicas["b-0"].leo = 25
+    state.replicas["b-0"].log.leo = 25
     state.apply_update(
         wire.Update(
             epoch=2,
             spus=[spu_info(1, port=9999), spu_info(3)],
             deleted_spus=[2],
-            replicas=[hosted("a-0", 1, [0, 1, 2]), hosted("a-1", 0, [1, 2, 0]), hosted("b-0", 0, [2, 0]), hosted("d-0", 1, [1, 0])],
+            replicas=[
+                hosted("a-0", 1, [0, 1, 2], epoch=2), hosted("a-1", 0, [1, 2, 0], epoch=2), hosted("b-0", 0, [2, 0]),
+                hosted("d-0", 1, [1, 0]),
+            ],
             deleted_replicas=["c-0", "b-0"],
         ),
         now=1.0,
     )
     assert roles(state) == {
-        "a-0": (Role.FOLLOWER, 1, 40, 40),
+        "a-0": (Role.FOLLOWER, 1, 40, 0),
         "a-1": (Role.LEADER, 0, 0, 0),
         "b-0": (Role.LEADER, 0, 0, 0),  # deleted and re-created in one update: a new partition, from 0
         "d-0": (Role.FOLLOWER, 1, 0, 0),
     }
     assert (state.epoch, sorted(state.spus), state.endpoint_of(1)) == (2, [0, 1, 3], wire.Endpoint(host="127.0.0.1", port=9999))
     assert (state.endpoint_of(2), state.followed_leaders()) == (None, {1: ["a-0", "d-0"]})
+    assert state.drain().leaderships == {"a-1": 2, "b-0": 1}
 
 
 def test_an_update_before_any_sync_is_refused() -> None:
@@ -109,85 +134,110 @@ def test_an_update_before_any_sync_is_refused() -> None:
         SpuState(0, LAG).apply_update(wire.Update(epoch=3), now=0.0)
 
 
-def test_one_fetch_round_carries_every_partition_followed_from_that_leader() -> None:
+def test_one_fetch_round_carries_every_partition_followed_from_that_leader_with_its_epochs() -> None:
     state = synced_state(spu_id=2)  # SPU 2 leads b-0 and follows a-0 (from 0) and a-1 (from 1)
-    state.replicas["a-1"].leo, state.replicas["a-1"].hw = 70, 60
+    state.replicas["a-1"].log.append(1, 70)
+    state.replicas["a-1"].hw = 60
     assert state.fetch_request(1, max_records=500) == fetch_wire.FetchRequest(
-        spu=2, max_records=500, partitions=[fetch_wire.PartitionFetch(partition="a-1", offset=70, hw=60)]
+        spu=2, max_records=500, partitions=[fetch("a-1", 70, last=1, hw=60)]
     )
-    assert state.fetch_request(0, max_records=500) == fetch_wire.FetchRequest(
-        spu=2, max_records=500, partitions=[fetch_wire.PartitionFetch(partition="a-0", offset=0, hw=0)]
-    )
+    assert state.fetch_request(0, max_records=500) == fetch_wire.FetchRequest(spu=2, max_records=500, partitions=[fetch("a-0", 0)])
     assert state.fetch_request(2, max_records=500) is None
 
 
 def test_a_leader_serves_the_partitions_it_can_and_names_the_others() -> None:
     state = synced_state()
-    state.append(100, now=0.0)  # a-0 is the only partition SPU 0 leads; no follower has fetched: HW = LEO
+    state.append(100, now=0.0)  # a-0 is the only partition SPU 0 leads
     request = fetch_wire.FetchRequest(
-        spu=1,
-        max_records=30,
-        partitions=[
-            fetch_wire.PartitionFetch(partition="a-0", offset=20, hw=0),
-            fetch_wire.PartitionFetch(partition="a-1", offset=0, hw=0),
-            fetch_wire.PartitionFetch(partition="zz-0", offset=0, hw=0),
-        ],
+        spu=1, max_records=30, partitions=[fetch("a-0", 20, last=1), fetch("a-1", 0), fetch("zz-0", 0), fetch("a-0", 0, epoch=0)]
     )
     assert state.serve(request, now=0.5) == fetch_wire.FetchResponse(
         partitions=[
-            fetch_wire.PartitionFetched(partition="a-0", offset=20, leo=100, hw=100, records=30),
+            fetch_wire.PartitionFetched(partition="a-0", offset=20, leo=100, hw=0, records=30, epochs=[(1, 20)]),
             fetch_wire.PartitionFetched(partition="a-1", offset=0, error="not-leader"),
             fetch_wire.PartitionFetched(partition="zz-0", offset=0, error="not-leader"),
+            fetch_wire.PartitionFetched(partition="a-0", offset=0, error="fenced-leader-epoch"),
         ]
     )
     stranger = request.model_copy(update={"spu": 5})
-    assert state.serve(stranger, now=0.5).partitions[0] == fetch_wire.PartitionFetched(
-        partition="a-0", offset=20, error="not-a-replica"
-    )
+    assert state.serve(stranger, now=0.5).partitions[0] == fetch_wire.PartitionFetched(partition="a-0", offset=20, error="not-a-replica")
+    # A follower at a newer epoch: refused; only the SC's word would make this leader stop.
+    newer = fetch_wire.FetchRequest(spu=1, max_records=30, partitions=[fetch("a-0", 0, epoch=2)])
+    assert state.serve(newer, now=0.6).partitions[0].error == "unknown-leader-epoch"
+    assert (state.replicas["a-0"].role, state.drain().stepped_down) == (Role.LEADER, {})
 
 
-def test_a_follower_applies_each_partition_of_an_answer_on_its_own() -> None:
+def test_a_follower_applies_each_partition_of_an_answer_on_its_own_and_truncates_where_told() -> None:
     state = synced_state(spu_id=2)
     state.apply_update(wire.Update(epoch=2, replicas=[hosted("a-2", 0, [0, 2]), hosted("a-3", 0, [0, 2])]), now=0.0)
-    state.replicas["a-3"].leo = 10
+    state.replicas["a-3"].log.append(1, 10)
+    state.replicas["a-2"].log.append(1, 30)
     response = fetch_wire.FetchResponse(
         partitions=[
-            fetch_wire.PartitionFetched(partition="a-0", offset=0, leo=100, hw=40, records=50),
-            fetch_wire.PartitionFetched(partition="a-2", offset=0, error="not-leader"),
-            fetch_wire.PartitionFetched(partition="a-3", offset=10, leo=20, hw=0, records=50),
-            fetch_wire.PartitionFetched(partition="gone-0", offset=0, leo=10, hw=0, records=10),
+            fetch_wire.PartitionFetched(partition="a-0", offset=0, leo=100, hw=40, records=50, epochs=[(1, 0)]),
+            fetch_wire.PartitionFetched(partition="a-2", offset=30, leo=12, hw=12, diverging_epoch=1, diverging_end_offset=12),
+            fetch_wire.PartitionFetched(partition="a-3", offset=10, leo=20, hw=0, records=50, epochs=[(1, 10)]),
+            fetch_wire.PartitionFetched(partition="gone-0", offset=0, leo=10, hw=0, records=10, epochs=[(1, 0)]),
         ]
     )
     assert state.apply_response(0, response) == {
-        "a-2": "not-leader",
         "a-3": "partition 'a-3': leader 0 answered a fetch at offset 10 with 50 records, LEO 20, HW 0, which do not add up",
     }
-    assert (roles(state)["a-0"], roles(state)["a-3"]) == ((Role.FOLLOWER, 0, 50, 40), (Role.FOLLOWER, 0, 10, 0))
+    assert (roles(state)["a-0"], roles(state)["a-2"], roles(state)["a-3"]) == (
+        (Role.FOLLOWER, 0, 50, 40), (Role.FOLLOWER, 0, 12, 0), (Role.FOLLOWER, 0, 10, 0)
+    )
+    assert state.drain().logs == {"a-0", "a-2"}
     # The same answer again is stale: a-0 has moved on to offset 50.
     assert state.apply_response(0, response.model_copy(update={"partitions": response.partitions[:1]})) == {}
     assert roles(state)["a-0"] == (Role.FOLLOWER, 0, 50, 40)
 
 
-def test_the_lrs_reports_every_partition_led_and_is_empty_without_any() -> None:
+def test_offsets_are_sent_for_what_changed_only_and_nothing_while_idle() -> None:
     state = synced_state()
+    assert state.offsets() == [
+        wire.PartitionOffsets(partition="a-0", leader_epoch=1, hw=0, leo=0, followers=[])  # it started leading: once
+    ]
+    assert state.offsets() == []
     state.append(100, now=0.0)
-    state.serve(
-        fetch_wire.FetchRequest(spu=2, max_records=60, partitions=[fetch_wire.PartitionFetch(partition="a-0", offset=0, hw=0)]),
-        now=0.25,
-    )
-    assert state.live_replicas(now=0.5) == wire.LiveReplicas(
-        leaders=[wire.LeaderReport(partition="a-0", hw=100, leo=100, followers=[wire.ReplicaOffsets(spu=2, hw=0, leo=0)])]
-    )
-    assert SpuState(0, LAG).live_replicas(now=0.0) == wire.LiveReplicas(leaders=[])
+    state.serve(fetch_wire.FetchRequest(spu=2, max_records=60, partitions=[fetch("a-0", 0)]), now=0.25)
+    assert state.offsets() == [
+        wire.PartitionOffsets(partition="a-0", leader_epoch=1, hw=0, leo=100, followers=[wire.ReplicaOffsets(spu=2, hw=0, leo=0)])
+    ]
+    # The same fetch again changes nothing: nothing to send.
+    state.serve(fetch_wire.FetchRequest(spu=2, max_records=60, partitions=[fetch("a-0", 0)]), now=0.3)
+    assert state.offsets() == []
+    assert len(state.offsets(only_changed=False)) == 1
+    assert SpuState(0, LAG).offsets(only_changed=False) == []
 
 
-def test_the_status_of_a_replica_is_a_snapshot_with_the_isr_refreshed() -> None:
+def test_time_makes_a_leader_propose_and_the_answer_is_adopted() -> None:
     state = synced_state()
-    state.serve(
-        fetch_wire.FetchRequest(spu=1, max_records=60, partitions=[fetch_wire.PartitionFetch(partition="a-0", offset=0, hw=0)]),
-        now=0.0,
+    state.tick(1.0)
+    assert state.drain().proposals == []  # within the lag time of its leadership
+    state.tick(2.5)
+    [(name, proposal)] = state.drain().proposals
+    assert (name, proposal) == ("a-0", Proposal((0,), 1, 1, 2.5))
+    assert state.pending_proposals() == [("a-0", proposal)]
+    state.proposal_answered(
+        wire.AlterIsrResult(partition="a-0", leader_epoch=1, partition_epoch=2, isr=[0]), now=2.6
     )
-    assert state.status("a-0", now=1.0) == ReplicaStatus("a-0", Role.LEADER, 0, 0, 0, (1,), {1: 0})
-    assert state.status("a-0", now=2.5) == ReplicaStatus("a-0", Role.LEADER, 0, 0, 0, (), {1: 0})
-    assert state.status("a-1", now=0.0) == ReplicaStatus("a-1", Role.FOLLOWER, 1, 0, 0, (), {})
+    assert (state.pending_proposals(), state.replicas["a-0"].isr) == ([], (0,))
+    state.append(10, now=3.0)
+    assert state.drain().acked == {"a-0": (1, 10, 1)}  # alone in its set: each burst is committed at once
+
+
+def test_the_sc_fencing_an_epoch_makes_its_leader_stop() -> None:
+    state = synced_state()
+    assert state.fenced("a-0", 1) is False
+    assert state.fenced("a-0", 2) is True
+    assert state.replicas["a-0"].role is Role.IDLE
+    assert state.leaderships() is None
+    assert state.fenced("nope-0", 5) is False
+
+
+def test_the_status_of_a_replica_is_a_snapshot() -> None:
+    state = synced_state()
+    state.serve(fetch_wire.FetchRequest(spu=1, max_records=60, partitions=[fetch("a-0", 0)]), now=0.0)
+    assert state.status("a-0", now=1.0) == ReplicaStatus("a-0", Role.LEADER, 0, 1, 0, 0, (1, 2), {1: 0}, (0, 1, 2))
+    assert state.status("a-1", now=0.0) == ReplicaStatus("a-1", Role.FOLLOWER, 1, 1, 0, 0, (), {}, (1, 2, 0))
     assert state.status("nope-0", now=0.0) is None

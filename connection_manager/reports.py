@@ -1,0 +1,76 @@
+"""What SPUs tell the SC besides offsets, as the controllers read it: each connection's incarnation
+and what its process holds, leaders' in-sync proposals and leadership confirmations.
+
+Purely computational, no I/O. The connection manager fills these in; the partition controller
+decides from them (and never from anything older than the SPU's current connection).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from connection_manager import wire
+from store import models
+
+
+@dataclass(frozen=True, slots=True)
+class Incarnation:
+    """One accepted connection of an SPU, once it said what its process holds (``Hosted``)."""
+
+    spu: int
+    number: int
+    # Partition -> (its log end offset, the leader epoch this process was last told; None: never).
+    hosted: Mapping[str, tuple[int, int | None]] = field(default_factory=dict)
+    # Partition -> the partition epoch at which the SC saw that this process had not been told of
+    # the role the committed state gives it (leader, or in-sync member): it restarted since. The
+    # fact holds while the partition stays at that epoch (the SC's next write takes it into account).
+    # The connection manager forgets an entry once the partition moved on (so it stays small).
+    restarted: dict[str, int] = field(default_factory=dict)
+
+    def restarted_at(self, partition: str, partition_epoch: int) -> bool:
+        return self.restarted.get(partition) == partition_epoch
+
+    def leo(self, partition: str) -> int | None:
+        held = self.hosted.get(partition)
+        return None if held is None else held[0]
+
+
+def hosted_map(entries: Iterable[wire.HostedReplica]) -> dict[str, tuple[int, int | None]]:
+    return {entry["partition"]: (entry["leo"], entry["leader_epoch"]) for entry in entries}
+
+
+def has_role(partition: models.Partition, spu: int) -> bool:
+    """The committed state counts on ``spu``: it leads the partition, or is in its in-sync set."""
+    status = partition.status
+    if partition.spec.leader == spu and status.resolution is not models.PartitionResolution.LEADER_OFFLINE:
+        return True
+    return spu in partition.in_sync()
+
+
+def roles_not_continued(
+    spu: int, hosted: Mapping[str, tuple[int, int | None]], partitions: Iterable[models.Partition]
+) -> dict[str, int]:
+    """The partitions where the committed state gives ``spu`` a role at a leader epoch its
+    process was not told of (a new process, or one that missed the change), each with the
+    partition epoch at which that was seen."""
+    restarted = {}
+    for partition in partitions:
+        if spu not in partition.spec.replicas or not has_role(partition, spu):
+            continue
+        told = hosted.get(partition.name)
+        if told is None or told[1] != partition.status.leader_epoch:
+            restarted[partition.name] = partition.status.partition_epoch
+    return restarted
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """A leader's AlterIsr, as received on its connection ``incarnation``."""
+
+    partition: str
+    spu: int
+    incarnation: int
+    leader_epoch: int
+    partition_epoch: int
+    isr: tuple[int, ...]

@@ -1,0 +1,336 @@
+"""The rules of a partition's replication state: its leader, leader epoch and committed in-sync set.
+
+Purely computational, no I/O: (the stored partition, what the SC knows of its SPUs, a leader's
+proposal) -> the next state to write, or nothing, and the answer to the proposal. Every rule is in
+``decide``'s ladder; docs/replication.md states them for people and a real SPU's implementers.
+It never looks at offsets to choose a leader: the committed in-sync set is the whole story.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from connection_manager import reports
+from controller.reconcile import election
+from store import models
+
+ONLINE = models.PartitionResolution.ONLINE
+OFFLINE = models.PartitionResolution.OFFLINE
+LEADER_OFFLINE = models.PartitionResolution.LEADER_OFFLINE
+
+# The structured causes of a leader change (Action.cause), as the audits report them.
+CAUSE_SPU_OFFLINE = "spu-offline"
+CAUSE_PREFERRED = "preferred-leader"
+CAUSE_DRAIN = "drain"
+CAUSE_UNCLEAN = "unclean"
+
+# Why the SC refuses a leader's proposal (AlterIsrResult.error), stable for SPUs.
+NOT_LEADER = "not-leader"
+STALE_EPOCH = "stale-epoch"
+INVALID = "invalid"
+MEMBER_OFFLINE = "member-offline"
+UNKNOWN_PARTITION = "unknown-partition"
+
+
+class Spus(Protocol):
+    """What the rules ask of the cluster, at one moment."""
+
+    def online(self, spu: int) -> bool:
+        """Connected through an incarnation that reported what it holds (or, before it reconnects
+        after an SC start, recorded Online and within the grace period)."""
+
+    def draining(self, spu: int) -> bool: ...
+
+    def registered_at(self, spu: int) -> int | None:
+        """The create revision of the SPU that holds this id; None when no SPU does."""
+
+    def incarnation(self, spu: int) -> reports.Incarnation | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What the SC knows of one partition beyond its stored state."""
+
+    committed_hw: int  # the highest high watermark known (stored, or reported since the SC started)
+    confirmed: bool = False  # its leader confirmed it leads at the current leader epoch
+    proposal: reports.Proposal | None = None
+    unclean: bool = False  # unclean_leader_election
+    rebalance: bool = True  # a preferred-leader move may be decided in this pass
+
+
+@dataclass(frozen=True, slots=True)
+class State:
+    leader: int  # spec.leader: while LeaderOffline, the last leader
+    resolution: models.PartitionResolution
+    leader_epoch: int
+    partition_epoch: int
+    isr: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    state: State
+    cause: str  # a leader change's cause; "" when the leader stays
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The answer owed to a proposal now: ``error`` None when its set is committed. It carries the
+    stored state (the caller adds it)."""
+
+    proposal: reports.Proposal
+    error: str | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    transition: Transition | None = None
+    answer: Answer | None = None
+
+
+NOTHING = Decision()
+
+
+def stored_state(partition: models.Partition) -> State:
+    status = partition.status
+    return State(
+        partition.spec.leader, status.resolution, status.leader_epoch, status.partition_epoch, tuple(partition.in_sync())
+    )
+
+
+class Members:
+    """The partition's view of its replicas: which can vouch for the committed records now."""
+
+    def __init__(self, partition: models.Partition, mod_revision: int, spus: Spus, committed_hw: int) -> None:
+        self.name = partition.name
+        self.fresh = partition.status.partition_epoch == 0
+        self.partition_epoch = partition.status.partition_epoch
+        self.mod_revision = mod_revision
+        self.spus = spus
+        self.committed_hw = committed_hw
+
+    def current(self, spu: int) -> bool:
+        """Registered, and since before the partition's last write: a member's place was earned by
+        that registration of the id; an id deleted and registered again inherits nothing."""
+        since = self.spus.registered_at(spu)
+        return since is not None and (self.fresh or since <= self.mod_revision)
+
+    def restarted(self, spu: int) -> bool:
+        incarnation = self.spus.incarnation(spu)
+        return incarnation is not None and incarnation.restarted_at(self.name, self.partition_epoch)
+
+    def sound(self, spu: int) -> bool:
+        """Up, and the same process that earned its role: it holds every committed record."""
+        return self.current(spu) and self.spus.online(spu) and not self.restarted(spu)
+
+    def returned(self, spu: int) -> bool:
+        """Up after a restart, holding at least the committed offset the SC knows: it may lead only
+        when no sound member can (a restarted process may have lost what the SC did not hear of)."""
+        if not (self.current(spu) and self.spus.online(spu) and self.restarted(spu)):
+            return False
+        incarnation = self.spus.incarnation(spu)
+        leo = None if incarnation is None else incarnation.leo(self.name)
+        # A process that does not list the partition holds none of it: its log ends at 0.
+        return (leo or 0) >= self.committed_hw
+
+    def lost_records(self, spu: int) -> bool:
+        """Restarted and back without every record the SC knows committed."""
+        return self.current(spu) and self.spus.online(spu) and self.restarted(spu) and not self.returned(spu)
+
+    def leads_well(self, spu: int) -> bool:
+        return self.sound(spu) and not self.spus.draining(spu)
+
+    def why_not(self, spu: int) -> str:
+        if not self.current(spu):
+            return "is no longer registered" if self.spus.registered_at(spu) is None else "was registered again"
+        if not self.spus.online(spu):
+            return "went offline"
+        if self.restarted(spu):
+            return "restarted"
+        return "is draining"
+
+
+def decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: Facts) -> Decision:
+    """The next state of ``partition`` (stored at ``mod_revision``) and the answer owed to its
+    proposal, if any. One ladder: the first rule that applies decides, and a write carries every
+    in-sync change due at once."""
+    stored = stored_state(partition)
+    members = Members(partition, mod_revision, spus, facts.committed_hw)
+    replicas = partition.spec.replicas
+    leader = None if stored.resolution is LEADER_OFFLINE else stored.leader
+    if leader is None or not members.sound(leader):
+        transition = _lead_again(partition, stored, members, facts, leader)
+        answer = None
+        if facts.proposal is not None:
+            answer = _settled(stored, facts.proposal) or Answer(
+                facts.proposal, STALE_EPOCH, f"partition {partition.name!r} is changing leader; wait for the SC's update"
+            )
+        return Decision(transition, answer)
+
+    # Members that cannot vouch for the committed records any more leave (the leader commits
+    # nothing they miss from now on), with a proposal's change if one is due.
+    isr = [spu for spu in stored.isr if spu == leader or members.sound(spu)]
+    why = [f"SPU {spu} {members.why_not(spu)}" for spu in stored.isr if spu not in isr]
+    answer = proposed = None
+    if facts.proposal is not None:
+        answer = _settled(stored, facts.proposal)
+        if answer is None:
+            answer, proposed = _check(partition, stored, members, facts.proposal)
+    if proposed is not None:
+        if set(proposed) == set(stored.isr):
+            answer = Answer(facts.proposal, None, "committed")  # type: ignore[arg-type]
+        else:
+            # Answered once the write is back: a later pass finds the proposal settled.
+            isr = [spu for spu in proposed if spu == leader or members.sound(spu)]
+            why = [f"leader SPU {leader} proposed {list(proposed)} at partition epoch {stored.partition_epoch}"]
+            why += [f"SPU {spu} {members.why_not(spu)}" for spu in proposed if spu not in isr]
+
+    resolution = stored.resolution
+    if resolution is OFFLINE and facts.confirmed:
+        resolution = ONLINE
+        why.append(f"leader SPU {leader} confirmed it leads at leader epoch {stored.leader_epoch}")
+
+    new_leader, cause = leader, ""
+    if spus.draining(leader):
+        moved_to = election.elect(replicas, [spu for spu in isr if spu != leader], members.leads_well)
+        if moved_to is not None:
+            new_leader, cause = moved_to, CAUSE_DRAIN
+            why.append(f"leader SPU {leader} is being drained")
+    elif facts.rebalance and resolution is ONLINE and replicas[0] != leader:
+        preferred = replicas[0]
+        if preferred in isr and members.leads_well(preferred):
+            new_leader, cause = preferred, CAUSE_PREFERRED
+            why.append(f"preferred leader SPU {preferred} is back and in the in-sync set")
+
+    changed_isr = tuple(isr) != tuple(stored.isr)
+    if new_leader == leader and not changed_isr and resolution is stored.resolution:
+        return Decision(None, answer)
+    state = State(
+        new_leader,
+        resolution,
+        stored.leader_epoch + (new_leader != leader),
+        stored.partition_epoch + 1,
+        tuple(isr),
+    )
+    reason = "; ".join(why)
+    if new_leader != leader:
+        reason += f": SPU {new_leader} now leads at leader epoch {state.leader_epoch}"
+    elif changed_isr:
+        reason += f": in-sync set {list(state.isr)}"
+    return Decision(Transition(state, cause, reason), answer)
+
+
+def _lead_again(
+    partition: models.Partition, stored: State, members: Members, facts: Facts, leader: int | None
+) -> Transition | None:
+    """The leader is gone (offline, restarted, unregistered) or there is none (LeaderOffline):
+    the first member that can vouch for every committed record leads; else nobody, unless an
+    unclean election is allowed."""
+    replicas = partition.spec.replicas
+    isr = stored.isr
+    chosen = None
+    # In order of preference: up and not draining, up, back from a restart with the records the
+    # SC knows committed (not draining, then draining).
+    for eligible in (
+        members.leads_well,
+        members.sound,
+        lambda spu: members.returned(spu) and not members.spus.draining(spu),
+        members.returned,
+    ):
+        chosen = election.elect(replicas, isr, eligible)
+        if chosen is not None:
+            break
+    if leader is None:
+        lost = f"partition {partition.name!r} has no leader"
+    else:
+        lost = f"leader SPU {leader} {members.why_not(leader)}"
+    if chosen is not None:
+        new_isr = tuple(spu for spu in replicas if spu in isr and (spu == chosen or members.sound(spu)))
+        if leader is None:
+            back = "is back online" if not members.restarted(chosen) else "is back, with the committed records"
+            why = f"{lost}; SPU {chosen} {back} and in the in-sync set"
+        else:
+            why = lost
+        state = State(chosen, ONLINE, stored.leader_epoch + 1, stored.partition_epoch + 1, new_isr)
+        return Transition(state, CAUSE_SPU_OFFLINE, f"{why}: SPU {chosen} now leads at leader epoch {state.leader_epoch}")
+    if facts.unclean:
+        def hosted_leo(spu: int) -> int | None:
+            incarnation = members.spus.incarnation(spu)
+            return None if incarnation is None else incarnation.leo(partition.name)
+
+        chosen = election.elect_unclean(replicas, lambda spu: members.current(spu) and members.spus.online(spu), hosted_leo)
+        if chosen is not None:
+            state = State(chosen, ONLINE, stored.leader_epoch + 1, stored.partition_epoch + 1, (chosen,))
+            reason = (
+                f"{lost} and no in-sync replica is online; unclean election: SPU {chosen} may miss committed "
+                f"records: SPU {chosen} now leads at leader epoch {state.leader_epoch}"
+            )
+            return Transition(state, CAUSE_UNCLEAN, reason)
+    # Nobody may lead. Every member that may still hold the committed records stays (offline ones
+    # too: they may lead when they return); one that came back without them, or whose id was
+    # registered again, leaves. Possibly nobody is left: then only an unclean election helps.
+    keep = tuple(spu for spu in isr if members.current(spu) and not members.lost_records(spu))
+    if stored.resolution is LEADER_OFFLINE and keep == tuple(isr) and not members.fresh:
+        return None
+    gone = [spu for spu in isr if spu not in keep]
+    state = State(
+        stored.leader,
+        LEADER_OFFLINE,
+        stored.leader_epoch + (stored.resolution is not LEADER_OFFLINE),
+        stored.partition_epoch + 1,
+        keep,
+    )
+    reason = f"{lost} and no replica of the in-sync set {list(isr)} can lead"
+    if gone:
+        reason += "; " + ", ".join(f"SPU {spu} {_why_gone(members, spu)}" for spu in gone)
+    return Transition(state, "", reason + f": in-sync set {list(keep)}")
+
+
+def _why_gone(members: Members, spu: int) -> str:
+    if not members.current(spu):
+        return members.why_not(spu)
+    return f"restarted without every committed record (below offset {members.committed_hw})"
+
+
+def _settled(stored: State, proposal: reports.Proposal) -> Answer | None:
+    """The answer to a proposal made at epochs the partition has moved past; None if it has not."""
+    if (proposal.leader_epoch, proposal.partition_epoch) == (stored.leader_epoch, stored.partition_epoch):
+        return None
+    if proposal.leader_epoch == stored.leader_epoch and proposal.partition_epoch < stored.partition_epoch:
+        if set(proposal.isr) == set(stored.isr):
+            return Answer(proposal, None, "committed")
+    return Answer(
+        proposal,
+        STALE_EPOCH,
+        f"proposal made at leader epoch {proposal.leader_epoch}, partition epoch {proposal.partition_epoch}; "
+        f"the partition is at leader epoch {stored.leader_epoch}, partition epoch {stored.partition_epoch}",
+    )
+
+
+def _check(
+    partition: models.Partition, stored: State, members: Members, proposal: reports.Proposal
+) -> tuple[Answer | None, tuple[int, ...] | None]:
+    """(a refusal, None) or (None, the proposed set in replica order) for a proposal at the current epochs."""
+    replicas = partition.spec.replicas
+    if proposal.spu != stored.leader:
+        return Answer(proposal, NOT_LEADER, f"SPU {stored.leader} leads partition {partition.name!r}, not SPU {proposal.spu}"), None
+    if len(set(proposal.isr)) != len(proposal.isr) or not set(proposal.isr) <= set(replicas) or proposal.spu not in proposal.isr:
+        message = (
+            f"proposed in-sync set {list(proposal.isr)} must list distinct replicas of {replicas}, the leader "
+            f"SPU {proposal.spu} among them"
+        )
+        return Answer(proposal, INVALID, message), None
+    joining = [spu for spu in proposal.isr if spu not in stored.isr and not members.sound(spu)]
+    if joining:
+        reasons = ", ".join(f"SPU {spu} {members.why_not(spu)}" for spu in joining)
+        return Answer(proposal, MEMBER_OFFLINE, f"cannot add to the in-sync set of {partition.name!r}: {reasons}"), None
+    return None, tuple(spu for spu in replicas if spu in proposal.isr)
+
+
+def in_sync_followers(state: State) -> int:
+    """``status.lrs``: the in-sync set's members other than the leader."""
+    return sum(1 for spu in state.isr if spu != state.leader)
+

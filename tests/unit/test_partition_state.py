@@ -1,0 +1,315 @@
+"""The replication-state rules, one table per kind of transition: the exact next state (leader,
+resolution, leader epoch, partition epoch, committed in-sync set), the cause, and the answer owed
+to a leader's proposal. No offsets decide a leader anywhere in here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from connection_manager import reports
+from controller.reconcile import partition_state as ps
+from controller.reconcile.partition_state import State
+from store import models
+
+ONLINE, OFFLINE, LEADER_OFFLINE = ps.ONLINE, ps.OFFLINE, ps.LEADER_OFFLINE
+# The partition's last write; SPUs registered at revision 1 unless a test says otherwise.
+WRITTEN_AT = 10
+
+
+@dataclass
+class Spus:
+    online_ids: set[int] = field(default_factory=lambda: {0, 1, 2})
+    draining_ids: set[int] = field(default_factory=set)
+    registered: dict[int, int] = field(default_factory=lambda: {0: 1, 1: 1, 2: 1, 3: 1})
+    incarnations: dict[int, reports.Incarnation] = field(default_factory=dict)
+
+    def online(self, spu: int) -> bool:
+        return spu in self.online_ids
+
+    def draining(self, spu: int) -> bool:
+        return spu in self.draining_ids
+
+    def registered_at(self, spu: int) -> int | None:
+        return self.registered.get(spu)
+
+    def incarnation(self, spu: int) -> reports.Incarnation | None:
+        return self.incarnations.get(spu)
+
+
+def restarted(spu: int, leo: int | None = None, partition_epoch: int = 4) -> reports.Incarnation:
+    """SPU ``spu``'s connection found not to have been told of its role at ``partition_epoch``."""
+    hosted = {} if leo is None else {"t-0": (leo, None)}
+    return reports.Incarnation(spu, 7, hosted, {"t-0": partition_epoch})
+
+
+def partition(
+    leader: int = 0,
+    isr: tuple[int, ...] = (0, 1, 2),
+    resolution: models.PartitionResolution = ONLINE,
+    replicas: tuple[int, ...] = (0, 1, 2),
+    leader_epoch: int = 3,
+    partition_epoch: int = 4,
+    hw: int = 100,
+) -> models.Partition:
+    return models.Partition(
+        name="t-0",
+        spec=models.PartitionSpec(leader=leader, replicas=list(replicas)),
+        status=models.PartitionStatus(
+            resolution=resolution,
+            leader_epoch=leader_epoch,
+            partition_epoch=partition_epoch,
+            isr=[] if partition_epoch == 0 else list(isr),
+            leader=models.ReplicaStatus(spu=leader, hw=hw, leo=hw),
+        ),
+    )
+
+
+def decide(p: models.Partition, spus: Spus, **facts: object) -> tuple[State | None, str, ps.Answer | None]:
+    hw = p.status.leader.hw if p.status.leader is not None else -1
+    decision = ps.decide(p, WRITTEN_AT, spus, ps.Facts(committed_hw=hw, **facts))  # type: ignore[arg-type]
+    transition = decision.transition
+    return (None, "", decision.answer) if transition is None else (transition.state, transition.cause, decision.answer)
+
+
+def proposal(isr: tuple[int, ...], spu: int = 0, leader_epoch: int = 3, partition_epoch: int = 4, incarnation: int = 1) -> reports.Proposal:
+    return reports.Proposal("t-0", spu, incarnation, leader_epoch, partition_epoch, isr)
+
+
+# ---------------------------------------------------------------------------- nothing to do
+
+
+def test_a_healthy_partition_needs_nothing() -> None:
+    assert decide(partition(), Spus()) == (None, "", None)
+
+
+def test_a_partition_as_created_stays_offline_until_its_leader_confirms_then_writes_its_in_sync_set() -> None:
+    fresh = partition(resolution=OFFLINE, leader_epoch=0, partition_epoch=0, hw=-1)
+    assert decide(fresh, Spus()) == (None, "", None)
+    assert decide(fresh, Spus(), confirmed=True) == (State(0, ONLINE, 0, 1, (0, 1, 2)), "", None)
+
+
+# ---------------------------------------------------------------------------- the leader is lost
+
+
+@pytest.mark.parametrize(
+    ("spus", "expected", "cause"),
+    [
+        # offline: the first in-sync replica in preferred order that is up leads, epoch + 1,
+        # and the old leader leaves the in-sync set
+        (Spus(online_ids={1, 2}), State(1, ONLINE, 4, 5, (1, 2)), ps.CAUSE_SPU_OFFLINE),
+        # a draining member only if no other can
+        (Spus(online_ids={1, 2}, draining_ids={1}), State(2, ONLINE, 4, 5, (1, 2)), ps.CAUSE_SPU_OFFLINE),
+        (Spus(online_ids={1}, draining_ids={1}), State(1, ONLINE, 4, 5, (1,)), ps.CAUSE_SPU_OFFLINE),
+        # restarted (its new connection was not told it leads): as if it went offline
+        (Spus(incarnations={0: restarted(0, leo=100)}), State(1, ONLINE, 4, 5, (1, 2)), ps.CAUSE_SPU_OFFLINE),
+        # unregistered, or registered again since the partition's last write: it inherits nothing
+        (Spus(registered={1: 1, 2: 1}), State(1, ONLINE, 4, 5, (1, 2)), ps.CAUSE_SPU_OFFLINE),
+        (Spus(registered={0: WRITTEN_AT + 1, 1: 1, 2: 1}), State(1, ONLINE, 4, 5, (1, 2)), ps.CAUSE_SPU_OFFLINE),
+    ],
+)
+def test_a_lost_leader_is_replaced_from_the_committed_in_sync_set(spus: Spus, expected: State, cause: str) -> None:
+    assert decide(partition(), spus)[:2] == (expected, cause)
+
+
+def test_a_follower_outside_the_in_sync_set_never_leads_even_if_it_is_the_only_one_up() -> None:
+    # SPU 2 is up but left the in-sync set: LeaderOffline, epoch + 1 (the old leader is fenced),
+    # and the in-sync set is kept whole (SPU 0 and 1 may still hold every committed record).
+    assert decide(partition(isr=(0, 1)), Spus(online_ids={2})) == (State(0, LEADER_OFFLINE, 4, 5, (0, 1)), "", None)
+
+
+def test_a_leader_offline_partition_waits_for_a_member_then_it_leads_again() -> None:
+    lost = partition(isr=(0, 1), resolution=LEADER_OFFLINE, leader_epoch=4, partition_epoch=5)
+    assert decide(lost, Spus(online_ids={2})) == (None, "", None)
+    # The last leader is back: it leads again at a new epoch.
+    assert decide(lost, Spus(online_ids={0, 2}))[:2] == (State(0, ONLINE, 5, 6, (0,)), ps.CAUSE_SPU_OFFLINE)
+    # The other member is back: it leads, the offline one leaves the in-sync set.
+    assert decide(lost, Spus(online_ids={1}))[:2] == (State(1, ONLINE, 5, 6, (1,)), ps.CAUSE_SPU_OFFLINE)
+    # Both: preferred order.
+    assert decide(lost, Spus(online_ids={0, 1}))[:2] == (State(0, ONLINE, 5, 6, (0, 1)), ps.CAUSE_SPU_OFFLINE)
+
+
+@pytest.mark.parametrize(
+    ("leo", "expected"),
+    [
+        # It holds at least the committed offset the SC knows: it may lead (last replica standing).
+        (100, State(0, ONLINE, 5, 6, (0,))),
+        # It came back without records its membership promised: it leaves; nobody is left.
+        (99, State(0, LEADER_OFFLINE, 4, 6, ())),
+    ],
+)
+def test_the_last_member_back_after_a_restart_leads_only_with_every_committed_record(leo: int, expected: State) -> None:
+    lost = partition(isr=(0,), resolution=LEADER_OFFLINE, leader_epoch=4, partition_epoch=5)
+    spus = Spus(online_ids={0, 1}, incarnations={0: restarted(0, leo=leo, partition_epoch=5)})
+    assert decide(lost, spus)[0] == expected
+
+
+@pytest.mark.parametrize(("hw", "expected"), [(-1, State(0, ONLINE, 5, 6, (0,))), (0, State(0, ONLINE, 5, 6, (0,))), (1, State(0, LEADER_OFFLINE, 4, 6, ()))])
+def test_a_process_that_does_not_list_the_partition_holds_none_of_it(hw: int, expected: State) -> None:
+    """Its log ends at 0: enough when nothing is known committed, not otherwise."""
+    lost = partition(isr=(0,), resolution=LEADER_OFFLINE, leader_epoch=4, partition_epoch=5, hw=hw)
+    spus = Spus(online_ids={0}, incarnations={0: restarted(0, partition_epoch=5)})
+    assert decide(lost, spus)[0] == expected
+
+
+def test_a_restarted_member_is_second_choice_to_one_that_never_stopped() -> None:
+    lost = partition(isr=(0, 1), resolution=LEADER_OFFLINE, leader_epoch=4, partition_epoch=5)
+    spus = Spus(online_ids={0, 1}, incarnations={0: restarted(0, leo=500, partition_epoch=5)})
+    assert decide(lost, spus)[0] == State(1, ONLINE, 5, 6, (1,))
+
+
+def test_unclean_election_is_opt_in_picks_the_most_advanced_replica_up_and_is_recorded_as_such() -> None:
+    p = partition(isr=(0, 1))
+    hosted = {2: reports.Incarnation(2, 3, {"t-0": (80, 3)}), 3: reports.Incarnation(3, 4, {"t-0": (90, 3)})}
+    spus = Spus(online_ids={2, 3}, incarnations=hosted)
+    assert decide(p, spus)[:2] == (State(0, LEADER_OFFLINE, 4, 5, (0, 1)), "")
+    four = partition(isr=(0, 1), replicas=(0, 1, 2, 3))
+    assert decide(four, spus, unclean=True)[:2] == (State(3, ONLINE, 4, 5, (3,)), ps.CAUSE_UNCLEAN)
+
+
+def test_an_unregistered_member_leaves_even_the_leaderless_in_sync_set() -> None:
+    lost = partition(isr=(0, 1), resolution=LEADER_OFFLINE, leader_epoch=4, partition_epoch=5)
+    spus = Spus(online_ids=set(), registered={0: 1, 2: 1})
+    assert decide(lost, spus)[0] == State(0, LEADER_OFFLINE, 4, 6, (0,))
+    # Registered again and back: it is no member, so it does not lead.
+    spus = Spus(online_ids={1}, registered={0: 1, 1: WRITTEN_AT + 5, 2: 1})
+    assert decide(lost, spus)[0] == State(0, LEADER_OFFLINE, 4, 6, (0,))
+
+
+# ---------------------------------------------------------------------------- followers
+
+
+@pytest.mark.parametrize(
+    ("spus", "isr"),
+    [
+        (Spus(online_ids={0, 1}), (0, 1)),  # offline
+        (Spus(incarnations={2: restarted(2, leo=500)}), (0, 1)),  # restarted: it may have lost records
+        (Spus(registered={0: 1, 1: 1}), (0, 1)),  # unregistered
+        (Spus(online_ids={0}), (0,)),  # both: the leader alone
+    ],
+)
+def test_a_member_that_cannot_vouch_for_the_records_leaves_and_the_leader_stays(spus: Spus, isr: tuple[int, ...]) -> None:
+    assert decide(partition(), spus) == (State(0, ONLINE, 3, 5, isr), "", None)
+
+
+# ---------------------------------------------------------------------------- proposals
+
+
+@pytest.mark.parametrize(
+    ("proposed", "spus", "expected"),
+    [
+        # shrink: a follower too far behind for too long
+        (proposal((0, 2)), Spus(), State(0, ONLINE, 3, 5, (0, 2))),
+        # grow: a follower caught up (kept in replica order)
+        (proposal((2, 0, 1)), Spus(), State(0, ONLINE, 3, 5, (0, 1, 2))),
+    ],
+)
+def test_the_current_leader_s_proposal_is_committed_and_answered_once_written(
+    proposed: reports.Proposal, spus: Spus, expected: State
+) -> None:
+    p = partition(isr=(0, 1)) if len(proposed.isr) == 3 else partition()
+    assert decide(p, spus, proposal=proposed) == (expected, "", None)
+    # The write is back: the proposal is settled and answered.
+    written = partition(isr=expected.isr, partition_epoch=5)
+    assert decide(written, spus, proposal=proposed) == (None, "", ps.Answer(proposed, None, "committed"))
+
+
+def test_a_proposal_that_changes_nothing_is_answered_at_once() -> None:
+    same = proposal((0, 1, 2))
+    assert decide(partition(), Spus(), proposal=same) == (None, "", ps.Answer(same, None, "committed"))
+
+
+@pytest.mark.parametrize(
+    ("proposed", "spus", "code"),
+    [
+        (proposal((0, 1), leader_epoch=2), Spus(), ps.STALE_EPOCH),  # an older leader epoch
+        (proposal((0, 2), partition_epoch=3), Spus(), ps.STALE_EPOCH),  # raced with another change
+        (proposal((0, 1), leader_epoch=9), Spus(), ps.STALE_EPOCH),  # newer than the SC knows
+        (proposal((1, 2), spu=1), Spus(), ps.NOT_LEADER),
+        (proposal((1, 2)), Spus(), ps.INVALID),  # without the leader
+        (proposal((0, 5)), Spus(), ps.INVALID),  # not a replica
+        (proposal((0, 1, 1)), Spus(), ps.INVALID),
+        (proposal((0, 1, 2)), Spus(online_ids={0, 1}), ps.MEMBER_OFFLINE),  # a new member must be up
+        (proposal((0, 1, 2)), Spus(incarnations={2: restarted(2, partition_epoch=4)}), ps.MEMBER_OFFLINE),
+    ],
+)
+def test_a_proposal_is_refused_with_a_typed_error_and_nothing_changes(proposed: reports.Proposal, spus: Spus, code: str) -> None:
+    p = partition(isr=(0, 1))
+    state, cause, answer = decide(p, spus, proposal=proposed)
+    assert answer is not None and (answer.error, answer.proposal) == (code, proposed), answer
+    # Only the SC's own rules may still change something (an offline follower leaves).
+    assert state is None or state.leader_epoch == 3
+
+
+def test_a_refusal_says_what_is_wrong_with_the_values() -> None:
+    _, _, answer = decide(partition(isr=(0, 1)), Spus(online_ids={0, 1}), proposal=proposal((0, 1, 2)))
+    assert answer is not None and answer.message == "cannot add to the in-sync set of 't-0': SPU 2 went offline"
+    _, _, answer = decide(partition(), Spus(), proposal=proposal((0, 2), partition_epoch=3))
+    assert answer is not None and answer.message == (
+        "proposal made at leader epoch 3, partition epoch 3; the partition is at leader epoch 3, partition epoch 4"
+    )
+
+
+def test_a_proposal_during_a_leader_change_is_refused_as_stale() -> None:
+    state, cause, answer = decide(partition(), Spus(online_ids={1, 2}), proposal=proposal((0, 1)))
+    assert (state, cause) == (State(1, ONLINE, 4, 5, (1, 2)), ps.CAUSE_SPU_OFFLINE)
+    assert answer is not None and answer.error == ps.STALE_EPOCH
+
+
+# ---------------------------------------------------------------------------- leadership moves
+
+
+def test_preferred_leader_return_keeps_the_in_sync_set_as_it_is() -> None:
+    led_by_1 = partition(leader=1, isr=(1, 2, 0))
+    assert decide(led_by_1, Spus())[:2] == (State(0, ONLINE, 4, 5, (1, 2, 0)), ps.CAUSE_PREFERRED)
+    # Not before it is in the in-sync set, nor while it drains, nor past the pass's batch.
+    assert decide(partition(leader=1, isr=(1, 2)), Spus()) == (None, "", None)
+    assert decide(led_by_1, Spus(draining_ids={0})) == (None, "", None)
+    assert decide(led_by_1, Spus(), rebalance=False) == (None, "", None)
+
+
+def test_the_former_leader_stays_eligible_after_a_preferred_return() -> None:
+    """The issue's wrong eligibility: the former leader keeps its place in the in-sync set, so
+    when the preferred leader dies at once, the former leader (holding every record) leads."""
+    led_by_1 = partition(leader=1, isr=(0, 1), replicas=(0, 1))
+    moved, _, _ = decide(led_by_1, Spus(online_ids={0, 1}))
+    assert moved == State(0, ONLINE, 4, 5, (0, 1))
+    after = partition(leader=0, isr=moved.isr, replicas=(0, 1), leader_epoch=4, partition_epoch=5)
+    assert decide(after, Spus(online_ids={1}))[:2] == (State(1, ONLINE, 5, 6, (1,)), ps.CAUSE_SPU_OFFLINE)
+
+
+def test_drain_moves_leadership_within_the_in_sync_set_or_not_at_all() -> None:
+    assert decide(partition(), Spus(draining_ids={0}))[:2] == (State(1, ONLINE, 4, 5, (0, 1, 2)), ps.CAUSE_DRAIN)
+    assert decide(partition(), Spus(draining_ids={0, 1}))[:2] == (State(2, ONLINE, 4, 5, (0, 1, 2)), ps.CAUSE_DRAIN)
+    # Nobody else in the in-sync set may lead: the draining leader keeps it.
+    assert decide(partition(isr=(0, 2)), Spus(draining_ids={0, 2})) == (None, "", None)
+    assert decide(partition(isr=(0,)), Spus(draining_ids={0})) == (None, "", None)
+
+
+def test_an_epoch_never_goes_back_and_every_leader_change_bumps_it() -> None:
+    steps = [
+        (Spus(online_ids={1, 2}), 1),  # failover
+        (Spus(online_ids=set()), 1),  # everyone gone: no leader, a new epoch fences the last one
+        (Spus(online_ids={1}), 1),  # back
+        (Spus(online_ids={0, 1}), 1),  # still led by 1, 0 not in the in-sync set any more
+    ]
+    p = partition()
+    epochs = [p.status.leader_epoch]
+    leaders = {(p.spec.leader, p.status.leader_epoch)}
+    for spus, _ in steps:
+        state, _, _ = decide(p, spus)
+        if state is None:
+            continue
+        status = p.status.model_copy(
+            update={
+                "resolution": state.resolution, "leader_epoch": state.leader_epoch,
+                "partition_epoch": state.partition_epoch, "isr": list(state.isr),
+            }
+        )
+        p = p.model_copy(update={"spec": models.PartitionSpec(leader=state.leader, replicas=p.spec.replicas), "status": status})
+        epochs.append(state.leader_epoch)
+        if state.resolution is ONLINE:
+            leaders.add((state.leader, state.leader_epoch))
+    assert epochs == sorted(epochs) and epochs == [3, 4, 5, 6]
+    assert len({epoch for _, epoch in leaders}) == len(leaders)  # one leader per epoch
