@@ -39,7 +39,7 @@ import aiohttp  # noqa: E402
 
 from bench import provisioning  # noqa: E402
 from connection_manager import wire  # noqa: E402
-from store import embedded_etcd, etcd, kv, models  # noqa: E402
+from store import embedded_etcd, etcd, models  # noqa: E402
 
 TARGET_SECONDS = 1.0
 

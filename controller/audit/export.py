@@ -436,8 +436,8 @@ def _slow_row(seq: int, payload: bytes) -> pa.Table:
         raise Malformed(str(error)) from None
     if not isinstance(record, dict):
         raise Malformed(f"is not a JSON object (got {_json_type(record)})")
-    for field in _RECORD_FIELDS:
-        _check(record.get(field.name), field.type, field.name)
+    for column in _RECORD_FIELDS:
+        _check(record.get(column.name), column.type, column.name)
     record_type, kind, record_time = record.get("type"), record.get("kind"), record.get("time")
     if record.get("seq") != seq:
         raise Malformed(f"has seq {record.get('seq')}, but it is record {seq} of the history")

@@ -10,7 +10,7 @@ import importlib.util
 import json
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 

@@ -14,7 +14,7 @@ import pytest
 
 from controller import config
 from controller.api import client as api_client
-from controller.cli import admin as admin_cli, main as cli
+from controller.cli import main as cli
 from store import models
 from tests.unit import api_server
 from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)

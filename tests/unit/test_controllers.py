@@ -9,7 +9,7 @@ import pytest
 
 from connection_manager import health as health_module
 from controller import placement
-from controller.reconcile import actions, spu, spu_group, spu_ids, topic, topic_size
+from controller.reconcile import actions, spu, spu_group, topic, topic_size
 from store import kv, local, models, spu_index
 from tests import objects, placement_plugins
 

@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from controller import config, placement
-from controller.api import admission, listing
+from controller.api import listing
 from store import models
 from tests.unit import api_server
 from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)
