@@ -1,4 +1,4 @@
-"""Overload benchmark (the Overload issue, items 1, 2 and 6): a real `sc run` (memory store, its
+"""Overload benchmark (the Overload issue, items 1, 2, 5 and 6): a real `sc run` (memory store, its
 default limits and timeouts) with three simulated SPUs in a process of their own, attacked by each
 attack below in turn; for each, the SC's figures during and after it, next to the same figures with
 no attack, in one run.
@@ -11,7 +11,8 @@ again, i.e. reconnections); the bytes the SC logged. Attackers connect from 127.
 Attacks are async functions (target, options) listed in ATTACKS: each runs its attack, holds the
 connections it opened for `--seconds` where it holds any, closes them before returning, and may
 return a note for the table. Another
-attack (expensive reads, watchers, SPU impostors) is one more function in that list.
+attack is one more function in that list; the expensive reads and watchers are bench/overload_reads.py's
+(its own etcd and seeding).
 
     .venv/bin/python bench/overload.py [--seconds 15] [--only aborted-uploads,junk] [--idle 15000]
 """
@@ -313,6 +314,38 @@ async def junk(target: Target, options: Options) -> str:
     return f"({answered} bytes answered to 300 MiB of junk, {answered / 300:.0f} per connection)"
 
 
+async def spu_impostors(target: Target, options: Options) -> str:
+    """Item 5: for ``--seconds``, connections to 9004 claiming the live SPUs' ids without a token: from
+    other addresses (refused: no token, not loopback), from this host (refused: the SPU holding the
+    id is healthy), and with a broken first frame. The real SPUs must stay connected (the table's SPU
+    reconnect column) and the refusals must be logged once per cause and interval, not per try."""
+    counts = {"refused": 0, "accepted": 0}
+    url_path = wire.SPU_PATH
+    deadline = asyncio.get_running_loop().time() + options.seconds
+
+    async def claim(session: aiohttp.ClientSession, index: int) -> None:
+        spu_id = index % SPUS
+        frames = [wire.encode(wire.Register(spu_id=spu_id)), b"\x00not a frame\xff"]
+        while asyncio.get_running_loop().time() < deadline:
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                async with asyncio.timeout(2):
+                    async with session.ws_connect(f"ws://127.0.0.1:{target.private_port}{url_path}") as ws:
+                        await ws.send_bytes(frames[index % 2])
+                        answer = await ws.receive()
+                        accepted = answer.type is aiohttp.WSMsgType.BINARY and b'"accepted"' in answer.data
+                        counts["accepted" if accepted else "refused"] += 1
+
+    async def from_address(address: str, indexes: range) -> None:
+        connector = aiohttp.TCPConnector(local_addr=(address, 0), force_close=True)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            await asyncio.gather(*(claim(session, index) for index in indexes))
+
+    # 8 claimers from each attacker address and 8 from this host (loopback: the SC's rule for SPUs
+    # without a token lets them try; only the healthy sessions of the real SPUs refuse them).
+    await asyncio.gather(*(from_address(address, range(8)) for address in [*ATTACKERS, "127.0.0.1"]))
+    return f"({counts['refused']} impostor registrations refused, {counts['accepted']} accepted)"
+
+
 def _open(sock: socket.socket) -> bool:
     """Whether the server has not closed ``sock`` (nothing to read and no EOF)."""
     try:
@@ -330,6 +363,7 @@ ATTACKS: list[tuple[str, Attack]] = [
     ("slow-clients", slow_clients),
     ("fluvio-large-frames", fluvio_large_frames),
     ("junk", junk),
+    ("spu-impostors", spu_impostors),
 ]
 
 
