@@ -25,7 +25,7 @@ from controller.pipeline import pipeline
 from controller.reconcile import topic as topic_controller
 from store import kv, local, models
 from store import supervisor as supervisor_module
-from tests import objects
+from tests import builders
 from tests.fixtures import daemon as daemon_fixture
 from tests.fixtures.scripted_spu import ScriptedSpu
 
@@ -158,7 +158,7 @@ class Sc:
         }
 
     async def add_spu(self, spu_id: int) -> None:
-        spu = objects.spu(spu_id, resolution="Init")
+        spu = builders.spu(spu_id, resolution="Init")
         await self.store.inner.create(spu.key, models.encode(spu))
         self.health.set(spu_id, health_module.Health.ONLINE, asyncio.get_running_loop().time())
 

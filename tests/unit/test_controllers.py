@@ -11,7 +11,7 @@ from connection_manager import health as health_module
 from controller import placement
 from controller.reconcile import actions, spu, spu_group, spu_ids, topic, topic_size
 from store import kv, local, models
-from tests import objects, placement_plugins
+from tests import builders, placement_plugins
 
 ONLINE, OFFLINE, UNKNOWN = health_module.Health.ONLINE, health_module.Health.OFFLINE, health_module.Health.UNKNOWN
 
@@ -25,7 +25,7 @@ def snapshot_of(*objects: tuple[models.ClusterObject, int], meta: dict[str, tupl
     return store.snapshot()
 
 
-make_spu = objects.spu
+make_spu = builders.spu
 
 
 def make_topic(name: str, status: dict[str, Any] | None = None, **spec: Any) -> models.Topic:

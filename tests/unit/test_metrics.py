@@ -8,7 +8,7 @@ from connection_manager import transport
 from controller import metrics
 from controller.reconcile import actions
 from store import kv, local, models
-from tests.objects import spu
+from tests.builders import spu
 
 
 def partition(name: str, leader: int, replicas: list[int], resolution: str = "Online") -> models.Partition:
