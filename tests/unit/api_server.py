@@ -28,16 +28,6 @@ def spu(spu_id: int, name: str | None = None, rack: str | None = None, resolutio
     return builders.spu(spu_id, resolution=resolution, rack=rack, name=name, spu_type=spu_type, host="10.0.0.1")
 
 
-def topic(name: str, partitions: int = 1, replication_factor: int = 1, **status: Any) -> models.Topic:
-    return models.Topic.model_validate(
-        {"name": name, "spec": {"partitions": partitions, "replicationFactor": replication_factor}, "status": status}
-    )
-
-
-def partition(name: str, replicas: list[int]) -> models.Partition:
-    return models.Partition.model_validate({"name": name, "spec": {"leader": replicas[0], "replicas": replicas}})
-
-
 @pytest.fixture
 async def server() -> AsyncIterator[ApiServer]:
     """A started server, synced; tests import this fixture from here."""

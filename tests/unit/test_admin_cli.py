@@ -17,7 +17,8 @@ from controller.api import client as api_client
 from controller.cli import admin as admin_cli, main as cli
 from store import models
 from tests.unit import api_server
-from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)
+from tests.builders import partition, topic
+from tests.unit.api_server import server, spu  # noqa: F401 (server is a fixture)
 
 
 class Sc:
@@ -181,7 +182,7 @@ async def test_topic_list_describe_and_json(server: api_server.ApiServer, sc: Sc
     manual = models.Topic.model_validate(
         {"name": "manual", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}, {"id": 1, "replicas": [1]}]}}
     )
-    provisioned = topic("orders", 3, 2, **PROVISIONED)
+    provisioned = topic("orders", 3, 2, resolution="Provisioned", replica_map=PROVISIONED["replicaMap"])
     await server.put(provisioned, manual, topic("waiting", 2, 3, resolution="InsufficientResources", reason="2 more needed"))
     assert await sc("topic", "list") == (
         0,
@@ -215,7 +216,7 @@ async def test_topic_list_describe_and_json(server: api_server.ApiServer, sc: Sc
 
 
 async def test_topic_delete_and_add_partitions(server: api_server.ApiServer, sc: Sc) -> None:
-    provisioned = topic("orders", 3, 2, **PROVISIONED)
+    provisioned = topic("orders", 3, 2, resolution="Provisioned", replica_map=PROVISIONED["replicaMap"])
     await server.put(provisioned, topic("other"))
     deciding = server.decide_later(
         "topics", "orders", {**PROVISIONED, "replicaMap": {**PROVISIONED["replicaMap"], "3": [0, 2]}}, after=provisioned

@@ -17,12 +17,8 @@ from controller.pipeline import reader as reader_module
 from store import history, kv, local, models
 from tests import builders
 
-TOPIC_SPEC = {"partitions": 1, "replicationFactor": 1}
-
-
 def topic(name: str, resolution: str = "Init") -> bytes:
-    obj = models.Topic.model_validate({"name": name, "spec": TOPIC_SPEC, "status": {"resolution": resolution}})
-    return models.encode(obj)
+    return models.encode(builders.topic(name, resolution=resolution))
 
 
 class RunningReader:

@@ -14,14 +14,7 @@ from hypothesis import given, strategies as st
 from controller.api import admission, listing
 from store import local, models
 from tests import builders
-
-
-def partition(name: str) -> models.Partition:
-    return models.Partition.model_validate({"name": name, "spec": {"leader": 0, "replicas": [0]}})
-
-
-def topic(name: str) -> models.Topic:
-    return models.Topic.model_validate({"name": name, "spec": {"partitions": 1, "replicationFactor": 1}})
+from tests.builders import partition, topic
 
 
 class Table:

@@ -20,18 +20,9 @@ Topic = models.Topic
 
 
 def topic(name: str, resolution: str = "Provisioned", partitions: int = 1) -> models.Topic:
+    """Provisioned by default, with the replica map that goes with it: what Fluvio clients list."""
     replica_map = {str(index): [index % 3] for index in range(partitions)} if resolution == "Provisioned" else {}
-    return models.Topic.model_validate(
-        {
-            "name": name,
-            "spec": {"partitions": partitions, "replicationFactor": 1},
-            "status": {"resolution": resolution, "replicaMap": replica_map},
-        }
-    )
-
-
-def partition(name: str, replicas: list[int]) -> models.Partition:
-    return models.Partition.model_validate({"name": name, "spec": {"leader": replicas[0], "replicas": replicas}})
+    return builders.topic(name, partitions, resolution=resolution, replica_map=replica_map)
 
 
 class StoreServer:
@@ -122,7 +113,7 @@ async def test_topic_filters_are_substrings_or_ed_and_system_lists_none(store_se
 
 
 async def test_partition_lists_ignore_filters_and_sort_by_index(store_server: StoreServer, client: client_module.Client) -> None:
-    store_server.apply(partition("orders-10", [1]), partition("orders-2", [0]), partition("audit-0", [2]))
+    store_server.apply(builders.partition("orders-10", [1]), builders.partition("orders-2", [0]), builders.partition("audit-0", [2]))
     assert [meta.name for meta in await client.list(fluvio_objects.PARTITION, "nothing-matches")] == ["audit-0", "orders-2", "orders-10"]
     assert await client.list(fluvio_objects.PARTITION, system=True) == []
 
