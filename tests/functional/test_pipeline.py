@@ -55,17 +55,7 @@ class Cluster:
 
     async def eventually(self, check: Callable[[], object], timeout: float = 10.0) -> None:
         """Poll the KV store (not the local store) until ``check`` passes."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            try:
-                result = check()
-                if asyncio.iscoroutine(result):
-                    result = await result
-                return
-            except AssertionError:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-            await asyncio.sleep(0.02)
+        await builders.eventually(check, timeout)
 
 
 async def assert_mirror_is_the_store(cluster: Cluster) -> None:

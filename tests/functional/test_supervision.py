@@ -169,18 +169,7 @@ class Sc:
         await self.store.inner.create(topic.key, models.encode(topic))
 
     async def eventually(self, check: Callable[[], Any], timeout: float = 10.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            try:
-                result = check()
-                if asyncio.iscoroutine(result):
-                    await result
-                return
-            except AssertionError:
-                if loop.time() > deadline:
-                    raise
-            await asyncio.sleep(0.02)
+        await builders.eventually(check, timeout)
 
     def mirrored(self, kind: str, name: str) -> models.ClusterObject | None:
         entry = self.context.local_store[kind].get(name)
