@@ -23,6 +23,7 @@ import grpc
 import pytest
 
 from store import embedded_etcd, etcd, kv
+from tests.builders import eventually
 from tests.fixtures import tcp_proxy
 from tests.fixtures.etcd import REQUEST_TIMEOUT
 
@@ -34,12 +35,6 @@ Event = tuple[kv.EventType, str, bytes | None, int]
 
 def as_tuples(events: list[kv.WatchEvent]) -> list[Event]:
     return [(event.type, event.key, event.value, event.revision) for event in events]
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
 
 
 @contextlib.asynccontextmanager
@@ -93,7 +88,7 @@ async def test_watch_resumes_after_etcd_is_killed_and_restarted(
 
     consumer = asyncio.ensure_future(consume(total=5 + 4))
     try:
-        await wait_until(lambda: len(received) == 5)
+        await eventually(lambda: len(received) == 5)
         async with store_on(etcd_server.endpoints[0], etcd_store.prefix, request_timeout=0.5) as impatient:
             with etcd_down(etcd_server):
                 for index in range(2):
@@ -681,7 +676,7 @@ async def test_supervision_restarts_a_killed_etcd_with_its_data(tmp_path: Path) 
             written = await store.create("kept", b"across the crash")
             first_pid = server.pid
             server.kill()
-            await wait_until(lambda: server.restarts == 1, timeout=20)
+            await eventually(lambda: server.restarts == 1, timeout=20)
             assert server.running and server.pid != first_pid and server.healthy()
             assert await store.get("kept") == kv.KeyValue("kept", b"across the crash", written, written)
     finally:

@@ -22,7 +22,7 @@ import pytest
 
 from controller.reconcile import topic as topic_controller
 from store import active_sc, embedded_etcd, etcd, kv, models
-from tests import objects
+from tests import builders
 
 pytestmark = pytest.mark.etcd
 
@@ -96,7 +96,7 @@ def sc_process(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> Itera
 
 async def seed_online_spus(store: etcd.EtcdStore) -> None:
     for spu_id in range(SPUS):
-        spu = objects.spu(spu_id)
+        spu = builders.spu(spu_id)
         await store.create(spu.key, models.encode(spu))
 
 

@@ -29,6 +29,7 @@ from controller import config
 from controller.api import routes as api
 from controller.api.fluvio import client as client_module, messages, objects
 from store import embedded_etcd
+from tests.builders import eventually
 from tests.fixtures import daemon as daemon_fixtures
 from tests.fixtures.scripted_spu import ScriptedSpu
 
@@ -81,18 +82,6 @@ async def healthz_answers_again(url: str) -> None:
             raise AssertionError(f"/healthz does not answer: {error!r}") from None
 
     await eventually(answers, timeout=30)
-
-
-async def eventually(check: Callable[[], Awaitable[None]], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            await check()
-            return
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-        await asyncio.sleep(0.05)
 
 
 def close_all(writers: list[asyncio.StreamWriter]) -> None:

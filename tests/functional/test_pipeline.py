@@ -16,7 +16,7 @@ from controller import config, context as context_module, metrics
 from controller.pipeline import dispatcher as dispatcher_module, pipeline
 from controller.reconcile import topic as topic_controller
 from store import kv, local, models
-from tests import objects
+from tests import builders
 
 
 class Cluster:
@@ -33,7 +33,7 @@ class Cluster:
         self.pipeline = pipeline.Pipeline(self.context, self.health)
 
     async def add_spu(self, spu_id: int, rack: str | None = None, online: bool = True) -> None:
-        spu = objects.spu(spu_id, resolution="Init", rack=rack)
+        spu = builders.spu(spu_id, resolution="Init", rack=rack)
         await self.kv_store.create(spu.key, models.encode(spu))
         if online:
             self.set_online(spu_id)
@@ -55,17 +55,7 @@ class Cluster:
 
     async def eventually(self, check: Callable[[], object], timeout: float = 10.0) -> None:
         """Poll the KV store (not the local store) until ``check`` passes."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            try:
-                result = check()
-                if asyncio.iscoroutine(result):
-                    result = await result
-                return
-            except AssertionError:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-            await asyncio.sleep(0.02)
+        await builders.eventually(check, timeout)
 
 
 async def assert_mirror_is_the_store(cluster: Cluster) -> None:
@@ -420,7 +410,7 @@ async def test_spu_resolution_follows_health(cluster: Cluster) -> None:
 async def test_crash_between_status_and_partitions_converges(kv_store: kv.KVStore) -> None:
     """A topic left Provisioned with missing partitions, plus an orphan: a restart fixes both."""
     for spu_id in range(3):
-        spu = objects.spu(spu_id)
+        spu = builders.spu(spu_id)
         await kv_store.create(spu.key, models.encode(spu))
     half_done = models.Topic.model_validate(
         {
@@ -477,7 +467,7 @@ async def test_a_value_the_sc_cannot_read_is_not_written_against_in_a_hot_loop(m
     sees it, so creating the partition loses its compare again and again. After the same conflict
     twice the partition backs off (0.5 s, doubling) instead of being decided again at once."""
     for spu_id in range(3):
-        spu = objects.spu(spu_id)
+        spu = builders.spu(spu_id)
         await memory_store.create(spu.key, models.encode(spu))
     stored = models.Topic.model_validate(
         {"name": "t", "spec": {"partitions": 1, "replicationFactor": 2}, "status": {"resolution": "Provisioned", "replicaMap": {"0": [0, 1]}}}

@@ -27,6 +27,7 @@ from connection_manager.spu.settings import SpuSettings
 from connection_manager.spu.simulator import SimulatedSpu
 from connection_manager.spu.state import Offsets
 from controller.cli import main as cli
+from tests.builders import eventually
 
 FAST = SpuSettings(
     append_interval=0.1,
@@ -230,20 +231,6 @@ async def running() -> AsyncIterator[Callable[[SimulatedSpu], SimulatedSpu]]:
     yield run
     for spu in spus:
         await spu.stop()
-
-
-async def eventually(check: Callable[[], object], timeout: float = 10.0, interval: float = 0.01) -> None:
-    """Polls ``check`` until it stops raising AssertionError, or re-raises its last one at the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            check()
-            return
-        except AssertionError:
-            if loop.time() > deadline:
-                raise
-        await asyncio.sleep(interval)
 
 
 def offsets(spu: SimulatedSpu, partition: str = "t-0") -> tuple[Role, int, int]:

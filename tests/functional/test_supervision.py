@@ -26,7 +26,7 @@ from controller.pipeline import pipeline
 from controller.reconcile import topic as topic_controller
 from store import active_sc, embedded_etcd, etcd, kv, local, models
 from store import supervisor as supervisor_module
-from tests import objects
+from tests import builders
 from tests.fixtures import daemon as daemon_fixture, tcp_proxy
 from tests.fixtures.scripted_spu import ScriptedSpu
 
@@ -159,7 +159,7 @@ class Sc:
         }
 
     async def add_spu(self, spu_id: int) -> None:
-        spu = objects.spu(spu_id, resolution="Init")
+        spu = builders.spu(spu_id, resolution="Init")
         await self.store.inner.create(spu.key, models.encode(spu))
         self.health.set(spu_id, health_module.Health.ONLINE, asyncio.get_running_loop().time())
 
@@ -170,18 +170,7 @@ class Sc:
         await self.store.inner.create(topic.key, models.encode(topic))
 
     async def eventually(self, check: Callable[[], Any], timeout: float = 10.0) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            try:
-                result = check()
-                if asyncio.iscoroutine(result):
-                    await result
-                return
-            except AssertionError:
-                if loop.time() > deadline:
-                    raise
-            await asyncio.sleep(0.02)
+        await builders.eventually(check, timeout)
 
     def mirrored(self, kind: str, name: str) -> models.ClusterObject | None:
         entry = self.context.local_store[kind].get(name)

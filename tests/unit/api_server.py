@@ -21,21 +21,11 @@ from controller import config, context as context_module, metrics
 from controller.api import routes as api
 from controller.pipeline import reader as reader_module
 from store import kv, local, memory, models
-from tests import objects
+from tests import builders
 
 
 def spu(spu_id: int, name: str | None = None, rack: str | None = None, resolution: str = "Online", spu_type: str = "Custom") -> models.Spu:
-    return objects.spu(spu_id, resolution=resolution, rack=rack, name=name, spu_type=spu_type, host="10.0.0.1")
-
-
-def topic(name: str, partitions: int = 1, replication_factor: int = 1, **status: Any) -> models.Topic:
-    return models.Topic.model_validate(
-        {"name": name, "spec": {"partitions": partitions, "replicationFactor": replication_factor}, "status": status}
-    )
-
-
-def partition(name: str, replicas: list[int]) -> models.Partition:
-    return models.Partition.model_validate({"name": name, "spec": {"leader": replicas[0], "replicas": replicas}})
+    return builders.spu(spu_id, resolution=resolution, rack=rack, name=name, spu_type=spu_type, host="10.0.0.1")
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ from controller.api import client as api_client
 from controller.cli import main as cli
 from store import models
 from tests.unit import api_server
-from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)
+from tests.builders import partition, topic
+from tests.unit.api_server import server, spu  # noqa: F401 (server is a fixture)
 
 
 class Sc:
@@ -185,7 +186,7 @@ async def test_topic_list_describe_and_json(server: api_server.ApiServer, sc: Sc
     manual = models.Topic.model_validate(
         {"name": "manual", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}, {"id": 1, "replicas": [1]}]}}
     )
-    provisioned = topic("orders", 3, 2, **PROVISIONED)
+    provisioned = topic("orders", 3, 2, resolution="Provisioned", replica_map=PROVISIONED["replicaMap"])
     await server.put(provisioned, manual, topic("waiting", 2, 3, resolution="InsufficientResources", reason="2 more needed"))
     assert await sc("topic", "list") == (
         0,
@@ -219,7 +220,7 @@ async def test_topic_list_describe_and_json(server: api_server.ApiServer, sc: Sc
 
 
 async def test_topic_delete_and_add_partitions(server: api_server.ApiServer, sc: Sc) -> None:
-    provisioned = topic("orders", 3, 2, **PROVISIONED)
+    provisioned = topic("orders", 3, 2, resolution="Provisioned", replica_map=PROVISIONED["replicaMap"])
     await server.put(provisioned, topic("other"))
     deciding = server.decide_later(
         "topics", "orders", {**PROVISIONED, "replicaMap": {**PROVISIONED["replicaMap"], "3": [0, 2]}}, after=provisioned
@@ -364,7 +365,7 @@ def reported(name: str, replicas: list[int], leader: tuple[int, int], followers:
 
 async def test_topic_describe_shows_each_partitions_leader_replicas_in_sync_set_and_lag(server: api_server.ApiServer, sc: Sc) -> None:
     await server.put(
-        topic("orders", 3, 3, resolution="Provisioned", replicaMap={"0": [0, 1, 2], "1": [1, 2, 0], "2": [2, 0, 1]}),
+        topic("orders", 3, 3, resolution="Provisioned", replica_map={"0": [0, 1, 2], "1": [1, 2, 0], "2": [2, 0, 1]}),
         reported("orders-0", [0, 1, 2], (100, 120), {1: 120, 2: 100}),
         reported("orders-1", [2, 0, 1], (50, 80), {0: 30, 1: 80}, partitionEpoch=2, isr=[1, 2]),  # its leader moved from 1 to 2; 0 left the in-sync set
         partition("other-0", [5]),

@@ -21,7 +21,8 @@ from controller.api import routes as api
 from controller.reconcile import topic as topic_controller
 from store import kv, memory, models
 from tests.unit import api_server
-from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)
+from tests.builders import partition, topic
+from tests.unit.api_server import server, spu  # noqa: F401 (server is a fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPU_BODY = {
@@ -617,7 +618,7 @@ async def test_dry_run_errors(server: api_server.ApiServer) -> None:
 
 
 async def test_add_partitions_grows_the_spec_and_waits_for_the_new_map(server: api_server.ApiServer) -> None:
-    provisioned = topic("orders", 3, 2, resolution="Provisioned", replicaMap=REPLICA_MAP)
+    provisioned = topic("orders", 3, 2, resolution="Provisioned", replica_map=REPLICA_MAP)
     await server.put(provisioned)
     grown_map = {**REPLICA_MAP, "3": [0, 2], "4": [1, 0]}
     grown = provisioned.model_copy(update={"spec": provisioned.spec.model_copy(update={"partitions": 5})})
@@ -630,7 +631,7 @@ async def test_add_partitions_grows_the_spec_and_waits_for_the_new_map(server: a
 
 
 async def test_add_partitions_with_timeout_0_keeps_the_status_it_had(server: api_server.ApiServer) -> None:
-    provisioned = topic("orders", 3, 2, resolution="Provisioned", replicaMap=REPLICA_MAP)
+    provisioned = topic("orders", 3, 2, resolution="Provisioned", replica_map=REPLICA_MAP)
     await server.put(provisioned)
     status, body = await server.call("POST", "/v1/topics/orders/partitions?timeout=0", {"count": 1})
     assert (status, body["spec"]["partitions"], body["status"]) == (
@@ -741,7 +742,7 @@ async def test_writes_retry_a_lost_compare_and_swap_then_give_up_with_409(
 
 
 async def test_delete_topic_deletes_only_the_topic_key(server: api_server.ApiServer) -> None:
-    provisioned = topic("orders", 1, 1, resolution="Provisioned", replicaMap={"0": [0]})
+    provisioned = topic("orders", 1, 1, resolution="Provisioned", replica_map={"0": [0]})
     await server.put(provisioned, partition("orders-0", [0]))
     assert await server.call("DELETE", "/v1/topics/orders") == (
         200,

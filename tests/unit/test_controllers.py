@@ -11,7 +11,7 @@ from connection_manager import health as health_module
 from controller import placement
 from controller.reconcile import actions, spu, spu_group, topic, topic_size
 from store import kv, local, models, spu_index
-from tests import objects, placement_plugins
+from tests import builders, placement_plugins
 
 ONLINE, OFFLINE, UNKNOWN = health_module.Health.ONLINE, health_module.Health.OFFLINE, health_module.Health.UNKNOWN
 
@@ -25,7 +25,7 @@ def snapshot_of(*objects: tuple[models.ClusterObject, int], meta: dict[str, tupl
     return store.snapshot()
 
 
-make_spu = objects.spu
+make_spu = builders.spu
 
 
 def make_topic(name: str, status: dict[str, Any] | None = None, **spec: Any) -> models.Topic:
@@ -74,14 +74,8 @@ def test_spu_controller_is_quiet_when_everything_matches() -> None:
 # ---------------------------------------------------------------------------- SPU-group controller
 
 
-def group(replicas: int, min_id: int, resolution: str = "Init", reason: str = "", rack: str | None = None) -> models.SpuGroup:
-    return models.SpuGroup.model_validate(
-        {"name": "main", "spec": {"replicas": replicas, "minId": min_id, "rack": rack}, "status": {"resolution": resolution, "reason": reason}}
-    )
-
-
 def test_spu_group_collision_makes_it_invalid_and_creates_nothing() -> None:
-    snapshot = snapshot_of((group(3, 11), 5), (make_spu(12, name="custom-12"), 6))
+    snapshot = snapshot_of((builders.spu_group("main", 3, 11), 5), (make_spu(12, name="custom-12"), 6))
     decided = spu_group.decide(snapshot, spu_group.Inputs())
     assert summary(decided) == [
         (
@@ -104,8 +98,8 @@ def test_spu_group_collision_makes_it_invalid_and_creates_nothing() -> None:
 
 
 def test_spu_group_reserved_creates_its_spus() -> None:
-    assert [a.verb.value for a in spu_group.decide(snapshot_of((group(2, 11), 5)), spu_group.Inputs())] == ["update-status"]
-    decided = spu_group.decide(snapshot_of((group(2, 11, "Reserved", rack="r1"), 5)), spu_group.Inputs())
+    assert [a.verb.value for a in spu_group.decide(snapshot_of((builders.spu_group("main", 2, 11), 5)), spu_group.Inputs())] == ["update-status"]
+    decided = spu_group.decide(snapshot_of((builders.spu_group("main", 2, 11, "Reserved", rack="r1"), 5)), spu_group.Inputs())
     assert [(a.verb.value, a.name) for a in decided] == [("create", "main-0"), ("create", "main-1")]
     created = models.decode("spus", decided[1].writes[0].value)  # type: ignore[arg-type]
     assert created.spec == models.SpuSpec(  # type: ignore[attr-defined]
@@ -119,8 +113,8 @@ def test_spu_group_reserved_creates_its_spus() -> None:
 
 
 def test_spu_group_scale_down_and_delete() -> None:
-    managed = [spu_group.desired_spus(group(3, 11))[index] for index in range(3)]
-    snapshot = snapshot_of((group(1, 11, "Reserved"), 5), *((spu_obj, 6 + index) for index, spu_obj in enumerate(managed)))
+    managed = [spu_group.desired_spus(builders.spu_group("main", 3, 11))[index] for index in range(3)]
+    snapshot = snapshot_of((builders.spu_group("main", 1, 11, "Reserved"), 5), *((spu_obj, 6 + index) for index, spu_obj in enumerate(managed)))
     assert [(a.verb.value, a.name, a.reason) for a in spu_group.decide(snapshot, spu_group.Inputs())] == [
         ("delete", "main-1", "SPU group main scaled down to 1"),
         ("delete", "main-2", "SPU group main scaled down to 1"),
@@ -607,11 +601,11 @@ def test_a_drained_spu_status_says_draining_with_what_cannot_move_then_drained()
 
 def test_spu_group_keeps_the_drain_of_its_spus() -> None:
     """spec.drain is the operator's: the group controller neither clears it nor rewrites for it."""
-    [first] = spu_group.desired_spus(group(1, 11))
+    [first] = spu_group.desired_spus(builders.spu_group("main", 1, 11))
     draining = first.model_copy(update={"spec": first.spec.model_copy(update={"drain": True})})
-    assert spu_group.decide(snapshot_of((group(1, 11, "Reserved"), 5), (draining, 6)), spu_group.Inputs()) == []
+    assert spu_group.decide(snapshot_of((builders.spu_group("main", 1, 11, "Reserved"), 5), (draining, 6)), spu_group.Inputs()) == []
     # A change the group does make keeps the drain.
-    [action] = spu_group.decide(snapshot_of((group(1, 11, "Reserved", rack="r2"), 5), (draining, 6)), spu_group.Inputs())
+    [action] = spu_group.decide(snapshot_of((builders.spu_group("main", 1, 11, "Reserved", rack="r2"), 5), (draining, 6)), spu_group.Inputs())
     assert json.loads(action.writes[0].value)["spec"]["rack"] == "r2"  # type: ignore[arg-type]
     assert json.loads(action.writes[0].value)["spec"]["drain"] is True  # type: ignore[arg-type]
 
@@ -697,14 +691,10 @@ def test_a_placement_with_rack_violations_says_which_partitions() -> None:
     assert json.loads(provision.writes[1].value)["status"]["reason"] == ""  # type: ignore[arg-type]
 
 
-def named_group(name: str, replicas: int, min_id: int, resolution: str = "Init") -> models.SpuGroup:
-    return group(replicas, min_id, resolution).model_copy(update={"name": name})
-
-
 def test_overlapping_spu_groups_created_together_leave_the_later_one_invalid() -> None:
     """Both groups were Init in one pass: each was checked against SPUs only, both became Reserved,
     and both created SPUs for ids 13 and 14."""
-    snapshot = snapshot_of((named_group("second", 3, 13), 7), (named_group("first", 4, 11), 6))
+    snapshot = snapshot_of((builders.spu_group("second", 3, 13), 7), (builders.spu_group("first", 4, 11), 6))
     assert [(a.name, json.loads(a.writes[0].value)["status"]) for a in spu_group.decide(snapshot, spu_group.Inputs())] == [  # type: ignore[arg-type]
         ("first", {"resolution": "Reserved", "reason": ""}),
         (
@@ -716,7 +706,7 @@ def test_overlapping_spu_groups_created_together_leave_the_later_one_invalid() -
         ),
     ]
     # The earlier group keeps its range however the later one changes, and one shared id is named alone.
-    reserved = snapshot_of((named_group("second", 3, 14, "Reserved"), 7), (named_group("first", 4, 11, "Reserved"), 6))
+    reserved = snapshot_of((builders.spu_group("second", 3, 14, "Reserved"), 7), (builders.spu_group("first", 4, 11, "Reserved"), 6))
     assert [(a.name, json.loads(a.writes[0].value)["status"]["reason"]) for a in spu_group.decide(reserved, spu_group.Inputs()) if a.verb is actions.Verb.UPDATE_STATUS] == [  # type: ignore[arg-type]
         ("second", "id range 14..16 collides: id 14 is in the id range of SPU group first, created earlier"),
     ]
@@ -724,7 +714,7 @@ def test_overlapping_spu_groups_created_together_leave_the_later_one_invalid() -
 
 def test_a_managed_spu_takes_its_id_index_key_in_its_own_create() -> None:
     stale = (spu_index.encode_holder("deleted-by-hand"), 3)
-    decided = spu_group.decide(snapshot_of((group(2, 11, "Reserved"), 5), meta={"meta/spu-ids/12": stale}), spu_group.Inputs())
+    decided = spu_group.decide(snapshot_of((builders.spu_group("main", 2, 11, "Reserved"), 5), meta={"meta/spu-ids/12": stale}), spu_group.Inputs())
     assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes[1:]]) for a in decided] == [
         ("create", "main-0", [("meta/spu-ids/11", b'{"spu": "main-0"}', 0)]),
         ("create", "main-1", [("meta/spu-ids/12", b'{"spu": "main-1"}', 3)]),  # a stale key is taken at its revision
@@ -734,9 +724,9 @@ def test_a_managed_spu_takes_its_id_index_key_in_its_own_create() -> None:
 def test_a_managed_spu_whose_id_another_spu_of_its_group_holds_waits_for_it_to_move() -> None:
     """The group's minId changed behind the SC's back (5 -> 6): main-0 must wait for main-1 to give
     id 6 up; main-1 moves to 7, giving 6 back in the same transaction."""
-    old = spu_group.desired_spus(group(2, 5))
+    old = spu_group.desired_spus(builders.spu_group("main", 2, 5))
     index = {f"meta/spu-ids/{spu_obj.spec.id}": (spu_index.encode_holder(spu_obj.name), 20 + i) for i, spu_obj in enumerate(old)}
-    snapshot = snapshot_of((group(2, 6, "Reserved"), 5), (old[0], 10), (old[1], 11), meta=index)
+    snapshot = snapshot_of((builders.spu_group("main", 2, 6, "Reserved"), 5), (old[0], 10), (old[1], 11), meta=index)
     decided = spu_group.decide(snapshot, spu_group.Inputs())
     assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes]) for a in decided] == [
         (
@@ -753,7 +743,7 @@ def test_a_managed_spu_whose_id_another_spu_of_its_group_holds_waits_for_it_to_m
 
 
 def test_deleted_managed_spus_give_their_id_back_in_the_same_transaction() -> None:
-    managed = spu_group.desired_spus(group(2, 11))
+    managed = spu_group.desired_spus(builders.spu_group("main", 2, 11))
     index = {"meta/spu-ids/11": (spu_index.encode_holder("main-0"), 30), "meta/spu-ids/12": (spu_index.encode_holder("custom"), 31)}
     decided = spu_group.decide(snapshot_of((managed[0], 6), (managed[1], 7), meta=index), spu_group.Inputs())
     assert [(a.verb.value, a.name, [(w.key, w.value, w.expected_revision) for w in a.writes]) for a in decided] == [

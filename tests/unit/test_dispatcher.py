@@ -11,13 +11,10 @@ from controller import metrics
 from controller.pipeline import dispatcher as dispatcher_module
 from controller.reconcile import actions
 from store import kv, local, memory, models
+from tests.builders import partition
 import structlog.testing
 
 Outcome = dispatcher_module.Outcome
-
-
-def partition(name: str, leader: int = 0) -> models.Partition:
-    return models.Partition(name=name, spec=models.PartitionSpec(leader=leader, replicas=[0, 1]))
 
 
 @pytest.fixture
@@ -37,7 +34,7 @@ async def running() -> AsyncIterator[tuple[memory.MemoryStore, dispatcher_module
 async def test_more_actions_than_batches_in_flight_are_all_applied(running) -> None:  # type: ignore[no-untyped-def]
     store, dispatcher, results = running
     for index in range(3000):
-        dispatcher.submit(actions.create(partition(f"t-{index}"), "test"))
+        dispatcher.submit(actions.create(partition(f"t-{index}", [0, 1]), "test"))
     await asyncio.wait_for(dispatcher.drained(), 10)
     assert len((await store.list("partitions/")).items) == 3000
     assert [result.outcome for result in results] == [Outcome.APPLIED] * 3000
@@ -47,8 +44,8 @@ async def test_more_actions_than_batches_in_flight_are_all_applied(running) -> N
 
 async def test_a_newer_action_replaces_the_queued_one(running) -> None:  # type: ignore[no-untyped-def]
     store, dispatcher, results = running
-    dispatcher.submit(actions.create(partition("t-0", leader=0), "first decision"))
-    dispatcher.submit(actions.create(partition("t-0", leader=1), "newer decision"))
+    dispatcher.submit(actions.create(partition("t-0", [0, 1], leader=0), "first decision"))
+    dispatcher.submit(actions.create(partition("t-0", [0, 1], leader=1), "newer decision"))
     await asyncio.wait_for(dispatcher.drained(), 5)
     stored = await store.get("partitions/t-0")
     assert stored is not None and models.decode("partitions", stored.value).spec.leader == 1  # type: ignore[attr-defined]
@@ -57,9 +54,9 @@ async def test_a_newer_action_replaces_the_queued_one(running) -> None:  # type:
 
 async def test_conflict_goes_back_to_the_controller_and_the_rest_of_the_batch_is_applied(running) -> None:  # type: ignore[no-untyped-def]
     store, dispatcher, results = running
-    taken = await store.create("partitions/t-0", models.encode(partition("t-0")))
-    dispatcher.submit(actions.create(partition("t-0", leader=1), "loses"))
-    dispatcher.submit(actions.create(partition("t-1"), "wins"))
+    taken = await store.create("partitions/t-0", models.encode(partition("t-0", [0, 1])))
+    dispatcher.submit(actions.create(partition("t-0", [0, 1], leader=1), "loses"))
+    dispatcher.submit(actions.create(partition("t-1", [0, 1]), "wins"))
     await asyncio.wait_for(dispatcher.drained(), 5)
     outcomes = {result.action.reason: (result.outcome, result.revision) for result in results}
     assert outcomes["loses"] == (Outcome.CONFLICT, taken)
@@ -71,11 +68,11 @@ async def test_the_updater_leaves_an_echo_for_each_object_written_and_forgets_a_
     store = memory.MemoryStore()
     echoes = local.Echoes()
     updater = dispatcher_module.KvUpdater(store, metrics.Metrics(), echoes)
-    written = partition("t-0")
+    written = partition("t-0", [0, 1])
     await updater.apply([actions.create(written, "test")])
     assert echoes.take("partitions/t-0", models.encode(written)) is written
     with pytest.raises(kv.Conflict):
-        await updater.apply([actions.create(written, "again"), actions.create(partition("t-1"), "test")])
+        await updater.apply([actions.create(written, "again"), actions.create(partition("t-1", [0, 1]), "test")])
     assert len(echoes) == 0  # not applied: their events (if any) are decoded
     await store.close()
 
@@ -155,7 +152,7 @@ async def test_a_failed_action_backs_off_its_key_and_holds_no_other() -> None:
 
     dispatcher.on_result(record)
     dispatcher.submit(huge)
-    dispatcher.submit(actions.create(partition("t-0"), "another key"))
+    dispatcher.submit(actions.create(partition("t-0", [0, 1]), "another key"))
     task = asyncio.create_task(dispatcher.run())
     try:
         await asyncio.wait_for(finished.wait(), 10)
@@ -185,7 +182,7 @@ async def test_a_result_hook_that_raises_stalls_nothing(running) -> None:  # typ
     dispatcher.on_result(broken)
     with structlog.testing.capture_logs() as logged:
         for index in range(dispatcher.max_batches_in_flight + 4):
-            dispatcher.submit(actions.create(partition(f"t-{index}"), "test"))
+            dispatcher.submit(actions.create(partition(f"t-{index}", [0, 1]), "test"))
             await asyncio.wait_for(dispatcher.drained(), 5)
     assert len((await store.list("partitions/")).items) == 12
     assert [result.outcome for result in results] == [Outcome.APPLIED] * 12

@@ -9,7 +9,7 @@ from connection_manager import health as health_module
 from connection_manager import lrs, reports
 from controller.reconcile import actions, election, partition
 from store import local, models
-from tests.objects import spu
+from tests.builders import spu
 
 ONLINE, OFFLINE = health_module.Health.ONLINE, health_module.Health.OFFLINE
 Online = models.PartitionResolution.ONLINE

@@ -13,16 +13,7 @@ import pytest
 
 from controller.api import fanout
 from store import local, models
-
-
-def topic(name: str, reason: str = "") -> models.Topic:
-    return models.Topic.model_validate(
-        {"name": name, "spec": {"partitions": 1, "replicationFactor": 1}, "status": {"reason": reason}}
-    )
-
-
-def partition(name: str) -> models.Partition:
-    return models.Partition.model_validate({"name": name, "spec": {"leader": 0, "replicas": [0]}})
+from tests.builders import partition, topic
 
 
 class Written:
@@ -74,7 +65,7 @@ async def test_a_subscriber_gets_the_state_then_every_change(written: Written) -
         ("ADDED", 2, "b"),
         ("SYNC", 2, None),
     ]
-    written.apply(topic("a", "changed"), topic("c"))
+    written.apply(topic("a", reason="changed"), topic("c"))
     written.apply(topic("b"))  # the same object again: nothing to tell
     written.delete("topics", "b")
     assert await received(subscriber) == [("MODIFIED", 3, "a"), ("ADDED", 4, "c"), ("DELETED", 6, "b")]
@@ -87,7 +78,7 @@ async def test_every_subscriber_shares_the_same_batches_and_each_change_is_encod
     written.apply(topic("a"))
     subscribers = [await written.subscribe() for _ in range(30)]
     assert written.encodings == {"topics": 1}
-    written.apply(topic("a", "x"), topic("b"))
+    written.apply(topic("a", reason="x"), topic("b"))
     batches = [await asyncio.wait_for(subscriber.next(), 5) for subscriber in subscribers]
     assert all(got[0] is batches[0][0] for got in batches)  # the same object, not a copy
     assert batches[0][0].chunk is batches[0][0].chunk  # joined once
@@ -98,7 +89,7 @@ async def test_every_subscriber_shares_the_same_batches_and_each_change_is_encod
 
 async def test_a_late_subscriber_starts_from_the_latest_state_in_last_change_order(written: Written) -> None:
     first = await written.subscribe()
-    written.apply(topic("a"), topic("b"), topic("a", "again"))
+    written.apply(topic("a"), topic("b"), topic("a", reason="again"))
     await received(first)
     late = await written.subscribe()
     assert events([line for batch in late.snapshot_batches() for line in batch]) == [
@@ -122,7 +113,7 @@ async def test_a_subscriber_past_its_buffer_is_dropped_and_the_others_keep_every
     fast = await written.subscribe(buffer_bytes=50_000)
     got: list[tuple[str, int, Any]] = []
     for version in range(10):
-        written.apply(topic("a", "x" * 10_000 + str(version)))
+        written.apply(topic("a", reason="x" * 10_000 + str(version)))
         got += await received(fast)
     assert [event[1] for event in got] == list(range(1, 11))
     assert (slow.dropped, written.drops) == ("overflow", ["overflow"])

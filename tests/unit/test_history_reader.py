@@ -15,14 +15,10 @@ import pytest
 from controller import metrics
 from controller.pipeline import reader as reader_module
 from store import history, kv, local, models
-from tests import objects
-
-TOPIC_SPEC = {"partitions": 1, "replicationFactor": 1}
-
+from tests import builders
 
 def topic(name: str, resolution: str = "Init") -> bytes:
-    obj = models.Topic.model_validate({"name": name, "spec": TOPIC_SPEC, "status": {"resolution": resolution}})
-    return models.encode(obj)
+    return models.encode(builders.topic(name, resolution=resolution))
 
 
 class RunningReader:
@@ -96,7 +92,7 @@ async def test_a_fresh_history_starts_with_a_snapshot_then_records_every_change(
     kv_store: kv.KVStore, running: RunningReader
 ) -> None:
     before = await kv_store.create("topics/a", topic("a", "Provisioned"))
-    spu = objects.spu(1)
+    spu = builders.spu(1)
     spu_revision = await kv_store.create(spu.key, models.encode(spu))
     await kv_store.create("meta/placement-start-index", b"3")  # not an object: never recorded
     listed = await kv_store.revision()

@@ -13,15 +13,8 @@ from hypothesis import given, strategies as st
 
 from controller.api import admission, listing
 from store import local, models
-from tests import objects
-
-
-def partition(name: str) -> models.Partition:
-    return models.Partition.model_validate({"name": name, "spec": {"leader": 0, "replicas": [0]}})
-
-
-def topic(name: str) -> models.Topic:
-    return models.Topic.model_validate({"name": name, "spec": {"partitions": 1, "replicationFactor": 1}})
+from tests import builders
+from tests.builders import partition, topic
 
 
 class Table:
@@ -84,9 +77,9 @@ def test_partitions_are_in_topic_then_index_order_after_every_kind_of_change() -
 def test_spus_sort_by_id_even_when_an_id_changes() -> None:
     written = Table("spus")
     index = listing.SortedNames(written.table)
-    written.apply(objects.spu(5, name="e"), objects.spu(1, name="z"), objects.spu(3, name="a"))
+    written.apply(builders.spu(5, name="e"), builders.spu(1, name="z"), builders.spu(3, name="a"))
     assert index.current() == ["z", "a", "e"]
-    written.apply(objects.spu(0, name="e"))
+    written.apply(builders.spu(0, name="e"))
     assert index.current() == ["e", "z", "a"]
     written.delete("z")
     assert index.current() == ["e", "a"]

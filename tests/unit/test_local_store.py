@@ -7,12 +7,7 @@ import asyncio
 import pytest
 
 from store import local, models
-
-
-def topic(name: str, partitions: int = 1, resolution: str = "Init") -> models.Topic:
-    return models.Topic.model_validate(
-        {"name": name, "spec": {"partitions": partitions, "replicationFactor": 1}, "status": {"resolution": resolution}}
-    )
+from tests.builders import topic
 
 
 def epochs(table: local.KindStore) -> dict[str, tuple[int, int]]:

@@ -8,13 +8,7 @@ from connection_manager import transport
 from controller import metrics
 from controller.reconcile import actions
 from store import kv, local, models
-from tests.objects import spu
-
-
-def partition(name: str, leader: int, replicas: list[int], resolution: str = "Online") -> models.Partition:
-    return models.Partition.model_validate(
-        {"name": name, "spec": {"leader": leader, "replicas": replicas}, "status": {"resolution": resolution}}
-    )
+from tests.builders import partition, spu
 
 
 def store_of(*objects: models.ClusterObject) -> local.LocalStore:
@@ -43,12 +37,12 @@ def test_partitions_without_a_leader_are_leader_offline_or_led_by_an_spu_that_is
         spu(0, "Online"),
         spu(1, "Offline"),
         spu(2, "Init"),
-        partition("t-0", 0, [0, 1]),  # led by an online SPU
-        partition("t-1", 0, [0, 1], resolution="Offline"),  # new, its online leader has not reported: has a leader
-        partition("t-2", 1, [1, 0]),  # its leader went offline, no election written yet
-        partition("t-3", 2, [2, 0], resolution="Offline"),  # led by an SPU that never came online
-        partition("t-4", 0, [0], resolution="LeaderOffline"),  # recorded as leaderless
-        partition("t-5", 7, [7]),  # led by an SPU the store does not know
+        partition("t-0", [0, 1], leader=0, resolution="Online"),  # led by an online SPU
+        partition("t-1", [0, 1], leader=0, resolution="Offline"),  # new, its online leader has not reported: has a leader
+        partition("t-2", [1, 0], leader=1, resolution="Online"),  # its leader went offline, no election written yet
+        partition("t-3", [2, 0], leader=2, resolution="Offline"),  # led by an SPU that never came online
+        partition("t-4", [0], leader=0, resolution="LeaderOffline"),  # recorded as leaderless
+        partition("t-5", [7], leader=7, resolution="Online"),  # led by an SPU the store does not know
     )
     assert metrics.partitions_without_leader(local_store) == 4
     instance = metrics.Metrics()
@@ -64,8 +58,8 @@ def test_an_empty_store_has_no_partition_without_a_leader() -> None:
 
 
 def _election(cause: str) -> actions.Action:
-    before = partition("t-0", 0, [0, 1])
-    after = partition("t-0", 1, [0, 1])
+    before = partition("t-0", [0, 1], leader=0, resolution="Online")
+    after = partition("t-0", [0, 1], leader=1, resolution="Online")
     return actions.elect(before, after, 5, "SPU 0 went offline: SPU 1 now leads", cause)
 
 

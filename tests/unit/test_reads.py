@@ -19,7 +19,8 @@ from controller import config, placement
 from controller.api import listing
 from store import models
 from tests.unit import api_server
-from tests.unit.api_server import partition, server, spu, topic  # noqa: F401 (server is a fixture)
+from tests.builders import partition, topic
+from tests.unit.api_server import server, spu  # noqa: F401 (server is a fixture)
 
 
 def error(code: str, message: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import pytest
 
 from controller.reconcile import actions, spu_ids, topic
 from store import local, models, spu_index
-from tests import objects
+from tests import builders
 
 KEY = "meta/spu-ids/7"
 
@@ -74,11 +74,11 @@ def entries(*spus: tuple[models.Spu, int]) -> dict[str, local.Entry]:
 def test_the_spus_ignored_are_those_sharing_an_id_another_holds() -> None:
     """Which SPU holds a shared id is store/spu_index.py's rule (tests/unit/test_spu_index.py)."""
     spus = entries(
-        (objects.spu(1, name="one"), 3),
-        (objects.spu(7, name="late"), 9),
-        (objects.spu(7, name="early"), 5),
-        (objects.spu(7, name="also-early"), 5),  # same revision (one transaction): by name
-        (objects.spu(2, name="two"), 4),
+        (builders.spu(1, name="one"), 3),
+        (builders.spu(7, name="late"), 9),
+        (builders.spu(7, name="early"), 5),
+        (builders.spu(7, name="also-early"), 5),  # same revision (one transaction): by name
+        (builders.spu(2, name="two"), 4),
     )
     no_index: dict[str, tuple[bytes, int]] = {}
     assert spu_ids.shadowed(spus, no_index.get) == [(7, "early", "also-early"), (7, "late", "also-early")]
@@ -88,13 +88,13 @@ def test_the_spus_ignored_are_those_sharing_an_id_another_holds() -> None:
         "SPU 'early' has id 7, which SPU 'late' holds: placement ignores 'early'; "
         "delete it (DELETE /v1/spus/early) and register it again with a free id"
     )
-    assert spu_ids.shadowed(entries((objects.spu(1), 3), (objects.spu(2), 4)), no_index.get) == []
+    assert spu_ids.shadowed(entries((builders.spu(1), 3), (builders.spu(2), 4)), no_index.get) == []
 
 
 def test_placement_sees_each_id_once_when_spus_share_one() -> None:
     """Before the index, four SPUs with id 7 made every topic of the cluster fail placement with
     "SPU id 7 appears more than once"; the SPUs that do not hold the id are left out instead."""
     store = local.LocalStore()
-    for spu, revision in [(objects.spu(7, rack="r1", name="a"), 5), (objects.spu(7, rack="r2", name="b"), 6), (objects.spu(3), 7)]:
+    for spu, revision in [(builders.spu(7, rack="r1", name="a"), 5), (builders.spu(7, rack="r2", name="b"), 6), (builders.spu(3), 7)]:
         store["spus"].apply(spu, revision)
     assert [(info.id, info.rack) for info in topic.spu_infos(store.snapshot())] == [(3, None), (7, "r1")]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from store import local, models, spu_index
-from tests import objects
+from tests import builders
 
 KEY = "meta/spu-ids/7"
 
@@ -22,11 +22,11 @@ def entries(*spus: tuple[models.Spu, int]) -> dict[str, local.Entry]:
 
 
 SHARED = (
-    (objects.spu(1, name="one"), 3),
-    (objects.spu(7, name="late"), 9),
-    (objects.spu(7, name="early"), 5),
-    (objects.spu(7, name="also-early"), 5),  # same revision (one transaction): by name
-    (objects.spu(2, name="two"), 4),
+    (builders.spu(1, name="one"), 3),
+    (builders.spu(7, name="late"), 9),
+    (builders.spu(7, name="early"), 5),
+    (builders.spu(7, name="also-early"), 5),  # same revision (one transaction): by name
+    (builders.spu(2, name="two"), 4),
 )
 
 

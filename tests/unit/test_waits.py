@@ -6,18 +6,7 @@ import asyncio
 
 from controller.api import admin_ops
 from store import local, models
-
-
-def topic(name: str, resolution: str = "Init") -> models.Topic:
-    return models.Topic.model_validate(
-        {"name": name, "spec": {"partitions": 1, "replicationFactor": 1}, "status": {"resolution": resolution}}
-    )
-
-
-def partition(topic_name: str, index: int) -> models.Partition:
-    return models.Partition.model_validate(
-        {"name": f"{topic_name}-{index}", "spec": {"leader": 0, "replicas": [0]}, "status": {"resolution": "Offline"}}
-    )
+from tests.builders import partition, topic
 
 
 async def test_a_change_of_a_related_table_wakes_the_waiter_of_the_object_it_names() -> None:
@@ -29,10 +18,10 @@ async def test_a_change_of_a_related_table_wakes_the_waiter_of_the_object_it_nam
         verdict = asyncio.ensure_future(waits.wait("orders", lambda: store["partitions"].get("orders-0"), 30.0))
         await asyncio.sleep(0)
         assert not verdict.done()
-        store["partitions"].apply(partition("other", 0), 2)  # another topic's partition: no verdict yet
+        store["partitions"].apply(partition("other-0"), 2)  # another topic's partition: no verdict yet
         await asyncio.sleep(0.01)
         assert not verdict.done()
-        store["partitions"].apply(partition("orders", 0), 3)
+        store["partitions"].apply(partition("orders-0"), 3)
         entry = await asyncio.wait_for(verdict, 5.0)
         assert entry is not None and entry.name == "orders-0"
     finally:

@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from controller.audit import export
 from controller.audit.export import RECORD_TYPES
 from store import history, models
-from tests import objects
+from tests import builders
 from tests.unit.audit import synthetic
 from tests.unit.audit.synthetic import T0
 
@@ -178,7 +178,7 @@ async def every_kind_history(directory: Path) -> synthetic.Writer:
     group = models.SpuGroup.model_validate({"name": "g", "spec": {"replicas": 2, "minId": 10, "rack": "r2"}})
     writer.at(1).put(group)
     writer.at(2).put(group.model_copy(update={"status": models.SpuGroupStatus(resolution="Reserved")}), by_sc="ids free")
-    managed = objects.spu(10, resolution="Init", rack="r2", name="g-0", spu_type="Managed")
+    managed = builders.spu(10, resolution="Init", rack="r2", name="g-0", spu_type="Managed")
     writer.at(3).put(managed, by_sc="group g", verb="create")
     writer.at(4).topic("computed", {"partitions": 1, "replicationFactor": 2, "ignoreRackAssignment": True})
     writer.at(5).provision("computed", {0: [1, 10]})

@@ -6,7 +6,7 @@ import pytest
 
 from controller.api.fluvio import mapping, messages, objects as fluvio_objects
 from store import models
-from tests import objects
+from tests import builders
 
 Error = messages.Error
 
@@ -78,7 +78,7 @@ def test_partition_items_with_and_without_a_leader_status() -> None:
 
 
 def test_spu_items_advertise_an_ip_or_a_hostname() -> None:
-    by_ip = objects.spu(5001, resolution="Offline", rack="r1", host="10.0.0.1")
+    by_ip = builders.spu(5001, resolution="Offline", rack="r1", host="10.0.0.1")
     assert mapping.spu_item(by_ip) == fluvio_objects.Metadata(
         "spu-5001",
         fluvio_objects.SpuSpec(
@@ -86,7 +86,7 @@ def test_spu_items_advertise_an_ip_or_a_hostname() -> None:
         ),
         fluvio_objects.SpuStatus(fluvio_objects.SpuResolution.OFFLINE),
     )
-    by_name = objects.spu(7, resolution="Init", host="spu-7.cluster.local", spu_type="Managed")
+    by_name = builders.spu(7, resolution="Init", host="spu-7.cluster.local", spu_type="Managed")
     item = mapping.spu_item(by_name)
     assert item.spec.spu_type is fluvio_objects.SpuType.MANAGED
     assert item.spec.public_endpoint.ingress == [fluvio_objects.IngressAddr(hostname="spu-7.cluster.local")]
@@ -94,7 +94,7 @@ def test_spu_items_advertise_an_ip_or_a_hostname() -> None:
 
 
 def test_custom_spu_items_and_which_spus_they_show() -> None:
-    custom = objects.spu(5001)
+    custom = builders.spu(5001)
     assert mapping.custom_spu_item(custom) == fluvio_objects.Metadata(
         "spu-5001",
         fluvio_objects.CustomSpuSpec(5001, fluvio_objects.IngressPort(9005, [fluvio_objects.IngressAddr(ip="127.0.0.1")]), fluvio_objects.Endpoint(9006, "127.0.0.1")),
@@ -102,7 +102,7 @@ def test_custom_spu_items_and_which_spus_they_show() -> None:
     )
     kind, keep, _ = mapping.ITEMS[fluvio_objects.CUSTOM_SPU]
     assert kind == "spus" and keep is not None
-    assert (keep(custom), keep(objects.spu(1, spu_type="Managed"))) == (True, False)
+    assert (keep(custom), keep(builders.spu(1, spu_type="Managed"))) == (True, False)
 
 
 def test_an_spu_group_item() -> None:

@@ -14,24 +14,15 @@ import pytest
 from controller import config, context as context_module, metrics
 from controller.api.fluvio import client as client_module, mapping, messages, objects as fluvio_objects, server as server_module
 from store import local, memory, models
-from tests import objects
+from tests import builders
 
 Topic = models.Topic
 
 
 def topic(name: str, resolution: str = "Provisioned", partitions: int = 1) -> models.Topic:
+    """Provisioned by default, with the replica map that goes with it: what Fluvio clients list."""
     replica_map = {str(index): [index % 3] for index in range(partitions)} if resolution == "Provisioned" else {}
-    return models.Topic.model_validate(
-        {
-            "name": name,
-            "spec": {"partitions": partitions, "replicationFactor": 1},
-            "status": {"resolution": resolution, "replicaMap": replica_map},
-        }
-    )
-
-
-def partition(name: str, replicas: list[int]) -> models.Partition:
-    return models.Partition.model_validate({"name": name, "spec": {"leader": replicas[0], "replicas": replicas}})
+    return builders.topic(name, partitions, resolution=resolution, replica_map=replica_map)
 
 
 class StoreServer:
@@ -122,7 +113,7 @@ async def test_topic_filters_are_substrings_or_ed_and_system_lists_none(store_se
 
 
 async def test_partition_lists_ignore_filters_and_sort_by_index(store_server: StoreServer, client: client_module.Client) -> None:
-    store_server.apply(partition("orders-10", [1]), partition("orders-2", [0]), partition("audit-0", [2]))
+    store_server.apply(builders.partition("orders-10", [1]), builders.partition("orders-2", [0]), builders.partition("audit-0", [2]))
     assert [meta.name for meta in await client.list(fluvio_objects.PARTITION, "nothing-matches")] == ["audit-0", "orders-2", "orders-10"]
     assert await client.list(fluvio_objects.PARTITION, system=True) == []
 
@@ -130,8 +121,8 @@ async def test_partition_lists_ignore_filters_and_sort_by_index(store_server: St
 async def test_spu_lists_show_managed_and_custom_custom_spu_lists_only_custom(
     store_server: StoreServer, client: client_module.Client
 ) -> None:
-    managed = objects.spu(2, name="main-0", spu_type="Managed")
-    custom = objects.spu(7, name="edge-7")
+    managed = builders.spu(2, name="main-0", spu_type="Managed")
+    custom = builders.spu(7, name="edge-7")
     store_server.apply(custom, managed)
     assert await client.list(fluvio_objects.SPU) == [item(fluvio_objects.SPU, managed), item(fluvio_objects.SPU, custom)]
     assert await client.list(fluvio_objects.CUSTOM_SPU) == [item(fluvio_objects.CUSTOM_SPU, custom)]
@@ -213,11 +204,11 @@ async def test_a_resync_that_lost_an_object_sends_its_delete(store_server: Store
 
 
 async def test_custom_spu_watch_shows_only_custom_spus(store_server: StoreServer, client: client_module.Client) -> None:
-    custom = objects.spu(7, name="edge-7")
-    store_server.apply(custom, objects.spu(2, name="main-0", spu_type="Managed"))
+    custom = builders.spu(7, name="edge-7")
+    store_server.apply(custom, builders.spu(2, name="main-0", spu_type="Managed"))
     frames = client.watch(fluvio_objects.CUSTOM_SPU)
     assert (await next_frame(frames)).all == [item(fluvio_objects.CUSTOM_SPU, custom)]
-    store_server.apply(objects.spu(3, name="main-1", spu_type="Managed"), objects.spu(8, name="edge-8"))
+    store_server.apply(builders.spu(3, name="main-1", spu_type="Managed"), builders.spu(8, name="edge-8"))
     frame = await next_frame(frames)
     assert [(message.header, message.content.name) for message in frame.changes] == [(messages.MessageType.UPDATE, "edge-8")]
 
@@ -232,7 +223,7 @@ async def test_unserved_watch_labels_get_one_empty_snapshot(client: client_modul
 async def test_several_watches_and_replies_share_one_connection(store_server: StoreServer, client: client_module.Client) -> None:
     topics, spus = client.watch(fluvio_objects.TOPIC), client.watch(fluvio_objects.SPU)
     await next_frame(topics), await next_frame(spus)
-    store_server.apply(topic("a"), objects.spu(1))
+    store_server.apply(topic("a"), builders.spu(1))
     assert [m.content.name for m in (await next_frame(topics)).changes] == ["a"]
     assert [m.content.name for m in (await next_frame(spus)).changes] == ["spu-1"]
     assert [meta.name for meta in await client.list(fluvio_objects.TOPIC)] == ["a"]
