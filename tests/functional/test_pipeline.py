@@ -223,14 +223,12 @@ async def test_deleting_a_topic_deletes_its_partitions(cluster: Cluster) -> None
     await cluster.eventually(gone)
 
 
-class GatedStore(kv.KVStore):
+class GatedStore(kv.ForwardingStore):
     """A real store whose transactions writing the gated key, once armed, wait until the test
     opens the gate: a write held in flight, to decide around it."""
 
     def __init__(self, inner: kv.KVStore, gated: str) -> None:
-        self.inner = inner
-        self.prefix = inner.prefix
-        self.max_request_bytes = inner.max_request_bytes
+        super().__init__(inner)
         self.gated = gated
         self.armed = False
         self.held = asyncio.Event()
@@ -241,42 +239,6 @@ class GatedStore(kv.KVStore):
             self.held.set()
             await self.opened.wait()
         return await self.inner.txn(compares, operations)
-
-    async def get(self, key: str) -> kv.KeyValue | None:
-        return await self.inner.get(key)
-
-    async def list(self, prefix: str) -> kv.ListResult:
-        return await self.inner.list(prefix)
-
-    async def create(self, key: str, value: bytes) -> int:
-        return await self.inner.create(key, value)
-
-    async def update(self, key: str, value: bytes, mod_revision: int) -> int:
-        return await self.inner.update(key, value, mod_revision)
-
-    async def delete(self, key: str, mod_revision: int | None = None) -> int:
-        return await self.inner.delete(key, mod_revision)
-
-    def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
-        return self.inner.watch(prefix, from_revision)
-
-    async def revision(self) -> int:
-        return await self.inner.revision()
-
-    async def compact(self, revision: int) -> None:
-        await self.inner.compact(revision)
-
-    async def grant_lease(self, ttl: int) -> kv.Lease:
-        return await self.inner.grant_lease(ttl)
-
-    async def keep_alive(self, lease: int) -> int:
-        return await self.inner.keep_alive(lease)
-
-    async def revoke_lease(self, lease: int) -> None:
-        await self.inner.revoke_lease(lease)
-
-    async def claim(self, key: str, value: bytes, lease: int) -> kv.Claim:
-        return await self.inner.claim(key, value, lease)
 
     async def close(self) -> None:
         pass  # the fixture closes the inner store

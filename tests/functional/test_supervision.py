@@ -33,14 +33,13 @@ from tests.fixtures.scripted_spu import ScriptedSpu
 INJECTED = "etcd at 127.0.0.1:2379 failed watch: INTERNAL: injected by the test"
 
 
-class BrokenWatchStore(kv.KVStore):
+class BrokenWatchStore(kv.ForwardingStore):
     """A real store whose watches fail, when told to, with an error the Reader does not expect
     (as a proxy answering INTERNAL or CANCELLED would): a running watch at its next event, a new
     watch at once."""
 
     def __init__(self, inner: kv.KVStore) -> None:
-        self.inner = inner
-        self.prefix = inner.prefix
+        super().__init__(inner)
         self.failures_left = 0  # fail this many times
         self.broken = False  # fail every time
         self.raised = 0
@@ -62,44 +61,11 @@ class BrokenWatchStore(kv.KVStore):
                 self._fail_if_told()
                 yield event
 
-    async def get(self, key: str) -> kv.KeyValue | None:
-        return await self.inner.get(key)
-
-    async def list(self, prefix: str) -> kv.ListResult:
-        return await self.inner.list(prefix)
-
-    async def create(self, key: str, value: bytes) -> int:
-        return await self.inner.create(key, value)
-
-    async def update(self, key: str, value: bytes, mod_revision: int) -> int:
-        return await self.inner.update(key, value, mod_revision)
-
-    async def delete(self, key: str, mod_revision: int | None = None) -> int:
-        return await self.inner.delete(key, mod_revision)
-
     async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
         if self.gated is not None and any(operation.key == self.gated for operation in operations):
             self.held.set()
             await self.opened.wait()
         return await self.inner.txn(compares, operations)
-
-    async def revision(self) -> int:
-        return await self.inner.revision()
-
-    async def compact(self, revision: int) -> None:
-        await self.inner.compact(revision)
-
-    async def grant_lease(self, ttl: int) -> kv.Lease:
-        return await self.inner.grant_lease(ttl)
-
-    async def keep_alive(self, lease: int) -> int:
-        return await self.inner.keep_alive(lease)
-
-    async def revoke_lease(self, lease: int) -> None:
-        await self.inner.revoke_lease(lease)
-
-    async def claim(self, key: str, value: bytes, lease: int) -> kv.Claim:
-        return await self.inner.claim(key, value, lease)
 
     async def close(self) -> None:
         pass  # the fixture closes the inner store

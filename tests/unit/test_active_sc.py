@@ -4,19 +4,18 @@ while the claim is known to be held, an unreachable store pausing them, a lost l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 
 import pytest
 
 from store import active_sc, kv, memory
 
 
-class Flaky(kv.KVStore):
+class Flaky(kv.ForwardingStore):
     """The memory store, its lease calls unreachable while ``down``."""
 
     def __init__(self, inner: memory.MemoryStore) -> None:
-        self.inner = inner
-        self.prefix = inner.prefix
+        super().__init__(inner)
         self.down = False
 
     def _reach(self) -> None:
@@ -42,33 +41,6 @@ class Flaky(kv.KVStore):
     async def get(self, key: str) -> kv.KeyValue | None:
         self._reach()
         return await self.inner.get(key)
-
-    async def list(self, prefix: str) -> kv.ListResult:
-        return await self.inner.list(prefix)
-
-    async def create(self, key: str, value: bytes) -> int:
-        return await self.inner.create(key, value)
-
-    async def update(self, key: str, value: bytes, mod_revision: int) -> int:
-        return await self.inner.update(key, value, mod_revision)
-
-    async def delete(self, key: str, mod_revision: int | None = None) -> int:
-        return await self.inner.delete(key, mod_revision)
-
-    async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
-        return await self.inner.txn(compares, operations)
-
-    def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
-        return self.inner.watch(prefix, from_revision)
-
-    async def revision(self) -> int:
-        return await self.inner.revision()
-
-    async def compact(self, revision: int) -> None:
-        await self.inner.compact(revision)
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 @pytest.fixture
