@@ -47,6 +47,11 @@ _RETRY_BACKOFF_MAX = 0.5
 # Watch reconnects: a watch never gives up on its own, it only slows down.
 _WATCH_BACKOFF_INITIAL = 0.1
 _WATCH_BACKOFF_MAX = 2.0
+# Seconds of silence after which a watch asks etcd for progress, to learn whether its stream still
+# works: one small request per interval per idle watch.
+WATCH_PROBE_INTERVAL = 30.0
+_PROGRESS_REQUEST = etcdpb.WatchRequest()
+_PROGRESS_REQUEST.progress_request.SetInParent()  # etcd3aio exports no WatchProgressRequest class
 
 # Codes worth retrying within the deadline. RESOURCE_EXHAUSTED is etcd's "too many requests"
 # (and "database space exceeded", which retrying does not fix, so it ends as Unavailable), except
@@ -229,6 +234,7 @@ class EtcdStore(kv.KVStore):
         self._kv = etcdpb.KVStub(channel)
         self._watch = etcdpb.WatchStub(channel)
         self._watch_calls: set[grpc.aio.StreamStreamCall] = set()
+        self.watch_probe_interval = WATCH_PROBE_INTERVAL
         self._closed = False
         self._closed_event = asyncio.Event()
         # Highest store revision any response has shown: every later write commits above it.
@@ -764,8 +770,11 @@ class EtcdStore(kv.KVStore):
         skip events. Here the resume point is the revision of the last event delivered + 1: etcd
         never splits one revision's events over two responses (we do not ask for fragments), and a
         break can only happen between responses, so that point is exact. Progress notifications
-        are not used: etcd 3.5.1 may send one ahead of events not yet delivered (etcd issue 15220),
-        so they cannot advance the resume point. Reconnects back off from 0.1 s to 2 s and never
+        do not advance it: etcd 3.5.1 may send one ahead of events not yet delivered (etcd issue
+        15220). They serve as a liveness probe instead: a stream whose creation is not confirmed
+        within the request timeout, or that answers no progress request within it after
+        ``watch_probe_interval`` s of silence, is made again (a restarted etcd once left a new
+        stream unanswered for good, while keep-alive pings on the connection were answered). Reconnects back off from 0.1 s to 2 s and never
         give up; compaction of the resume point raises Compacted; closing the store or the
         iterator (aclose) ends the watch and cancels the gRPC stream.
         """
@@ -790,11 +799,36 @@ class EtcdStore(kv.KVStore):
                     continue
             call = self._watch.Watch()
             self._watch_calls.add(call)
+            reading: asyncio.Future[Any] | None = None
             try:
                 create = etcdpb.WatchCreateRequest(key=start, range_end=range_end, start_revision=next_revision)
                 await call.write(etcdpb.WatchRequest(create_request=create))
+                created = probing = False
                 while True:
-                    response = await call.read()
+                    if reading is None:
+                        reading = asyncio.ensure_future(call.read())
+                    # An answer is owed within the request timeout to the creation and to a
+                    # progress request; otherwise the watch may sit idle for the probe interval.
+                    owed = not created or probing
+                    done, _ = await asyncio.wait((reading,), timeout=self.request_timeout if owed else self.watch_probe_interval)
+                    if not done:
+                        if not created:
+                            _log.warning(
+                                "etcd at %s did not confirm the watch on %r within %.1f s; making it again",
+                                self._endpoints_text(), prefix, self.request_timeout,
+                            )
+                            break
+                        if probing:
+                            _log.warning(
+                                "etcd watch on %r fell silent: no answer to a progress request within %.1f s; "
+                                "making it again from revision %d",
+                                prefix, self.request_timeout, next_revision,
+                            )
+                            break
+                        probing = True
+                        await call.write(_PROGRESS_REQUEST)
+                        continue
+                    response, reading, probing = reading.result(), None, False
                     if response is grpc.aio.EOF:
                         break  # etcd ended the stream (shutting down): reconnect
                     self._check_cluster(response.header.cluster_id)
@@ -806,6 +840,7 @@ class EtcdStore(kv.KVStore):
                             f"{response.cancel_reason or 'no reason given'}"
                         )
                     if response.created:
+                        created = True
                         backoff = _WATCH_BACKOFF_INITIAL
                         continue
                     events = response.events
@@ -838,6 +873,8 @@ class EtcdStore(kv.KVStore):
             finally:
                 call.cancel()
                 self._watch_calls.discard(call)
+                if reading is not None:
+                    _discard(reading)
             if not await self._pause(backoff):
                 return
             backoff = min(backoff * 2, _WATCH_BACKOFF_MAX)
@@ -1094,3 +1131,12 @@ def _not_cancelled_from_outside() -> bool:
     """True if the running task is not being cancelled (so a CancelledError came from our close)."""
     task = asyncio.current_task()
     return task is None or task.cancelling() == 0
+
+
+def _discard(reading: asyncio.Future[Any]) -> None:
+    """Abandon a pending read of a stream that is being replaced (its error, if any, is moot)."""
+    if reading.done():
+        if not reading.cancelled():
+            reading.exception()  # retrieved, so asyncio does not report it as never retrieved
+    else:
+        reading.cancel()
