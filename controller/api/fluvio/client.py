@@ -103,8 +103,14 @@ class Client:
                 elif not future.done():
                     future.set_result(answer)
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as error:
-            for _, _, future in self._pending.values():
-                if not future.done():
-                    future.set_exception(ConnectionError(f"the SC closed the connection ({error!r})"))
+            self._fail_pending(f"the SC closed the connection ({error!r})")
+        except Exception as error:  # an answer our codec cannot read: nothing after it can be trusted
+            self._fail_pending(f"could not decode the SC's answer ({error!r}); the connection is closed")
+            self.writer.close()
         finally:
             self.closed.set()
+
+    def _fail_pending(self, reason: str) -> None:
+        for _, _, future in self._pending.values():
+            if not future.done():
+                future.set_exception(ConnectionError(reason))
