@@ -50,6 +50,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+REFUSED_RETRY = 1.0
+
+
 class BenchSpu:
     """One SPU at the protocol level: keeps its replica view, confirms what it leads, proposes
     every replica back into its in-sync sets, heartbeats; offsets only when the bench asks."""
@@ -67,6 +70,10 @@ class BenchSpu:
         self.tasks: list[asyncio.Task[None]] = []
         self.synced = asyncio.Event()
         self.proposed: dict[str, int] = {}  # partition -> the partition epoch of the proposal in flight
+        # partition -> (partition epoch, when) of a refused proposal: as the simulator's replicas do
+        # (and Kafka's leaders), a refused proposal is not repeated before REFUSED_RETRY seconds,
+        # or it would flood the SC with proposals it answers with the same refusal.
+        self.refused: dict[str, tuple[int, float]] = {}
         self.dirty = asyncio.Event()
         self.peers: list[BenchSpu] = []
 
@@ -74,6 +81,7 @@ class BenchSpu:
         """Connect as the same process (it says it holds what it was told, at the epochs it was told)."""
         self.synced.clear()
         self.proposed.clear()
+        self.refused.clear()
         self.websocket = await self.session.ws_connect(self.url, max_msg_size=wire.MAX_FRAME_BYTES)
         await self.websocket.send_bytes(wire.encode(wire.Register(spu_id=self.spu_id)))
         accepted = wire.parse_sc_message((await self.websocket.receive(timeout=30)).data)
@@ -111,6 +119,16 @@ class BenchSpu:
                 self.dirty.set()
             elif isinstance(parsed, wire.AlterIsrResult):
                 self.proposed.pop(parsed.partition, None)
+                info = self.replicas.get(parsed.partition)
+                if info is not None and parsed.partition_epoch >= info.partition_epoch:
+                    # The committed state the answer carries, newer than any Update so far.
+                    info = info.model_copy(
+                        update={"isr": parsed.isr, "partition_epoch": parsed.partition_epoch, "leader_epoch": parsed.leader_epoch}
+                    )
+                    self.replicas[parsed.partition] = info
+                if parsed.error is not None:
+                    self.refused[parsed.partition] = (parsed.partition_epoch, now)
+                    asyncio.get_running_loop().call_later(REFUSED_RETRY, self.dirty.set)
                 self.dirty.set()
 
     async def _lead(self) -> None:
@@ -127,8 +145,12 @@ class BenchSpu:
                 entries = ",".join(f'{{"partition":"{name}","leaderEpoch":{epoch}}}' for name, epoch in fresh)
                 await self.websocket.send_bytes(('{"v":2,"type":"leading","partitions":[' + entries + "]}").encode())
                 confirmed.update(fresh)
+            now = time.perf_counter()
             for name, info in led.items():
                 if len(info.isr) == len(info.replicas) or not self.connected.issuperset(info.replicas):
+                    continue
+                refused = self.refused.get(name)
+                if refused is not None and refused[0] == info.partition_epoch and now - refused[1] < REFUSED_RETRY:
                     continue
                 if self.proposed.get(name) != info.partition_epoch:
                     self.proposed[name] = info.partition_epoch
@@ -339,11 +361,15 @@ async def main() -> int:
                     await victim.connect()
 
                     async def preferred_back() -> bool:
+                        # The SPUs' own views first (cheap); then the store, decoded once they agree.
+                        views = [info for spu in spus for info in spu.replicas.values() if info.leader == spu.spu_id]
+                        if sum(info.replicas[0] == info.leader for info in views) < len(views) or len(views) < args.partitions:
+                            return False
                         listed = await store.list("partitions/")
                         decoded = [models.decode("partitions", item.value) for item in listed.items]
                         return all(p.spec.leader == p.spec.replicas[0] for p in decoded)  # type: ignore[attr-defined]
 
-                    await wait_until(preferred_back, 300, "preferred leaders back", interval=max(0.1, args.partitions / 20_000))
+                    await wait_until(preferred_back, 300, "preferred leaders back", interval=0.5)
 
                 # Offsets intake: everybody sends offsets flat out; nothing but offsets changes.
                 # First let the last round settle.
