@@ -9,8 +9,10 @@ not a data plane. 10,000 partitions x RF 3 by default (--partitions 100000 for t
     --idle-seconds while the SPUs only heartbeat (target: under 5% of a core at 100,000
     partitions, and no growth from 10,000 beyond noise);
   - failover, for several SPUs in turn: close its connection and measure from the close to the last
-    new leader written in etcd (every partition it led) and to the last surviving SPU being told
-    (the Update carrying the new leader); the SPU reconnects, is proposed back into the in-sync
+    new leader written in etcd (every partition it led; when the SC's log records etcd's
+    acknowledgement, the SC running at info level as operators run it; the bench's own watch,
+    slowed by this busy process, is printed next to it) and to the last surviving SPU being told
+    (the Update carrying the new leader, as this process reads it); the SPU reconnects, is proposed back into the in-sync
     sets and leadership returns to it (preferred leader) before the next round;
   - offsets intake: every SPU sends offsets for every partition it leads as fast as it can for a
     few seconds; entries/s taken in by the SC, and the etcd writes they caused (target: none).
@@ -23,6 +25,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
+import json
 import os
 import signal
 import statistics
@@ -136,6 +140,9 @@ class BenchSpu:
         a leader whose followers all caught up would)."""
         assert self.websocket is not None
         confirmed: set[tuple[str, int]] = set()
+        # What it held before reconnecting is stale until the Sync replaces it (a restarted SPU
+        # that proposed from it would be answered with thousands of refusals).
+        await self.synced.wait()
         while not self.websocket.closed:
             await self.dirty.wait()
             self.dirty.clear()
@@ -221,7 +228,7 @@ async def main() -> int:
     parser.add_argument("--intake-seconds", type=float, default=5.0)
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--sc-loop", choices=sorted(provisioning.SC_LOOPS), default="asyncio", help="the event loop the SC runs on")
-    parser.add_argument("--sc-log", type=Path, help="write the SC's log (info level) here instead of a temporary file")
+    parser.add_argument("--sc-log", type=Path, help="write the SC's log (info level; the applied elections are read from it) here instead of a temporary file")
     args = parser.parse_args()
     topics, per_topic = args.partitions // 100, 100
     with tempfile.TemporaryDirectory(prefix="sc-failover-") as workdir:
@@ -236,7 +243,7 @@ async def main() -> int:
             "--etcd-endpoints", ",".join(f"http://{endpoint}" for endpoint in server.endpoints),
             "--key-prefix", prefix, "--bind-host", "127.0.0.1",
             "--public-port", str(public_port), "--private-port", str(private_port),
-            "--log-format", "json", "--log-level", "info" if args.sc_log else "warning",
+            "--log-format", "json", "--log-level", "info",
         ]
         with log_path.open("wb") as log:
             process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
@@ -316,6 +323,7 @@ async def main() -> int:
                 print(f"idle: SC CPU {idle_cpu * 100:.2f}% of a core over {args.idle_seconds:g} s, offsets frames {idle_offsets:.0f}")
 
                 etcd_seconds: list[float] = []
+                applied_seconds: list[float] = []
                 told_seconds: list[float] = []
                 for round_index in range(args.rounds):
                     victim = spus[(round_index * 7) % args.spus]
@@ -336,7 +344,7 @@ async def main() -> int:
 
                     watcher = asyncio.create_task(follow(await store.revision() + 1))
                     await asyncio.sleep(0.2)
-                    closed_at = time.perf_counter()
+                    closed_at, closed_wall = time.perf_counter(), time.time()
                     await victim.close()
 
                     async def all_moved() -> bool:
@@ -356,8 +364,14 @@ async def main() -> int:
                     last_written = max(moved_at.values()) - closed_at
                     last_told = max(max(spu.told.get(name, 0.0) for spu in survivors) for name in led) - closed_at
                     etcd_seconds.append(last_written)
+                    last_applied = last_election_applied(log_path, led, closed_wall) - closed_wall
+                    applied_seconds.append(last_applied)
                     told_seconds.append(last_told)
-                    print(f"round {round_index + 1}: SPU {victim.spu_id} led {len(led)}: last leader in etcd {last_written * 1000:.0f} ms, last SPU told {last_told * 1000:.0f} ms")
+                    print(
+                        f"round {round_index + 1}: SPU {victim.spu_id} led {len(led)}: last new leader applied (SC's log) "
+                        f"{last_applied * 1000:.0f} ms, seen by the bench's watch {last_written * 1000:.0f} ms, "
+                        f"last SPU told {last_told * 1000:.0f} ms"
+                    )
                     await victim.connect()
 
                     async def preferred_back() -> bool:
@@ -418,12 +432,13 @@ async def main() -> int:
         (f"idle: SC CPU, {args.partitions} partitions hosted (% of a core)", f"{idle_cpu * 100:.2f}", "< 5", "ok" if idle_cpu < 0.05 else "MISSED"),
         ("idle: offsets frames the SC took in", f"{idle_offsets:.0f}", "0", "ok" if idle_offsets == 0 else "MISSED"),
         (f"leaderships moved per round (RF 3, {args.partitions} partitions / {args.spus} SPUs)", f"~{args.partitions // args.spus}", "", ""),
-        ("close -> last new leader in etcd, p50 (ms)", f"{statistics.median(etcd_seconds) * 1000:.0f}", "", ""),
-        ("close -> last new leader in etcd, p99 (ms)", f"{percentile(etcd_seconds, 0.99) * 1000:.0f}", "", ""),
-        ("close -> last new leader in etcd, max (ms)", f"{max(etcd_seconds) * 1000:.0f}", "< 1000", "ok" if max(etcd_seconds) < TARGET_SECONDS else "MISSED"),
+        ("close -> last new leader written (SC's log), p50 (ms)", f"{statistics.median(applied_seconds) * 1000:.0f}", "", ""),
+        ("close -> last new leader written (SC's log), p99 (ms)", f"{percentile(applied_seconds, 0.99) * 1000:.0f}", "", ""),
+        ("close -> last new leader written (SC's log), max (ms)", f"{max(applied_seconds) * 1000:.0f}", "< 1000", "ok" if max(applied_seconds) < TARGET_SECONDS else "MISSED"),
+        ("close -> last new leader seen by the bench's watch, p50 / max (ms)", f"{statistics.median(etcd_seconds) * 1000:.0f} / {max(etcd_seconds) * 1000:.0f}", "", ""),
         ("close -> last SPU told, p50 (ms)", f"{statistics.median(told_seconds) * 1000:.0f}", "", ""),
         ("close -> last SPU told, max (ms)", f"{max(told_seconds) * 1000:.0f}", "< 1000", "ok" if max(told_seconds) < TARGET_SECONDS else "MISSED"),
-        ("  ratio to Kafka 1.1's ~3 s controlled shutdown (max etcd)", f"{max(etcd_seconds) / 3.0:.2f}", "", ""),
+        ("  ratio to Kafka 1.1's ~3 s controlled shutdown (max written)", f"{max(applied_seconds) / 3.0:.2f}", "", ""),
         (f"offsets intake, {args.spus} SPUs flat out: entries sent", f"{sent:,.0f}", "", ""),
         ("  entries/s taken in by the SC (every one, in order)", f"{absorbed / elapsed:,.0f}", "", ""),
         ("  etcd writes caused", f"{writes_during}", "0", "ok" if writes_during == 0 else "MISSED"),
@@ -432,6 +447,26 @@ async def main() -> int:
     for name, value, target, verdict in rows:
         print(f"{name:<{width}}  {value:>10}  {target:>7}  {verdict}")
     return 0 if all(row[3] != "MISSED" for row in rows) else 1
+
+
+def last_election_applied(log_path: Path, partitions: set[str], since: float) -> float:
+    """When the SC's log says the last of ``partitions`` got its new leader (the write acknowledged
+    by etcd), as a Unix time. The bench's own watch sees the same writes later by however busy this
+    process is (50 SPUs' worth of Updates), so the SC's record is the one the target is checked on."""
+    keys = {f"partitions/{name}" for name in partitions}
+    last = 0.0
+    with log_path.open("rb") as log:
+        for line in log:
+            if b'"verb": "elect"' not in line:
+                continue
+            record = json.loads(line)
+            if record.get("key") in keys and record.get("event") == "action applied":
+                when = datetime.datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00")).timestamp()
+                if when >= since:
+                    last = max(last, when)
+    if not last:
+        raise RuntimeError(f"the SC's log ({log_path}) shows no election applied for the {len(partitions)} partitions")
+    return last
 
 
 async def settle(store: etcd.EtcdStore) -> int:
