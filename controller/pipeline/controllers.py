@@ -188,6 +188,8 @@ class PartitionController:
         self._connections = connections
         # Partitions to look at next: None means all of them.
         self._due: set[str] | None = None
+        # Off for the pass after one that decided only leaderless partitions (see partition.decide).
+        self._urgent_first = True
         self._hosting = partition.HostingIndex()
         self._spu_ids: dict[str, int] = {}  # SPU name -> id, to find a deleted SPU's partitions
         self.loop = _loop(context, dispatcher, "partition", self.decide, {"partitions": ALL, "spus": ALL})
@@ -232,7 +234,8 @@ class PartitionController:
         self._due = set()
         settings = self._settings
         view = cluster_view(settings, self._health, self._live, self._connections)
-        decided = partition.decide(snapshot, partition.Inputs(view, names))
+        decided = partition.decide(snapshot, partition.Inputs(view, names, urgent_first=self._urgent_first))
+        self._urgent_first = not decided.split
         if self._connections is not None:
             for proposal, answer, state in decided.answers:
                 self._connections.answer(proposal, _alter_isr_result(proposal, answer, state))

@@ -238,7 +238,9 @@ def test_leader_changes_come_before_in_sync_changes_in_a_pass() -> None:
     led_by_0 = part(0, [0, 1, 2]).model_copy(update={"name": "a-0"})
     led_by_1 = part(1, [1, 2, 0]).model_copy(update={"name": "b-0"})
     view = partition.ClusterView(health(s0=ONLINE, s1=ONLINE, s2=OFFLINE), {})
-    decided = partition.decide(snapshot_of(*SPUS, led_by_0, led_by_1), partition.Inputs(partition.ClusterView(health(s0=OFFLINE, s1=ONLINE, s2=ONLINE), {})))
+    lost_0 = partition.ClusterView(health(s0=OFFLINE, s1=ONLINE, s2=ONLINE), {})
+    # In a pass that does not split (the one after a split does not), elections still come first.
+    decided = partition.decide(snapshot_of(*SPUS, led_by_0, led_by_1), partition.Inputs(lost_0, urgent_first=False))
     assert [(a.name, a.verb) for a in decided.actions] == [("a-0", actions.Verb.ELECT), ("b-0", actions.Verb.UPDATE_STATUS)]
     assert partition.decide(snapshot_of(*SPUS, led_by_0, led_by_1), partition.Inputs(view)).actions[0].verb is actions.Verb.UPDATE_STATUS
 
@@ -325,12 +327,35 @@ def test_a_pass_writes_every_election_and_postpones_in_sync_changes_past_its_bat
     led = [part(0, [0, 1, 2]).model_copy(update={"name": f"led-{index}"}) for index in range(3)]
     followed = [part(1, [1, 0, 2]).model_copy(update={"name": f"followed-{index}"}) for index in range(3)]
     view = partition.ClusterView(health(s0=OFFLINE, s1=ONLINE, s2=ONLINE), {}, changes_batch=1)
-    decided = partition.decide(snapshot_of(*SPUS, *led, *followed), partition.Inputs(view))
+    decided = partition.decide(snapshot_of(*SPUS, *led, *followed), partition.Inputs(view, urgent_first=False))
     assert [(a.name, a.verb) for a in decided.actions] == [
         ("led-0", actions.Verb.ELECT), ("led-1", actions.Verb.ELECT), ("led-2", actions.Verb.ELECT),
         ("followed-0", actions.Verb.UPDATE_STATUS),
     ]
     assert decided.postponed == {"followed-1", "followed-2"}
+
+
+def test_a_pass_with_leaders_gone_decides_their_partitions_alone_and_the_rest_next() -> None:
+    """A failover at 100,000 partitions: the SPU led 2,000 and followed 4,000. Deciding all 6,000
+    before writing anything held every election back by the time the followerships took (the
+    in-sync changes beyond the batch were even decided twice). Partitions whose leader cannot lead
+    go first, alone; the others are postponed to the next pass, which does not split again (a
+    partition that stays leaderless must not hold the others back forever)."""
+    led = [part(0, [0, 1, 2]).model_copy(update={"name": f"led-{index}"}) for index in range(2)]
+    followed = [part(1, [1, 0, 2]).model_copy(update={"name": f"followed-{index}"}) for index in range(2)]
+    view = partition.ClusterView(health(s0=OFFLINE, s1=ONLINE, s2=ONLINE), {})
+    snapshot = snapshot_of(*SPUS, *led, *followed)
+    first = partition.decide(snapshot, partition.Inputs(view))
+    assert [(a.name, a.verb) for a in first.actions] == [("led-0", actions.Verb.ELECT), ("led-1", actions.Verb.ELECT)]
+    assert first.postponed == {"followed-0", "followed-1"} and first.split
+    second = partition.decide(snapshot, partition.Inputs(view, first.postponed, urgent_first=False))
+    assert sorted((a.name, a.verb) for a in second.actions) == [
+        ("followed-0", actions.Verb.UPDATE_STATUS), ("followed-1", actions.Verb.UPDATE_STATUS),
+    ]
+    assert not second.split and not second.postponed
+    # Nothing to split: every partition concerned has lost its leader, or none has.
+    assert not partition.decide(snapshot, partition.Inputs(view, ["led-0", "led-1"])).split
+    assert not partition.decide(snapshot, partition.Inputs(view, ["followed-0"])).split
 
 
 def test_the_hosting_index_names_the_partitions_of_an_spu_and_follows_changes() -> None:
