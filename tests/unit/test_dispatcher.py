@@ -172,7 +172,7 @@ async def test_a_failed_action_backs_off_its_key_and_holds_no_other() -> None:
 
 async def test_a_result_hook_that_raises_stalls_nothing(running) -> None:  # type: ignore[no-untyped-def]
     """A broken hook (a bug in a controller's or the history's bookkeeping) used to leave its
-    batch's slot taken: after eight, the dispatcher wrote nothing more. Each failure is logged;
+    batch's slot taken: once every slot was, the dispatcher wrote nothing more. Each failure is logged;
     the other hooks still hear every result."""
     store, dispatcher, results = running
 
@@ -180,15 +180,16 @@ async def test_a_result_hook_that_raises_stalls_nothing(running) -> None:  # typ
         raise RuntimeError(f"injected fault for {result.action.key}")
 
     dispatcher.on_result(broken)
+    count = dispatcher.max_batches_in_flight + 4
     with structlog.testing.capture_logs() as logged:
-        for index in range(dispatcher.max_batches_in_flight + 4):
+        for index in range(count):
             dispatcher.submit(actions.create(partition(f"t-{index}", [0, 1]), "test"))
             await asyncio.wait_for(dispatcher.drained(), 5)
-    assert len((await store.list("partitions/")).items) == 12
-    assert [result.outcome for result in results] == [Outcome.APPLIED] * 12
+    assert len((await store.list("partitions/")).items) == count
+    assert [result.outcome for result in results] == [Outcome.APPLIED] * count
     failures = [entry for entry in logged if entry["event"] == "action result hook failed"]
     assert [(entry["key"], entry["log_level"], entry["exc_info"]) for entry in failures] == [
-        (f"partitions/t-{index}", "error", True) for index in range(12)
+        (f"partitions/t-{index}", "error", True) for index in range(count)
     ]
 
 
