@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
@@ -79,6 +80,10 @@ class BenchSpu:
         # or it would flood the SC with proposals it answers with the same refusal.
         self.refused: dict[str, tuple[int, float]] = {}
         self.dirty = asyncio.Event()
+        # What _lead must look at: the partitions changed since it last looked (None: all of them).
+        # Looking at all 6,000 on every Update, 50 SPUs in this one process, delayed the reading
+        # of the very Updates being timed.
+        self.changed: set[str] | None = None
         self.peers: list[BenchSpu] = []
 
     async def connect(self) -> None:
@@ -97,7 +102,7 @@ class BenchSpu:
         await self.websocket.send_bytes(wire.encode(wire.Hosted(partitions=held)))
         self.connected.add(self.spu_id)
         for spu in self.peers:
-            spu.dirty.set()  # its followers may be proposed back now
+            spu.look_at()  # its followers may be proposed back now
         self.tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._heartbeat()), asyncio.create_task(self._lead())]
         await asyncio.wait_for(self.synced.wait(), 60)
 
@@ -110,6 +115,7 @@ class BenchSpu:
             now = time.perf_counter()
             if isinstance(parsed, wire.Sync):
                 self.replicas = {info.partition: info for info in parsed.replicas}
+                self.changed = None
                 self.synced.set()
                 self.dirty.set()
             elif isinstance(parsed, wire.Update):
@@ -120,7 +126,7 @@ class BenchSpu:
                     self.replicas[info.partition] = info
                 for name in parsed.deleted_replicas:
                     self.replicas.pop(name, None)
-                self.dirty.set()
+                self.look_at(info.partition for info in parsed.replicas)
             elif isinstance(parsed, wire.AlterIsrResult):
                 self.proposed.pop(parsed.partition, None)
                 info = self.replicas.get(parsed.partition)
@@ -132,8 +138,16 @@ class BenchSpu:
                     self.replicas[parsed.partition] = info
                 if parsed.error is not None:
                     self.refused[parsed.partition] = (parsed.partition_epoch, now)
-                    asyncio.get_running_loop().call_later(REFUSED_RETRY, self.dirty.set)
-                self.dirty.set()
+                    asyncio.get_running_loop().call_later(REFUSED_RETRY, self.look_at, (parsed.partition,))
+                self.look_at((parsed.partition,))
+
+    def look_at(self, names: Iterable[str] | None = None) -> None:
+        """Have _lead look at ``names`` (every partition when None)."""
+        if names is None:
+            self.changed = None
+        elif self.changed is not None:
+            self.changed.update(names)
+        self.dirty.set()
 
     async def _lead(self) -> None:
         """Confirm new leaderships, and propose every replica into in-sync sets lacking some (as
@@ -146,7 +160,9 @@ class BenchSpu:
         while not self.websocket.closed:
             await self.dirty.wait()
             self.dirty.clear()
-            led = {name: info for name, info in self.replicas.items() if info.leader == self.spu_id}
+            names, self.changed = self.changed, set()
+            infos = self.replicas.values() if names is None else filter(None, map(self.replicas.get, names))
+            led = {info.partition: info for info in infos if info.leader == self.spu_id}
             fresh = [(name, info.leader_epoch) for name, info in led.items() if (name, info.leader_epoch) not in confirmed]
             if fresh:
                 entries = ",".join(f'{{"partition":"{name}","leaderEpoch":{epoch}}}' for name, epoch in fresh)
@@ -338,9 +354,9 @@ async def main() -> int:
                         async for event in store.watch("partitions/", start_revision):
                             if event.value is None:
                                 continue
-                            partition = models.decode("partitions", event.value)
-                            if partition.name in led and partition.spec.leader != victim.spu_id:  # type: ignore[attr-defined]
-                                moved_at.setdefault(partition.name, time.perf_counter())
+                            name = event.key.removeprefix("partitions/")
+                            if name in led and name not in moved_at and json.loads(event.value)["spec"]["leader"] != victim.spu_id:
+                                moved_at[name] = time.time()
 
                     watcher = asyncio.create_task(follow(await store.revision() + 1))
                     await asyncio.sleep(0.2)
@@ -361,15 +377,18 @@ async def main() -> int:
                     watcher.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await watcher
-                    last_written = max(moved_at.values()) - closed_at
+                    last_written = max(moved_at.values()) - closed_wall
                     last_told = max(max(spu.told.get(name, 0.0) for spu in survivors) for name in led) - closed_at
                     etcd_seconds.append(last_written)
-                    last_applied = last_election_applied(log_path, led, closed_wall) - closed_wall
+                    # Both are seen after the commit: it came no later than the earlier of the two.
+                    logged = elections_applied(log_path, led, closed_wall)
+                    last_applied = max(min(logged.get(name, moved_at[name]), moved_at[name]) for name in led) - closed_wall
                     applied_seconds.append(last_applied)
                     told_seconds.append(last_told)
                     print(
-                        f"round {round_index + 1}: SPU {victim.spu_id} led {len(led)}: last new leader applied (SC's log) "
-                        f"{last_applied * 1000:.0f} ms, seen by the bench's watch {last_written * 1000:.0f} ms, "
+                        f"round {round_index + 1}: SPU {victim.spu_id} led {len(led)}: last new leader written "
+                        f"{last_applied * 1000:.0f} ms (seen by the bench's watch {last_written * 1000:.0f} ms, "
+                        f"in the SC's log {max(logged.values(), default=closed_wall) - closed_wall:.3f} s), "
                         f"last SPU told {last_told * 1000:.0f} ms"
                     )
                     await victim.connect()
@@ -432,9 +451,9 @@ async def main() -> int:
         (f"idle: SC CPU, {args.partitions} partitions hosted (% of a core)", f"{idle_cpu * 100:.2f}", "< 5", "ok" if idle_cpu < 0.05 else "MISSED"),
         ("idle: offsets frames the SC took in", f"{idle_offsets:.0f}", "0", "ok" if idle_offsets == 0 else "MISSED"),
         (f"leaderships moved per round (RF 3, {args.partitions} partitions / {args.spus} SPUs)", f"~{args.partitions // args.spus}", "", ""),
-        ("close -> last new leader written (SC's log), p50 (ms)", f"{statistics.median(applied_seconds) * 1000:.0f}", "", ""),
-        ("close -> last new leader written (SC's log), p99 (ms)", f"{percentile(applied_seconds, 0.99) * 1000:.0f}", "", ""),
-        ("close -> last new leader written (SC's log), max (ms)", f"{max(applied_seconds) * 1000:.0f}", "< 1000", "ok" if max(applied_seconds) < TARGET_SECONDS else "MISSED"),
+        ("close -> last new leader written, p50 (ms)", f"{statistics.median(applied_seconds) * 1000:.0f}", "", ""),
+        ("close -> last new leader written, p99 (ms)", f"{percentile(applied_seconds, 0.99) * 1000:.0f}", "", ""),
+        ("close -> last new leader written, max (ms)", f"{max(applied_seconds) * 1000:.0f}", "< 1000", "ok" if max(applied_seconds) < TARGET_SECONDS else "MISSED"),
         ("close -> last new leader seen by the bench's watch, p50 / max (ms)", f"{statistics.median(etcd_seconds) * 1000:.0f} / {max(etcd_seconds) * 1000:.0f}", "", ""),
         ("close -> last SPU told, p50 (ms)", f"{statistics.median(told_seconds) * 1000:.0f}", "", ""),
         ("close -> last SPU told, max (ms)", f"{max(told_seconds) * 1000:.0f}", "< 1000", "ok" if max(told_seconds) < TARGET_SECONDS else "MISSED"),
@@ -449,12 +468,13 @@ async def main() -> int:
     return 0 if all(row[3] != "MISSED" for row in rows) else 1
 
 
-def last_election_applied(log_path: Path, partitions: set[str], since: float) -> float:
-    """When the SC's log says the last of ``partitions`` got its new leader (the write acknowledged
-    by etcd), as a Unix time. The bench's own watch sees the same writes later by however busy this
-    process is (50 SPUs' worth of Updates), so the SC's record is the one the target is checked on."""
+def elections_applied(log_path: Path, partitions: set[str], since: float) -> dict[str, float]:
+    """When the SC's log says each of ``partitions`` got its new leader (the write acknowledged by
+    etcd), as Unix times. Like the bench's own watch, the log sees a write after its commit, by
+    however busy its process is then; each partition's commit came no later than the earlier of
+    the two, which is what the target is checked on."""
     keys = {f"partitions/{name}" for name in partitions}
-    last = 0.0
+    applied: dict[str, float] = {}
     with log_path.open("rb") as log:
         for line in log:
             if b'"verb": "elect"' not in line:
@@ -463,10 +483,8 @@ def last_election_applied(log_path: Path, partitions: set[str], since: float) ->
             if record.get("key") in keys and record.get("event") == "action applied":
                 when = datetime.datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00")).timestamp()
                 if when >= since:
-                    last = max(last, when)
-    if not last:
-        raise RuntimeError(f"the SC's log ({log_path}) shows no election applied for the {len(partitions)} partitions")
-    return last
+                    applied.setdefault(record["key"].removeprefix("partitions/"), when)
+    return applied
 
 
 async def settle(store: etcd.EtcdStore) -> int:
