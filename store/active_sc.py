@@ -26,6 +26,9 @@ DEFAULT_TTL = 10
 # Polling the key while a previous holder's claim may still expire (a crashed SC's).
 _WAIT_POLL_SECONDS = 0.5
 _HOLDER_CHARS = 300
+# A renewal that fails is sent again after this pause while the lease may still be alive.
+_RETRY_PAUSE_SECONDS = 0.2
+_MIN_ATTEMPT_SECONDS = 1.0
 
 
 class AnotherScActive(Exception):
@@ -194,18 +197,27 @@ class ActiveSc:
 
     async def _renew(self) -> None:
         assert self._lease is not None and self.identity is not None
-        sent = asyncio.get_running_loop().time()
-        try:
-            ttl = await self.kv_store.keep_alive(self._lease)
-            current = await self.kv_store.get(KEY)
-        except kv.LeaseExpired:
-            self._lose(f"its lease expired: the store was unreachable for longer than the {self.ttl} s TTL")
-            return
-        except kv.Unavailable as error:
-            if not self._warned_unreachable:
-                self._warned_unreachable = True
-                _log.warning("cannot renew the active-SC lease (%s); writes pause once it lapses", error)
-            return
+        loop = asyncio.get_running_loop()
+        while True:
+            sent = loop.time()
+            try:
+                # A share of the lease per attempt: one that waited out the store's request budget
+                # (5 s) left no time for another before a 10 s lease lapsed.
+                async with asyncio.timeout(max(_MIN_ATTEMPT_SECONDS, self.ttl / 5)):
+                    ttl = await self.kv_store.keep_alive(self._lease)
+                    current = await self.kv_store.get(KEY)
+                break
+            except kv.LeaseExpired:
+                self._lose(f"its lease expired: the store was unreachable for longer than the {self.ttl} s TTL")
+                return
+            except (kv.Unavailable, TimeoutError) as error:
+                reason = str(error) or f"no answer within {max(_MIN_ATTEMPT_SECONDS, self.ttl / 5):g} s"
+                if not self._warned_unreachable:
+                    self._warned_unreachable = True
+                    _log.warning("cannot renew the active-SC lease (%s); writes pause once it lapses", reason)
+                if loop.time() + _RETRY_PAUSE_SECONDS >= self._valid_until:
+                    return  # lapsed for all we know: run() goes on at its pace (and finds out)
+                await asyncio.sleep(_RETRY_PAUSE_SECONDS)
         if current is None:
             self._lose(f"{self.key} was deleted")
         elif current.create_revision != self._claimed_revision or current.value != self.identity.encode():

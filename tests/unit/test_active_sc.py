@@ -17,6 +17,11 @@ class Flaky(kv.ForwardingStore):
     def __init__(self, inner: memory.MemoryStore) -> None:
         super().__init__(inner)
         self.down = False
+        # Keep-alives that take this long and then fail, as etcd's do when its answer does not
+        # come within the request budget (5 s by default).
+        self.slow_failures = 0
+        self.slow_seconds = 5.0
+        self.keep_alives: list[float] = []  # when each was asked (loop time)
 
     def _reach(self) -> None:
         if self.down:
@@ -27,7 +32,12 @@ class Flaky(kv.ForwardingStore):
         return await self.inner.grant_lease(ttl)
 
     async def keep_alive(self, lease: int) -> int:
+        self.keep_alives.append(asyncio.get_running_loop().time())
         self._reach()
+        if self.slow_failures:
+            self.slow_failures -= 1
+            await asyncio.sleep(self.slow_seconds)
+            raise kv.Unavailable(f"lease keep-alive failed within {self.slow_seconds} s (the test says so)")
         return await self.inner.keep_alive(lease)
 
     async def revoke_lease(self, lease: int) -> None:
@@ -119,3 +129,26 @@ def test_a_holder_is_described_whatever_was_stored() -> None:
 def test_a_lease_shorter_than_two_seconds_is_refused() -> None:
     with pytest.raises(ValueError, match="the active-SC lease must last at least 2 s, got 1"):
         active_sc.ActiveSc(memory.MemoryStore(), ttl=1)
+
+
+@pytest.mark.looptime(start=0)
+async def test_a_keep_alive_that_hangs_is_given_up_and_sent_again_within_the_lease(store: Flaky) -> None:
+    """Seen at 100,000 partitions under an offsets flood: one keep-alive took the whole 5 s request
+    budget and failed, the next came 3.3 s later, and the 10 s lease had lapsed by then. A renewal
+    gets a share of the lease, and is sent again at once while the lease may still be alive."""
+    active = active_sc.ActiveSc(store, ttl=6)
+    guarded = active_sc.GuardedStore(store, active)
+    await active.acquire("127.0.0.1:9003")
+    claimed = await store.get(active_sc.KEY)
+    keeper = asyncio.create_task(active.run())
+    try:
+        store.slow_failures = 1  # the renewal at 2 would hang until 7, past the lease's end at 6
+        await asyncio.sleep(7.0)
+        assert active.state is active_sc.State.ACTIVE and active.problem() is None
+        await write(guarded, "still-active")
+        assert store.keep_alives[0] == 2.0 and 2.0 < store.keep_alives[1] < 6.0, store.keep_alives
+    finally:
+        keeper.cancel()
+        await asyncio.gather(keeper, return_exceptions=True)
+    held = await store.get(active_sc.KEY)
+    assert held is not None and claimed is not None and held.create_revision == claimed.create_revision
