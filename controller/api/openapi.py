@@ -425,10 +425,8 @@ def _paths() -> dict[str, Any]:
                 description="The decisions of this SC's controllers as they are applied (or refused by the store): "
                 "elections with their cause, provisioning, status and spec changes, each with the reason a person "
                 "reads. First the latest 500 (kept in memory, lost at a restart), then SYNC, then each new one; "
-                "JSON lines or WebSocket messages and the same limits as the other watch streams. A WebSocket "
-                "client that cannot send an Authorization header (a browser) may offer its token as the "
-                f"subprotocol {auth.WEBSOCKET_BEARER_PREFIX}<base64url of the token> next to {auth.WEBSOCKET_PROTOCOL}, "
-                "which the SC picks.",
+                "JSON lines or WebSocket messages and the same limits as the other watch streams (see "
+                "/v1/watch/{kind} for the WebSocket subprotocols).",
                 r200={
                     "description": "The event stream",
                     "content": {"application/x-ndjson": {"schema": _ref("DecisionEvent")}},
@@ -440,7 +438,11 @@ def _paths() -> dict[str, Any]:
             "get": _operation(
                 "Stream every object, a SYNC marker, then each change",
                 description="JSON lines (application/x-ndjson), or one WebSocket text message per event when "
-                "the client asks for an upgrade. Changes that arrive together may be coalesced into the "
+                f"the client asks for an upgrade; a WebSocket client offering the subprotocol {auth.WEBSOCKET_PROTOCOL} "
+                "(the SC picks it) gets a message per batch of events instead, one JSON per line, each line ending "
+                "with a newline. A client that cannot send an Authorization header (a browser) may offer its token "
+                f"as the subprotocol {auth.WEBSOCKET_BEARER_PREFIX}<the token in base64url, unpadded> next to "
+                f"{auth.WEBSOCKET_PROTOCOL}. Changes that arrive together may be coalesced into the "
                 "latest state of each object. Every watcher gets the same events; one that has not taken "
                 "watch_buffer_bytes of them, or takes nothing for client_stall_seconds, is dropped (the "
                 "connection is reset) and should watch again. DELETED carries the last state sent; its "

@@ -25,8 +25,21 @@ def offered(token: str) -> list[str]:
     return [auth.WEBSOCKET_PROTOCOL, "bearer." + base64.urlsafe_b64encode(token.encode()).decode().rstrip("=")]
 
 
-async def next_json(websocket: aiohttp.ClientWebSocketResponse) -> Any:
-    return await asyncio.wait_for(websocket.receive_json(), 5)
+class Events:
+    """The events of a WebSocket that picked the page's subprotocol: a message holds one or more, one per line."""
+
+    def __init__(self, websocket: aiohttp.ClientWebSocketResponse) -> None:
+        self.websocket = websocket
+        self.waiting: list[Any] = []
+        self.messages = 0
+
+    async def next(self) -> Any:
+        while not self.waiting:
+            message = await asyncio.wait_for(self.websocket.receive_str(), 5)
+            assert message.endswith("\n"), message
+            self.messages += 1
+            self.waiting = [json.loads(line) for line in message.splitlines()]
+        return self.waiting.pop(0)
 
 
 async def test_the_pages_files_need_no_credential_and_load_nothing_from_elsewhere(tmp_path: Path) -> None:
@@ -66,9 +79,10 @@ async def test_a_websocket_watch_takes_its_token_as_a_subprotocol_and_refuses_wi
         async with session.ws_connect(url, protocols=offered(READER_TOKEN)) as websocket:
             # The SC picks the page's subprotocol, never the one carrying the token.
             assert websocket.protocol == auth.WEBSOCKET_PROTOCOL
-            first = await next_json(websocket)
+            events = Events(websocket)
+            first = await events.next()
             assert (first["type"], first["object"]["name"]) == ("ADDED", "spu-1")
-            assert (await next_json(websocket))["type"] == "SYNC"
+            assert (await events.next())["type"] == "SYNC"
     captured = capsys.readouterr()
     assert "spu-1" in captured.out  # the SC's log was captured: the token would be in it
     assert READER_TOKEN not in captured.out + captured.err
@@ -77,11 +91,15 @@ async def test_a_websocket_watch_takes_its_token_as_a_subprotocol_and_refuses_wi
 async def test_the_decisions_stream_tells_what_the_sc_decided_and_why_as_it_happens(tmp_path: Path) -> None:
     async with running(settings_for(auth_tokens=tokens_file(tmp_path))) as sc, aiohttp.ClientSession() as session:
         await register_spu(sc, 1)
+        await register_spu(sc, 2)
         url = f"ws://127.0.0.1:{sc.daemon.public_port}/v1/watch/events"
         async with session.ws_connect(url, protocols=offered(READER_TOKEN)) as websocket:
+            events = Events(websocket)
             ring = []
-            while (event := await next_json(websocket))["type"] != "SYNC":
+            while (event := await events.next())["type"] != "SYNC":
                 ring.append(event["object"])
+            # The ring came in one message (a batch), then SYNC in its own.
+            assert events.messages == 2 and len(ring) >= 2, ring
             online = [decision for decision in ring if decision["name"] == "spu-1" and decision["verb"] == "update-status"]
             assert online and online[-1]["outcome"] == "applied", ring
             status, body, _ = await call(
@@ -90,7 +108,7 @@ async def test_the_decisions_stream_tells_what_the_sc_decided_and_why_as_it_happ
             assert status == 201, body
             told = []
             while not any(decision["verb"] == "provision" for decision in told):
-                event = await next_json(websocket)
+                event = await events.next()
                 assert event["type"] == "ADDED"
                 told.append(event["object"])
             provision = next(decision for decision in told if decision["verb"] == "provision")

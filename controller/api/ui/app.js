@@ -39,6 +39,10 @@
     moving: "",
   };
   const streams = new Map();
+  // When each stream first synced and how long the first full drawing took, in ms after navigation
+  // started (the browser test prints them).
+  const timings = {};
+  window.scTimings = timings;
 
   const $ = (id) => document.getElementById(id);
 
@@ -122,7 +126,10 @@
       const socket = new WebSocket(url.href, protocols);
       this.socket = socket;
       this.pending = this.kind === "events" ? [] : new Map();
-      socket.onmessage = (message) => this.receive(JSON.parse(message.data));
+      // With the page's subprotocol a message holds a batch of events, one JSON per line.
+      socket.onmessage = (message) => {
+        for (const line of message.data.split("\n")) if (line) this.receive(JSON.parse(line));
+      };
       socket.onclose = () => this.closed(socket);
     }
 
@@ -155,6 +162,7 @@
         }
         this.pending = null;
         this.retryMs = RECONNECT_MIN_MS;
+        if (!state.synced.has(this.kind) && !(this.kind in timings)) timings[this.kind] = Math.round(performance.now());
         state.synced.add(this.kind);
         if (state.synced.size === KINDS.length) loadCluster();
         changed();
@@ -197,6 +205,7 @@
   function draw() {
     // Until every kind of object has arrived once, a drawing would show a cluster that is not there.
     if (!state.firstSync && !OBJECT_KINDS.every((kind) => state.synced.has(kind))) return;
+    const drawStarted = performance.now();
     const view = derive();
     // Rebuilt parts keep the keyboard focus on the element with the same key.
     const focused = document.activeElement && document.activeElement.dataset ? document.activeElement.dataset.key : undefined;
@@ -215,6 +224,7 @@
       state.firstSync = true;
       // For the browser test: the page has drawn everything the streams gave it.
       window.scLoadedMs = performance.now();
+      timings.firstDrawMs = Math.round(performance.now() - drawStarted);
       document.body.dataset.synced = "true";
     }
   }
@@ -360,8 +370,8 @@
   function drawHeader(view) {
     text("spus-online", view.online.size);
     text("spus-total", view.spus.length);
-    const offline = view.spus.filter((spu) => spuStatus(spu) !== "Online").map((spu) => spu.spec.id);
-    text("spus-note", offline.length ? "not online: " + ids(offline) : "");
+    const offline = view.spus.filter((spu) => spuStatus(spu) !== "Online").map((spu) => spu.name);
+    text("spus-note", offline.length ? "not online: " + offline.slice(0, RISK_NAMES_SHOWN).join(", ") + (offline.length > RISK_NAMES_SHOWN ? " and " + (offline.length - RISK_NAMES_SHOWN) + " more" : "") : "");
     $("spus-card").dataset.health = view.spus.length === 0 ? "unknown" : offline.length ? "warn" : "ok";
     const counts = view.counts;
     text("partitions-total", counts.total);
@@ -658,9 +668,11 @@
       return;
     }
     const filter = $("decision-filter").value.trim().toLowerCase();
+    const electionsOnly = $("decision-elections").checked;
     const items = [];
     for (let index = state.decisions.length - 1; index >= 0; index -= 1) {
       const decision = state.decisions[index];
+      if (electionsOnly && decision.verb !== "elect") continue;
       const words = [decision.verb, decision.kind, decision.name, decision.cause, decision.reason, decision.outcome, decision.detail].join(" ").toLowerCase();
       if (filter && !words.includes(filter)) continue;
       items.push(decisionItem(decision));
@@ -830,6 +842,7 @@
     $("topics-previous").addEventListener("click", () => { state.topicPage = Math.max(0, state.topicPage - 1); draw(); });
     $("topics-next").addEventListener("click", () => { state.topicPage += 1; draw(); });
     $("decision-filter").addEventListener("input", () => drawDecisions(true));
+    $("decision-elections").addEventListener("change", () => drawDecisions(true));
     $("rebalance-plan").addEventListener("click", planRebalance);
     $("rebalance-start").addEventListener("click", startRebalance);
     $("rebalance-cancel").addEventListener("click", cancelRebalance);
