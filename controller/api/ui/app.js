@@ -418,10 +418,10 @@
     drawCluster();
   }
 
-  function since(iso) {
-    const at = new Date(iso);
-    if (Number.isNaN(at.getTime())) return String(iso);
-    return at.toLocaleString();
+  // "since" as ISO 8601 text, or as seconds since the epoch.
+  function since(value) {
+    const at = typeof value === "number" ? new Date(value * 1000) : new Date(value);
+    return Number.isNaN(at.getTime()) ? String(value) : at.toLocaleString();
   }
 
   function drawCluster() {
