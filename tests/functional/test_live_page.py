@@ -22,6 +22,7 @@ import pytest
 import requests
 
 from store import embedded_etcd
+from tests.functional.test_deploy import wait_for
 from tests.fixtures.browser import DESKTOP, PHONE, ROOT, browser, resize, screenshot, script_errors  # noqa: F401 (fixture)
 
 READ_TOKEN = "live-page-reader-0123456789"
@@ -63,7 +64,7 @@ class Cluster:
             ],
             "sc.log",
         )
-        until(lambda: self.healthy(), 30, "the SC to start")
+        wait_for(lambda: self.healthy(), 30, "the SC to start")
 
     def healthy(self) -> bool:
         try:
@@ -107,13 +108,6 @@ class Cluster:
                 process.wait(10)
 
 
-def until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
-        time.sleep(0.05)
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     public_port, private_port = embedded_etcd.free_ports(2)
@@ -150,17 +144,6 @@ def header(driver: Any) -> dict[str, str]:
     return {name: driver.find_element("id", name).text for name in ids}
 
 
-def log_in(driver: Any, cluster: Cluster, token: str) -> None:
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    driver.get(f"{cluster.url}/ui")
-    WebDriverWait(driver, 10).until(lambda d: d.find_element("id", "login").is_displayed())
-    field_ = driver.find_element("id", "token")
-    assert driver.switch_to.active_element == field_  # the page puts the keyboard there
-    field_.send_keys(token + "\n")
-    WebDriverWait(driver, 20).until(lambda d: d.find_element("tag name", "body").get_attribute("data-synced") == "true")
-
-
 def test_a_killed_spu_shows_offline_with_its_leaderships_moved_within_2_s(browser: Any, cluster: Cluster) -> None:  # noqa: F811
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
@@ -168,12 +151,21 @@ def test_a_killed_spu_shows_offline_with_its_leaderships_moved_within_2_s(browse
     cluster.register_spus(RACKS)
     for spu_id in RACKS:
         cluster.start_spu(spu_id)
-    until(lambda: all(s["status"]["resolution"] == "Online" for s in cluster.call("GET", "/v1/spus")), 30, "4 SPUs online")
+    wait_for(lambda: all(s["status"]["resolution"] == "Online" for s in cluster.call("GET", "/v1/spus")), 30, "4 SPUs online")
     cluster.call("POST", "/v1/topics", {"name": "orders", "spec": {"partitions": 12, "replicationFactor": 2}})
     cluster.call("POST", "/v1/topics", {"name": "payments", "spec": {"partitions": 4, "replicationFactor": 3}})
-    until(lambda: settled(cluster, 16), 30, "16 partitions online and in sync")
+    wait_for(lambda: settled(cluster, 16), 30, "16 partitions online and in sync")
 
-    log_in(browser, cluster, READ_TOKEN)
+    # The page asks for a token, and says so when it is refused.
+    browser.get(f"{cluster.url}/ui")
+    WebDriverWait(browser, 10).until(lambda d: d.find_element("id", "login").is_displayed())
+    token_field = browser.find_element("id", "token")
+    assert browser.switch_to.active_element == token_field  # the page puts the keyboard there
+    token_field.send_keys("not-a-token-of-this-sc\n")
+    WebDriverWait(browser, 5).until(lambda d: "the bearer token is not valid" in d.find_element("id", "login-error").text)
+    screenshot(browser, "0-token-refused-1280x800")
+    token_field.send_keys(READ_TOKEN + "\n")
+    WebDriverWait(browser, 20).until(lambda d: d.find_element("tag name", "body").get_attribute("data-synced") == "true")
     WebDriverWait(browser, 5).until(lambda d: sorted(card["status"] for card in dom(d, CARDS)) == ["Online"] * 4)
     cards = {card["id"]: card for card in dom(browser, CARDS)}
     partitions = cluster.call("GET", "/v1/partitions")
@@ -245,6 +237,18 @@ def test_a_killed_spu_shows_offline_with_its_leaderships_moved_within_2_s(browse
         screenshot(browser, "5-phone-390x844-top")
     finally:
         resize(browser, *DESKTOP)
+
+    # The SC goes away: the page says so, and once an SC answers on the port again it shows that
+    # SC's state (a fresh memory store: nothing), not what it had.
+    assert cluster.sc is not None
+    cluster.sc.send_signal(signal.SIGTERM)
+    cluster.sc.wait(20)
+    WebDriverWait(browser, 5).until(lambda d: d.find_element("id", "connection").get_attribute("data-live") == "false")
+    cluster.start_sc()
+    WebDriverWait(browser, 15).until(
+        lambda d: d.find_element("id", "connection").get_attribute("data-live") == "true"
+        and (header(d)["spus-total"], header(d)["partitions-total"]) == ("0", "0")
+    )
     assert script_errors(browser) == []
 
 
@@ -258,7 +262,7 @@ def test_the_page_with_10000_partitions_loads_and_its_load_time_is_printed(brows
     for number in range(topics):
         assignment = [{"id": index, "replicas": [(index + number) % 6, (index + number + 1) % 6]} for index in range(per_topic)]
         cluster.call("POST", "/v1/topics", {"name": f"load-{number}", "spec": {"replicaAssignment": assignment}})
-    until(lambda: len(cluster.call("GET", "/v1/partitions")) == topics * per_topic, 60, "10,000 partitions")
+    wait_for(lambda: len(cluster.call("GET", "/v1/partitions")) == topics * per_topic, 60, "10,000 partitions")
 
     browser.get(f"{cluster.url}/ui")
     browser.execute_script("sessionStorage.setItem('sc.token', arguments[0])", READ_TOKEN)
