@@ -238,6 +238,12 @@ def websocket_authorization(protocols: str | None) -> str | None:
     return None
 
 
+def without_websocket_token(protocols: str) -> str:
+    """``protocols`` (a ``Sec-WebSocket-Protocol`` header) without the token's entry: the rest is
+    handed to the WebSocket handshake, which may log what it does not know."""
+    return ", ".join(offered.strip() for offered in protocols.split(",") if not offered.strip().startswith(WEBSOCKET_BEARER_PREFIX))
+
+
 def _topic_of(path: str) -> str | None:
     """The topic a path changes (``/v1/topics/NAME``..., ``/v1/partitions/NAME-I``), if any."""
     parts = path.split("/")

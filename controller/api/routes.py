@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp.web_protocol
 import pydantic
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import exposition as prometheus_exposition
 
 from connection_manager import ratelimit, tls, transport
@@ -142,8 +142,15 @@ async def auth_middleware(
     common_name, _ = tls.peer_names(tls.peercert_of(request.transport))
     try:
         authorization = request.headers.get("Authorization")
-        if authorization is None and request.headers.get("Upgrade", "").lower() == "websocket":
-            authorization = auth.websocket_authorization(request.headers.get("Sec-WebSocket-Protocol"))
+        protocols = request.headers.get(hdrs.SEC_WEBSOCKET_PROTOCOL)
+        if protocols is not None and request.headers.get(hdrs.UPGRADE, "").lower() == "websocket":
+            authorization = authorization or auth.websocket_authorization(protocols)
+            # The handshake logs the subprotocols it does not know: the token must not be among them.
+            headers = request.headers.copy()
+            del headers[hdrs.SEC_WEBSOCKET_PROTOCOL]
+            if kept := auth.without_websocket_token(protocols):
+                headers[hdrs.SEC_WEBSOCKET_PROTOCOL] = kept
+            request = request.clone(headers=headers)
         principal = authenticator.authenticate(authorization, common_name, request.remote)
         # Creating a topic names it in the body: create_topic checks a per-prefix admin there.
         if not (principal.grant.topic_prefix is not None and request.method == "POST" and request.path == "/v1/topics"):

@@ -88,6 +88,18 @@ async def test_a_websocket_watch_takes_its_token_as_a_subprotocol_and_refuses_wi
     assert READER_TOKEN not in captured.out + captured.err
 
 
+async def test_a_token_offered_without_the_pages_subprotocol_is_never_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """aiohttp logs the subprotocols a client offers when none is the server's: the token among them
+    must not be there to log."""
+    async with running(settings_for(auth_tokens=tokens_file(tmp_path))) as sc, aiohttp.ClientSession() as session:
+        url = f"ws://127.0.0.1:{sc.daemon.public_port}/v1/watch/spus"
+        async with session.ws_connect(url, protocols=offered(READER_TOKEN)[1:]) as websocket:
+            assert websocket.protocol is None  # nothing of what it offered was picked: a message per event
+            assert (await asyncio.wait_for(websocket.receive_json(), 5))["type"] == "SYNC"
+    encoded = offered(READER_TOKEN)[1]
+    assert [record.getMessage() for record in caplog.records if encoded in record.getMessage() or READER_TOKEN in record.getMessage()] == []
+
+
 async def test_the_decisions_stream_tells_what_the_sc_decided_and_why_as_it_happens(tmp_path: Path) -> None:
     async with running(settings_for(auth_tokens=tokens_file(tmp_path))) as sc, aiohttp.ClientSession() as session:
         await register_spu(sc, 1)

@@ -147,3 +147,11 @@ def test_the_live_pages_files_need_no_credential_and_what_they_show_does() -> No
         assert auth.http_right("GET", path, dry_run=False) is None, path
     for path in ("/ui/other.js", "/ui/", "/ui/../v1/spus", "/v1/watch/events", "/v1/watch/spus", "/v1/cluster"):
         assert auth.http_right("GET", path, dry_run=False) == auth.Right(auth.READ), path
+
+
+@pytest.mark.parametrize(
+    ("protocols", "kept"),
+    [("sc.v1, bearer.YS10b2tlbg", "sc.v1"), ("bearer.YS10b2tlbg", ""), ("a,  bearer.x ,b", "a, b"), ("sc.v1", "sc.v1")],
+)
+def test_the_token_is_taken_out_of_the_subprotocols_the_handshake_sees(protocols: str, kept: str) -> None:
+    assert auth.without_websocket_token(protocols) == kept
