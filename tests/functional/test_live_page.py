@@ -136,7 +136,34 @@ def dom(driver: Any, script: str) -> Any:
 
 CARDS = """return Array.from(document.querySelectorAll('[data-spu-id]')).map(card => ({
     id: Number(card.dataset.spuId), status: card.dataset.status, leaders: Number(card.dataset.leaders),
-    replicas: Number(card.dataset.replicas), rack: card.closest('[data-rack]').dataset.rack}))"""
+    replicas: Number(card.dataset.replicas), rack: card.closest('[data-rack]').dataset.rack,
+    leaderBand: card.dataset.leaderBand, replicaBand: card.dataset.replicaBand}))"""
+RISK = """return Object.fromEntries(Array.from(document.querySelectorAll('#risk li[data-key]')).map(li => [li.dataset.key, Number(li.dataset.count)]))"""
+
+
+def band(count: int, mean: float) -> str:
+    """Kafka UI's skew bands: amber from 10% off the mean, red from 20%."""
+    skew = abs(count - mean) / mean * 100 if mean else 0.0
+    return "red" if skew >= 20 else "amber" if skew >= 10 else "ok"
+
+
+def expected_risk(cluster: Cluster) -> dict[str, int]:
+    """For each rack and SPU, the online partitions whose live in-sync replicas are all there (from the API)."""
+    spus = cluster.call("GET", "/v1/spus")
+    online = {spu["spec"]["id"] for spu in spus if spu["status"]["resolution"] == "Online"}
+    rack_of = {spu["spec"]["id"]: spu["spec"]["rack"] for spu in spus}
+    risk = {f"rack:{rack}": 0 for rack in set(rack_of.values())}
+    for partition in cluster.call("GET", "/v1/partitions"):
+        status = partition["status"]
+        if status["resolution"] != "Online":
+            continue
+        in_sync = partition["spec"]["replicas"] if status["partitionEpoch"] == 0 else status["isr"]
+        live = [spu_id for spu_id in in_sync if spu_id in online]
+        if live and len({rack_of[spu_id] for spu_id in live}) == 1:
+            risk[f"rack:{rack_of[live[0]]}"] += 1
+        if len(live) == 1:
+            risk[f"spu:{live[0]}"] = risk.get(f"spu:{live[0]}", 0) + 1
+    return risk
 
 
 def header(driver: Any) -> dict[str, str]:
@@ -200,6 +227,15 @@ def test_a_killed_spu_shows_offline_with_its_leaderships_moved_within_2_s(browse
 
     WebDriverWait(browser, FAILOVER_SHOWN_SECONDS, poll_frequency=0.05).until(failed_over)
     assert header(browser)["spus-online"] == "3"
+    cards = {card["id"]: card for card in dom(browser, CARDS)}
+    assert {spu_id: card["leaderBand"] for spu_id, card in cards.items()} == {
+        spu_id: band(card["leaders"], 16 / 4) for spu_id, card in cards.items()
+    }
+    assert cards[victim]["leaderBand"] == "red"
+    # What losing a rack or an SPU would take offline, now that one SPU is gone (the API's state
+    # settles after the election: the page must agree with it once it has).
+    WebDriverWait(browser, 5).until(lambda d: dom(d, RISK) == expected_risk(cluster))
+    assert any(count > 0 for count in dom(browser, RISK).values())
     # The decisions feed says why each leadership moved.
     elected = "return Array.from(document.querySelectorAll('#decisions li[data-verb=elect][data-cause=spu-offline]')).map(li => li.dataset.name)"
     WebDriverWait(browser, FAILOVER_SHOWN_SECONDS).until(lambda d: set(led) <= set(dom(d, elected)))

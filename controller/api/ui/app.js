@@ -499,6 +499,8 @@
         "data-status": status,
         "data-replicas": load.replicas,
         "data-leaders": load.leaders,
+        "data-replica-band": band(replicaSkew),
+        "data-leader-band": band(leaderSkew),
         "aria-label": "SPU " + id + ", " + status,
       },
       element("header", {}, element("strong", {}, spu.name), " ", element("span", { className: "muted" }, "#" + id),
