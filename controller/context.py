@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from connection_manager import server as cm_server
 from controller import config, metrics, placement
-from controller.api import admission, auth, listing, read_metrics
+from controller.api import admission, auth, decisions as decisions_module, listing, read_metrics
 from store import active_sc, history, kv, local, supervisor as supervisor_module
 
 
@@ -34,6 +34,8 @@ class Context:
     placers: placement.Placers = field(default_factory=dict)
     # Who may call the public port (disabled, everyone anonymous, when no credential is configured).
     authenticator: auth.Authenticator = field(default_factory=lambda: auth.Authenticator(None, client_certificates=False))
+    # The latest decisions of this SC's controllers, for the live page (/v1/watch/events).
+    decisions: decisions_module.Decisions = field(default_factory=decisions_module.Decisions)
     # Built from the settings: the gate every expensive read passes (HTTP and Fluvio alike), the
     # registry of watch streams, and the list answers.
     gate: admission.Gate = field(init=False)

@@ -5,6 +5,7 @@ needs. Purely computational, no I/O but reading the credentials file; it never l
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import hmac
@@ -196,8 +197,17 @@ class Right:
         return self.role if self.topic is None else f"{self.role} on topic {self.topic!r}"
 
 
-# Requests answered without any credential: a load balancer's or orchestrator's health check.
-UNAUTHENTICATED_PATHS = frozenset({"/healthz"})
+# The live page's files: its code only, the same for everyone (it ships in the package). Everything it
+# shows it reads from the API with the credential the person gives it.
+UI_PATHS = frozenset({"/ui", "/ui/app.js", "/ui/app.css"})
+# Requests answered without any credential: a load balancer's or orchestrator's health check, and
+# the live page's files.
+UNAUTHENTICATED_PATHS = frozenset({"/healthz", *UI_PATHS})
+# A browser cannot set headers on a WebSocket: the live page offers its token as a subprotocol
+# ``bearer.<token in base64url, unpadded>`` next to WEBSOCKET_PROTOCOL, which the SC picks (never
+# the token's), so the token is neither in the URL nor echoed back.
+WEBSOCKET_PROTOCOL = "sc.v1"
+WEBSOCKET_BEARER_PREFIX = "bearer."
 # POST routes that change nothing (placement dry runs): the read role may call them.
 _READ_POSTS = frozenset({"/v1/placement"})
 
@@ -209,6 +219,29 @@ def http_right(method: str, path: str, dry_run: bool) -> Right | None:
     if method in ("GET", "HEAD", "OPTIONS") or path in _READ_POSTS or (method == "POST" and dry_run):
         return Right(READ)
     return Right(ADMIN, _topic_of(path))
+
+
+def websocket_authorization(protocols: str | None) -> str | None:
+    """``Bearer TOKEN`` from a ``Sec-WebSocket-Protocol`` header offering ``bearer.<base64url>``;
+    None when it offers none. A token that does not decode is passed on as it is, to be refused."""
+    if protocols is None:
+        return None
+    for offered in protocols.split(","):
+        offered = offered.strip()
+        if offered.startswith(WEBSOCKET_BEARER_PREFIX):
+            encoded = offered[len(WEBSOCKET_BEARER_PREFIX) :]
+            try:
+                token = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode()
+            except (ValueError, UnicodeDecodeError):
+                token = encoded
+            return f"Bearer {token}"
+    return None
+
+
+def without_websocket_token(protocols: str) -> str:
+    """``protocols`` (a ``Sec-WebSocket-Protocol`` header) without the token's entry: the rest is
+    handed to the WebSocket handshake, which may log what it does not know."""
+    return ", ".join(offered.strip() for offered in protocols.split(",") if not offered.strip().startswith(WEBSOCKET_BEARER_PREFIX))
 
 
 def _topic_of(path: str) -> str | None:

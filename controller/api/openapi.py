@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Any
 
-from controller.api import listing
+from controller.api import auth, listing
 from store import models
 
 KIND_SCHEMAS = {"spus": "Spu", "spu-groups": "SpuGroup", "topics": "Topic", "partitions": "Partition"}
@@ -202,6 +202,7 @@ def _paths() -> dict[str, Any]:
                 r503=_json(_ref("Health"), "Starting, failing or inactive"),
             )
         },
+        **_ui_paths(),
         "/metrics": {
             "get": _operation(
                 "Prometheus metrics of this SC",
@@ -418,11 +419,30 @@ def _paths() -> dict[str, Any]:
                 r503=unavailable,
             )
         },
+        "/v1/watch/events": {
+            "get": _operation(
+                "Stream this SC's latest decisions, a SYNC marker, then each new decision",
+                description="The decisions of this SC's controllers as they are applied (or refused by the store): "
+                "elections with their cause, provisioning, status and spec changes, each with the reason a person "
+                "reads. First the latest 500 (kept in memory, lost at a restart), then SYNC, then each new one; "
+                "JSON lines or WebSocket messages and the same limits as the other watch streams (see "
+                "/v1/watch/{kind} for the WebSocket subprotocols).",
+                r200={
+                    "description": "The event stream",
+                    "content": {"application/x-ndjson": {"schema": _ref("DecisionEvent")}},
+                },
+                r429=_busy("the SC serves max_watchers watch streams, or max_watchers_per_address to this client"),
+            )
+        },
         "/v1/watch/{kind}": {
             "get": _operation(
                 "Stream every object, a SYNC marker, then each change",
                 description="JSON lines (application/x-ndjson), or one WebSocket text message per event when "
-                "the client asks for an upgrade. Changes that arrive together may be coalesced into the "
+                f"the client asks for an upgrade; a WebSocket client offering the subprotocol {auth.WEBSOCKET_PROTOCOL} "
+                "(the SC picks it) gets a message per batch of events instead, one JSON per line, each line ending "
+                "with a newline. A client that cannot send an Authorization header (a browser) may offer its token "
+                f"as the subprotocol {auth.WEBSOCKET_BEARER_PREFIX}<the token in base64url, unpadded> next to "
+                f"{auth.WEBSOCKET_PROTOCOL}. Changes that arrive together may be coalesced into the "
                 "latest state of each object. Every watcher gets the same events; one that has not taken "
                 "watch_buffer_bytes of them, or takes nothing for client_stall_seconds, is dropped (the "
                 "connection is reset) and should watch again. DELETED carries the last state sent; its "
@@ -439,6 +459,25 @@ def _paths() -> dict[str, Any]:
                 r503=unavailable,
             )
         },
+    }
+
+
+def _ui_paths() -> dict[str, Any]:
+    """The live page's files: no credential needed, no cluster data in them (the page asks for a token)."""
+    described = {
+        "/ui": ("text/html", "The live cluster page (it reads the watch streams with the credential it is given)"),
+        "/ui/app.js": ("text/javascript", "The live page's script"),
+        "/ui/app.css": ("text/css", "The live page's style sheet"),
+    }
+    return {
+        path: {
+            "get": _operation(
+                summary,
+                r200={"description": "The file", "content": {content_type: {"schema": {"type": "string"}}}},
+                r503=_error("The file is missing from the installed package"),
+            )
+        }
+        for path, (content_type, summary) in described.items()
     }
 
 
@@ -535,6 +574,35 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
             },
             "required": ["type", "revision", "object"],
         },
+        "DecisionEvent": {
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["ADDED", "SYNC"]},
+                "revision": {"type": "integer", "description": "The store revision the decision committed at (0 if refused)"},
+                "object": {
+                    "description": "The decision (null for SYNC)",
+                    "anyOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "properties": {
+                                "time": {"type": "number", "description": "When it was applied, seconds since the epoch (UTC)"},
+                                "kind": {"type": "string"},
+                                "name": {"type": "string"},
+                                "verb": {"type": "string", "description": "create, create-partitions, update-status, update-spec, delete, provision or elect"},
+                                "cause": {"type": "string", "description": "For an election: spu-offline, preferred-leader, drain or unclean; else empty"},
+                                "reason": {"type": "string", "description": "Why, for people (scripts must not parse it)"},
+                                "outcome": {"enum": ["applied", "failed"]},
+                                "revision": {"type": "integer"},
+                                "detail": {"type": "string"},
+                            },
+                            "required": ["time", "kind", "name", "verb", "cause", "reason", "outcome", "revision", "detail"],
+                        },
+                    ],
+                },
+            },
+            "required": ["type", "revision", "object"],
+        },
         "PlacementRequest": {
             "type": "object",
             "description": "As for `sc placement compute`; without spus, the cluster's Online SPUs.",
@@ -614,7 +682,7 @@ _SECURITY_SCHEMES = {
 def _secured(paths: dict[str, Any]) -> dict[str, Any]:
     """Every operation but /healthz: the credentials it takes, and its 401 and 403 answers."""
     for path, methods in paths.items():
-        if path == "/healthz":
+        if path in auth.UNAUTHENTICATED_PATHS:
             methods["get"]["security"] = [{}]
             continue
         for operation in methods.values():

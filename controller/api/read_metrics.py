@@ -16,6 +16,8 @@ from store import models
 WATCH_PROTOCOLS = ("http", "websocket", "fluvio")
 WATCH_DROP_REASONS = ("overflow", "stalled", "error")
 LIST_SOURCES = ("cached", "shared", "built")
+# What may be watched: each kind of object, and the SC's decisions (/v1/watch/events).
+WATCH_KINDS = (*models.KINDS, "events")
 
 
 class ReadsCollector(Collector):
@@ -68,7 +70,7 @@ class ReadsCollector(Collector):
             "sc_watchers_refused", "Watch streams refused at a limit (max_watchers, max_watchers_per_address)", labels=["protocol"]
         )
         for protocol in WATCH_PROTOCOLS:
-            for kind in models.KINDS:
+            for kind in WATCH_KINDS:
                 open_now.add_metric([protocol, kind], watchers.open[(protocol, kind)])
             refused_watchers.add_metric([protocol], watchers.refused[protocol])
         yield open_now

@@ -13,12 +13,13 @@ import json
 import math
 import secrets
 from collections.abc import Awaitable, Callable, Hashable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp.web_protocol
 import pydantic
 import structlog
-from aiohttp import web
+from aiohttp import hdrs, web
 from prometheus_client import exposition as prometheus_exposition
 
 from connection_manager import ratelimit, tls, transport
@@ -140,7 +141,17 @@ async def auth_middleware(
         return await handler(request)
     common_name, _ = tls.peer_names(tls.peercert_of(request.transport))
     try:
-        principal = authenticator.authenticate(request.headers.get("Authorization"), common_name, request.remote)
+        authorization = request.headers.get("Authorization")
+        protocols = request.headers.get(hdrs.SEC_WEBSOCKET_PROTOCOL)
+        if protocols is not None and request.headers.get(hdrs.UPGRADE, "").lower() == "websocket":
+            authorization = authorization or auth.websocket_authorization(protocols)
+            # The handshake logs the subprotocols it does not know: the token must not be among them.
+            headers = request.headers.copy()
+            del headers[hdrs.SEC_WEBSOCKET_PROTOCOL]
+            if kept := auth.without_websocket_token(protocols):
+                headers[hdrs.SEC_WEBSOCKET_PROTOCOL] = kept
+            request = request.clone(headers=headers)
+        principal = authenticator.authenticate(authorization, common_name, request.remote)
         # Creating a topic names it in the body: create_topic checks a per-prefix admin there.
         if not (principal.grant.topic_prefix is not None and request.method == "POST" and request.path == "/v1/topics"):
             auth.check(principal, right)
@@ -365,6 +376,44 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def openapi_document(request: web.Request) -> web.Response:
     return web.json_response(openapi.document())
+
+
+# ---------------------------------------------------------------------------- the live page
+
+UI_DIRECTORY = Path(__file__).parent / "ui"
+# Path -> (file in UI_DIRECTORY, its content type). auth.UI_PATHS names the same paths.
+UI_FILES = {
+    "/ui": ("index.html", "text/html"),
+    "/ui/app.js": ("app.js", "text/javascript"),
+    "/ui/app.css": ("app.css", "text/css"),
+}
+# The page runs only its own files and talks only to this SC: what it shows comes from the store,
+# which anyone with a write credential may have filled, and is only ever set as text.
+UI_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+        "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+UI_CACHE = web.AppKey("ui_cache", dict[str, bytes])
+
+
+async def ui_file(request: web.Request) -> web.Response:
+    """The live page's files (shipped in the package, read once): no credential needed, no data in them."""
+    file_name, content_type = UI_FILES[request.path]
+    cache = request.app[UI_CACHE]
+    body = cache.get(file_name)
+    if body is None:
+        try:
+            body = cache[file_name] = await asyncio.to_thread((UI_DIRECTORY / file_name).read_bytes)
+        except OSError as error:
+            raise ApiError(
+                503, "Unavailable", f"the live page's file {file_name} cannot be read ({error.strerror}): reinstall the SC's package"
+            ) from None
+    return web.Response(body=body, content_type=content_type, charset="utf-8", headers=UI_HEADERS)
 
 
 # ---------------------------------------------------------------------------- handlers: reads
@@ -824,16 +873,25 @@ class _LinesSink:
 
 
 class _WebSocketSink:
-    """One WebSocket text message per event."""
+    """One WebSocket text message per event; or, for a client that picked auth.WEBSOCKET_PROTOCOL
+    (the live page), one message per batch of events, one per line: 10,000 partitions are then
+    20 messages, not 10,000, which is most of the time a page takes to load."""
 
     def __init__(self, websocket: web.WebSocketResponse) -> None:
         self.response = websocket
+        self.batched = websocket.ws_protocol == auth.WEBSOCKET_PROTOCOL
 
     async def send_lines(self, lines: list[bytes]) -> None:
+        if self.batched:
+            await self.response.send_frame(b"\n".join(lines) + b"\n", web.WSMsgType.TEXT)
+            return
         for line in lines:
             await self.response.send_frame(line, web.WSMsgType.TEXT)
 
     async def send_batch(self, batch: fanout.Batch) -> None:
+        if self.batched:
+            await self.response.send_frame(batch.chunk, web.WSMsgType.TEXT)  # the bytes every watcher shares
+            return
         await self.send_lines(batch.lines)
 
     async def until_gone(self) -> None:
@@ -857,8 +915,30 @@ async def watch(request: web.Request) -> web.StreamResponse:
     kind = _kind(request)
     topic_name = _topic_name(request, kind)
     admin_ops.require_synced(context)
-    # Not compressed: compressing would cost every watcher its own CPU for the same bytes.
-    websocket = web.WebSocketResponse(heartbeat=30.0, compress=False)
+    keep = None if topic_name is None else functools.partial(_of_topic, topic_name)
+
+    async def subscribe(buffer_bytes: int, dropped: Callable[[str], None]) -> fanout.Subscriber:
+        return await request.app[FEEDS].subscribe(kind, topic_name, keep, buffer_bytes, dropped)
+
+    return await _serve_watch(request, kind, subscribe)
+
+
+async def watch_events(request: web.Request) -> web.StreamResponse:
+    """This SC's latest decisions (decisions.RING_DECISIONS of them), a SYNC marker, then each new one."""
+    return await _serve_watch(request, "events", request.app[CONTEXT].decisions.subscribe)
+
+
+async def _serve_watch(
+    request: web.Request,
+    kind: str,
+    subscribe: Callable[[int, Callable[[str], None]], Awaitable[fanout.Subscriber]],
+) -> web.StreamResponse:
+    """A watch stream as JSON lines, or as WebSocket messages when the client asks for an upgrade."""
+    context = request.app[CONTEXT]
+    # Not compressed: compressing would cost every watcher its own CPU for the same bytes. The one
+    # subprotocol is the live page's (auth.WEBSOCKET_PROTOCOL): a browser that offers subprotocols
+    # closes a WebSocket that picks none.
+    websocket = web.WebSocketResponse(heartbeat=30.0, compress=False, protocols=(auth.WEBSOCKET_PROTOCOL,))
     upgrade = websocket.can_prepare(request).ok
     watcher = context.watchers.admit("websocket" if upgrade else "http", kind, request.remote or "unknown")
     try:
@@ -868,10 +948,7 @@ async def watch(request: web.Request) -> web.StreamResponse:
             log.info("dropping a watch stream that fell behind", peer=request.remote, kind=kind, reason=reason)
             _abort(request)
 
-        keep = None if topic_name is None else functools.partial(_of_topic, topic_name)
-        subscriber = await request.app[FEEDS].subscribe(
-            kind, topic_name, keep, context.settings.watch_buffer_bytes, dropped
-        )
+        subscriber = await subscribe(context.settings.watch_buffer_bytes, dropped)
         try:
             sink: _LinesSink | _WebSocketSink
             if upgrade:
@@ -941,13 +1018,17 @@ def build_app(context: context_module.Context) -> web.Application:
     app[FEEDS] = fanout.Feeds(context.local_store, context.watchers.encodings)
     app[TOPIC_WAITS] = admin_ops.Waits(context.local_store["topics"])
     app[GROUP_WAITS] = admin_ops.Waits(context.local_store["spu-groups"])
+    app[UI_CACHE] = {}
     app.cleanup_ctx.append(_settlements)
     app.on_shutdown.append(_stop_streams)
     routes = app.router
     routes.add_get("/healthz", healthz)
     routes.add_get("/metrics", metrics)
     routes.add_get("/openapi.json", openapi_document)
+    for path in UI_FILES:
+        routes.add_get(path, ui_file)
     # Before /v1/{kind}/{name}, which would otherwise take /v1/watch/topics.
+    routes.add_get("/v1/watch/events", watch_events)
     routes.add_get("/v1/watch/{kind}", watch)
     routes.add_post("/v1/placement", compute_placement)
     routes.add_post("/v1/spus", register_spu)

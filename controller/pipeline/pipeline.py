@@ -50,6 +50,7 @@ class Pipeline:
         )
         if context.history is not None:
             self.dispatcher.on_result(self._record_action)
+        self.dispatcher.on_result(self._tell_decisions)
         self.topics = controllers.TopicController(context, self.dispatcher)
         self.spu_groups = controllers.SpuGroupController(context, self.dispatcher)
         self.spus = controllers.SpuController(context, self.dispatcher, health, self.live, connections)
@@ -70,6 +71,16 @@ class Pipeline:
         self.context.history.record_action(
             action.kind, action.name, action.verb.value, action.reason, action.cause, action.cause_revision,
             result.outcome.value, result.revision, action.write_keys, result.detail,
+        )
+
+    def _tell_decisions(self, result: dispatcher_module.Result) -> None:
+        """What was decided, for the live page: applied and refused actions (a conflict or an unavailable
+        store is retried, and the retry's outcome is the one told)."""
+        if result.outcome not in (dispatcher_module.Outcome.APPLIED, dispatcher_module.Outcome.FAILED):
+            return
+        action = result.action
+        self.context.decisions.record(
+            action.kind, action.name, action.verb.value, action.reason, action.cause, result.outcome.value, result.revision, result.detail
         )
 
     def _on_health(self, spu_id: int, state: health_module.Health) -> None:

@@ -121,3 +121,37 @@ def test_tls_settings_come_in_pairs(settings: dict[str, str], problem: str) -> N
     with pytest.raises(config.ConfigError) as refused:
         config.load(**settings)
     assert refused.value.problems == [f"(settings) (default) = {json.dumps(settings)}: {problem}"]
+
+
+@pytest.mark.parametrize(
+    ("protocols", "authorization"),
+    [
+        (None, None),
+        ("sc.v1", None),
+        # "a token of 24 characters" in base64url, without its padding, after the page's own subprotocol.
+        ("sc.v1, bearer.YS10b2tlbi1vZi0yNC1jaGFyYWN0ZXJz", f"Bearer {TOKEN}"),
+        ("bearer.YS10b2tlbi1vZi0yNC1jaGFyYWN0ZXJz,sc.v1", f"Bearer {TOKEN}"),
+        # A token with characters base64url would pad: "é-token!" is 9 bytes.
+        ("sc.v1, bearer.w6ktdG9rZW4h", "Bearer é-token!"),
+        # Not base64url: handed on as it is, so it is refused as an unknown token, never a 500.
+        ("sc.v1, bearer.not*base64", "Bearer not*base64"),
+        ("sc.v1, bearer.", "Bearer "),
+    ],
+)
+def test_a_browser_websocket_offers_its_token_as_a_subprotocol(protocols: str | None, authorization: str | None) -> None:
+    assert auth.websocket_authorization(protocols) == authorization
+
+
+def test_the_live_pages_files_need_no_credential_and_what_they_show_does() -> None:
+    for path in ("/ui", "/ui/app.js", "/ui/app.css", "/healthz"):
+        assert auth.http_right("GET", path, dry_run=False) is None, path
+    for path in ("/ui/other.js", "/ui/", "/ui/../v1/spus", "/v1/watch/events", "/v1/watch/spus", "/v1/cluster"):
+        assert auth.http_right("GET", path, dry_run=False) == auth.Right(auth.READ), path
+
+
+@pytest.mark.parametrize(
+    ("protocols", "kept"),
+    [("sc.v1, bearer.YS10b2tlbg", "sc.v1"), ("bearer.YS10b2tlbg", ""), ("a,  bearer.x ,b", "a, b"), ("sc.v1", "sc.v1")],
+)
+def test_the_token_is_taken_out_of_the_subprotocols_the_handshake_sees(protocols: str, kept: str) -> None:
+    assert auth.without_websocket_token(protocols) == kept

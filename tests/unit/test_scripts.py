@@ -5,13 +5,18 @@ pip, venv and `sc` are stand-ins recording how they were called."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# bootstrap with the dev extra installs the browser when it is missing: not in these tests (but in
+# the one about it, with stand-ins).
+NO_BROWSER = {**os.environ, "SC_NO_BROWSER": "1"}
 
 
 def checkout(tmp_path: Path) -> Path:
@@ -71,7 +76,7 @@ def test_an_install_with_more_extras_serves_a_command_needing_fewer(tmp_path: Pa
     for argv in (["topic", "list"], ["demo"]):
         subprocess.run([root / "scripts" / "sc", *argv], check=True, capture_output=True, timeout=60)
         assert calls(root) == [f"sc {' '.join(argv)}"]
-    subprocess.run([root / "scripts" / "bootstrap", "dev"], check=True, capture_output=True, timeout=60)
+    subprocess.run([root / "scripts" / "bootstrap", "dev"], check=True, capture_output=True, timeout=60, env=NO_BROWSER)
     assert calls(root) == []
 
 
@@ -82,6 +87,47 @@ def test_an_install_without_an_extra_asked_for_installs_again(tmp_path: Path) ->
     assert calls(root) == ["sc topic list"]
     subprocess.run([root / "scripts" / "sc", "demo"], check=True, capture_output=True, timeout=60)
     assert calls(root) == [*pip_install(root, "audit"), "sc demo"]
-    subprocess.run([root / "scripts" / "bootstrap", "audit,dev"], check=True, capture_output=True, timeout=60)
+    subprocess.run([root / "scripts" / "bootstrap", "audit,dev"], check=True, capture_output=True, timeout=60, env=NO_BROWSER)
     assert calls(root) == pip_install(root, "audit,dev")
     assert [path.name.rsplit("-", 1)[1] for path in (root / ".venv").glob(".installed-*")] == ["audit_dev"]
+
+
+def tools(tmp_path: Path, uid: int, *present: str) -> dict[str, str]:
+    """An environment whose PATH holds only what bootstrap runs, with stand-ins: ``id -u`` says
+    ``uid``, apt-get logs its calls, and the ``present`` programs exist."""
+    directory = tmp_path / "tools"
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir()
+    for program in ("env", "bash", "dirname", "sha256sum", "cut", "basename", "sed", "rm", "touch"):
+        real = shutil.which(program)
+        assert real is not None, program
+        (directory / program).symlink_to(real)
+    (directory / "python3").symlink_to(sys.executable)
+    stand_ins = {"id": f"echo {uid}", "apt-get": f'echo "apt-get $*" >> "{tmp_path}/calls.log"'}
+    stand_ins.update({program: "true" for program in present})
+    for program, body in stand_ins.items():
+        (directory / program).write_text(f"#!/bin/sh\n{body}\n")
+        (directory / program).chmod(0o755)
+    return {"PATH": str(directory), "HOME": str(tmp_path)}
+
+
+def test_bootstrap_installs_the_browser_with_apt_get_only_where_it_is_missing_and_apt_get_may_run(tmp_path: Path) -> None:
+    root = checkout(tmp_path)
+    installed(root, "audit,dev")
+    bootstrap = [root / "scripts" / "bootstrap", "dev"]
+    done = subprocess.run(bootstrap, check=True, capture_output=True, text=True, timeout=60, env=tools(tmp_path, 0))
+    assert calls(root) == [
+        "apt-get update -qq",
+        "apt-get install -y -qq --no-install-recommends chromium chromium-driver",
+    ]
+    assert done.stderr == "bootstrap: installing chromium and chromium-driver with apt-get (for the browser tests)\n"
+    # Installed: nothing to do, nothing said.
+    done = subprocess.run(bootstrap, check=True, capture_output=True, text=True, timeout=60, env=tools(tmp_path, 0, "chromium", "chromedriver"))
+    assert (calls(root), done.stderr) == ([], "")
+    # Not root: apt-get is not tried, and the skip is announced.
+    done = subprocess.run(bootstrap, check=True, capture_output=True, text=True, timeout=60, env=tools(tmp_path, 1000))
+    assert calls(root) == []
+    assert "the browser tests will be skipped" in done.stderr
+    # Only the dev extra's users run the browser tests.
+    subprocess.run([root / "scripts" / "bootstrap", "audit"], check=True, capture_output=True, timeout=60, env=tools(tmp_path, 0))
+    assert calls(root) == []
