@@ -26,7 +26,7 @@ MAX_RETRY_AFTER = 10.0
 
 class ClientError(Exception):
     """The SC refused a request or could not be reached; the message says why, for a person, and
-    ``code`` for a program: the SC's error code, or Unreachable, Timeout or BadAnswer."""
+    ``code`` for a program: the SC's error code, or Unreachable, Timeout, BadAnswer or BadCaFile."""
 
     def __init__(self, message: str, code: str) -> None:
         super().__init__(message)
@@ -50,7 +50,7 @@ class Client:
             try:
                 self._tls = ssl.create_default_context(cafile=str(ca))
             except (OSError, ssl.SSLError) as error:
-                raise ClientError(f"cannot use CA file {str(ca)!r} ({error}): give the PEM CA that signed the SC's certificate") from None
+                raise ClientError(f"cannot use CA file {str(ca)!r} ({error}): give the PEM CA that signed the SC's certificate", "BadCaFile") from None
             self._tls.minimum_version = ssl.TLSVersion.TLSv1_2
 
     def call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None) -> tuple[int, Any]:

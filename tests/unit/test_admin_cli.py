@@ -450,6 +450,14 @@ async def test_an_unreachable_sc_is_a_clear_error(sc: Sc, monkeypatch: pytest.Mo
     )
 
 
+async def test_an_unusable_ca_file_is_a_clear_error(sc: Sc, tmp_path: pathlib.Path) -> None:
+    missing = tmp_path / "none.pem"
+    code, out, err = await sc("topic", "list", "--ca", str(missing))
+    assert (code, out) == (1, "")
+    assert err.startswith(f"error: cannot use CA file {str(missing)!r} (")
+    assert err.endswith("give the PEM CA that signed the SC's certificate\n")
+
+
 async def test_a_starting_sc_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
     server = api_server.ApiServer()
     await server.start(sync=False)
