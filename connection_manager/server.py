@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
@@ -380,9 +380,9 @@ class ConnectionManager:
         hosted = reports.hosted_map(parsed.partitions)
         partitions = [
             entry.obj for entry in self.local_store["partitions"].view.values()
-            if session.spu_id in entry.obj.spec.replicas  # type: ignore[attr-defined]
+            if session.spu_id in entry.obj.spec.replicas
         ]
-        restarted = reports.roles_not_continued(session.spu_id, hosted, partitions)  # type: ignore[arg-type]
+        restarted = reports.roles_not_continued(session.spu_id, hosted, partitions)
         session.incarnation = reports.Incarnation(session.spu_id, session.number, hosted, restarted)
         self.incarnations[session.spu_id] = session.incarnation
         if restarted:
@@ -399,9 +399,9 @@ class ConnectionManager:
         """The SPU that holds ``spu_id``: of SPUs sharing it (written behind the SC's back), the
         one placement uses too (store/spu_index.py)."""
         entry = spu_index.holder(self.local_store["spus"].view, self.local_store.meta.values.get, spu_id)
-        return None if entry is None else entry.obj  # type: ignore[return-value]
+        return None if entry is None else entry.obj
 
-    def _holders(self) -> dict[int, local.Entry]:
+    def _holders(self) -> dict[int, local.Entry[models.Spu]]:
         return spu_index.holders(self.local_store["spus"].view, self.local_store.meta.values.get)
 
     def _identity_refusal(self, spu_id: int, peercert: dict[str, object] | None) -> tuple[str, str] | None:
@@ -597,10 +597,10 @@ class ConnectionManager:
     # ------------------------------------------------------------------ pushing specs
 
     def _send_sync(self, session: Session) -> None:
-        spus = [_spu_info(entry.obj) for entry in self._holders().values()]  # type: ignore[arg-type]
+        spus = [_spu_info(entry.obj) for entry in self._holders().values()]
         hosted = {}
         for entry in self.local_store["partitions"].view.values():
-            partition: models.Partition = entry.obj  # type: ignore[assignment]
+            partition: models.Partition = entry.obj
             if session.spu_id in partition.spec.replicas:
                 hosted[partition.name] = _replica_info(partition, session.incarnation)
         session.hosted = hosted
@@ -632,7 +632,7 @@ class ConnectionManager:
             spu_listener.close()
             partition_listener.close()
 
-    def push(self, spu_changes: local.Changes, partition_changes: local.Changes) -> None:
+    def push(self, spu_changes: local.Changes[models.Spu], partition_changes: local.Changes[models.Partition]) -> None:
         """Tell each connected SPU what changed for it (one Update per SPU, only if non-empty)."""
         epoch = self.local_store.revision
         partitions = self.local_store["partitions"].view
@@ -667,7 +667,7 @@ def _stale_code(told: wire.ReplicaInfo, spu_id: int) -> str:
 
 
 def _spu_delta(
-    session: Session, changes: local.Changes, held: dict[int, local.Entry]
+    session: Session, changes: local.Changes[models.Spu], held: dict[int, local.Entry[models.Spu]]
 ) -> tuple[list[wire.SpuInfo], list[int]]:
     """What ``session`` was told of the ids ``changes`` touch and what their holders (``held``)
     are now: the ids of the SPUs changed, and the ids told under the name of an SPU changed or
@@ -677,7 +677,7 @@ def _spu_delta(
     if changes.full:
         ids = set(held) | set(session.told_spus)
     else:
-        ids = {entry.obj.spec.id for entry in changes.updated}  # type: ignore[attr-defined]
+        ids = {entry.obj.spec.id for entry in changes.updated}
         names = {entry.name for entry in changes.updated} | set(changes.deleted)
         ids.update(spu_id for spu_id, info in session.told_spus.items() if info.name in names)
     changed, deleted = [], []
@@ -687,7 +687,7 @@ def _spu_delta(
             if session.told_spus.pop(spu_id, None) is not None:
                 deleted.append(spu_id)
             continue
-        info = _spu_info(holder.obj)  # type: ignore[arg-type]
+        info = _spu_info(holder.obj)
         if session.told_spus.get(spu_id) != info:
             session.told_spus[spu_id] = info
             changed.append(info)
@@ -695,16 +695,15 @@ def _spu_delta(
 
 
 def _replica_delta(
-    session: Session, changes: local.Changes, partitions: dict[str, local.Entry] | object
+    session: Session, changes: local.Changes[models.Partition], partitions: Mapping[str, local.Entry[models.Partition]]
 ) -> tuple[list[wire.ReplicaInfo], list[str]]:
     if changes.empty:
         return [], []
-    view: dict[str, local.Entry] = partitions  # type: ignore[assignment]
-    entries = view.values() if changes.full else changes.updated
+    entries = partitions.values() if changes.full else changes.updated
     changed, deleted = [], []
     restarted = session.incarnation.restarted
     for entry in entries:
-        partition: models.Partition = entry.obj  # type: ignore[assignment]
+        partition: models.Partition = entry.obj
         name = partition.name
         if restarted and name in restarted and restarted[name] != partition.status.partition_epoch:
             del restarted[name]  # decided again since: the fact is spent
@@ -717,7 +716,7 @@ def _replica_delta(
         elif told is not None:
             del session.hosted[name]
             deleted.append(name)
-    gone = changes.deleted if not changes.full else [name for name in session.hosted if name not in view]
+    gone = changes.deleted if not changes.full else [name for name in session.hosted if name not in partitions]
     for name in gone:
         if session.hosted.pop(name, None) is not None:
             deleted.append(name)

@@ -136,7 +136,7 @@ def peercert_of(transport: asyncio.BaseTransport | None) -> dict[str, Any] | Non
     """The verified client certificate of a TLS connection (None: plaintext, or no certificate)."""
     if transport is None:
         return None
-    return transport.get_extra_info("peercert")  # type: ignore[no-any-return]  # asyncio's extra info is Any
+    return transport.get_extra_info("peercert")
 
 
 def warn_if_readable_by_others(path: Path | None, what: str) -> bool:

@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import enum
 import errno
+import functools
 import gc
 import json
 import os
@@ -618,7 +619,7 @@ class Listener(asyncio.AbstractServer):
             task = self._loop.create_task(self._connect(connection, guard))
             self._connecting.add(task)
             # A callback, not a finally: a task cancelled (by close) before it ran runs no finally.
-            task.add_done_callback(lambda task, connection=connection, guard=guard: self._connected(task, connection, guard))
+            task.add_done_callback(functools.partial(self._connected, connection=connection, guard=guard))
 
     async def _connect(self, connection: socket.socket, guard: Guard) -> None:
         # OSError: the client is gone already, or its handshake failed (ssl.SSLError, a timeout).
@@ -676,7 +677,7 @@ class HttpHandler(web.RequestHandler):
             loop=asyncio.get_running_loop(),
             keepalive_timeout=timeouts.idle + timeouts.header,
             lingering_time=min(MAX_LINGERING_SECONDS, timeouts.header),
-            access_log=None,
+            access_log=None,  # type: ignore[arg-type]  # None turns aiohttp's access log off; its annotation says Logger
         )
         self.guard: Guard | None = None
 
@@ -750,7 +751,7 @@ class GuardedSite(web.BaseSite):
 
     @property
     def port(self) -> int:
-        sockets = self._server.sockets if self._server is not None else ()
+        sockets = self._server.sockets if isinstance(self._server, Listener) else ()
         return sockets[0].getsockname()[1] if sockets else self._port_number
 
     async def start(self) -> None:

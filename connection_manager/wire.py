@@ -7,7 +7,7 @@ Every message carries a ``type`` tag and the protocol version ``v``.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Final, Literal, TypeVar
 
 from typing_extensions import NotRequired, TypedDict
 
@@ -15,7 +15,7 @@ import pydantic
 from pydantic import Field
 from pydantic.alias_generators import to_camel
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION: Final = 2
 # Largest frame either side accepts, by default; an SPU's full sync of thousands of replicas fits.
 MAX_FRAME_BYTES = 4 * 1024 * 1024
 # The WebSocket path on the SC's private port.
@@ -258,6 +258,7 @@ def encode_json(value: object) -> bytes:
 
 
 _ANY: pydantic.TypeAdapter[object] = pydantic.TypeAdapter(object)
+Parsed = TypeVar("Parsed")
 
 
 def parse_spu_message(frame: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> SpuMessages:
@@ -270,7 +271,7 @@ def parse_sc_message(frame: bytes | str, max_bytes: int = MAX_FRAME_BYTES) -> Sc
     return parse_with(_SC_MESSAGES, frame, max_bytes)
 
 
-def parse_with(adapter: pydantic.TypeAdapter, frame: bytes | str, max_bytes: int):  # type: ignore[no-untyped-def]
+def parse_with(adapter: pydantic.TypeAdapter[Parsed], frame: bytes | str, max_bytes: int) -> Parsed:
     """``frame`` validated by ``adapter`` under the size limit; FrameError names what is wrong.
 
     The one frame validator of the package: the SPU-to-SPU fetch protocol uses it too."""

@@ -163,7 +163,7 @@ class _ObjectsCollector(Collector):
             labels=["kind", "resolution"],
         )
         for kind, table in self.local_store.tables.items():
-            tally = Tally(str(entry.obj.status.resolution.value) for entry in table)  # type: ignore[attr-defined]
+            tally = Tally(str(entry.obj.status.resolution.value) for entry in table)
             for resolution in RESOLUTIONS[kind]:
                 tally.setdefault(resolution, 0)
             for resolution, count in sorted(tally.items()):
@@ -182,7 +182,7 @@ class _ObjectsCollector(Collector):
         leaderless.add_metric([], partitions_without_leader(self.local_store))
         yield leaderless
         draining = GaugeMetricFamily("sc_spus_draining", "SPUs an operator asked to drain (spec.drain), drained or not yet")
-        draining.add_metric([], sum(1 for entry in self.local_store["spus"] if entry.obj.spec.drain))  # type: ignore[attr-defined]
+        draining.add_metric([], sum(1 for entry in self.local_store["spus"] if entry.obj.spec.drain))
         yield draining
         synced = GaugeMetricFamily("sc_store_synced", "1 once every kind is listed and watched")
         synced.add_metric([], 1.0 if self.local_store.synced else 0.0)
@@ -203,15 +203,15 @@ def partitions_without_leader(local_store: local.LocalStore) -> int:
     A new partition whose leader is online but has not reported yet is not counted: it has a leader.
     """
     online = {
-        entry.obj.spec.id  # type: ignore[attr-defined]
+        entry.obj.spec.id
         for entry in local_store["spus"]
-        if entry.obj.status.resolution is models.SpuResolution.ONLINE  # type: ignore[attr-defined]
+        if entry.obj.status.resolution is models.SpuResolution.ONLINE
     }
     return sum(
         1
         for entry in local_store["partitions"]
-        if entry.obj.status.resolution is models.PartitionResolution.LEADER_OFFLINE  # type: ignore[attr-defined]
-        or entry.obj.spec.leader not in online  # type: ignore[attr-defined]
+        if entry.obj.status.resolution is models.PartitionResolution.LEADER_OFFLINE
+        or entry.obj.spec.leader not in online
     )
 
 

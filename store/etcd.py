@@ -7,13 +7,14 @@ watches that resume after etcd restarts. No grpc or etcd3aio exception ever leav
 from __future__ import annotations
 
 import asyncio
+import builtins  # EtcdStore.list shadows the builtin inside the class: its annotations say builtins.list
 import contextlib
 import functools
 import ipaddress
 import logging
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
@@ -24,7 +25,14 @@ from store import kv
 
 _log = logging.getLogger(__name__)
 
-_T = TypeVar("_T")
+class _Response(Protocol):
+    """Every etcd answer carries a header (its cluster id and the revision it reflects)."""
+
+    @property
+    def header(self) -> Any: ...
+
+
+_T = TypeVar("_T", bound=_Response)
 _EtcdKeyValue = Any  # mvccpb.KeyValue: generated without type stubs
 
 DEFAULT_REQUEST_TIMEOUT = 5.0
@@ -300,7 +308,7 @@ class EtcdStore(kv.KVStore):
         # A point read of one key: the cheapest linearizable request that returns the revision.
         request = etcdpb.RangeRequest(key=self._prefix_bytes, keys_only=True)
         response = await self._request("revision", lambda timeout: self._kv.Range(request, timeout=timeout))
-        return response.header.revision
+        return int(response.header.revision)
 
     # ------------------------------------------------------------------ writes
 
@@ -364,7 +372,7 @@ class EtcdStore(kv.KVStore):
         self._create_tasks.discard(task)
         self._schedule_creates()
 
-    async def _create_batch(self, batch: list[_Create]) -> None:
+    async def _create_batch(self, batch: builtins.list[_Create]) -> None:
         failure: BaseException | None = None
         try:
             await self._create_together(batch)
@@ -381,7 +389,7 @@ class EtcdStore(kv.KVStore):
                 if not create.future.done():
                     create.future.set_exception(_unresolved_create(create.key, failure))
 
-    async def _create_together(self, batch: list[_Create]) -> None:
+    async def _create_together(self, batch: builtins.list[_Create]) -> None:
         request = etcdpb.TxnRequest(success=[create.op for create in batch])
         floor = self._revision_seen
         write = _Write()
@@ -412,7 +420,7 @@ class EtcdStore(kv.KVStore):
             return
         # Keys created after we sent the request but changed since (a controller writes a status
         # at once): whether the create was ours is read at their create revision.
-        changed_since: list[tuple[_Create, _EtcdKeyValue]] = []
+        changed_since: builtins.list[tuple[_Create, _EtcdKeyValue]] = []
         for create, response_op in zip(batch, response.responses):
             if create.future.done():
                 continue
@@ -433,7 +441,7 @@ class EtcdStore(kv.KVStore):
             await self._resolve_changed_creates(changed_since, deadline)
 
     async def _resolve_changed_creates(
-        self, changed_since: list[tuple[_Create, _EtcdKeyValue]], deadline: float
+        self, changed_since: builtins.list[tuple[_Create, _EtcdKeyValue]], deadline: float
     ) -> None:
         prefix = self._prefix_bytes
         try:
@@ -487,7 +495,7 @@ class EtcdStore(kv.KVStore):
         # deleted the key: it is gone either way, which is what the caller asked for.
         if response.deleted == 0 and not write.maybe_applied:
             raise kv.NotFound(key)
-        return response.header.revision
+        return int(response.header.revision)
 
     async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
         """Apply ``operations`` atomically if every compare holds; returns the new revision.
@@ -537,7 +545,7 @@ class EtcdStore(kv.KVStore):
                 "txn", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write, txn_request=request
             )
             if response.succeeded:
-                return response.header.revision
+                return int(response.header.revision)
             maybe_applied = write is not None and write.maybe_applied
             observed, read_revision = await self._read_keys(
                 compared_keys + written_keys if maybe_applied else compared_keys, deadline
@@ -761,7 +769,7 @@ class EtcdStore(kv.KVStore):
 
     # ------------------------------------------------------------------ watch
 
-    async def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
+    async def watch(self, prefix: str, from_revision: int) -> AsyncGenerator[kv.WatchEvent, None]:
         """Every PUT and DELETE under ``prefix`` from ``from_revision`` on (<= 0: from now), in order.
 
         Our own loop over the Watch stream rather than etcd3aio's resuming watch: that one resumes
@@ -978,8 +986,8 @@ class EtcdStore(kv.KVStore):
                 raise
             else:
                 self._timed(operation, loop.time() - sent)
-                self._check_cluster(response.header.cluster_id)  # type: ignore[attr-defined]
-                revision = response.header.revision  # type: ignore[attr-defined]
+                self._check_cluster(response.header.cluster_id)
+                revision = response.header.revision
                 if revision > self._revision_seen:
                     self._revision_seen = revision
                 return response

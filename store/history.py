@@ -269,11 +269,11 @@ def _resume_point(payload: bytes) -> int | None:
     record = json.loads(payload)
     kind = record["type"]
     if kind == CHANGE and record["source"] != LIST:
-        return record["revision"]
+        return int(record["revision"])
     if kind == SYNC:
-        return record["revision"]
+        return int(record["revision"])
     if kind == GAP:
-        return record["lastRevision"]
+        return int(record["lastRevision"])
     return None
 
 

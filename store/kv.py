@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import enum
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "/sc/"
@@ -237,7 +237,7 @@ class KVStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def watch(self, prefix: str, from_revision: int) -> AsyncIterator[WatchEvent]:
+    def watch(self, prefix: str, from_revision: int) -> AsyncGenerator[WatchEvent, None]:
         """Every PUT and DELETE under ``prefix`` with revision >= ``from_revision``, in order.
 
         Survives store restarts without losing or repeating an event. Raises Compacted if
@@ -295,12 +295,12 @@ class ForwardingStore(KVStore):
     def __init__(self, inner: KVStore) -> None:
         self.inner = inner
 
-    @property  # type: ignore[override]  # KVStore declares plain attributes; a wrapper reads its inner store's
-    def prefix(self) -> str:
+    @property
+    def prefix(self) -> str:  # type: ignore[override]  # KVStore declares a plain attribute; a wrapper reads its inner store's
         return self.inner.prefix
 
-    @property  # type: ignore[override]
-    def max_request_bytes(self) -> int:
+    @property
+    def max_request_bytes(self) -> int:  # type: ignore[override]  # as prefix: the inner store's
         return self.inner.max_request_bytes
 
     async def get(self, key: str) -> KeyValue | None:
@@ -321,7 +321,7 @@ class ForwardingStore(KVStore):
     async def txn(self, compares: Sequence[Compare], operations: Sequence[Operation]) -> int:
         return await self.inner.txn(compares, operations)
 
-    def watch(self, prefix: str, from_revision: int) -> AsyncIterator[WatchEvent]:
+    def watch(self, prefix: str, from_revision: int) -> AsyncGenerator[WatchEvent, None]:
         return self.inner.watch(prefix, from_revision)
 
     async def grant_lease(self, ttl: int) -> Lease:

@@ -12,11 +12,15 @@ import enum
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, Generic, Literal, TypeAlias, TypeVar, overload
 
 from store import models
 
 T = TypeVar("T")
+# The kind of object a table, entry or listener holds (``KindStore[models.Topic]``); entries are
+# immutable, so an ``Entry[Topic]`` is also an ``Entry[AnyObject]``.
+O = TypeVar("O", bound="models.AnyObject")
+O_co = TypeVar("O_co", bound="models.AnyObject", covariant=True)
 
 # Deleted names remembered for listeners that have not read the delete yet. A listener older
 # than the oldest forgotten tombstone gets the full set instead of a delta.
@@ -24,8 +28,8 @@ DEFAULT_TOMBSTONE_LIMIT = 10_000
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
-    obj: models.ClusterObject
+class Entry(Generic[O_co]):
+    obj: O_co
     mod_revision: int
     spec_epoch: int
     status_epoch: int
@@ -53,7 +57,7 @@ _PARTS: dict[int, Part] = {part.value: part for part in (Part.SPEC, Part.STATUS,
 
 
 @dataclass(frozen=True, slots=True)
-class Changes:
+class Changes(Generic[O_co]):
     """What a listener has not seen yet.
 
     ``full`` is True when the listener was behind a resync fence (or too far behind to be
@@ -61,7 +65,7 @@ class Changes:
     """
 
     full: bool
-    updated: list[Entry]
+    updated: list[Entry[O_co]]
     deleted: list[str]
     epoch: int
 
@@ -70,7 +74,12 @@ class Changes:
         return not self.full and not self.updated and not self.deleted
 
 
-class KindStore:
+# What changed, by kind: one listener's changes per kind, the kind a key known at run time only
+# (a decision reads ``changes["partitions"]`` as partitions).
+ChangesByKind: TypeAlias = "Mapping[str, Changes[Any]]"
+
+
+class KindStore(Generic[O]):
     """The mirror of one kind; see the module docstring."""
 
     def __init__(self, kind: str, tombstone_limit: int = DEFAULT_TOMBSTONE_LIMIT) -> None:
@@ -81,31 +90,31 @@ class KindStore:
         self._derived: dict[str, tuple[int, object]] = {}
         # Named subsets kept up to date on every change (see ``index``): name -> (predicate,
         # member names in the order of their last change).
-        self._indexes: dict[str, tuple[Callable[[models.ClusterObject], bool], dict[str, None]]] = {}
+        self._indexes: dict[str, tuple[Callable[[O], bool], dict[str, None]]] = {}
         self.epoch = 0
         self.fence = 0
         self.revision = 0  # the KV revision this table reflects
         self.synced = False
         # Insertion order = order of last change, so deltas are read from the end.
-        self._entries: dict[str, Entry] = {}
+        self._entries: dict[str, Entry[O]] = {}
         self._tombstones: dict[str, int] = {}
         self._tombstone_limit = tombstone_limit
         self._forgotten_up_to = 0
-        self._listeners: set[Listener] = set()
-        self.view: Mapping[str, Entry] = types.MappingProxyType(self._entries)
+        self._listeners: set[Listener[O]] = set()
+        self.view: Mapping[str, Entry[O]] = types.MappingProxyType(self._entries)
 
     # ------------------------------------------------------------------ reads
 
-    def get(self, name: str) -> Entry | None:
+    def get(self, name: str) -> Entry[O] | None:
         return self._entries.get(name)
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def __iter__(self) -> Iterator[Entry]:
+    def __iter__(self) -> Iterator[Entry[O]]:
         return iter(list(self._entries.values()))
 
-    def objects(self) -> list[models.ClusterObject]:
+    def objects(self) -> list[O]:
         return [entry.obj for entry in self._entries.values()]
 
     def group(self, owner: str) -> frozenset[str]:
@@ -114,7 +123,7 @@ class KindStore:
             raise ValueError(f"the {self.kind} table is not grouped")
         return frozenset(self._groups.get(owner, ()))
 
-    def index(self, name: str, predicate: Callable[[models.ClusterObject], bool]) -> Iterable[str]:
+    def index(self, name: str, predicate: Callable[[O], bool]) -> Iterable[str]:
         """Names of the objects for which ``predicate`` holds, oldest change first.
 
         Built on first use, then kept up to date by every write, so a controller that only
@@ -128,11 +137,11 @@ class KindStore:
             self._indexes[name] = found
         return found[1].keys()
 
-    def _members(self, predicate: Callable[[models.ClusterObject], bool]) -> dict[str, None]:
+    def _members(self, predicate: Callable[[O], bool]) -> dict[str, None]:
         ordered = sorted(self._entries.values(), key=lambda entry: entry.mod_revision)
         return {entry.name: None for entry in ordered if predicate(entry.obj)}
 
-    def _indexed(self, obj: models.ClusterObject | None, name: str) -> None:
+    def _indexed(self, obj: O | None, name: str) -> None:
         for predicate, members in self._indexes.values():
             members.pop(name, None)
             if obj is not None and predicate(obj):
@@ -153,7 +162,7 @@ class KindStore:
 
     # ------------------------------------------------------------------ writes (Reader only)
 
-    def apply(self, obj: models.ClusterObject, mod_revision: int) -> Part | None:
+    def apply(self, obj: O, mod_revision: int) -> Part | None:
         """Store ``obj``; returns the parts that changed (None if nothing did).
 
         A PUT for a name we do not hold is its creation (a re-creation comes after a delete),
@@ -166,8 +175,8 @@ class KindStore:
         if current is None:
             changed = _ALL
         else:
-            changed = (_SPEC if current.obj.spec != obj.spec else 0) | (  # type: ignore[attr-defined]
-                _STATUS if current.obj.status != obj.status else 0  # type: ignore[attr-defined]
+            changed = (_SPEC if current.obj.spec != obj.spec else 0) | (
+                _STATUS if current.obj.status != obj.status else 0
             )
         if not changed:
             if current is not None and current.mod_revision != mod_revision:
@@ -206,7 +215,7 @@ class KindStore:
         self._notify(_ALL)
         return True
 
-    def resync(self, objects: Iterable[tuple[models.ClusterObject, int, int]], revision: int) -> None:
+    def resync(self, objects: Iterable[tuple[O, int, int]], revision: int) -> None:
         """Replace the whole table with a fresh listing of (object, mod revision, create revision).
 
         Fences every listener.
@@ -236,16 +245,16 @@ class KindStore:
 
     # ------------------------------------------------------------------ listeners
 
-    def listener(self, part: Part = Part.ALL) -> Listener:
+    def listener(self, part: Part = Part.ALL) -> Listener[O]:
         """A listener that starts behind everything (its first ``changes()`` is the full set)."""
         listener = Listener(self, part)
         self._listeners.add(listener)
         return listener
 
-    def changes_since(self, epoch: int, part: Part) -> Changes:
+    def changes_since(self, epoch: int, part: Part) -> Changes[O]:
         if epoch < self.fence or epoch < self._forgotten_up_to:
             return Changes(True, list(self._entries.values()), [], self.epoch)
-        updated = []
+        updated: list[Entry[O]] = []
         spec, status = bool(part.value & _SPEC), bool(part.value & _STATUS)
         for entry in reversed(self._entries.values()):
             if entry.spec_epoch <= epoch and entry.status_epoch <= epoch:
@@ -266,14 +275,14 @@ class KindStore:
             if listener._mask & changed:
                 listener._wake.set()
 
-    def _remove_listener(self, listener: Listener) -> None:
+    def _remove_listener(self, listener: Listener[O]) -> None:
         self._listeners.discard(listener)
 
 
-class Listener:
+class Listener(Generic[O]):
     """Waits for changes of one kind (spec, status or both) and hands them out once."""
 
-    def __init__(self, store: KindStore, part: Part) -> None:
+    def __init__(self, store: KindStore[O], part: Part) -> None:
         self.store = store
         self.part = part
         self._mask = part.value
@@ -284,7 +293,7 @@ class Listener:
     def has_changes(self) -> bool:
         return not self.store.changes_since(self.epoch, self.part).empty
 
-    def changes(self) -> Changes:
+    def changes(self) -> Changes[O]:
         """Everything this listener has not seen; marks it seen."""
         self._wake.clear()
         changes = self.store.changes_since(self.epoch, self.part)
@@ -316,7 +325,7 @@ class Snapshot:
     exactly the life of a pure controller call. Entries are immutable.
     """
 
-    def __init__(self, tables: Mapping[str, KindStore], meta: MetaTable | None = None) -> None:
+    def __init__(self, tables: Mapping[str, KindStore[Any]], meta: MetaTable | None = None) -> None:
         self._tables = tables
         self._views = {kind: table.view for kind, table in tables.items()}
         self.epochs = {kind: table.epoch for kind, table in tables.items()}
@@ -328,14 +337,46 @@ class Snapshot:
         """A cluster-internal key's (value, mod revision), or None if absent."""
         return self._meta.get(key)
 
-    def entries(self, kind: str) -> Mapping[str, Entry]:
+    # Each read is typed by its kind when the kind is written out (``entries("topics")`` holds
+    # ``Entry[Topic]``), and by ``AnyObject`` when it is only known at run time.
+    @overload
+    def entries(self, kind: Literal["spus"]) -> Mapping[str, Entry[models.Spu]]: ...
+    @overload
+    def entries(self, kind: Literal["spu-groups"]) -> Mapping[str, Entry[models.SpuGroup]]: ...
+    @overload
+    def entries(self, kind: Literal["topics"]) -> Mapping[str, Entry[models.Topic]]: ...
+    @overload
+    def entries(self, kind: Literal["partitions"]) -> Mapping[str, Entry[models.Partition]]: ...
+    @overload
+    def entries(self, kind: str) -> Mapping[str, Entry[models.AnyObject]]: ...
+    def entries(self, kind: str) -> Mapping[str, Entry[models.AnyObject]]:
         return self._views[kind]
 
-    def get(self, kind: str, name: str) -> models.ClusterObject | None:
+    @overload
+    def get(self, kind: Literal["spus"], name: str) -> models.Spu | None: ...
+    @overload
+    def get(self, kind: Literal["spu-groups"], name: str) -> models.SpuGroup | None: ...
+    @overload
+    def get(self, kind: Literal["topics"], name: str) -> models.Topic | None: ...
+    @overload
+    def get(self, kind: Literal["partitions"], name: str) -> models.Partition | None: ...
+    @overload
+    def get(self, kind: str, name: str) -> models.AnyObject | None: ...
+    def get(self, kind: str, name: str) -> models.AnyObject | None:
         entry = self._views[kind].get(name)
         return None if entry is None else entry.obj
 
-    def objects(self, kind: str) -> list[models.ClusterObject]:
+    @overload
+    def objects(self, kind: Literal["spus"]) -> list[models.Spu]: ...
+    @overload
+    def objects(self, kind: Literal["spu-groups"]) -> list[models.SpuGroup]: ...
+    @overload
+    def objects(self, kind: Literal["topics"]) -> list[models.Topic]: ...
+    @overload
+    def objects(self, kind: Literal["partitions"]) -> list[models.Partition]: ...
+    @overload
+    def objects(self, kind: str) -> list[models.AnyObject]: ...
+    def objects(self, kind: str) -> list[Any]:
         return [entry.obj for entry in self._views[kind].values()]
 
     def derived(self, kind: str, name: str, compute: Callable[[], T]) -> T:
@@ -344,12 +385,12 @@ class Snapshot:
         table = self._tables[kind]
         cached = table._derived.get(name)
         if cached is not None and cached[0] == table.epoch:
-            return cached[1]  # type: ignore[return-value]
+            return cached[1]  # type: ignore[return-value]  # cached under this name: compute()'s value, a T
         value = compute()
         table._derived[name] = (table.epoch, value)
         return value
 
-    def indexed(self, kind: str, name: str, predicate: Callable[[models.ClusterObject], bool]) -> Iterator[Entry]:
+    def indexed(self, kind: str, name: str, predicate: Callable[[O], bool]) -> Iterator[Entry[O]]:
         """The entries of ``kind`` for which ``predicate`` holds, oldest change first; kept as
         an index of the table (see ``KindStore.index``), so the cost is the matches read, not
         the table's size. Read it before the next await."""
@@ -365,10 +406,20 @@ class LocalStore:
     """One KindStore per kind of object."""
 
     def __init__(self, tombstone_limit: int = DEFAULT_TOMBSTONE_LIMIT) -> None:
-        self.tables = {kind: KindStore(kind, tombstone_limit) for kind in models.KINDS}
+        self.tables: dict[str, KindStore[Any]] = {kind: KindStore(kind, tombstone_limit) for kind in models.KINDS}
         self.meta = MetaTable()
 
-    def __getitem__(self, kind: str) -> KindStore:
+    @overload
+    def __getitem__(self, kind: Literal["spus"]) -> KindStore[models.Spu]: ...
+    @overload
+    def __getitem__(self, kind: Literal["spu-groups"]) -> KindStore[models.SpuGroup]: ...
+    @overload
+    def __getitem__(self, kind: Literal["topics"]) -> KindStore[models.Topic]: ...
+    @overload
+    def __getitem__(self, kind: Literal["partitions"]) -> KindStore[models.Partition]: ...
+    @overload
+    def __getitem__(self, kind: str) -> KindStore[models.AnyObject]: ...
+    def __getitem__(self, kind: str) -> KindStore[Any]:
         try:
             return self.tables[kind]
         except KeyError:
@@ -398,12 +449,12 @@ class Echoes:
 
     def __init__(self, limit: int = 100_000) -> None:
         self.limit = limit
-        self._by_key: dict[str, tuple[bytes, models.ClusterObject]] = {}
+        self._by_key: dict[str, tuple[bytes, models.AnyObject]] = {}
 
     def __len__(self) -> int:
         return len(self._by_key)
 
-    def expect(self, key: str, value: bytes, obj: models.ClusterObject) -> None:
+    def expect(self, key: str, value: bytes, obj: models.AnyObject) -> None:
         self._by_key.pop(key, None)
         if len(self._by_key) >= self.limit:
             del self._by_key[next(iter(self._by_key))]
@@ -412,7 +463,7 @@ class Echoes:
     def forget(self, key: str) -> None:
         self._by_key.pop(key, None)
 
-    def take(self, key: str, value: bytes) -> models.ClusterObject | None:
+    def take(self, key: str, value: bytes) -> models.AnyObject | None:
         """The object written under ``key`` if ``value`` is exactly what was written."""
         found = self._by_key.pop(key, None)
         if found is None or found[0] != value:

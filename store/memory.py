@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from store import kv
@@ -225,7 +225,7 @@ class MemoryStore(kv.KVStore):
 
     # ------------------------------------------------------------------ watch
 
-    async def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
+    async def watch(self, prefix: str, from_revision: int) -> AsyncGenerator[kv.WatchEvent, None]:
         self._check_open()
         next_revision = from_revision if from_revision > 0 else self._revision + 1
         while not self._closed:

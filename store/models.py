@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Annotated, Any, ClassVar, Literal, Self
+from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeAlias, TypeVar
 
 import pydantic
 from pydantic import Field, field_validator, model_validator
@@ -409,11 +409,18 @@ def split_partition_name(name: str) -> tuple[str, int]:
 # ---------------------------------------------------------------------------- objects
 
 
-class ClusterObject(Model):
-    """``{"name", "spec", "status"}``; subclasses fix the spec and status types."""
+SpecT = TypeVar("SpecT", bound=Model)
+StatusT = TypeVar("StatusT", bound=Model)
+
+
+class ClusterObject(Model, Generic[SpecT, StatusT]):
+    """``{"name", "spec", "status"}``; each kind's subclass fixes the spec and status types, so
+    ``topic.spec`` is a ``TopicSpec`` to the type checker as it is at run time."""
 
     kind: ClassVar[str]
     name: str
+    spec: SpecT
+    status: StatusT
 
     @field_validator("name")
     @classmethod
@@ -425,30 +432,26 @@ class ClusterObject(Model):
         return object_key(self.kind, self.name)
 
 
-class Spu(ClusterObject):
+class Spu(ClusterObject[SpuSpec, SpuStatus]):
     kind: ClassVar[str] = "spus"
-    spec: SpuSpec
     # One shared default: statuses are immutable, and copying a default per object costs time and memory.
     status: SpuStatus = Field(default_factory=lambda: _DEFAULT_SPU_STATUS)
 
 
-class SpuGroup(ClusterObject):
+class SpuGroup(ClusterObject[SpuGroupSpec, SpuGroupStatus]):
     kind: ClassVar[str] = "spu-groups"
-    spec: SpuGroupSpec
     # One shared default: statuses are immutable, and copying a default per object costs time and memory.
     status: SpuGroupStatus = Field(default_factory=lambda: _DEFAULT_SPUGROUP_STATUS)
 
 
-class Topic(ClusterObject):
+class Topic(ClusterObject[TopicSpec, TopicStatus]):
     kind: ClassVar[str] = "topics"
-    spec: TopicSpec
     # One shared default: statuses are immutable, and copying a default per object costs time and memory.
     status: TopicStatus = Field(default_factory=lambda: _DEFAULT_TOPIC_STATUS)
 
 
-class Partition(ClusterObject):
+class Partition(ClusterObject[PartitionSpec, PartitionStatus]):
     kind: ClassVar[str] = "partitions"
-    spec: PartitionSpec
     # One shared default: statuses are immutable, and copying a default per object costs time and memory.
     status: PartitionStatus = Field(default_factory=lambda: _DEFAULT_PARTITION_STATUS)
 
@@ -478,7 +481,11 @@ class Partition(ClusterObject):
         return list(self.spec.replicas) if status.partition_epoch == 0 else status.isr
 
 
-KINDS: dict[str, type[ClusterObject]] = {
+# Any kind of object, where the kind is only known at run time (a key read from the store, a route's
+# parameter). A string, so that no parametrised model class is made at import.
+AnyObject: TypeAlias = "ClusterObject[Any, Any]"
+
+KINDS: dict[str, type[AnyObject]] = {
     model.kind: model for model in (Spu, SpuGroup, Topic, Partition)
 }
 KindName = Literal["spus", "spu-groups", "topics", "partitions"]
@@ -489,19 +496,19 @@ def object_key(kind: str, name: str) -> str:
     return f"{kind}/{name}"
 
 
-def model_for_kind(kind: str) -> type[ClusterObject]:
+def model_for_kind(kind: str) -> type[AnyObject]:
     try:
         return KINDS[kind]
     except KeyError:
         raise ValueError(f"unknown kind {kind!r}: use one of {', '.join(KINDS)}") from None
 
 
-def encode(obj: ClusterObject) -> bytes:
+def encode(obj: AnyObject) -> bytes:
     """The value stored in the KV store: the object's canonical camelCase JSON."""
     return obj.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 
-def decode(kind: str, value: bytes) -> ClusterObject:
+def decode(kind: str, value: bytes) -> AnyObject:
     return model_for_kind(kind).model_validate_json(value)
 
 
@@ -556,7 +563,7 @@ class Interner:
         self._statuses: dict[tuple[PartitionResolution, int, int, int, tuple[int, ...]], PartitionStatus] = {}
         self._all_fields = {"name", "spec", "status"}
 
-    def intern(self, obj: ClusterObject) -> ClusterObject:
+    def intern(self, obj: AnyObject) -> AnyObject:
         if not isinstance(obj, Partition):
             return obj
         fields = obj.__dict__  # frozen for users; the values put back here are equal

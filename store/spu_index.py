@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 
-from store import local
+from store import local, models
 
 INDEX_PREFIX = "meta/spu-ids/"
 
@@ -34,25 +34,25 @@ def decode_holder(value: bytes) -> str | None:
     return holder if isinstance(holder, str) else None
 
 
-def holders(spus: Mapping[str, local.Entry], meta: MetaReader) -> dict[int, local.Entry]:
+def holders(spus: Mapping[str, local.Entry[models.Spu]], meta: MetaReader) -> dict[int, local.Entry[models.Spu]]:
     """The SPU that holds each id, in id order.
 
     Several SPUs with one id can only have been written behind the SC's back: the one the index
     names holds it, else the one created first (then the first by name); the others are ignored.
     """
-    by_id: dict[int, list[local.Entry]] = {}
+    by_id: dict[int, list[local.Entry[models.Spu]]] = {}
     for entry in spus.values():
-        by_id.setdefault(entry.obj.spec.id, []).append(entry)  # type: ignore[attr-defined]
+        by_id.setdefault(entry.obj.spec.id, []).append(entry)
     return {spu_id: _holder(spu_id, by_id[spu_id], meta) for spu_id in sorted(by_id)}
 
 
-def holder(spus: Mapping[str, local.Entry], meta: MetaReader, spu_id: int) -> local.Entry | None:
+def holder(spus: Mapping[str, local.Entry[models.Spu]], meta: MetaReader, spu_id: int) -> local.Entry[models.Spu] | None:
     """The SPU that holds ``spu_id`` (None if no SPU has it), by the rule of :func:`holders`."""
-    sharing = [entry for entry in spus.values() if entry.obj.spec.id == spu_id]  # type: ignore[attr-defined]
+    sharing = [entry for entry in spus.values() if entry.obj.spec.id == spu_id]
     return _holder(spu_id, sharing, meta) if sharing else None
 
 
-def _holder(spu_id: int, sharing: list[local.Entry], meta: MetaReader) -> local.Entry:
+def _holder(spu_id: int, sharing: list[local.Entry[models.Spu]], meta: MetaReader) -> local.Entry[models.Spu]:
     if len(sharing) == 1:
         return sharing[0]
     stored = meta(index_key(spu_id))

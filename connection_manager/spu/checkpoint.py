@@ -73,7 +73,7 @@ def _offsets(name: str, value: object, source: str) -> state.Offsets:
     runs = isinstance(epochs, list) and all(
         isinstance(run, list) and len(run) == 2 and _offset(run[0]) and _offset(run[1]) for run in epochs
     )
-    if not valid or not runs or value["hw"] > value["leo"]:  # type: ignore[index]
+    if not isinstance(value, dict) or not valid or not runs or value["hw"] > value["leo"]:
         raise CheckpointError(
             f"checkpoint {source}: partition {name!r} has {value!r}; expected whole numbers with 0 <= hw <= leo "
             "and epochs as [[epoch, start offset], ...]"

@@ -114,8 +114,8 @@ class Fetchers:
         wanted: dict[int, wire.Endpoint | None] = {
             leader: self.state.endpoint_of(leader) for leader in self.state.followed_leaders()
         }
-        for leader, (endpoint, task) in list(self._loops.items()):
-            if wanted.get(leader) != endpoint:
+        for leader, (followed, task) in list(self._loops.items()):
+            if wanted.get(leader) != followed:
                 self._retire(leader, task)
         for leader, endpoint in wanted.items():
             if leader in self._loops:

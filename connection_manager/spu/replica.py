@@ -37,7 +37,7 @@ class EpochLog:
 
     def __init__(self, leo: int = 0, runs: Iterable[tuple[int, int]] = ()) -> None:
         self.leo = leo
-        self.runs: list[tuple[int, int]] = [tuple(run) for run in runs]  # type: ignore[misc]
+        self.runs: list[tuple[int, int]] = [(epoch, start) for epoch, start in runs]
         epochs = [epoch for epoch, _ in self.runs]
         starts = [start for _, start in self.runs]
         valid = (

@@ -194,7 +194,7 @@ class SpuState:
     def leaderships(self) -> wire.Leading | None:
         """Every partition it leads, at its epoch (said again after each Sync)."""
         led = [
-            wire.Leadership(partition=name, leader_epoch=replica.leader_epoch)  # type: ignore[typeddict-item]
+            wire.Leadership(partition=name, leader_epoch=replica.leader_epoch)  # type: ignore[typeddict-item]  # a leader has its epoch
             for name, replica in sorted(self.replicas.items())
             if replica.role is Role.LEADER
         ]
@@ -220,7 +220,7 @@ class SpuState:
             entries.append(
                 wire.PartitionOffsets(
                     partition=name,
-                    leader_epoch=replica.leader_epoch,  # type: ignore[typeddict-item]
+                    leader_epoch=replica.leader_epoch,  # type: ignore[typeddict-item]  # a leader has its epoch
                     hw=replica.hw,
                     leo=replica.leo,
                     followers=[
@@ -268,7 +268,7 @@ class SpuState:
                 request.spu, wanted.offset, wanted.hw, request.max_records, now, wanted.leader_epoch, wanted.last_fetched_epoch
             )
             if isinstance(answer, str):
-                answers.append(fetch_wire.PartitionFetched(partition=name, offset=wanted.offset, error=answer))  # type: ignore[arg-type]
+                answers.append(fetch_wire.PartitionFetched(partition=name, offset=wanted.offset, error=answer))
                 continue
             self._noted(replica, hw, leo)
             progress = replica.followers.get(request.spu)

@@ -20,6 +20,7 @@ from controller.reconcile import actions, spu_group, spu_ids, topic as topic_con
 from store import kv, local, models, spu_index
 
 T = TypeVar("T")
+Stored = TypeVar("Stored", bound=models.AnyObject)
 
 # Writes that lose a compare-and-swap to the controllers' status writes are retried this often.
 CAS_ATTEMPTS = 5
@@ -42,7 +43,7 @@ def label(kind: str, name: str) -> str:
     return f"{KIND_LABELS[kind]} {name!r}"
 
 
-def decoded(kind: str, item: kv.KeyValue) -> models.ClusterObject | None:
+def decoded(kind: str, item: kv.KeyValue) -> models.AnyObject | None:
     """An object read straight from the KV store; a malformed value (written by hand) is skipped."""
     try:
         return models.decode(kind, item.value)
@@ -65,7 +66,7 @@ class Waits:
     its changes concern (a partition's topic): a change there wakes that object's waiters too.
     """
 
-    def __init__(self, table: local.KindStore, *related: tuple[local.KindStore, Callable[[str], str]]) -> None:
+    def __init__(self, table: local.KindStore[Any], *related: tuple[local.KindStore[Any], Callable[[str], str]]) -> None:
         self.table = table
         self._follows = ((table, _same_name), *related)
         self._waiters: dict[str, set[asyncio.Event]] = {}
@@ -77,7 +78,7 @@ class Waits:
             for table, owner in self._follows:
                 group.create_task(self._follow(table, owner))
 
-    async def _follow(self, table: local.KindStore, owner: Callable[[str], str]) -> None:
+    async def _follow(self, table: local.KindStore[Any], owner: Callable[[str], str]) -> None:
         listener = table.listener(local.Part.ALL)
         try:
             while True:
@@ -126,15 +127,16 @@ def _same_name(name: str) -> str:
     return name
 
 
-def topic_settled(written_revision: int) -> Callable[[local.Entry], bool]:
+def topic_settled(written_revision: int) -> Callable[[local.Entry[models.AnyObject]], bool]:
     """Provisioned with every partition placed, or definitely not, by a write after ours."""
 
-    def settled(entry: local.Entry) -> bool:
+    def settled(entry: local.Entry[models.AnyObject]) -> bool:
         if entry.mod_revision <= written_revision:
             return False
-        status: models.TopicStatus = entry.obj.status  # type: ignore[attr-defined]
+        status: models.TopicStatus = entry.obj.status
         if status.resolution is models.TopicResolution.PROVISIONED:
-            return len(status.replica_map) >= entry.obj.spec.partition_count()  # type: ignore[attr-defined]
+            partitions: int = entry.obj.spec.partition_count()
+            return len(status.replica_map) >= partitions
         return status.resolution in (
             models.TopicResolution.INVALID_CONFIG,
             models.TopicResolution.INSUFFICIENT_RESOURCES,
@@ -144,11 +146,11 @@ def topic_settled(written_revision: int) -> Callable[[local.Entry], bool]:
     return settled
 
 
-def group_settled(written_revision: int) -> Callable[[local.Entry], bool]:
-    def settled(entry: local.Entry) -> bool:
+def group_settled(written_revision: int) -> Callable[[local.Entry[models.AnyObject]], bool]:
+    def settled(entry: local.Entry[models.AnyObject]) -> bool:
         return (
             entry.mod_revision > written_revision
-            and entry.obj.status.resolution is not models.SpuGroupResolution.INIT  # type: ignore[attr-defined]
+            and entry.obj.status.resolution is not models.SpuGroupResolution.INIT
         )
 
     return settled
@@ -156,24 +158,24 @@ def group_settled(written_revision: int) -> Callable[[local.Entry], bool]:
 
 async def wait_settled(
     waits: Waits,
-    written: models.ClusterObject,
+    written: models.AnyObject,
     written_revision: int,
-    settled: Callable[[local.Entry], bool],
+    settled: Callable[[local.Entry[models.AnyObject]], bool],
     timeout_ms: int,
-) -> tuple[models.ClusterObject | None, bool]:
+) -> tuple[models.AnyObject | None, bool]:
     """(the object as it is now, whether it settled); None if it was deleted meanwhile (once the
     store has seen the write at ``written_revision``, the object is gone)."""
     if timeout_ms == 0:
         return written, False
     table = waits.table
 
-    def verdict() -> local.Entry | _Gone | None:
+    def verdict() -> local.Entry[models.AnyObject] | _Gone | None:
         entry = table.get(written.name)
         if entry is None:
             return _GONE if table.revision >= written_revision else None
         return entry if settled(entry) else None
 
-    decided = await waits.wait(written.name, verdict, timeout_ms / 1000)
+    decided: local.Entry[models.AnyObject] | _Gone | None = await waits.wait(written.name, verdict, timeout_ms / 1000)
     if isinstance(decided, _Gone):
         return None, False
     entry = decided if decided is not None else table.get(written.name)
@@ -193,7 +195,7 @@ _GONE = _Gone()
 # ---------------------------------------------------------------------------- creates
 
 
-async def create(context: context_module.Context, obj: models.ClusterObject) -> int:
+async def create(context: context_module.Context, obj: models.AnyObject) -> int:
     """Write a new object (create-if-absent); its store revision."""
     try:
         return await context.kv_store.create(obj.key, models.encode(obj))
@@ -271,7 +273,7 @@ def _group_naming(context: context_module.Context, spu_name: str) -> str | None:
     if not group_name or not index.isdigit():
         return None
     entry = context.local_store["spu-groups"].get(group_name)
-    if entry is None or int(index) >= entry.obj.spec.replicas:  # type: ignore[attr-defined]
+    if entry is None or int(index) >= entry.obj.spec.replicas:
         return None
     return group_name
 
@@ -342,8 +344,7 @@ async def add_partitions(context: context_module.Context, name: str, count: int)
     if count < 1:
         raise ApiError(422, "InvalidRequest", f"count: the number of partitions to add must be at least 1 (got {count})")
 
-    def grow(current: models.ClusterObject) -> models.ClusterObject:
-        topic: models.Topic = current  # type: ignore[assignment]
+    def grow(topic: models.Topic) -> models.Topic:
         if topic.spec.is_manual:
             raise ApiError(
                 422,
@@ -362,8 +363,7 @@ async def add_partitions(context: context_module.Context, name: str, count: int)
         _check_size(context, grown, topic_controller.spu_infos(context.local_store.snapshot()))
         return grown
 
-    grown, revision = await update_spec(context, "topics", name, grow, "adding partitions")
-    return grown, revision  # type: ignore[return-value]
+    return await update_spec(context, models.Topic, name, grow, "adding partitions")
 
 
 async def set_spu_rack(context: context_module.Context, name: str, rack: str | None) -> models.Spu:
@@ -373,8 +373,7 @@ async def set_spu_rack(context: context_module.Context, name: str, rack: str | N
     SPU has its group's rack: the group controller would put it back, so it is refused.
     """
 
-    def set_rack(current: models.ClusterObject) -> models.ClusterObject:
-        spu: models.Spu = current  # type: ignore[assignment]
+    def set_rack(spu: models.Spu) -> models.Spu:
         group = spu_group.owning_group(spu)
         group_entry = None if group is None else context.local_store["spu-groups"].get(group)
         if group_entry is not None:
@@ -382,7 +381,7 @@ async def set_spu_rack(context: context_module.Context, name: str, rack: str | N
                 409,
                 "ManagedSpu",
                 f"SPU {name!r} is managed by SPU group {group!r}, whose SPUs all have its rack "
-                f"({group_entry.obj.spec.rack!r}): it cannot be set on one of them",  # type: ignore[attr-defined]
+                f"({group_entry.obj.spec.rack!r}): it cannot be set on one of them",
             )
         try:
             spec = models.SpuSpec.model_validate({**spu.spec.model_dump(), "rack": rack})
@@ -390,25 +389,26 @@ async def set_spu_rack(context: context_module.Context, name: str, rack: str | N
             raise ApiError(422, "InvalidRequest", models.describe_validation_error(error)) from None
         return spu.model_copy(update={"spec": spec})
 
-    changed, _ = await update_spec(context, "spus", name, set_rack, "setting its rack")
-    return changed  # type: ignore[return-value]
+    changed, _ = await update_spec(context, models.Spu, name, set_rack, "setting its rack")
+    return changed
 
 
 async def update_spec(
     context: context_module.Context,
-    kind: str,
+    model: type[Stored],
     name: str,
-    change: Callable[[models.ClusterObject], models.ClusterObject],
+    change: Callable[[Stored], Stored],
     doing: str,
-) -> tuple[models.ClusterObject, int]:
+) -> tuple[Stored, int]:
     """Compare-and-swap ``change(current)`` on the object; re-read and re-apply when a controller
     wrote first (``change`` is relative, so it applies on top of the newer state). A change that
     changes nothing writes nothing (the revision is then the object's current one)."""
+    kind = model.kind
     key = models.object_key(kind, name)
     for _ in range(CAS_ATTEMPTS):
         stored = await context.kv_store.get(key)
         current = None if stored is None else decoded(kind, stored)
-        if stored is None or current is None:
+        if stored is None or not isinstance(current, model):
             raise ApiError(404, "NotFound", f"{label(kind, name)} not found")
         changed = change(current)
         if changed == current:
@@ -428,18 +428,17 @@ async def set_drain(context: context_module.Context, name: str, drain: bool) -> 
     """Record (or clear) the operator's intent to drain SPU ``name``: its spec.drain, by
     compare-and-swap; the SPU as written (or as it was, when it already said so)."""
 
-    def mark(current: models.ClusterObject) -> models.ClusterObject:
-        spu: models.Spu = current  # type: ignore[assignment]
+    def mark(spu: models.Spu) -> models.Spu:
         return spu.model_copy(update={"spec": spu.spec.model_copy(update={"drain": drain})})
 
-    marked, _ = await update_spec(context, "spus", name, mark, "draining it" if drain else "undraining it")
-    return marked  # type: ignore[return-value]
+    marked, _ = await update_spec(context, models.Spu, name, mark, "draining it" if drain else "undraining it")
+    return marked
 
 
 # ---------------------------------------------------------------------------- deletes
 
 
-async def delete(context: context_module.Context, kind: str, name: str) -> tuple[models.ClusterObject | None, list[str]]:
+async def delete(context: context_module.Context, kind: str, name: str) -> tuple[models.AnyObject | None, list[str]]:
     """Delete an object (a topic's partitions follow through its controller).
 
     (the object as it was, None if its stored value was unreadable; warnings for the user).
@@ -460,9 +459,9 @@ async def delete(context: context_module.Context, kind: str, name: str) -> tuple
                 "(delete the topic instead)",
             )
         released = None
-        if kind == "spus" and obj is not None:
-            warnings = _spu_delete_checks(context, obj)  # type: ignore[arg-type]
-            released = await _release_spu_id(context, obj)  # type: ignore[arg-type]
+        if isinstance(obj, models.Spu):
+            warnings = _spu_delete_checks(context, obj)
+            released = await _release_spu_id(context, obj)
         if kind == "spu-groups":
             warnings = group_shrink_warnings(context, name, 0, f"deleting SPU group {name!r} deletes")
         try:
@@ -508,9 +507,9 @@ def group_shrink_warnings(context: context_module.Context, group: str, replicas:
     removed = [
         spu
         for spu in context.local_store["spus"].objects()
-        if spu_group.owning_group(spu) == group and int(spu.name.rpartition("-")[2]) >= replicas  # type: ignore[arg-type]
+        if spu_group.owning_group(spu) == group and int(spu.name.rpartition("-")[2]) >= replicas
     ]
-    return _hosting_warnings(context, removed, doing)  # type: ignore[arg-type]
+    return _hosting_warnings(context, removed, doing)
 
 
 def _hosting_warnings(context: context_module.Context, spus: list[models.Spu], doing: str) -> list[str]:
@@ -519,9 +518,9 @@ def _hosting_warnings(context: context_module.Context, spus: list[models.Spu], d
     users: dict[int, list[models.Partition]] = {}
     if by_id:
         for partition in context.local_store["partitions"].objects():
-            for replica in partition.spec.replicas:  # type: ignore[attr-defined]
+            for replica in partition.spec.replicas:
                 if replica in by_id:
-                    users.setdefault(replica, []).append(partition)  # type: ignore[arg-type]
+                    users.setdefault(replica, []).append(partition)
     warnings = []
     for spu_id in sorted(users):
         spu = by_id[spu_id]

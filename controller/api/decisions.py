@@ -76,4 +76,4 @@ class Decisions:
         return subscriber
 
     def leave(self, subscriber: fanout.Subscriber) -> None:
-        self.subscribers.discard(subscriber)  # type: ignore[arg-type]  # only ours join
+        self.subscribers.discard(subscriber)

@@ -22,7 +22,7 @@ BATCH_LINES = 500
 # Objects encoded between two yields to the loop while a feed catches up with a large change.
 ENCODE_CHUNK = 500
 
-Keep = Callable[[models.ClusterObject], bool]
+Keep = Callable[[models.AnyObject], bool]
 
 
 def event_line(event_type: bytes, revision: int, encoded: bytes) -> bytes:
@@ -62,7 +62,7 @@ class Subscriber:
     def __init__(
         self,
         feed: Feed,
-        snapshot: list[tuple[local.Entry, bytes]],
+        snapshot: list[tuple[local.Entry[models.AnyObject], bytes]],
         revision: int,
         buffer_bytes: int,
         on_drop: Callable[[str], None],
@@ -130,14 +130,14 @@ class Subscriber:
 class Feed:
     """The changes of one kind (through one filter), encoded once, for every subscriber."""
 
-    def __init__(self, table: local.KindStore, keep: Keep | None, encodings: Tally[str], on_idle: Callable[[Feed], None]) -> None:
+    def __init__(self, table: local.KindStore[models.AnyObject], keep: Keep | None, encodings: Tally[str], on_idle: Callable[[Feed], None]) -> None:
         self.table = table
         self.keep = keep
         self.encodings = encodings
         self._on_idle = on_idle
         self.subscribers: set[Subscriber] = set()
         # What the subscribers have been told, with each object's encoding; in the order of last change.
-        self.known: dict[str, tuple[local.Entry, bytes]] = {}
+        self.known: dict[str, tuple[local.Entry[models.AnyObject], bytes]] = {}
         self.revision = 0
         self.closed = False
         self._listener = table.listener(local.Part.ALL)
@@ -196,7 +196,7 @@ class Feed:
             for subscriber in list(self.subscribers):
                 subscriber.offer(batch)
 
-    async def _events(self, changes: local.Changes, revision: int, telling: bool) -> list[bytes]:
+    async def _events(self, changes: local.Changes[models.AnyObject], revision: int, telling: bool) -> list[bytes]:
         """The event lines that bring the subscribers from ``known`` to ``changes``; updates ``known``.
         Without subscribers (a new feed) only ``known`` is built."""
         known, keep = self.known, self.keep

@@ -56,14 +56,14 @@ def _name_key(name: str) -> SortKey:
     return (name,)
 
 
-def key_function(table: local.KindStore) -> Callable[[str], SortKey]:
+def key_function(table: local.KindStore[models.AnyObject]) -> Callable[[str], SortKey]:
     """The list order of a kind, as a key of a name in ``table``: SPUs by id then name, partitions by
     topic then index, the others by name."""
     if table.kind == "partitions":
         return _partition_key
     if table.kind == "spus":
         view = table.view
-        return lambda name: (view[name].obj.spec.id, name)  # type: ignore[attr-defined]
+        return lambda name: (view[name].obj.spec.id, name)
     return _name_key
 
 
@@ -75,11 +75,11 @@ class SortedNames:
     table is sorted again after any change.
     """
 
-    def __init__(self, table: local.KindStore) -> None:
+    def __init__(self, table: local.KindStore[models.AnyObject]) -> None:
         self.table = table
         self.key = key_function(table)
         self._by_name = table.kind != "spus"
-        self._listener: local.Listener | None = None
+        self._listener: local.Listener[models.AnyObject] | None = None
         self._names: list[str] = []
 
     def current(self) -> list[str]:
@@ -270,7 +270,7 @@ class Answers:
         self.bytes = 0
 
 
-Shown = Callable[[models.ClusterObject], models.ClusterObject]
+Shown = Callable[[models.AnyObject], models.AnyObject]
 
 
 class Lists:
@@ -327,7 +327,7 @@ class Lists:
         return Answer(answer.body, answer.revision, next_after)
 
     async def _encode(
-        self, table: local.KindStore, names: list[str], shown: Shown, taken: Callable[[int], None]
+        self, table: local.KindStore[models.AnyObject], names: list[str], shown: Shown, taken: Callable[[int], None]
     ) -> Answer:
         view = table.view
         # Taken at one moment (entries are immutable): the answer is the store at that revision.

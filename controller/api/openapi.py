@@ -666,7 +666,7 @@ _AUTH_ERRORS = {
     "403": _error("Forbidden: the credential's role lacks the right this request needs (the message names it)"),
 }
 # Either credential; none at all when the SC has none configured (it then listens on loopback only).
-_SECURITY = [{}, {"bearerToken": []}, {"clientCertificate": []}]
+_SECURITY: list[dict[str, list[str]]] = [{}, {"bearerToken": []}, {"clientCertificate": []}]
 _SECURITY_SCHEMES = {
     "bearerToken": {
         "type": "http", "scheme": "bearer",

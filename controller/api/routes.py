@@ -14,7 +14,7 @@ import math
 import secrets
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp.web_protocol
 import pydantic
@@ -304,7 +304,10 @@ def parse_json_object(raw: bytes, shape: str) -> dict[str, Any]:
     return body
 
 
-def parse_object(kind: str, raw: bytes) -> models.ClusterObject:
+Parsed = TypeVar("Parsed", bound=models.Model)
+
+
+def parse_object(model: type[Parsed], raw: bytes) -> Parsed:
     """A user's new object (``{name, spec}``) from a request body, validated strictly.
 
     Wrong JSON types give 400, values that are not acceptable 422, both naming field and value.
@@ -317,7 +320,7 @@ def parse_object(kind: str, raw: bytes) -> models.ClusterObject:
     try:
         # Strict: "3" is not a partition count and true is not a port. Validating the raw bytes
         # (not a re-serialised copy) keeps pydantic's own limits on deeply nested input.
-        return models.model_for_kind(kind).model_validate_json(raw, strict=True)
+        return model.model_validate_json(raw, strict=True)
     except pydantic.ValidationError as error:
         raise _validation_error(error) from None
 
@@ -528,12 +531,12 @@ async def get_object(request: web.Request) -> web.Response:
     return web.Response(body=models.encode(_shown(context, entry.obj)), content_type="application/json")
 
 
-def _shown(context: context_module.Context, obj: models.ClusterObject) -> models.ClusterObject:
+def _shown(context: context_module.Context, obj: models.AnyObject) -> models.AnyObject:
     """Partitions carry their leader's latest offsets, which live in memory, not in the KV store."""
-    if obj.kind != "partitions" or context.connections is None:
+    if not isinstance(obj, models.Partition) or context.connections is None:
         return obj
     live = context.connections.live
-    return partition.with_live_offsets(obj, live.get(obj.name), live.max_hw(obj.name))  # type: ignore[arg-type]
+    return partition.with_live_offsets(obj, live.get(obj.name), live.max_hw(obj.name))
 
 
 def _shown_version(context: context_module.Context, kind: str) -> Hashable:
@@ -556,7 +559,7 @@ async def drain_spu(request: web.Request) -> web.Response:
         raise ApiError(404, "NotFound", f"{admin_ops.label('spus', name)} not found")
     if context.connections is None:
         raise ApiError(409, "Unavailable", "this SC runs without a connection manager: there is nothing to drain")
-    spu: models.Spu = entry.obj  # type: ignore[assignment]
+    spu: models.Spu = entry.obj
     spu_id = spu.spec.id
     snapshot = context.local_store.snapshot()
     leading_before = partition.led_by(snapshot, spu_id)
@@ -593,7 +596,7 @@ async def drain_spu(request: web.Request) -> web.Response:
     partitions = snapshot.entries("partitions")
     # Moved: led by another SPU now (not deleted meanwhile, nor left leaderless by a crash).
     new_leaders = {
-        name_before: partitions[name_before].obj.spec.leader  # type: ignore[attr-defined]
+        name_before: partitions[name_before].obj.spec.leader
         for name_before in leading_before
         if name_before not in led and name_before in partitions
     }
@@ -640,7 +643,7 @@ def _blocked_json(blocked: dict[str, str]) -> list[dict[str, str]]:
 
 async def register_spu(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
-    spu: models.Spu = parse_object("spus", await read_body(request))  # type: ignore[assignment]
+    spu = parse_object(models.Spu, await read_body(request))
     await admin_ops.register_spu(context, spu)
     return web.json_response(spu.to_json_dict(), status=201)
 
@@ -648,7 +651,7 @@ async def register_spu(request: web.Request) -> web.Response:
 async def create_spu_group(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
-    group: models.SpuGroup = parse_object("spu-groups", await read_body(request))  # type: ignore[assignment]
+    group = parse_object(models.SpuGroup, await read_body(request))
     with _budget(timeout_ms) as remaining_ms:
         revision = await admin_ops.create(context, group)
     current, settled = await admin_ops.wait_settled(
@@ -656,23 +659,23 @@ async def create_spu_group(request: web.Request) -> web.Response:
     )
     if current is None:
         raise ApiError(409, "Conflict", f"{admin_ops.label('spu-groups', group.name)} was deleted while it was being created")
-    resolution = current.status.resolution  # type: ignore[attr-defined]
+    resolution = current.status.resolution
     if resolution is models.SpuGroupResolution.INVALID:
         raise ApiError(
             422,
             "SpuGroupInvalid",
-            f"SPU group {group.name!r} is Invalid: {current.status.reason}; "  # type: ignore[attr-defined]
+            f"SPU group {group.name!r} is Invalid: {current.status.reason}; "
             "it is kept, and reserves its range by itself once nothing collides: unregister the SPUs named, or delete the group and create it with another minId",
             object=current.to_json_dict(),
         )
     return web.json_response(current.to_json_dict(), status=201 if settled else 202)
 
 
-async def create_topic(request: web.Request) -> web.Response:
+async def create_topic(request: web.Request) -> web.StreamResponse:
     context = request.app[CONTEXT]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
     dry_run = _bool_param(request, "dryRun")
-    topic: models.Topic = parse_object("topics", await read_body(request))  # type: ignore[assignment]
+    topic = parse_object(models.Topic, await read_body(request))
     if dry_run:
         async with context.gate.slot(admission.DRY_RUN):
             placement_request, _ = admin_ops.dry_run_request(context, topic)
@@ -708,7 +711,7 @@ async def _topic_answer(
     )
     if current is None:
         raise ApiError(409, "Conflict", f"{admin_ops.label('topics', written.name)} was deleted while waiting for it")
-    status: models.TopicStatus = current.status  # type: ignore[attr-defined]
+    status: models.TopicStatus = current.status
     if settled and status.resolution is models.TopicResolution.INVALID_CONFIG:
         raise ApiError(
             422, "InvalidConfig", admin_ops.invalid_topic(written.name, status.reason), object=current.to_json_dict()
@@ -747,14 +750,14 @@ async def scale_spu_group(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     replicas = _integer_body(await read_body(request), "replicas", "the number of SPUs the group should have")
 
-    def scale(current: models.ClusterObject) -> models.ClusterObject:
+    def scale(current: models.SpuGroup) -> models.SpuGroup:
         try:
-            spec = models.SpuGroupSpec.model_validate({**current.spec.model_dump(), "replicas": replicas})  # type: ignore[attr-defined]
+            spec = models.SpuGroupSpec.model_validate({**current.spec.model_dump(), "replicas": replicas})
         except pydantic.ValidationError as error:
             raise ApiError(422, "InvalidRequest", models.describe_validation_error(error)) from None
         return current.model_copy(update={"spec": spec})
 
-    scaled, _ = await admin_ops.update_spec(context, "spu-groups", name, scale, "scaling it")
+    scaled, _ = await admin_ops.update_spec(context, models.SpuGroup, name, scale, "scaling it")
     # As explicit as deleting an SPU: name the SPUs this deletes that partitions still use.
     warnings = admin_ops.group_shrink_warnings(
         context, name, replicas, f"scaling SPU group {name!r} down to {replicas} deletes"
@@ -825,7 +828,8 @@ def _placement_answer(placement_request: placement.PlacementRequest, placers: pl
     except placement.PlacementError as error:
         raise ApiError(422, error.code, error.message) from None
     answer = placement.result_to_json(result, placement_request.spus)
-    rows: list[Any] = answer.pop("replicaMap")  # type: ignore[assignment]
+    rows = answer.pop("replicaMap")
+    assert isinstance(rows, list)
     pieces = [
         json.dumps(rows[start : start + PLACEMENT_ROWS_PER_ENCODE])[1:-1]
         for start in range(0, len(rows), PLACEMENT_ROWS_PER_ENCODE)
@@ -968,8 +972,8 @@ async def _serve_watch(
     return sink.response
 
 
-def _of_topic(topic_name: str, obj: models.ClusterObject) -> bool:
-    return obj.topic == topic_name  # type: ignore[attr-defined, no-any-return]
+def _of_topic(topic_name: str, obj: models.AnyObject) -> bool:
+    return isinstance(obj, models.Partition) and obj.topic == topic_name
 
 
 async def _stream(

@@ -458,7 +458,7 @@ def _slow_row(seq: int, payload: bytes) -> pa.Table:
         if not isinstance(obj, dict):
             raise Malformed(f"has object = {_shown(obj)}: expected an object or null")
         spec, status = obj.get("spec"), obj.get("status")
-        for part, value, schema in zip(("spec", "status"), (spec, status), OBJECT_FIELDS[kind]):
+        for part, value, schema in zip(("spec", "status"), (spec, status), OBJECT_FIELDS[kind]):  # type: ignore[index]  # kind is one of OBJECT_KINDS: checked above
             _check(value, pa.struct(list(schema)), f"object.{part}")
     spec_schema, status_schema = OBJECT_FIELDS[kind] if kind in OBJECT_KINDS else (pa.schema([]), pa.schema([]))
 

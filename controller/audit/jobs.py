@@ -429,7 +429,8 @@ def _topic(name: Column) -> Column:
 
 def _collect(frame: DataFrame, *order: str) -> list[dict[str, Any]]:
     """The rows, in order, as dicts (through Arrow: several times faster than Row objects)."""
-    return frame.orderBy(*order).toArrow().to_pylist()
+    rows: list[dict[str, Any]] = frame.orderBy(*order).toArrow().to_pylist()
+    return rows
 
 
 def _micros(value: datetime.datetime) -> int:

@@ -308,7 +308,7 @@ def _charts(results: options.Results, directory: Path) -> list[Path]:
         end = when(results.history["last_us"])
         for spu in sorted(busiest):
             points = series[spu] + [(end, series[spu][-1][1])]  # the last count holds to the end
-            axes.step([point[0] for point in points], [point[1] for point in points], where="post", label=f"SPU {spu}")
+            axes.step([point[0] for point in points], [point[1] for point in points], where="post", label=f"SPU {spu}")  # type: ignore[arg-type]  # matplotlib converts datetimes; its stubs name arrays only
         axes.set_ylabel("partitions led")
         axes.set_title("Leaders per SPU over time")
         axes.legend(fontsize="small", ncol=2)

@@ -36,24 +36,30 @@ BROKEN_PIPE_STATUS = 141
 def _module(command: str) -> types.ModuleType:
     """The module of one command group, imported now: each import is written out (no import by name)."""
     if command == "run":
-        from controller.cli import run as module
-    elif command == "topic":
-        from controller.cli import topic as module
-    elif command == "spu":
-        from controller.cli import spu as module
-    elif command == "spu-group":
-        from controller.cli import spu_group as module
-    elif command == "partition":
-        from controller.cli import partition as module
-    elif command == "placement":
-        from controller.cli import placement as module
-    elif command == "audit":
-        from controller.cli import audit as module
-    elif command == "demo":
-        from controller.cli import demo as module
-    else:
-        raise AssertionError(f"no command group {command!r}")
-    return module
+        from controller.cli import run
+        return run
+    if command == "topic":
+        from controller.cli import topic
+        return topic
+    if command == "spu":
+        from controller.cli import spu
+        return spu
+    if command == "spu-group":
+        from controller.cli import spu_group
+        return spu_group
+    if command == "partition":
+        from controller.cli import partition
+        return partition
+    if command == "placement":
+        from controller.cli import placement
+        return placement
+    if command == "audit":
+        from controller.cli import audit
+        return audit
+    if command == "demo":
+        from controller.cli import demo
+        return demo
+    raise AssertionError(f"no command group {command!r}")
 
 
 class UsageError(Exception):

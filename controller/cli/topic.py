@@ -163,7 +163,7 @@ def _index(topic: str, partition: str) -> int | None:
 def _partition_row(index: int, mapped: list[int] | None, partition: dict[str, Any] | None) -> list[object]:
     """One partition: from its object once created (its leader may have changed), else from the map."""
     if partition is None:
-        return [index, (mapped or [None])[0], mapped, None, None, None]
+        return [index, mapped[0] if mapped else None, mapped, None, None, None]
     spec = partition["spec"]
     return [index, spec["leader"], spec["replicas"], in_sync(partition), lag(partition), admin.resolution_of(partition)]
 

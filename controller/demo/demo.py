@@ -571,7 +571,7 @@ class Demo:
 
 
 def _online(partition: dict[str, Any]) -> bool:
-    return partition.get("status", {}).get("resolution") == "Online"
+    return bool(partition.get("status", {}).get("resolution") == "Online")
 
 
 def _followers_in_sync(partition: dict[str, Any]) -> int:

@@ -139,7 +139,7 @@ def _wait_empty(pgid: int, timeout: float) -> bool:
 
 def group_members(pgid: int) -> list[int]:
     """Living (not zombie) processes of group ``pgid``; without /proc, none can be seen."""
-    members = []
+    members: list[int] = []
     if not Path("/proc").is_dir():
         return members
     for entry in Path("/proc").iterdir():

@@ -91,7 +91,7 @@ class TopicController:
         self._retry_unplaced = True
         await self.loop.run()
 
-    def decide(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
+    def decide(self, snapshot: local.Snapshot, changes: local.ChangesByKind) -> list[actions.Action]:
         loop = self.loop
         full = loop.resyncing
         if full or any(change.full for change in changes.values()) or not changes["spus"].empty:
@@ -120,7 +120,7 @@ class SpuGroupController:
     async def run(self) -> None:
         await self.loop.run()
 
-    def decide(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
+    def decide(self, snapshot: local.Snapshot, changes: local.ChangesByKind) -> list[actions.Action]:
         return spu_group.decide(snapshot, spu_group.Inputs())
 
 
@@ -146,7 +146,7 @@ class SpuController:
     async def run(self) -> None:
         await self.loop.run()
 
-    def decide(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
+    def decide(self, snapshot: local.Snapshot, changes: local.ChangesByKind) -> list[actions.Action]:
         shadowed = spu_ids.shadowed(snapshot.entries("spus"), snapshot.meta)
         if shadowed != self._shadowed:
             # Only writes behind the SC's back make SPUs share an id: say so once per change.
@@ -218,14 +218,14 @@ class PartitionController:
             self._due |= names
         self.loop.kick()
 
-    def decide(self, snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
+    def decide(self, snapshot: local.Snapshot, changes: local.ChangesByKind) -> list[actions.Action]:
         """Incremental: only partitions that changed, were reported on, or have a replica on an SPU
         that changed (health, registration, drain); a relist or a periodic resync looks at every one.
         Proposals decided are answered on the spot (on 9004, not through the store)."""
         partition_changes, spu_changes = changes["partitions"], changes["spus"]
         self._hosting.update(snapshot, partition_changes)
         if spu_changes.full:
-            self._spu_ids = {entry.name: entry.obj.spec.id for entry in snapshot.entries("spus").values()}  # type: ignore[attr-defined]
+            self._spu_ids = {entry.name: entry.obj.spec.id for entry in snapshot.entries("spus").values()}
         due = self._due
         if due is None or partition_changes.full or spu_changes.full or self.loop.resyncing:
             names = None
@@ -251,14 +251,14 @@ class PartitionController:
             self._due = None
         return decided.actions
 
-    def _of_spus(self, spu_changes: local.Changes) -> set[str]:
+    def _of_spus(self, spu_changes: local.Changes[models.Spu]) -> set[str]:
         """The partitions hosted by the SPUs in ``spu_changes`` (registered, unregistered, drained,
         recorded online or offline), by the ids they have and had."""
         if spu_changes.empty:
             return set()
         ids = set()
         for entry in spu_changes.updated:
-            spu_id = entry.obj.spec.id  # type: ignore[attr-defined]
+            spu_id = entry.obj.spec.id
             self._spu_ids[entry.name] = spu_id
             ids.add(spu_id)
         for name in spu_changes.deleted:
@@ -267,17 +267,17 @@ class PartitionController:
         return self._hosting.of(ids)
 
 
-def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes) -> bool:
+def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes[models.Partition]) -> bool:
     """Whether a drained SPU's status may need another look: one is still Draining (what blocks
     it follows every partition), or a Drained one leads a partition that changed."""
     draining = partition.draining_spus(snapshot)
     if not draining:
         return False
     spus = snapshot.entries("spus").values()
-    if any(entry.obj.spec.drain and entry.obj.status.drain is not DRAINED for entry in spus):  # type: ignore[attr-defined]
+    if any(entry.obj.spec.drain and entry.obj.status.drain is not DRAINED for entry in spus):
         return True
     updated = partition_changes.updated if not partition_changes.full else snapshot.entries("partitions").values()
-    return any(entry.obj.spec.leader in draining for entry in updated)  # type: ignore[attr-defined]
+    return any(entry.obj.spec.leader in draining for entry in updated)
 
 
 def _alter_isr_result(

@@ -68,8 +68,8 @@ class KvUpdater:
                     operations.append(kv.Delete(write.key))
                     continue
                 operations.append(kv.Put(write.key, write.value))
-                if written is not None and (obj := written.get(write.key)) is not None:
-                    echoes.expect(write.key, write.value, obj)  # type: ignore[union-attr]
+                if echoes is not None and written is not None and (obj := written.get(write.key)) is not None:
+                    echoes.expect(write.key, write.value, obj)
         try:
             with self.metrics.etcd_request("txn"):
                 return await self.kv_store.txn(compares, operations)
@@ -270,7 +270,7 @@ class ActionDispatcher:
             # loop has already looked, leaving it asleep with work queued).
             current = asyncio.current_task()
             if current is not None:
-                self._batches.discard(current)  # type: ignore[arg-type]
+                self._batches.discard(current)
             self._wake.set()
 
     def _requeue(self, action: actions.Action, backoff: bool = False, isolate: bool = False) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -21,7 +22,7 @@ from store import local, models
 log = structlog.get_logger(__name__)
 
 # A controller: (snapshot, what changed per kind since its last pass) -> actions.
-Decide = Callable[[local.Snapshot, Mapping[str, local.Changes]], Sequence[actions.Action]]
+Decide = Callable[[local.Snapshot, local.ChangesByKind], Sequence[actions.Action]]
 
 # After a key's write fails for good (Outcome.FAILED) it is busy for this long, doubling with each
 # failure in a row: deciding it again costs what the decision costs (a placement can take 0.5 s),
@@ -57,7 +58,7 @@ class ControllerLoop:
         self.resync_interval = resync_interval
         self.listens_to = dict(listens_to)
         # Made afresh by each run(): a new listener's first changes are everything, a full pass.
-        self.listeners: dict[str, local.Listener] = {}
+        self.listeners: dict[str, local.Listener[models.AnyObject]] = {}
         # Write key -> the revision the local store must reach before we decide on that key again.
         self._expected: dict[str, int] = {}
         self._submitted: set[str] = set()
@@ -141,7 +142,7 @@ class ControllerLoop:
         if action.kind in self.listens_to and action.verb is not actions.Verb.PROVISION:
             self._deferred[(action.kind, action.name)] = tuple(action.write_keys)
 
-    def _with_deferred(self, changes: dict[str, local.Changes], snapshot: local.Snapshot) -> dict[str, local.Changes]:
+    def _with_deferred(self, changes: dict[str, local.Changes[Any]], snapshot: local.Snapshot) -> dict[str, local.Changes[Any]]:
         """``changes`` plus the deferred objects whose keys are free now (as updated, or deleted)."""
         ready: dict[str, list[str]] = {}
         for (kind, name), keys in list(self._deferred.items()):
@@ -166,7 +167,7 @@ class ControllerLoop:
     async def _wait(self) -> bool:
         """Until a change, a kick, a failed key's backoff ending or the resync timer; True if it
         was the resync timer."""
-        waiters = [asyncio.ensure_future(listener.wait()) for listener in self.listeners.values()]
+        waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(listener.wait()) for listener in self.listeners.values()]
         waiters.append(asyncio.ensure_future(self._kick.wait()))
         loop = asyncio.get_running_loop()
         timeout = self.resync_interval
@@ -236,7 +237,7 @@ class ControllerLoop:
             delay = max(delay, key_delay)
         return delay
 
-    def _forget_changed_failures(self, changes: Mapping[str, local.Changes]) -> None:
+    def _forget_changed_failures(self, changes: local.ChangesByKind) -> None:
         """Someone else changed (or deleted) an object whose write failed: decide it afresh."""
         for kind, change in changes.items():
             if change.full:

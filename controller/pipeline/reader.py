@@ -79,7 +79,7 @@ class Reader:
 
     def _resync(self, listed: kv.ListResult) -> list[kv.KeyValue]:
         """Replace the mirror with ``listed``; returns the items that are valid objects."""
-        by_kind: dict[str, list[tuple[models.ClusterObject, int, int]]] = {kind: [] for kind in models.KINDS}
+        by_kind: dict[str, list[tuple[models.AnyObject, int, int]]] = {kind: [] for kind in models.KINDS}
         meta: list[tuple[str, bytes, int]] = []
         valid: list[kv.KeyValue] = []
         for item in listed.items:
@@ -159,7 +159,7 @@ class Reader:
             return
         self.history.record_change(kind, name, _operation(event), event.revision, event.value, source)
 
-    def _decode(self, kind: str, key: str, value: bytes) -> models.ClusterObject | None:
+    def _decode(self, kind: str, key: str, value: bytes) -> models.AnyObject | None:
         try:
             obj = models.decode(kind, value)
         except (pydantic.ValidationError, ValueError) as error:

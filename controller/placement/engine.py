@@ -70,7 +70,7 @@ def _check_spus_once(spus: object) -> None:
     """The SPU checks, remembered for the last few SPU lists: a controller pass places many
     topics on the same cluster, and checking 1,000 SPUs each time would dominate."""
     try:
-        key = tuple(spus)  # type: ignore[call-overload]
+        key: tuple[model.SpuInfo, ...] = tuple(spus)  # type: ignore[arg-type]  # any input: a non-iterable raises TypeError, caught here
         hash(key)
     except TypeError:
         _check_spus(spus)
@@ -94,7 +94,7 @@ def _eligible(spus: object) -> tuple[model.SpuInfo, ...]:
     last = _last_spus
     if last is not None and last[0] is spus:
         return last[1]
-    eligible = _eligible_cached(tuple(spus))  # type: ignore[call-overload]
+    eligible = _eligible_cached(tuple(spus))  # type: ignore[arg-type]  # checked by _check_spus_once before any placement
     if type(spus) is tuple:
         _last_spus = (spus, eligible)
     return eligible

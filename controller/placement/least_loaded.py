@@ -94,16 +94,16 @@ def _place_rack_aware(run: model.Run) -> list[list[int]]:
     first_followers: list[dict[int, int]] = [{} for _ in ids]
     for replicas in _all_existing(run):
         positions = [position_of.get(spu_id) for spu_id in replicas]
-        for replica_index, position in enumerate(positions):
-            if position is None:
+        for replica_index, held_at in enumerate(positions):
+            if held_at is None:
                 continue  # offline or unknown SPUs take no new replicas, so their load does not matter
             if replica_index == 0:
-                leaders[position] += 1
+                leaders[held_at] += 1
             else:
-                followers[position] += 1
+                followers[held_at] += 1
         if len(positions) > 1 and positions[0] is not None and positions[1] is not None:
-            paired = first_followers[positions[0]]
-            paired[positions[1]] = paired.get(positions[1], 0) + 1
+            followed = first_followers[positions[0]]
+            followed[positions[1]] = followed.get(positions[1], 0) + 1
     # How often each leader's allowed first followers have followed it first, at the fewest:
     # raised only when every allowed SPU has reached it, so they take turns.
     failover_level = [0] * size
@@ -139,7 +139,7 @@ def _place_rack_aware(run: model.Run) -> list[list[int]]:
             # While some site is unused, "allowed" is "in an unused site", checked inline below.
             allowed = None if roomy or len(used_tops) < site_count else racks.allowed(used_tops, used_leaves)
             set_aside = []
-            picked = None
+            picked: int | None = None
             while follower_heap:
                 entry = follower_heap[0]
                 position = entry & mask

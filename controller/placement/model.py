@@ -28,7 +28,7 @@ class SpuInfo:
         if cached is None:
             cached = hash((self.id, self.rack, self.online))
             object.__setattr__(self, "_hash", cached)
-        return cached  # type: ignore[no-any-return]
+        return cached
 
 
 class ExistingPartition(NamedTuple):

@@ -876,10 +876,11 @@ class _Planner:
         found = []
         racks = ", or the partition would lose a rack" if self.levels else ""
         limited = self.limit is not None and any(count >= self.limit for count in self.moved.values())
-        for kind, count_of, floor, ceiling in (
+        measures: tuple[tuple[str, Callable[[int], int], int, int], ...] = (
             ("replicas", lambda spu_id: len(self.holdings[spu_id]), self.floor, self.ceiling),
             ("leaders", lambda spu_id: self.leaders[spu_id], self.leader_floor, self.leader_ceiling),
-        ):
+        )
+        for kind, count_of, floor, ceiling in measures:
             for spu_id in self.counted:
                 count = count_of(spu_id)
                 leaving = spu_id in self.cluster.decommissioning

@@ -118,7 +118,7 @@ def _cluster(run: model.Run, policies: Policies) -> _Cluster:
         )
     by_location: dict[str, list[int]] = {}
     for spu in run.spus:
-        by_location.setdefault(cluster.location(spu) if layout != "none" else "", []).append(spu.id)
+        by_location.setdefault((cluster.location(spu) or "") if layout != "none" else "", []).append(spu.id)
     names = sorted(by_location)
     columns = [by_location[name] for name in names]
     zigzag = cluster.alternate(columns)

@@ -44,7 +44,7 @@ class Action:
     writes: tuple[Write, ...]
     # The KV revision of the state the decision was made from (for the history / audits).
     cause_revision: int = 0
-    objects: tuple[models.ClusterObject, ...] = field(default=(), compare=False)
+    objects: tuple[models.AnyObject, ...] = field(default=(), compare=False)
     # The work-queue key (at most one action in flight per key); defaults to the object's key.
     queue_key: str = ""
     # Structured cause for the audits, e.g. a leader election's "spu-offline", "preferred-leader",
@@ -66,7 +66,7 @@ class Action:
 
 
 def create(
-    obj: models.ClusterObject, reason: str, cause_revision: int = 0, *, also: Sequence[Write] = ()
+    obj: models.AnyObject, reason: str, cause_revision: int = 0, *, also: Sequence[Write] = ()
 ) -> Action:
     """Create ``obj`` if absent; ``also``: writes that must commit with it (an SPU's id index key)."""
     writes = (Write(obj.key, models.encode(obj), 0), *also)
@@ -91,13 +91,13 @@ def create_partitions(topic: str, partitions: Sequence[models.Partition], reason
 
 
 def update_status(
-    obj: models.ClusterObject, status: object, mod_revision: int, reason: str, cause_revision: int = 0
+    obj: models.AnyObject, status: object, mod_revision: int, reason: str, cause_revision: int = 0
 ) -> Action:
     return _replace_part(obj, "status", status, Verb.UPDATE_STATUS, mod_revision, reason, cause_revision)
 
 
 def update_spec(
-    obj: models.ClusterObject,
+    obj: models.AnyObject,
     spec: object,
     mod_revision: int,
     reason: str,
@@ -109,7 +109,7 @@ def update_spec(
 
 
 def _replace_part(
-    obj: models.ClusterObject,
+    obj: models.AnyObject,
     part: str,
     value: object,
     verb: Verb,
@@ -155,7 +155,7 @@ def provision(chain_key: str, chain_value: bytes, chain_revision: int, topics: S
     Queued under the chain key, so provisioning is serialised and the chain never forks.
     """
     writes = [Write(chain_key, chain_value, chain_revision)]
-    objects: list[models.ClusterObject] = []
+    objects: list[models.AnyObject] = []
     for item in topics:
         writes.append(Write(item.topic.key, item.value or models.encode(item.topic), item.topic_revision))
         writes += [Write(partition.key, models.encode(partition), 0) for partition in item.partitions]

@@ -92,7 +92,7 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> Decided:
         # led 2,000 partitions follows 4,000 more, whose in-sync changes can wait one pass.
         urgent = [
             name for name in candidates
-            if (entry := partitions.get(name)) is not None and entry.obj.spec.leader not in good  # type: ignore[attr-defined]
+            if (entry := partitions.get(name)) is not None and entry.obj.spec.leader not in good
         ]
         if urgent and len(urgent) < len(candidates):
             chosen = set(urgent)
@@ -111,7 +111,7 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> Decided:
             continue
         if cluster.quiet(entry, view):
             continue
-        partition: models.Partition = entry.obj  # type: ignore[assignment]
+        partition: models.Partition = entry.obj
         if partition.spec.leader in good:
             # Bounded work per pass: deciding 4,000 in-sync changes took the event loop for
             # ~600 ms, in which the elections just written could not reach the SPUs.
@@ -154,16 +154,16 @@ class HostingIndex:
         self._hosting: dict[int, set[str]] = {}
         self.built = False
 
-    def update(self, snapshot: local.Snapshot, changes: local.Changes) -> None:
+    def update(self, snapshot: local.Snapshot, changes: local.Changes[models.Partition]) -> None:
         if changes.full or not self.built:
             self._hosting = {}
-            entries: Iterable[local.Entry] = snapshot.entries("partitions").values()
+            entries: Iterable[local.Entry[models.Partition]] = snapshot.entries("partitions").values()
             self.built = True
         else:
             entries = changes.updated
         hosting = self._hosting
         for entry in entries:
-            for spu in entry.obj.spec.replicas:  # type: ignore[attr-defined]
+            for spu in entry.obj.spec.replicas:
                 names = hosting.get(spu)
                 if names is None:
                     names = hosting[spu] = set()
@@ -185,9 +185,9 @@ def committed_hw(partition: models.Partition, max_hw: Mapping[str, int]) -> int:
 def draining_spus(snapshot: local.Snapshot) -> frozenset[int]:
     """The ids of the SPUs an operator asked to drain (spec.drain)."""
     return frozenset(
-        entry.obj.spec.id  # type: ignore[attr-defined]
+        entry.obj.spec.id
         for entry in snapshot.entries("spus").values()
-        if entry.obj.spec.drain  # type: ignore[attr-defined]
+        if entry.obj.spec.drain
     )
 
 
@@ -203,7 +203,7 @@ class Cluster:
         self._registered: dict[int, int] = {}
         draining = set(also_draining)
         for entry in snapshot.entries("spus").values():
-            spu: models.Spu = entry.obj  # type: ignore[assignment]
+            spu: models.Spu = entry.obj
             spu_id = spu.spec.id
             if spu.status.resolution is models.SpuResolution.ONLINE:
                 self._recorded_online.add(spu_id)
@@ -242,12 +242,12 @@ class Cluster:
     def incarnation(self, spu: int) -> reports.Incarnation | None:
         return self._incarnations.get(spu)
 
-    def quiet(self, entry: local.Entry, view: ClusterView) -> bool:
+    def quiet(self, entry: local.Entry[models.Partition], view: ClusterView) -> bool:
         """Nothing can be due for this partition (checked without building anything): Online,
         led and in sync through good SPUs registered before its last write, no proposal, and no
         preferred leader waiting to take over. Every partition of a large cluster goes through
         here on each full pass."""
-        partition: models.Partition = entry.obj  # type: ignore[assignment]
+        partition: models.Partition = entry.obj
         status = partition.status
         if view.proposals and partition.name in view.proposals:
             return False
@@ -271,8 +271,8 @@ class Cluster:
         return resolution is OFFLINE or preferred == leader or preferred not in good or preferred not in in_sync
 
 
-def _write(entry: local.Entry, transition: partition_state.Transition, view: ClusterView, hw: int) -> actions.Action:
-    partition: models.Partition = entry.obj  # type: ignore[assignment]
+def _write(entry: local.Entry[models.Partition], transition: partition_state.Transition, view: ClusterView, hw: int) -> actions.Action:
+    partition: models.Partition = entry.obj
     state = transition.state
     status = _status(partition, state, view.live.get(partition.name), hw)
     if state.leader == partition.spec.leader:
@@ -358,7 +358,7 @@ def drain_blockers(snapshot: local.Snapshot, spu: int, view: ClusterView) -> dic
     cluster = Cluster(snapshot, view, also_draining=(spu,))
     blocked = {}
     for entry in snapshot.entries("partitions").values():
-        partition: models.Partition = entry.obj  # type: ignore[assignment]
+        partition: models.Partition = entry.obj
         if partition.spec.leader != spu or partition.status.resolution is LEADER_OFFLINE:
             continue
         members = partition_state.Members(partition, entry.mod_revision, cluster, -1)
@@ -406,6 +406,6 @@ def led_by(snapshot: local.Snapshot, spu: int) -> list[str]:
     return sorted(
         entry.obj.name
         for entry in snapshot.entries("partitions").values()
-        if entry.obj.spec.leader == spu  # type: ignore[attr-defined]
-        and entry.obj.status.resolution is not LEADER_OFFLINE  # type: ignore[attr-defined]
+        if entry.obj.spec.leader == spu
+        and entry.obj.status.resolution is not LEADER_OFFLINE
     )

@@ -181,7 +181,7 @@ def decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: Fa
             answer, proposed = _check(partition, stored, members, facts.proposal)
     if proposed is not None:
         if set(proposed) == set(stored.isr):
-            answer = Answer(facts.proposal, None, "committed")  # type: ignore[arg-type]
+            answer = Answer(facts.proposal, None, "committed")  # type: ignore[arg-type]  # proposed comes from facts.proposal, so it is set
         else:
             # Answered once the write is back: a later pass finds the proposal settled.
             isr = [spu for spu in proposed if spu == leader or members.sound(spu)]

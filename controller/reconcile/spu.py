@@ -42,7 +42,7 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     view = inputs.view if inputs.view is not None else partition.ClusterView(health, {})
     decided = []
     for entry in spus.values():
-        spu: models.Spu = entry.obj  # type: ignore[assignment]
+        spu: models.Spu = entry.obj
         record = health.get(spu.spec.id)
         state = health_module.Health.UNKNOWN if record is None else record.state
         current = spu.status
@@ -64,8 +64,8 @@ def _leading(snapshot: local.Snapshot, spu_ids: frozenset[int]) -> dict[int, lis
     """The partitions each of ``spu_ids`` leads now (LeaderOffline ones have no leader), in one pass."""
     leading: dict[int, list[str]] = {}
     for entry in snapshot.entries("partitions").values():
-        leader = entry.obj.spec.leader  # type: ignore[attr-defined]
-        if leader in spu_ids and entry.obj.status.resolution is not models.PartitionResolution.LEADER_OFFLINE:  # type: ignore[attr-defined]
+        leader = entry.obj.spec.leader
+        if leader in spu_ids and entry.obj.status.resolution is not models.PartitionResolution.LEADER_OFFLINE:
             leading.setdefault(leader, []).append(entry.name)
     return leading
 

@@ -54,9 +54,9 @@ class Inputs:
 
 
 def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
-    spus: Mapping[str, local.Entry] = snapshot.entries("spus")
-    groups: Mapping[str, local.Entry] = snapshot.entries("spu-groups")
-    ids = {name: entry.obj.spec.id for name, entry in spus.items()}  # type: ignore[attr-defined]
+    spus: Mapping[str, local.Entry[models.Spu]] = snapshot.entries("spus")
+    groups: Mapping[str, local.Entry[models.SpuGroup]] = snapshot.entries("spu-groups")
+    ids = {name: entry.obj.spec.id for name, entry in spus.items()}
     decided: list[actions.Action] = []
     # Ranges are reserved oldest group first: of two groups that want one free id, the one created
     # first gets it, in every pass (two groups created at once must not take alternate ids).
@@ -64,43 +64,43 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     for entry in sorted(groups.values(), key=lambda entry: (entry.create_revision, entry.name)):
         decided += _reconcile_group(entry, spus, ids, reserved, snapshot.meta)
     # SPUs of deleted groups, and SPUs above a group's replica count (scale down).
-    for entry in spus.values():
-        spu: models.Spu = entry.obj  # type: ignore[assignment]
+    for spu_entry in spus.values():
+        spu: models.Spu = spu_entry.obj
         group_name = owning_group(spu)
         if group_name is None:
             continue
         group_entry = groups.get(group_name)
         if group_entry is None:
-            decided.append(_delete(entry, snapshot.meta, f"SPU group {group_name} was deleted"))
+            decided.append(_delete(spu_entry, snapshot.meta, f"SPU group {group_name} was deleted"))
             continue
-        group: models.SpuGroup = group_entry.obj  # type: ignore[assignment]
+        group: models.SpuGroup = group_entry.obj
         index = int(spu.name.rpartition("-")[2])
         if group.status.resolution is RESERVED and index >= group.spec.replicas:
-            decided.append(_delete(entry, snapshot.meta, f"SPU group {group.name} scaled down to {group.spec.replicas}"))
+            decided.append(_delete(spu_entry, snapshot.meta, f"SPU group {group.name} scaled down to {group.spec.replicas}"))
     return decided
 
 
-def _delete(entry: local.Entry, meta: spu_index.MetaReader, reason: str) -> actions.Action:
+def _delete(entry: local.Entry[models.Spu], meta: spu_index.MetaReader, reason: str) -> actions.Action:
     """Delete a managed SPU and, in the same transaction, give its id back."""
-    spu: models.Spu = entry.obj  # type: ignore[assignment]
+    spu: models.Spu = entry.obj
     released = spu_ids.release(spu.name, spu.spec.id, meta(spu_index.index_key(spu.spec.id)))
     return actions.delete("spus", spu.name, entry.mod_revision, reason, also=() if released is None else (released,))
 
 
 def _reconcile_group(
-    entry: local.Entry,
-    spus: Mapping[str, local.Entry],
+    entry: local.Entry[models.SpuGroup],
+    spus: Mapping[str, local.Entry[models.Spu]],
     ids: Mapping[str, int],
     reserved: dict[int, str],
     meta: spu_index.MetaReader,
 ) -> list[actions.Action]:
-    group: models.SpuGroup = entry.obj  # type: ignore[assignment]
+    group: models.SpuGroup = entry.obj
     wanted = desired_spus(group)
     wanted_names = {spu.name for spu in wanted}
     wanted_ids = {spu.spec.id: spu.name for spu in wanted}
     collisions = []
     for other_entry in spus.values():
-        other: models.Spu = other_entry.obj  # type: ignore[assignment]
+        other: models.Spu = other_entry.obj
         owner = owning_group(other)
         if owner == group.name:
             continue
@@ -113,8 +113,8 @@ def _reconcile_group(
     overlapping = sorted({reserved[spu_id] for spu_id in wanted_ids if spu_id in reserved})
     for other_group in overlapping:
         ids_taken = sorted(spu_id for spu_id in wanted_ids if reserved.get(spu_id) == other_group)
-        taken = f"id {ids_taken[0]} is" if len(ids_taken) == 1 else f"ids {ids_taken[0]}..{ids_taken[-1]} are"
-        collisions.append(f"{taken} in the id range of SPU group {other_group}, created earlier")
+        which = f"id {ids_taken[0]} is" if len(ids_taken) == 1 else f"ids {ids_taken[0]}..{ids_taken[-1]} are"
+        collisions.append(f"{which} in the id range of SPU group {other_group}, created earlier")
     if collisions:
         reason = f"id range {group.spec.min_id}..{group.spec.min_id + group.spec.replicas - 1} collides: " + "; ".join(
             collisions
@@ -126,7 +126,7 @@ def _reconcile_group(
         return decided  # SPUs are created once the range is reserved
     for spu in wanted:
         current = spus.get(spu.name)
-        if current is not None and current.obj.spec == spu.spec:  # type: ignore[attr-defined]
+        if current is not None and current.obj.spec == spu.spec:
             continue
         # The id's index key goes in the same transaction as the SPU; an id still held by another
         # of the group's SPUs (its ids are being moved, a hand edit) waits for that one to move.
@@ -140,10 +140,10 @@ def _reconcile_group(
             decided.append(actions.create(spu, f"SPU group {group.name} has {group.spec.replicas} replicas", also=claims))
             continue
         # A drain is the operator's, not the group's: kept whatever the group says.
-        spec = spu.spec.model_copy(update={"drain": current.obj.spec.drain})  # type: ignore[attr-defined]
-        if current.obj.spec == spec:  # type: ignore[attr-defined]
+        spec = spu.spec.model_copy(update={"drain": current.obj.spec.drain})
+        if current.obj.spec == spec:
             continue
-        old_id = current.obj.spec.id  # type: ignore[attr-defined]
+        old_id = current.obj.spec.id
         released = None if old_id == spu.spec.id else spu_ids.release(spu.name, old_id, meta(spu_index.index_key(old_id)))
         decided.append(
             actions.update_spec(
@@ -157,8 +157,8 @@ def _reconcile_group(
     return decided
 
 
-def _status(entry: local.Entry, resolution: models.SpuGroupResolution, reason: str) -> list[actions.Action]:
-    group: models.SpuGroup = entry.obj  # type: ignore[assignment]
+def _status(entry: local.Entry[models.SpuGroup], resolution: models.SpuGroupResolution, reason: str) -> list[actions.Action]:
+    group: models.SpuGroup = entry.obj
     status = models.SpuGroupStatus(resolution=resolution, reason=reason)
     if group.status == status:
         return []

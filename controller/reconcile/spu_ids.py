@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from controller.reconcile import actions
-from store import local, spu_index
+from store import local, models, spu_index
 
 
 class IdInUse(Exception):
@@ -52,14 +52,14 @@ def release(name: str, spu_id: int, stored: tuple[bytes, int] | None) -> actions
     return actions.Write(spu_index.index_key(spu_id), None, stored[1])
 
 
-def shadowed(spus: Mapping[str, local.Entry], meta: spu_index.MetaReader) -> list[tuple[int, str, str]]:
+def shadowed(spus: Mapping[str, local.Entry[models.Spu]], meta: spu_index.MetaReader) -> list[tuple[int, str, str]]:
     """(id, SPU ignored, the SPU holding the id) for every SPU that shares its id, in id order:
     placement uses only the holders (``spu_index.holders``) rather than failing every topic."""
     held = spu_index.holders(spus, meta)
     ignored = [
-        (entry.obj.spec.id, entry.name, held[entry.obj.spec.id].name)  # type: ignore[attr-defined]
+        (entry.obj.spec.id, entry.name, held[entry.obj.spec.id].name)
         for entry in spus.values()
-        if held[entry.obj.spec.id] is not entry  # type: ignore[attr-defined]
+        if held[entry.obj.spec.id] is not entry
     ]
     return sorted(ignored)
 

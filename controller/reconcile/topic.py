@@ -59,15 +59,15 @@ def spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
     sharing an id (written behind the SC's back), only the one holding it (``spu_index.holders``).
 
     The same tuple until the SPUs change: placement recognises it and skips its SPU checks."""
-    return snapshot.derived("spus", "placement-spus", lambda: _spu_infos(snapshot))  # type: ignore[no-any-return]
+    return snapshot.derived("spus", "placement-spus", lambda: _spu_infos(snapshot))
 
 
 def _spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
     infos = [
         placement.SpuInfo(
-            id=entry.obj.spec.id,  # type: ignore[attr-defined]
-            rack=entry.obj.spec.rack,  # type: ignore[attr-defined]
-            online=entry.obj.status.resolution is models.SpuResolution.ONLINE,  # type: ignore[attr-defined]
+            id=entry.obj.spec.id,
+            rack=entry.obj.spec.rack,
+            online=entry.obj.status.resolution is models.SpuResolution.ONLINE,
         )
         for entry in spu_index.holders(snapshot.entries("spus"), snapshot.meta).values()
     ]
@@ -199,7 +199,7 @@ def dry_run_request(
     return placement_request(topic, spus, read_chain(snapshot).start_index, _assignment(snapshot))
 
 
-def _load_aware(topic: models.ClusterObject) -> bool:
+def _load_aware(topic: models.Topic) -> bool:
     """Least-loaded, and plug-ins (which see the cluster's assignment), read every partition."""
     strategy = topic.spec.placement.strategy if topic.spec.placement is not None else "computed"
     return strategy == "least-loaded" or strategy not in placement.STRATEGIES
@@ -207,7 +207,7 @@ def _load_aware(topic: models.ClusterObject) -> bool:
 
 def _assignment(snapshot: local.Snapshot) -> list[tuple[str, int, list[int]]]:
     return [
-        (entry.obj.topic, entry.obj.index, list(entry.obj.spec.replicas))  # type: ignore[attr-defined]
+        (entry.obj.topic, entry.obj.index, list(entry.obj.spec.replicas))
         for entry in snapshot.entries("partitions").values()
     ]
 
@@ -231,7 +231,7 @@ class Inputs:
     ``placers``: the configured placement plug-ins.
     """
 
-    changes: Mapping[str, local.Changes] | None = None
+    changes: local.ChangesByKind | None = None
     busy: Callable[[str], bool] = _idle
     retry_unplaced: bool = True
     request_size: kv.RequestSize = DEFAULT_REQUEST_SIZE
@@ -282,8 +282,8 @@ def _validate(
     costs what those topics cost, not what the whole table does. Validation depends on the
     topic's spec and the SPUs alone: without a retry, only the topics that changed (a topic whose
     write was set aside comes back as changed)."""
-    topics: Mapping[str, local.Entry] = snapshot.entries("topics")
-    unvalidated: Iterable[local.Entry]
+    topics: Mapping[str, local.Entry[models.Topic]] = snapshot.entries("topics")
+    unvalidated: Iterable[local.Entry[models.Topic]]
     if scope.retry:
         unvalidated = snapshot.indexed("topics", "unvalidated", _unvalidated)
     else:
@@ -358,7 +358,7 @@ def _place(snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, spus: Sequen
     for entry in snapshot.indexed("topics", "unplaced", _unplaced):
         if provision.room < 1:
             break  # this transaction is full: the next pass, once it is written
-        topic: models.Topic = entry.obj  # type: ignore[assignment]
+        topic: models.Topic = entry.obj
         if not _due(topic, inputs, scope, provision):
             continue
         problem = too_large(topic, spus, inputs.request_size, widest=False)
@@ -426,7 +426,7 @@ def _reconcile_partitions(
     snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, placed_now: set[str]
 ) -> list[actions.Action]:
     """Every partition on a full pass; else those that changed and those of the topics that did."""
-    topics: Mapping[str, local.Entry] = snapshot.entries("topics")
+    topics: Mapping[str, local.Entry[models.Topic]] = snapshot.entries("topics")
     if scope.full:
         return _partition_actions(snapshot, topics, snapshot.entries("partitions").keys(), topics.keys(), placed_now, inputs.busy)
     partition_changes = inputs.changes.get("partitions") if inputs.changes is not None else None
@@ -436,23 +436,23 @@ def _reconcile_partitions(
     return _partition_actions(snapshot, topics, changed_partitions, scope.touched | gone, placed_now, inputs.busy)
 
 
-def _unvalidated(topic: models.ClusterObject) -> bool:
+def _unvalidated(topic: models.Topic) -> bool:
     """Init, or InvalidConfig (valid again after a spec change, or SPU changes, may fix it)."""
-    return topic.status.resolution in (INIT, INVALID)  # type: ignore[attr-defined]
+    return topic.status.resolution in (INIT, INVALID)
 
 
-def _unplaced(topic: models.ClusterObject) -> bool:
+def _unplaced(topic: models.Topic) -> bool:
     """Pending, InsufficientResources, or Provisioned with fewer partitions than it asks for."""
-    status, spec = topic.status, topic.spec  # type: ignore[attr-defined]
+    status, spec = topic.status, topic.spec
     if status.resolution is PROVISIONED:
         return not spec.is_manual and (spec.partitions or 0) > len(status.replica_map)
     return status.resolution in (PENDING, INSUFFICIENT)
 
 
 def _validated(
-    entry: local.Entry, spus: Sequence[placement.SpuInfo], placers: placement.Placers, request_size: kv.RequestSize
+    entry: local.Entry[models.Topic], spus: Sequence[placement.SpuInfo], placers: placement.Placers, request_size: kv.RequestSize
 ) -> list[actions.Action]:
-    topic: models.Topic = entry.obj  # type: ignore[assignment]
+    topic: models.Topic = entry.obj
     problem = validate(topic, spus, placers)
     if problem is not None:
         return _status(entry, INVALID, unplaced_reason(problem))
@@ -472,9 +472,9 @@ def _validated(
         else:
             # Placed, but on SPU ids too wide to store it: stay InvalidConfig (with that reason).
             size = topic_size.stored_bytes(topic, dict(enumerate(result.replica_map)))
-            problem = _too_large_placed(topic, size, spus, request_size)
-            if problem is not None:
-                return _status(entry, INVALID, problem)
+            too_wide = _too_large_placed(topic, size, spus, request_size)
+            if too_wide is not None:
+                return _status(entry, INVALID, too_wide)
     return _status(entry, PENDING, "configuration is valid")
 
 
@@ -513,14 +513,14 @@ def _too_large_placed(
     return topic_size.too_large(topic, size, "", max_bytes, request_size.max_request_bytes, digits)
 
 
-def _status(entry: local.Entry, resolution: models.TopicResolution, reason: str) -> list[actions.Action]:
+def _status(entry: local.Entry[models.Topic], resolution: models.TopicResolution, reason: str) -> list[actions.Action]:
     """The topic's status with a new resolution and reason.
 
     The replica map is always kept: it is the record of the partitions that exist, and only the
     user (deleting the topic) takes them away; a topic that cannot grow, or whose spec went bad,
     keeps every partition it has where it is.
     """
-    topic: models.Topic = entry.obj  # type: ignore[assignment]
+    topic: models.Topic = entry.obj
     reason = topic_size.bounded_reason(reason)  # room for it is kept in every topic's size
     status = models.TopicStatus(
         resolution=resolution,
@@ -534,7 +534,7 @@ def _status(entry: local.Entry, resolution: models.TopicResolution, reason: str)
 
 def _partition_actions(
     snapshot: local.Snapshot,
-    topics: Mapping[str, local.Entry],
+    topics: Mapping[str, local.Entry[models.Topic]],
     partition_names: Iterable[str],
     topic_names: Iterable[str],
     placed_now: set[str],
@@ -546,7 +546,7 @@ def _partition_actions(
     pass). Sound because the snapshot is a consistent cut: a topic status and the partitions
     written in the same transaction are always seen together.
     """
-    partitions: Mapping[str, local.Entry] = snapshot.entries("partitions")
+    partitions: Mapping[str, local.Entry[models.Partition]] = snapshot.entries("partitions")
     decided: list[actions.Action] = []
     topic_names = list(topic_names)
     candidates = set(partition_names)
@@ -558,14 +558,14 @@ def _partition_actions(
             continue
         # No busy check here: an orphan's deletion decided while another write to it is in
         # flight is set aside by the loop and decided again once that write is done.
-        if entry.obj.topic in placed_now:  # type: ignore[attr-defined]
+        if entry.obj.topic in placed_now:
             continue  # its topic's new replica map is being written: judge it after the echo
         decided += _orphan(entry, topics)
     for topic_name in topic_names:
         topic_entry = topics.get(topic_name)
         if topic_entry is None or topic_name in placed_now:
             continue
-        topic: models.Topic = topic_entry.obj  # type: ignore[assignment]
+        topic: models.Topic = topic_entry.obj
         if topic.status.resolution not in HAS_PARTITIONS:
             continue
         missing = [
@@ -595,12 +595,12 @@ def _describe_indexes(partitions: list[models.Partition]) -> str:
     return f"{'partition' if len(indexes) == 1 else 'partitions'} {text}"
 
 
-def _orphan(entry: local.Entry, topics: Mapping[str, local.Entry]) -> list[actions.Action]:
-    partition: models.Partition = entry.obj  # type: ignore[assignment]
+def _orphan(entry: local.Entry[models.Partition], topics: Mapping[str, local.Entry[models.Topic]]) -> list[actions.Action]:
+    partition: models.Partition = entry.obj
     topic_entry = topics.get(partition.topic)
     if topic_entry is None:
         return [actions.delete("partitions", partition.name, entry.mod_revision, f"topic {partition.topic} was deleted")]
-    wanted = topic_entry.obj.status.replica_map.get(partition.index)  # type: ignore[attr-defined]
+    wanted = topic_entry.obj.status.replica_map.get(partition.index)
     if wanted is None:
         reason = f"topic {partition.topic} has no partition {partition.index} in its replica map"
     elif list(wanted) != list(partition.spec.replicas):

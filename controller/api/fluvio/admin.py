@@ -48,16 +48,16 @@ class Verdict:
 
 
 def ready_partitions(
-    topic: models.Topic, partitions: local.KindStore, readiness: Readiness
+    topic: models.Topic, partitions: local.KindStore[models.Partition], readiness: Readiness
 ) -> tuple[int, int]:
     """(partitions of the topic's replica map that are ready, partitions the topic wants)."""
     wanted = topic.spec.partition_count()
     ready = 0
     for index, replicas in topic.status.replica_map.items():
         entry = partitions.get(models.partition_name(topic.name, index))
-        if entry is None or list(entry.obj.spec.replicas) != list(replicas):  # type: ignore[attr-defined]
+        if entry is None or list(entry.obj.spec.replicas) != list(replicas):
             continue
-        if readiness is Readiness.ONLINE and entry.obj.status.resolution is not models.PartitionResolution.ONLINE:  # type: ignore[attr-defined]
+        if readiness is Readiness.ONLINE and entry.obj.status.resolution is not models.PartitionResolution.ONLINE:
             continue
         ready += 1
     return ready, wanted
@@ -197,7 +197,7 @@ class Admin:
             return None
         if entry.mod_revision <= written_revision:
             return None  # the controller has not judged our write yet
-        topic: models.Topic = entry.obj  # type: ignore[assignment]
+        topic: models.Topic = entry.obj
         resolution = topic.status.resolution
         if resolution is models.TopicResolution.INVALID_CONFIG:
             return Verdict(Error.TOPIC_INVALID_CONFIGURATION, admin_ops.invalid_topic(name, topic.status.reason))
@@ -219,7 +219,7 @@ class Admin:
         entry = self.context.local_store["topics"].get(name)
         if entry is None:
             return f"topic {name!r} was created but the SC has not seen it within {self.create_wait:g} s"
-        topic: models.Topic = entry.obj  # type: ignore[assignment]
+        topic: models.Topic = entry.obj
         ready, wanted = ready_partitions(topic, self.context.local_store["partitions"], self.readiness)
         return (
             f"only {ready} out of {wanted} partitions of topic {name!r} are {self.readiness.value} after "
@@ -265,10 +265,10 @@ class Admin:
             entry = spus.get(key.name)
         else:
             shown = f"spu-{key.id}"
-            entry = next((entry for entry in spus if entry.obj.spec.id == key.id), None)  # type: ignore[attr-defined]
+            entry = next((entry for entry in spus if entry.obj.spec.id == key.id), None)
         if entry is None:
             return failure(shown, Error.SPU_NOT_FOUND, f"SPU {shown!r} not found")
-        spu: models.Spu = entry.obj  # type: ignore[assignment]
+        spu: models.Spu = entry.obj
         if spu.spec.spu_type is not models.SpuType.CUSTOM:
             return failure(spu.name, Error.SPU_ERROR, f"expected 'Custom' spu, found '{spu.spec.spu_type.value}' spu ({spu.name!r})")
         await admin_ops.delete(self.context, "spus", spu.name)
@@ -283,11 +283,11 @@ class Admin:
         revision = await admin_ops.create(self.context, group)
         wait_ms = min(request.timeout_ms if request.timeout_ms is not None else 120_000, int(self.create_wait * 1000))
         current, _ = await admin_ops.wait_settled(self.group_waits, group, revision, admin_ops.group_settled(revision), wait_ms)
-        if current is not None and current.status.resolution is models.SpuGroupResolution.INVALID:  # type: ignore[attr-defined]
+        if current is not None and current.status.resolution is models.SpuGroupResolution.INVALID:
             return failure(
                 group.name,
                 Error.SPU_ERROR,
-                f"SPU group {group.name!r} is Invalid: {current.status.reason}; "  # type: ignore[attr-defined]
+                f"SPU group {group.name!r} is Invalid: {current.status.reason}; "
                 "it is kept, and reserves its range by itself once nothing collides: unregister the SPUs named, or delete the group and create it with another minId",
             )
         return messages.Status(group.name)

@@ -137,12 +137,12 @@ def spu_group_item(group: models.SpuGroup) -> objects.Metadata:
     )
 
 
-def is_custom(obj: models.ClusterObject) -> bool:
-    return obj.spec.spu_type is models.SpuType.CUSTOM  # type: ignore[attr-defined]
+def is_custom(obj: models.AnyObject) -> bool:
+    return obj.spec.spu_type is models.SpuType.CUSTOM
 
 
 # label -> (the kind it lists, which objects of the kind it shows (None: all), the item)
-ITEMS: dict[str, tuple[str, Callable[[models.ClusterObject], bool] | None, Callable[..., objects.Metadata]]] = {
+ITEMS: dict[str, tuple[str, Callable[[models.AnyObject], bool] | None, Callable[..., objects.Metadata]]] = {
     objects.TOPIC: ("topics", None, topic_item),
     objects.PARTITION: ("partitions", None, partition_item),
     objects.SPU: ("spus", None, spu_item),

@@ -499,6 +499,6 @@ def decode_response(message: bytes, api_key: int, version: int) -> tuple[int, Re
     changes = []
     for _ in range(max(I32.decode(payload, version), 0)):
         header = EnumU8(MessageType).decode(payload, version)
-        changes.append(Message(header, objects.metadata_codec(label).decode(payload, version)))  # type: ignore[arg-type]
+        changes.append(Message(header, objects.metadata_codec(label).decode(payload, version)))
     snapshot = [objects.metadata_codec(label).decode(payload, version) for _ in range(max(I32.decode(payload, version), 0))]
     return correlation_id, WatchResponse(label, MetadataUpdate(epoch, changes, snapshot))

@@ -451,7 +451,7 @@ def encode_metadata(label: str, item: Metadata, version: int) -> bytes:
 
 
 def decode_metadata(label: str, data: bytes, version: int) -> Metadata:
-    return metadata_codec(label).decode(primitives.Reader(data), version)  # type: ignore[no-any-return]
+    return metadata_codec(label).decode(primitives.Reader(data), version)
 
 
 def metadata_codec(label: str) -> Struct:

@@ -13,7 +13,7 @@ import struct as struct_module
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Generic, TypeVar
 
 # Version 0 encodes only the ungated fields; the request header's version reaches every nested struct.
 ANY_VERSION = 2**15 - 1
@@ -56,6 +56,9 @@ class Reader:
         return chunk
 
 
+Tag = TypeVar("Tag", bound=enum.IntEnum)
+
+
 class Codec:
     """Encodes a value into a bytearray and decodes it back, both at a protocol version."""
 
@@ -91,7 +94,7 @@ class Int(Codec):
         if end > len(reader.data):
             raise DecodeError(f"{self.name} needs {self.packer.size} bytes at offset {pos}, only {reader.remaining} left")
         reader.pos = end
-        return self.packer.unpack_from(reader.data, pos)[0]  # type: ignore[no-any-return]
+        return self.packer.unpack_from(reader.data, pos)[0]
 
 
 I8, U8, I16, U16 = Int("b", "i8"), Int("B", "u8"), Int("h", "i16"), Int("H", "u16")
@@ -305,10 +308,10 @@ class Tagged(Codec):
         return variant.decode(reader, version)
 
 
-class EnumU8(Codec):
+class EnumU8(Codec, Generic[Tag]):
     """A unit-only enum carried as its u8 tag."""
 
-    def __init__(self, cls: type[enum.IntEnum]) -> None:
+    def __init__(self, cls: type[Tag]) -> None:
         self.cls = cls
 
     def encode(self, out: bytearray, value: Any, version: int) -> None:
@@ -316,7 +319,7 @@ class EnumU8(Codec):
             raise EncodeError(f"{self.cls.__name__} expected, got {value!r}")
         out.append(int(value))
 
-    def decode(self, reader: Reader, version: int) -> enum.IntEnum:
+    def decode(self, reader: Reader, version: int) -> Tag:
         number = reader.take(1, self.cls.__name__)[0]
         try:
             return self.cls(number)

@@ -73,9 +73,9 @@ class ItemCache:
     label and protocol version, however many lists and watches send it."""
 
     def __init__(self) -> None:
-        self._tables: dict[tuple[str, int], dict[str, tuple[models.ClusterObject, bytes | None]]] = {}
+        self._tables: dict[tuple[str, int], dict[str, tuple[models.AnyObject, bytes | None]]] = {}
 
-    def encoded(self, label: str, version: int, obj: models.ClusterObject) -> bytes | None:
+    def encoded(self, label: str, version: int, obj: models.AnyObject) -> bytes | None:
         """The item's bytes; None (logged once) for an object the protocol cannot carry."""
         table = self._tables.setdefault((label, version), {})
         cached = table.get(obj.name)
@@ -137,7 +137,7 @@ class FluvioServer:
         self._sessions.add(task)
         task.add_done_callback(self._sessions.discard)
 
-    async def encode_all(self, label: str, version: int, objects: list[models.ClusterObject]) -> list[bytes | None]:
+    async def encode_all(self, label: str, version: int, objects: list[models.AnyObject]) -> list[bytes | None]:
         """The item of each object (None where it cannot be carried), yielding to the loop between
         chunks; the caller captured ``objects`` at one moment, so the answer stays consistent."""
         encoded: list[bytes | None] = []
@@ -477,14 +477,14 @@ class WatchStream:
         self.label = label
         self.version = version
         served = mapping.ITEMS.get(label)
-        self.table: local.KindStore | None = None
-        self.keep: Callable[[models.ClusterObject], bool] | None = None
+        self.table: local.KindStore[models.AnyObject] | None = None
+        self.keep: Callable[[models.AnyObject], bool] | None = None
         if served is not None:
             kind, self.keep, _ = served
             self.table = session.server.context.local_store[kind]
-        self.listener: local.Listener | None = None
+        self.listener: local.Listener[models.AnyObject] | None = None
         self.watcher: admission.Watcher | None = None
-        self.known: dict[str, models.ClusterObject] = {}
+        self.known: dict[str, models.AnyObject] = {}
         self.first = True
         self._built = asyncio.Event()
 
@@ -523,12 +523,12 @@ class WatchStream:
         if not changed:
             return None
         items = await self.session.server.encode_all(self.label, self.version, [obj for _, obj in changed])
-        encoded = [(header, item) for (header, _), item in zip(changed, items, strict=True) if item is not None]
+        told = [(header, item) for (header, _), item in zip(changed, items, strict=True) if item is not None]
         self.session.server.items.prune(self.label, self.version, self.table.view)
-        return messages.response_frame(self.correlation_id, messages.watch_body(self.label, changes.epoch, encoded, []))
+        return messages.response_frame(self.correlation_id, messages.watch_body(self.label, changes.epoch, told, []))
 
-    def _messages(self, changes: local.Changes) -> list[tuple[messages.MessageType, models.ClusterObject]]:
-        changed: list[tuple[messages.MessageType, models.ClusterObject]] = []
+    def _messages(self, changes: local.Changes[models.AnyObject]) -> list[tuple[messages.MessageType, models.AnyObject]]:
+        changed: list[tuple[messages.MessageType, models.AnyObject]] = []
         known = self.known
         updated = [entry.obj for entry in changes.updated]
         if changes.full:
