@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
@@ -75,7 +76,7 @@ async def provision(topics: int, partitions: int, history_dir: Path | None) -> t
         expected = topics * partitions
         while True:
             done = sum(
-                entry.obj.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
+                entry.obj.status.resolution is models.TopicResolution.PROVISIONED
                 for entry in local_store["topics"]
             )
             if done == topics and len(local_store["partitions"]) == expected:
@@ -107,7 +108,7 @@ async def synthetic_history(directory: Path, records: int, seed: int = 6) -> tup
     leaders: dict[str, int] = {}
     started = time.perf_counter()
 
-    def change(obj: models.ClusterObject, op: str) -> None:
+    def change(obj: models.AnyObject, op: str) -> None:
         recorder.record_change(obj.kind, obj.name, op, revision, models.encode(obj))
         written[0] += 1
 
@@ -162,7 +163,7 @@ async def synthetic_history(directory: Path, records: int, seed: int = 6) -> tup
             leaders[name] = leader
             cause = rng.choice(causes)
             action("partitions", name, "elect", cause, [f"partitions/{name}"])
-            status = {"resolution": "Online", "leader": {"spu": leader, "hw": 0, "leo": 0}}
+            status: dict[str, Any] = {"resolution": "Online", "leader": {"spu": leader, "hw": 0, "leo": 0}}
             change(models.Partition.model_validate({"name": name, "spec": {"leader": leader, "replicas": replicas}, "status": status}), history.UPDATE)
         else:
             name = rng.choice(names)

@@ -134,13 +134,12 @@ class BenchSpu:
                 self.look_at(info.partition for info in parsed.replicas)
             elif isinstance(parsed, wire.AlterIsrResult):
                 self.proposed.pop(parsed.partition, None)
-                info = self.replicas.get(parsed.partition)
-                if info is not None and parsed.partition_epoch >= info.partition_epoch:
+                held = self.replicas.get(parsed.partition)
+                if held is not None and parsed.partition_epoch >= held.partition_epoch:
                     # The committed state the answer carries, newer than any Update so far.
-                    info = info.model_copy(
+                    self.replicas[parsed.partition] = held.model_copy(
                         update={"isr": parsed.isr, "partition_epoch": parsed.partition_epoch, "leader_epoch": parsed.leader_epoch}
                     )
-                    self.replicas[parsed.partition] = info
                 if parsed.error is not None:
                     self.refused[parsed.partition] = (parsed.partition_epoch, now)
                     asyncio.get_running_loop().call_later(REFUSED_RETRY, self.look_at, (parsed.partition,))
@@ -233,7 +232,7 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
 
 
-async def wait_until(check, timeout: float, what: str, interval: float = 0.1) -> None:  # type: ignore[no-untyped-def]
+async def wait_until(check, timeout: float, what: str, interval: float = 0.1) -> None:
     deadline = time.perf_counter() + timeout
     while not await check():
         if time.perf_counter() > deadline:

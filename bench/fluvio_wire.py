@@ -28,11 +28,10 @@ from pathlib import Path
 
 if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
-sys.path.append(str(Path(__file__).resolve().parent))
 
 import aiohttp  # noqa: E402
 
-import provisioning  # noqa: E402  (bench/provisioning.py: the `sc run` process and the seeding)
+from bench import provisioning  # noqa: E402  (the `sc run` process and the seeding)
 from controller.api.fluvio import client as client_module, messages, objects as fluvio_objects  # noqa: E402
 from store import embedded_etcd, etcd, models  # noqa: E402
 
@@ -40,7 +39,7 @@ LIST_REPEATS = 20
 SPUS = 3
 
 
-def provisioned_topic(name: str, spu_id: int) -> list[models.ClusterObject]:
+def provisioned_topic(name: str, spu_id: int) -> list[models.AnyObject]:
     topic = models.Topic(
         name=name,
         spec=models.TopicSpec(partitions=1, replication_factor=1),
@@ -104,7 +103,7 @@ async def list_run(endpoints: list[str], workdir: Path, topics: int) -> None:
     prefix = "/bench/fluvio-list/"
     store = await etcd.EtcdStore.open(endpoints, prefix)
     try:
-        objects: list[models.ClusterObject] = [provisioning.spu(spu_id) for spu_id in range(SPUS)]
+        objects: list[models.AnyObject] = [provisioning.spu(spu_id) for spu_id in range(SPUS)]
         for index in range(topics):
             objects += provisioned_topic(f"topic-{index:05d}", index % SPUS)
         await provisioning.seed(store, objects)

@@ -147,7 +147,7 @@ class Measure:
         self.phases: list[Phase] = []
 
     @contextlib.asynccontextmanager
-    async def phase(self, name: str):  # type: ignore[no-untyped-def]
+    async def phase(self, name: str):
         phase = Phase(name, started=time.monotonic())
         logged_before = self.target.log_bytes()
         accepted_before = await self.target.metric("sc_spu_connections_accepted_total")

@@ -185,9 +185,9 @@ def spu_object(spu_id: int, ports: tuple[int, int]) -> models.Spu:
     )
 
 
-def placed(topics: int, partitions: int) -> list[models.ClusterObject]:
+def placed(topics: int, partitions: int) -> list[models.AnyObject]:
     """Provisioned topics with their partitions on the three SPUs (RF 3), as the controllers leave them."""
-    objects: list[models.ClusterObject] = []
+    objects: list[models.AnyObject] = []
     replicas = [list(SPU_IDS[index:] + SPU_IDS[:index]) for index in range(len(SPU_IDS))]
     for number in range(topics):
         name = f"topic-{number:04d}"
@@ -206,7 +206,7 @@ def placed(topics: int, partitions: int) -> list[models.ClusterObject]:
     return objects
 
 
-async def seed(endpoints: list[str], prefix: str, objects: list[models.ClusterObject]) -> None:
+async def seed(endpoints: list[str], prefix: str, objects: list[models.AnyObject]) -> None:
     store = await etcd.EtcdStore.open(endpoints, prefix, request_timeout=30)
     try:
         batches = [objects[start : start + kv.MAX_TXN_OPS] for start in range(0, len(objects), kv.MAX_TXN_OPS)]
@@ -339,7 +339,12 @@ def probe_main(url: str) -> None:
     host, _, port = url.removeprefix("http://").partition(":")
     connection: http.client.HTTPConnection | None = None
     stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+
+    def stop_at_end_of_input() -> None:
+        sys.stdin.read()
+        stop.set()
+
+    threading.Thread(target=stop_at_end_of_input, daemon=True).start()
     while not stop.is_set():
         started = time.perf_counter()
         try:
@@ -531,7 +536,7 @@ class Watchers:
             if self.names:
                 await self._parse(index, response)
                 return
-            tail = b""
+            tail: bytes | None = b""
             async for chunk in response.content.iter_any():
                 self.received[index] += len(chunk)
                 self.last_received[index] = time.perf_counter()

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     partitions = args.partitions
 
-    cases: list[tuple[str, list[placement.SpuInfo], dict[str, object], float | None]] = [
+    cases: list[tuple[str, list[placement.SpuInfo], dict[str, Any], float | None]] = [
         ("computed (3-stage rack-aware)", flat_racks(), {"strategy": "computed"}, 2.0),
         ("computed (racks ignored)", flat_racks(), {"strategy": "computed", "ignore_rack_assignment": True}, 2.0),
         ("kafka (rack-aware)", flat_racks(), {"strategy": "kafka"}, 2.0),
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         request = placement.PlacementRequest(
             spus=spus, partitions=partitions, replication_factor=REPLICATION_FACTOR, **options
         )
-        seconds, result = best_time(lambda request=request: placement.compute(request), args.repeat)
+        seconds, result = best_time(lambda: placement.compute(request), args.repeat)
         assert isinstance(result, placement.PlacementResult)
         report = placement.balance(result.replica_map, spus)
         ratio = seconds / baseline

@@ -180,11 +180,11 @@ def start_etcd(workdir: Path) -> embedded_etcd.EmbeddedEtcd:
     return server
 
 
-async def seed(store: etcd.EtcdStore, objects: list[models.ClusterObject]) -> None:
+async def seed(store: etcd.EtcdStore, objects: list[models.AnyObject]) -> None:
     batches = [objects[start : start + kv.MAX_TXN_OPS] for start in range(0, len(objects), kv.MAX_TXN_OPS)]
     semaphore = asyncio.Semaphore(16)
 
-    async def write(batch: list[models.ClusterObject]) -> None:
+    async def write(batch: list[models.AnyObject]) -> None:
         async with semaphore:
             await store.txn([], [kv.Put(obj.key, models.encode(obj)) for obj in batch])
 
@@ -271,7 +271,7 @@ async def provisioning_run(
         # The end state, read back once: every topic Provisioned with exactly its partitions.
         listed = await store.list("topics/")
         assert all(
-            models.decode("topics", item.value).status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
+            models.decode("topics", item.value).status.resolution is models.TopicResolution.PROVISIONED
             for item in listed.items
         ) and len(listed.items) == topics
         assert len((await store.list("partitions/")).items) == expected_partitions
@@ -344,7 +344,7 @@ async def startup_run(endpoints: list[str], workdir: Path, preloaded: int) -> di
     prefix = "/bench/loaded/"
     store = await etcd.EtcdStore.open(endpoints, prefix, request_timeout=60)
     per_topic = 10
-    objects: list[models.ClusterObject] = [spu(spu_id) for spu_id in range(SPUS)]
+    objects: list[models.AnyObject] = [spu(spu_id) for spu_id in range(SPUS)]
     for topic_index in range(preloaded // per_topic):
         replica_map = {
             index: [(topic_index + index + offset) % SPUS for offset in range(3)] for index in range(per_topic)

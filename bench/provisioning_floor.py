@@ -100,7 +100,7 @@ async def serve(endpoints: list[str], prefix: str, port: int, spus: int) -> None
         async for event in store.watch("", revision):
             if event.type is not kv.EventType.PUT or event.value is None or not event.key.startswith("topics/"):
                 continue  # its own partition writes: received, not decoded
-            topic: models.Topic = models.decode("topics", event.value)  # type: ignore[assignment]
+            topic = models.decode("topics", event.value)
             resolution = topic.status.resolution
             compare = kv.Compare(topic.key, event.revision)
             if resolution is models.TopicResolution.INIT:

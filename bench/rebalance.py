@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     missed = []
     for index, (name, racks, after, leaving, exact) in enumerate(cases):
         request = placement.RebalanceRequest(spus=after, partitions=current[racks], decommissioning=leaving)
-        seconds, result = best_time(lambda request=request: placement.plan_rebalance(request), args.repeat)
+        seconds, result = best_time(lambda: placement.plan_rebalance(request), args.repeat)
         remaining = [spu for spu in after if spu.id not in leaving]
         baseline = generate_style_moves(current[racks], remaining)
         met = result.replica_moves == result.lower_bound if exact else result.replica_moves <= result.lower_bound

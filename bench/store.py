@@ -177,7 +177,7 @@ class Bench:
                 if seen >= events:
                     break
         finally:
-            await responses.aclose()
+            await responses.aclose()  # type: ignore[attr-defined]  # an async generator, annotated AsyncIterator by etcd3aio
         return events / (time.perf_counter() - began)
 
 
@@ -246,7 +246,7 @@ async def run(arguments: argparse.Namespace, server: embedded_etcd.EmbeddedEtcd)
             figures.append(
                 await measure_pair(
                     f"txn keys/s ({keys} keys/txn)",
-                    lambda keys=keys: bench.transactions(f"txn{keys}", keys),  # type: ignore[misc]
+                    lambda: bench.transactions(f"txn{keys}", keys),
                     1,
                     arguments,
                     units_per_call=keys,
@@ -285,7 +285,7 @@ def main() -> int:
     parser.add_argument("--data-dir", help="where etcd keeps its data (default: a temporary dir); fsync is on")
     arguments = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="sc-bench-etcd-", dir=arguments.data_dir) as data_dir:
-        server = embedded_etcd.EmbeddedEtcd(data_dir, *embedded_etcd.free_ports(2))
+        server = embedded_etcd.EmbeddedEtcd(data_dir, *embedded_etcd.free_port_pair())
         print(f"etcd {server.command()[0]} with fsync, data in {data_dir}, {os.cpu_count()} CPUs", flush=True)
         began = time.monotonic()
         with server:

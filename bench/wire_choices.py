@@ -39,11 +39,11 @@ from connection_manager import wire  # noqa: E402
 try:
     import orjson
 except ImportError:  # measured only when installed
-    orjson = None  # type: ignore[assignment]
+    orjson = None
 try:
     import uvloop
 except ImportError:
-    uvloop = None  # type: ignore[assignment]
+    uvloop = None
 
 
 def offsets_frame(entries: int) -> bytes:
@@ -91,11 +91,11 @@ def parsing(repeat: int) -> list[tuple[str, float]]:
     for label, frame in (("Offsets, 2,000 entries", offsets_frame(2000)), ("Hosted, 6,000 entries", hosted_frame(6000))):
         expected = wire.parse_spu_message(frame)
         assert ADAPTER.validate_python(json.loads(frame)) == expected
-        rows.append((f"parse {label}: pydantic validate_json (ms)", best_of(repeat, lambda frame=frame: wire.parse_spu_message(frame))))
+        rows.append((f"parse {label}: pydantic validate_json (ms)", best_of(repeat, lambda: wire.parse_spu_message(frame))))
         if orjson is not None:
             assert ADAPTER.validate_python(orjson.loads(frame)) == expected
-            rows.append((f"parse {label}: orjson.loads + validate_python (ms)", best_of(repeat, lambda frame=frame: ADAPTER.validate_python(orjson.loads(frame)))))
-        rows.append((f"parse {label}: json.loads + validate_python (ms)", best_of(repeat, lambda frame=frame: ADAPTER.validate_python(json.loads(frame)))))
+            rows.append((f"parse {label}: orjson.loads + validate_python (ms)", best_of(repeat, lambda: ADAPTER.validate_python(orjson.loads(frame)))))
+        rows.append((f"parse {label}: json.loads + validate_python (ms)", best_of(repeat, lambda: ADAPTER.validate_python(json.loads(frame)))))
     return rows
 
 

@@ -172,6 +172,12 @@ def free_ports(count: int = 2, host: str = "127.0.0.1") -> list[int]:
         return [int(probe.getsockname()[1]) for probe in probes]
 
 
+def free_port_pair(host: str = "127.0.0.1") -> tuple[int, int]:
+    """A client and a peer port for one etcd, both free on ``host`` right now."""
+    client, peer = free_ports(2, host)
+    return client, peer
+
+
 class EmbeddedEtcd:
     """One single-member etcd on ``host``, its data and log under ``data_dir``.
 

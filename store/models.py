@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeAlias, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeAlias, TypeVar, overload
 
 import pydantic
 from pydantic import Field, field_validator, model_validator
@@ -508,6 +508,16 @@ def encode(obj: AnyObject) -> bytes:
     return obj.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 
+@overload
+def decode(kind: Literal["spus"], value: bytes) -> Spu: ...
+@overload
+def decode(kind: Literal["spu-groups"], value: bytes) -> SpuGroup: ...
+@overload
+def decode(kind: Literal["topics"], value: bytes) -> Topic: ...
+@overload
+def decode(kind: Literal["partitions"], value: bytes) -> Partition: ...
+@overload
+def decode(kind: str, value: bytes) -> AnyObject: ...
 def decode(kind: str, value: bytes) -> AnyObject:
     return model_for_kind(kind).model_validate_json(value)
 

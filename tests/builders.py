@@ -10,7 +10,8 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from store import models
+from controller.reconcile import actions
+from store import kv, models
 
 
 def spu(
@@ -111,6 +112,19 @@ async def eventually(check: Callable[[], object], timeout: float = 10.0, interva
             last_seen = f"the last attempt failed: {failure}" if failure is not None else "the last attempt returned False"
             raise AssertionError(f"{_describe(check)} did not pass within {timeout} s; {last_seen}") from failure
         await asyncio.sleep(interval)
+
+
+async def present(kv_store: kv.KVStore, key: str) -> kv.KeyValue:
+    """The key as stored, failing the test if it is absent."""
+    item = await kv_store.get(key)
+    assert item is not None, f"{key} is not in the store"
+    return item
+
+
+def written(write: actions.Write) -> bytes:
+    """The value a write puts (failing the test if it is a delete)."""
+    assert write.value is not None, f"{write.key} is deleted, not written"
+    return write.value
 
 
 def _describe(check: Callable[[], object]) -> str:

@@ -619,7 +619,7 @@ async def test_requests_slower_than_an_attempt_succeed_and_writes_apply_once(
 
 
 def test_a_second_etcd_on_a_data_dir_in_use_is_refused(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
-    second = embedded_etcd.EmbeddedEtcd(etcd_server.data_dir, *embedded_etcd.free_ports(2))
+    second = embedded_etcd.EmbeddedEtcd(etcd_server.data_dir, *embedded_etcd.free_port_pair())
     with pytest.raises(embedded_etcd.DataDirInUse) as raised:
         second.start()
     message = str(raised.value)
@@ -712,7 +712,7 @@ def member_names(client_url: str, timeout: float) -> list[str]:
 
 
 def test_an_etcd_that_is_not_healthy_in_time_is_stopped_with_its_log_tail(tmp_path: Path) -> None:
-    server = embedded_etcd.EmbeddedEtcd(tmp_path, *embedded_etcd.free_ports(2), startup_timeout=0.01)
+    server = embedded_etcd.EmbeddedEtcd(tmp_path, *embedded_etcd.free_port_pair(), startup_timeout=0.01)
     try:
         with pytest.raises(embedded_etcd.EtcdStartError) as raised:
             server.start()
@@ -727,7 +727,7 @@ def test_an_etcd_that_is_not_healthy_in_time_is_stopped_with_its_log_tail(tmp_pa
 
 
 async def test_supervision_restarts_a_killed_etcd_with_its_data(tmp_path: Path) -> None:
-    server = embedded_etcd.EmbeddedEtcd(tmp_path, *embedded_etcd.free_ports(2), extra_args=("--unsafe-no-fsync",))
+    server = embedded_etcd.EmbeddedEtcd(tmp_path, *embedded_etcd.free_port_pair(), extra_args=("--unsafe-no-fsync",))
     server.start()
     supervisor = asyncio.ensure_future(server.supervise(initial_backoff=0.1))
     try:
@@ -780,7 +780,7 @@ ABOVE_GRPC_LIMIT = SMALL_LIMIT + 512 * 1024 + 1024
 def small_etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[embedded_etcd.EmbeddedEtcd]:
     """An etcd whose --max-request-bytes is 10,000 bytes (its gRPC limit 534,288)."""
     server = embedded_etcd.EmbeddedEtcd(
-        tmp_path_factory.mktemp("small-etcd"), *embedded_etcd.free_ports(2), extra_args=("--unsafe-no-fsync",), max_request_bytes=SMALL_LIMIT
+        tmp_path_factory.mktemp("small-etcd"), *embedded_etcd.free_port_pair(), extra_args=("--unsafe-no-fsync",), max_request_bytes=SMALL_LIMIT
     )
     server.start()
     try:

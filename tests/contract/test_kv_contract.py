@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from store import kv
+from tests import builders
 
 PUT, DELETE = kv.EventType.PUT, kv.EventType.DELETE
 
@@ -48,7 +49,7 @@ async def test_create_fails_if_the_key_exists(kv_store: kv.KVStore) -> None:
         await kv_store.create("topics/a", b"two")
     assert (raised.value.key, raised.value.mod_revision) == ("topics/a", revision)
     assert "topics/a" in str(raised.value)
-    assert (await kv_store.get("topics/a")).value == b"one"  # type: ignore[union-attr]
+    assert (await builders.present(kv_store, "topics/a")).value == b"one"
 
 
 async def test_concurrent_creates_each_succeed_or_fail_on_their_own(kv_store: kv.KVStore) -> None:
@@ -63,7 +64,7 @@ async def test_concurrent_creates_each_succeed_or_fail_on_their_own(kv_store: kv
     failed = {names[position]: result for position, result in enumerate(results) if isinstance(result, BaseException)}
     assert sorted(failed) == ["topics/t-140", "topics/t-3", "topics/t-7"]
     assert all(isinstance(error, kv.AlreadyExists) for error in failed.values())
-    assert failed["topics/t-3"].mod_revision == existing  # type: ignore[attr-defined]
+    assert failed["topics/t-3"].mod_revision == existing  # type: ignore[attr-defined]  # an AlreadyExists (checked above): it has the key's revision
     listed = {item.key: item for item in (await kv_store.list("topics/")).items}
     assert len(listed) == 150
     assert listed["topics/t-3"].value == b"before"
@@ -95,7 +96,7 @@ async def test_delete_with_and_without_revision(kv_store: kv.KVStore) -> None:
     second = await kv_store.update("topics/a", b"two", first)
     with pytest.raises(kv.Conflict):
         await kv_store.delete("topics/a", first)
-    assert (await kv_store.get("topics/a")).value == b"two"  # type: ignore[union-attr]
+    assert (await builders.present(kv_store, "topics/a")).value == b"two"
     deleted_at = await kv_store.delete("topics/a", second)
     assert deleted_at > second
     assert await kv_store.get("topics/a") is None
@@ -130,7 +131,7 @@ async def test_transaction_applies_everything_at_one_revision(kv_store: kv.KVSto
     )
     assert (await kv_store.get("topics/t")) == kv.KeyValue("topics/t", b"v2", revision, existing)
     assert (await kv_store.get("partitions/t-0")) == kv.KeyValue("partitions/t-0", b"p0", revision, revision)
-    assert (await kv_store.get("partitions/t-1")).mod_revision == revision  # type: ignore[union-attr]
+    assert (await builders.present(kv_store, "partitions/t-1")).mod_revision == revision
     assert await kv_store.get("partitions/old") is None
     assert await kv_store.revision() == revision
 
@@ -147,7 +148,7 @@ async def test_transaction_is_all_or_nothing(kv_store: kv.KVStore) -> None:
     assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/t", existing, moved)
     assert await kv_store.revision() == before
     assert await kv_store.get("partitions/t-0") is None
-    assert (await kv_store.get("topics/t")).value == b"v2"  # type: ignore[union-attr]
+    assert (await builders.present(kv_store, "topics/t")).value == b"v2"
 
 
 async def test_transaction_create_if_absent_guard(kv_store: kv.KVStore) -> None:
@@ -155,7 +156,7 @@ async def test_transaction_create_if_absent_guard(kv_store: kv.KVStore) -> None:
     with pytest.raises(kv.Conflict) as raised:
         await kv_store.txn([kv.Compare("topics/n", 0)], [kv.Put("topics/n", b"second")])
     assert raised.value.expected == 0 and raised.value.actual > 0
-    assert (await kv_store.get("topics/n")).value == b"first"  # type: ignore[union-attr]
+    assert (await builders.present(kv_store, "topics/n")).value == b"first"
 
 
 async def test_watch_delivers_every_event_in_revision_order_from_a_past_revision(kv_store: kv.KVStore) -> None:
@@ -262,7 +263,7 @@ async def test_a_transaction_at_the_request_limit_is_applied(kv_store: kv.KVStor
     size = kv.request_size(kv_store)
     assert size.txn_bytes([kv.Compare("topics/big", 0)], [kv.Put("topics/big", value)]) == size.budget
     await kv_store.txn([kv.Compare("topics/big", 0)], [kv.Put("topics/big", value)])
-    assert (await kv_store.get("topics/big")).value == value  # type: ignore[union-attr]
+    assert (await builders.present(kv_store, "topics/big")).value == value
 
 
 async def test_a_transaction_above_the_request_limit_is_refused_and_writes_nothing(kv_store: kv.KVStore) -> None:

@@ -33,9 +33,9 @@ def provisioned_with(sc: Running, name: str, partitions: int) -> Callable[[], Aw
 
     async def provisioned() -> None:
         topic = await sc.read("topics", name)
-        assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
-        assert await sc.partitions_of(name) == topic.status.replica_map  # type: ignore[attr-defined]
-        assert len(topic.status.replica_map) == partitions  # type: ignore[attr-defined]
+        assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED
+        assert await sc.partitions_of(name) == topic.status.replica_map
+        assert len(topic.status.replica_map) == partitions
 
     return provisioned
 
@@ -51,7 +51,7 @@ async def test_computed_topic_gets_the_seed_assignment_and_its_partitions(sc: Ru
     assert (status, body["status"]["resolution"]) == (201, "Provisioned")
     stored = await sc.read("topics", "orders")
     assert stored is not None and stored.to_json_dict() == body
-    replica_map = stored.status.replica_map  # type: ignore[attr-defined]
+    replica_map = stored.status.replica_map
     # The seed's 5-SPU, 16-partition table.
     assert (replica_map[0], replica_map[5], replica_map[9], replica_map[15]) == ([0, 1, 2], [0, 2, 3], [4, 1, 2], [0, 1, 2])
 
@@ -70,7 +70,7 @@ async def test_rack_aware_topic_spreads_every_partition_over_racks(sc: Running) 
     assert status == 201
     stored = await sc.read("topics", "spread")
     assert stored is not None
-    replica_map = stored.status.replica_map  # type: ignore[attr-defined]
+    replica_map = stored.status.replica_map
     assert [replica_map[index] for index in range(6)] == predicted["replicaMap"]
     rack_of = {spu_id: f"r{spu_id // 2 + 1}" for spu_id in range(6)}
     for replicas in replica_map.values():
@@ -125,8 +125,8 @@ async def test_strategies_place_what_the_dry_run_predicted(sc: Running, placemen
     status, created = await sc.call("POST", "/v1/topics", body)
     assert status == 201, created
     stored = await sc.read("topics", "second")
-    assert stored is not None and stored.spec.placement.model_dump(exclude_none=True) == placement_spec  # type: ignore[attr-defined]
-    replica_map = stored.status.replica_map  # type: ignore[attr-defined]
+    assert stored is not None and stored.spec.placement.model_dump(exclude_none=True) == placement_spec
+    replica_map = stored.status.replica_map
     assert [replica_map[index] for index in range(8)] == predicted["replicaMap"]
 
 
@@ -149,7 +149,7 @@ async def test_invalid_configs(sc: Running) -> None:
     assert (status, body["error"]) == (422, {"code": "InvalidConfig", "message": f"topic 'racks' is InvalidConfig: {reason}"})
     stored = await sc.read("topics", "racks")
     assert stored is not None and body["object"] == stored.to_json_dict()
-    assert (stored.status.resolution, stored.status.reason) == (models.TopicResolution.INVALID_CONFIG, reason)  # type: ignore[attr-defined]
+    assert (stored.status.resolution, stored.status.reason) == (models.TopicResolution.INVALID_CONFIG, reason)
     assert await sc.partitions_of("racks") == {}
 
 
@@ -164,7 +164,7 @@ async def test_a_topic_waiting_for_a_rack_is_placed_once_the_spu_gets_one(sc: Ru
     assert "3   spu-3  Custom  r1" in capsys.readouterr().out
     await sc.eventually(provisioned_with(sc, "waits", 4))
     spu = await sc.read("spus", "spu-3")
-    assert spu is not None and spu.spec.rack == "r1"  # type: ignore[attr-defined]
+    assert spu is not None and spu.spec.rack == "r1"
 
 
 async def test_insufficient_spus_then_an_spu_is_added(sc: Running) -> None:
@@ -173,8 +173,8 @@ async def test_insufficient_spus_then_an_spu_is_added(sc: Running) -> None:
     status, body = await sc.call("POST", "/v1/topics", topic_body("wide", 4, 3))
     assert (status, body["status"]["resolution"]) == (202, "InsufficientResources")
     stored = await sc.read("topics", "wide")
-    assert stored is not None and stored.status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES  # type: ignore[attr-defined]
-    assert "1 more needed" in stored.status.reason  # type: ignore[attr-defined]
+    assert stored is not None and stored.status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES
+    assert "1 more needed" in stored.status.reason
     await sc.register_spu(2)
     await sc.eventually(provisioned_with(sc, "wide", 4))
 
@@ -189,7 +189,7 @@ async def test_add_partitions_keeps_the_existing_ones(sc: Running) -> None:
     assert (status, body["spec"]["partitions"]) == (200, 5)
     stored = await sc.read("topics", "orders")
     assert stored is not None and stored.to_json_dict() == body
-    replica_map = stored.status.replica_map  # type: ignore[attr-defined]
+    replica_map = stored.status.replica_map
     assert {str(index): replica_map[index] for index in range(3)} == before
     assert len(replica_map) == 5
 
@@ -244,9 +244,9 @@ async def test_registrations_racing_an_spu_group_for_its_ids_never_share_an_id(s
 
     async def settled() -> None:
         stored = await sc.read("spu-groups", "g")
-        assert stored is not None and stored.status.resolution is not models.SpuGroupResolution.INIT  # type: ignore[attr-defined]
+        assert stored is not None and stored.status.resolution is not models.SpuGroupResolution.INIT
         spus = await sc.read_all("spus")
-        if stored.status.resolution is models.SpuGroupResolution.RESERVED:  # type: ignore[attr-defined]
+        if stored.status.resolution is models.SpuGroupResolution.RESERVED:
             assert set(spus) == {f"g-{index}" for index in range(8)}
         assert registered <= set(spus)
         ids = [spu.spec.id for spu in spus.values()]
@@ -325,8 +325,8 @@ async def test_spu_group_with_a_colliding_range_is_invalid_and_creates_nothing(s
     status, body = await sc.call("POST", "/v1/spu-groups", {"name": "g", "spec": {"replicas": 3, "minId": 100}})
     assert (status, body["error"]["code"]) == (422, "SpuGroupInvalid")
     stored = await sc.read("spu-groups", "g")
-    assert stored is not None and stored.status.resolution is models.SpuGroupResolution.INVALID  # type: ignore[attr-defined]
-    assert "SPU id 101 is already used by SPU spu-101" in stored.status.reason  # type: ignore[attr-defined]
+    assert stored is not None and stored.status.resolution is models.SpuGroupResolution.INVALID
+    assert "SPU id 101 is already used by SPU spu-101" in stored.status.reason
     assert sorted(await sc.read_all("spus")) == ["spu-101"]
 
 
@@ -365,15 +365,15 @@ async def test_the_cli_against_the_daemon(sc: Running, capsys: pytest.CaptureFix
         "",
     )
     stored = await sc.read("topics", "events")
-    assert stored is not None and stored.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
+    assert stored is not None and stored.status.resolution is models.TopicResolution.PROVISIONED
 
     async def partitions_created() -> None:
-        assert await sc.partitions_of("events") == stored.status.replica_map  # type: ignore[attr-defined]
+        assert await sc.partitions_of("events") == stored.status.replica_map
 
     await sc.eventually(partitions_created)
     assert await asyncio.to_thread(cli.main, ["partition", "list", "-o", "json", "--sc", sc.url]) == 0
     listed = json.loads("\n".join(cli_lines(capsys.readouterr().out)))
     assert [(p["name"], p["spec"]["replicas"]) for p in listed] == [
-        ("events-0", stored.status.replica_map[0]),  # type: ignore[attr-defined]
-        ("events-1", stored.status.replica_map[1]),  # type: ignore[attr-defined]
+        ("events-0", stored.status.replica_map[0]),
+        ("events-1", stored.status.replica_map[1]),
     ]

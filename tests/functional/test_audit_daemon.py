@@ -78,7 +78,7 @@ async def test_a_cluster_story_recorded_by_the_daemon_audited_on_spark(
         for name in ("orders-0", "orders-1", "orders-2", "orders-3"):
             await wait_for(sc, "partitions", name, lambda p: True)
         solo = await wait_for(sc, "partitions", "solo-0", lambda p: True)
-        victim = solo.spec.leader  # type: ignore[attr-defined]
+        victim = solo.spec.leader
         before = await sc.read_all("partitions")
         led_by_victim = sorted(name for name, p in before.items() if p.spec.leader == victim and name != "solo-0")
 

@@ -155,7 +155,7 @@ def records(cluster: Cluster) -> list[dict[str, Any]]:
 async def partitions(client: aiohttp.ClientSession, cluster: Cluster) -> list[dict[str, Any]]:
     status, body = await call(client, cluster, "GET", "/v1/partitions")
     assert status == 200, body
-    return body  # type: ignore[no-any-return]
+    return body
 
 
 @dataclass(frozen=True)
@@ -231,11 +231,12 @@ def test_the_chaos_is_a_function_of_its_seed() -> None:
     down: set[int] = set()
     for step in steps:
         if step.what in ("kill", "stop"):
-            assert step.spu not in down, step
-            down.add(step.spu)  # type: ignore[arg-type]
+            assert step.spu is not None and step.spu not in down, step
+            down.add(step.spu)
             assert len(down) <= 2, steps
         elif step.what in ("restart", "resume"):
-            down.remove(step.spu)  # type: ignore[arg-type]
+            assert step.spu is not None, step
+            down.remove(step.spu)
     assert down == set()
     assert [step.what for step in steps if step.what.startswith("sc-")] == ["sc-kill", "sc-start"]
     assert {"kill", "stop"} <= {step.what for step in steps}

@@ -50,8 +50,8 @@ class Cluster:
 
     async def partition(self, name: str) -> models.Partition:
         stored = await self.sc.read("partitions", name)
-        assert stored is not None, name
-        return stored  # type: ignore[return-value]
+        assert isinstance(stored, models.Partition), name
+        return stored
 
     async def mod_revision(self, name: str) -> int:
         stored = await self.sc.kv_store.get(models.object_key("partitions", name))
@@ -91,7 +91,9 @@ async def start_cluster(
         async def mirrored() -> None:
             # The API answers once etcd has the SPUs; the private port admits them once the SC's
             # mirror does (under load that came later, and a connect right away was refused).
-            held = {entry.obj.spec.id for entry in sc.daemon.context.local_store["spus"].view.values()}  # type: ignore[attr-defined]
+            context = sc.daemon.context
+            assert context is not None
+            held = {entry.obj.spec.id for entry in context.local_store["spus"].view.values()}
             assert set(spu_ids) <= held, held
 
         await sc.eventually(mirrored)
@@ -137,7 +139,7 @@ async def test_a_registered_spu_goes_online_and_learns_only_its_own_replicas(clu
     async def online() -> None:
         for spu_id in range(4):
             spu = await cluster.sc.read("spus", f"spu-{spu_id}")
-            assert spu is not None and spu.status.resolution is models.SpuResolution.ONLINE  # type: ignore[attr-defined]
+            assert spu is not None and spu.status.resolution is models.SpuResolution.ONLINE
 
     await cluster.sc.eventually(online)
     topic = await create_topic(cluster.sc, "orders", 4, 2)
@@ -233,7 +235,7 @@ async def test_without_a_token_only_spus_on_this_host_are_accepted(
         await cluster.connect(1, token)
 
 
-async def _register_raw(cluster: Cluster, spu_id: int, *then: wire.Message, token: str | None = None) -> wire.Message:
+async def _register_raw(cluster: Cluster, spu_id: int, *then: wire.Message, token: str | None = None) -> wire.ScMessages:
     """Register as ``spu_id`` and send ``then`` at once, without waiting for the answer (what an
     impostor pushing forged reports would do); the SC's answer to the Register."""
     url = f"ws://127.0.0.1:{cluster.private_port}{wire.SPU_PATH}"
@@ -329,7 +331,7 @@ async def test_of_spus_sharing_an_id_the_one_the_index_names_is_the_one_connecte
     while True:  # the SC writes its status meanwhile
         current = await store.get(models.object_key("spus", "spu-b"))
         assert current is not None
-        status = models.decode("spus", current.value).status  # type: ignore[attr-defined]
+        status = models.decode("spus", current.value).status
         changed = shared_id_spu("spu-b", 7003, rack="r9").model_copy(update={"status": status})
         with contextlib.suppress(kv.Conflict):
             await store.update(current.key, models.encode(changed), current.mod_revision)
@@ -524,7 +526,7 @@ async def test_a_leaders_proposal_is_committed_written_and_answered(cluster: Clu
     await spus[1].wait_for(lambda: spus[1].results("orders-0"))
     assert spus[1].results("orders-0")[0].error == "not-leader"
     await spus[2].close()
-    await cluster.sc.eventually(holds(lambda: 2 not in (cluster.sc.daemon.connections.sessions or {})))  # type: ignore[union-attr]
+    await cluster.sc.eventually(holds(lambda: 2 not in (cluster.sc.daemon.connections.sessions or {})))  # type: ignore[union-attr]  # the SC runs: its connections are up
     await leader.propose("orders-0", [0, 1, 2])
     await leader.wait_for(lambda: len(leader.results("orders-0")) == 3)
     offline = leader.results("orders-0")[2]
@@ -610,7 +612,7 @@ async def test_silence_longer_than_the_heartbeat_timeout_marks_the_spu_offline(c
 
     async def resolution(expected: models.SpuResolution) -> None:
         spu = await cluster.sc.read("spus", "spu-0")
-        assert spu is not None and spu.status.resolution is expected  # type: ignore[attr-defined]
+        assert spu is not None and spu.status.resolution is expected
 
     await cluster.sc.eventually(lambda: resolution(models.SpuResolution.ONLINE))
     # No LRS frame is sent: after 1 s the SC drops the SPU.
@@ -784,8 +786,8 @@ async def test_drain_moves_every_leadership_off_the_spu(cluster: Cluster) -> Non
 
     async def draining_again() -> None:
         spu = await cluster.sc.read("spus", "spu-1")
-        assert spu is not None and spu.status.drain is models.SpuDrain.DRAINING, spu  # type: ignore[attr-defined]
-        assert spu.status.reason == (  # type: ignore[attr-defined]
+        assert spu is not None and spu.status.drain is models.SpuDrain.DRAINING, spu
+        assert spu.status.reason == (
             f"{len(led_by_1)} of the {len(led_by_1)} partition(s) it leads cannot move: "
             + ", ".join(f"{name} (no follower is online (SPU 0 offline))" for name in led_by_1)
         )

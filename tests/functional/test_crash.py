@@ -128,13 +128,13 @@ async def all_provisioned(store: etcd.EtcdStore, timeout: float = 60.0) -> None:
         topics = {item.key: models.decode("topics", item.value) for item in (await store.list("topics/")).items}
         partitions = [models.decode("partitions", item.value) for item in (await store.list("partitions/")).items]
         done = len(topics) == TOPICS and all(
-            topic.status.resolution is models.TopicResolution.PROVISIONED for topic in topics.values()  # type: ignore[attr-defined]
+            topic.status.resolution is models.TopicResolution.PROVISIONED for topic in topics.values()
         )
         if done:
             expected = sorted(
                 models.partition_name(topic.name, index)
                 for topic in topics.values()
-                for index in range(topic.spec.partitions)  # type: ignore[attr-defined]
+                for index in range(topic.spec.partition_count())
             )
             if sorted(partition.name for partition in partitions) == expected:
                 return
@@ -169,8 +169,8 @@ async def test_sigkill_while_creating_200_topics_converges(sc_process: ScProcess
         topics = [models.decode("topics", item.value) for item in (await store.list("topics/")).items]
         for item in (await store.list("partitions/")).items:
             partition = models.decode("partitions", item.value)
-            owner = next(topic for topic in topics if topic.name == partition.topic)  # type: ignore[attr-defined]
-            assert owner.status.replica_map[partition.index] == partition.spec.replicas  # type: ignore[attr-defined]
+            owner = next(topic for topic in topics if topic.name == partition.topic)
+            assert owner.status.replica_map[partition.index] == partition.spec.replicas
         chain = await store.get(topic_controller.CHAIN_KEY)
         assert chain is not None
         assert json.loads(chain.value) == {"nextStartIndex": sum(1 + index % 7 for index in range(TOPICS))}

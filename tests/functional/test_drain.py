@@ -73,16 +73,17 @@ _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d[ T]|\{)")
 def printed(capsys: pytest.CaptureFixture[str]) -> tuple[str, str]:
     """(stdout, stderr) of the CLI since the last call, without the SC's log lines."""
     captured = capsys.readouterr()
-    return tuple(  # type: ignore[return-value]
+    out, err = (
         "".join(line for line in stream.splitlines(keepends=True) if not _LOG_LINE.match(line))
         for stream in (captured.out, captured.err)
     )
+    return out, err
 
 
 async def spu_shown(sc: Running, name: str) -> dict[str, Any]:
     status, body = await sc.call("GET", f"/v1/spus/{name}")
     assert status == 200, body
-    return body  # type: ignore[no-any-return]
+    return body
 
 
 async def draining_gauge(sc: Running) -> str:

@@ -103,4 +103,4 @@ async def test_a_create_waits_out_an_etcd_restart_shorter_than_its_timeout(
                 durable_etcd_server.start()
         assert (status, body["status"]["resolution"]) == (201, "Provisioned"), body
         stored = await sc.read("topics", "late")
-        assert stored is not None and stored.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
+        assert stored is not None and stored.status.resolution is models.TopicResolution.PROVISIONED

@@ -101,7 +101,7 @@ async def test_killing_the_leader_process_moves_every_leadership_to_an_in_sync_f
 
         await sc.eventually(moved, timeout=15)
         spu = await sc.read("spus", "spu-0")
-        assert spu is not None and spu.status.resolution is models.SpuResolution.OFFLINE  # type: ignore[attr-defined]
+        assert spu is not None and spu.status.resolution is models.SpuResolution.OFFLINE
         # SPU 0 comes back empty (no data dir): it catches up, is in sync, and leads again.
         processes[0] = spu_process(sc, 0)
 
@@ -219,7 +219,7 @@ async def test_drain_never_leaves_a_partition_without_a_leader(sc: Running) -> N
         async def watch() -> None:
             async for event in sc.kv_store.watch("partitions/", start):
                 if event.value is not None:
-                    seen.append(models.decode("partitions", event.value).status.resolution)  # type: ignore[attr-defined]
+                    seen.append(models.decode("partitions", event.value).status.resolution)
 
         watcher = asyncio.create_task(watch())
         status, body = await sc.call("POST", "/v1/spus/spu-0/drain")

@@ -118,7 +118,7 @@ async def test_the_decisions_stream_tells_what_the_sc_decided_and_why_as_it_happ
                 sc, "POST", "/v1/topics", token=ADMIN_TOKEN, body={"name": "orders", "spec": {"partitions": 2, "replicationFactor": 1}}
             )
             assert status == 201, body
-            told = []
+            told: list[dict[str, Any]] = []
             while not any(decision["verb"] == "provision" for decision in told):
                 event = await events.next()
                 assert event["type"] == "ADDED"
@@ -133,7 +133,7 @@ async def test_the_decisions_stream_tells_what_the_sc_decided_and_why_as_it_happ
             f"http://127.0.0.1:{sc.daemon.public_port}/v1/watch/events", headers={"Authorization": f"Bearer {READER_TOKEN}"}
         ) as stream:
             assert stream.status == 200
-            lines = []
+            lines: list[dict[str, Any]] = []
             while not lines or lines[-1]["type"] != "SYNC":
                 lines.append(json.loads(await asyncio.wait_for(stream.content.readline(), 5)))
             assert provision in [line["object"] for line in lines]
@@ -150,6 +150,6 @@ async def register_spu(sc: Running, spu_id: int) -> None:
 
     async def online() -> None:
         spu = await sc.read("spus", f"spu-{spu_id}")
-        assert spu is not None and spu.status.resolution.value == "Online"  # type: ignore[attr-defined]
+        assert spu is not None and spu.status.resolution.value == "Online"
 
     await sc.eventually(online)

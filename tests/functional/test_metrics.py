@@ -41,7 +41,7 @@ def sample(scraped: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: 
 
 async def partition_is(sc: Running, leader: int, resolution: models.PartitionResolution) -> None:
     found = await sc.read("partitions", "pair-0")
-    assert found is not None and found.spec.leader == leader and found.status.resolution is resolution, found  # type: ignore[attr-defined]
+    assert found is not None and found.spec.leader == leader and found.status.resolution is resolution, found
 
 
 async def test_metrics_show_the_election_by_cause_and_the_partition_left_without_a_leader(sc: Running) -> None:

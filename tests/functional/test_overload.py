@@ -58,7 +58,9 @@ async def read_response(reader: asyncio.StreamReader, within: float = 10.0) -> t
     """One HTTP answer: its status line and headers, and its JSON body."""
     async with asyncio.timeout(within):
         head = await reader.readuntil(b"\r\n\r\n")
-        length = int(re.search(rb"\r\nContent-Length: (\d+)\r\n", head).group(1))  # type: ignore[union-attr]
+        found = re.search(rb"\r\nContent-Length: (\d+)\r\n", head)
+        assert found is not None, head
+        length = int(found.group(1))
         return head, json.loads(await reader.readexactly(length))
 
 
@@ -614,6 +616,7 @@ async def test_the_listen_backlog_setting_is_the_kernel_queue_of_both_ports() ->
         established: dict[int, int] = {}
         # No await from here on: the loop accepts nothing meanwhile, the kernel's queue holds them.
         for port_number in (sc.daemon.public_port, sc.daemon.private_port):
+            assert port_number is not None
             clients: list[socket.socket] = []
             try:
                 for _ in range(burst):

@@ -122,7 +122,7 @@ async def test_a_watcher_that_reads_nothing_is_dropped_and_the_others_get_everyt
         sock.setblocking(False)
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", sc.public_port))
         reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
-        writer.transport.pause_reading()  # type: ignore[attr-defined]
+        writer.transport.pause_reading()  # type: ignore[attr-defined]  # a socket transport: it can pause reading
         writer.write(b"GET /v1/watch/partitions HTTP/1.1\r\nHost: x\r\n\r\n")
         try:
             baseline = sc.rss_bytes()
@@ -158,7 +158,7 @@ async def test_a_watcher_that_reads_nothing_is_dropped_and_the_others_get_everyt
                     await asyncio.sleep(0.05)
             assert got_before <= encodings <= min(watchers.changes), (got_before, encodings, collections.Counter(watchers.changes))
             # The SC reset the reader's connection: what the kernel held, then the end.
-            writer.transport.resume_reading()  # type: ignore[attr-defined]
+            writer.transport.resume_reading()  # type: ignore[attr-defined]  # a socket transport: it can pause reading
             try:
                 async with asyncio.timeout(30):
                     while await reader.read(1 << 16):

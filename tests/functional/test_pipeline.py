@@ -42,14 +42,20 @@ class Cluster:
         state = health_module.Health.ONLINE if online else health_module.Health.OFFLINE
         self.health.set(spu_id, state, asyncio.get_running_loop().time())
 
-    async def create(self, obj: models.ClusterObject) -> None:
+    async def create(self, obj: models.AnyObject) -> None:
         await self.kv_store.create(obj.key, models.encode(obj))
 
-    async def read(self, kind: str, name: str) -> models.ClusterObject | None:
+    async def read(self, kind: str, name: str) -> models.AnyObject | None:
         stored = await self.kv_store.get(models.object_key(kind, name))
         return None if stored is None else models.decode(kind, stored.value)
 
-    async def read_all(self, kind: str) -> dict[str, models.ClusterObject]:
+    async def stored(self, kind: str, name: str) -> models.AnyObject:
+        """The object as stored, failing the test if it is absent."""
+        obj = await self.read(kind, name)
+        assert obj is not None, f"{kind}/{name} is not in the store"
+        return obj
+
+    async def read_all(self, kind: str) -> dict[str, models.AnyObject]:
         listed = await self.kv_store.list(f"{kind}/")
         return {(obj := models.decode(kind, item.value)).name: obj for item in listed.items}
 
@@ -69,7 +75,7 @@ async def assert_mirror_is_the_store(cluster: Cluster) -> None:
             mirrored = {entry.name: entry.obj for entry in cluster.context.local_store[kind]}
             assert mirrored == await cluster.read_all(kind), kind
             for name, obj in mirrored.items():
-                assert models.encode(obj) == (await cluster.kv_store.get(models.object_key(kind, name))).value  # type: ignore[union-attr]
+                assert models.encode(obj) == (await builders.present(cluster.kv_store, models.object_key(kind, name))).value
         assert len(cluster.pipeline.reader.echoes) == 0
 
     await cluster.eventually(check)
@@ -97,7 +103,7 @@ async def provisioned(cluster: Cluster, name: str) -> models.Topic:
         topic = await cluster.read("topics", name)
         assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED, topic
         partitions = await cluster.read_all("partitions")
-        mine = {p.index: p.spec.replicas for p in partitions.values() if p.topic == name}
+        mine = {p.index: p.spec.replicas for p in partitions.values() if isinstance(p, models.Partition) and p.topic == name}
         assert mine == topic.status.replica_map
 
     await cluster.eventually(check)
@@ -156,7 +162,7 @@ async def test_insufficient_spus_then_an_spu_comes_online(cluster: Cluster) -> N
     assert await cluster.read_all("partitions") == {}
     await cluster.add_spu(2, online=False)
     await asyncio.sleep(0.2)
-    assert (await cluster.read("topics", "events")).status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES  # type: ignore[union-attr]
+    assert (await cluster.stored("topics", "events")).status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES
     cluster.set_online(2)
     topic = await provisioned(cluster, "events")
     assert topic.status.replica_map == {0: [0, 1, 2], 1: [1, 2, 0]}
@@ -313,9 +319,9 @@ async def test_spu_group_reserves_creates_scales_and_deletes(cluster: Cluster) -
     await cluster.eventually(invalid)
     assert sorted(await cluster.read_all("spus")) == ["spu-12"]
 
-    stored = await cluster.kv_store.get("spu-groups/main")
+    stored = await builders.present(cluster.kv_store, "spu-groups/main")
     moved = group.model_copy(update={"spec": group.spec.model_copy(update={"min_id": 20})})
-    await cluster.kv_store.update("spu-groups/main", models.encode(moved), stored.mod_revision)  # type: ignore[union-attr]
+    await cluster.kv_store.update("spu-groups/main", models.encode(moved), stored.mod_revision)
 
     async def reserved() -> None:
         spus = await cluster.read_all("spus")
@@ -323,17 +329,17 @@ async def test_spu_group_reserves_creates_scales_and_deletes(cluster: Cluster) -
         assert [spus[f"main-{i}"].spec.id for i in range(3)] == [20, 21, 22]
         assert all(spus[f"main-{i}"].spec.rack == "zone-a" for i in range(3))
         assert all(spus[f"main-{i}"].spec.spu_type is models.SpuType.MANAGED for i in range(3))
-        assert (await cluster.read("spu-groups", "main")).status.resolution is models.SpuGroupResolution.RESERVED  # type: ignore[union-attr]
+        assert (await cluster.stored("spu-groups", "main")).status.resolution is models.SpuGroupResolution.RESERVED
 
     await cluster.eventually(reserved)
 
     async def scale(replicas: int, expected: list[str]) -> None:
-        current = await cluster.kv_store.get("spu-groups/main")
-        obj = models.decode("spu-groups", current.value)  # type: ignore[union-attr]
+        current = await builders.present(cluster.kv_store, "spu-groups/main")
+        obj = models.decode("spu-groups", current.value)
         await cluster.kv_store.update(
             "spu-groups/main",
-            models.encode(obj.model_copy(update={"spec": obj.spec.model_copy(update={"replicas": replicas})})),  # type: ignore[attr-defined]
-            current.mod_revision,  # type: ignore[union-attr]
+            models.encode(obj.model_copy(update={"spec": obj.spec.model_copy(update={"replicas": replicas})})),
+            current.mod_revision,
         )
 
         async def check() -> None:
@@ -354,17 +360,17 @@ async def test_spu_group_reserves_creates_scales_and_deletes(cluster: Cluster) -
 async def test_spu_resolution_follows_health(cluster: Cluster) -> None:
     await cluster.add_spu(7, online=False)
     await asyncio.sleep(0.1)
-    assert (await cluster.read("spus", "spu-7")).status.resolution is models.SpuResolution.INIT  # type: ignore[union-attr]
+    assert (await cluster.stored("spus", "spu-7")).status.resolution is models.SpuResolution.INIT
     cluster.set_online(7)
 
     async def online() -> None:
-        assert (await cluster.read("spus", "spu-7")).status.resolution is models.SpuResolution.ONLINE  # type: ignore[union-attr]
+        assert (await cluster.stored("spus", "spu-7")).status.resolution is models.SpuResolution.ONLINE
 
     await cluster.eventually(online)
     cluster.set_online(7, online=False)
 
     async def offline() -> None:
-        assert (await cluster.read("spus", "spu-7")).status.resolution is models.SpuResolution.OFFLINE  # type: ignore[union-attr]
+        assert (await cluster.stored("spus", "spu-7")).status.resolution is models.SpuResolution.OFFLINE
 
     await cluster.eventually(offline)
 

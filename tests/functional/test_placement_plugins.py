@@ -89,11 +89,11 @@ async def test_a_topic_written_straight_into_the_store_naming_a_module_is_invali
     async def both_invalid() -> None:
         doom, later = await sc.read("topics", "doom"), await sc.read("topics", "later")
         assert doom is not None and later is not None
-        assert (doom.status.resolution, doom.status.reason) == (  # type: ignore[attr-defined]
+        assert (doom.status.resolution, doom.status.reason) == (
             models.TopicResolution.INVALID_CONFIG,
             names_a_module("os:abort") + "; delete the topic and create it again with a valid spec",
         )
-        assert (later.status.resolution, later.status.reason) == (  # type: ignore[attr-defined]
+        assert (later.status.resolution, later.status.reason) == (
             models.TopicResolution.INVALID_CONFIG,
             not_configured("my-placer")
             + "; the topic is placed once the SC runs with that plug-in configured and working, or delete it and create "
@@ -102,7 +102,7 @@ async def test_a_topic_written_straight_into_the_store_naming_a_module_is_invali
 
     async def sneaky_invalid() -> None:
         sneaky = await sc.read("topics", "sneaky")
-        assert sneaky is not None and sneaky.status.resolution is models.TopicResolution.INVALID_CONFIG  # type: ignore[attr-defined]
+        assert sneaky is not None and sneaky.status.resolution is models.TopicResolution.INVALID_CONFIG
 
     await sc.eventually(both_invalid)
     await sc.eventually(sneaky_invalid)
@@ -132,7 +132,7 @@ async def test_a_stored_module_reference_comes_up_invalid_after_a_restart_and_a_
         async def invalid(name: str, reason: str) -> None:
             topic = await sc.read("topics", name)
             assert topic is not None
-            assert (topic.status.resolution, topic.status.reason) == (models.TopicResolution.INVALID_CONFIG, reason)  # type: ignore[attr-defined]
+            assert (topic.status.resolution, topic.status.reason) == (models.TopicResolution.INVALID_CONFIG, reason)
 
         doom_reason = names_a_module("os:abort") + "; delete the topic and create it again with a valid spec"
         await sc.eventually(lambda: invalid("doom", doom_reason))
@@ -149,8 +149,8 @@ async def test_a_stored_module_reference_comes_up_invalid_after_a_restart_and_a_
 
         async def placed_by_the_plugin() -> None:
             topic = await sc.read("topics", "later")
-            assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
-            assert topic.status.replica_map == {0: [2], 1: [2]}  # type: ignore[attr-defined]
+            assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED
+            assert topic.status.replica_map == {0: [2], 1: [2]}
             assert await sc.partitions_of("later") == {0: [2], 1: [2]}
 
         await sc.eventually(placed_by_the_plugin)

@@ -295,7 +295,7 @@ def test_the_configuration_table_lists_every_setting_with_its_flag_variable_and_
     flags = {action.dest: action.option_strings[0] for action in _run_parser()._actions if action.option_strings}
     wanted = []
     for name, info in config.Settings.model_fields.items():
-        default = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
+        default = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]  # Settings' factories take no argument
         wanted.append([name, flags.get(name, "(none)"), f"SC_{name.upper()}", _shown_default(default)])
     table = _configuration_table()
     assert [row[:4] for row in table] == wanted, "docs/configuration.md's table differs from controller/config.py"
@@ -315,7 +315,7 @@ def _dependencies_named() -> set[str]:
 def test_the_dependencies_table_says_why_for_every_declared_dependency() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     requirements = [*project["dependencies"], *(req for extra in project["optional-dependencies"].values() for req in extra)]
-    declared = {re.match(r"[A-Za-z0-9_.-]+", requirement)[0].lower() for requirement in requirements}  # type: ignore[index]
+    declared = {re.match(r"[A-Za-z0-9_.-]+", requirement)[0].lower() for requirement in requirements}  # type: ignore[index]  # every requirement starts with its name
     assert declared - _dependencies_named() == set(), "add a row to docs/development.md's Dependencies and why"
 
 

@@ -95,14 +95,14 @@ def processes() -> Iterator[list[ScRun]]:
 async def test_a_second_sc_run_on_the_same_etcd_ports_fails_within_seconds_naming_port_owner_and_flag(
     tmp_path: Path, processes: list[ScRun]
 ) -> None:
-    etcd_ports = (client_port, _) = tuple(embedded_etcd.free_ports(2))
-    first = ScRun(tmp_path / "first", etcd_ports)  # type: ignore[arg-type]
+    etcd_ports = (client_port, _) = embedded_etcd.free_port_pair()
+    first = ScRun(tmp_path / "first", etcd_ports)
     processes.append(first)
     first.start()
     await first.wait_healthy()
     etcd_pid = int((tmp_path / "first" / "etcd.lock").read_text().split("etcd pid ")[1])
 
-    second = ScRun(tmp_path / "second", etcd_ports)  # type: ignore[arg-type]
+    second = ScRun(tmp_path / "second", etcd_ports)
     processes.append(second)
     began = time.monotonic()
     second.start()
@@ -225,13 +225,13 @@ async def test_an_sc_whose_claim_another_sc_took_stops_writing(etcd_server: embe
 
         await sc.eventually(refused)
         stored = await sc.read("topics", "behind")
-        assert stored is not None and stored.status.resolution is models.TopicResolution.INIT  # type: ignore[attr-defined]
+        assert stored is not None and stored.status.resolution is models.TopicResolution.INIT
         assert await sc.kv_store.get("topics/refused") is None
 
 
 async def test_sc_run_exits_naming_the_sc_that_took_its_store_over(tmp_path: Path, processes: list[ScRun]) -> None:
-    etcd_ports = tuple(embedded_etcd.free_ports(2))
-    sc = ScRun(tmp_path / "sc", etcd_ports)  # type: ignore[arg-type]
+    etcd_ports = embedded_etcd.free_port_pair()
+    sc = ScRun(tmp_path / "sc", etcd_ports)
     processes.append(sc)
     sc.start(SC_ACTIVE_SC_LEASE_TTL="2")
     await sc.wait_healthy()

@@ -111,7 +111,7 @@ class FakeSc:
     def offsets_of(self, spu_id: int, partition: str = "t-0") -> list[wire.PartitionOffsets]:
         return [
             entry for _, frame in self.frames_of(spu_id, wire.Offsets)
-            for entry in frame.partitions  # type: ignore[attr-defined]
+            for entry in frame.partitions  # type: ignore[attr-defined]  # frames of type Offsets
             if entry["partition"] == partition
         ]
 
@@ -242,7 +242,7 @@ def offsets(spu: SimulatedSpu, partition: str = "t-0") -> tuple[Role, int, int]:
 # ---------------------------------------------------------------------------- the SC session
 
 
-async def test_an_spu_registers_says_what_it_holds_and_sends_offsets_only_as_they_change(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+async def test_an_spu_registers_says_what_it_holds_and_sends_offsets_only_as_they_change(make_sc, running) -> None:
     port = free_port()
     sc = make_sc([spu_info(0, port)], [replica("t-0", 0, [0])], token="secret")
     await sc.start()
@@ -267,7 +267,7 @@ async def test_an_spu_registers_says_what_it_holds_and_sends_offsets_only_as_the
     assert len(beats) >= 2 and all(later - earlier >= 0.45 for earlier, later in zip(beats, beats[1:])), beats
 
 
-async def test_an_idle_spu_sends_heartbeats_and_no_offsets(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+async def test_an_idle_spu_sends_heartbeats_and_no_offsets(make_sc, running) -> None:
     sc = make_sc([spu_info(0, free_port())], [replica("t-0", 0, [0]), replica("t-1", 0, [0])])
     await sc.start()
     spu = running(SimulatedSpu(0, sc.address, settings=SpuSettings(append_records=0, append_interval=0.05)))
@@ -279,7 +279,7 @@ async def test_an_idle_spu_sends_heartbeats_and_no_offsets(make_sc, running) -> 
     assert len(sc.frames_of(0, wire.Heartbeat)) >= 2
 
 
-async def test_a_dropped_spu_reconnects_with_growing_delays_then_from_the_initial_delay_after_a_sync(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+async def test_a_dropped_spu_reconnects_with_growing_delays_then_from_the_initial_delay_after_a_sync(make_sc, running) -> None:
     sc = make_sc([spu_info(0, free_port())], [])
     await sc.start()
     sc.drop_after_accept = 4
@@ -295,13 +295,13 @@ async def test_a_dropped_spu_reconnects_with_growing_delays_then_from_the_initia
     assert spu.session.connections == 5
 
     # Synced, then dropped: the backoff starts again from the initial delay.
-    await sc.live(0).websocket.close()  # type: ignore[union-attr]
+    await sc.live(0).websocket.close()
     dropped_at = asyncio.get_running_loop().time()
     await eventually(lambda: _assert(spu.connected and len(sc.connections) == 6))
     assert sc.connections[5].registered_at - dropped_at <= 0.05 + 0.3
 
 
-async def test_a_refused_spu_keeps_retrying_and_joins_once_the_sc_knows_it(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+async def test_a_refused_spu_keeps_retrying_and_joins_once_the_sc_knows_it(make_sc, running) -> None:
     port = free_port()
     sc = make_sc([], [])
     await sc.start()
@@ -314,7 +314,7 @@ async def test_a_refused_spu_keeps_retrying_and_joins_once_the_sc_knows_it(make_
     await eventually(lambda: _assert(spu.connected and spu.listening == ("127.0.0.1", port)), timeout=5.0)
 
 
-async def test_updates_switch_roles_at_once_move_the_endpoint_and_remove_replicas(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+async def test_updates_switch_roles_at_once_move_the_endpoint_and_remove_replicas(make_sc, running) -> None:
     port, other_port = free_port(), free_port()
     sc = make_sc(
         [spu_info(0, port), spu_info(1, free_port())],
@@ -324,14 +324,14 @@ async def test_updates_switch_roles_at_once_move_the_endpoint_and_remove_replica
     spu = running(SimulatedSpu(0, sc.address, settings=FAST))
     await spu.start()
     await eventually(lambda: _assert(spu.listening == ("127.0.0.1", port)))
-    assert (spu.status("t-0").role, spu.status("t-1").role) == (Role.LEADER, Role.FOLLOWER)  # type: ignore[union-attr]
+    assert (spu.status("t-0").role, spu.status("t-1").role) == (Role.LEADER, Role.FOLLOWER)
 
     await sc.update(
         spus=[spu_info(0, other_port)],
         replicas=[replica("t-0", 1, [0, 1], epoch=2), replica("t-1", None, [1, 0], epoch=2), replica("t-2", 0, [0])],
     )
     await eventually(lambda: _assert(spu.state.epoch == 2 and spu.listening == ("127.0.0.1", other_port)))
-    roles = {name: (spu.status(name).role, spu.status(name).leader) for name in ("t-0", "t-1", "t-2")}  # type: ignore[union-attr]
+    roles = {name: (spu.status(name).role, spu.status(name).leader) for name in ("t-0", "t-1", "t-2")}
     assert roles == {"t-0": (Role.FOLLOWER, 1), "t-1": (Role.IDLE, None), "t-2": (Role.LEADER, 0)}
     with pytest.raises(ConnectionRefusedError):
         await asyncio.open_connection("127.0.0.1", port)
@@ -340,10 +340,10 @@ async def test_updates_switch_roles_at_once_move_the_endpoint_and_remove_replica
     await eventually(lambda: _assert(sorted(spu.state.replicas) == ["t-2"]))
     await eventually(lambda: _assert(len(sc.offsets_of(0, "t-2")) >= 2))
     last = sc.frames_of(0, wire.Offsets)[-1][1]
-    assert [entry["partition"] for entry in last.partitions] == ["t-2"]  # type: ignore[attr-defined]
+    assert [entry["partition"] for entry in last.partitions] == ["t-2"]
 
 
-async def test_the_fetch_server_refuses_a_malformed_frame_and_closes(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+async def test_the_fetch_server_refuses_a_malformed_frame_and_closes(make_sc, running) -> None:
     port = free_port()
     sc = make_sc([spu_info(0, port)], [])
     await sc.start()
@@ -363,7 +363,7 @@ async def test_the_fetch_server_refuses_a_malformed_frame_and_closes(make_sc, ru
 # ---------------------------------------------------------------------------- replication between SPUs
 
 
-async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_followers(make_sc, running) -> None:  # type: ignore[no-untyped-def]
+async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_followers(make_sc, running) -> None:
     ports = [free_port() for _ in range(3)]
     sc = make_sc([spu_info(i, ports[i]) for i in range(3)], [replica("t-0", 0, [0, 1, 2])])
     await sc.start()
@@ -387,7 +387,7 @@ async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_fo
     await second.stop()
     stopped_at = offsets(second)[1]
     await eventually(lambda: _assert(leader_status(leader).isr == (0, 1)), timeout=5.0)
-    assert [proposal.isr for _, proposal in sc.frames_of(0, wire.AlterIsr)] == [[0, 1]]  # type: ignore[attr-defined]
+    assert [proposal.isr for _, proposal in sc.frames_of(0, wire.AlterIsr)] == [[0, 1]]
     committed_without = leader_status(leader).hw
     assert committed_without >= stopped_at  # nothing lost, and it moves on without SPU 2
 
@@ -395,7 +395,7 @@ async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_fo
     second = running(SimulatedSpu(2, sc.address, settings=settings))
     await second.start()
     await eventually(lambda: _assert(leader_status(leader).isr == (0, 1, 2)), timeout=10.0)
-    assert [proposal.isr for _, proposal in sc.frames_of(0, wire.AlterIsr)] == [[0, 1], [0, 1, 2]]  # type: ignore[attr-defined]
+    assert [proposal.isr for _, proposal in sc.frames_of(0, wire.AlterIsr)] == [[0, 1], [0, 1, 2]]
     assert offsets(second)[1] >= leader_status(leader).hw - 100
 
     # The leader dies: its followers stop advancing (once they have read what was already sent).
@@ -407,7 +407,7 @@ async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_fo
     assert frozen[0][0] is Role.FOLLOWER
 
 
-async def test_a_new_leader_truncates_a_follower_that_was_ahead_and_logs_resume_from_the_data_dir(make_sc, running, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_a_new_leader_truncates_a_follower_that_was_ahead_and_logs_resume_from_the_data_dir(make_sc, running, tmp_path: Path) -> None:
     # SPU 0 led epoch 1 to offset 500; SPU 1 had 50 of those records when it was elected at epoch 2.
     checkpoint.save(checkpoint.path_for(tmp_path, 0), checkpoint.encode({"t-0": Offsets(500, 450, ((1, 0),))}))
     checkpoint.save(checkpoint.path_for(tmp_path, 1), checkpoint.encode({"t-0": Offsets(50, 50, ((1, 0),))}))
@@ -432,7 +432,7 @@ async def test_a_new_leader_truncates_a_follower_that_was_ahead_and_logs_resume_
     await eventually(lambda: _assert(offsets(restarted) == (Role.IDLE, 50, 50)))
 
 
-async def test_every_change_is_journaled_before_the_spu_goes_on_and_a_clean_stop_folds_it(make_sc, running, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_every_change_is_journaled_before_the_spu_goes_on_and_a_clean_stop_folds_it(make_sc, running, tmp_path: Path) -> None:
     sc = make_sc([spu_info(0, free_port())], [replica("t-0", 0, [0])])
     await sc.start()
     never_periodically = SpuSettings(append_interval=0.05, append_records=10, checkpoint_interval=3600.0)
@@ -446,7 +446,7 @@ async def test_every_change_is_journaled_before_the_spu_goes_on_and_a_clean_stop
     assert checkpoint.journal_path(checkpoint.path_for(tmp_path, 0)).read_bytes() == b""
 
 
-def leader_status(spu: SimulatedSpu):  # type: ignore[no-untyped-def]
+def leader_status(spu: SimulatedSpu):
     status = spu.status("t-0")
     assert status is not None
     return status
@@ -455,7 +455,7 @@ def leader_status(spu: SimulatedSpu):  # type: ignore[no-untyped-def]
 # ---------------------------------------------------------------------------- sc spu run
 
 
-async def test_sc_spu_run_starts_k_spus_and_exits_cleanly_on_sigterm(make_sc, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_sc_spu_run_starts_k_spus_and_exits_cleanly_on_sigterm(make_sc, tmp_path: Path) -> None:
     sc = make_sc([spu_info(3, free_port()), spu_info(4, free_port())], [replica("t-0", 3, [3, 4])], token="s3cret")
     await sc.start()
     token_file = tmp_path / "token"

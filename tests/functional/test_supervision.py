@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +54,7 @@ class BrokenWatchStore(kv.ForwardingStore):
             self.raised += 1
             raise kv.StoreError(INJECTED)
 
-    async def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
+    async def watch(self, prefix: str, from_revision: int) -> AsyncGenerator[kv.WatchEvent, None]:
         self._fail_if_told()
         async with contextlib.aclosing(self.inner.watch(prefix, from_revision)) as events:
             async for event in events:
@@ -138,7 +138,7 @@ class Sc:
     async def eventually(self, check: Callable[[], Any], timeout: float = 10.0) -> None:
         await builders.eventually(check, timeout)
 
-    def mirrored(self, kind: str, name: str) -> models.ClusterObject | None:
+    def mirrored(self, kind: str, name: str) -> models.AnyObject | None:
         entry = self.context.local_store[kind].get(name)
         return None if entry is None else entry.obj
 
@@ -147,9 +147,9 @@ class Sc:
             stored = await self.store.inner.get(models.object_key("topics", name))
             assert stored is not None
             topic = models.decode("topics", stored.value)
-            assert topic.status.resolution is models.TopicResolution.PROVISIONED, topic  # type: ignore[attr-defined]
+            assert topic.status.resolution is models.TopicResolution.PROVISIONED, topic
             listed = await self.store.inner.list("partitions/")
-            assert sum(models.decode("partitions", item.value).topic == name for item in listed.items) == 1  # type: ignore[attr-defined]
+            assert sum(models.decode("partitions", item.value).topic == name for item in listed.items) == 1
 
         await self.eventually(check)
 
@@ -393,7 +393,7 @@ async def test_a_store_answering_for_another_cluster_turns_healthz_503_naming_bo
         )  # fmt: skip
         async with daemon_fixture.running(settings) as sc:
             assert (await sc.call("GET", "/healthz")) == (200, {"status": "ok"})
-            store = sc.daemon.context.kv_store  # type: ignore[union-attr]
+            store = sc.daemon.context.kv_store  # type: ignore[union-attr]  # the daemon runs: its context is set
             while isinstance(store, active_sc.GuardedStore):
                 store = store.inner
             assert isinstance(store, etcd.EtcdStore)

@@ -31,7 +31,7 @@ async def stored_partitions(sc: Running, topic: str) -> dict[int, tuple[list[int
     listed = await sc.kv_store.list("partitions/")
     found = {}
     for item in listed.items:
-        partition: models.Partition = models.decode("partitions", item.value)  # type: ignore[assignment]
+        partition = models.decode("partitions", item.value)
         if partition.topic == topic:
             found[partition.index] = (partition.spec.replicas, item.create_revision)
     return found
@@ -40,7 +40,7 @@ async def stored_partitions(sc: Running, topic: str) -> dict[int, tuple[list[int
 async def resolution_of(sc: Running, name: str) -> models.TopicResolution:
     topic = await sc.read("topics", name)
     assert topic is not None
-    return topic.status.resolution  # type: ignore[attr-defined, no-any-return]
+    return topic.status.resolution
 
 
 async def test_a_topic_that_cannot_grow_keeps_its_partitions_and_grows_once_it_can(quiet_sc: Running) -> None:
@@ -63,8 +63,8 @@ async def test_a_topic_that_cannot_grow_keeps_its_partitions_and_grows_once_it_c
     status, body = await sc.call("POST", "/v1/topics/orders/partitions", {"count": 1})
     assert status == 422, body
     topic = await sc.read("topics", "orders")
-    assert topic is not None and topic.status.resolution is models.TopicResolution.INVALID_CONFIG  # type: ignore[attr-defined]
-    assert topic.status.replica_map == replica_map  # type: ignore[attr-defined]
+    assert topic is not None and topic.status.resolution is models.TopicResolution.INVALID_CONFIG
+    assert topic.status.replica_map == replica_map
 
     pipeline = sc.daemon.pipeline
     assert pipeline is not None
@@ -72,14 +72,14 @@ async def test_a_topic_that_cannot_grow_keeps_its_partitions_and_grows_once_it_c
 
     async def grown() -> None:
         topic = await sc.read("topics", "orders")
-        assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED  # type: ignore[attr-defined]
+        assert topic is not None and topic.status.resolution is models.TopicResolution.PROVISIONED
         assert len(await stored_partitions(sc, "orders")) == 5
 
     await sc.eventually(grown)
     after = await stored_partitions(sc, "orders")
     assert {index: after[index] for index in range(4)} == before  # same replicas, same create revisions
     topic = await sc.read("topics", "orders")
-    assert topic is not None and topic.status.replica_map == {index: replicas for index, (replicas, _) in after.items()}  # type: ignore[attr-defined]
+    assert topic is not None and topic.status.replica_map == {index: replicas for index, (replicas, _) in after.items()}
 
 
 async def test_a_partition_deleted_behind_the_sc_comes_back_without_a_resync(quiet_sc: Running) -> None:
@@ -144,8 +144,8 @@ async def test_a_topic_too_large_to_store_blocks_no_other_topic(quiet_sc: Runnin
 
     async def huge_invalid() -> None:
         stored = await sc.read("topics", "huge")
-        assert stored is not None and stored.status.resolution is models.TopicResolution.INVALID_CONFIG  # type: ignore[attr-defined]
-        assert stored.status.reason == huge_reason(sc, "at least ", 1_589_050)  # type: ignore[attr-defined]
+        assert stored is not None and stored.status.resolution is models.TopicResolution.INVALID_CONFIG
+        assert stored.status.reason == huge_reason(sc, "at least ", 1_589_050)
 
     await sc.eventually(huge_invalid)
     # The controller runs again and again (SPUs come and go, a topic is created): the big topic
@@ -159,7 +159,7 @@ async def test_a_topic_too_large_to_store_blocks_no_other_topic(quiet_sc: Runnin
 
     async def settled() -> None:
         spu = await sc.read("spus", "spu-5")
-        assert spu is not None and spu.status.resolution is models.SpuResolution.OFFLINE  # type: ignore[attr-defined]
+        assert spu is not None and spu.status.resolution is models.SpuResolution.OFFLINE
         assert pipeline.dispatcher.depth == 0
 
     await sc.eventually(settled)
@@ -185,8 +185,8 @@ async def test_the_api_refuses_a_topic_too_large_to_store(sc: Running) -> None:
     status, body = await sc.call("POST", "/v1/topics/huge/partitions", {"count": 99_996})
     assert (status, body) == (422, {"error": {"code": "TopicTooLarge", "message": huge_reason(sc, "up to ", 1_589_050)}})
     stored = await sc.read("topics", "huge")
-    assert stored is not None and stored.spec.partitions == 4  # type: ignore[attr-defined]
+    assert isinstance(stored, models.Topic) and stored.spec.partitions == 4
     largest = topic_size.max_topic_bytes(kv.request_size(sc.kv_store), "huge", topic_controller.CHAIN_KEY)
-    fitting = topic_size.largest_count(stored, 3, 1, largest)  # type: ignore[arg-type]
+    fitting = topic_size.largest_count(stored, 3, 1, largest)
     status, body = await sc.call("POST", "/v1/topics/huge/partitions?timeout=0", {"count": fitting - 4})
     assert (status, body["spec"]["partitions"]) == (202, fitting), body

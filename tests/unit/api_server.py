@@ -93,7 +93,7 @@ class ApiServer:
 
     # ------------------------------------------------------------------ playing the controllers
 
-    async def put(self, *objects: models.ClusterObject) -> None:
+    async def put(self, *objects: models.AnyObject) -> None:
         """Write objects straight to the KV store (as a controller would) and wait for the mirror."""
         for obj in objects:
             stored = await self.kv_store.get(obj.key)
@@ -103,7 +103,7 @@ class ApiServer:
                 await self.kv_store.update(obj.key, models.encode(obj), stored.mod_revision)
         await self.mirrored()
 
-    async def read(self, kind: str, name: str) -> models.ClusterObject | None:
+    async def read(self, kind: str, name: str) -> models.AnyObject | None:
         stored = await self.kv_store.get(models.object_key(kind, name))
         return None if stored is None else models.decode(kind, stored.value)
 
@@ -124,7 +124,7 @@ class ApiServer:
                 return False
         return True
 
-    def decide_later(self, kind: str, name: str, status: dict[str, Any], after: models.ClusterObject | None = None) -> asyncio.Task[None]:
+    def decide_later(self, kind: str, name: str, status: dict[str, Any], after: models.AnyObject | None = None) -> asyncio.Task[None]:
         """A stand-in controller: once ``name`` shows up (changed from ``after``), write ``status``."""
 
         async def decide() -> None:
@@ -134,7 +134,7 @@ class ApiServer:
                     entry = await wait_for_it(listener)
             finally:
                 listener.close()
-            decided = entry.obj.model_copy(update={"status": type(entry.obj.status).model_validate(status)})  # type: ignore[attr-defined]
+            decided = entry.obj.model_copy(update={"status": type(entry.obj.status).model_validate(status)})
             await self.kv_store.update(entry.obj.key, models.encode(decided), entry.mod_revision)
 
         async def wait_for_it(listener: local.Listener) -> local.Entry:

@@ -43,7 +43,7 @@ def sc(server: api_server.ApiServer, capsys: pytest.CaptureFixture[str]) -> Sc:
     return Sc(server, capsys)
 
 
-PROVISIONED = {"resolution": "Provisioned", "replicaMap": {"0": [0, 1], "1": [1, 2], "2": [2, 0]}}
+PROVISIONED: dict[str, Any] = {"resolution": "Provisioned", "replicaMap": {"0": [0, 1], "1": [1, 2], "2": [2, 0]}}
 
 
 # ---------------------------------------------------------------------------- topics
@@ -285,7 +285,7 @@ async def test_spu_set_rack_by_id_or_name(server: api_server.ApiServer, sc: Sc) 
         0, header + "1   spu-1  Custom  -     Online      -      10.0.0.1:9005  10.0.0.1:9006\n", ""
     )  # fmt: skip
     stored = await server.read("spus", "spu-1")
-    assert stored is not None and stored.spec.rack is None  # type: ignore[attr-defined]
+    assert stored is not None and stored.spec.rack is None
     assert await sc("spu", "set-rack", "7", "--rack", "r2") == (1, "", "error: no SPU has id 7\n")
     code, _, err = await sc("spu", "set-rack", "1")
     assert (code, err.splitlines()[-1]) == (2, "sc spu set-rack: error: one of the arguments --rack --no-rack is required")
@@ -396,7 +396,7 @@ def test_the_in_sync_set_shown_is_the_one_the_sc_stores() -> None:
         (reported("t-0", [2, 0, 1], (100, 100), {0: 100, 1: -1}), [2, 0, 1]),  # as created: every replica
         (reported("t-0", [3], (7, 7), {}, partitionEpoch=2, isr=[3]), [3]),
     ):
-        stored = shown.in_sync()  # type: ignore[attr-defined]
+        stored = shown.in_sync()
         assert (topic_cli.in_sync(shown.to_json_dict()), sorted(stored)) == (listed, sorted(listed))
     assert (topic_cli.in_sync(partition("t-0", [0, 1]).to_json_dict()), topic_cli.lag(partition("t-0", [0, 1]).to_json_dict())) == (None, None)
     assert topic_cli.lag(reported("t-0", [2, 0, 1], (100, 100), {0: 100, 1: -1}).to_json_dict()) == 100

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -117,7 +118,7 @@ def test_a_topic_prefix_admin_changes_its_topics_only() -> None:
         ({"tls_client_ca": "ca.pem"}, "tls_client_ca is set without tls_cert and tls_key: client certificates need TLS"),
     ],
 )
-def test_tls_settings_come_in_pairs(settings: dict[str, str], problem: str) -> None:
+def test_tls_settings_come_in_pairs(settings: dict[str, Any], problem: str) -> None:
     with pytest.raises(config.ConfigError) as refused:
         config.load(**settings)
     assert refused.value.problems == [f"(settings) (default) = {json.dumps(settings)}: {problem}"]

@@ -111,7 +111,11 @@ def test_sc_run_prints_each_bad_setting_on_one_line_naming_its_source_with_statu
 
 def _run_parser() -> argparse.ArgumentParser:
     parser = cli.build_parser(commands=["run"])
-    return parser._subparsers._group_actions[0].choices["run"]  # type: ignore[union-attr]
+    assert parser._subparsers is not None
+    commands = parser._subparsers._group_actions[0]
+    assert isinstance(commands, argparse._SubParsersAction)
+    run: argparse.ArgumentParser = commands.choices["run"]
+    return run
 
 
 def test_every_setting_has_a_flag_whose_help_is_its_description_and_default() -> None:
@@ -127,7 +131,8 @@ def test_every_setting_has_a_flag_whose_help_is_its_description_and_default() ->
     )
     assert actions["store"].choices == ["etcd", "memory"]
     for name, field in config.Settings.model_fields.items():
-        assert field.description and actions[name].help and field.description in actions[name].help, name
+        shown = actions[name].help
+        assert field.description and shown and field.description in shown, name
 
 
 def test_each_flag_reaches_its_setting(monkeypatch: pytest.MonkeyPatch) -> None:

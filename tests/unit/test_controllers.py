@@ -16,7 +16,7 @@ from tests import builders, placement_plugins
 ONLINE, OFFLINE, UNKNOWN = health_module.Health.ONLINE, health_module.Health.OFFLINE, health_module.Health.UNKNOWN
 
 
-def snapshot_of(*objects: tuple[models.ClusterObject, int], meta: dict[str, tuple[bytes, int]] | None = None) -> local.Snapshot:
+def snapshot_of(*objects: tuple[models.AnyObject, int], meta: dict[str, tuple[bytes, int]] | None = None) -> local.Snapshot:
     store = local.LocalStore()
     for obj, revision in objects:
         store[obj.kind].apply(obj, revision)
@@ -52,7 +52,7 @@ def test_spu_follows_health_and_grace_period() -> None:
     snapshot = snapshot_of((make_spu(1, "Init"), 10), (make_spu(2, "Online"), 11), (make_spu(3, "Online"), 12), (make_spu(4, "Offline"), 13))
     health = {1: health_module.HealthRecord(ONLINE, 0.0), 2: health_module.HealthRecord(OFFLINE, 0.0)}
     decided = spu.decide(snapshot, spu.Inputs(health, now=5.0, started_at=0.0, grace_period=30.0))
-    assert [(a.name, a.verb.value, a.reason, json.loads(a.writes[0].value)["status"], a.writes[0].expected_revision) for a in decided] == [
+    assert [(a.name, a.verb.value, a.reason, json.loads(builders.written(a.writes[0]))["status"], a.writes[0].expected_revision) for a in decided] == [
         ("spu-1", "update-status", "SPU connected", {"resolution": "Online"}, 10),
         ("spu-2", "update-status", "SPU disconnected", {"resolution": "Offline"}, 11),
     ]
@@ -101,8 +101,8 @@ def test_spu_group_reserved_creates_its_spus() -> None:
     assert [a.verb.value for a in spu_group.decide(snapshot_of((builders.spu_group("main", 2, 11), 5)), spu_group.Inputs())] == ["update-status"]
     decided = spu_group.decide(snapshot_of((builders.spu_group("main", 2, 11, "Reserved", rack="r1"), 5)), spu_group.Inputs())
     assert [(a.verb.value, a.name) for a in decided] == [("create", "main-0"), ("create", "main-1")]
-    created = models.decode("spus", decided[1].writes[0].value)  # type: ignore[arg-type]
-    assert created.spec == models.SpuSpec(  # type: ignore[attr-defined]
+    created = models.decode("spus", builders.written(decided[1].writes[0]))
+    assert created.spec == models.SpuSpec(
         id=12,
         spu_type=models.SpuType.MANAGED,
         rack="r1",
@@ -137,11 +137,11 @@ def test_new_topic_is_validated_to_pending_or_invalid() -> None:
         (make_topic("bad-policy", partitions=1, replicationFactor=1, placement={"strategy": "policies", "policies": "node=sideways"}), 6),
     )
     decided = topic.decide(snapshot, topic.Inputs())
-    assert [(a.name, json.loads(a.writes[0].value)["status"]["resolution"]) for a in decided] == [  # type: ignore[arg-type]
+    assert [(a.name, json.loads(builders.written(a.writes[0]))["status"]["resolution"]) for a in decided] == [
         ("good", "Pending"),
         ("bad-policy", "InvalidConfig"),
     ]
-    reason = json.loads(decided[1].writes[0].value)["status"]["reason"]  # type: ignore[arg-type]
+    reason = json.loads(builders.written(decided[1].writes[0]))["status"]["reason"]
     assert "sideways" in reason
 
 
@@ -171,7 +171,7 @@ def test_pending_topic_is_provisioned_with_partitions_and_chain_in_one_action() 
     ]
     assert decided[0].key == topic.CHAIN_KEY
     # Once the status is seen, the next pass creates the partitions (create-if-absent).
-    provisioned = models.decode("topics", decided[0].writes[1].value)  # type: ignore[arg-type]
+    provisioned = models.decode("topics", builders.written(decided[0].writes[1]))
     follow_up = topic.decide(snapshot_of(*spus, (provisioned, 10), meta={topic.CHAIN_KEY: (b'{"nextStartIndex": 3}', 10)}), topic.Inputs())
     assert summary(follow_up) == [
         (
@@ -191,7 +191,7 @@ def test_insufficient_resources_names_how_many_spus_are_missing() -> None:
     pending = make_topic("t", {"resolution": "Pending"}, partitions=1, replicationFactor=3)
     snapshot = snapshot_of((make_spu(0), 1), (make_spu(1, "Offline"), 2), (pending, 9))
     decided = topic.decide(snapshot, topic.Inputs())
-    status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
+    status = json.loads(builders.written(decided[0].writes[0]))["status"]
     assert status["resolution"] == "InsufficientResources"
     assert "2 more" in status["reason"], status["reason"]
     # Same situation again: nothing to write.
@@ -250,7 +250,7 @@ def test_many_pending_topics_share_one_transaction_within_the_limit() -> None:
     assert len(writes) == 128
     # After the chain key, 127 topic statuses; the other topics wait for the next pass.
     assert decided[0].name == ",".join(f"t{index:03d}" for index in range(127))
-    assert json.loads(writes[0].value) == {"nextStartIndex": 1270}  # type: ignore[arg-type]
+    assert json.loads(builders.written(writes[0])) == {"nextStartIndex": 1270}
 
 
 def test_a_topic_with_more_partitions_than_a_transaction_holds_creates_them_in_chunks() -> None:
@@ -274,10 +274,10 @@ def test_an_incremental_pass_validates_changed_topics_and_places_every_waiting_o
     waiting = [(make_topic(f"w{index}", {"resolution": "Pending"}, partitions=1, replicationFactor=1), 10 + index) for index in range(2)]
     new = (make_topic("new", partitions=1, replicationFactor=1), 20)
     snapshot = snapshot_of(*spus, *waiting, new)
-    nothing = local.Changes(full=False, updated=[], deleted=[], epoch=0)
+    nothing: local.Changes[Any] = local.Changes(full=False, updated=[], deleted=[], epoch=0)
     changed_new = local.Changes(full=False, updated=[snapshot.entries("topics")["new"]], deleted=[], epoch=0)
 
-    def changes(topics: local.Changes) -> dict[str, local.Changes]:
+    def changes(topics: local.Changes[Any]) -> dict[str, local.Changes[Any]]:
         return {"topics": topics, "spus": nothing, "partitions": nothing}
 
     chain_busy = topic.decide(snapshot, topic.Inputs(changes=changes(changed_new), busy=lambda key: key == topic.CHAIN_KEY, retry_unplaced=False))
@@ -289,9 +289,9 @@ def test_an_incremental_pass_validates_changed_topics_and_places_every_waiting_o
 # ---------------------------------------------------------------------------- existing partitions stay put
 
 
-def racked_spus(*offline: int) -> list[tuple[models.ClusterObject, int]]:
+def racked_spus(*offline: int) -> list[tuple[models.AnyObject, int]]:
     """SPUs 0, 1, 2 in racks r1..r3 (online), and SPU 3 with no rack (online unless in ``offline``)."""
-    spus: list[tuple[models.ClusterObject, int]] = [(make_spu(spu_id, rack=f"r{spu_id + 1}"), spu_id + 1) for spu_id in range(3)]
+    spus: list[tuple[models.AnyObject, int]] = [(make_spu(spu_id, rack=f"r{spu_id + 1}"), spu_id + 1) for spu_id in range(3)]
     spus.append((make_spu(3, "Offline" if 3 in offline else "Online"), 4))
     return spus
 
@@ -310,7 +310,7 @@ def orders(resolution: str, reason: str = "", partitions: int = 5) -> models.Top
     )
 
 
-def orders_partitions() -> list[tuple[models.ClusterObject, int]]:
+def orders_partitions() -> list[tuple[models.AnyObject, int]]:
     return [
         (models.Partition(name=f"orders-{index}", spec=models.PartitionSpec(leader=replicas[0], replicas=replicas)), 20 + int(index))
         for index, replicas in ORDERS_MAP.items()
@@ -350,7 +350,7 @@ def test_adding_partitions_without_enough_spus_keeps_the_existing_ones() -> None
         ("update-status", "orders", ("topics/orders",)),
         ("create-partitions", "orders", ("partitions/orders-0",)),
     ]
-    status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
+    status = json.loads(builders.written(decided[0].writes[0]))["status"]
     assert (status["resolution"], status["replicaMap"]) == ("InsufficientResources", ORDERS_MAP)
 
 
@@ -380,9 +380,9 @@ def test_an_invalid_topic_valid_again_keeps_its_replica_map() -> None:
     pending = snapshot_of(*racked_spus(3), (orders("Pending"), 42), *orders_partitions())
     decided = topic.decide(pending, topic.Inputs())
     assert [(action.verb.value, action.name) for action in decided] == [("provision", "orders")]
-    written = models.decode("topics", decided[0].writes[1].value)  # type: ignore[arg-type]
-    assert {str(index): replicas for index, replicas in written.status.replica_map.items() if index < 4} == ORDERS_MAP  # type: ignore[attr-defined]
-    assert sorted(written.status.replica_map) == [0, 1, 2, 3, 4]  # type: ignore[attr-defined]
+    written = models.decode("topics", builders.written(decided[0].writes[1]))
+    assert {str(index): replicas for index, replicas in written.status.replica_map.items() if index < 4} == ORDERS_MAP
+    assert sorted(written.status.replica_map) == [0, 1, 2, 3, 4]
 
 
 def test_an_invalid_spec_keeps_the_map_of_the_partitions_that_exist() -> None:
@@ -397,7 +397,7 @@ def test_an_invalid_spec_keeps_the_map_of_the_partitions_that_exist() -> None:
     )
     decided = topic.decide(snapshot_of(*racked_spus(3), (broken, 43), *orders_partitions()), topic.Inputs())
     assert [(action.verb.value, action.name) for action in decided] == [("update-status", "orders")]
-    status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
+    status = json.loads(builders.written(decided[0].writes[0]))["status"]
     assert (status["resolution"], status["replicaMap"]) == ("InvalidConfig", ORDERS_MAP)
 
 
@@ -405,8 +405,8 @@ def test_a_partition_deleted_behind_the_sc_is_created_again_by_an_incremental_pa
     """Its deletion alone (no topic change) is enough: not only updated partitions count."""
     present = orders_partitions()[:1] + orders_partitions()[2:]
     snapshot = snapshot_of(*racked_spus(3), (orders("Provisioned", partitions=4), 40), *present)
-    nothing = local.Changes(full=False, updated=[], deleted=[], epoch=0)
-    deleted = local.Changes(full=False, updated=[], deleted=["orders-1"], epoch=0)
+    nothing: local.Changes[Any] = local.Changes(full=False, updated=[], deleted=[], epoch=0)
+    deleted: local.Changes[Any] = local.Changes(full=False, updated=[], deleted=["orders-1"], epoch=0)
     decided = topic.decide(snapshot, topic.Inputs(changes={"topics": nothing, "spus": nothing, "partitions": deleted}, retry_unplaced=False))
     assert [(action.verb.value, action.name, action.reason, action.write_keys) for action in decided] == [
         ("create-partitions", "orders", "partition 1 of topic orders", ("partitions/orders-1",))
@@ -440,7 +440,7 @@ def no_placement(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(placement, "compute", placed)
 
 
-def three_spus() -> list[tuple[models.ClusterObject, int]]:
+def three_spus() -> list[tuple[models.AnyObject, int]]:
     return [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
 
 
@@ -480,7 +480,7 @@ def test_a_pending_topic_too_large_is_invalid_without_being_placed(monkeypatch: 
     no_placement(monkeypatch)
     huge = make_topic("huge", {"resolution": "Pending"}, partitions=100_000, replicationFactor=3)
     decided = topic.decide(snapshot_of(*three_spus(), (huge, 9)), topic.Inputs())
-    assert [(action.verb.value, json.loads(action.writes[0].value)["status"]) for action in decided] == [  # type: ignore[arg-type]
+    assert [(action.verb.value, json.loads(builders.written(action.writes[0]))["status"]) for action in decided] == [
         ("update-status", {"resolution": "InvalidConfig", "replicaMap": {}, "reason": HUGE_REASON})
     ]
 
@@ -496,7 +496,7 @@ def test_growing_a_topic_past_what_fits_keeps_its_partitions(monkeypatch: pytest
         for index, replicas in existing.items()
     ]
     decided = topic.decide(snapshot_of(*three_spus(), (grown, 20), *partitions), topic.Inputs())
-    assert [(action.verb.value, json.loads(action.writes[0].value)["status"]) for action in decided] == [  # type: ignore[arg-type]
+    assert [(action.verb.value, json.loads(builders.written(action.writes[0]))["status"]) for action in decided] == [
         ("update-status", {"resolution": "InvalidConfig", "replicaMap": existing, "reason": HUGE_REASON})
     ]
 
@@ -508,7 +508,7 @@ def test_a_topic_placed_on_wide_spu_ids_is_sized_exactly_once_placed() -> None:
     wide = make_topic("wide", {"resolution": "Pending"}, partitions=90_000, replicationFactor=2)
     decided = topic.decide(snapshot_of(*spus, (wide, 9)), topic.Inputs())
     assert [action.verb.value for action in decided] == ["update-status"]
-    status = json.loads(decided[0].writes[0].value)["status"]  # type: ignore[arg-type]
+    status = json.loads(builders.written(decided[0].writes[0]))["status"]
     assert (status["resolution"], status["replicaMap"]) == ("InvalidConfig", {})
     largest = topic_size.max_topic_bytes(topic.DEFAULT_REQUEST_SIZE, "wide", topic.CHAIN_KEY)
     fitting = topic_size.largest_count(wide, 2, 9, largest)
@@ -566,9 +566,9 @@ def led(name: str, leader: int, replicas: list[int], resolution: str = "Online")
 def test_a_drained_spu_status_says_draining_with_what_cannot_move_then_drained() -> None:
     health = {spu_id: health_module.HealthRecord(ONLINE, 0.0) for spu_id in range(3)}
 
-    def statuses(*objs: models.ClusterObject) -> list[tuple[str, dict[str, Any], str]]:
+    def statuses(*objs: models.AnyObject) -> list[tuple[str, dict[str, Any], str]]:
         decided = spu.decide(snapshot_of(*((obj, 10 + index) for index, obj in enumerate(objs))), spu.Inputs(health, 5.0, 0.0, 30.0))
-        return [(a.name, json.loads(a.writes[0].value)["status"], a.reason) for a in decided]  # type: ignore[arg-type]
+        return [(a.name, json.loads(builders.written(a.writes[0]))["status"], a.reason) for a in decided]
 
     others = (make_spu(1), make_spu(2))
     # Leading a partition that can move: Draining, nothing in the way.
@@ -606,13 +606,13 @@ def test_spu_group_keeps_the_drain_of_its_spus() -> None:
     assert spu_group.decide(snapshot_of((builders.spu_group("main", 1, 11, "Reserved"), 5), (draining, 6)), spu_group.Inputs()) == []
     # A change the group does make keeps the drain.
     [action] = spu_group.decide(snapshot_of((builders.spu_group("main", 1, 11, "Reserved", rack="r2"), 5), (draining, 6)), spu_group.Inputs())
-    assert json.loads(action.writes[0].value)["spec"]["rack"] == "r2"  # type: ignore[arg-type]
-    assert json.loads(action.writes[0].value)["spec"]["drain"] is True  # type: ignore[arg-type]
+    assert json.loads(builders.written(action.writes[0]))["spec"]["rack"] == "r2"
+    assert json.loads(builders.written(action.writes[0]))["spec"]["drain"] is True
 
 
 def statuses(decided: list[actions.Action]) -> list[tuple[str, str, str]]:
     """(topic, resolution, reason) of each status written."""
-    written = [(action.name, json.loads(action.writes[-1].value)["status"]) for action in decided]  # type: ignore[arg-type]
+    written = [(action.name, json.loads(builders.written(action.writes[-1]))["status"]) for action in decided]
     return [(name, status["resolution"], status["reason"]) for name, status in written]
 
 
@@ -621,7 +621,7 @@ def test_a_topic_names_a_configured_plugin_and_anything_else_is_invalid_config()
     placers = {"highest-first": placement_plugins.HighestFirst()}
     pending = make_topic("top", {"resolution": "Pending"}, partitions=2, replicationFactor=2, placement={"strategy": "highest-first"})
     [provision] = topic.decide(snapshot_of(*spus, (pending, 9)), topic.Inputs(placers=placers))
-    assert json.loads(provision.writes[1].value)["status"] == {  # type: ignore[arg-type]
+    assert json.loads(builders.written(provision.writes[1]))["status"] == {
         "resolution": "Provisioned", "replicaMap": {"0": [2, 1], "1": [2, 1]}, "reason": ""
     }
     # Without it configured (a restart without the flag), the same topic waits for the operator.
@@ -675,7 +675,7 @@ def test_a_placement_with_rack_violations_says_which_partitions() -> None:
     pending = make_topic("t", {"resolution": "Pending"}, partitions=6, replicationFactor=3)
     ignoring = make_topic("plain", {"resolution": "Pending"}, partitions=6, replicationFactor=3, ignoreRackAssignment=True)
     [provision] = topic.decide(snapshot_of(*spus, (pending, 10), (ignoring, 11)), topic.Inputs())
-    written = {write.key: json.loads(write.value)["status"] for write in provision.writes[1:]}  # type: ignore[arg-type]
+    written = {write.key: json.loads(builders.written(write))["status"] for write in provision.writes[1:]}
     assert written["topics/t"] == {
         "resolution": "Provisioned",
         "replicaMap": {"0": [0, 3, 4], "1": [3, 4, 1], "2": [4, 1, 2], "3": [1, 2, 0], "4": [2, 0, 3], "5": [0, 3, 4]},
@@ -688,14 +688,14 @@ def test_a_placement_with_rack_violations_says_which_partitions() -> None:
     # Even racks (the usual case): no reason either.
     even = [(make_spu(spu_id, rack=f"r{spu_id % 3}"), spu_id + 1) for spu_id in range(6)]
     [provision] = topic.decide(snapshot_of(*even, (pending, 10)), topic.Inputs())
-    assert json.loads(provision.writes[1].value)["status"]["reason"] == ""  # type: ignore[arg-type]
+    assert json.loads(builders.written(provision.writes[1]))["status"]["reason"] == ""
 
 
 def test_overlapping_spu_groups_created_together_leave_the_later_one_invalid() -> None:
     """Both groups were Init in one pass: each was checked against SPUs only, both became Reserved,
     and both created SPUs for ids 13 and 14."""
     snapshot = snapshot_of((builders.spu_group("second", 3, 13), 7), (builders.spu_group("first", 4, 11), 6))
-    assert [(a.name, json.loads(a.writes[0].value)["status"]) for a in spu_group.decide(snapshot, spu_group.Inputs())] == [  # type: ignore[arg-type]
+    assert [(a.name, json.loads(builders.written(a.writes[0]))["status"]) for a in spu_group.decide(snapshot, spu_group.Inputs())] == [
         ("first", {"resolution": "Reserved", "reason": ""}),
         (
             "second",
@@ -707,7 +707,7 @@ def test_overlapping_spu_groups_created_together_leave_the_later_one_invalid() -
     ]
     # The earlier group keeps its range however the later one changes, and one shared id is named alone.
     reserved = snapshot_of((builders.spu_group("second", 3, 14, "Reserved"), 7), (builders.spu_group("first", 4, 11, "Reserved"), 6))
-    assert [(a.name, json.loads(a.writes[0].value)["status"]["reason"]) for a in spu_group.decide(reserved, spu_group.Inputs()) if a.verb is actions.Verb.UPDATE_STATUS] == [  # type: ignore[arg-type]
+    assert [(a.name, json.loads(builders.written(a.writes[0]))["status"]["reason"]) for a in spu_group.decide(reserved, spu_group.Inputs()) if a.verb is actions.Verb.UPDATE_STATUS] == [
         ("second", "id range 14..16 collides: id 14 is in the id range of SPU group first, created earlier"),
     ]
 
@@ -739,7 +739,7 @@ def test_a_managed_spu_whose_id_another_spu_of_its_group_holds_waits_for_it_to_m
             ],
         ),
     ]
-    assert models.decode("spus", decided[0].writes[0].value).spec.id == 7  # type: ignore[arg-type, attr-defined]
+    assert models.decode("spus", builders.written(decided[0].writes[0])).spec.id == 7
 
 
 def test_deleted_managed_spus_give_their_id_back_in_the_same_transaction() -> None:
@@ -757,7 +757,7 @@ def test_a_stored_topic_whose_preferred_spu_is_no_id_is_invalid_not_a_crash() ->
     placement_spec = {"strategy": "policies", "policies": "preferred_nodes=²"}
     snapshot = snapshot_of((make_spu(0), 1), (make_topic("odd", partitions=1, replicationFactor=1, placement=placement_spec), 5))
     [decided] = topic.decide(snapshot, topic.Inputs())
-    status = json.loads(decided.writes[0].value)["status"]  # type: ignore[arg-type]
+    status = json.loads(builders.written(decided.writes[0]))["status"]
     assert (status["resolution"], status["reason"]) == (
         "InvalidConfig",
         "placement policy preferred_nodes=²: '²' is not an SPU id; delete the topic and create it again with a valid spec",

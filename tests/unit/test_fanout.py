@@ -26,7 +26,7 @@ class Written:
         self.feeds = fanout.Feeds(self.store, self.encodings)
         self.drops: list[str] = []
 
-    def apply(self, *objs: models.ClusterObject) -> None:
+    def apply(self, *objs: models.AnyObject) -> None:
         for obj in objs:
             self.revision += 1
             self.store[obj.kind].apply(obj, self.revision)
@@ -36,7 +36,7 @@ class Written:
         self.store[kind].delete(name, self.revision)
 
     async def subscribe(self, kind: str = "topics", topic: str | None = None, buffer_bytes: int = 1 << 20) -> fanout.Subscriber:
-        keep = None if topic is None else (lambda obj: obj.topic == topic)  # type: ignore[attr-defined]
+        keep = None if topic is None else (lambda obj: obj.topic == topic)
         return await self.feeds.subscribe(kind, topic, keep, buffer_bytes, self.drops.append)
 
 
@@ -140,7 +140,7 @@ async def test_a_feed_ends_with_its_last_subscriber_and_a_new_one_starts_after(w
 async def test_a_feed_that_fails_drops_its_subscribers(written: Written, monkeypatch: pytest.MonkeyPatch) -> None:
     subscriber = await written.subscribe()
 
-    def broken(obj: models.ClusterObject) -> bytes:
+    def broken(obj: models.AnyObject) -> bytes:
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(models, "encode", broken)

@@ -7,6 +7,7 @@ import json
 import logging
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,8 +24,8 @@ class FakeClock:
         return self.now
 
 
-async def open_started(directory: Path, **options: object) -> history.Recorder:
-    recorder = history.Recorder.open(directory, **options)  # type: ignore[arg-type]
+async def open_started(directory: Path, **options: Any) -> history.Recorder:
+    recorder = history.Recorder.open(directory, **options)
     await recorder.start()
     return recorder
 

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -58,9 +59,9 @@ async def running(kv_store: kv.KVStore, tmp_path: Path) -> AsyncIterator[Running
         await runner.stop()
 
 
-def changes(directory: Path) -> list[tuple]:
+def changes(directory: Path) -> list[tuple[Any, ...]]:
     """(type, source, op, kind, name, revision, resolution) of every change, gap and sync record."""
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for record in history.HistoryReader(directory).records():
         if record["type"] == history.CHANGE:
             status = (record["object"] or {}).get("status", {})
@@ -129,7 +130,8 @@ async def test_after_a_restart_what_changed_meanwhile_is_replayed_into_the_histo
 
     await running.start()
     assert sorted(running.local_store["topics"].view) == ["a"]
-    assert running.local_store["topics"].get("a").obj.status.resolution is models.TopicResolution.PROVISIONED
+    mirrored = running.local_store["topics"].get("a")
+    assert mirrored is not None and mirrored.obj.status.resolution is models.TopicResolution.PROVISIONED
     live = await kv_store.update("topics/a", topic("a", "Deleting"), provisioned)
     await running.until_recorded(live)
     await running.stop()

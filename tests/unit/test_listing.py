@@ -26,7 +26,7 @@ class Table:
         self.table.resync([], 0)
         self.revision = 0
 
-    def apply(self, *objs: models.ClusterObject) -> None:
+    def apply(self, *objs: models.AnyObject) -> None:
         for obj in objs:
             self.revision += 1
             self.table.apply(obj, self.revision)

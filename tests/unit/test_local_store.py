@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,7 @@ def epochs(table: local.KindStore) -> dict[str, tuple[int, int]]:
 
 
 def test_exact_epochs_after_apply_apply_again_delete_and_resync() -> None:
-    table = local.KindStore("topics")
+    table: local.KindStore[models.Topic] = local.KindStore("topics")
     assert table.apply(topic("a"), 10) == local.Part.ALL
     assert (table.epoch, epochs(table)) == (1, {"a": (1, 1)})
 
@@ -39,7 +40,7 @@ def test_exact_epochs_after_apply_apply_again_delete_and_resync() -> None:
 
 
 def test_same_content_with_a_new_revision_keeps_epochs_but_records_the_revision() -> None:
-    table = local.KindStore("topics")
+    table: local.KindStore[models.Topic] = local.KindStore("topics")
     table.apply(topic("a"), 10)
     assert table.apply(topic("a"), 17) is None
     entry = table.get("a")
@@ -47,13 +48,13 @@ def test_same_content_with_a_new_revision_keeps_epochs_but_records_the_revision(
 
 
 def test_apply_of_the_wrong_kind_is_refused() -> None:
-    table = local.KindStore("spus")
+    table: local.KindStore[Any] = local.KindStore("spus")  # any object: the wrong kind is what is tried
     with pytest.raises(ValueError, match="cannot apply a topics object to the spus store"):
         table.apply(topic("a"), 1)
 
 
 def test_listener_gets_full_set_first_then_deltas() -> None:
-    table = local.KindStore("topics")
+    table: local.KindStore[models.Topic] = local.KindStore("topics")
     table.apply(topic("a"), 1)
     table.apply(topic("b"), 2)
     listener = table.listener()
@@ -70,7 +71,7 @@ def test_listener_gets_full_set_first_then_deltas() -> None:
 
 
 def test_spec_only_and_status_only_listeners() -> None:
-    table = local.KindStore("topics")
+    table: local.KindStore[models.Topic] = local.KindStore("topics")
     table.apply(topic("a"), 1)
     spec_listener = table.listener(local.Part.SPEC)
     status_listener = table.listener(local.Part.STATUS)
@@ -87,7 +88,7 @@ def test_spec_only_and_status_only_listeners() -> None:
 
 
 def test_resync_fences_listeners_that_then_get_the_full_set() -> None:
-    table = local.KindStore("topics")
+    table: local.KindStore[models.Topic] = local.KindStore("topics")
     table.apply(topic("a"), 1)
     listener = table.listener()
     listener.changes()
@@ -98,7 +99,7 @@ def test_resync_fences_listeners_that_then_get_the_full_set() -> None:
 
 
 def test_a_listener_older_than_forgotten_tombstones_gets_the_full_set() -> None:
-    table = local.KindStore("topics", tombstone_limit=2)
+    table: local.KindStore[models.Topic] = local.KindStore("topics", tombstone_limit=2)
     for name in "abcd":
         table.apply(topic(name), 1)
     listener = table.listener()
@@ -110,7 +111,7 @@ def test_a_listener_older_than_forgotten_tombstones_gets_the_full_set() -> None:
 
 
 async def test_listener_wakes_on_a_change_and_not_on_a_repeat() -> None:
-    table = local.KindStore("topics")
+    table: local.KindStore[models.Topic] = local.KindStore("topics")
     listener = table.listener(local.Part.SPEC)
     listener.changes()
     waiter = asyncio.ensure_future(listener.wait())
@@ -151,7 +152,7 @@ def test_snapshot_reads_every_kind() -> None:
 
 
 def test_a_skipping_listener_sees_only_what_changed_after_the_skip() -> None:
-    table = local.KindStore("topics")
+    table: local.KindStore[models.Topic] = local.KindStore("topics")
     listener = table.listener()
     table.apply(topic("a"), 1)
     listener.skip()
@@ -177,7 +178,7 @@ def test_echoes_give_back_only_the_exact_bytes_written_once() -> None:
 
 
 def test_an_index_follows_every_write_in_the_order_of_last_change() -> None:
-    table = local.KindStore("topics")
+    table: local.KindStore[models.Topic] = local.KindStore("topics")
     table.apply(topic("a", resolution="Pending"), 1)
     table.apply(topic("b"), 2)
     table.apply(topic("c", resolution="Pending"), 3)

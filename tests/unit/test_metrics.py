@@ -11,7 +11,7 @@ from store import kv, local, models
 from tests.builders import partition, spu
 
 
-def store_of(*objects: models.ClusterObject) -> local.LocalStore:
+def store_of(*objects: models.AnyObject) -> local.LocalStore:
     local_store = local.LocalStore()
     for revision, obj in enumerate(objects, start=1):
         local_store[obj.kind].apply(obj, revision)

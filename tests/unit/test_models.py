@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from store import models
 
-SPU = {
+SPU: dict[str, Any] = {
     "name": "spu-5001",
     "spec": {
         "id": 5001,
@@ -62,7 +62,7 @@ PARTITION = {
     ("model", "document"),
     [(models.Spu, SPU), (models.SpuGroup, SPU_GROUP), (models.Topic, TOPIC), (models.Topic, MANUAL_TOPIC), (models.Partition, PARTITION)],
 )
-def test_camel_case_round_trip_is_exact(model: type[models.ClusterObject], document: dict[str, Any]) -> None:
+def test_camel_case_round_trip_is_exact(model: type[models.AnyObject], document: dict[str, Any]) -> None:
     obj = model.model_validate(document)
     assert json.loads(models.encode(obj)) == document
     assert models.decode(model.kind, models.encode(obj)) == obj
@@ -73,10 +73,10 @@ def test_a_drain_is_stored_only_while_it_is_on() -> None:
     """spec.drain is omitted when false: SPUs never drained keep their exact stored bytes."""
     plain = models.Spu.model_validate(SPU)
     assert "drain" not in models.encode(plain).decode()
-    assert models.Spu.model_validate({**SPU, "spec": {**SPU["spec"], "drain": False}}) == plain  # type: ignore[dict-item]
+    assert models.Spu.model_validate({**SPU, "spec": {**SPU["spec"], "drain": False}}) == plain
     draining = {
         **SPU,
-        "spec": {**SPU["spec"], "drain": True},  # type: ignore[dict-item]
+        "spec": {**SPU["spec"], "drain": True},
         "status": {"resolution": "Online", "drain": "Draining", "reason": "1 of the 1 partition(s) it leads cannot move: solo-0 (it has no other replica)"},
     }
     obj = models.Spu.model_validate(draining)
@@ -275,7 +275,7 @@ def test_unknown_kind_is_named() -> None:
 def test_models_are_immutable() -> None:
     topic = models.Topic.model_validate(TOPIC)
     with pytest.raises(pydantic.ValidationError):
-        topic.name = "other"  # type: ignore[misc]
+        topic.name = "other"  # type: ignore[misc]  # the assignment is the test: a frozen model refuses it
     changed = topic.model_copy(update={"status": models.TopicStatus(resolution=models.TopicResolution.PENDING)})
     assert (topic.status.resolution, changed.status.resolution) == ("Provisioned", "Pending")
 
@@ -328,12 +328,12 @@ def test_the_interner_shares_equal_parts_without_changing_any_value() -> None:
         for index in range(3)
     ]
     first, second, third = (interner.intern(models.decode("partitions", value)) for value in encoded)
-    assert first.spec is second.spec is third.spec  # type: ignore[attr-defined]
-    assert first.status is second.status  # type: ignore[attr-defined]
+    assert first.spec is second.spec is third.spec
+    assert first.status is second.status
     assert [models.encode(obj) for obj in (first, second, third)] == encoded
     # Copies made from an interned object are independent of the shared parts.
     online = first.model_copy(update={"status": models.PartitionStatus(resolution=models.PartitionResolution.ONLINE)})
-    assert second.status.resolution is models.PartitionResolution.OFFLINE  # type: ignore[attr-defined]
+    assert second.status.resolution is models.PartitionResolution.OFFLINE
     assert online.model_fields_set == {"name", "spec", "status"}
     assert second.model_fields_set == {"name", "spec", "status"}
     # A status with offsets is kept as it is; other kinds pass through untouched.
@@ -342,7 +342,7 @@ def test_the_interner_shares_equal_parts_without_changing_any_value() -> None:
         spec=models.PartitionSpec(leader=1, replicas=[1]),
         status=models.PartitionStatus(resolution=models.PartitionResolution.ONLINE, leader=models.ReplicaStatus(spu=1, hw=3, leo=4)),
     )
-    assert interner.intern(reported).status is reported.status  # type: ignore[attr-defined]
+    assert interner.intern(reported).status is reported.status
     topic = models.Topic(name="orders", spec=models.TopicSpec(partitions=1, replication_factor=1))
     assert interner.intern(topic) is topic
 

@@ -5,6 +5,7 @@ to a leader's proposal. No offsets decide a leader anywhere in here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -66,9 +67,9 @@ def partition(
     )
 
 
-def decide(p: models.Partition, spus: Spus, **facts: object) -> tuple[State | None, str, ps.Answer | None]:
+def decide(p: models.Partition, spus: Spus, **facts: Any) -> tuple[State | None, str, ps.Answer | None]:
     hw = p.status.leader.hw if p.status.leader is not None else -1
-    decision = ps.decide(p, WRITTEN_AT, spus, ps.Facts(committed_hw=hw, **facts))  # type: ignore[arg-type]
+    decision = ps.decide(p, WRITTEN_AT, spus, ps.Facts(committed_hw=hw, **facts))
     transition = decision.transition
     return (None, "", decision.answer) if transition is None else (transition.state, transition.cause, decision.answer)
 

@@ -49,7 +49,7 @@ def count_encodings(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     counter = [0]
     real = models.encode
 
-    def counted(obj: models.ClusterObject) -> bytes:
+    def counted(obj: models.AnyObject) -> bytes:
         counter[0] += 1
         return real(obj)
 
@@ -196,7 +196,7 @@ async def stalled_client(server: api_server.ApiServer, request: bytes) -> tuple[
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
     reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
-    writer.transport.pause_reading()  # type: ignore[attr-defined]
+    writer.transport.pause_reading()  # type: ignore[attr-defined]  # a socket transport: it can pause reading
     writer.write(request)
     await writer.drain()
     return reader, writer
@@ -204,7 +204,7 @@ async def stalled_client(server: api_server.ApiServer, request: bytes) -> tuple[
 
 async def until_closed(reader: asyncio.StreamReader, timeout: float = 30) -> str:
     """Read everything until the server's end closes; "closed" (reset or EOF) or "open" at the timeout."""
-    transport = reader._transport  # type: ignore[attr-defined]
+    transport = reader._transport  # type: ignore[attr-defined]  # StreamReader keeps its transport private
     await asyncio.sleep(0.5)  # the server gives up on us meanwhile (its stall deadline is shorter)
     transport.resume_reading()
     try:

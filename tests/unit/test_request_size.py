@@ -22,7 +22,7 @@ def encoded(prefix: str, compares: list[kv.Compare], operations: list[kv.Operati
         ],
         success=[etcd._request_op((prefix + operation.key).encode(), operation) for operation in operations],
     )
-    return request.ByteSize()  # type: ignore[no-any-return]
+    return request.ByteSize()
 
 
 @pytest.mark.parametrize("prefix", PREFIXES)

@@ -114,7 +114,7 @@ def tools(tmp_path: Path, uid: int, *present: str) -> dict[str, str]:
 def test_bootstrap_installs_the_browser_with_apt_get_only_where_it_is_missing_and_apt_get_may_run(tmp_path: Path) -> None:
     root = checkout(tmp_path)
     installed(root, "audit,dev")
-    bootstrap = [root / "scripts" / "bootstrap", "dev"]
+    bootstrap: list[str | Path] = [root / "scripts" / "bootstrap", "dev"]
     done = subprocess.run(bootstrap, check=True, capture_output=True, text=True, timeout=60, env=tools(tmp_path, 0))
     assert calls(root) == [
         "apt-get update -qq",

@@ -64,8 +64,8 @@ def test_release_deletes_only_a_key_that_names_the_spu() -> None:
     assert spu_ids.release("s", 7, (b"garbage", 12)) is None
 
 
-def entries(*spus: tuple[models.Spu, int]) -> dict[str, local.Entry]:
-    table = local.KindStore("spus")
+def entries(*spus: tuple[models.Spu, int]) -> dict[str, local.Entry[models.Spu]]:
+    table: local.KindStore[models.Spu] = local.KindStore("spus")
     for spu, revision in spus:
         table.apply(spu, revision)
     return dict(table.view)

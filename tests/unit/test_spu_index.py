@@ -14,8 +14,8 @@ def held_by(name: str, revision: int = 40) -> tuple[bytes, int]:
     return spu_index.encode_holder(name), revision
 
 
-def entries(*spus: tuple[models.Spu, int]) -> dict[str, local.Entry]:
-    table = local.KindStore("spus")
+def entries(*spus: tuple[models.Spu, int]) -> dict[str, local.Entry[models.Spu]]:
+    table: local.KindStore[models.Spu] = local.KindStore("spus")
     for spu, revision in spus:
         table.apply(spu, revision)
     return dict(table.view)

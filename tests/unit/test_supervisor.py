@@ -147,9 +147,12 @@ async def test_a_cancelled_error_from_underneath_is_a_failure_not_a_stop() -> No
 def test_a_second_task_of_the_same_name_is_refused() -> None:
     async def scenario() -> None:
         supervisor = supervisor_module.Supervisor()
-        task = supervisor.spawn("reader", asyncio.Event().wait)
+        async def forever() -> None:
+            await asyncio.Event().wait()
+
+        task = supervisor.spawn("reader", forever)
         with pytest.raises(ValueError, match="a task named 'reader' is already supervised"):
-            supervisor.spawn("reader", asyncio.Event().wait)
+            supervisor.spawn("reader", forever)
         await stop(task)
 
     asyncio.run(scenario())

@@ -477,12 +477,12 @@ class WatchStream:
         self.label = label
         self.version = version
         served = mapping.ITEMS.get(label)
-        self.table: local.KindStore[models.AnyObject] | None = None
+        self.table: local.KindStore[Any] | None = None
         self.keep: Callable[[models.AnyObject], bool] | None = None
         if served is not None:
             kind, self.keep, _ = served
             self.table = session.server.context.local_store[kind]
-        self.listener: local.Listener[models.AnyObject] | None = None
+        self.listener: local.Listener[Any] | None = None
         self.watcher: admission.Watcher | None = None
         self.known: dict[str, models.AnyObject] = {}
         self.first = True

@@ -28,7 +28,7 @@ class Writer:
         self.clock = Clock()
         self.recorder = history.Recorder.open(directory, clock=self.clock)
         self.revision = first_revision
-        self.objects: dict[str, models.ClusterObject] = {}
+        self.objects: dict[str, models.AnyObject] = {}
 
     def at(self, seconds: float) -> Writer:
         """Records from now on are at T0 + ``seconds``."""
@@ -37,7 +37,7 @@ class Writer:
 
     # ------------------------------------------------------------------ writes
 
-    def put(self, *objects: models.ClusterObject, by_sc: str | None = None, cause: str = "", verb: str = "update-status") -> int:
+    def put(self, *objects: models.AnyObject, by_sc: str | None = None, cause: str = "", verb: str = "update-status") -> int:
         """Write ``objects`` in one transaction; ``by_sc``: the reason of the SC action that did it."""
         self.revision += 1
         if by_sc is not None:

@@ -62,7 +62,7 @@ async def test_a_topic_create_answers_once_its_partitions_are_in_the_store(
     # At the reply the local store already holds every partition, with the placement's replicas.
     assert fluvio_sc.daemon.context is not None
     partitions = fluvio_sc.daemon.context.local_store["partitions"]
-    assert [partitions.get(f"orders-{index}").obj.spec.replicas for index in range(4)] == predicted["replicaMap"]  # type: ignore[union-attr]
+    assert [partitions.get(f"orders-{index}").obj.spec.replicas for index in range(4)] == predicted["replicaMap"]  # type: ignore[union-attr]  # created with the topic above
     assert await fluvio_sc.partitions_of("orders") == dict(enumerate(predicted["replicaMap"]))
     [listed] = await client.list(objects.TOPIC)
     assert listed.status == objects.TopicStatus(objects.TopicResolution.PROVISIONED, dict(enumerate(predicted["replicaMap"])), {}, "")
@@ -108,7 +108,7 @@ async def test_a_topic_without_enough_spus_is_kept_and_answered_not_provisioned(
     assert (answer.error_message or "").startswith("topic 'wide' is InsufficientResources: ")
     assert (answer.error_message or "").endswith("it was kept and is placed as soon as enough SPUs are online")
     stored = await fluvio_sc.read("topics", "wide")
-    assert stored is not None and stored.status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES  # type: ignore[attr-defined]
+    assert stored is not None and stored.status.resolution is models.TopicResolution.INSUFFICIENT_RESOURCES
 
 
 async def test_a_topic_that_waits_for_a_rack_says_so_and_is_kept(
@@ -235,7 +235,7 @@ async def test_spu_groups_create_list_refuse_and_delete(fluvio_sc: daemon_fixtur
     main = objects.SpuGroupSpec(2, 100, objects.SpuConfig(rack="r1"))
     assert await client.status(messages.CREATE, create(objects.SPU_GROUP, "main", main)) == messages.Status("main")
     stored = await fluvio_sc.read("spu-groups", "main")
-    assert stored is not None and stored.status.resolution is models.SpuGroupResolution.RESERVED  # type: ignore[attr-defined]
+    assert stored is not None and stored.status.resolution is models.SpuGroupResolution.RESERVED
 
     async def managed_spus() -> None:
         assert [(meta.name, meta.spec.spu_type, meta.spec.id) for meta in await client.list(objects.SPU)] == [
@@ -276,7 +276,7 @@ async def test_an_spu_group_dry_run_writes_nothing(fluvio_sc: daemon_fixtures.Ru
 
 
 def test_online_readiness_counts_only_online_partitions() -> None:
-    table = local.KindStore("partitions")
+    table: local.KindStore[models.Partition] = local.KindStore("partitions")
     topic = models.Topic.model_validate(
         {"name": "t", "spec": {"partitions": 3, "replicationFactor": 1},
          "status": {"resolution": "Provisioned", "replicaMap": {"0": [1], "1": [2], "2": [3]}}}
@@ -339,4 +339,4 @@ async def test_a_topic_too_large_to_store_is_refused_by_create_dry_run_and_add_p
     grow = messages.UpdateRequest(objects.TOPIC, "huge", messages.AddPartition(65_531))
     assert await client.status(messages.UPDATE, grow) == error("huge", Error.TOPIC_ERROR, message)
     stored = await fluvio_sc.read("topics", "huge")
-    assert stored is not None and stored.spec.partitions == 4  # type: ignore[attr-defined]
+    assert stored is not None and stored.spec.partitions == 4

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 from controller.api.fluvio import mapping, messages, objects as fluvio_objects
@@ -11,9 +14,9 @@ from tests import builders
 Error = messages.Error
 
 
-def refused(call: object, *args: object) -> mapping.Refused:
+def refused(call: Callable[..., object], *args: object) -> mapping.Refused:
     with pytest.raises(mapping.Refused) as caught:
-        call(*args)  # type: ignore[operator]
+        call(*args)
     return caught.value
 
 
@@ -204,7 +207,7 @@ def test_invalid_topic_names(name: str) -> None:
         ({"system": True}, "system topics are the cluster's own; create the topic with system = false"),
     ],
 )
-def test_storage_settings_are_checked_as_fluvio_checks_them(change: dict[str, object], message: str) -> None:
+def test_storage_settings_are_checked_as_fluvio_checks_them(change: dict[str, Any], message: str) -> None:
     import dataclasses
 
     failure = refused(mapping.check_topic_config, dataclasses.replace(COMPUTED, **change))
@@ -225,7 +228,7 @@ def test_acceptable_storage_settings_pass() -> None:
 # ---------------------------------------------------------------------------- SPU and SPU group creates
 
 
-def custom_spec(**change: object) -> fluvio_objects.CustomSpuSpec:
+def custom_spec(**change: Any) -> fluvio_objects.CustomSpuSpec:
     import dataclasses
 
     spec = fluvio_objects.CustomSpuSpec(

@@ -58,7 +58,7 @@ class StoreServer:
         await self.context.lists.close()
         await self.context.kv_store.close()
 
-    def apply(self, *objs: models.ClusterObject) -> None:
+    def apply(self, *objs: models.AnyObject) -> None:
         for obj in objs:
             self.revision += 1
             self.local_store[obj.kind].apply(obj, self.revision)
@@ -86,7 +86,7 @@ async def client(store_server: StoreServer) -> AsyncIterator[client_module.Clien
     await connected.close()
 
 
-def item(label: str, obj: models.ClusterObject) -> fluvio_objects.Metadata:
+def item(label: str, obj: models.AnyObject) -> fluvio_objects.Metadata:
     return mapping.ITEMS[label][2](obj)
 
 
@@ -258,9 +258,9 @@ class RecordingWriter:
 
 async def test_replies_go_out_before_pending_watch_frames(store_server: StoreServer) -> None:
     writer = RecordingWriter()
-    session = server_module.Session(store_server.server, asyncio.StreamReader(), writer)  # type: ignore[arg-type]
+    session = server_module.Session(store_server.server, asyncio.StreamReader(), writer)  # type: ignore[arg-type]  # a recording stand-in for the StreamWriter
     watch = server_module.WatchStream(session, 3, fluvio_objects.TOPIC, 19)
-    watch.listener = store_server.local_store["topics"].listener()
+    watch.listener = listener = store_server.local_store["topics"].listener()
     session.watch_ready(watch)
     session.reply(9, b"reply")
     loop = asyncio.create_task(session._write_loop())
@@ -273,7 +273,7 @@ async def test_replies_go_out_before_pending_watch_frames(store_server: StoreSer
         loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await loop
-        watch.listener.close()
+        listener.close()
     assert writer.frames[0] == messages.response_frame(9, b"reply")
     epoch = store_server.local_store["topics"].epoch
     assert writer.frames[1] == messages.response_frame(3, messages.watch_body(fluvio_objects.TOPIC, epoch, [], []))
@@ -293,7 +293,7 @@ class BlockedWriter(RecordingWriter):
 async def test_a_client_that_stops_reading_stops_being_read(store_server: StoreServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server_module, "MAX_QUEUED_REPLIES", 2)
     writer = BlockedWriter()
-    session = server_module.Session(store_server.server, asyncio.StreamReader(), writer)  # type: ignore[arg-type]
+    session = server_module.Session(store_server.server, asyncio.StreamReader(), writer)  # type: ignore[arg-type]  # a recording stand-in for the StreamWriter
     request = messages.Request(messages.RequestHeader(messages.LIST, 19, 1), messages.ListRequest(fluvio_objects.TOPIC))
     loop = asyncio.create_task(session._write_loop())
     try:
@@ -372,13 +372,13 @@ async def test_a_client_that_takes_nothing_is_dropped_at_the_stall_deadline_and_
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", store_server.port))
         reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
         try:
-            writer.transport.pause_reading()  # type: ignore[attr-defined]
+            writer.transport.pause_reading()  # type: ignore[attr-defined]  # a socket transport: it can pause reading
             writer.write(messages.encode_request(messages.RequestHeader(messages.WATCH, 19, 1, "slow"), messages.WatchRequest(fluvio_objects.TOPIC)))
             async with asyncio.timeout(30):
                 while store_server.server._sessions or store_server.context.watchers.total:
                     await asyncio.sleep(0.01)
             assert store_server.context.watchers.dropped == {("fluvio", "stalled"): 1}
-            writer.transport.resume_reading()  # type: ignore[attr-defined]
+            writer.transport.resume_reading()  # type: ignore[attr-defined]  # a socket transport: it can pause reading
             with contextlib.suppress(ConnectionResetError):
                 async with asyncio.timeout(30):
                     while await reader.read(1 << 16):
@@ -424,7 +424,7 @@ async def test_a_large_list_holds_a_gate_slot_until_written_and_a_stalled_reader
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", store_server.port))
         reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
         try:
-            writer.transport.pause_reading()  # type: ignore[attr-defined]
+            writer.transport.pause_reading()  # type: ignore[attr-defined]  # a socket transport: it can pause reading
             writer.write(messages.encode_request(messages.RequestHeader(messages.LIST, 19, 1, "slow"), messages.ListRequest(fluvio_objects.TOPIC)))
             async with asyncio.timeout(30):
                 while gate.admitted["fluvio-list"] < 3:  # the kept answer: only the writing takes one

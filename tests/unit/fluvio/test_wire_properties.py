@@ -128,7 +128,7 @@ def projected(schema: primitives.Codec, value: Any, version: int) -> Any:
                 changes[spec.name] = projected(spec.codec, current, version)
             else:
                 default = defaults[spec.name]
-                changes[spec.name] = default.default_factory() if default.default_factory is not dataclasses.MISSING else default.default  # type: ignore[misc]
+                changes[spec.name] = default.default_factory() if default.default_factory is not dataclasses.MISSING else default.default
         return dataclasses.replace(value, **changes)
     if isinstance(schema, primitives.Tagged):
         return projected(schema.by_type[type(value)][1], value, version)

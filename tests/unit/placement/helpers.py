@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from controller import placement
 
@@ -18,9 +19,9 @@ def racked(racks: dict[int, str]) -> list[placement.SpuInfo]:
     return [placement.SpuInfo(id=spu_id, rack=rack) for spu_id, rack in racks.items()]
 
 
-def place(spus: Sequence[placement.SpuInfo], partitions: int, replication_factor: int, **options: object) -> list[list[int]]:
+def place(spus: Sequence[placement.SpuInfo], partitions: int, replication_factor: int, **options: Any) -> list[list[int]]:
     request = placement.PlacementRequest(
-        spus=spus, partitions=partitions, replication_factor=replication_factor, **options  # type: ignore[arg-type]
+        spus=spus, partitions=partitions, replication_factor=replication_factor, **options
     )
     return placement.compute(request).replica_map
 

@@ -6,6 +6,7 @@ import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,7 +34,7 @@ SEED_CHAIN_ANSWER = {
 }
 
 
-def run(argv: list[str], stdin: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[int, object, str]:
+def run(argv: list[str], stdin: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple[int, Any, str]:
     monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
     status = cli.main(argv)
     out = capsys.readouterr().out
@@ -150,12 +151,12 @@ def test_plugins_come_from_the_command_line_only(monkeypatch: pytest.MonkeyPatch
     status, answer, _ = run(
         ["placement", "compute", *flags], json.dumps({**request, "strategy": "highest-first"}), monkeypatch, capsys
     )
-    assert (status, answer["replicaMap"]) == (0, [[2, 1], [2, 1]])  # type: ignore[index]
+    assert (status, answer["replicaMap"]) == (0, [[2, 1], [2, 1]])
     # The request may name the module itself: it is not imported, and the answer says how plug-ins are given.
     name = "tests.unit.placement.never_imported"
     monkeypatch.delitem(sys.modules, name, raising=False)
     status, answer, _ = run(["placement", "compute", *flags], json.dumps({**request, "strategy": f"{name}:Placer"}), monkeypatch, capsys)
-    assert status == 1 and answer["error"]["code"] == "InvalidConfig"  # type: ignore[index]
+    assert status == 1 and answer["error"]["code"] == "InvalidConfig"
     assert name not in sys.modules
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -11,10 +12,10 @@ from controller import placement
 from tests.unit.placement import helpers
 
 
-def request(**options: object) -> placement.PlacementRequest:
-    values: dict[str, object] = {"spus": helpers.plain(3), "partitions": 2, "replication_factor": 2}
+def request(**options: Any) -> placement.PlacementRequest:
+    values: dict[str, Any] = {"spus": helpers.plain(3), "partitions": 2, "replication_factor": 2}
     values.update(options)
-    return placement.PlacementRequest(**values)  # type: ignore[arg-type]
+    return placement.PlacementRequest(**values)
 
 
 def error_of(req: placement.PlacementRequest, placers: placement.Placers | None = None) -> placement.PlacementError:
@@ -186,7 +187,7 @@ def test_request_is_frozen_and_normalised() -> None:
     req = request(current_replica_map=[[0, 1]], existing=[["t", 0, [1, 2]]])
     assert req.current_replica_map == ((0, 1),)
     with pytest.raises(AttributeError):
-        req.partitions = 5  # type: ignore[misc]
+        req.partitions = 5  # type: ignore[misc]  # the assignment is the test: a frozen request refuses it
 
 
 # --------------------------------------------------------------------------- plug-ins
@@ -224,7 +225,7 @@ class NotAPlacer:
     pass
 
 
-PLACERS = {"reverse": ReverseIds(), "defers": Defers(), "cheats": Cheats(), "crashes": Crashes()}
+PLACERS: dict[str, placement.ReplicaPlacer] = {"reverse": ReverseIds(), "defers": Defers(), "cheats": Cheats(), "crashes": Crashes()}
 
 
 def test_plugin_places_and_sees_the_cluster_view() -> None:

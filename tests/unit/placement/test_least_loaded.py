@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -118,7 +119,7 @@ def test_ignoring_racks_keeps_the_rack_unaware_picks() -> None:
     spus = issue_cluster()
     ignored = helpers.place(spus, 48, 3, strategy="least-loaded", ignore_rack_assignment=True)
     assert ignored == helpers.place(helpers.plain(12), 48, 3, strategy="least-loaded")
-    report = placement.balance(ignored, spus)
+    report: dict[str, Any] = placement.balance(ignored, spus)
     assert report["rackViolations"]["count"] == 16
     assert report["failover"]["max"] == 4
 
@@ -186,7 +187,7 @@ def test_rack_aware_picks_spread_racks_and_first_followers(
 ) -> None:
     """Each partition spans min(RF, racks) racks; each leader's first followers take turns over the
     SPUs of the other racks (over all others with one rack): their counts differ by at most one."""
-    racks = {}
+    racks: dict[int, str] = {}
     for rack, size in enumerate(rack_sizes):
         for _ in range(size):
             racks[len(racks) * 3 + 1] = f"rack{rack}"  # sparse ids

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from controller import placement
@@ -132,12 +134,12 @@ def test_compute_validates_against_registered_ids_when_given() -> None:
 
 
 def test_compute_checks_partitions_and_replication_factor_when_given() -> None:
-    base = {"spus": helpers.plain(3), "strategy": "manual", "replica_assignment": [(0, [0, 1])]}
+    base: dict[str, Any] = {"spus": helpers.plain(3), "strategy": "manual", "replica_assignment": [(0, [0, 1])]}
     with pytest.raises(placement.InvalidConfig) as caught:
-        placement.compute(placement.PlacementRequest(partitions=2, **base))  # type: ignore[arg-type]
+        placement.compute(placement.PlacementRequest(partitions=2, **base))
     assert str(caught.value) == "partitions is 2 but the replica assignment defines 1"
     with pytest.raises(placement.InvalidConfig) as caught:
-        placement.compute(placement.PlacementRequest(replication_factor=3, **base))  # type: ignore[arg-type]
+        placement.compute(placement.PlacementRequest(replication_factor=3, **base))
     assert str(caught.value) == "replication factor is 3 but the replica assignment gives 2 replicas per partition"
 
 

@@ -16,7 +16,7 @@ from tests.unit.placement import helpers
 SITES = helpers.racked({1: "site1", 2: "site1", 3: "site2", 4: "site2", 5: "site3", 6: "site3"})
 
 
-def place(spus: list[placement.SpuInfo], partitions: int, replication_factor: int, text: str, **options: object):  # type: ignore[no-untyped-def]
+def place(spus: list[placement.SpuInfo], partitions: int, replication_factor: int, text: str, **options: object):
     return helpers.place(spus, partitions, replication_factor, strategy="policies", policies=text, **options)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from controller import placement
@@ -10,8 +12,8 @@ from controller.placement import planner, rebalance
 Spu = placement.SpuInfo
 
 
-def plan(spus: list[placement.SpuInfo], partitions: list[tuple[str, list[int]]], **options: object) -> placement.RebalancePlan:
-    return placement.plan_rebalance(placement.RebalanceRequest(spus=spus, partitions=partitions, **options))  # type: ignore[arg-type]
+def plan(spus: list[placement.SpuInfo], partitions: list[tuple[str, list[int]]], **options: Any) -> placement.RebalancePlan:
+    return placement.plan_rebalance(placement.RebalanceRequest(spus=spus, partitions=partitions, **options))
 
 
 def moves(result: placement.RebalancePlan) -> list[tuple[str, list[int], list[int]]]:
@@ -172,7 +174,7 @@ def test_racks_keep_their_spread_and_limit_what_balance_can_reach() -> None:
     assert result.after.replicas == {0: 2, 1: 4, 2: 4, 3: 2}
     assert (result.replica_moves, result.lower_bound) == (2, 3)
     for move in result.moves:
-        assert sorted({"a", "b", "c"}) == sorted({spus[spu_id].rack for spu_id in move.after})  # type: ignore[misc]
+        assert {"a", "b", "c"} == {spus[spu_id].rack for spu_id in move.after}
     assert [(shortfall.spu, shortfall.count) for shortfall in result.unreachable] == [(0, 2), (1, 4), (2, 4), (3, 2)]
     assert result.unreachable[1].reason == (
         "none of its replicas may go to an SPU below its target: each such SPU already holds the partition, "
@@ -192,7 +194,7 @@ def test_a_move_into_another_rack_is_taken_when_the_spread_allows_it() -> None:
     assert result.after.replicas == {0: 2, 1: 2, 2: 2, 3: 2}
     assert (result.replica_moves, result.lower_bound) == (2, 2)
     for move in result.moves:
-        assert {spus[spu_id].rack for spu_id in move.after} == {"a", "b"}  # type: ignore[index]
+        assert {spus[spu_id].rack for spu_id in move.after} == {"a", "b"}
 
 
 def test_path_racks_count_spread_at_the_site_and_at_the_leaf() -> None:
@@ -202,7 +204,7 @@ def test_path_racks_count_spread_at_the_site_and_at_the_leaf() -> None:
     partitions = [("t-0", [0, 1]), ("t-1", [0, 1]), ("t-2", [0, 2])]
     result = plan(spus, partitions)
     for move in result.moves:
-        assert {spus[spu_id].rack.split("/")[1] for spu_id in move.after} == {"dc1", "dc2"}  # type: ignore[union-attr]
+        assert {spus[spu_id].rack.split("/")[1] for spu_id in move.after} == {"dc1", "dc2"}  # type: ignore[union-attr]  # every SPU of this cluster has a rack
     assert result.after.replicas == {0: 2, 1: 2, 2: 1, 3: 1}
     assert (result.replica_moves, result.lower_bound) == (1, 1)
 
@@ -256,9 +258,9 @@ def test_max_moves_per_spu_stops_the_plan_early_and_says_so() -> None:
     ],
 )  # fmt: skip
 def test_bad_requests_name_the_value(request_options: dict[str, object], message: str) -> None:
-    options: dict[str, object] = {"spus": [Spu(0), Spu(1)], "partitions": [("t-0", [0])], **request_options}
+    options: dict[str, Any] = {"spus": [Spu(0), Spu(1)], "partitions": [("t-0", [0])], **request_options}
     with pytest.raises(placement.InvalidConfig) as caught:
-        placement.plan_rebalance(placement.RebalanceRequest(**options))  # type: ignore[arg-type]
+        placement.plan_rebalance(placement.RebalanceRequest(**options))
     assert str(caught.value) == message
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -79,7 +80,7 @@ def test_invalid_backoffs_are_refused(arguments: tuple[float, float, float], mes
         ),
     ],
 )
-def test_invalid_settings_name_the_setting_and_its_value(changes: dict[str, float], message: str) -> None:
+def test_invalid_settings_name_the_setting_and_its_value(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as refused:
-        SpuSettings(**changes)  # type: ignore[arg-type]
+        SpuSettings(**changes)
     assert str(refused.value) == message

@@ -28,6 +28,11 @@ class Cluster:
         self.committed: list[tuple[int, list[tuple[int, int]]]] = []
         self.now = 0.0
 
+    @property
+    def leading(self) -> int:
+        assert self.leader is not None, "no leader elected yet"
+        return self.leader
+
     def elect(self, leader: int, isr: tuple[int, ...]) -> None:
         assert leader in isr and leader in self.up, (leader, isr, self.up)
         self.leader_epoch += 1
@@ -57,12 +62,12 @@ class Cluster:
     def fetch(self, spu: int, max_records: int = 1000) -> None:
         """One fetch of ``spu`` from its leader, answered and applied."""
         self.now += 0.01
-        follower, leader = self.logs[spu], self.logs[self.leader]  # type: ignore[index]
+        follower, leader = self.logs[spu], self.logs[self.leading]
         answer = leader.serve_fetch(
             spu, follower.leo, follower.hw, max_records, self.now, follower.leader_epoch, follower.log.last_epoch
         )
         assert isinstance(answer, Served | Diverging), answer
-        assert follower.apply_fetched(self.leader, answer) is True  # type: ignore[arg-type]
+        assert follower.apply_fetched(self.leading, answer) is True
         self._note()
 
     def catch_up(self, *spus: int) -> None:
@@ -71,12 +76,12 @@ class Cluster:
                 self.fetch(spu)
 
     def _note(self) -> None:
-        leader = self.logs[self.leader]  # type: ignore[index]
+        leader = self.logs[self.leading]
         if not self.committed or leader.hw > self.committed[-1][0]:
             self.committed.append((leader.hw, leader.log.runs_between(0, leader.hw)))
 
     def assert_nothing_committed_lost_and_logs_identical(self) -> None:
-        leader = self.logs[self.leader]  # type: ignore[index]
+        leader = self.logs[self.leading]
         for hw, runs in self.committed:
             assert leader.log.runs_between(0, hw) == runs, (hw, runs, leader.log.runs)
         for spu in self.up:
