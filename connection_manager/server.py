@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
@@ -637,6 +637,7 @@ class ConnectionManager:
         epoch = self.local_store.revision
         partitions = self.local_store["partitions"].view
         held = self._holders()
+        concerned = Concerned(partition_changes)
         for session in list(self.sessions.values()):
             if session.spu_id not in held:
                 session.close("unregistered", f"SPU {session.spu_id} was unregistered")
@@ -644,7 +645,7 @@ class ConnectionManager:
             if not session.ready:
                 continue  # its Sync, once it said what it holds, will have everything
             changed_spus, deleted_spus = _spu_delta(session, spu_changes, held)
-            changed, deleted = _replica_delta(session, partition_changes, partitions)
+            changed, deleted = _replica_delta(session, partition_changes, partitions, concerned)
             if changed_spus or deleted_spus or changed or deleted:
                 self.stats.updates_sent += 1
                 session.send(
@@ -694,12 +695,47 @@ def _spu_delta(
     return changed, deleted
 
 
+class Concerned:
+    """Which of a delta's changed partitions concern which SPU, found once per push: an SPU is
+    concerned by the partitions it is a replica of, and by those it was told of before (it may
+    have left them). A failover changes thousands of partitions, each of them concerning a few SPUs:
+    each session then reads its own few instead of every change."""
+
+    def __init__(self, changes: local.Changes[models.Partition]) -> None:
+        self.updated = [] if changes.full else changes.updated
+        self.position = {entry.name: index for index, entry in enumerate(self.updated)}
+        self.by_spu: dict[int, list[int]] = {}
+        for index, entry in enumerate(self.updated):
+            for spu_id in entry.obj.spec.replicas:
+                self.by_spu.setdefault(spu_id, []).append(index)
+
+    def of(self, session: Session) -> list[local.Entry[models.Partition]]:
+        """The changed partitions ``session`` may need to hear of, in the order they changed."""
+        found = set(self.by_spu.get(session.spu_id, ()))
+        position = self.position
+        found.update(position[name] for name in session.hosted.keys() & position.keys())
+        restarted = session.incarnation.restarted
+        if restarted:
+            found.update(position[name] for name in restarted.keys() & position.keys())
+        updated = self.updated
+        return [updated[index] for index in sorted(found)]
+
+
 def _replica_delta(
-    session: Session, changes: local.Changes[models.Partition], partitions: Mapping[str, local.Entry[models.Partition]]
+    session: Session,
+    changes: local.Changes[models.Partition],
+    partitions: Mapping[str, local.Entry[models.Partition]],
+    concerned: Concerned | None = None,
 ) -> tuple[list[wire.ReplicaInfo], list[str]]:
+    """What ``session`` is told of ``changes``: the partitions it hosts whose state it was not
+    told yet, and those it no longer hosts. ``concerned``: the changes sorted by SPU (else every
+    change is looked at)."""
     if changes.empty:
         return [], []
-    entries = partitions.values() if changes.full else changes.updated
+    if changes.full:
+        entries: Iterable[local.Entry[models.Partition]] = partitions.values()
+    else:
+        entries = (concerned or Concerned(changes)).of(session)
     changed, deleted = [], []
     restarted = session.incarnation.restarted
     for entry in entries:
