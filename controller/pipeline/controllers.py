@@ -168,6 +168,11 @@ class SpuController:
         self.loop.kick()
 
 
+_PARTITIONS = "partitions/"
+# The longest the in-sync changes wait for the elections in flight (their writes may be slow).
+HOLD_SECONDS = 1.0
+
+
 class PartitionController:
     """Partition statuses, leaders and in-sync sets, and the answers to leaders' proposals; carries
     which partitions are due a look (incremental) and which partitions each SPU hosts."""
@@ -190,6 +195,14 @@ class PartitionController:
         self._due: set[str] | None = None
         # Off for the pass after one that decided only leaderless partitions (see partition.decide).
         self._urgent_first = True
+        # Partitions whose election this controller submitted, until each is written and back in
+        # the local store: meanwhile only leaderless partitions are decided (see _hold), so the
+        # SPUs hear of their new leaders before the in-sync changes take the event loop.
+        self._electing: set[str] = set()
+        self._holding_since: float | None = None
+        # Partitions left out of a pass because a write to them was in flight: looked at again
+        # once it is back (or failed), without deciding them twice meanwhile.
+        self._set_aside: set[str] = set()
         self._hosting = partition.HostingIndex()
         self._spu_ids: dict[str, int] = {}  # SPU name -> id, to find a deleted SPU's partitions
         self.loop = _loop(context, dispatcher, "partition", self.decide, {"partitions": ALL, "spus": ALL})
@@ -227,21 +240,32 @@ class PartitionController:
         if spu_changes.full:
             self._spu_ids = {entry.name: entry.obj.spec.id for entry in snapshot.entries("spus").values()}
         due = self._due
+        busy = self.loop.busy
         if due is None or partition_changes.full or spu_changes.full or self.loop.resyncing:
             names = None
+            self._set_aside = set()
         else:
             names = due | {entry.name for entry in partition_changes.updated} | self._of_spus(spu_changes)
+            names |= self._set_aside
+            in_flight = {name for name in names if busy(_PARTITIONS + name)}
+            names -= in_flight
+            self._set_aside = in_flight
         self._due = set()
         settings = self._settings
         view = cluster_view(settings, self._health, self._live, self._connections)
-        decided = partition.decide(snapshot, partition.Inputs(view, names, urgent_first=self._urgent_first))
-        self._urgent_first = not decided.split
+        hold = self._hold(names)
+        decided = partition.decide(
+            snapshot, partition.Inputs(view, names, urgent_first=self._urgent_first or hold, hold_others=hold)
+        )
+        self._urgent_first = not decided.split or hold
+        self._electing.update(action.name for action in decided.actions if action.verb is actions.Verb.ELECT)
         if self._connections is not None:
             for proposal, answer, state in decided.answers:
                 self._connections.answer(proposal, _alter_isr_result(proposal, answer, state))
         if decided.postponed:
             self._due = None if self._due is None else self._due | decided.postponed
-            self.loop.kick()
+            if not hold:
+                self.loop.kick()  # else the elections' writes coming back are the next pass's cue
         if _drain_news(snapshot, partition_changes):
             # A drained SPU's status follows the partitions it leads: what moved, what cannot.
             self._spus.loop.kick()
@@ -250,6 +274,20 @@ class PartitionController:
             # More may be due: look at all of them again once these writes come back.
             self._due = None
         return decided.actions
+
+    def _hold(self, names: set[str] | None) -> bool:
+        """Whether this pass decides only leaderless partitions: while elections it submitted are
+        not all back in the local store (each batch of them that comes back is pushed to the SPUs
+        at once), for at most HOLD_SECONDS; never in a full pass."""
+        busy = self.loop.busy
+        self._electing = {name for name in self._electing if busy(_PARTITIONS + name)}
+        if names is None or not self._electing:
+            self._holding_since = None
+            return False
+        now = asyncio.get_running_loop().time()
+        if self._holding_since is None:
+            self._holding_since = now
+        return now - self._holding_since < HOLD_SECONDS
 
     def _of_spus(self, spu_changes: local.Changes[models.Spu]) -> set[str]:
         """The partitions hosted by the SPUs in ``spu_changes`` (registered, unregistered, drained,

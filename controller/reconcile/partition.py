@@ -58,6 +58,9 @@ class Inputs:
     # Decide the partitions whose leader cannot lead alone when others are concerned too, and
     # postpone those (see decide). The controller turns it off for the pass after a split.
     urgent_first: bool = True
+    # Decide only those, postponing every other, even when all or none are urgent: the
+    # controller's elections are on their way to the SPUs, and the rest can wait for them.
+    hold_others: bool = False
 
 
 @dataclass(slots=True)
@@ -94,7 +97,7 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> Decided:
             name for name in candidates
             if (entry := partitions.get(name)) is not None and entry.obj.spec.leader not in good
         ]
-        if urgent and len(urgent) < len(candidates):
+        if inputs.hold_others or (urgent and len(urgent) < len(candidates)):
             chosen = set(urgent)
             decided.postponed.update(name for name in candidates if name not in chosen)
             decided.split = True

@@ -361,6 +361,21 @@ def test_a_pass_with_leaders_gone_decides_their_partitions_alone_and_the_rest_ne
     assert not partition.decide(snapshot, partition.Inputs(view, ["followed-0"])).split
 
 
+def test_while_elections_are_on_their_way_only_leaderless_partitions_are_decided() -> None:
+    """The controller holds the other partitions back until its elections are written and back
+    (hold_others): they are postponed even when no partition or every partition is leaderless."""
+    led = [part(0, [0, 1, 2]).model_copy(update={"name": f"led-{index}"}) for index in range(2)]
+    followed = [part(1, [1, 0, 2]).model_copy(update={"name": f"followed-{index}"}) for index in range(2)]
+    view = partition.ClusterView(health(s0=OFFLINE, s1=ONLINE, s2=ONLINE), {})
+    snapshot = snapshot_of(*SPUS, *led, *followed)
+    held = partition.decide(snapshot, partition.Inputs(view, ["followed-0", "followed-1"], hold_others=True))
+    assert (held.actions, held.postponed, held.split) == ([], {"followed-0", "followed-1"}, True)
+    both = partition.decide(snapshot, partition.Inputs(view, ["led-0", "followed-0"], hold_others=True))
+    assert [(a.name, a.verb) for a in both.actions] == [("led-0", actions.Verb.ELECT)] and both.postponed == {"followed-0"}
+    only_leaderless = partition.decide(snapshot, partition.Inputs(view, ["led-0", "led-1"], hold_others=True))
+    assert sorted(a.name for a in only_leaderless.actions) == ["led-0", "led-1"] and not only_leaderless.postponed
+
+
 def test_the_hosting_index_names_the_partitions_of_an_spu_and_follows_changes() -> None:
     store = local.LocalStore()
     store["partitions"].apply(part(0, [0, 1]).model_copy(update={"name": "a-0"}), 1)
