@@ -62,6 +62,24 @@ class Identity:
         fields = {"id": self.id, "host": self.host, "pid": self.pid, "address": self.address, "started": self.started}
         return json.dumps(fields, separators=(",", ":")).encode()
 
+    @classmethod
+    def decode(cls, value: bytes) -> Identity | None:
+        """A claim's value as an SC of this project writes it; None for anything else (whoever can
+        write the store can write there)."""
+        try:
+            fields = json.loads(value)
+        except ValueError:
+            return None
+        if not isinstance(fields, dict) or set(fields) != {"id", "host", "pid", "address", "started"}:
+            return None
+        texts = [fields[name] for name in ("id", "host", "address", "started")]
+        if not all(isinstance(text, str) and len(text) <= _HOLDER_CHARS for text in texts):
+            return None
+        pid = fields["pid"]
+        if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid < 2**31:
+            return None
+        return cls(fields["id"], fields["host"], pid, fields["address"], fields["started"])
+
 
 def describe_holder(value: bytes) -> str:
     """A claim's value as a person reads it; anything may be stored there, so nothing is trusted."""

@@ -213,6 +213,15 @@ def _paths() -> dict[str, Any]:
             )
         },
         "/openapi.json": {"get": _operation("This document", r200=_json({"type": "object"}, "OpenAPI 3.1 document"))},
+        "/v1/cluster": {
+            "get": _operation(
+                "The SCs of this store: this one and its role, the active SC, the standbys",
+                description="The active SC holds the store's claim (meta/active-sc, kept under a lease); its epoch is "
+                "the claim's store revision, new with every holder. Read from this SC's mirror of the store. No "
+                "standbys yet: until SC high availability lands, a second SC on the same store refuses to start.",
+                r200=_json(_ref("Cluster"), "The SCs"),
+            )
+        },
         "/v1/{kind}": {
             "get": _operation(
                 "List the objects of a kind (SPUs by id, partitions by topic and index, others by name)",
@@ -573,6 +582,48 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
                 "object": {"description": "The object (null for SYNC)"},
             },
             "required": ["type", "revision", "object"],
+        },
+        "Cluster": {
+            "type": "object",
+            "properties": {
+                "self": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": ["string", "null"], "description": "This SC's id (null before it first claimed the store)"},
+                        "role": {"enum": ["leader", "standby"], "description": "leader: it holds the claim and may write"},
+                        "address": {"type": ["string", "null"], "description": "Its public host:port"},
+                    },
+                    "required": ["id", "role", "address"],
+                    "additionalProperties": False,
+                },
+                "leader": {
+                    "description": "The active SC (null while no SC holds the claim)",
+                    "anyOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "properties": {
+                                "id": {"type": ["string", "null"], "description": "null if the claim holds a value no SC of this project wrote"},
+                                "address": {"type": ["string", "null"], "description": "Its public host:port"},
+                                "since": {"type": ["string", "null"], "description": "When it claimed the store (ISO 8601, UTC)"},
+                                "epoch": {"type": "integer", "description": "The claim's store revision: new with every holder"},
+                            },
+                            "required": ["id", "address", "since", "epoch"],
+                            "additionalProperties": False,
+                        },
+                    ],
+                },
+                "standbys": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"id": {"type": "string"}, "address": {"type": "string"}},
+                        "required": ["id", "address"],
+                    },
+                },
+            },
+            "required": ["self", "leader", "standbys"],
+            "additionalProperties": False,
         },
         "DecisionEvent": {
             "type": "object",

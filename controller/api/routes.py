@@ -24,7 +24,7 @@ from prometheus_client import exposition as prometheus_exposition
 
 from connection_manager import ratelimit, tls, transport
 from controller import context as context_module, placement
-from controller.api import admin_ops, admission, auth, fanout, json_input, listing, openapi
+from controller.api import admin_ops, admission, auth, cluster, fanout, json_input, listing, openapi
 from controller.reconcile import partition, topic as topic_controller
 from store import attribution, kv, models
 
@@ -927,6 +927,11 @@ async def watch(request: web.Request) -> web.StreamResponse:
     return await _serve_watch(request, kind, subscribe)
 
 
+async def cluster_status(request: web.Request) -> web.Response:
+    """The SCs of this store, as this SC sees them (controller/api/cluster.py)."""
+    return web.json_response(cluster.describe(request.app[CONTEXT]))
+
+
 async def watch_events(request: web.Request) -> web.StreamResponse:
     """This SC's latest decisions (decisions.RING_DECISIONS of them), a SYNC marker, then each new one."""
     return await _serve_watch(request, "events", request.app[CONTEXT].decisions.subscribe)
@@ -1033,6 +1038,7 @@ def build_app(context: context_module.Context) -> web.Application:
         routes.add_get(path, ui_file)
     # Before /v1/{kind}/{name}, which would otherwise take /v1/watch/topics.
     routes.add_get("/v1/watch/events", watch_events)
+    routes.add_get("/v1/cluster", cluster_status)
     routes.add_get("/v1/watch/{kind}", watch)
     routes.add_post("/v1/placement", compute_placement)
     routes.add_post("/v1/spus", register_spu)

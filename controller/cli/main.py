@@ -25,6 +25,7 @@ COMMANDS = {
     "spu": "register, list and unregister SPUs; run simulated SPUs",
     "spu-group": "create, scale, list and delete SPU groups (managed SPUs)",
     "partition": "list partitions",
+    "cluster": "show which SC of the store is active and the standbys",
     "placement": "compute replica placements offline (no server needed)",
     "audit": "export the metadata history and run the Spark audits over it",
     "demo": "a local cluster end to end: placement, an SPU killed and back, the Spark audit (a few minutes)",
@@ -47,6 +48,9 @@ def _module(command: str) -> types.ModuleType:
     if command == "spu-group":
         from controller.cli import spu_group
         return spu_group
+    if command == "cluster":
+        from controller.cli import cluster
+        return cluster
     if command == "partition":
         from controller.cli import partition
         return partition

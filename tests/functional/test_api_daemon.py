@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from controller.cli import main as cli
-from store import kv, models
+from store import active_sc, kv, models
 from tests.fixtures.daemon import Running
 
 
@@ -377,3 +377,18 @@ async def test_the_cli_against_the_daemon(sc: Running, capsys: pytest.CaptureFix
         ("events-0", stored.status.replica_map[0]),
         ("events-1", stored.status.replica_map[1]),
     ]
+
+
+async def test_the_cluster_route_names_this_sc_as_the_active_one(sc: Running) -> None:
+    """A real daemon claims its store at start: it is the leader, at the claim's revision."""
+    assert sc.daemon.active is not None and sc.daemon.active.identity is not None
+    identity = sc.daemon.active.identity
+    claim = await sc.kv_store.get(active_sc.KEY)
+    assert claim is not None
+    status, body = await sc.call("GET", "/v1/cluster")
+    assert (status, body) == (200, {
+        "self": {"id": identity.id, "role": "leader", "address": identity.address},
+        "leader": {"id": identity.id, "address": identity.address, "since": identity.started, "epoch": claim.mod_revision},
+        "standbys": [],
+    })  # fmt: skip
+    assert identity.address.endswith(f":{sc.daemon.public_port}")

@@ -205,8 +205,10 @@ def test_a_killed_spu_shows_offline_with_its_leaderships_moved_within_2_s(browse
         "spus-online": "4", "spus-total": "4", "partitions-total": "16", "partitions-online": "16",
         "partitions-under-replicated": "0", "partitions-leaderless": "0", "topics-total": "2",
     }
-    # Until the HA and rebalance routes exist, their panels say so; once they do, they show them.
-    assert browser.find_element("css selector", "#sc-panel [data-sc]").get_attribute("data-sc") in ("absent", "leader")
+    # The SC panel shows the active SC (GET /v1/cluster); until the rebalance route exists, its panel says so.
+    WebDriverWait(browser, 5).until(lambda d: d.find_element("css selector", "#sc-panel [data-sc]").get_attribute("data-sc") == "leader")
+    sc_panel = browser.find_element("css selector", "#sc-panel")
+    assert "Standbys: none" in sc_panel.text and "(leader)" in sc_panel.text, sc_panel.text
     assert browser.find_element("css selector", "#rebalance-status [data-rebalance]").get_attribute("data-rebalance") in ("absent", "idle")
     screenshot(browser, "1-cluster-1280x800")
 

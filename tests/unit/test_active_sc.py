@@ -152,3 +152,25 @@ async def test_a_keep_alive_that_hangs_is_given_up_and_sent_again_within_the_lea
         await asyncio.gather(keeper, return_exceptions=True)
     held = await store.get(active_sc.KEY)
     assert held is not None and claimed is not None and held.create_revision == claimed.create_revision
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"not json",
+        b"[]",
+        b'{"id": "a", "host": "h", "pid": 1, "address": "x:1"}',  # a field missing
+        b'{"id": "a", "host": "h", "pid": 1, "address": "x:1", "started": "t", "more": 1}',  # one too many
+        b'{"id": 7, "host": "h", "pid": 1, "address": "x:1", "started": "t"}',  # a number for a text
+        b'{"id": "a", "host": "h", "pid": true, "address": "x:1", "started": "t"}',  # a boolean for the pid
+        b'{"id": "a", "host": "h", "pid": -1, "address": "x:1", "started": "t"}',
+        b'{"id": "' + b"a" * 301 + b'", "host": "h", "pid": 1, "address": "x:1", "started": "t"}',  # too long to show
+    ],
+)
+def test_a_claim_value_no_sc_wrote_is_not_an_identity(value: bytes) -> None:
+    assert active_sc.Identity.decode(value) is None
+
+
+def test_an_identity_reads_back_as_written() -> None:
+    identity = active_sc.Identity("abc123", "host-1", 4242, "10.0.0.1:9003", "2026-11-27T00:00:00+00:00")
+    assert active_sc.Identity.decode(identity.encode()) == identity

@@ -15,7 +15,8 @@ import pytest
 from controller import config
 from controller.api import client as api_client
 from controller.cli import main as cli
-from store import models
+from store import active_sc, models
+from tests import builders
 from tests.unit import api_server
 from tests.builders import partition, topic
 from tests.unit.api_server import server, spu  # noqa: F401 (server is a fixture)
@@ -517,3 +518,29 @@ async def test_a_replica_assignment_file_that_is_not_usable_json_is_named(
     path.write_text(content)
     result = await sc("topic", "create", "t", "--replica-assignment", str(path))
     assert result == (1, "", f"error: replica assignment file {str(path)!r} {message}\n")
+
+
+async def test_cluster_status_shows_the_active_sc_and_this_one(server: api_server.ApiServer, sc: Sc) -> None:
+    code, out, _ = await sc("cluster", "status")
+    assert (code, out) == (0, "no SC holds the store's claim: writes wait until one does\nthis SC: - (standby) at -\n")
+    claim = active_sc.ActiveSc(server.kv_store, ttl=5)
+    await claim.acquire("sc-a.example:9003")
+    server.context.active = claim
+    try:
+        assert claim.identity is not None
+        identity = claim.identity
+        stored = await builders.present(server.kv_store, active_sc.KEY)
+
+        async def shown() -> None:
+            code, out, _ = await sc("cluster", "status")
+            assert (code, out.splitlines()) == (0, [
+                "ROLE    ID" + " " * (len(identity.id) - 2) + "  ADDRESS            SINCE" + " " * (len(identity.started) - 5) + "  EPOCH",
+                f"leader  {identity.id}  sc-a.example:9003  {identity.started}  {stored.mod_revision}",
+                f"this SC: {identity.id} (leader) at sc-a.example:9003",
+            ])  # fmt: skip
+            code, out, _ = await sc("-o", "json", "cluster", "status")
+            assert json.loads(out)["leader"]["epoch"] == stored.mod_revision
+
+        await builders.eventually(shown)
+    finally:
+        await claim.release()

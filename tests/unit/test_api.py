@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from controller import config
 from controller.api import routes as api
 from controller.reconcile import topic as topic_controller
-from store import kv, memory, models
+from store import active_sc, kv, memory, models
+from tests import builders
 from tests.unit import api_server
 from tests.builders import partition, topic
 from tests.unit.api_server import server, spu  # noqa: F401 (server is a fixture)
@@ -1132,3 +1133,40 @@ def test_every_operation_with_a_query_parameter_documents_its_400() -> None:
         and "400" not in operation["responses"]
     ]
     assert lacking == []
+
+
+# ---------------------------------------------------------------------------- the SCs of the store
+
+
+async def test_cluster_names_this_sc_and_the_active_one_from_the_claim(server: api_server.ApiServer) -> None:
+    # Nothing claims the store yet: no leader, and this SC is not one.
+    assert await server.call("GET", "/v1/cluster") == (
+        200, {"self": {"id": None, "role": "standby", "address": None}, "leader": None, "standbys": []}
+    )  # fmt: skip
+    claim = active_sc.ActiveSc(server.kv_store, ttl=5)
+    await claim.acquire("sc-a.example:9003")
+    server.context.active = claim
+    try:
+        identity = claim.identity
+        assert identity is not None
+        stored = await builders.present(server.kv_store, active_sc.KEY)
+
+        async def claimed() -> None:
+            status, body = await server.call("GET", "/v1/cluster")
+            assert (status, body["leader"] is not None) == (200, True), body
+            assert body == {
+                "self": {"id": identity.id, "role": "leader", "address": "sc-a.example:9003"},
+                "leader": {"id": identity.id, "address": "sc-a.example:9003", "since": identity.started, "epoch": stored.mod_revision},
+                "standbys": [],
+            }
+
+        await builders.eventually(claimed)
+        # Anyone who can write the store can write the claim: a value no SC wrote shows as unknown.
+        revision = await server.kv_store.update(active_sc.KEY, b'{"id": 7, "address": "<script>"}', stored.mod_revision)
+
+        async def unknown_holder() -> None:
+            assert (await server.call("GET", "/v1/cluster"))[1]["leader"] == {"id": None, "address": None, "since": None, "epoch": revision}
+
+        await builders.eventually(unknown_holder)
+    finally:
+        await claim.release()

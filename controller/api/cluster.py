@@ -1,0 +1,40 @@
+"""`GET /v1/cluster`: the SCs of this store, as this SC sees them.
+
+The active SC is the holder of the store's claim (``meta/active-sc``, see ``store.active_sc``),
+read from this SC's mirror; its epoch is the claim's revision, which changes with every new holder.
+Until SC high availability lands, a second SC on the same store refuses to start, so there are no
+standbys to list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller import context as context_module
+from store import active_sc
+
+
+def describe(context: context_module.Context) -> dict[str, Any]:
+    """``{"self": {"id", "role", "address"}, "leader": {"id", "address", "since", "epoch"} | None,
+    "standbys": [...]}``; ids and addresses unknown (before this SC claimed, or a claim value this
+    project did not write) are null."""
+    active = context.active
+    identity = active.identity if active is not None else None
+    leading = active is not None and active.state is active_sc.State.ACTIVE and active.problem() is None
+    this = {
+        "id": identity.id if identity is not None else None,
+        "role": "leader" if leading else "standby",
+        "address": identity.address if identity is not None else None,
+    }
+    claim = context.local_store.snapshot().meta(active_sc.KEY)
+    leader: dict[str, Any] | None = None
+    if claim is not None:
+        value, revision = claim
+        holder = active_sc.Identity.decode(value)
+        leader = {
+            "id": holder.id if holder is not None else None,
+            "address": holder.address if holder is not None else None,
+            "since": holder.started if holder is not None else None,
+            "epoch": revision,
+        }
+    return {"self": this, "leader": leader, "standbys": []}
