@@ -86,6 +86,7 @@ class Daemon:
             )
             self.context.metrics.watch_local_store(self.context.local_store)
             self.context.metrics.watch_tasks(self.context.supervisor)
+            self.context.metrics.watch_active(self.active)
             if self.history is not None:
                 self.context.metrics.watch_history(self.history)
             health = health_module.HealthView(started_at=loop.time())

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from connection_manager import server as cm_server
 from connection_manager import transport
 from controller.reconcile import actions, partition, spu_ids
-from store import history, kv, local, models, supervisor as supervisor_module
+from store import active_sc, history, kv, local, models, supervisor as supervisor_module
 
 # Every frame type an SPU sends after its registration, so each series exists from the start.
 SPU_FRAME_TYPES = ("hosted", "heartbeat", "leading", "alterIsr", "offsets")
@@ -99,6 +99,9 @@ class Metrics:
     def watch_history(self, recorder: history.Recorder) -> None:
         self.registry.register(_HistoryCollector(recorder))
 
+    def watch_active(self, active: active_sc.ActiveSc) -> None:
+        self.registry.register(_ActiveCollector(active))
+
     def watch_local_store(self, local_store: local.LocalStore) -> None:
         self.registry.register(_ObjectsCollector(local_store))
 
@@ -117,6 +120,26 @@ class Metrics:
 
     def exposition(self) -> bytes:
         return prometheus_client.generate_latest(self.registry)
+
+
+class _ActiveCollector(Collector):
+    """This SC's claim on its store: whether it leads, and what the store refused it."""
+
+    def __init__(self, active: active_sc.ActiveSc) -> None:
+        self.active = active
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        leader = GaugeMetricFamily("sc_leader", "1 while this SC holds its store's claim and may write, else 0")
+        leader.add_metric([], 1 if self.active.leading else 0)
+        yield leader
+        fenced = CounterMetricFamily(
+            "sc_fenced_writes", "Writes the store refused because the claim they carried was not its claim any more"
+        )
+        fenced.add_metric([], self.active.fenced_writes)
+        yield fenced
+        losses = CounterMetricFamily("sc_claim_losses", "Times this SC lost its store's claim while holding it")
+        losses.add_metric([], self.active.losses)
+        yield losses
 
 
 class _HistoryCollector(Collector):

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +30,14 @@ _HOLDER_CHARS = 300
 # A renewal that fails is sent again after this pause while the lease may still be alive.
 _RETRY_PAUSE_SECONDS = 0.2
 _MIN_ATTEMPT_SECONDS = 1.0
+# An unconditional delete through the guard reads the key's revision and deletes at it: a key
+# rewritten between the two that many times in a row gives up with the last Conflict.
+_DELETE_ATTEMPTS = 10
+
+
+class Fenced(kv.Unavailable):
+    """The store refused a write of this SC: the claim the write was sent under is not the store's
+    claim any more (it expired, or another SC holds it now), whatever this SC believed."""
 
 
 class AnotherScActive(Exception):
@@ -108,8 +117,9 @@ class ActiveSc:
 
     Writes are allowed only while ACTIVE and before the lease's TTL has passed since the last
     keep-alive that etcd answered (counted from when it was sent, so never later than etcd's own
-    expiry). This does not fence a write already sent when the lease lapses; fencing each write
-    with a compare on the claim comes with SC high availability.
+    expiry). That is this SC's own belief; the store has the last word: every write carries, in
+    its transaction, a compare on the claim's revision (see GuardedStore), so a write sent by an
+    SC that lost the claim without knowing it (paused, cut off) is refused by the store itself.
     """
 
     def __init__(self, kv_store: kv.KVStore, ttl: int = DEFAULT_TTL) -> None:
@@ -127,6 +137,8 @@ class ActiveSc:
         self._valid_until = 0.0
         self._lost_because = ""
         self._warned_unreachable = False
+        self.fenced_writes = 0  # writes the store refused: their claim was not the store's any more
+        self.losses = 0  # times this SC lost the claim while it held it
 
     # ------------------------------------------------------------------ for the daemon
 
@@ -205,6 +217,26 @@ class ActiveSc:
         if problem is not None:
             raise kv.Unavailable(f"this SC may not write: {problem}")
 
+    @property
+    def leading(self) -> bool:
+        """Whether this SC holds the claim and may write now, as far as it knows (readable from any
+        thread, as metrics are: the event loop's clock is time.monotonic)."""
+        return self.state is State.ACTIVE and time.monotonic() < self._valid_until
+
+    def fence(self) -> kv.Compare:
+        """The compare every write of this SC carries: the claim is still the one it made (a
+        leased key is never rewritten, so its mod revision is its create revision)."""
+        self.check_writable()
+        return kv.Compare(KEY, self._claimed_revision)
+
+    def fenced(self, error: kv.Conflict) -> Fenced:
+        """The store refused a write on the fence: the claim is lost, whatever this SC believed."""
+        self.fenced_writes += 1
+        now = "absent" if error.actual == 0 else f"at revision {error.actual}"
+        if self.state is State.ACTIVE:
+            self._lose(f"the store refused a write: the claim made at revision {error.expected} is {now}")
+        return Fenced(f"this SC may not write: the store's claim {self.key} is not its own any more ({now})")
+
     # ------------------------------------------------------------------ internals
 
     def _activate(self, lease: int, revision: int, valid_until: float) -> None:
@@ -247,6 +279,7 @@ class ActiveSc:
             self._valid_until = sent + ttl
 
     def _lose(self, because: str) -> None:
+        self.losses += 1
         self.state = State.LOST
         self._valid_until = 0.0
         self._lost_because = because
@@ -278,28 +311,74 @@ class ActiveSc:
 
 
 class GuardedStore(kv.ForwardingStore):
-    """The store as this SC's pipeline and API see it: reads pass, writes only while it may write."""
+    """The store as this SC's pipeline and API see it: reads pass; every write is a transaction
+    that also compares the store's claim with this SC's (ActiveSc.fence), so it applies only while
+    this SC holds the claim in the store's own view. The fence goes first: a Conflict naming the
+    claim's key is a fenced write (Fenced), any other keeps the meaning it has for the caller."""
 
     def __init__(self, inner: kv.KVStore, active: ActiveSc) -> None:
         super().__init__(inner)
         self.active = active
 
+    @property
+    def reserved_request_bytes(self) -> int:  # type: ignore[override]  # KVStore declares a plain attribute
+        # The fence at the largest revision there can be: callers' requests plus the fence always fit.
+        fence = kv.RequestSize(self.inner.prefix, self.inner.max_request_bytes).compare_bytes(KEY, 2**63 - 1)
+        return self.inner.reserved_request_bytes + fence
+
     async def create(self, key: str, value: bytes) -> int:
-        self.active.check_writable()
-        return await self.inner.create(key, value)
+        try:
+            return await self._fenced_txn([kv.Compare(key, 0)], [kv.Put(key, value)])
+        except kv.Conflict as error:
+            raise kv.AlreadyExists(key, error.actual) from None
 
     async def update(self, key: str, value: bytes, mod_revision: int) -> int:
-        self.active.check_writable()
-        return await self.inner.update(key, value, mod_revision)
+        try:
+            return await self._fenced_txn([kv.Compare(key, mod_revision)], [kv.Put(key, value)])
+        except kv.Conflict as error:
+            if error.actual == 0:
+                raise kv.NotFound(key) from None
+            raise
 
     async def delete(self, key: str, mod_revision: int | None = None) -> int:
-        self.active.check_writable()
-        return await self.inner.delete(key, mod_revision)
+        for attempt in range(_DELETE_ATTEMPTS):
+            expected = mod_revision
+            if expected is None:
+                # "Whatever it is": at the revision it has now (a compare is what carries the fence).
+                current = await self.inner.get(key)
+                if current is None:
+                    raise kv.NotFound(key)
+                expected = current.mod_revision
+            try:
+                return await self._fenced_txn([kv.Compare(key, expected)], [kv.Delete(key)])
+            except kv.Conflict as error:
+                if error.actual == 0:
+                    raise kv.NotFound(key) from None
+                if mod_revision is not None or attempt == _DELETE_ATTEMPTS - 1:
+                    raise
+                # Changed between the read and the delete: delete what it is now.
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
-        if operations:
-            self.active.check_writable()
-        return await self.inner.txn(compares, operations)
+        if not operations:
+            return await self.inner.txn(compares, operations)  # a check writes nothing: no fence
+        return await self._fenced_txn(compares, operations)
+
+    async def _fenced_txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
+        # Checked here, against what callers may send: the limits less the fence.
+        if len(compares) > kv.MAX_TXN_WRITES or len(operations) > kv.MAX_TXN_OPS:
+            raise ValueError(
+                f"a transaction of the SC holds at most {kv.MAX_TXN_OPS} operations and {kv.MAX_TXN_WRITES} compares "
+                f"(one more is its fence), got {len(operations)} and {len(compares)}"
+            )
+        kv.request_size(self).check(compares, operations)
+        fence = self.active.fence()
+        try:
+            return await self.inner.txn([fence, *compares], operations)
+        except kv.Conflict as error:
+            if error.key == fence.key:
+                raise self.active.fenced(error) from None
+            raise
 
     async def compact(self, revision: int) -> None:
         self.active.check_writable()

@@ -522,8 +522,7 @@ class EtcdStore(kv.KVStore):
         compares (or whose history is compacted) is reported as a Conflict once the keys changed.
         If the deadline passes while the outcome is unknown, the Unavailable says so.
         """
-        if len(operations) > kv.MAX_TXN_OPS:
-            raise ValueError(f"a transaction holds at most {kv.MAX_TXN_OPS} operations, got {len(operations)}")
+        kv.check_txn_length(compares, operations)
         self._request_size.check(compares, operations)
         prefix = self._prefix_bytes
         written_keys = [prefix + operation.key.encode() for operation in operations]

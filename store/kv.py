@@ -86,13 +86,14 @@ class TooLarge(StoreError, ValueError):
     like any other malformed request).
     """
 
-    def __init__(self, size: int, limit: int) -> None:
+    def __init__(self, size: int, limit: int, reserved: int = 0) -> None:
         self.size = size
         self.limit = limit
+        reserve = f" and {reserved} for the SC's fence on its claim, sent with every write" if reserved else ""
         super().__init__(
-            f"a request of {size} bytes is too large: the store takes at most {limit - REQUEST_ENVELOPE_BYTES} "
+            f"a request of {size} bytes is too large: the store takes at most {limit - REQUEST_ENVELOPE_BYTES - reserved} "
             f"(its limit of {limit} bytes, etcd's --max-request-bytes and the setting etcd_max_request_bytes, "
-            f"less {REQUEST_ENVELOPE_BYTES} for etcd's own envelope)"
+            f"less {REQUEST_ENVELOPE_BYTES} for etcd's own envelope{reserve})"
         )
 
 
@@ -204,6 +205,9 @@ class KVStore(abc.ABC):
 
     prefix: str
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    # Bytes of every request a wrapper adds to what its caller sends (the active-SC guard's fence):
+    # a caller's request must fit in the limit less these.
+    reserved_request_bytes: int = 0
 
     @abc.abstractmethod
     async def get(self, key: str) -> KeyValue | None:
@@ -303,6 +307,10 @@ class ForwardingStore(KVStore):
     def max_request_bytes(self) -> int:  # type: ignore[override]  # as prefix: the inner store's
         return self.inner.max_request_bytes
 
+    @property
+    def reserved_request_bytes(self) -> int:  # type: ignore[override]  # as prefix: the inner store's
+        return self.inner.reserved_request_bytes
+
     async def get(self, key: str) -> KeyValue | None:
         return await self.inner.get(key)
 
@@ -349,13 +357,26 @@ class ForwardingStore(KVStore):
         return self.inner.stopped()
 
 
-# Largest number of operations etcd accepts in one transaction by default (--max-txn-ops).
+# Largest number of operations etcd accepts in one transaction by default (--max-txn-ops); it
+# limits a transaction's compares to as many.
 MAX_TXN_OPS = 128
+# One compare of every write transaction of the SC is its fence on the store's claim
+# (store/active_sc.py): the writes, each with its compare, that one such transaction may hold.
+MAX_TXN_WRITES = MAX_TXN_OPS - 1
+
+
+def check_txn_length(compares: Sequence[Compare], operations: Sequence[Operation], limit: int = MAX_TXN_OPS) -> None:
+    """Raise ValueError if the transaction holds more operations or compares than etcd takes."""
+    if len(operations) > limit or len(compares) > limit:
+        raise ValueError(
+            f"a transaction holds at most {limit} operations and {limit} compares, "
+            f"got {len(operations)} and {len(compares)}"
+        )
 
 
 def request_size(store: KVStore) -> RequestSize:
     """How ``store`` counts the size of a request, and its limit."""
-    return RequestSize(store.prefix, store.max_request_bytes)
+    return RequestSize(store.prefix, store.max_request_bytes, store.reserved_request_bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,15 +385,17 @@ class RequestSize:
     (a TxnRequest), keys under ``prefix``. Arithmetic only, so both backends count alike (a test
     checks it against the encoded etcd messages).
 
-    ``budget``: the largest request that passes (the limit less etcd's envelope).
+    ``budget``: the largest request that passes (the limit less etcd's envelope, and less what a
+    wrapper adds to every request: ``reserved``).
     """
 
     prefix: str
     max_request_bytes: int
+    reserved: int = 0
 
     @property
     def budget(self) -> int:
-        return self.max_request_bytes - REQUEST_ENVELOPE_BYTES
+        return self.max_request_bytes - REQUEST_ENVELOPE_BYTES - self.reserved
 
     def key_bytes(self, key: str) -> int:
         return len(self.prefix.encode()) + len(key.encode())
@@ -419,7 +442,7 @@ class RequestSize:
         """Raise TooLarge if the transaction would be above the limit."""
         size = self.txn_bytes(compares, operations)
         if size > self.budget:
-            raise TooLarge(size, self.max_request_bytes)
+            raise TooLarge(size, self.max_request_bytes, self.reserved)
 
 
 # Tags and length prefixes of one compare and one put (lengths below 2**35): 25 + 24 bytes.

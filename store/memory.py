@@ -97,10 +97,7 @@ class MemoryStore(kv.KVStore):
 
     async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
         self._check_open()
-        if len(operations) > kv.MAX_TXN_OPS:
-            raise ValueError(
-                f"a transaction holds at most {kv.MAX_TXN_OPS} operations, got {len(operations)}"
-            )
+        kv.check_txn_length(compares, operations)
         self._request_size.check(compares, operations)
         for compare in compares:
             record = self._data.get(compare.key)

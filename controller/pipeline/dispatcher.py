@@ -89,7 +89,7 @@ class ActionDispatcher:
         # partitions) sends every election at once; with 8, the second half waited until the
         # first half's watch events had been taken in (~300 ms).
         max_batches_in_flight: int = 16,
-        max_batch_writes: int = kv.MAX_TXN_OPS,
+        max_batch_writes: int = kv.MAX_TXN_WRITES,
         initial_backoff: float = 0.1,
         max_backoff: float = 5.0,
     ) -> None:

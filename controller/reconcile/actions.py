@@ -81,8 +81,8 @@ def create_partitions(topic: str, partitions: Sequence[models.Partition], reason
     ``topics/<topic>/partitions/<first index>``, apart from the topic's own key, so a status
     write to the topic does not wait for its partitions. At most 128 partitions per action.
     """
-    if not 0 < len(partitions) <= kv.MAX_TXN_OPS:
-        raise ValueError(f"create_partitions takes 1 to {kv.MAX_TXN_OPS} partitions, got {len(partitions)}")
+    if not 0 < len(partitions) <= kv.MAX_TXN_WRITES:
+        raise ValueError(f"create_partitions takes 1 to {kv.MAX_TXN_WRITES} partitions, got {len(partitions)}")
     writes = tuple(Write(partition.key, models.encode(partition), 0) for partition in partitions)
     return Action(
         "topics", topic, Verb.CREATE_PARTITIONS, reason, writes, 0, tuple(partitions),
@@ -160,8 +160,8 @@ def provision(chain_key: str, chain_value: bytes, chain_revision: int, topics: S
         writes.append(Write(item.topic.key, item.value or models.encode(item.topic), item.topic_revision))
         writes += [Write(partition.key, models.encode(partition), 0) for partition in item.partitions]
         objects += [item.topic, *item.partitions]
-    if len(writes) > kv.MAX_TXN_OPS:
-        raise ValueError(f"a provision action holds at most {kv.MAX_TXN_OPS} writes, got {len(writes)}")
+    if len(writes) > kv.MAX_TXN_WRITES:
+        raise ValueError(f"a provision action holds at most {kv.MAX_TXN_WRITES} writes, got {len(writes)}")
     names = ",".join(item.topic.name for item in topics)
     reasons = "; ".join(f"{item.topic.name}: {item.reason}" for item in topics)
     return Action(

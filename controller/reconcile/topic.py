@@ -28,7 +28,7 @@ PROVISIONED = models.TopicResolution.PROVISIONED
 HAS_PARTITIONS = (PROVISIONED, INSUFFICIENT, INVALID, PENDING)
 
 # Writes one provision transaction may carry: the chain key plus topic statuses and partitions.
-PROVISION_WRITES = kv.MAX_TXN_OPS
+PROVISION_WRITES = kv.MAX_TXN_WRITES
 # The store's request size when none is given: etcd's default limit, the default key prefix.
 DEFAULT_REQUEST_SIZE = kv.RequestSize(kv.DEFAULT_PREFIX, kv.DEFAULT_MAX_REQUEST_BYTES)
 
@@ -574,8 +574,8 @@ def _partition_actions(
             if (name := models.partition_name(topic.name, index)) not in partitions
             and not busy(models.object_key("partitions", name))
         ]
-        for start in range(0, len(missing), kv.MAX_TXN_OPS):
-            chunk = missing[start : start + kv.MAX_TXN_OPS]
+        for start in range(0, len(missing), kv.MAX_TXN_WRITES):
+            chunk = missing[start : start + kv.MAX_TXN_WRITES]
             decided.append(
                 actions.create_partitions(topic.name, chunk, f"{_describe_indexes(chunk)} of topic {topic.name}")
             )

@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import parser
 
 from connection_manager.spu import simulator
-from store import embedded_etcd, models
+from store import active_sc, embedded_etcd, models
+from tests import builders
 from tests.fixtures.daemon import Running, etcd_settings, running
 
 pytestmark = pytest.mark.etcd
@@ -97,3 +98,30 @@ async def test_metrics_show_the_election_by_cause_and_the_partition_left_without
     finally:
         for spu in spus.values():
             await spu.stop()
+
+
+async def test_a_deposed_sc_is_fenced_by_the_store_and_says_so_in_its_metrics(sc: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SC's claim is replaced by another SC's behind its back, and it does not hear of it (its
+    keep-alives are not getting through: a pause, a partition). The next write it is asked for is
+    refused by etcd itself, changes nothing, and is counted; the SC knows it is no longer leader."""
+    active = sc.daemon.active
+    assert active is not None
+    scraped = await scrape(sc)
+    assert [sample(scraped, name) for name in ("sc_leader", "sc_fenced_writes_total", "sc_claim_losses_total")] == [1.0, 0.0, 0.0]
+
+    async def unheard() -> None:
+        """A keep-alive that does not get through, and so tells this SC nothing."""
+
+    monkeypatch.setattr(active, "_renew", unheard)
+    claim = await builders.present(sc.kv_store, active_sc.KEY)
+    await sc.kv_store.delete(active_sc.KEY, claim.mod_revision)
+    other = active_sc.Identity("other", "elsewhere", 4242, "10.9.9.9:9003", "2026-11-27T00:00:00+00:00")
+    await sc.kv_store.create(active_sc.KEY, other.encode())
+    before = await sc.kv_store.revision()
+    assert active.leading  # as far as it knows
+    status, body = await sc.call("POST", "/v1/topics", {"name": "late", "spec": {"partitions": 1, "replicationFactor": 1}})
+    assert status == 503 and "is not its own any more" in body["error"]["message"], body
+    assert await sc.kv_store.revision() == before
+    assert await sc.kv_store.get("topics/late") is None
+    scraped = await scrape(sc)
+    assert [sample(scraped, name) for name in ("sc_leader", "sc_fenced_writes_total", "sc_claim_losses_total")] == [0.0, 1.0, 1.0]

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from store import active_sc, kv, memory
+from tests import builders
 
 
 class Flaky(kv.ForwardingStore):
@@ -174,3 +175,66 @@ def test_a_claim_value_no_sc_wrote_is_not_an_identity(value: bytes) -> None:
 def test_an_identity_reads_back_as_written() -> None:
     identity = active_sc.Identity("abc123", "host-1", 4242, "10.0.0.1:9003", "2026-11-27T00:00:00+00:00")
     assert active_sc.Identity.decode(identity.encode()) == identity
+
+
+async def test_a_deposed_sc_s_writes_are_refused_by_the_store_whatever_it_believes(kv_store: kv.KVStore) -> None:
+    """SC A holds the claim and believes it still does (a pause or a partition kept it from
+    hearing otherwise: its lease is not checked again here); meanwhile its claim went and SC B
+    claimed the store. Every kind of write A sends is refused by the store itself, counted, and
+    changes nothing; A knows it lost the claim. B writes as usual."""
+    backend = kv_store
+    a, b = active_sc.ActiveSc(backend, ttl=10), active_sc.ActiveSc(backend, ttl=10)
+    await a.acquire("sc-a:9003")
+    as_a, as_b = active_sc.GuardedStore(backend, a), active_sc.GuardedStore(backend, b)
+    kept = await as_a.create("topics/kept", b"A's, while it led")
+    # A's claim goes behind its back (its lease revoked, as an expiry would), and B claims the store.
+    assert a._lease is not None
+    await backend.revoke_lease(a._lease)
+    await b.acquire("sc-b:9003")
+    try:
+        assert a.state is active_sc.State.ACTIVE and a.leading  # A has not noticed anything
+        before = await backend.revision()
+        writes = [
+            lambda: as_a.create("topics/new", b"A's"),
+            lambda: as_a.update("topics/kept", b"A's again", kept),
+            lambda: as_a.delete("topics/kept", kept),
+            lambda: as_a.delete("topics/kept"),
+            lambda: as_a.txn([kv.Compare("topics/kept", kept)], [kv.Put("topics/kept", b"A's"), kv.Delete("topics/other")]),
+        ]
+        with pytest.raises(active_sc.Fenced, match="is not its own any more"):
+            await writes[0]()
+        assert (a.state, a.leading, a.fenced_writes, a.losses) == (active_sc.State.LOST, False, 1, 1)
+        # Once A knows, it refuses its writes itself (plain Unavailable), without asking the store.
+        for write in writes[1:]:
+            with pytest.raises(kv.Unavailable):
+                await write()
+        assert await backend.revision() == before
+        assert (await builders.present(backend, "topics/kept")).value == b"A's, while it led"
+        # B, the store's active SC now, writes.
+        assert await as_b.update("topics/kept", b"B's", kept) > before
+    finally:
+        await b.release()
+        await a.release()
+
+
+async def test_each_kind_of_write_carries_the_fence(kv_store: kv.KVStore) -> None:
+    """Refused by the store, not by A's own belief: A never learns of the loss before each write."""
+    backend = kv_store
+    kept = await backend.create("topics/kept", b"before")
+    writes = {
+        "create": lambda guarded: guarded.create("topics/new", b"x"),
+        "update": lambda guarded: guarded.update("topics/kept", b"x", kept),
+        "delete at a revision": lambda guarded: guarded.delete("topics/kept", kept),
+        "delete": lambda guarded: guarded.delete("topics/kept"),
+        "txn": lambda guarded: guarded.txn([], [kv.Put("topics/new", b"x")]),
+    }
+    for name, write in writes.items():
+        a = active_sc.ActiveSc(backend, ttl=10)
+        await a.acquire(f"sc-{name}:9003")
+        assert a._lease is not None
+        await backend.revoke_lease(a._lease)  # the claim is gone; A believes it holds it
+        before = await backend.revision()
+        with pytest.raises(active_sc.Fenced):
+            await write(active_sc.GuardedStore(backend, a))
+        assert (await backend.revision(), a.fenced_writes) == (before, 1), name
+        await a.release()

@@ -247,10 +247,10 @@ def test_many_pending_topics_share_one_transaction_within_the_limit() -> None:
     decided = topic.decide(snapshot_of(*spus, *pending), topic.Inputs())
     assert len(decided) == 1
     writes = decided[0].writes
-    assert len(writes) == 128
-    # After the chain key, 127 topic statuses; the other topics wait for the next pass.
-    assert decided[0].name == ",".join(f"t{index:03d}" for index in range(127))
-    assert json.loads(builders.written(writes[0])) == {"nextStartIndex": 1270}
+    assert len(writes) == kv.MAX_TXN_WRITES == 127
+    # After the chain key, 126 topic statuses; the other topics wait for the next pass.
+    assert decided[0].name == ",".join(f"t{index:03d}" for index in range(126))
+    assert json.loads(builders.written(writes[0])) == {"nextStartIndex": 1260}
 
 
 def test_a_topic_with_more_partitions_than_a_transaction_holds_creates_them_in_chunks() -> None:
@@ -259,10 +259,10 @@ def test_a_topic_with_more_partitions_than_a_transaction_holds_creates_them_in_c
     existing = models.Partition(name="big-5", spec=models.PartitionSpec(leader=1, replicas=[1]))
     decided = topic.decide(snapshot_of((make_spu(0), 1), (make_spu(1), 2), (provisioned, 3), (existing, 4)), topic.Inputs())
     assert [(action.key, len(action.writes)) for action in decided] == [
-        ("topics/big/partitions/0", 128), ("topics/big/partitions/129", 128), ("topics/big/partitions/257", 43),
+        ("topics/big/partitions/0", 127), ("topics/big/partitions/128", 127), ("topics/big/partitions/255", 45),
     ]
-    assert decided[0].reason == "partitions 0..4, 6..128 of topic big"
-    assert decided[1].reason == "partitions 129..256 of topic big"
+    assert decided[0].reason == "partitions 0..4, 6..127 of topic big"
+    assert decided[1].reason == "partitions 128..254 of topic big"
     created = [write.key for action in decided for write in action.writes]
     assert sorted(created) == sorted(f"partitions/big-{index}" for index in range(300) if index != 5)
 

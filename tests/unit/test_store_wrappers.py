@@ -1,6 +1,7 @@
 """The stores the daemon wraps around its backend (the active-SC guard, the history's attribution)
 are the backend to every reader: same limits, same prefix, same health, every method forwarded.
-A wrapper that falls back on KVStore's defaults lies about the store it wraps."""
+A wrapper that falls back on KVStore's defaults lies about the store it wraps. The guard also
+reserves the bytes of its fence in every request, for whatever is wrapped around it too."""
 
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ def wrappers(inner: kv.KVStore, tmp_path: Path) -> list[kv.KVStore]:
 
 def test_a_wrapper_reports_the_limit_the_prefix_and_the_health_of_what_it_wraps(tmp_path: Path) -> None:
     inner = Stopped(prefix="/other/", max_request_bytes=LIMIT)
-    for store in wrappers(inner, tmp_path):
+    fence = kv.request_size(inner).compare_bytes(active_sc.KEY, 2**63 - 1)
+    guarded, attributed, attributed_guarded = wrappers(inner, tmp_path)
+    for store, reserved in ((guarded, fence), (attributed, 0), (attributed_guarded, fence)):
         assert (store.prefix, store.max_request_bytes) == ("/other/", LIMIT), type(store).__name__
-        assert kv.request_size(store) == kv.request_size(inner), type(store).__name__
+        assert kv.request_size(store) == kv.RequestSize("/other/", LIMIT, reserved), type(store).__name__
         assert str(store.stopped()) == "the backend stopped for good", type(store).__name__
 
 

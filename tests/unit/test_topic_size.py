@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controller.reconcile import topic as topic_controller, topic_size
-from store import kv, models
+from store import active_sc, kv, models
 
 
 def computed(partitions: int, replication_factor: int, **spec: object) -> models.Topic:
@@ -87,15 +87,17 @@ def test_a_reason_is_cut_to_its_room() -> None:
 
 
 def test_the_largest_partition_action_fits_the_smallest_request_limit() -> None:
-    """The settings' floor for etcd_max_request_bytes: 128 partitions of the largest shape (a
-    63-character topic, replication factor 128, 10-digit SPU ids) in one transaction."""
+    """The settings' floor for etcd_max_request_bytes: a transaction's worth of partitions of the
+    largest shape (a 63-character topic, replication factor 128, 10-digit SPU ids), with the SC's
+    fence."""
     from controller import config
     from controller.reconcile import actions
 
     floor = config.Settings.model_fields["etcd_max_request_bytes"].metadata[0].ge
     topic = models.Topic.model_validate({"name": "t" * 63, "spec": {"partitions": 100_000, "replicationFactor": 128}})
     widest = [2**31 - 1 - offset for offset in range(128)]
-    partitions = [models.new_partition(topic, 99_999 - index, widest) for index in range(kv.MAX_TXN_OPS)]
+    partitions = [models.new_partition(topic, 99_999 - index, widest) for index in range(kv.MAX_TXN_WRITES)]
     action = actions.create_partitions(topic.name, partitions, "largest")
-    request_size = kv.RequestSize("/sc/" + "p" * 200 + "/", floor)
+    prefix = "/sc/" + "p" * 200 + "/"
+    request_size = kv.RequestSize(prefix, floor, kv.RequestSize(prefix, floor).compare_bytes(active_sc.KEY, 2**63 - 1))
     assert request_size.writes_bound(len(action.writes), action.key_bytes, action.value_bytes) <= request_size.budget

@@ -328,8 +328,8 @@ async def test_a_topic_too_large_to_store_is_refused_by_create_dry_run_and_add_p
     ]
     message = (
         "topic 'huge' with 65535 partitions at replication factor 5 would take up to 1627424 bytes in the store, "
-        "above the 1571092 bytes one topic may take (etcd's request limit, etcd_max_request_bytes, is 1572864 bytes): "
-        "at replication factor 5 at most 63281 partitions fit with 2-digit SPU ids; use fewer partitions or a lower "
+        "above the 1571058 bytes one topic may take (etcd's request limit, etcd_max_request_bytes, is 1572864 bytes): "
+        "at replication factor 5 at most 63280 partitions fit with 2-digit SPU ids; use fewer partitions or a lower "
         "replication factor"
     )
     assert answers == [error("huge", Error.TOPIC_ERROR, message)] * 2
