@@ -77,7 +77,7 @@ class Identity:
         write the store can write there)."""
         try:
             fields = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
             return None
         if not isinstance(fields, dict) or set(fields) != {"id", "host", "pid", "address", "started"}:
             return None
@@ -100,7 +100,7 @@ def describe_holder(value: bytes) -> str:
             f"SC {fields['id']} (pid {fields['pid']} on host {fields['host']}, "
             f"public address {fields['address']}, active since {fields['started']})"
         )
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         text = f"an unknown holder (value {value[:60]!r})"
     return text if len(text) <= _HOLDER_CHARS else text[: _HOLDER_CHARS - 3] + "..."
 

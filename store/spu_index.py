@@ -29,7 +29,7 @@ def decode_holder(value: bytes) -> str | None:
     """The SPU an index value names; None for a value that is not ours (written by hand)."""
     try:
         holder = json.loads(value)["spu"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: nested too deep to parse
         return None
     return holder if isinstance(holder, str) else None
 

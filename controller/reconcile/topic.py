@@ -49,7 +49,8 @@ def read_chain(snapshot: local.Snapshot) -> Chain:
     value, mod_revision = stored
     try:
         start_index = int(json.loads(value)["nextStartIndex"])
-    except (ValueError, KeyError, TypeError, OverflowError):  # OverflowError: 1e400 is infinity
+    # OverflowError: 1e400 is infinity; RecursionError: nested deeper than the parser goes.
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
         start_index = 0  # a hand-edited, unreadable chain restarts at 0 rather than stalling
     return Chain(start_index, mod_revision)
 

@@ -166,10 +166,13 @@ async def test_a_keep_alive_that_hangs_is_given_up_and_sent_again_within_the_lea
         b'{"id": "a", "host": "h", "pid": true, "address": "x:1", "started": "t"}',  # a boolean for the pid
         b'{"id": "a", "host": "h", "pid": -1, "address": "x:1", "started": "t"}',
         b'{"id": "' + b"a" * 301 + b'", "host": "h", "pid": 1, "address": "x:1", "started": "t"}',  # too long to show
+        b"[" * 100_000 + b"]" * 100_000,  # nested deeper than the JSON parser recurses
+        b"\xff\xfe",  # not UTF-8
     ],
 )
 def test_a_claim_value_no_sc_wrote_is_not_an_identity(value: bytes) -> None:
     assert active_sc.Identity.decode(value) is None
+    assert active_sc.describe_holder(value)  # described for a person, whatever it is, without raising
 
 
 def test_an_identity_reads_back_as_written() -> None:

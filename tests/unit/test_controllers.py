@@ -766,7 +766,10 @@ def test_a_stored_topic_whose_preferred_spu_is_no_id_is_invalid_not_a_crash() ->
 
 @pytest.mark.parametrize(
     "stored",
-    [b'{"nextStartIndex": 1e400}', b'{"nextStartIndex": NaN}', b'{"nextStartIndex": ' + b"9" * 5000 + b"}", b"[]", b"\xff"],
+    [
+        b'{"nextStartIndex": 1e400}', b'{"nextStartIndex": NaN}', b'{"nextStartIndex": ' + b"9" * 5000 + b"}", b"[]", b"\xff",
+        b"[" * 100_000 + b"]" * 100_000,  # nested deeper than the JSON parser recurses
+    ],
 )
 def test_a_hand_edited_chain_that_is_no_number_restarts_at_0(stored: bytes) -> None:
     assert topic.read_chain(snapshot_of(meta={topic.CHAIN_KEY: (stored, 7)})) == topic.Chain(0, 7)

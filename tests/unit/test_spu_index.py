@@ -55,4 +55,5 @@ def test_the_index_names_the_holder_of_a_shared_id_else_the_first_created(
 def test_the_index_key_and_its_value() -> None:
     assert spu_index.index_key(7) == KEY
     assert spu_index.decode_holder(spu_index.encode_holder("spu-7")) == "spu-7"
-    assert [spu_index.decode_holder(value) for value in (b"", b"[]", b'{"spu": 7}', b'{"other": "x"}')] == [None] * 4
+    nested = b"[" * 100_000 + b"]" * 100_000  # deeper than the JSON parser recurses
+    assert [spu_index.decode_holder(value) for value in (b"", b"[]", b'{"spu": 7}', b'{"other": "x"}', nested)] == [None] * 5
