@@ -26,7 +26,7 @@ def describe(context: context_module.Context) -> dict[str, Any]:
         "role": "leader" if leading else "standby",
         "address": identity.address if identity is not None else None,
     }
-    claim = context.local_store.snapshot().meta(active_sc.KEY)
+    claim = context.local_store.meta.values.get(active_sc.KEY)
     leader: dict[str, Any] | None = None
     if claim is not None:
         value, revision = claim
