@@ -200,6 +200,7 @@ class PartitionController:
         # SPUs hear of their new leaders before the in-sync changes take the event loop.
         self._electing: set[str] = set()
         self._holding_since: float | None = None
+        self._hold_ends: asyncio.TimerHandle | None = None  # wakes the loop when a hold times out
         # Partitions left out of a pass because a write to them was in flight: looked at again
         # once it is back (or failed), without deciding them twice meanwhile.
         self._set_aside: set[str] = set()
@@ -284,9 +285,14 @@ class PartitionController:
         if names is None or not self._electing:
             self._holding_since = None
             return False
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         if self._holding_since is None:
             self._holding_since = now
+            # What waits is done at the latest then, even if nothing else wakes the loop.
+            if self._hold_ends is not None:
+                self._hold_ends.cancel()
+            self._hold_ends = loop.call_at(now + HOLD_SECONDS, self.loop.kick)
         return now - self._holding_since < HOLD_SECONDS
 
     def _of_spus(self, spu_changes: local.Changes[models.Spu]) -> set[str]:

@@ -1,0 +1,96 @@
+"""The partition controller's pass state (controller/pipeline/controllers.py), driven pass by pass
+on a fast-forwarded loop clock: while elections it submitted are on their way, only leaderless
+partitions are decided, for at most HOLD_SECONDS, and a kick ends the hold even if nothing else
+happens; a partition whose write is in flight is left out of a pass and looked at once it is
+free, without being decided twice meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from connection_manager import health as health_module
+from connection_manager import lrs
+from controller import config, context as context_module, metrics
+from controller.pipeline import controllers, dispatcher as dispatcher_module
+from controller.reconcile import actions
+from store import local, memory, models
+from tests.unit.test_election import SPUS, part
+
+ONLINE, OFFLINE = health_module.Health.ONLINE, health_module.Health.OFFLINE
+
+
+def named(partition: models.Partition, name: str) -> models.Partition:
+    return partition.model_copy(update={"name": name})
+
+
+def no_changes() -> dict[str, local.Changes[Any]]:
+    nothing: local.Changes[Any] = local.Changes(full=False, updated=[], deleted=[], epoch=0)
+    return {"partitions": nothing, "spus": nothing}
+
+
+class Passes:
+    """A partition controller over SPUs 0-2 with SPU 0 gone: it led led-0 and followed
+    followed-0. ``busy`` holds the keys whose write is in flight, as the test says."""
+
+    def __init__(self) -> None:
+        store = memory.MemoryStore()
+        self.local_store = local.LocalStore()
+        for revision, spu in enumerate(SPUS, start=1):
+            self.local_store["spus"].apply(spu, revision)
+        self.local_store["partitions"].apply(named(part(0, [0, 1, 2]), "led-0"), 10)
+        self.local_store["partitions"].apply(named(part(1, [1, 0, 2]), "followed-0"), 11)
+        instance_metrics = metrics.Metrics()
+        context = context_module.Context(
+            settings=config.Settings(), kv_store=store, local_store=self.local_store, metrics=instance_metrics
+        )
+        dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
+        loop = asyncio.get_running_loop()
+        health = health_module.HealthView(started_at=loop.time())
+        for spu_id, state in ((0, OFFLINE), (1, ONLINE), (2, ONLINE)):
+            health.set(spu_id, state, loop.time(), incarnation=spu_id + 1)
+        live = lrs.LiveReplicas()
+        spus = controllers.SpuController(context, dispatcher, health, live)
+        self.controller = controllers.PartitionController(context, dispatcher, health, live, spus)
+        self.busy: set[str] = set()
+        self.controller.loop.busy = lambda key: key in self.busy  # type: ignore[method-assign]  # the writes in flight, as the test says
+
+    def decide(self) -> list[tuple[str, actions.Verb]]:
+        """One pass with no change from the store: what it decides."""
+        decided = self.controller.decide(self.local_store.snapshot(), no_changes())
+        return [(action.name, action.verb) for action in decided]
+
+
+@pytest.mark.looptime
+async def test_in_sync_changes_wait_for_the_elections_in_flight_at_most_the_hold() -> None:
+    passes = Passes()
+    controller, busy, decide = passes.controller, passes.busy, passes.decide
+    # The first pass (a full one) elects alone; the follower's in-sync change is postponed.
+    assert decide() == [("led-0", actions.Verb.ELECT)]
+    busy.add("partitions/led-0")  # its write is on its way
+    controller.on_news({"led-0"})  # a report about it arrives meanwhile
+    controller.loop._kick.clear()
+    # While the election is in flight: not decided again, and the in-sync change waits.
+    assert decide() == []
+    assert not controller.loop._kick.is_set()  # nothing to do until the election is back
+    await asyncio.sleep(controllers.HOLD_SECONDS)
+    # The hold ends on its own: the loop is woken to do what waited.
+    assert controller.loop._kick.is_set()
+    assert decide() == [("followed-0", actions.Verb.UPDATE_STATUS)]
+    # Once its write is back, the partition set aside is looked at again (here: elected again,
+    # as this snapshot never saw the write).
+    busy.clear()
+    assert decide() == [("led-0", actions.Verb.ELECT)]
+
+
+@pytest.mark.looptime
+async def test_the_hold_ends_as_soon_as_the_elections_are_back() -> None:
+    passes = Passes()
+    busy, decide = passes.busy, passes.decide
+    assert decide() == [("led-0", actions.Verb.ELECT)]
+    busy.add("partitions/led-0")
+    assert decide() == []
+    busy.clear()  # the election is written and back
+    assert decide() == [("followed-0", actions.Verb.UPDATE_STATUS)]
