@@ -25,6 +25,7 @@ from store import kv
 
 _log = logging.getLogger(__name__)
 
+
 class _Response(Protocol):
     """Every etcd answer carries a header (its cluster id and the revision it reflects)."""
 

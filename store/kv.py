@@ -365,11 +365,11 @@ MAX_TXN_OPS = 128
 MAX_TXN_WRITES = MAX_TXN_OPS - 1
 
 
-def check_txn_length(compares: Sequence[Compare], operations: Sequence[Operation], limit: int = MAX_TXN_OPS) -> None:
+def check_txn_length(compares: Sequence[Compare], operations: Sequence[Operation]) -> None:
     """Raise ValueError if the transaction holds more operations or compares than etcd takes."""
-    if len(operations) > limit or len(compares) > limit:
+    if len(operations) > MAX_TXN_OPS or len(compares) > MAX_TXN_OPS:
         raise ValueError(
-            f"a transaction holds at most {limit} operations and {limit} compares, "
+            f"a transaction holds at most {MAX_TXN_OPS} operations and {MAX_TXN_OPS} compares, "
             f"got {len(operations)} and {len(compares)}"
         )
 
