@@ -615,13 +615,18 @@ async def test_silence_longer_than_the_heartbeat_timeout_marks_the_spu_offline(c
 
 
 async def online_topic(cluster: Cluster, name: str, replicas: int, *offsets: tuple[int, int, dict[int, int]]) -> list[ScriptedSpu]:
-    """A one-partition topic led by SPU 0, whose leader reported ``offsets`` (hw, leo, followers)."""
+    """A one-partition topic led by SPU 0, whose leader reported ``offsets`` (hw, leo, followers).
+    Returns once the partition is Online and its leader was told that state: the leader proposes
+    at the epochs it was told, and the store is ahead of what it was told for a moment."""
     spus = [await cluster.connect(spu_id) for spu_id in range(replicas)]
     await create_topic(cluster.sc, name, 1, replicas)
     leader = spus[0]
     await leader.wait_for(lambda: f"{name}-0" in leader.replicas)
     for hw, leo, followers in offsets:
         await leader.report((f"{name}-0", hw, leo, followers))
+    online = await cluster.wait_partition(f"{name}-0", resolution="Online", leader=0)
+    epochs = (online.status.leader_epoch, online.status.partition_epoch)
+    await leader.wait_for(lambda: (leader.replicas[f"{name}-0"].leader_epoch, leader.replicas[f"{name}-0"].partition_epoch) == epochs)
     return spus
 
 
