@@ -322,9 +322,8 @@ class GuardedStore(kv.ForwardingStore):
 
     @property
     def reserved_request_bytes(self) -> int:  # type: ignore[override]  # KVStore declares a plain attribute
-        # The fence at the largest revision there can be, and the read-back of its key when it is
-        # a group commit's guard: callers' requests plus the fence always fit.
-        fence = kv.RequestSize(self.inner.prefix, self.inner.max_request_bytes).guards_bytes([kv.Compare(KEY, 2**63 - 1)])
+        # The fence at the largest revision there can be: callers' requests plus the fence always fit.
+        fence = kv.RequestSize(self.inner.prefix, self.inner.max_request_bytes).compare_bytes(KEY, 2**63 - 1)
         return self.inner.reserved_request_bytes + fence
 
     async def create(self, key: str, value: bytes, guards: Sequence[kv.Compare] = ()) -> int:
@@ -333,7 +332,8 @@ class GuardedStore(kv.ForwardingStore):
         if len(guards) + 1 >= kv.MAX_TXN_OPS:
             raise ValueError(f"a create of the SC carries at most {kv.MAX_TXN_OPS - 2} guards (one more is its fence), got {len(guards)}")
         size = kv.request_size(self)
-        total = size.create_bytes(key, len(value)) + size.guards_bytes(guards)
+        # The fence's compare is reserved; as a guard it also reads its key back when it fails.
+        total = size.create_bytes(key, len(value)) + size.guards_bytes(guards) + size.delete_bytes(KEY)
         if total > size.budget:
             raise kv.TooLarge(total, size.max_request_bytes, size.reserved)
         fence = self.active.fence()
