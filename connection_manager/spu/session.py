@@ -66,6 +66,7 @@ class ScSession:
         self._current = 0
         self._failed_in_row = 0  # addresses that failed since one accepted or named the leader
         self._named: tuple[str, int] | None = None  # the leader a standby named: tried next
+        self._standby_seen = False  # a standby refused this SPU since one last accepted it
         # With ``tls`` (the SC's CA, and this SPU's client certificate under mutual TLS): wss.
         self.tls = tls
         self.token = token
@@ -115,6 +116,12 @@ class ScSession:
                     continue  # straight to the leader the standby named
                 if not self._next_address():
                     continue  # another SC to try before waiting
+                if self._standby_seen:
+                    # SCs answer, and one will lead (an election, a takeover): no backing off.
+                    self._standby_seen = False
+                    backoff.reset()
+                    await asyncio.sleep(self.settings.leader_wait)
+                    continue
                 delay = backoff.next_delay()
                 self.log.debug("sc reconnect scheduled", delay=round(delay, 3), attempt=backoff.attempt)
                 await asyncio.sleep(delay)
@@ -128,6 +135,7 @@ class ScSession:
             self._current = (self._current + 1) % len(self.addresses)
         if self._synced_here:
             self._failed_in_row = 0
+            self._standby_seen = False
             return len(self.addresses) == 1
         self._failed_in_row += 1
         if self._failed_in_row >= len(self.addresses):
@@ -195,6 +203,7 @@ class ScSession:
             answer = await self._receive(ws, self.settings.request_timeout)
             if isinstance(answer, wire.Rejected):
                 self.last_rejection = answer
+                self._standby_seen = self._standby_seen or answer.code == NOT_LEADER
                 if self._follow(answer):
                     return True
                 log = self.log.info if answer.code == NOT_LEADER else self.log.error

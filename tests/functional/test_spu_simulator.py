@@ -360,6 +360,23 @@ async def test_a_standby_naming_no_usable_leader_is_not_followed(make_sc, runnin
     await eventually(lambda: _assert(len(standby.connections) >= 2 and spu.connected and leader.live(0) is not None), timeout=5.0)
 
 
+async def test_an_spu_refused_by_standbys_asks_again_without_backing_off(make_sc, running) -> None:
+    """The leader is gone and its standby still names it (its claim has not expired): the SPU goes
+    round the standby and the dead leader at a steady pace, not backing off towards seconds, so it
+    joins the standby soon after that one leads."""
+    port = free_port()
+    standby = make_sc([spu_info(0, port)], [])
+    await standby.start()
+    standby.standby_of = f"127.0.0.1:{free_port()}"  # nothing listens there
+    patient = SpuSettings(reconnect_initial=0.05, reconnect_max=5.0, leader_wait=0.05)
+    spu = running(SimulatedSpu(0, standby.address, settings=patient))
+    await spu.start()
+    # Backing off (0.05, 0.1, 0.2 ... 5 s) would take over 20 s to make 10 attempts.
+    await eventually(lambda: _assert(len(standby.connections) >= 10), timeout=5.0)
+    standby.standby_of = None  # it leads now
+    await eventually(lambda: _assert(spu.connected and standby.live(0) is not None), timeout=2.0)
+
+
 def test_sc_addresses_are_read_as_a_list() -> None:
     assert simulator.parse_addresses("a:1, b:2") == [("a", 1), ("b", 2)]
     assert simulator.parse_addresses("[::1]:9004") == [("::1", 9004)]
