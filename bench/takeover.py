@@ -106,7 +106,7 @@ class Sc:
         return None
 
 
-async def until(check, timeout: float, what: str, interval: float = 0.05):  # type: ignore[no-untyped-def]  # a bench helper over any check
+async def until(check, timeout: float, what: str, interval: float = 0.05):  # noqa: ANN001, ANN201 (a bench helper over any check)
     deadline = time.perf_counter() + timeout
     while True:
         found = await check()

@@ -272,6 +272,11 @@ class _ConnectionsCollector(Collector):
         )
         stale.add_metric([], stats.stale_entries)
         yield stale
+        paced = CounterMetricFamily(
+            "sc_spu_offsets_paced", "Offsets frames an SPU sent sooner than the protocol allows (its reading slowed down)"
+        )
+        paced.add_metric([], stats.offsets_paced)
+        yield paced
         proposals = CounterMetricFamily("sc_isr_proposals", "In-sync set proposals (AlterIsr) received from leaders")
         proposals.add_metric([], stats.proposals)
         yield proposals
