@@ -32,6 +32,9 @@ log = structlog.get_logger(__name__)
 
 REGISTER_TIMEOUT = 10.0  # seconds a new connection has to send its Register frame, then its Hosted frame
 DEFAULT_OFFSETS_INTERVAL = 1.0  # seconds: an SPU sends at most one Offsets frame this often
+DEFAULT_OFFSETS_ENTRIES_PER_SECOND = 20_000  # all SPUs together, at most (the interval grows to keep it)
+MAX_OFFSETS_INTERVAL = 60.0  # seconds: the longest interval the partition count makes
+OFFSETS_JITTER = 0.9  # an Offsets frame this share of the interval after the previous one is on time
 SEND_QUEUE_LIMIT = 1_000  # frames queued for one SPU before it is considered stuck
 HEARTBEAT_SECOND_LOOK = 0.5  # seconds
 # A refused connection is logged once per (cause, peer address) in this many seconds; the
@@ -77,6 +80,7 @@ class Session:
         self.last_frame_at = asyncio.get_running_loop().time()
         self.ready = False  # it said what it holds (Hosted): online, synced
         self.last_offsets_at = -math.inf  # when its last Offsets frame was taken in
+        self.offsets_interval = DEFAULT_OFFSETS_INTERVAL  # what it was told at its Accepted
 
     @property
     def number(self) -> int:
@@ -164,6 +168,7 @@ class ConnectionManager:
         allow_remote_without_token: bool = False,
         heartbeat_timeout: float = 10.0,
         offsets_interval: float = DEFAULT_OFFSETS_INTERVAL,
+        offsets_entries_per_second: int = DEFAULT_OFFSETS_ENTRIES_PER_SECOND,
         max_frame_bytes: int = wire.MAX_FRAME_BYTES,
         on_news: Callable[[set[str]], None] = lambda names: None,
         supervisor: supervisor_module.Supervisor | None = None,
@@ -180,6 +185,7 @@ class ConnectionManager:
         self.allow_remote = token is not None or certificate_identity or allow_remote_without_token
         self.heartbeat_timeout = heartbeat_timeout
         self.offsets_interval = offsets_interval
+        self.offsets_entries_per_second = offsets_entries_per_second
         self.max_frame_bytes = max_frame_bytes
         # Told the partitions a leader's confirmation or proposal is about: the partition
         # controller looks at them (offsets never wake it: no decision depends on them).
@@ -285,10 +291,11 @@ class ConnectionManager:
         self.stats.accepted += 1
         writer = asyncio.create_task(session.write_loop(), name=f"cm-writer-{spu_id}")
         try:
+            session.offsets_interval = self.offsets_interval_now()
             session.send(
                 wire.Accepted(
                     spu_id=spu_id, incarnation=session.number, heartbeat_timeout=self.heartbeat_timeout,
-                    offsets_interval=self.offsets_interval,
+                    offsets_interval=session.offsets_interval,
                 )
             )
             if await self._read_hosted(session):
@@ -488,14 +495,20 @@ class ConnectionManager:
             # never starve the controllers, the API or the heartbeats.
             await asyncio.sleep(self._pace(session) if kind == "offsets" else 0)
 
+    def offsets_interval_now(self) -> float:
+        """The offsets interval for an SPU connecting now: the setting, or longer, so that all SPUs
+        together send at most offsets_entries_per_second entries (one per partition led)."""
+        partitions = len(self.local_store["partitions"].view)
+        return min(MAX_OFFSETS_INTERVAL, max(self.offsets_interval, partitions / self.offsets_entries_per_second))
+
     def _pace(self, session: Session) -> float:
         """How long to leave an SPU's next frames in its socket after an Offsets frame: the
-        protocol allows one per offsets interval; one sooner than half of it (jitter is fine) makes
-        the SC read that SPU no faster than that. Its frames wait in its own socket: flooding costs
-        the SC a parse per half interval, not its core (its claim on the store lapsed under 50
+        protocol allows one per offsets interval; one sooner than that (less some jitter) makes
+        the SC read that SPU no faster. Its frames wait in its own socket: flooding costs the SC
+        what the SPU may send anyway, not its core (its claim on the store lapsed under 50
         flooding SPUs), and the SPU's heartbeats still come well within the timeout."""
         now = asyncio.get_running_loop().time()
-        gap = min(self.offsets_interval / 2, self.heartbeat_timeout / 4)
+        gap = min(session.offsets_interval * OFFSETS_JITTER, self.heartbeat_timeout / 4)
         early = session.last_offsets_at + gap - now
         session.last_offsets_at = max(now, session.last_offsets_at + gap)
         if early <= 0:

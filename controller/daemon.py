@@ -101,6 +101,7 @@ class Daemon:
                 allow_remote_without_token=self.settings.spu_allow_remote_without_token,
                 heartbeat_timeout=self.settings.spu_heartbeat_timeout,
                 offsets_interval=self.settings.spu_offsets_interval,
+                offsets_entries_per_second=self.settings.spu_offsets_entries_per_second,
                 max_frame_bytes=self.settings.spu_max_frame_bytes,
                 supervisor=self.context.supervisor,
                 listener=private,
