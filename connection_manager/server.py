@@ -673,6 +673,7 @@ class ConnectionManager:
         partitions = self.local_store["partitions"].view
         held = self._holders()
         concerned = Concerned(partition_changes)
+        interval = self.offsets_interval_now()
         for session in list(self.sessions.values()):
             if session.spu_id not in held:
                 session.close("unregistered", f"SPU {session.spu_id} was unregistered")
@@ -681,8 +682,12 @@ class ConnectionManager:
                 continue  # its Sync, once it said what it holds, will have everything
             changed_spus, deleted_spus = _spu_delta(session, spu_changes, held)
             changed, deleted = _replica_delta(session, partition_changes, partitions, concerned)
-            if changed_spus or deleted_spus or changed or deleted:
+            # A new interval only when it moved by a quarter: not an Update per partition created.
+            new_interval = interval if abs(interval - session.offsets_interval) > session.offsets_interval / 4 else None
+            if changed_spus or deleted_spus or changed or deleted or new_interval is not None:
                 self.stats.updates_sent += 1
+                if new_interval is not None:
+                    session.offsets_interval = new_interval
                 session.send(
                     wire.Update(
                         epoch=epoch,
@@ -690,6 +695,7 @@ class ConnectionManager:
                         deleted_spus=deleted_spus,
                         replicas=changed,
                         deleted_replicas=deleted,
+                        offsets_interval=new_interval,
                     )
                 )
         for name in partition_changes.deleted:

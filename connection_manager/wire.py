@@ -216,6 +216,8 @@ class Update(Message):
     deleted_spus: list[SpuId] = []
     replicas: list[ReplicaInfo] = []
     deleted_replicas: list[PartitionName] = []
+    # A new offsets interval for this SPU (seconds), when the SC changes it (the partitions grew).
+    offsets_interval: float | None = Field(default=None, gt=0, le=3600)
 
 
 class AlterIsrResult(Message):

@@ -77,6 +77,7 @@ class ScSession:
         self._synced_here = False  # a Sync was applied on the current (or just ended) connection
         self.connections = 0  # connections the SC accepted since start
         self.incarnation: int | None = None  # the SC's number for the current connection
+        self.offsets_interval = 1.0  # seconds between offsets frames: the SC says (Accepted, Update)
         self.last_rejection: wire.Rejected | None = None
         self._outbox: asyncio.Queue[bytes] | None = None
         self._confirmed: set[tuple[str, int]] = set()  # leaderships said on this connection
@@ -217,6 +218,7 @@ class ScSession:
             await ws.send_bytes(wire.encode(self.state.hosted()))
             self.connections += 1
             self.incarnation = answer.incarnation
+            self.offsets_interval = answer.offsets_interval
             self.log.info(
                 "sc accepted", url=self.url, incarnation=answer.incarnation, heartbeat_timeout=answer.heartbeat_timeout
             )
@@ -226,7 +228,7 @@ class ScSession:
             tasks = [
                 asyncio.create_task(self._write(ws, outbox), name=f"spu-{self.state.spu_id}-sc-writer"),
                 asyncio.create_task(self._heartbeat(answer.heartbeat_timeout), name=f"spu-{self.state.spu_id}-heartbeat"),
-                asyncio.create_task(self._offsets(answer.offsets_interval), name=f"spu-{self.state.spu_id}-offsets"),
+                asyncio.create_task(self._offsets(), name=f"spu-{self.state.spu_id}-offsets"),
             ]
             try:
                 await self._apply_messages(ws, tasks)
@@ -264,6 +266,8 @@ class ScSession:
                 if not self._synced_here:
                     raise SessionError(f"update of epoch {message.epoch} arrived before the sync on this connection")
                 self.state.apply_update(message, loop.time())
+                if message.offsets_interval is not None:
+                    self.offsets_interval = message.offsets_interval
                 self.log.debug(
                     "sc update applied",
                     epoch=message.epoch,
@@ -320,10 +324,11 @@ class ScSession:
                 self._outbox.put_nowait(frame)
             await asyncio.sleep(interval)
 
-    async def _offsets(self, interval: float) -> None:
-        """The offsets that changed, at most once per ``interval``; nothing while nothing changes."""
+    async def _offsets(self) -> None:
+        """The offsets that changed, at most once per offsets interval (the SC's latest word);
+        nothing while nothing changes."""
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.offsets_interval)
             if self.connected:
                 entries = self.state.offsets()
                 if entries:

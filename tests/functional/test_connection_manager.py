@@ -964,13 +964,16 @@ async def test_an_spu_sending_offsets_faster_than_its_interval_is_read_no_faster
 
 async def test_the_offsets_interval_an_spu_is_given_grows_with_the_partitions(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
     """All SPUs together send at most spu_offsets_entries_per_second offsets: with 40 partitions
-    and a budget of 10 per second, an SPU connecting is told 4 s, not the 1 s setting (at 100,000
-    partitions the 1 s interval let busy SPUs take most of the SC's core with offsets alone)."""
+    and a budget of 10 per second, an SPU is told 4 s, not the 1 s setting (at 100,000 partitions
+    the 1 s interval let busy SPUs take most of the SC's core with offsets alone): in an Update
+    when the partitions come, and at its Accepted when it connects."""
     async for cluster in start_cluster(etcd_server, range(1), spu_offsets_interval=1.0, spu_offsets_entries_per_second=10):
         first = await cluster.connect(0)
         assert first.accepted is not None and first.accepted.offsets_interval == 1.0
         await create_topic(cluster.sc, "orders", 40, 1)
         await first.wait_for(lambda: len(first.replicas) == 40)
+        told = [m.offsets_interval for m in first.received if isinstance(m, wire.Update) and m.offsets_interval is not None]
+        assert told and told[-1] == 4.0 and all(interval > 1.0 for interval in told), told
         await first.close()
         again = await cluster.connect(0)
         assert again.accepted is not None and again.accepted.offsets_interval == 4.0

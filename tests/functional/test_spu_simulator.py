@@ -377,6 +377,25 @@ async def test_an_spu_refused_by_standbys_asks_again_without_backing_off(make_sc
     await eventually(lambda: _assert(spu.connected and standby.live(0) is not None), timeout=2.0)
 
 
+async def test_an_spu_sends_offsets_at_the_interval_the_sc_last_gave(make_sc, running) -> None:
+    """The interval comes with Accepted, and a new one in an Update (the SC's partitions grew)."""
+    port = free_port()
+    sc = make_sc([spu_info(0, port)], [replica("t-0", 0, [0])])
+    sc.offsets_interval = 0.05
+    await sc.start()
+    spu = running(SimulatedSpu(0, sc.address, settings=FAST))
+    await spu.start()
+    await eventually(lambda: _assert(spu.connected and spu.session.offsets_interval == 0.05))
+    await eventually(lambda: _assert(len(sc.offsets_of(0)) >= 2))  # appends keep changing t-0
+    live = sc.live(0)
+    assert live is not None
+    await live.websocket.send_bytes(wire.encode(wire.Update(epoch=sc.epoch + 1, offsets_interval=30.0)))
+    await eventually(lambda: _assert(spu.session.offsets_interval == 30.0))
+    sent = len(sc.offsets_of(0))
+    await asyncio.sleep(0.5)  # ten of the old intervals
+    assert len(sc.offsets_of(0)) <= sent + 1  # at most the frame that was already on its way
+
+
 def test_sc_addresses_are_read_as_a_list() -> None:
     assert simulator.parse_addresses("a:1, b:2") == [("a", 1), ("b", 2)]
     assert simulator.parse_addresses("[::1]:9004") == [("::1", 9004)]
