@@ -33,6 +33,8 @@ REGISTER_TIMEOUT = 10.0  # seconds a new connection has to send its Register fra
 DEFAULT_OFFSETS_INTERVAL = 1.0  # seconds: an SPU sends at most one Offsets frame this often
 SEND_QUEUE_LIMIT = 1_000  # frames queued for one SPU before it is considered stuck
 HEARTBEAT_SECOND_LOOK = 0.5  # seconds
+# The code of a refusal (and of a closed session) because this SC is not the leader of its store.
+NOT_LEADER = "not-leader"
 # A refused connection is logged once per (cause, peer address) in this many seconds; the
 # repeats in between are counted (and the count logged with the next line), not logged each.
 REFUSAL_LOG_INTERVAL = 60.0
@@ -199,6 +201,9 @@ class ConnectionManager:
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
         self.port: int | None = None
+        # Why this SC takes no SPU now (None: it does): a standby SC refuses every SPU, naming the
+        # leader to go to. Asked at each connection.
+        self.standby_refusal: Callable[[], str | None] = lambda: None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -233,6 +238,14 @@ class ConnectionManager:
                 port=self.port,
             )
 
+    def end_term(self, reason: str) -> None:
+        """This SC stopped leading: close every SPU connection (code ``not-leader``) and forget what
+        they told it; new ones are refused while ``standby_refusal`` says so."""
+        for session in list(self.sessions.values()):
+            session.close(NOT_LEADER, reason)
+        self.proposals.clear()
+        self.confirmed.clear()
+
     async def stop(self) -> None:
         if self._pusher is not None:
             self._pusher.cancel()
@@ -261,6 +274,10 @@ class ConnectionManager:
         if register is None:
             return websocket
         spu_id = register.spu_id
+        standby = self.standby_refusal()
+        if standby is not None:
+            await self._refuse(websocket, peer, spu_id, NOT_LEADER, standby)
+            return websocket
         refusal = self._identity_refusal(spu_id, tls.peercert_of(request.transport)) or self._refusal(register)
         if refusal is not None:
             await self._refuse(websocket, peer, spu_id, *refusal)
