@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from controller import config
-from store import active_sc, embedded_etcd, etcd, kv, models
+from store import active_sc, embedded_etcd, etcd, history, kv, models
 from tests.fixtures import daemon as daemon_fixture
 from tests.fixtures.sc_run import ScRun
 
@@ -76,12 +76,13 @@ INTRUDER = active_sc.Identity("intruder", "elsewhere", 4242, "10.0.0.9:9003", "2
 
 
 async def test_a_second_sc_on_a_store_with_a_leader_runs_as_its_hot_standby(
-    etcd_server: embedded_etcd.EmbeddedEtcd,
+    etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path
 ) -> None:
     """It starts (no refusal), serves reads from its mirror, answers writes with a redirect to the
     leader, lists itself as a standby; once the leader stops, it leads, saying the leader resigned."""
     settings = daemon_fixture.etcd_settings(etcd_server, active_sc_lease_ttl=2)
-    async with daemon_fixture.running(settings) as first, daemon_fixture.running(settings) as second:
+    recorded = settings.model_copy(update={"history_dir": tmp_path / "history"})
+    async with daemon_fixture.running(settings) as first, daemon_fixture.running(recorded) as second:
         assert first.daemon.active is not None and first.daemon.active.identity is not None
         assert second.daemon.active is not None and second.daemon.active.identity is not None
         leader, standby = first.daemon.active.identity, second.daemon.active.identity
@@ -117,6 +118,13 @@ async def test_a_second_sc_on_a_store_with_a_leader_runs_as_its_hot_standby(
         assert active.takeover is not None and (active.takeover.cause, active.takeover.previous) == ("resigned", leader)
         status, body = await second.call("POST", "/v1/topics?timeout=0", {"name": "after", "spec": {"partitions": 1, "replicationFactor": 1}})
         assert status == 202, body
+        metrics = await second.call_text("GET", "/metrics")
+        assert 'sc_takeovers_total{cause="resigned"} 1.0' in metrics and "sc_leader 1.0" in metrics
+    # Its history has the takeover, with its cause and the leader before it.
+    terms = [record for record in history.HistoryReader(tmp_path / "history").records() if record["type"] == "takeover"]
+    assert [(record["name"], record["cause"], record["detail"], record["causeRevision"], record["revision"]) for record in terms] == [
+        (standby.id, "resigned", leader.id, first.daemon.active.epoch, active.epoch)
+    ]
     # Stopped, each gave its candidacy and claim up: nobody waits for them to expire.
     async with store_of(settings) as store:
         assert await store.get(active_sc.KEY) is None
