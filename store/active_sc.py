@@ -194,12 +194,15 @@ class ActiveSc:
         self._lost_because = ""
         self._warned_unreachable = False
         self._resigning = False  # lost the claim while leading: give it up explicitly before joining again
-        # The campaign's view: the queue, the claim as last read, the last claim seen (kept once it
-        # went) and what became of it.
+        # The campaign's view: the queue and the claim as last read; from the watch, in revision
+        # order, the last claim seen and the last one that ended (its holder, epoch and cause).
         self.candidates: list[Candidate] = []
         self._claim_now: kv.KeyValue | None = None
-        self._previous: kv.KeyValue | None = None
-        self._vanished: str | None = None
+        self._holder: kv.KeyValue | None = None
+        self._ended: tuple[kv.KeyValue, str] | None = None
+        self._revision_events: list[kv.WatchEvent] = []
+        self._seen_revision = 0
+        self._seen = asyncio.Event()
         self.fenced_writes = 0  # writes the store refused: their claim was not the store's any more
         self.losses = 0  # times this SC lost the claim while it held it
 
@@ -331,8 +334,8 @@ class ActiveSc:
             )
         self._lease = lease.id
         self._candidate_revision = claim.current.create_revision
-        self._claim_now = self._previous = None
-        self._vanished = None
+        self._claim_now = self._holder = None
+        self._ended = None
         self._set_state(State.STANDBY)
         _log.info("this SC is a candidate for %s (lease %x): a standby until it is first", self.key, lease.id)
 
@@ -358,31 +361,39 @@ class ActiveSc:
         changed = asyncio.Event()
         watcher: asyncio.Task[None] | None = None
         next_renewal = loop.time() + self.ttl / 3
+        unreachable = False
         try:
             while self.state is State.STANDBY:
                 try:
                     revision = await self._look()
                     if watcher is None:
+                        # The claim as this first listing has it, then each change in order (the watch).
+                        self._holder, self._revision_events, self._seen_revision = self._claim_now, [], revision
                         watcher = asyncio.create_task(self._watch(revision + 1, changed), name="sc-candidates-watch")
                     if self.state is State.STANDBY and self._first() and self._claim_now is None:
                         await self._try_claim()
-                        if self.state is not State.STANDBY:
-                            return
+                    if self.state is not State.STANDBY:
+                        return
                 except kv.LeaseExpired:
                     self._lose(LEASE_LOST, f"its lease expired: the store was unreachable for longer than the {self.ttl} s TTL")
                     return
                 except kv.StoreError as error:
-                    _log.warning("cannot read the SC candidates of %s yet: %s", self.key, error)
-                    changed.set()  # look again after the pause
+                    if not unreachable:
+                        _log.warning("cannot read the SC candidates of %s yet (%s): trying again", self.key, error)
+                    unreachable = True
                     await asyncio.sleep(_RETRY_PAUSE_SECONDS)
-                    continue
-                while not changed.is_set():
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(changed.wait(), max(0.0, next_renewal - loop.time()))
+                    changed.set()  # look again (after the lease's renewal, if due)
+                else:
+                    unreachable = False
+                while True:
                     if loop.time() >= next_renewal:
                         next_renewal = loop.time() + self.ttl / 3
                         if not await self._keep_candidacy():
                             return
+                    if changed.is_set():
+                        break
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(changed.wait(), max(0.0, next_renewal - loop.time()))
                 changed.clear()
         finally:
             if watcher is not None:
@@ -403,22 +414,22 @@ class ActiveSc:
         return True
 
     async def _look(self) -> int:
-        """Read the queue and the claim; note what became of a claim seen before. Returns the
-        revision read at."""
+        """Read the queue and the claim; returns the revision read at."""
         assert self.identity is not None
         listed = await self.kv_store.list(META)
         values = {item.key: (item.value, item.create_revision) for item in listed.items}
         claim = next((item for item in listed.items if item.key == KEY), None)
         if candidate_key(self.identity.id) not in values:
-            raise kv.LeaseExpired(self._lease or 0)  # its key went: with its lease, or deleted by hand
+            self._lose(LEASE_LOST, "its candidate key went (its lease expired, or someone deleted it)")
+            return listed.revision
         self.candidates = queue(values)
+        # A claim with this SC's own value is its own, made by a request whose answer was lost (a
+        # retried transaction): claiming again finds it and takes it (the same lease), never waits on it.
+        if claim is not None and claim.value == self.identity.encode():
+            claim = None
         self._claim_now = claim
         if not self._first():
             self.settled.set()  # a standby behind another candidate
-        if claim is not None:
-            self._previous, self._vanished = claim, None
-        elif self._previous is not None and self._vanished is None:
-            self._vanished = _why_gone(self._previous, values)
         return listed.revision
 
     def _first(self) -> bool:
@@ -438,23 +449,28 @@ class ActiveSc:
         sent = loop.time()
         claim = await self.kv_store.claim(KEY, self.identity.encode(), self._lease)
         if not claim.won:
-            self._claim_now = self._previous = claim.current  # someone claimed between the look and now
-            self._vanished = None
+            self._claim_now = claim.current  # someone claimed between the look and now
             return
-        previous = self._previous
-        cause = self._vanished or UNCLAIMED_STORE
         self._claimed_revision = claim.current.create_revision
         self._valid_until = sent + self.ttl
         self.term += 1
+        # What ended before this claim: once the watch has gone past every revision before it (a
+        # moment; a watch that lags more is not waited for, and the cause is what it saw by then).
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_MIN_ATTEMPT_SECONDS):
+                while self._seen_revision < self._claimed_revision:
+                    self._seen.clear()
+                    await self._seen.wait()
+        ended = self._ended
+        previous = ended[0] if ended is not None else None
         self.takeover = Takeover(
-            cause=cause if previous is not None else UNCLAIMED_STORE,
+            cause=ended[1] if ended is not None else UNCLAIMED_STORE,
             epoch=self._claimed_revision,
             previous=Identity.decode(previous.value) if previous is not None else None,
             previous_epoch=previous.create_revision if previous is not None else 0,
             at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds"),
         )
-        self._claim_now = self._previous = None
-        self._vanished = None
+        self._claim_now = None
         self._set_state(State.ACTIVE)
         self.settled.set()
         previous_text = describe_holder(previous.value) if previous is not None else "none"
@@ -465,13 +481,15 @@ class ActiveSc:
 
     async def _watch(self, from_revision: int, changed: asyncio.Event) -> None:
         """Set ``changed`` at every change of a candidate key or of the claim; after a broken or
-        compacted watch, too (the campaign then reads everything again)."""
+        compacted watch, too (the campaign then reads everything again). Follows the claim's
+        holders in revision order (_follow_claim)."""
         revision = from_revision
         while True:
             try:
                 async with contextlib.aclosing(self.kv_store.watch(META, revision)) as events:
                     async for event in events:
                         revision = event.revision + 1
+                        self._follow_claim(event)
                         if event.key == KEY or event.key.startswith(CANDIDATES):
                             changed.set()
                 return  # the store is closing
@@ -481,6 +499,44 @@ class ActiveSc:
                 _log.warning("the SC candidates' watch broke (%s): watching again after a pause", error)
                 await asyncio.sleep(_RETRY_PAUSE_SECONDS)
             changed.set()
+
+    def _follow_claim(self, event: kv.WatchEvent) -> None:
+        """Take the watch's events one revision at a time (a revision's events come together, in
+        one transaction's order): a claim put is the new holder; a claim deleted ended as the rest
+        of its revision says: with a resignation note (resigned), with its holder's candidacy (its
+        lease ended: lease-expired), or alone (someone deleted it: claim-deleted)."""
+        if self._revision_events and event.revision != self._revision_events[0].revision:
+            self._end_revision(self._revision_events)
+            self._revision_events = []
+        self._revision_events.append(event)
+        if event.revision > self._seen_revision:
+            # Everything before this event's revision is taken in; its own revision is once the
+            # next comes, but a claim at it is its first event (a claim is a transaction of its own).
+            self._seen_revision = event.revision - 1 if event.key != KEY else event.revision
+            self._seen.set()
+        if event.key == KEY and event.type is kv.EventType.PUT and event.value is not None:
+            self._end_revision(self._revision_events)
+            self._revision_events = []
+
+    def _end_revision(self, events: Sequence[kv.WatchEvent]) -> None:
+        keys = {(event.type, event.key) for event in events}
+        for event in events:
+            if event.key != KEY:
+                continue
+            if event.type is kv.EventType.PUT and event.value is not None:
+                self._holder = kv.KeyValue(KEY, event.value, event.revision, event.create_revision or event.revision)
+                continue
+            holder = self._holder
+            if holder is None:
+                continue  # the claim of a holder this SC never saw: nothing to say of it
+            owner = Identity.decode(holder.value)
+            if (kv.EventType.PUT, RESIGNED_KEY) in keys:
+                cause = RESIGNED
+            elif owner is not None and (kv.EventType.DELETE, candidate_key(owner.id)) in keys:
+                cause = LEASE_EXPIRED
+            else:
+                cause = CLAIM_DELETED
+            self._ended, self._holder = (holder, cause), None
 
     async def _renew(self) -> None:
         assert self._lease is not None and self.identity is not None
@@ -540,27 +596,6 @@ CLAIM_REPLACED = "claim-replaced"  # its renewal found another value at the clai
 def _predecessor(other: Identity, identity: Identity) -> bool:
     """``other`` is an earlier process of the SC at ``identity``'s address (same host and address)."""
     return other.id != identity.id and other.host == identity.host and other.address == identity.address
-
-
-def _why_gone(claim: kv.KeyValue, values: Mapping[str, tuple[bytes, int]]) -> str:
-    """What became of ``claim``, gone from ``values`` (the meta keys read after it went)."""
-    holder = Identity.decode(claim.value)
-    resigned = values.get(RESIGNED_KEY)
-    if resigned is not None and _resigned_epoch(resigned[0]) == claim.create_revision:
-        return RESIGNED
-    if holder is not None and candidate_key(holder.id) in values:
-        return CLAIM_DELETED
-    return LEASE_EXPIRED
-
-
-def _resigned_epoch(value: bytes) -> int | None:
-    """The epoch a resignation note names, or None for a value no SC wrote."""
-    try:
-        fields = json.loads(value)
-    except (ValueError, RecursionError):
-        return None
-    epoch = fields.get("epoch") if isinstance(fields, dict) else None
-    return epoch if isinstance(epoch, int) and not isinstance(epoch, bool) else None
 
 
 class GuardedStore(kv.ForwardingStore):

@@ -372,3 +372,90 @@ def test_an_identity_with_its_private_address_reads_back_as_written() -> None:
     identity = active_sc.Identity("abc123", "host-1", 4242, "10.0.0.1:9003", "2026-11-27T00:00:00+00:00", "10.0.0.1:9004")
     assert active_sc.Identity.decode(identity.encode()) == identity
     assert b'"private":"10.0.0.1:9004"' in identity.encode()
+
+
+class LostAnswers(kv.ForwardingStore):
+    """The memory store, where the next claims of ``key`` are applied but their answers lost."""
+
+    def __init__(self, inner: kv.KVStore, key: str, lost: int) -> None:
+        super().__init__(inner)
+        self.key = key
+        self.lost = lost
+
+    async def claim(self, key: str, value: bytes, lease: int) -> kv.Claim:
+        claimed = await self.inner.claim(key, value, lease)
+        if key == self.key and self.lost:
+            self.lost -= 1
+            raise kv.Unavailable("the claim's answer was lost (the test says so)")
+        return claimed
+
+
+@pytest.mark.looptime(start=0)
+async def test_a_claim_whose_answer_was_lost_is_taken_not_waited_on() -> None:
+    """etcd may apply a transaction whose answer never came back: the claim is this SC's own, under
+    its lease, and would never end while it waits for it to."""
+    backend = memory.MemoryStore()
+    store = LostAnswers(backend, active_sc.KEY, lost=1)
+    sc = active_sc.ActiveSc(store, ttl=3)
+    await sc.join("sc-a:9003")
+    task = asyncio.create_task(sc.run())
+    try:
+        await until(lambda: sc.state is active_sc.State.ACTIVE, "sc-a leads")
+        claim = await builders.present(backend, active_sc.KEY)
+        assert (sc.epoch, sc.term, store.lost) == (claim.create_revision, 1, 0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sc.release()
+        await backend.close()
+
+
+async def test_a_standby_whose_candidate_key_was_deleted_joins_the_queue_again(candidates: Candidates) -> None:
+    a, b = [await candidates.start(name) for name in ("sc-a", "sc-b")]
+    await until(lambda: candidates.leaders() == [a], "sc-a leads")
+    assert b.identity is not None
+    first = await builders.present(candidates.backend, active_sc.candidate_key(b.identity.id))
+    await candidates.backend.delete(active_sc.candidate_key(b.identity.id))
+
+    async def back() -> None:
+        again = await candidates.backend.get(active_sc.candidate_key(b.identity.id if b.identity else ""))
+        assert again is not None and again.create_revision > first.create_revision
+
+    await builders.eventually(back)
+    await until(lambda: b.state is active_sc.State.STANDBY, "sc-b a standby again")
+    assert (a.state, b.losses) == (active_sc.State.ACTIVE, 0)
+
+
+def test_what_ended_each_claim_is_read_from_the_watch_in_revision_order() -> None:
+    """Two claims may come and go between two looks of a standby: the watch's events, one revision
+    at a time, still say which claim came last before this SC's and how it ended."""
+    sc = active_sc.ActiveSc(memory.MemoryStore(), ttl=2)
+    a, b, c = (active_sc.Identity(name, "h", 1, f"{name}:9003", "t") for name in ("a", "b", "c"))
+    put, delete = kv.EventType.PUT, kv.EventType.DELETE
+    events = [
+        kv.WatchEvent(put, active_sc.KEY, a.encode(), 5, 5),
+        # a's lease ends: its claim and its candidacy go in one revision.
+        kv.WatchEvent(delete, active_sc.KEY, None, 7),
+        kv.WatchEvent(delete, active_sc.candidate_key("a"), None, 7),
+        kv.WatchEvent(put, active_sc.KEY, b.encode(), 8, 8),
+    ]
+    for event in events:
+        sc._follow_claim(event)
+    assert sc._ended is not None and (sc._ended[0].value, sc._ended[0].create_revision, sc._ended[1]) == (a.encode(), 5, "lease-expired")
+    # b resigns (its note in the same transaction), c claims.
+    for event in [
+        kv.WatchEvent(delete, active_sc.KEY, None, 9),
+        kv.WatchEvent(delete, active_sc.candidate_key("b"), None, 9),
+        kv.WatchEvent(put, active_sc.RESIGNED_KEY, b'{"id":"b","epoch":8}', 9, 9),
+        kv.WatchEvent(put, active_sc.KEY, c.encode(), 10, 10),
+    ]:
+        sc._follow_claim(event)
+    assert sc._ended is not None and (sc._ended[0].value, sc._ended[1]) == (b.encode(), "resigned")
+    assert sc._seen_revision == 10
+    # c's claim deleted by hand, its candidacy still there; a later revision closes it.
+    for event in [
+        kv.WatchEvent(delete, active_sc.KEY, None, 11),
+        kv.WatchEvent(put, f"{active_sc.CANDIDATES}d", b"{}", 12, 12),
+    ]:
+        sc._follow_claim(event)
+    assert sc._ended is not None and (sc._ended[0].value, sc._ended[1]) == (c.encode(), "claim-deleted")
