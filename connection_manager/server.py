@@ -240,11 +240,12 @@ class ConnectionManager:
 
     def end_term(self, reason: str) -> None:
         """This SC stopped leading: close every SPU connection (code ``not-leader``) and forget what
-        they told it; new ones are refused while ``standby_refusal`` says so."""
+        they told it (the highest HWs aside); new ones are refused while ``standby_refusal`` says so."""
         for session in list(self.sessions.values()):
             session.close(NOT_LEADER, reason)
         self.proposals.clear()
         self.confirmed.clear()
+        self.live.forget_statuses()
 
     async def stop(self) -> None:
         if self._pusher is not None:
