@@ -188,7 +188,6 @@ class ActiveSc:
         self.takeover: Takeover | None = None  # how the current (or last) term began
         self.step_down_cause = ""  # why the last term ended (empty while none has)
         self._lease: int | None = None
-        self._candidate_revision = 0
         self._claimed_revision = 0
         self._valid_until = 0.0
         self._lost_because = ""
@@ -333,7 +332,6 @@ class ActiveSc:
                 f"by {describe_holder(claim.current.value)}"
             )
         self._lease = lease.id
-        self._candidate_revision = claim.current.create_revision
         self._claim_now = self._holder = None
         self._ended = None
         self._set_state(State.STANDBY)
