@@ -194,6 +194,8 @@ class Rejected(Message):
     type: Literal["rejected"] = "rejected"
     code: str
     reason: str
+    # With code "not-leader": the private port (HOST:PORT) of the SC that leads, when known.
+    leader: str | None = Field(default=None, max_length=300)
 
 
 class Sync(Message):

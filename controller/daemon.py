@@ -48,6 +48,7 @@ class Daemon:
         self.history: history.Recorder | None = None
         self.private_port: int | None = None
         self.connections: cm_server.ConnectionManager | None = None
+        self.fluvio: fluvio_server.FluvioServer | None = None
         self.ports: tuple[transport.Port, transport.Port] | None = None  # public, private
         self._runner: web.AppRunner | None = None
         self._etcd_supervision: asyncio.Task[None] | None = None
@@ -117,7 +118,7 @@ class Daemon:
             self._runner = web.AppRunner(api.build_app(self.context), access_log=None)
             await self._runner.setup()
             # One port, two protocols: Fluvio's binary admin protocol next to the HTTP API.
-            fluvio = fluvio_server.FluvioServer(self.context)
+            fluvio = self.fluvio = fluvio_server.FluvioServer(self.context)
             public_host, held_on_loopback = config.public_bind(self.settings)
             contexts = self.tls
             site = fluvio_listener.SniffingSite(

@@ -41,8 +41,8 @@ class AttributedStore(kv.ForwardingStore):
         super().__init__(inner)
         self.recorder = recorder
 
-    async def create(self, key: str, value: bytes) -> int:
-        return self._attributed([key], await self.inner.create(key, value))
+    async def create(self, key: str, value: bytes, guards: Sequence[kv.Compare] = ()) -> int:
+        return self._attributed([key], await self.inner.create(key, value, guards))
 
     async def update(self, key: str, value: bytes, mod_revision: int) -> int:
         return self._attributed([key], await self.inner.update(key, value, mod_revision))

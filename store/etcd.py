@@ -176,10 +176,17 @@ def above_grpc_limit(details: str | None) -> kv.TooLarge | None:
 class _Create:
     """One caller's create waiting for its group commit."""
 
-    __slots__ = ("key", "value", "op", "future", "size", "deadline")
+    __slots__ = ("key", "value", "op", "future", "size", "deadline", "guards")
 
     def __init__(
-        self, key: str, value: bytes, op: etcdpb.RequestOp, future: asyncio.Future[int], size: int, deadline: float
+        self,
+        key: str,
+        value: bytes,
+        op: etcdpb.RequestOp,
+        future: asyncio.Future[int],
+        size: int,
+        deadline: float,
+        guards: tuple[kv.Compare, ...],
     ) -> None:
         self.key = key
         self.value = value
@@ -187,6 +194,7 @@ class _Create:
         self.future = future
         self.size = size  # its bytes in the group's transaction
         self.deadline = deadline
+        self.guards = guards  # only creates under the same guards share a transaction
 
 
 class _Write:
@@ -313,7 +321,7 @@ class EtcdStore(kv.KVStore):
 
     # ------------------------------------------------------------------ writes
 
-    async def create(self, key: str, value: bytes) -> int:
+    async def create(self, key: str, value: bytes, guards: Sequence[kv.Compare] = ()) -> int:
         """Write ``key`` only if it is absent; the commit revision. Raises AlreadyExists.
 
         Group commit: creates made while others are in flight (an API taking a burst of topic
@@ -324,15 +332,21 @@ class EtcdStore(kv.KVStore):
         An ambiguous failure is resolved as in :meth:`txn`: after a retry, a key created after we
         sent the request that held exactly our value when it was created (read at its create
         revision if it has changed since) was created by us.
+
+        Guards (the active SC's fence) are the group's transaction's own compares: creates under
+        the same guards go together, and a guard that fails fails them all with its Conflict
+        (unless a retry finds a create visibly committed by an attempt made before it failed).
         """
         self._check_open()
+        kv.check_guards(guards)
+        guarded = tuple(guards)
         size = self._request_size.create_bytes(key, len(value))
-        if size > self._request_size.budget:
-            raise kv.TooLarge(size, self.max_request_bytes)
+        if size + self._request_size.guards_bytes(guarded) > self._request_size.budget:
+            raise kv.TooLarge(size + self._request_size.guards_bytes(guarded), self.max_request_bytes)
         # Encoded here, so that a value etcd cannot take fails its own caller at once, not its batch.
         op = _create_op(self._prefix_bytes + key.encode(), value)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending_creates.append(_Create(key, value, op, future, size, self._deadline()))
+        self._pending_creates.append(_Create(key, value, op, future, size, self._deadline(), guarded))
         self._schedule_creates()
         return await future
 
@@ -350,9 +364,16 @@ class EtcdStore(kv.KVStore):
             rest: list[_Create] = []
             room = self._request_size.budget
             held: set[str] = set()
+            guards: tuple[kv.Compare, ...] | None = None  # the batch's: its first create's
             for create in self._pending_creates:
                 if create.future.done():
                     continue  # its caller was cancelled
+                if guards is None:
+                    guards = create.guards
+                    room -= self._request_size.guards_bytes(guards)
+                if create.guards != guards:
+                    rest.append(create)  # another batch's (not held: its key is not in this one)
+                    continue
                 if len(batch) < _CREATES_PER_TXN and create.size <= room and create.key not in keys and create.key not in held:
                     batch.append(create)
                     keys.add(create.key)
@@ -391,7 +412,7 @@ class EtcdStore(kv.KVStore):
                     create.future.set_exception(_unresolved_create(create.key, failure))
 
     async def _create_together(self, batch: builtins.list[_Create]) -> None:
-        request = etcdpb.TxnRequest(success=[create.op for create in batch])
+        request = _group_commit(self._prefix_bytes, batch[0].guards, [create.op for create in batch])
         floor = self._revision_seen
         write = _Write()
         # The longest budget in the batch: a create never gets less than it asked for.
@@ -419,6 +440,9 @@ class EtcdStore(kv.KVStore):
                 if not create.future.done():
                     create.future.set_exception(error)
             return
+        if not response.succeeded:
+            await self._guards_failed(batch, response, write.maybe_applied, floor, deadline)
+            return
         # Keys created after we sent the request but changed since (a controller writes a status
         # at once): whether the create was ours is read at their create revision.
         changed_since: builtins.list[tuple[_Create, _EtcdKeyValue]] = []
@@ -440,6 +464,47 @@ class EtcdStore(kv.KVStore):
                 changed_since.append((create, item))
         if changed_since:
             await self._resolve_changed_creates(changed_since, deadline)
+
+    async def _guards_failed(
+        self, batch: builtins.list[_Create], response: Any, maybe_applied: bool, floor: int, deadline: float
+    ) -> None:
+        """A group commit whose guards did not hold: the first that failed is every create's
+        Conflict. After an ambiguous attempt the creates may have committed before the guard
+        moved: a key created after we sent them, holding exactly our value, unchanged since, is
+        ours; one created after we sent them and changed since cannot be told (Unavailable)."""
+        guards = batch[0].guards
+        failed = (guards[0].key, guards[0].mod_revision, 0)  # if none differs in the read-back (cannot be)
+        for guard, response_op in zip(guards, response.responses):
+            found = response_op.response_range.kvs
+            actual = found[0].mod_revision if found else 0
+            if actual != guard.mod_revision:
+                failed = (guard.key, guard.mod_revision, actual)
+                break
+        observed: dict[bytes, _EtcdKeyValue] = {}
+        if maybe_applied:
+            prefix = self._prefix_bytes
+            try:
+                observed, _ = await self._read_keys([prefix + create.key.encode() for create in batch], deadline)
+            except kv.StoreError as error:
+                for create in batch:
+                    if not create.future.done():
+                        create.future.set_exception(
+                            kv.Unavailable(f"etcd create of {create.key!r} may or may not have been applied: {error}")
+                        )
+                return
+        for create in batch:
+            if create.future.done():
+                continue
+            item = observed.get(self._prefix_bytes + create.key.encode())
+            if item is None or item.create_revision <= floor:
+                create.future.set_exception(kv.Conflict(*failed))
+            elif item.value == create.value and item.create_revision == item.mod_revision:
+                _log.info("etcd create failed its guard on a retry but had committed at %d", item.mod_revision)
+                create.future.set_result(item.mod_revision)
+            else:
+                create.future.set_exception(
+                    kv.Unavailable(f"etcd create of {create.key!r} may or may not have been applied: its guard failed on a retry")
+                )
 
     async def _resolve_changed_creates(
         self, changed_since: builtins.list[tuple[_Create, _EtcdKeyValue]], deadline: float
@@ -1093,6 +1158,20 @@ def _create_op(key: bytes, value: bytes) -> etcdpb.RequestOp:
             success=[etcdpb.RequestOp(request_put=etcdpb.PutRequest(key=key, value=value))],
             failure=[etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=key))],
         )
+    )
+
+
+def _group_commit(prefix: bytes, guards: Sequence[kv.Compare], creates: Sequence[etcdpb.RequestOp]) -> etcdpb.TxnRequest:
+    """A group commit's transaction: the creates (``_create_op``) if every guard holds, else the
+    guards' keys read back (to name the one that failed). kv.RequestSize.guards_bytes counts it."""
+    guard_keys = [prefix + guard.key.encode() for guard in guards]
+    return etcdpb.TxnRequest(
+        compare=[
+            etcdpb.Compare(result=_EQUAL, target=_MOD, key=key, mod_revision=guard.mod_revision)
+            for key, guard in zip(guard_keys, guards)
+        ],
+        success=creates,
+        failure=[etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=key)) for key in guard_keys],
     )
 
 

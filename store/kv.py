@@ -218,8 +218,13 @@ class KVStore(abc.ABC):
         """Every key under ``prefix`` (sorted by key) and the store revision they were read at."""
 
     @abc.abstractmethod
-    async def create(self, key: str, value: bytes) -> int:
-        """Write a key that must not exist; returns its mod revision. Raises AlreadyExists."""
+    async def create(self, key: str, value: bytes, guards: Sequence[Compare] = ()) -> int:
+        """Write a key that must not exist; returns its mod revision. Raises AlreadyExists.
+
+        ``guards``: compares on other keys that must hold too, in the same atomic step (the
+        active-SC guard's fence). A guard that fails raises Conflict naming it, whether the key
+        exists or not. Unlike a ``txn``, creates under the same guards may share one request.
+        """
 
     @abc.abstractmethod
     async def update(self, key: str, value: bytes, mod_revision: int) -> int:
@@ -317,8 +322,8 @@ class ForwardingStore(KVStore):
     async def list(self, prefix: str) -> ListResult:
         return await self.inner.list(prefix)
 
-    async def create(self, key: str, value: bytes) -> int:
-        return await self.inner.create(key, value)
+    async def create(self, key: str, value: bytes, guards: Sequence[Compare] = ()) -> int:
+        return await self.inner.create(key, value, guards)
 
     async def update(self, key: str, value: bytes, mod_revision: int) -> int:
         return await self.inner.update(key, value, mod_revision)
@@ -374,6 +379,13 @@ def check_txn_length(compares: Sequence[Compare], operations: Sequence[Operation
         )
 
 
+def check_guards(guards: Sequence[Compare]) -> None:
+    """Raise ValueError if a create carries more guards than one etcd transaction compares (the
+    create's own compare is one more)."""
+    if len(guards) >= MAX_TXN_OPS:
+        raise ValueError(f"a create carries at most {MAX_TXN_OPS - 1} guards, got {len(guards)}")
+
+
 def request_size(store: KVStore) -> RequestSize:
     """How ``store`` counts the size of a request, and its limit."""
     return RequestSize(store.prefix, store.max_request_bytes, store.reserved_request_bytes)
@@ -413,6 +425,11 @@ class RequestSize:
     def delete_bytes(self, key: str) -> int:
         # RequestOp{request_delete_range: DeleteRangeRequest{key}}
         return _field(_field(_field(self.key_bytes(key))))
+
+    def guards_bytes(self, guards: Sequence[Compare]) -> int:
+        """What guards add to a group commit's transaction: each a compare, and the read-back of
+        its key when it fails (a RangeRequest encodes as a DeleteRangeRequest does)."""
+        return sum(self.compare_bytes(guard.key, guard.mod_revision) + self.delete_bytes(guard.key) for guard in guards)
 
     def create_bytes(self, key: str, value_length: int) -> int:
         """A create-if-absent as the etcd backend sends it in a group commit: a nested transaction

@@ -74,14 +74,21 @@ class MemoryStore(kv.KVStore):
 
     # ------------------------------------------------------------------ writes
 
-    async def create(self, key: str, value: bytes) -> int:
-        size = self._request_size.create_bytes(key, len(value))
+    async def create(self, key: str, value: bytes, guards: Sequence[kv.Compare] = ()) -> int:
+        kv.check_guards(guards)
+        size = self._request_size.create_bytes(key, len(value)) + self._request_size.guards_bytes(guards)
         if size > self._request_size.budget:
             raise kv.TooLarge(size, self.max_request_bytes)
+        self._check_open()
+        for guard in guards:
+            record = self._data.get(guard.key)
+            actual = 0 if record is None else record.mod_revision
+            if actual != guard.mod_revision:
+                raise kv.Conflict(guard.key, guard.mod_revision, actual)
         existing = self._data.get(key)
         if existing is not None:
             raise kv.AlreadyExists(key, existing.mod_revision)
-        return await self.txn([kv.Compare(key, 0)], [kv.Put(key, value)])
+        return await self.txn([*guards, kv.Compare(key, 0)], [kv.Put(key, value)])
 
     async def update(self, key: str, value: bytes, mod_revision: int) -> int:
         if key not in self._data:

@@ -270,10 +270,9 @@ class PartitionController:
         if _drain_news(snapshot, partition_changes):
             # A drained SPU's status follows the partitions it leads: what moved, what cannot.
             self._spus.loop.kick()
-        preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided.actions)
-        if settings.leader_rebalance_batch and preferred >= settings.leader_rebalance_batch:
-            # More may be due: look at all of them again once these writes come back.
-            self._due = None
+        if decided.preferred_waiting and self._due is not None:
+            # Looked at again once these moves' writes come back (their echo wakes the loop).
+            self._due |= decided.preferred_waiting
         return decided.actions
 
     def _hold(self, names: set[str] | None) -> bool:

@@ -8,6 +8,7 @@ a failed write's keys back off, so a refused action is not decided again in a ho
 from __future__ import annotations
 
 import asyncio
+import heapq
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,10 @@ class ControllerLoop:
         self.listeners: dict[str, local.Listener[models.AnyObject]] = {}
         # Write key -> the revision the local store must reach before we decide on that key again.
         self._expected: dict[str, int] = {}
+        # The same as a heap of (revision, key), so a pass forgets the caught-up keys without
+        # looking at the others (a burst of creates keeps 10,000s in flight). An entry whose key
+        # was since expected at a higher revision is dropped when it comes up.
+        self._expecting: list[tuple[int, str]] = []
         self._submitted: set[str] = set()
         # Objects whose action was set aside (its key busy, or its write lost a compare): they
         # count as changed in the first pass after their keys are free, so an incremental
@@ -199,13 +204,13 @@ class ControllerLoop:
             self._lost_to.pop(action.key, None)
         if result.outcome is dispatcher_module.Outcome.APPLIED:
             for key in action.write_keys:
-                self._expected[key] = max(self._expected.get(key, 0), result.revision)
+                self._expect(key, result.revision)
                 if self._failures:
                     self._failures.pop(key, None)
         elif result.outcome is dispatcher_module.Outcome.CONFLICT:
             if result.revision:
                 for key in action.write_keys:
-                    self._expected[key] = max(self._expected.get(key, 0), result.revision)
+                    self._expect(key, result.revision)
             if result.revision and self._lost_to.get(action.key) == result.revision:
                 delay = self._back_off(action)
                 log.warning(
@@ -247,8 +252,15 @@ class ControllerLoop:
             for name in change.deleted:
                 self._failures.pop(models.object_key(kind, name), None)
 
+    def _expect(self, key: str, revision: int) -> None:
+        if revision > self._expected.get(key, 0):
+            self._expected[key] = revision
+            heapq.heappush(self._expecting, (revision, key))
+
     def _forget_caught_up(self) -> None:
         revision = self.local_store.revision
-        for key, expected in list(self._expected.items()):
-            if revision >= expected:
-                del self._expected[key]
+        expecting, expected = self._expecting, self._expected
+        while expecting and expecting[0][0] <= revision:
+            at, key = heapq.heappop(expecting)
+            if expected.get(key) == at:
+                del expected[key]

@@ -23,6 +23,7 @@ import grpc
 import pytest
 
 from store import embedded_etcd, etcd, kv
+from tests import builders
 from tests.builders import eventually
 from tests.fixtures import tcp_proxy
 from tests.fixtures.etcd import REQUEST_TIMEOUT
@@ -558,6 +559,36 @@ async def test_a_lost_create_is_ours_even_once_another_writer_changed_the_key(
         finally:
             proxy.release()
         assert await ours == committed.create_revision
+
+
+@pytest.mark.parametrize("changed", [False, True])
+async def test_a_lost_guarded_create_whose_guard_moved_before_the_retry(
+    changed: bool, etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """A create under a guard (the active SC's fence) committed, its answer was lost, and the guard
+    moved before the retry (the claim changed hands). The retry's guard fails, yet the create was
+    applied while the guard held: it is reported committed, not refused. If the key changed too
+    since, nobody can tell whose it was: Unavailable saying so, never a false refusal."""
+    marker = await etcd_store.create("meta/marker", b"m")
+    async with proxied_store(etcd_server, etcd_store.prefix) as (proxy, proxied):
+        await proxied.revision()
+        cut = proxy.cut_before_next_response()
+        proxy.hold()
+        ours = asyncio.ensure_future(proxied.create("topics/a", b"ours", guards=[kv.Compare("meta/marker", marker)]))
+        try:
+            await asyncio.wait_for(cut.wait(), 5)
+            committed = await builders.present(etcd_store, "topics/a")
+            assert committed.value == b"ours"
+            await etcd_store.update("meta/marker", b"moved", marker)
+            if changed:
+                await etcd_store.update("topics/a", b"changed by a controller", committed.mod_revision)
+        finally:
+            proxy.release()
+        if changed:
+            with pytest.raises(kv.Unavailable, match="may or may not have been applied"):
+                await ours
+        else:
+            assert await ours == committed.create_revision
 
 
 async def test_a_lost_create_is_not_mistaken_for_one_by_another_writer(

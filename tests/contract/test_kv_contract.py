@@ -89,9 +89,9 @@ async def test_create_fails_if_the_key_exists(kv_store: kv.KVStore) -> None:
 
 
 async def test_concurrent_creates_each_succeed_or_fail_on_their_own(kv_store: kv.KVStore) -> None:
-    """A burst of creates (etcd sends them together): an existing key and a key created twice in
-    the burst fail only their own create (one of the two: through the active-SC guard each create is
-    a transaction of its own, and the store's order decides); every other create is applied once."""
+    """A burst of creates (etcd sends them together, through the active-SC guard too): an existing
+    key and a key created twice in the burst fail only their own create (one of the two); every
+    other create is applied once."""
     existing = await kv_store.create("topics/t-3", b"before")
     names = [f"topics/t-{index}" for index in range(150)] + ["topics/t-7", "topics/t-140"]
     results = await asyncio.gather(
@@ -186,6 +186,29 @@ async def test_transaction_is_all_or_nothing(kv_store: kv.KVStore) -> None:
     assert await kv_store.revision() == before
     assert await kv_store.get("partitions/t-0") is None
     assert (await builders.present(kv_store, "topics/t")).value == b"v2"
+
+
+async def test_a_guarded_create_applies_only_while_its_guards_hold(kv_store: kv.KVStore) -> None:
+    """``create(..., guards=...)``: the create and compares on other keys, in one step (the
+    active-SC guard sends its creates this way, with its fence). A guard that fails is the Conflict,
+    whether the key exists or not; the key existing under guards that hold is AlreadyExists."""
+    marker = await kv_store.create("meta/marker", b"m")
+    first = await kv_store.create("topics/g", b"first", guards=[kv.Compare("meta/marker", marker)])
+    assert (await builders.present(kv_store, "topics/g")).value == b"first"
+    with pytest.raises(kv.AlreadyExists) as exists:
+        await kv_store.create("topics/g", b"second", guards=[kv.Compare("meta/marker", marker)])
+    assert (exists.value.key, exists.value.mod_revision) == ("topics/g", first)
+    moved = await kv_store.update("meta/marker", b"m2", marker)
+    before = await kv_store.revision()
+    for key in ("topics/h", "topics/g"):
+        with pytest.raises(kv.Conflict) as raised:
+            await kv_store.create(key, b"after", guards=[kv.Compare("meta/marker", marker)])
+        assert (raised.value.key, raised.value.expected, raised.value.actual) == ("meta/marker", marker, moved)
+    with pytest.raises(kv.Conflict) as absent:
+        await kv_store.create("topics/h", b"after", guards=[kv.Compare("meta/gone", 7)])
+    assert (absent.value.key, absent.value.actual) == ("meta/gone", 0)
+    assert await kv_store.revision() == before
+    assert await kv_store.get("topics/h") is None
 
 
 async def test_transaction_create_if_absent_guard(kv_store: kv.KVStore) -> None:

@@ -459,3 +459,25 @@ def test_what_ended_each_claim_is_read_from_the_watch_in_revision_order() -> Non
     ]:
         sc._follow_claim(event)
     assert sc._ended is not None and (sc._ended[0].value, sc._ended[1]) == (c.encode(), "claim-deleted")
+
+
+@pytest.mark.etcd
+async def test_creates_sent_together_through_the_guard_share_one_etcd_transaction(etcd_store: kv.KVStore) -> None:
+    """The API's burst of topic creates is one etcd transaction (group commit) under the fence,
+    not one each; and a deposed SC's burst is refused as a whole, counted once per create."""
+    active = active_sc.ActiveSc(etcd_store, ttl=10)
+    await active.acquire("sc-burst:9003")
+    guarded = active_sc.GuardedStore(etcd_store, active)
+    try:
+        revisions = await asyncio.gather(*(guarded.create(f"topics/together-{index}", b"x") for index in range(20)))
+        assert len(set(revisions)) == 1
+        assert active._lease is not None
+        await etcd_store.revoke_lease(active._lease)  # the claim is gone; this SC believes it holds it
+        before = await etcd_store.revision()
+        refused = await asyncio.gather(
+            *(guarded.create(f"topics/late-{index}", b"x") for index in range(5)), return_exceptions=True
+        )
+        assert all(isinstance(outcome, active_sc.Fenced) for outcome in refused), refused
+        assert (await etcd_store.revision(), active.fenced_writes) == (before, 5)
+    finally:
+        await active.release()

@@ -66,3 +66,31 @@ async def test_a_failed_action_is_decided_again_only_after_a_growing_backoff_or_
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await store.close()
+
+
+async def test_a_written_key_stays_busy_until_the_local_store_has_its_latest_write() -> None:
+    """A key is busy from its write's answer until the local store reaches that write's revision;
+    written again meanwhile, until the later one (not the first revision that comes up)."""
+    store = memory.MemoryStore()
+    local_store = local.LocalStore()
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
+    controller = loop_module.ControllerLoop(
+        "test", lambda snapshot, changes: [], {"topics": local.Part.ALL}, local_store, dispatcher, instance_metrics
+    )
+    first, second, other = (actions.create(topic_of_size(name, 1), "test") for name in ("a", "a", "b"))
+    for action, revision in ((first, 10), (other, 12), (second, 15)):
+        controller._submitted.add(action.key)
+        controller._on_result(dispatcher_module.Result(action, dispatcher_module.Outcome.APPLIED, revision))
+
+    def busy_after(revision: int) -> list[bool]:
+        local_store["topics"].apply(topic_of_size("c", 1), revision)  # the store reaches the revision
+        controller._forget_caught_up()
+        return [controller.busy(first.key), controller.busy(other.key)]
+
+    assert busy_after(9) == [True, True]
+    assert busy_after(12) == [True, False]
+    assert busy_after(14) == [True, False]
+    assert busy_after(15) == [False, False]
+    assert controller._expecting == []
+    await store.close()

@@ -54,6 +54,20 @@ def test_a_create_counts_as_the_group_commit_encodes_it(prefix: str, value_lengt
     assert size.create_bytes("topics/orders", value_length) == etcdpb.TxnRequest(success=[op]).ByteSize()
 
 
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_a_guarded_group_commit_counts_as_encoded(prefix: str) -> None:
+    """Creates sharing one transaction under guards (the active SC's fence): each create, plus each
+    guard's compare and the read-back of its key."""
+    size = kv.RequestSize(prefix, kv.DEFAULT_MAX_REQUEST_BYTES)
+    for revision in REVISIONS:
+        guards = [kv.Compare("meta/active-sc", revision), kv.Compare("meta/other", 0)]
+        creates = [(f"topics/t-{index}", index * 1000) for index in range(5)]
+        ops = [etcd._create_op((prefix + key).encode(), b"x" * length) for key, length in creates]
+        expected = size.guards_bytes(guards) + sum(size.create_bytes(key, length) for key, length in creates)
+        assert expected == etcd._group_commit(prefix.encode(), guards, ops).ByteSize()
+        assert size.guards_bytes([]) == 0
+
+
 def test_the_check_refuses_one_byte_above_the_budget() -> None:
     size = kv.RequestSize("/sc/", 10_000)
     assert size.budget == 10_000 - kv.REQUEST_ENVELOPE_BYTES
