@@ -201,9 +201,9 @@ class ConnectionManager:
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
         self.port: int | None = None
-        # Why this SC takes no SPU now (None: it does): a standby SC refuses every SPU, naming the
-        # leader to go to. Asked at each connection.
-        self.standby_refusal: Callable[[], str | None] = lambda: None
+        # Why this SC takes no SPU now (None: it does), and the leader's private HOST:PORT when
+        # known: a standby SC refuses every SPU, naming the leader to go to. Asked at each connection.
+        self.standby_refusal: Callable[[], tuple[str, str | None] | None] = lambda: None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -277,7 +277,7 @@ class ConnectionManager:
         spu_id = register.spu_id
         standby = self.standby_refusal()
         if standby is not None:
-            await self._refuse(websocket, peer, spu_id, NOT_LEADER, standby)
+            await self._refuse(websocket, peer, spu_id, NOT_LEADER, standby[0], leader=standby[1])
             return websocket
         refusal = self._identity_refusal(spu_id, tls.peercert_of(request.transport)) or self._refusal(register)
         if refusal is not None:
@@ -337,7 +337,8 @@ class ConnectionManager:
         self.health.set(session.spu_id, health_module.Health.OFFLINE, now)
 
     async def _refuse(
-        self, websocket: web.WebSocketResponse, peer: str | None, spu_id: int | None, code: str, reason: str
+        self, websocket: web.WebSocketResponse, peer: str | None, spu_id: int | None, code: str, reason: str,
+        leader: str | None = None,
     ) -> None:
         """Tell the client why and close; count every refusal, log a cause and peer once an interval."""
         self.stats.count(self.stats.rejected, code)
@@ -347,7 +348,7 @@ class ConnectionManager:
                 "SPU connection rejected", spu=spu_id, peer=peer, code=code, reason=reason,
                 repeats_not_logged=suppressed,
             )
-        await _reject(websocket, code, reason)
+        await _reject(websocket, code, reason, leader)
 
     async def _read_register(self, websocket: web.WebSocketResponse, peer: str | None) -> wire.Register | None:
         try:
@@ -808,7 +809,7 @@ def _replica_info(partition: models.Partition, incarnation: reports.Incarnation)
     )
 
 
-async def _reject(websocket: web.WebSocketResponse, code: str, reason: str) -> None:
+async def _reject(websocket: web.WebSocketResponse, code: str, reason: str, leader: str | None = None) -> None:
     with contextlib.suppress(ConnectionError, RuntimeError):
-        await websocket.send_bytes(wire.encode(wire.Rejected(code=code, reason=reason)))
+        await websocket.send_bytes(wire.encode(wire.Rejected(code=code, reason=reason, leader=leader)))
     await websocket.close(message=reason[:120].encode())

@@ -119,6 +119,8 @@ class Daemon:
             await self._runner.setup()
             # One port, two protocols: Fluvio's binary admin protocol next to the HTTP API.
             fluvio = self.fluvio = fluvio_server.FluvioServer(self.context)
+            # A standby sends Fluvio's writes on to the leader (Fluvio's protocol has no redirect).
+            fluvio.admin.forward_to = self._fluvio_leader
             public_host, held_on_loopback = config.public_bind(self.settings)
             contexts = self.tls
             site = fluvio_listener.SniffingSite(
@@ -213,17 +215,36 @@ class Daemon:
         if context.history is not None and active.identity is not None:
             context.history.record_step_down(active.identity.id, active.epoch, cause)
 
-    def _standby_refusal(self) -> str | None:
-        """Why an SPU is refused now (None while this SC leads): where the leader is, if known."""
+    def _standby_refusal(self) -> tuple[str, str | None] | None:
+        """Why an SPU is refused now (None while this SC leads), and the leader's private
+        HOST:PORT when known (the SPU goes there)."""
         if self._term:
             return None
-        assert self.context is not None
+        leader = self._other_leader()
+        if leader is None:
+            return "this SC is a standby and no other SC leads the store right now: try again shortly", None
+        where = f"its private port is {leader.private}" if leader.private else f"its public address is {leader.address}"
+        return f"this SC is a standby: the leader is SC {leader.id} ({where}); connect there", leader.private or None
+
+    def _fluvio_leader(self) -> str | None:
+        """Where this SC's Fluvio writes go (fluvio.admin.Admin.forward_to): None while it holds the
+        claim (it applies them), else the leader's public HOST:PORT ("" when no other SC leads)."""
+        assert self.active is not None
+        if self.active.state is active_sc.State.ACTIVE:
+            return None
+        leader = self._other_leader()
+        return leader.address if leader is not None else ""
+
+    def _other_leader(self) -> active_sc.Identity | None:
+        """The leader in this SC's mirror, unless none is, or it is this SC or an earlier process
+        at its address (sending a client there would come back here)."""
+        assert self.context is not None and self.active is not None
         claim = self.context.local_store.meta.values.get(active_sc.KEY)
         leader = active_sc.Identity.decode(claim[0]) if claim is not None else None
-        if leader is None:
-            return "this SC is a standby and no SC leads the store right now: try again shortly"
-        where = f"its private port is {leader.private}" if leader.private else f"its public address is {leader.address}"
-        return f"this SC is a standby: the leader is SC {leader.id} ({where}); connect there"
+        identity = self.active.identity
+        if leader is None or (identity is not None and (leader.host, leader.address) == (identity.host, identity.address)):
+            return None
+        return leader
 
     def _open_security(self) -> auth.Authenticator:
         """The TLS contexts and the public port's credentials, from their files (warning when a

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,7 +21,9 @@ from prometheus_client import parser
 from connection_manager import wire
 from store import active_sc, embedded_etcd, etcd, kv
 from tests import builders
+from tests.fixtures import processes
 from tests.fixtures.sc_run import ScRun
+from tests.functional import test_fluvio_client
 
 pytestmark = pytest.mark.etcd
 
@@ -97,11 +98,8 @@ async def scs(etcd_cluster: embedded_etcd.LocalCluster, tmp_path: Path) -> Async
         async with aiohttp.ClientSession() as session:
             yield Scs(started, session, store)
     finally:
-        for sc in started:
-            if sc.process is not None and sc.process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(sc.process.pid, signal.SIGCONT)  # a paused one must be able to stop
-            sc.stop()
+        # A paused one is continued first, so that it can stop.
+        await asyncio.to_thread(processes.stop_all, [sc.process for sc in started if sc.process is not None])
         await store.close()
 
 
@@ -206,12 +204,13 @@ async def test_writes_sent_to_a_standby_by_http_and_by_the_cli_reach_the_leader(
     async with scs.session.ws_connect(f"ws://127.0.0.1:{standby.private_port}{wire.SPU_PATH}") as websocket:
         await websocket.send_bytes(wire.encode(wire.Register(spu_id=0)))
         answer = wire.parse_sc_message(await websocket.receive_bytes(timeout=10))
-    assert isinstance(answer, wire.Rejected) and answer.code == "not-leader"
+    assert isinstance(answer, wire.Rejected) and (answer.code, answer.leader) == ("not-leader", f"127.0.0.1:{leader.private_port}")
     assert f"its private port is 127.0.0.1:{leader.private_port}" in answer.reason
+    # An SPU given the standby's address first goes to the leader it names.
     with (tmp_path / "spu.log").open("wb") as spu_log:
         spu = subprocess.Popen(
-            [sys.executable, "-m", "controller.cli", "spu", "run", "--id", "0", "--sc-private", f"127.0.0.1:{leader.private_port}",
-             "--listen-host", "127.0.0.1"],
+            [sys.executable, "-m", "controller.cli", "spu", "run", "--id", "0", "--listen-host", "127.0.0.1",
+             "--sc-private", f"127.0.0.1:{standby.private_port},127.0.0.1:{leader.private_port}"],
             stdout=subprocess.DEVNULL, stderr=spu_log,
         )  # fmt: skip
     try:
@@ -231,9 +230,14 @@ async def test_writes_sent_to_a_standby_by_http_and_by_the_cli_reach_the_leader(
         assert body["status"]["resolution"] == "Provisioned"
         created = await _cli("topic", "create", "via-cli", "--partitions", "1", "--replication-factor", "1", "--sc", standby.url)
         assert created.returncode == 0, created.stderr
+        # Fluvio's own client: its protocol has no redirect, the standby sends the write on.
+        fluvio = await test_fluvio_client.ClientRun.start_at(
+            standby.public_port, 'admin = fluvio.FluvioAdmin.connect_with_config(config)\nadmin.create_topic("via-fluvio")\nemit("done", True)\n'
+        )
+        assert await fluvio.finish() == {"done": True}
 
         async def provisioned() -> None:
-            for name in ("via-http", "via-cli"):
+            for name in ("via-http", "via-cli", "via-fluvio"):
                 async with scs.session.get(f"{standby.url}/v1/topics/{name}") as response:
                     assert response.status == 200
                     assert (await response.json())["status"]["resolution"] == "Provisioned"
