@@ -23,6 +23,7 @@ import pytest
 from controller.reconcile import topic as topic_controller
 from store import active_sc, embedded_etcd, etcd, kv, models
 from tests import builders
+from tests.fixtures import sc_run
 
 pytestmark = pytest.mark.etcd
 
@@ -60,19 +61,7 @@ class ScProcess:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     async def wait_healthy(self, timeout: float = 30.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        async with aiohttp.ClientSession() as session:
-            while True:
-                assert self.process is not None and self.process.poll() is None, self.log_path.read_text()[-3000:]
-                try:
-                    async with session.get(f"{self.url}/healthz") as response:
-                        if response.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                if asyncio.get_running_loop().time() > deadline:
-                    raise AssertionError(f"sc run not healthy within {timeout} s:\n{self.log_path.read_text()[-3000:]}")
-                await asyncio.sleep(0.1)
+        await sc_run.wait_healthy(self.process, self.url, self.log_path, timeout)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
