@@ -37,6 +37,8 @@ MAX_OFFSETS_INTERVAL = 60.0  # seconds: the longest interval the partition count
 OFFSETS_JITTER = 0.9  # an Offsets frame this share of the interval after the previous one is on time
 SEND_QUEUE_LIMIT = 1_000  # frames queued for one SPU before it is considered stuck
 HEARTBEAT_SECOND_LOOK = 0.5  # seconds
+# The code of a refusal (and of a closed session) because this SC is not the leader of its store.
+NOT_LEADER = "not-leader"
 # A refused connection is logged once per (cause, peer address) in this many seconds; the
 # repeats in between are counted (and the count logged with the next line), not logged each.
 REFUSAL_LOG_INTERVAL = 60.0
@@ -208,6 +210,9 @@ class ConnectionManager:
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
         self.port: int | None = None
+        # Why this SC takes no SPU now (None: it does), and the leader's private HOST:PORT when
+        # known: a standby SC refuses every SPU, naming the leader to go to. Asked at each connection.
+        self.standby_refusal: Callable[[], tuple[str, str | None] | None] = lambda: None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -242,6 +247,15 @@ class ConnectionManager:
                 port=self.port,
             )
 
+    def end_term(self, reason: str) -> None:
+        """This SC stopped leading: close every SPU connection (code ``not-leader``) and forget what
+        they told it (the highest HWs aside); new ones are refused while ``standby_refusal`` says so."""
+        for session in list(self.sessions.values()):
+            session.close(NOT_LEADER, reason)
+        self.proposals.clear()
+        self.confirmed.clear()
+        self.live.forget_statuses()
+
     async def stop(self) -> None:
         if self._pusher is not None:
             self._pusher.cancel()
@@ -270,6 +284,10 @@ class ConnectionManager:
         if register is None:
             return websocket
         spu_id = register.spu_id
+        standby = self.standby_refusal()
+        if standby is not None:
+            await self._refuse(websocket, peer, spu_id, NOT_LEADER, standby[0], leader=standby[1])
+            return websocket
         refusal = self._identity_refusal(spu_id, tls.peercert_of(request.transport)) or self._refusal(register)
         if refusal is not None:
             await self._refuse(websocket, peer, spu_id, *refusal)
@@ -329,7 +347,8 @@ class ConnectionManager:
         self.health.set(session.spu_id, health_module.Health.OFFLINE, now)
 
     async def _refuse(
-        self, websocket: web.WebSocketResponse, peer: str | None, spu_id: int | None, code: str, reason: str
+        self, websocket: web.WebSocketResponse, peer: str | None, spu_id: int | None, code: str, reason: str,
+        leader: str | None = None,
     ) -> None:
         """Tell the client why and close; count every refusal, log a cause and peer once an interval."""
         self.stats.count(self.stats.rejected, code)
@@ -339,7 +358,7 @@ class ConnectionManager:
                 "SPU connection rejected", spu=spu_id, peer=peer, code=code, reason=reason,
                 repeats_not_logged=suppressed,
             )
-        await _reject(websocket, code, reason)
+        await _reject(websocket, code, reason, leader)
 
     async def _read_register(self, websocket: web.WebSocketResponse, peer: str | None) -> wire.Register | None:
         try:
@@ -831,7 +850,7 @@ def _replica_info(partition: models.Partition, incarnation: reports.Incarnation)
     )
 
 
-async def _reject(websocket: web.WebSocketResponse, code: str, reason: str) -> None:
+async def _reject(websocket: web.WebSocketResponse, code: str, reason: str, leader: str | None = None) -> None:
     with contextlib.suppress(ConnectionError, RuntimeError):
-        await websocket.send_bytes(wire.encode(wire.Rejected(code=code, reason=reason)))
+        await websocket.send_bytes(wire.encode(wire.Rejected(code=code, reason=reason, leader=leader)))
     await websocket.close(message=reason[:120].encode())
