@@ -252,3 +252,127 @@ async def _cli(*arguments: str) -> subprocess.CompletedProcess[str]:
     return await asyncio.to_thread(
         subprocess.run, [sys.executable, "-m", "controller.cli", *arguments], capture_output=True, text=True, timeout=60
     )
+
+
+async def test_a_leader_killed_amid_200_topic_creates_loses_none_and_spu_failover_goes_on(scs: Scs, tmp_path: Path) -> None:
+    """SIGKILL of the leader in the middle of creating 200 topics: a standby leads within the TTL and
+    a second; every create that was acknowledged ends Provisioned with exactly its partitions, no
+    partition is doubled or left without its topic, and the placement chain goes on from where it
+    was. Then an SPU is killed: the new leader moves its leaderships."""
+    leader, standbys = await scs.settled()
+    privates = ",".join(f"127.0.0.1:{sc.private_port}" for sc in scs.scs)
+    ports = embedded_etcd.free_ports(6)
+    spus: dict[int, subprocess.Popen[bytes]] = {}
+    try:
+        for spu_id in range(3):
+            body = {
+                "name": f"spu-{spu_id}",
+                "spec": {
+                    "id": spu_id,
+                    "publicEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id]},
+                    "privateEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id + 1]},
+                },
+            }
+            async with scs.session.post(f"{leader.url}/v1/spus", json=body) as response:
+                assert response.status == 201, await response.text()
+            spus[spu_id] = processes.spawn_cli(
+                ["spu", "run", "--id", str(spu_id), "--sc-private", privates, "--log-format", "json"], tmp_path / f"spu-{spu_id}.log"
+            )
+
+        async def spus_online() -> None:
+            async with scs.session.get(f"{leader.url}/v1/spus") as response:
+                listed = await response.json()
+            assert [spu["status"]["resolution"] for spu in listed] == ["Online"] * 3, listed
+
+        await builders.eventually(spus_online, timeout=30)
+        acknowledged: set[str] = set()
+        urls = [sc.url for sc in [leader, *standbys]]
+
+        async def create(index: int) -> None:
+            body = {"name": f"topic-{index}", "spec": {"partitions": 2, "replicationFactor": 2}}
+            for attempt in range(400):
+                # The leader first; once it is gone, a standby (it redirects to the new leader).
+                url = urls[attempt % len(urls)] if attempt else urls[0]
+                try:
+                    async with scs.session.post(
+                        f"{url}/v1/topics?timeout=0", json=body, timeout=aiohttp.ClientTimeout(total=5)
+                    ) as response:
+                        if response.status in (201, 202):
+                            acknowledged.add(f"topic-{index}")
+                            return
+                        if response.status == 409:
+                            return  # written by an attempt whose answer was lost: not acknowledged
+                        assert response.status == 503, await response.text()
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                await asyncio.sleep(0.05)
+            raise AssertionError(f"topic-{index} was never acknowledged")
+
+        semaphore = asyncio.Semaphore(8)
+
+        async def paced(index: int) -> None:
+            async with semaphore:
+                await create(index)
+
+        creating = [asyncio.create_task(paced(index)) for index in range(200)]
+        await builders.eventually(lambda: _assert_at_least(acknowledged, 50), timeout=60)
+        chain_before = await scs.store.get("meta/placement-start-index")
+        killed_at = asyncio.get_running_loop().time()
+        assert leader.process is not None
+        leader.process.send_signal(signal.SIGKILL)
+        leader.process.wait()
+
+        async def someone_leads() -> ScRun:
+            for sc in standbys:
+                if await scs.role(sc) == "leader":
+                    return sc
+            raise AssertionError("no standby leads yet")
+
+        new_leader = await builders.eventually(someone_leads, timeout=30)
+        took = asyncio.get_running_loop().time() - killed_at
+        assert took < TTL + 1, f"a standby led {took:.2f} s after the kill, more than the TTL ({TTL} s) and a second"
+        await asyncio.gather(*creating)
+        assert len(acknowledged) >= 190  # a few may have been written without their answer
+
+        async def all_provisioned() -> tuple[dict[str, Any], dict[str, Any]]:
+            topics = {item.key.removeprefix("topics/"): json.loads(item.value) for item in (await scs.store.list("topics/")).items}
+            partitions = {item.key.removeprefix("partitions/"): json.loads(item.value) for item in (await scs.store.list("partitions/")).items}
+            for name in acknowledged:
+                assert topics[name]["status"]["resolution"] == "Provisioned", topics[name]
+            assert all(topic["status"]["resolution"] == "Provisioned" for topic in topics.values())
+            # A topic is Provisioned first, its partitions are created right after: both in the end.
+            expected = {f"{name}-{index}" for name in topics for index in range(2)}
+            assert set(partitions) == expected  # none missing, none orphaned (a name is one key: none doubled)
+            return topics, partitions
+
+        topics, partitions = await builders.eventually(all_provisioned, timeout=60)
+        for name, topic in topics.items():
+            replica_map = topic["status"]["replicaMap"]
+            assert {f"{name}-{index}": replicas for index, replicas in replica_map.items()} == {
+                f"{name}-{index}": partitions[f"{name}-{index}"]["spec"]["replicas"] for index in range(2)
+            }
+        chain_after = await scs.store.get("meta/placement-start-index")
+        assert chain_before is not None and chain_after is not None
+        assert chain_after.mod_revision > chain_before.mod_revision  # the new leader went on with it
+        # Unbroken: each placement starts where the one before ended, across the takeover too.
+        assert json.loads(chain_after.value)["nextStartIndex"] == 2 * len(topics)
+
+        # SPU failover across the takeover: SPU 0 dies; the new leader moves what it led.
+        led = {name for name, partition in partitions.items() if partition["spec"]["leader"] == 0}
+        assert led
+        spus[0].send_signal(signal.SIGKILL)
+        spus[0].wait()
+
+        async def moved() -> None:
+            for name in led:
+                stored = await scs.store.get(f"partitions/{name}")
+                assert stored is not None and json.loads(stored.value)["spec"]["leader"] != 0, name
+
+        await builders.eventually(moved, timeout=30)
+        assert await scs.role(new_leader) == "leader"
+    finally:
+        await asyncio.to_thread(processes.stop_all, list(spus.values()))
+
+
+def _assert_at_least(found: set[str], count: int) -> None:
+    assert len(found) >= count, len(found)
