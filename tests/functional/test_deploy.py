@@ -223,6 +223,16 @@ def assert_standby_redirects_writes(standby_public: int, leader_advertised: str,
     assert json.load(raised.value)["error"]["code"] == "NotLeader"
 
 
+def wait_listed(publics: list[int], spu_name: str, token: str | None = None) -> None:
+    """Every SC lists the SPU: the standby's mirror (and so its history) has the change too."""
+
+    def listed() -> bool:
+        answers = [get_json(f"http://127.0.0.1:{public}/v1/spus", token) for public in publics]
+        return all(status == 200 and spu_name in [spu["name"] for spu in spus] for status, spus in answers)
+
+    wait_for(listed, 10.0, f"{spu_name} listed by every SC")
+
+
 def wait_settled(processes: list[Process], publics: list[int], token: str | None = None) -> None:
     """Each SC healthy (200 on /healthz, a standby included), and both seeing each other."""
     for process, public in zip(processes, publics, strict=True):
@@ -304,9 +314,9 @@ def test_compose_scs_run_as_composed_one_leads_one_stands_by(etcd_server: embedd
             checked = subprocess.run(healthcheck, env=env, capture_output=True, timeout=10)
             assert (checked.returncode, checked.stdout, checked.stderr) == (0, b"", b"")
         spu = register_spu(publics[leading])
+        wait_listed(publics, spu)
         # Both record the change: the standby's history follows the store too.
         for workdir in workdirs:
-            wait_for(lambda workdir=workdir: (workdir / "history").is_dir(), 10.0, "history directory")
             assert sorted(path.name for path in workdir.iterdir()) == ["history"]  # the only thing it writes
         for name in COMPOSE_SCS:
             assert services[name]["stop_grace_period"] == f"{STOP_TIMEOUT:.0f}s"
@@ -511,6 +521,7 @@ def test_kubernetes_scs_run_as_deployed_one_leads_one_stands_by(etcd_server: emb
         leading = assert_one_leads_the_other_stands_by(publics, advertised, DEPLOY_TOKEN)
         assert_standby_redirects_writes(publics[1 - leading], advertised[leading], DEPLOY_TOKEN)
         spu = register_spu(publics[leading], DEPLOY_TOKEN)
+        wait_listed(publics, spu, DEPLOY_TOKEN)
         for workdir in workdirs:
             assert sorted(path.name for path in workdir.iterdir()) == ["history"]
         for index in (1 - leading, leading):
