@@ -143,7 +143,7 @@ class Daemon:
             self.private_port = self.connections.port
             advertise = self.settings.advertise_host
             await self.active.join(
-                f"{_advertised(public_host, advertise)}:{self.public_port}", f"{_advertised(private_host, advertise)}:{self.private_port}"
+                _address(_advertised(public_host, advertise), self.public_port), _address(_advertised(private_host, advertise), self.private_port)
             )
             self._keeper = self.supervisor.spawn("active-sc-lease", self.active.run)
             # The mirror first: a leader's controllers start on it, a standby serves reads from it.
@@ -408,6 +408,12 @@ def _advertised(host: str, advertise_host: str | None) -> str:
     if advertise_host is not None:
         return advertise_host
     return socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+
+
+def _address(host: str, port: int | None) -> str:
+    """HOST:PORT as the claim's readers split it (SPUs, the Fluvio forwarder, a redirect's URL): an IPv6
+    address in brackets. The port is bound when this is called (None only before)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _bound_port(runner: web.AppRunner, configured: int) -> int:

@@ -59,6 +59,8 @@ def test_an_advertise_host_with_a_scheme_a_port_or_no_host_shape_is_refused_by_n
 def test_the_advertised_host_is_the_advertise_host_else_the_bound_host_else_this_hosts_name() -> None:
     assert [daemon._advertised(bound, None) for bound in ("0.0.0.0", "::", "", "10.1.2.3")] == [socket.gethostname()] * 3 + ["10.1.2.3"]
     assert [daemon._advertised(bound, "sc-0.sc-peers") for bound in ("0.0.0.0", "127.0.0.1", "10.1.2.3")] == ["sc-0.sc-peers"] * 3
+    # As HOST:PORT, an IPv6 address in brackets, as the claim's readers (SPUs, the Fluvio forwarder, a redirect's URL) take it.
+    assert [daemon._address(host, 9004) for host in ("sc-0.sc-peers", "10.1.2.3", "fd00::1")] == ["sc-0.sc-peers:9004", "10.1.2.3:9004", "[fd00::1]:9004"]
 
 
 # ---------------------------------------------------------------------------- errors: one line each, naming the source
