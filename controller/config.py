@@ -6,9 +6,11 @@ Precedence, highest first: command-line flags, environment, config file, default
 from __future__ import annotations
 
 import enum
+import ipaddress
 import json
 import logging
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,6 +48,12 @@ class Settings(BaseSettings):
     bind_host: str | None = Field(
         None,
         description="address both ports bind to; none: all interfaces, except the public port while no credential is configured: 127.0.0.1",
+    )
+    # Part of this SC's identity in the candidates' queue: a standby's redirects and refusals name
+    # the leader's. Behind 0.0.0.0 in a container or pod, this host's name may not resolve for others.
+    advertise_host: str | None = Field(
+        None,
+        description="the host name (or IP) other SCs, SPUs and clients reach this SC at, on both ports; none: bind_host, or this host's name when binding every interface",
     )
     public_port: Port = Field(9003, description="HTTP API, /metrics and Fluvio's protocol (0: any free port)")
     private_port: Port = Field(9004, description="where SPUs connect (0: any free port)")
@@ -234,6 +242,16 @@ class Settings(BaseSettings):
                 raise ValueError(f"placement plug-in {name!r}: {reference!r} is not written module:Class")
         return plugins
 
+    @pydantic.field_validator("advertise_host")
+    @classmethod
+    def _host_shape(cls, host: str | None) -> str | None:
+        if host is not None and not _is_host(host):
+            raise ValueError(
+                f"advertise host {host!r} is not a host name or IP address: give the name other SCs, SPUs and "
+                "clients reach this SC at, without scheme or port (like sc-0.sc-peers)"
+            )
+        return host
+
     @pydantic.field_validator("log_level")
     @classmethod
     def _known_level(cls, level: str) -> str:
@@ -269,6 +287,18 @@ def public_bind(settings: Settings) -> tuple[str, str | None]:
 def private_bind(settings: Settings) -> str:
     """The private port's address: SPUs prove themselves there (token, certificate, else loopback only)."""
     return settings.bind_host or ALL_INTERFACES
+
+
+# A DNS name: dot-separated labels of letters, digits and inner hyphens (RFC 1123).
+_HOST_NAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def _is_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return _HOST_NAME.fullmatch(host) is not None
+    return True
 
 
 def _is_loopback_host(host: str) -> bool:

@@ -141,7 +141,10 @@ class Daemon:
                 private_host, self.settings.private_port, (lambda: contexts.private) if contexts is not None else None
             )
             self.private_port = self.connections.port
-            await self.active.join(f"{_advertised(public_host)}:{self.public_port}", f"{_advertised(private_host)}:{self.private_port}")
+            advertise = self.settings.advertise_host
+            await self.active.join(
+                _address(_advertised(public_host, advertise), self.public_port), _address(_advertised(private_host, advertise), self.private_port)
+            )
             self._keeper = self.supervisor.spawn("active-sc-lease", self.active.run)
             # The mirror first: a leader's controllers start on it, a standby serves reads from it.
             await self.pipeline.start_reader()
@@ -398,10 +401,19 @@ def _ports(settings: config.Settings) -> tuple[transport.Port, transport.Port]:
     )
 
 
-def _advertised(host: str) -> str:
-    """The host other SCs and SPUs reach this one at: the host bound, or this host's name when it
+def _advertised(host: str, advertise_host: str | None) -> str:
+    """The host other SCs, SPUs and clients reach this one at: advertise_host when set (a container's
+    or pod's own name may not resolve for others), else the host bound, or this host's name when it
     binds every interface."""
+    if advertise_host is not None:
+        return advertise_host
     return socket.gethostname() if host in ("", "0.0.0.0", "::") else host
+
+
+def _address(host: str, port: int | None) -> str:
+    """HOST:PORT as the claim's readers split it (SPUs, the Fluvio forwarder, a redirect's URL): an IPv6
+    address in brackets. The port is bound when this is called (None only before)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _bound_port(runner: web.AppRunner, configured: int) -> int:

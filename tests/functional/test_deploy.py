@@ -31,10 +31,8 @@ from typing import Any
 
 import pytest
 
-from controller import config
 from store import embedded_etcd, history
 from tests import deploy_files as files
-from tests.fixtures import daemon as daemon_fixture
 
 BIN = str(Path(sys.executable).parent)  # where this environment's `sc` is: /opt/sc/bin in the image
 STOP_TIMEOUT = 30.0  # the manifests' grace period (checked against them below)
@@ -78,9 +76,10 @@ def base_env(extra: dict[str, str]) -> dict[str, str]:
     return {"HOME": os.environ.get("HOME", "/"), **extra}
 
 
-def get_json(url: str) -> tuple[int, Any]:
+def get_json(url: str, token: str | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(request, timeout=2) as response:
             return response.status, json.load(response)
     except urllib.error.HTTPError as error:
         return error.code, json.load(error)
@@ -190,7 +189,65 @@ def assert_private_port_warning(process: Process, remote_spus: bool) -> None:
     assert warnings == [expected], warnings
 
 
+def roles(publics: list[int], token: str | None) -> list[dict[str, Any]]:
+    """``GET /v1/cluster`` of each SC."""
+    answers = []
+    for public in publics:
+        status, body = get_json(f"http://127.0.0.1:{public}/v1/cluster", token)
+        assert status == 200, body
+        answers.append(body)
+    return answers
+
+
+def assert_one_leads_the_other_stands_by(publics: list[int], advertised: list[str], token: str | None = None) -> int:
+    """The SCs at ``publics`` (public ports), advertising ``advertised`` (host:port each): exactly one
+    leads, the other is a standby, and both name the same leader and standby. The leader's index."""
+    answers = roles(publics, token)
+    assert sorted(answer["self"]["role"] for answer in answers) == ["leader", "standby"], answers
+    [leading] = [index for index, answer in enumerate(answers) if answer["self"]["role"] == "leader"]
+    assert [answer["self"]["address"] for answer in answers] == advertised
+    for answer in answers:
+        assert answer["leader"]["address"] == advertised[leading], answers
+        assert [standby["address"] for standby in answer["standbys"]] == [advertised[1 - leading]], answers
+    return leading
+
+
+def assert_standby_redirects_writes(standby_public: int, leader_advertised: str, token: str | None = None) -> None:
+    """A write to the standby is a 307 to the leader's advertised public address (urllib does not
+    follow a POST's 307; `sc` does)."""
+    headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {token}"} if token else {})
+    request = urllib.request.Request(f"http://127.0.0.1:{standby_public}/v1/spus", b"{}", headers, method="POST")
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(request, timeout=5)
+    assert (raised.value.code, raised.value.headers["Location"]) == (307, f"http://{leader_advertised}/v1/spus")
+    assert json.load(raised.value)["error"]["code"] == "NotLeader"
+
+
+def wait_listed(publics: list[int], spu_name: str, token: str | None = None) -> None:
+    """Every SC lists the SPU: the standby's mirror (and so its history) has the change too."""
+
+    def listed() -> bool:
+        answers = [get_json(f"http://127.0.0.1:{public}/v1/spus", token) for public in publics]
+        return all(status == 200 and spu_name in [spu["name"] for spu in spus] for status, spus in answers)
+
+    wait_for(listed, 10.0, f"{spu_name} listed by every SC")
+
+
+def wait_settled(processes: list[Process], publics: list[int], token: str | None = None) -> None:
+    """Each SC healthy (200 on /healthz, a standby included), and both seeing each other."""
+    for process, public in zip(processes, publics, strict=True):
+        wait_healthy(process, public)
+
+    def both_known() -> bool:
+        return all(answer["leader"] is not None and len(answer["standbys"]) == 1 for answer in roles(publics, token))
+
+    wait_for(both_known, 15.0, "both SCs in each other's view")
+
+
 # ------------------------------------------------------------------------------------------- Compose
+
+
+COMPOSE_SCS = ["sc-0", "sc-1"]
 
 
 def compose_healthcheck(service: dict[str, Any], **replacements: str) -> list[str]:
@@ -212,35 +269,66 @@ def compose_env(service: dict[str, Any], **replacements: str) -> dict[str, str]:
 
 
 
-@pytest.mark.etcd
-def test_compose_sc_runs_as_composed(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
-    sc = files.compose()["services"]["sc"]
-    public, private = embedded_etcd.free_ports(2)
-    workdir = tmp_path / "sc"  # the image's WORKDIR, where the service's volume is
-    workdir.mkdir()
-    assert files.image_workdir() == "/var/lib/sc"
+def compose_sc(name: str, etcd: list[str], prefix: str, public: int, private: int, workdir: Path, **env: str) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment of Compose's SC ``name``, on this machine's etcd, ports and paths."""
+    sc = files.compose()["services"][name]
     argv = files.image_entrypoint() + [files.unescape_compose(word) for word in sc["command"]]
-    argv = files.replace_flag(argv, "--etcd-endpoints", ",".join(etcd_urls(etcd_server)))
+    argv = files.replace_flag(argv, "--etcd-endpoints", ",".join(etcd))
     argv = files.replace_flag(argv, "--public-port", str(public))
     argv = files.replace_flag(argv, "--private-port", str(private))
     history_flag = files.flag_value(argv, "--history-dir")
     assert history_flag == "/var/lib/sc/history"  # on the service's volume, mounted at the WORKDIR
     argv = files.replace_flag(argv, "--history-dir", str(workdir / "history"))
-    env = base_env({**image_env(), **compose_env(sc, SC_KEY_PREFIX=fresh_prefix())})
-    healthcheck = compose_healthcheck(sc, **{"127.0.0.1:9003": f"127.0.0.1:{public}"})
+    return argv, base_env({**image_env(), **compose_env(sc, SC_KEY_PREFIX=prefix, **env)})
 
-    with started(argv, env, workdir, tmp_path, "sc") as process:
-        wait_healthy(process, public)
-        checked = subprocess.run(healthcheck, env=env, capture_output=True, timeout=10)
-        assert (checked.returncode, checked.stdout, checked.stderr) == (0, b"", b"")
-        spu = register_spu(public)
-        assert sorted(path.name for path in workdir.iterdir()) == ["history"]  # the only thing it writes
-        assert sc["stop_grace_period"] == f"{STOP_TIMEOUT:.0f}s"
-        stop_cleanly(process)
-    assert_private_port_warning(process, remote_spus=True)
-    assert_history_recorded(workdir / "history", spu)
-    # Stopped, it fails its health check.
-    assert subprocess.run(healthcheck, env=env, capture_output=True, timeout=10).returncode == 1
+
+@pytest.mark.etcd
+def test_compose_scs_run_as_composed_one_leads_one_stands_by(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
+    """Both SCs as composed, started together on one store: one leads, the other is a standby;
+    both are healthy, advertise their service names, and record their own history."""
+    services = files.compose()["services"]
+    assert files.image_workdir() == "/var/lib/sc"
+    ports = embedded_etcd.free_ports(4)
+    publics, privates = ports[:2], ports[2:]
+    prefix = fresh_prefix()
+    workdirs = [tmp_path / name for name in COMPOSE_SCS]  # the image's WORKDIR, where each service's volume is
+    commands = []
+    for name, workdir, public, private in zip(COMPOSE_SCS, workdirs, publics, privates, strict=True):
+        workdir.mkdir()
+        commands.append(compose_sc(name, etcd_urls(etcd_server), prefix, public, private, workdir))
+    healthchecks = [
+        compose_healthcheck(services[name], **{"127.0.0.1:9003": f"127.0.0.1:{public}"}) for name, public in zip(COMPOSE_SCS, publics, strict=True)
+    ]
+
+    with contextlib.ExitStack() as stack:
+        processes = [
+            stack.enter_context(started(argv, env, workdir, tmp_path, name))
+            for name, (argv, env), workdir in zip(COMPOSE_SCS, commands, workdirs, strict=True)
+        ]
+        wait_settled(processes, publics)
+        # Each advertises its service name (its address on the Compose network) with its port.
+        advertised = [f"{name}:{public}" for name, public in zip(COMPOSE_SCS, publics, strict=True)]
+        leading = assert_one_leads_the_other_stands_by(publics, advertised)
+        assert_standby_redirects_writes(publics[1 - leading], advertised[leading])
+        for healthcheck, (_, env) in zip(healthchecks, commands, strict=True):
+            checked = subprocess.run(healthcheck, env=env, capture_output=True, timeout=10)
+            assert (checked.returncode, checked.stdout, checked.stderr) == (0, b"", b"")
+        spu = register_spu(publics[leading])
+        wait_listed(publics, spu)
+        # Both record the change: the standby's history follows the store too.
+        for workdir in workdirs:
+            assert sorted(path.name for path in workdir.iterdir()) == ["history"]  # the only thing it writes
+        for name in COMPOSE_SCS:
+            assert services[name]["stop_grace_period"] == f"{STOP_TIMEOUT:.0f}s"
+        # The standby first, so that the leader's stop is not a takeover.
+        for index in (1 - leading, leading):
+            stop_cleanly(processes[index])
+    for process, workdir in zip(processes, workdirs, strict=True):
+        assert_private_port_warning(process, remote_spus=True)
+        assert_history_recorded(workdir / "history", spu)
+    # Stopped, they fail their health checks.
+    for healthcheck, (_, env) in zip(healthchecks, commands, strict=True):
+        assert subprocess.run(healthcheck, env=env, capture_output=True, timeout=10).returncode == 1
 
 
 async def run(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str, str]:
@@ -250,86 +338,140 @@ async def run(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str
     return process.returncode, out.decode(), err.decode()
 
 
-async def test_compose_spu_init_and_spus_join_the_sc(tmp_path: Path) -> None:
-    """spu-init registers the SPUs (and succeeds again on a second `up`); each SPU service connects."""
+@pytest.mark.etcd
+async def test_compose_spu_init_and_spus_join_the_leader_through_the_standby(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
+    """spu-init registers the SPUs through sc-0 (and succeeds again on a second `up`); each SPU
+    service connects. sc-1 starts first and leads, so sc-0 is the standby: the registration follows
+    its redirect, and the SPUs, which try sc-0 first, follow its refusal to the leader."""
     services = files.compose()["services"]
     spu_services = sorted(name for name in services if name.startswith("spu-") and name != "spu-init")
     assert spu_services == ["spu-0", "spu-1", "spu-2"]
-    settings = config.Settings(store=config.StoreKind.MEMORY, **daemon_fixture.COMMON_SETTINGS)
-    async with daemon_fixture.running(settings) as sc:
-        # Each SPU container has its own 0.0.0.0:9006; here the three share one machine, so each
-        # listens on a loopback address of its own, on a port free here.
-        port = embedded_etcd.free_ports(1)[0]
-        init = services["spu-init"]
-        init_argv = [files.unescape_compose(word) for word in init["entrypoint"] + init["command"]]
-        assert sum(word.count(':9006"') for word in init_argv) == 1
-        init_argv = [word.replace(':9006"', f':{port}"') for word in init_argv]
-        init_env = base_env({**image_env(), **compose_env(init, SC_ADDR=sc.url)})
-        first = await run(init_argv, init_env, tmp_path)
-        assert first[0] == 0 and first[2] == "", first
-        # Each SPU is registered under its service's name and id, with its service's name as host
-        # (its address on the Compose network).
-        status, spus = await sc.call("GET", "/v1/spus")
-        assert status == 200
-        assert sorted((spu["name"], spu["spec"]["id"], spu["spec"]["privateEndpoint"], spu["status"]["resolution"]) for spu in spus) == [
-            (name, int(files.flag_value(services[name]["command"], "--id")), {"host": name, "port": port}, "Init")
-            for name in spu_services
-        ]
+    # Each SC container is reached at its service name; here each at a loopback address of its own
+    # (the SCs bind every interface), advertised as its name is in Compose.
+    hosts = {name: f"127.0.2.{index + 1}" for index, name in enumerate(COMPOSE_SCS)}
+    ports = embedded_etcd.free_ports(4)
+    publics, privates = dict(zip(COMPOSE_SCS, ports[:2], strict=True)), dict(zip(COMPOSE_SCS, ports[2:], strict=True))
+    prefix = fresh_prefix()
+    with contextlib.ExitStack() as stack:
+        processes = {}
+        for name in ["sc-1", "sc-0"]:
+            workdir = tmp_path / name
+            workdir.mkdir()
+            argv, env = compose_sc(name, etcd_urls(etcd_server), prefix, publics[name], privates[name], workdir, SC_ADVERTISE_HOST=hosts[name])
+            processes[name] = stack.enter_context(started(argv, env, workdir, tmp_path, name))
+            wait_healthy(processes[name], publics[name])
+        wait_settled([processes[name] for name in COMPOSE_SCS], [publics[name] for name in COMPOSE_SCS])
+        advertised = [f"{hosts[name]}:{publics[name]}" for name in COMPOSE_SCS]
+        assert assert_one_leads_the_other_stands_by([publics[name] for name in COMPOSE_SCS], advertised) == 1
+        await _spu_init_and_spus(services, spu_services, hosts, publics, privates, publics["sc-1"], tmp_path)
+        for name in ["sc-0", "sc-1"]:
+            stop_cleanly(processes[name])
 
-        # The SPUs, each as its `command:`.
-        processes = []
+
+async def _spu_init_and_spus(
+    services: dict[str, Any], spu_services: list[str], hosts: dict[str, str], publics: dict[str, int], privates: dict[str, int],
+    leader_public: int, tmp_path: Path,
+) -> None:
+    # Each SPU container has its own 0.0.0.0:9006; here the three share one machine, so each
+    # listens on a loopback address of its own, on a port free here.
+    port = embedded_etcd.free_ports(1)[0]
+    init = services["spu-init"]
+    init_argv = [files.unescape_compose(word) for word in init["entrypoint"] + init["command"]]
+    assert sum(word.count(':9006"') for word in init_argv) == 1
+    init_argv = [word.replace(':9006"', f':{port}"') for word in init_argv]
+    assert init["environment"]["SC_ADDR"] == "http://sc-0:9003"
+    init_env = base_env({**image_env(), **compose_env(init, SC_ADDR=f"http://{hosts['sc-0']}:{publics['sc-0']}")})
+    first = await run(init_argv, init_env, tmp_path)
+    assert first[0] == 0 and first[2] == "", first
+    # Each SPU is registered under its service's name and id, with its service's name as host
+    # (its address on the Compose network).
+    status, spus = get_json(f"http://127.0.0.1:{leader_public}/v1/spus")
+    assert status == 200
+    assert sorted((spu["name"], spu["spec"]["id"], spu["spec"]["privateEndpoint"], spu["status"]["resolution"]) for spu in spus) == [
+        (name, int(files.flag_value(services[name]["command"], "--id")), {"host": name, "port": port}, "Init")
+        for name in spu_services
+    ]
+
+    # The SPUs, each as its `command:`, given every SC's private address (sc-0's first: the standby).
+    processes = []
+    for index, name in enumerate(spu_services):
+        spu = services[name]
+        argv = files.image_entrypoint() + [files.unescape_compose(word) for word in spu["command"]]
+        assert files.flag_value(argv, "--sc-private") == "sc-0:9004,sc-1:9004"
+        argv = files.replace_flag(argv, "--sc-private", ",".join(f"{hosts[sc]}:{privates[sc]}" for sc in COMPOSE_SCS))
+        assert files.flag_value(argv, "--listen-host") == "0.0.0.0"
+        argv = files.replace_flag(argv, "--listen-host", f"127.0.0.{index + 2}")
+        assert files.flag_value(argv, "--data-dir") == "/var/lib/sc"
+        data = tmp_path / name
+        data.mkdir()
+        argv = files.replace_flag(argv, "--data-dir", str(data))
+        with (tmp_path / f"{name}.out").open("wb") as out, (tmp_path / f"{name}.err").open("wb") as err:
+            processes.append(await asyncio.create_subprocess_exec(*argv, env=base_env({**image_env(), **compose_env(spu)}), cwd=data, stdout=out, stderr=err))
+    try:
+        # Meanwhile, a second `up`: the SPUs are registered already.
+        again = await run(init_argv, init_env, tmp_path)
+        assert again == (0, "spu-0 is already registered\nspu-1 is already registered\nspu-2 is already registered\n", "")
+
+        async def all_online() -> bool:
+            _, listed = get_json(f"http://127.0.0.1:{leader_public}/v1/spus")
+            return [spu["status"]["resolution"] for spu in listed] == ["Online"] * 3
+
+        await _eventually(all_online, 20.0, "every SPU online")
         for index, name in enumerate(spu_services):
-            spu = services[name]
-            argv = files.image_entrypoint() + [files.unescape_compose(word) for word in spu["command"]]
-            assert files.flag_value(argv, "--sc-private") == "sc:9004"
-            argv = files.replace_flag(argv, "--sc-private", f"127.0.0.1:{sc.daemon.private_port}")
-            assert files.flag_value(argv, "--listen-host") == "0.0.0.0"
-            argv = files.replace_flag(argv, "--listen-host", f"127.0.0.{index + 2}")
-            assert files.flag_value(argv, "--data-dir") == "/var/lib/sc"
-            data = tmp_path / name
-            data.mkdir()
-            argv = files.replace_flag(argv, "--data-dir", str(data))
-            with (tmp_path / f"{name}.out").open("wb") as out, (tmp_path / f"{name}.err").open("wb") as err:
-                processes.append(await asyncio.create_subprocess_exec(*argv, env=base_env({**image_env(), **compose_env(spu)}), cwd=data, stdout=out, stderr=err))
-        try:
-            # Meanwhile, a second `up`: the SPUs are registered already.
-            again = await run(init_argv, init_env, tmp_path)
-            assert again == (0, "spu-0 is already registered\nspu-1 is already registered\nspu-2 is already registered\n", "")
+            probe = compose_healthcheck(services[name], **{"('127.0.0.1', 9006)": f"('127.0.0.{index + 2}', {port})"})
 
-            async def all_online() -> None:
-                _, listed = await sc.call("GET", "/v1/spus")
-                assert [spu["status"]["resolution"] for spu in listed] == ["Online"] * 3
+            async def listening(probe: list[str] = probe) -> bool:
+                return (await run(probe, base_env(image_env()), tmp_path))[0] == 0
 
-            await sc.eventually(all_online, timeout=20.0)
-            for index, name in enumerate(spu_services):
-                probe = compose_healthcheck(services[name], **{"('127.0.0.1', 9006)": f"('127.0.0.{index + 2}', {port})"})
+            await _eventually(listening, 10.0, f"{name} listening")
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        codes = [await asyncio.wait_for(process.wait(), STOP_TIMEOUT) for process in processes]
+    assert codes == [0, 0, 0]
+    leader_private = f"{hosts['sc-1']}:{privates['sc-1']}"
+    for name in spu_services:
+        assert (tmp_path / f"{name}.out").read_text() == ""
+        lines = json_lines(tmp_path / f"{name}.err")
+        events = [line["event"] for line in lines]
+        assert events[-1] == "spu stopped" and "sc accepted" in events, events
+        # Refused by the standby sc-0, which named the leader's advertised private address.
+        assert [line["leader"] for line in lines if line["event"] == "sc is a standby; going to the leader it names"][:1] == [leader_private]
+        assert (tmp_path / name / name / "offsets.json").is_file()  # its volume keeps its offsets
 
-                async def listening() -> None:
-                    assert (await run(probe, base_env(image_env()), tmp_path))[0] == 0
 
-                await sc.eventually(listening, timeout=10.0)
-        finally:
-            for process in processes:
-                if process.returncode is None:
-                    process.send_signal(signal.SIGTERM)
-            codes = [await asyncio.wait_for(process.wait(), STOP_TIMEOUT) for process in processes]
-        assert codes == [0, 0, 0]
-        for name in spu_services:
-            assert (tmp_path / f"{name}.out").read_text() == ""
-            events = [line["event"] for line in json_lines(tmp_path / f"{name}.err")]
-            assert events[-1] == "spu stopped" and "sc accepted" in events, events
-            assert (tmp_path / name / name / "offsets.json").is_file()  # its volume keeps its offsets
+async def _eventually(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"{what} within {timeout} s"
+        await asyncio.sleep(0.05)
 
 
 # ---------------------------------------------------------------------------------------- Kubernetes
 
 
+def pod_env(container: dict[str, Any], pod_name: str) -> dict[str, str]:
+    """The kubelet's part: the container's env, metadata.name from the downward API, and each
+    ``$(NAME)`` replaced by a variable defined before it (as Kubernetes expands them)."""
+    env: dict[str, str] = {}
+    for variable in container.get("env", []):
+        if "valueFrom" in variable:
+            assert variable["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, variable
+            env[variable["name"]] = pod_name
+        else:
+            env[variable["name"]] = re.sub(r"\$\((\w+)\)", lambda match: env[match[1]], variable["value"])
+    return env
+
+
 @pytest.mark.etcd
-def test_kubernetes_sc_runs_as_deployed(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
-    """The Deployment's args and env, through the image's entrypoint, with the ConfigMap's file as mounted."""
-    deployment = files.kubernetes_object("Deployment", "sc")
-    container = files.container(deployment, "sc")
-    pod = deployment["spec"]["template"]["spec"]
+def test_kubernetes_scs_run_as_deployed_one_leads_one_stands_by(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
+    """Each pod of the StatefulSet: its args and env (advertising POD.sc-peers), through the image's
+    entrypoint, with the ConfigMap's file as mounted and its own history claim. Started together,
+    one leads and the other is a standby, both ready (/healthz 200, the probes' path)."""
+    statefulset = files.kubernetes_object("StatefulSet", "sc")
+    container = files.container(statefulset, "sc")
+    pod = statefulset["spec"]["template"]["spec"]
     assert "command" not in container  # the image's entrypoint, `sc`
     argv = files.image_entrypoint() + container["args"]
     # --config names a file of the ConfigMap volume mounted at its directory.
@@ -337,33 +479,56 @@ def test_kubernetes_sc_runs_as_deployed(etcd_server: embedded_etcd.EmbeddedEtcd,
     [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == str(config_path.parent)]
     [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
     config_map = files.kubernetes_object("ConfigMap", volume["configMap"]["name"])
-    # The history goes to the volume mounted at /var/lib/sc (the root file system is read-only).
+    # The history goes to the pod's claim mounted at /var/lib/sc (the root file system is read-only).
     [history_mount] = [m for m in container["volumeMounts"] if m["mountPath"] == "/var/lib/sc"]
     assert "readOnly" not in history_mount
-    workdir = tmp_path / "sc"
-    workdir.mkdir()
-    public, private = embedded_etcd.free_ports(2)
-    settings = files.replace_settings(
-        config_map["data"][config_path.name],
-        etcd_endpoints=etcd_urls(etcd_server),
-        key_prefix=fresh_prefix(),
-        public_port=public,
-        private_port=private,
-        history_dir=str(workdir / "history"),
-        auth_tokens=str(tokens_file(tmp_path)),
-    )
-    local_config = tmp_path / config_path.name
-    local_config.write_text(settings)
-    argv = files.replace_flag(argv, "--config", str(local_config))
-    env = base_env({**image_env(), **{variable["name"]: variable["value"] for variable in container.get("env", [])}})
+    assert [claim["metadata"]["name"] for claim in statefulset["spec"]["volumeClaimTemplates"]] == [history_mount["name"]]
+    pods = [f"{statefulset['metadata']['name']}-{index}" for index in range(statefulset["spec"]["replicas"])]
+    assert pods == ["sc-0", "sc-1"]
+    assert [probe["httpGet"]["path"] for probe in (container["startupProbe"], container["readinessProbe"])] == ["/healthz"] * 2
+    ports = embedded_etcd.free_ports(4)
+    publics, privates = ports[:2], ports[2:]
+    prefix = fresh_prefix()
+    tokens = tokens_file(tmp_path)
+    commands = []
+    workdirs = []
+    for name, public, private in zip(pods, publics, privates, strict=True):
+        workdir = tmp_path / name
+        workdir.mkdir()
+        workdirs.append(workdir)
+        settings = files.replace_settings(
+            config_map["data"][config_path.name],
+            etcd_endpoints=etcd_urls(etcd_server),
+            key_prefix=prefix,
+            public_port=public,
+            private_port=private,
+            history_dir=str(workdir / "history"),
+            auth_tokens=str(tokens),
+        )
+        local_config = tmp_path / f"{name}.toml"
+        local_config.write_text(settings)
+        commands.append((files.replace_flag(argv, "--config", str(local_config)), base_env({**image_env(), **pod_env(container, name)})))
+    assert [env["SC_ADVERTISE_HOST"] for _, env in commands] == ["sc-0.sc-peers", "sc-1.sc-peers"]
 
-    with started(argv, env, workdir, tmp_path, "sc") as process:
-        wait_healthy(process, public)
-        spu = register_spu(public, DEPLOY_TOKEN)
-        assert sorted(path.name for path in workdir.iterdir()) == ["history"]
-        stop_cleanly(process, timeout=pod["terminationGracePeriodSeconds"])
-    assert_private_port_warning(process, remote_spus=True)
-    assert_history_recorded(workdir / "history", spu)
+    with contextlib.ExitStack() as stack:
+        processes = [
+            stack.enter_context(started(command, env, workdir, tmp_path, name))
+            for name, (command, env), workdir in zip(pods, commands, workdirs, strict=True)
+        ]
+        wait_settled(processes, publics, DEPLOY_TOKEN)
+        # Each advertises its stable name under the headless Service, which its peers resolve in the cluster.
+        advertised = [f"{name}.sc-peers:{public}" for name, public in zip(pods, publics, strict=True)]
+        leading = assert_one_leads_the_other_stands_by(publics, advertised, DEPLOY_TOKEN)
+        assert_standby_redirects_writes(publics[1 - leading], advertised[leading], DEPLOY_TOKEN)
+        spu = register_spu(publics[leading], DEPLOY_TOKEN)
+        wait_listed(publics, spu, DEPLOY_TOKEN)
+        for workdir in workdirs:
+            assert sorted(path.name for path in workdir.iterdir()) == ["history"]
+        for index in (1 - leading, leading):
+            stop_cleanly(processes[index], timeout=pod["terminationGracePeriodSeconds"])
+    for process, workdir in zip(processes, workdirs, strict=True):
+        assert_private_port_warning(process, remote_spus=True)
+        assert_history_recorded(workdir / "history", spu)
 
 
 # ------------------------------------------------------------------------------------------- systemd

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,28 @@ def test_the_spu_token_file_is_read_and_must_hold_a_token(tmp_path: Path) -> Non
         config.read_token(token)
     with pytest.raises(ValueError, match="cannot read the SPU token file '/nonexistent/token'"):
         config.read_token(Path("/nonexistent/token"))
+
+
+@pytest.mark.parametrize("host", ["sc-0.sc-peers", "sc-1", "SC-A.example.com", "10.0.0.5", "fd00::1"])
+def test_an_advertise_host_is_a_host_name_or_an_ip_address(host: str) -> None:
+    assert config.Settings(advertise_host=host).advertise_host == host
+
+
+@pytest.mark.parametrize("host", ["http://sc-0", "sc-0:9003", "sc-0.sc-peers/", "", "sc 0", "-sc", "sc-.peers", "a..b", "[fd00::1]"])
+def test_an_advertise_host_with_a_scheme_a_port_or_no_host_shape_is_refused_by_name(host: str) -> None:
+    with pytest.raises(config.ConfigError) as raised:
+        config.load(advertise_host=host)
+    assert raised.value.problems == [
+        f"advertise_host (--advertise-host) = {host}: advertise host {host!r} is not a host name or IP address: "
+        "give the name other SCs, SPUs and clients reach this SC at, without scheme or port (like sc-0.sc-peers)"
+    ]
+
+
+def test_the_advertised_host_is_the_advertise_host_else_the_bound_host_else_this_hosts_name() -> None:
+    assert [daemon._advertised(bound, None) for bound in ("0.0.0.0", "::", "", "10.1.2.3")] == [socket.gethostname()] * 3 + ["10.1.2.3"]
+    assert [daemon._advertised(bound, "sc-0.sc-peers") for bound in ("0.0.0.0", "127.0.0.1", "10.1.2.3")] == ["sc-0.sc-peers"] * 3
+    # As HOST:PORT, an IPv6 address in brackets, as the claim's readers (SPUs, the Fluvio forwarder, a redirect's URL) take it.
+    assert [daemon._address(host, 9004) for host in ("sc-0.sc-peers", "10.1.2.3", "fd00::1")] == ["sc-0.sc-peers:9004", "10.1.2.3:9004", "[fd00::1]:9004"]
 
 
 # ---------------------------------------------------------------------------- errors: one line each, naming the source

@@ -42,9 +42,10 @@ def test_kubernetes_manifests_hold_exactly_these_objects() -> None:
         ("etcd.yaml", "StatefulSet", "etcd"),
         ("etcd.yaml", "PodDisruptionBudget", "etcd"),
         ("sc.yaml", "ConfigMap", "sc-config"),
-        ("sc.yaml", "PersistentVolumeClaim", "sc-history"),
-        ("sc.yaml", "Deployment", "sc"),
+        ("sc.yaml", "StatefulSet", "sc"),
+        ("sc.yaml", "Service", "sc-peers"),
         ("sc.yaml", "Service", "sc"),
+        ("sc.yaml", "PodDisruptionBudget", "sc"),
     ]
 
 
@@ -56,11 +57,11 @@ def test_kubernetes_manifests_match_the_schemas(version: str) -> None:
 
 
 def test_kubernetes_validation_rejects_a_misspelt_field() -> None:
-    deployment = copy.deepcopy(files.kubernetes_object("Deployment", "sc"))
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    statefulset = copy.deepcopy(files.kubernetes_object("StatefulSet", "sc"))
+    container = statefulset["spec"]["template"]["spec"]["containers"][0]
     container["livenesProbe"] = container.pop("livenessProbe")
     with pytest.raises(kubernetes_validate.ValidationError, match="'livenesProbe' was unexpected"):
-        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
+        kubernetes_validate.validate(statefulset, KUBERNETES_VERSIONS[0], strict=True)
 
 
 def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
@@ -116,62 +117,112 @@ def test_etcd_disruption_budget_keeps_a_quorum() -> None:
     assert replicas - budget["spec"]["maxUnavailable"] >= replicas // 2 + 1
 
 
-def test_sc_deployment_config_ports_and_probes_agree() -> None:
-    deployment = files.kubernetes_object("Deployment", "sc")
+def sc_settings_toml() -> dict[str, Any]:
+    return tomllib.loads(files.kubernetes_object("ConfigMap", "sc-config")["data"]["sc.toml"])
+
+
+def test_sc_statefulset_config_ports_and_probes_agree() -> None:
+    statefulset = files.kubernetes_object("StatefulSet", "sc")
     service = files.kubernetes_object("Service", "sc")
-    statefulset = files.kubernetes_object("StatefulSet", "etcd")
-    sc = files.container(deployment, "sc")
-    # A single active controller: one replica, never two during a rollout.
-    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]) == (1, {"type": "Recreate"})
+    etcd = files.kubernetes_object("StatefulSet", "etcd")
+    spec = statefulset["spec"]
+    sc = files.container(statefulset, "sc")
+    # Two SCs on one store: one leads, the other is a hot standby; neither waits for the other to start.
+    assert (spec["replicas"], spec["podManagementPolicy"], spec["serviceName"]) == (2, "Parallel", "sc-peers")
+    assert "strategy" not in spec and "updateStrategy" not in spec  # a rolling update, one pod at a time
     assert sc["image"] == IMAGE
     assert sc["args"] == ["run", "--config", "/etc/sc/sc.toml"]
-    settings = tomllib.loads(files.kubernetes_object("ConfigMap", "sc-config")["data"]["sc.toml"])
+    settings = sc_settings_toml()
     config.Settings(**settings)  # every key is a setting, every value valid
     # The members of the etcd StatefulSet, by their stable names.
-    assert settings["etcd_endpoints"] == [f"http://etcd-{i}.etcd:2379" for i in range(statefulset["spec"]["replicas"])]
+    assert settings["etcd_endpoints"] == [f"http://etcd-{i}.etcd:2379" for i in range(etcd["spec"]["replicas"])]
     ports = named_ports(sc)
     assert ports == {"public": settings["public_port"], "private": settings["private_port"]}
-    assert selects(service["spec"]["selector"], pod_labels(deployment))
+    # The clients' Service: every SC (a standby serves reads and redirects writes in the cluster).
+    assert selects(service["spec"]["selector"], pod_labels(statefulset))
+    assert "clusterIP" not in service["spec"]
     assert [(port["port"], ports[port["targetPort"]]) for port in service["spec"]["ports"]] == [(9003, 9003), (9004, 9004)]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert sc[probe]["httpGet"] == {"path": "/healthz", "port": "public"}, probe
 
 
+def test_each_sc_pod_advertises_its_stable_name_under_the_headless_service() -> None:
+    statefulset = files.kubernetes_object("StatefulSet", "sc")
+    peers = files.kubernetes_object("Service", statefulset["spec"]["serviceName"])
+    sc = files.container(statefulset, "sc")
+    # Headless, selecting the SC pods, naming them before they are ready (a starting SC is reached by its name).
+    assert (peers["spec"]["clusterIP"], peers["spec"]["publishNotReadyAddresses"]) == ("None", True)
+    assert selects(peers["spec"]["selector"], pod_labels(statefulset))
+    ports = named_ports(sc)
+    assert {port["name"]: ports[port["targetPort"]] for port in peers["spec"]["ports"]} == {"public": 9003, "private": 9004}
+    # $(POD_NAME) from the downward API, defined before the variable that uses it: sc-N.sc-peers.
+    assert sc["env"] == [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "SC_ADVERTISE_HOST", "value": f"$(POD_NAME).{peers['metadata']['name']}"},
+    ]
+    pods = [f"{statefulset['metadata']['name']}-{index}" for index in range(statefulset["spec"]["replicas"])]
+    assert [config.Settings(advertise_host=f"{pod}.sc-peers").advertise_host for pod in pods] == ["sc-0.sc-peers", "sc-1.sc-peers"]
+
+
+def test_kubernetes_spus_are_told_every_sc_pods_private_address() -> None:
+    """sc.yaml's SPU command line lists each SC pod's private address, so an SPU finds the leader."""
+    statefulset = files.kubernetes_object("StatefulSet", "sc")
+    text = (files.KUBERNETES_DIR / "sc.yaml").read_text()
+    [listed] = re.findall(r"--sc-private=(\S+)", text)
+    private = sc_settings_toml()["private_port"]
+    replicas = statefulset["spec"]["replicas"]
+    assert listed == ",".join(f"sc-{index}.{statefulset['spec']['serviceName']}:{private}" for index in range(replicas))
+
+
+def test_sc_disruption_budget_keeps_one_sc() -> None:
+    statefulset = files.kubernetes_object("StatefulSet", "sc")
+    budget = files.kubernetes_object("PodDisruptionBudget", "sc")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": pod_labels(statefulset)}}
+    assert statefulset["spec"]["replicas"] - budget["spec"]["maxUnavailable"] >= 1
+
+
 def test_the_scs_whose_spus_run_elsewhere_accept_them() -> None:
     """Without a token the SC accepts SPUs from its own host only; Compose's SPUs run in other
     containers and Kubernetes' in other pods, so those SCs must say they accept remote SPUs."""
-    compose = config.Settings(**{
-        name.removeprefix("SC_").lower(): value
-        for name, value in files.compose()["services"]["sc"]["environment"].items()
-        if name == "SC_SPU_ALLOW_REMOTE_WITHOUT_TOKEN"
-    })
-    kubernetes = config.Settings(**tomllib.loads(files.kubernetes_object("ConfigMap", "sc-config")["data"]["sc.toml"]))
-    for settings in (compose, kubernetes):
+    composed = [
+        config.Settings(**{
+            name.removeprefix("SC_").lower(): value
+            for name, value in files.compose()["services"][sc]["environment"].items()
+            if name == "SC_SPU_ALLOW_REMOTE_WITHOUT_TOKEN"
+        })
+        for sc in COMPOSE_SCS
+    ]
+    kubernetes = config.Settings(**sc_settings_toml())
+    for settings in (*composed, kubernetes):
         assert settings.spu_token_file is not None or settings.spu_allow_remote_without_token
 
 
 def test_the_scs_that_serve_other_hosts_ask_for_credentials_or_say_they_do_not() -> None:
     """Without a credential the SC serves its public port on loopback only; Compose's spu-init, the
     Kubernetes Service and probes, and systemd's clients on other hosts must reach it."""
-    compose_env = files.compose()["services"]["sc"]["environment"]
-    compose = config.Settings(**{
-        name.removeprefix("SC_").lower(): value for name, value in compose_env.items() if name.startswith(("SC_PUBLIC_", "SC_AUTH_"))
-    })
-    kubernetes = config.Settings(**tomllib.loads(files.kubernetes_object("ConfigMap", "sc-config")["data"]["sc.toml"]))
+    composed = [
+        config.Settings(**{
+            name.removeprefix("SC_").lower(): value
+            for name, value in files.compose()["services"][sc]["environment"].items()
+            if name.startswith(("SC_PUBLIC_", "SC_AUTH_"))
+        })
+        for sc in COMPOSE_SCS
+    ]
+    kubernetes = config.Settings(**sc_settings_toml())
     systemd = config.Settings(**tomllib.loads(files.SYSTEMD_CONFIG.read_text()))
-    for settings in (compose, kubernetes, systemd):
+    for settings in (*composed, kubernetes, systemd):
         assert settings.has_credentials or settings.public_bind_without_auth
     # Kubernetes: the tokens file is the Secret sc-auth, mounted where the config names it.
-    deployment = files.kubernetes_object("Deployment", "sc")
-    [mount] = [m for m in files.container(deployment, "sc")["volumeMounts"] if m["name"] == "auth"]
+    statefulset = files.kubernetes_object("StatefulSet", "sc")
+    [mount] = [m for m in files.container(statefulset, "sc")["volumeMounts"] if m["name"] == "auth"]
     assert kubernetes.auth_tokens is not None and str(kubernetes.auth_tokens.parent) == mount["mountPath"]
-    [volume] = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "auth"]
+    [volume] = [v for v in statefulset["spec"]["template"]["spec"]["volumes"] if v["name"] == "auth"]
     assert volume["secret"]["secretName"] == "sc-auth"
 
 
 def test_every_pod_runs_non_root_read_only_and_bounded() -> None:
     uid, gid = dockerfile_user()
-    for kind, name in (("Deployment", "sc"), ("StatefulSet", "etcd")):
+    for kind, name in (("StatefulSet", "sc"), ("StatefulSet", "etcd")):
         pod = files.kubernetes_object(kind, name)["spec"]["template"]["spec"]
         context = pod["securityContext"]
         assert context["runAsNonRoot"] is True and context["runAsUser"] != 0, name
@@ -189,16 +240,18 @@ def test_every_pod_runs_non_root_read_only_and_bounded() -> None:
 
 
 def test_sc_writes_only_to_its_volumes() -> None:
-    """With a read-only root file system, the history must be on a writable mounted volume."""
-    deployment = files.kubernetes_object("Deployment", "sc")
-    sc = files.container(deployment, "sc")
-    settings = tomllib.loads(files.kubernetes_object("ConfigMap", "sc-config")["data"]["sc.toml"])
+    """With a read-only root file system, the history must be on a writable mounted volume: each
+    pod's own claim (one SC records into a history directory at a time)."""
+    statefulset = files.kubernetes_object("StatefulSet", "sc")
+    sc = files.container(statefulset, "sc")
+    settings = sc_settings_toml()
     writable = [m["mountPath"] for m in sc["volumeMounts"] if not m.get("readOnly")]
     assert [path for path in writable if settings["history_dir"].startswith(path + "/")] == ["/var/lib/sc"]
-    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     [history] = [m for m in sc["volumeMounts"] if m["mountPath"] == "/var/lib/sc"]
-    claim = volumes[history["name"]]["persistentVolumeClaim"]["claimName"]
-    assert files.kubernetes_object("PersistentVolumeClaim", claim)["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert history["name"] not in {v["name"] for v in statefulset["spec"]["template"]["spec"]["volumes"]}
+    [claim] = statefulset["spec"]["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == history["name"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
 
 
 def test_every_object_is_labelled_part_of_the_cluster() -> None:
@@ -222,9 +275,9 @@ def test_compose_file_matches_the_compose_spec() -> None:
 
 def test_compose_validation_rejects_a_misspelt_field() -> None:
     document = files.compose()
-    document["services"]["sc"]["healthchek"] = document["services"]["sc"].pop("healthcheck")
+    document["services"]["sc-1"]["healthchek"] = document["services"]["sc-1"].pop("healthcheck")
     [error] = compose_validator().iter_errors(document)
-    assert list(error.absolute_path) == ["services", "sc"]
+    assert list(error.absolute_path) == ["services", "sc-1"]
     assert "'healthchek' was unexpected" in error.message
 
 
@@ -234,17 +287,47 @@ def test_compose_vendored_schema_is_the_recorded_one() -> None:
     assert digest in (DATA / "README.md").read_text()
 
 
+COMPOSE_SCS = ["sc-0", "sc-1"]
+
+
 def test_compose_services_and_their_order() -> None:
     services = files.compose()["services"]
-    assert list(services) == ["etcd-0", "etcd-1", "etcd-2", "sc", "spu-init", "spu-0", "spu-1", "spu-2"]
+    assert list(services) == ["etcd-0", "etcd-1", "etcd-2", *COMPOSE_SCS, "spu-init", "spu-0", "spu-1", "spu-2"]
     healthy = {"condition": "service_healthy"}
-    assert services["sc"]["depends_on"] == {"etcd-0": healthy, "etcd-1": healthy, "etcd-2": healthy}
-    assert services["spu-init"]["depends_on"] == {"sc": healthy}
+    for name in COMPOSE_SCS:
+        assert services[name]["depends_on"] == {"etcd-0": healthy, "etcd-1": healthy, "etcd-2": healthy}
+    # Both SCs settled: sc-0 (which spu-init calls) leads, or redirects to sc-1, which does.
+    assert services["spu-init"]["depends_on"] == dict.fromkeys(COMPOSE_SCS, healthy)
     for name in ("spu-0", "spu-1", "spu-2"):
         assert services[name]["depends_on"] == {"spu-init": {"condition": "service_completed_successfully"}}
     # Every long-running service has a health check; the one-shot registration does not restart.
     assert sorted(name for name, service in services.items() if "healthcheck" in service) == sorted(set(services) - {"spu-init"})
     assert services["spu-init"]["restart"] == "no"
+
+
+def test_compose_scs_differ_only_by_name_advertised_host_ports_volume_and_build() -> None:
+    services = files.compose()["services"]
+    own = ("build", "ports", "volumes", "environment")
+
+    def shared(name: str) -> dict[str, Any]:
+        service = services[name]
+        environment = {key: value for key, value in service["environment"].items() if key != "SC_ADVERTISE_HOST"}
+        return {**{key: value for key, value in service.items() if key not in own}, "environment": environment}
+
+    assert shared("sc-1") == shared("sc-0")
+    # Each advertises its service name: its address on the Compose network, valid as the setting.
+    for name in COMPOSE_SCS:
+        assert services[name]["environment"]["SC_ADVERTISE_HOST"] == name
+        assert config.Settings(advertise_host=name).advertise_host == name
+    # Each publishes both ports on the host's loopback, on host ports of its own; sc-0 where one SC was.
+    published = {name: [port.rsplit(":", 2) for port in services[name]["ports"]] for name in COMPOSE_SCS}
+    assert published == {
+        "sc-0": [["127.0.0.1", "9003", "9003"], ["127.0.0.1", "9004", "9004"]],
+        "sc-1": [["127.0.0.1", "9103", "9003"], ["127.0.0.1", "9104", "9004"]],
+    }
+    # Each its own history volume, a named one.
+    assert {name: services[name]["volumes"] for name in COMPOSE_SCS} == {name: [f"{name}:/var/lib/sc"] for name in COMPOSE_SCS}
+    assert [name for name in COMPOSE_SCS if "build" in services[name]] == ["sc-0"]
 
 
 def test_compose_etcd_members_form_one_cluster() -> None:
@@ -261,35 +344,37 @@ def test_compose_etcd_members_form_one_cluster() -> None:
         assert files.flag_value(command, "--initial-advertise-peer-urls") == f"http://{name}:2380"
         assert files.flag_value(command, "--advertise-client-urls") == f"http://{name}:2379"
         assert etcd["volumes"] == [f"{name}:{etcd['environment']['ETCD_DATA_DIR'].rsplit('/', 1)[0]}"]
-    sc_command = services["sc"]["command"]
-    assert files.flag_value(sc_command, "--etcd-endpoints") == ",".join(f"http://{m}:2379" for m in members)
+    # Every SC on the same cluster and key prefix (one store, one candidates' queue).
+    for sc in COMPOSE_SCS:
+        assert files.flag_value(services[sc]["command"], "--etcd-endpoints") == ",".join(f"http://{m}:2379" for m in members)
+        assert services[sc]["environment"]["SC_KEY_PREFIX"] == "/sc/"
 
 
 def test_compose_sc_image_and_build() -> None:
     services = files.compose()["services"]
-    build = services["sc"]["build"]
+    build = services["sc-0"]["build"]
     context = (files.COMPOSE_FILE.parent / build["context"]).resolve()
     assert context == files.REPO
     assert (context / build["dockerfile"]).resolve() == files.DOCKERFILE
-    # One image, built by `sc`, run by the registration and the SPUs too (Compose does not pull it).
+    # One image, built by `sc-0`, run by the other SC, the registration and the SPUs too (Compose does not pull it).
     assert {name: s["image"] for name, s in services.items() if not name.startswith("etcd")} == dict.fromkeys(
-        ["sc", "spu-init", "spu-0", "spu-1", "spu-2"], IMAGE
+        [*COMPOSE_SCS, "spu-init", "spu-0", "spu-1", "spu-2"], IMAGE
     )
-    assert [name for name, s in services.items() if "build" in s] == ["sc"]
-    assert services["sc"]["ports"] == ["127.0.0.1:9003:9003", "127.0.0.1:9004:9004"]
+    assert [name for name, s in services.items() if "build" in s] == ["sc-0"]
 
 
 def test_compose_sc_history_is_on_its_named_volume() -> None:
     """The SC's root file system is read-only: --history-dir must be under a named volume's mount,
     which survives the container (`docker compose down` without -v keeps it)."""
     document = files.compose()
-    sc = document["services"]["sc"]
-    assert sc["read_only"] is True
-    history_dir = files.flag_value(sc["command"], "--history-dir")
-    mounts = dict(reversed(volume.split(":", 1)) for volume in sc["volumes"])
-    [volume] = [name for path, name in mounts.items() if history_dir.startswith(path.rstrip("/") + "/")]
-    assert volume in document["volumes"]  # named, not a bind mount or an anonymous volume
-    assert (history_dir, volume) == ("/var/lib/sc/history", "sc")
+    for name in COMPOSE_SCS:
+        sc = document["services"][name]
+        assert sc["read_only"] is True
+        history_dir = files.flag_value(sc["command"], "--history-dir")
+        mounts = dict(reversed(volume.split(":", 1)) for volume in sc["volumes"])
+        [volume] = [volume for path, volume in mounts.items() if history_dir.startswith(path.rstrip("/") + "/")]
+        assert volume in document["volumes"]  # named, not a bind mount or an anonymous volume
+        assert (history_dir, volume) == ("/var/lib/sc/history", name)
     # The image's user owns the volume's mount point (a new named volume takes its ownership).
     assert files.image_workdir() == "/var/lib/sc"
 
@@ -300,6 +385,15 @@ def test_compose_spus_differ_only_by_id_and_volume() -> None:
     assert [files.flag_value(command, "--id") for command in commands] == ["0", "1", "2"]
     assert [files.replace_flag(command, "--id", "N") for command in commands] == [files.replace_flag(commands[0], "--id", "N")] * 3
     assert [services[f"spu-{i}"]["volumes"] for i in range(3)] == [[f"spu-{i}:/var/lib/sc"] for i in range(3)]
+
+
+def test_compose_spus_are_told_every_scs_private_address() -> None:
+    """An SPU tries each in turn; a standby refuses it naming the leader, which it then joins."""
+    services = files.compose()["services"]
+    private = [f"{sc}:{files.flag_value(services[sc]['command'], '--private-port')}" for sc in COMPOSE_SCS]
+    assert private == ["sc-0:9004", "sc-1:9004"]
+    for index in range(3):
+        assert files.flag_value(services[f"spu-{index}"]["command"], "--sc-private") == ",".join(private)
 
 
 def test_compose_spus_are_registered_where_they_listen() -> None:
@@ -427,13 +521,15 @@ def test_systemd_analyze_verify_finds_nothing(tmp_path: Path) -> None:
 def test_sc_environment_variables_are_settings() -> None:
     """The SC ignores an SC_* variable that is no setting, so a misspelt one would pass unnoticed."""
     services = files.compose()["services"]
-    deployment = files.kubernetes_object("Deployment", "sc")
-    variables = [
-        *services["sc"]["environment"],
-        *(variable["name"] for variable in files.container(deployment, "sc").get("env", [])),
-    ]
-    assert variables == ["SC_KEY_PREFIX", "SC_LOG_FORMAT", "SC_SPU_ALLOW_REMOTE_WITHOUT_TOKEN", "SC_PUBLIC_BIND_WITHOUT_AUTH"]
-    for variable in variables:
+    statefulset = files.kubernetes_object("StatefulSet", "sc")
+    composed = [[*services[sc]["environment"]] for sc in COMPOSE_SCS]
+    deployed = [variable["name"] for variable in files.container(statefulset, "sc").get("env", [])]
+    expected = ["SC_KEY_PREFIX", "SC_LOG_FORMAT", "SC_SPU_ALLOW_REMOTE_WITHOUT_TOKEN", "SC_PUBLIC_BIND_WITHOUT_AUTH", "SC_ADVERTISE_HOST"]
+    assert composed == [expected, expected]
+    # POD_NAME is the kubelet's, for SC_ADVERTISE_HOST to use.
+    assert deployed == ["POD_NAME", "SC_ADVERTISE_HOST"]
+    for variable in [*expected, *deployed[1:]]:
         assert variable.removeprefix("SC_").lower() in config.Settings.model_fields, variable
-    # The others' SC_ADDR is the admin commands' address of the SC, which they reach by its service name.
-    assert services["spu-init"]["environment"] == {"SC_ADDR": "http://sc:9003"}
+    # The others' SC_ADDR is the admin commands' address of an SC, which they reach by its service
+    # name: sc-0, which redirects writes to the leader when it is the standby (`sc` follows).
+    assert services["spu-init"]["environment"] == {"SC_ADDR": "http://sc-0:9003"}
