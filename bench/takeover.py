@@ -6,7 +6,7 @@ Creates --partitions partitions (RF 3) through the leader and waits until every 
 Then, for --rounds rounds, SIGKILLs whichever SC leads and measures, from the kill:
   - claimed: the standby's claim on the store is in etcd (the bench's own watch);
   - leading: the standby's log says it leads (controllers started on its warm mirror); the
-    takeover itself is leading minus claimed (target: under 200 ms);
+    takeover itself is that minus when its log says it won the claim (target: under 200 ms);
   - first write: a topic create sent every 20 ms to the standby's API (which redirects to the
     leader) is answered 201 (target: under the TTL + 1 s);
   - SPUs back: every SPU is connected to the new leader (its sc_spus_connected; target: under the
@@ -94,10 +94,10 @@ class Sc:
                         return float(line.split()[1])
         return None
 
-    def led_at(self, since: float) -> float | None:
-        """When this SC's log (as Unix time) says it started leading, after ``since``."""
+    def logged_at(self, text: str, since: float) -> float | None:
+        """When this SC's log (as Unix time) first says ``text`` after ``since``."""
         for line in self.log_path.read_text(errors="replace").splitlines():
-            if "this SC leads its store" not in line:
+            if text not in line:
                 continue
             with contextlib.suppress(ValueError, KeyError):
                 at = datetime.datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
@@ -133,11 +133,13 @@ async def main() -> int:
     parser.add_argument("--spus", type=int, default=20)
     parser.add_argument("--ttl", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keep", type=Path, help="keep the logs (SCs, SPUs, etcd) in this directory")
     args = parser.parse_args()
     per_topic = 100
     topics = max(1, args.partitions // per_topic)
     with tempfile.TemporaryDirectory(prefix="sc-takeover-") as workdir:
-        work = Path(workdir)
+        work = Path(workdir) if args.keep is None else args.keep
+        work.mkdir(parents=True, exist_ok=True)
         client_port, peer_port = embedded_etcd.free_ports(2)
         server = embedded_etcd.EmbeddedEtcd(work / "etcd", client_port, peer_port)
         server.start()
@@ -254,14 +256,16 @@ async def one_round(
     await until(spus_back, 60, "every SPU connected to the new leader")
     spus_at = time.time()
     await asyncio.wait_for(asyncio.gather(watching, probing), 60)
-    async def led() -> float | None:
-        return standby.led_at(killed_at)
+    async def logged() -> tuple[float, float] | None:
+        active = standby.logged_at("this SC is now the active SC", killed_at)
+        led = standby.logged_at("this SC leads its store", killed_at)
+        return (active, led) if active is not None and led is not None else None
 
-    led_at = await until(led, 10, "the new leader's log line")
+    won_at, led_at = await until(logged, 10, "the new leader's log lines")
     assert claimed_at is not None and first_write is not None
     result = {
         "claimed": claimed_at - killed_at,
-        "takeover": led_at - claimed_at,
+        "takeover": led_at - won_at,
         "first_write": first_write - killed_at,
         "spus": spus_at - killed_at,
     }
