@@ -23,7 +23,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from controller.audit import export, options as options_module, report
 
 # The causes of the leader changes the SC decided (controller/reconcile/partition_state.py names them, written as Action.cause).
-CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean")
+CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean", "reassignment")
 # Buckets of the "leaders per SPU over time" series.
 TIMELINE_BUCKETS = 200
 # Jobs submitted at once by the driver.

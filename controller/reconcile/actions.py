@@ -133,6 +133,17 @@ def elect(
     )
 
 
+def move_step(
+    partition: models.Partition, updated: models.Partition, mod_revision: int, reason: str, cause: str
+) -> Action:
+    """A replica move's step that changes the partition's replica list (not its leader): spec and
+    status in one compare-and-swap."""
+    write = Write(partition.key, models.encode(updated), mod_revision)
+    return Action(
+        partition.kind, partition.name, Verb.UPDATE_SPEC, reason, (write,), mod_revision, (updated,), cause=cause
+    )
+
+
 def delete(
     kind: str, name: str, mod_revision: int | None, reason: str, cause_revision: int = 0, *, also: Sequence[Write] = ()
 ) -> Action:
