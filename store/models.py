@@ -113,6 +113,11 @@ class SpuDrain(str, enum.Enum):
     DRAINED = "Drained"  # it leads none
 
 
+class SpuDecommission(str, enum.Enum):
+    IN_PROGRESS = "InProgress"  # some partition still lists it among its replicas
+    DONE = "Done"  # none does: it may be deleted with nothing lost
+
+
 class SpuSpec(Model):
     id: Annotated[int, Field(ge=0, le=2**31 - 1)]
     spu_type: SpuType = SpuType.CUSTOM
@@ -122,6 +127,9 @@ class SpuSpec(Model):
     # The operator's intent (like `kubectl cordon`): its leaderships move to other in-sync
     # replicas, and it leads again only where no other replica can. Only an undrain ends it.
     drain: bool = False
+    # The operator's intent to retire it (POST /v1/spus/{name}/decommission): a run moves every
+    # replica off it, and every later plan keeps it empty. Only deleting the SPU ends it.
+    decommission: bool = False
 
     @pydantic.model_serializer(mode="wrap")
     def _omit_drain_when_false(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -129,6 +137,8 @@ class SpuSpec(Model):
         data: dict[str, Any] = handler(self)
         if not self.drain:
             data.pop("drain", None)
+        if not self.decommission:
+            data.pop("decommission", None)
         return data
 
     @field_validator("rack")
@@ -153,6 +163,8 @@ class SpuStatus(Model):
     drain: SpuDrain | None = None
     # Why a drain cannot finish: the partitions still led, each with what keeps it there.
     reason: str | None = None
+    # Absent unless spec.decommission is set; written by the SPU controller.
+    decommission: SpuDecommission | None = None
 
 
 # ---------------------------------------------------------------------------- SPU group

@@ -16,7 +16,7 @@ from connection_manager import health as health_module
 from connection_manager import lrs, reports, wire
 from controller.pipeline import dispatcher as dispatcher_module
 from controller.pipeline import loop as loop_module
-from controller.reconcile import actions, partition, partition_state, spu, spu_group, spu_ids, topic
+from controller.reconcile import actions, moves, partition, partition_state, spu, spu_group, spu_ids, topic
 from store import kv, local, models
 
 if TYPE_CHECKING:  # the context is only read: the pipeline never builds the API's parts it holds
@@ -168,6 +168,22 @@ class SpuController:
         self.loop.kick()
 
 
+class RebalanceController:
+    """The stored rebalance run (meta/rebalance): starts its moves, cancels them, marks it done; carries
+    nothing (a restarted SC continues from the stored run and the partitions' reassignments)."""
+
+    def __init__(self, context: context_module.Context, dispatcher: dispatcher_module.ActionDispatcher) -> None:
+        # Partition specs only: a move's progress is its partition's replicas and reassignment.
+        self.loop = _loop(context, dispatcher, "rebalance", self.decide, {"partitions": SPEC})
+        context.local_store.meta.on_change(moves.KEY, self.loop.kick)
+
+    async def run(self) -> None:
+        await self.loop.run()
+
+    def decide(self, snapshot: local.Snapshot, changes: local.ChangesByKind) -> list[actions.Action]:
+        return moves.decide(snapshot, moves.Inputs(busy=self.loop.busy))
+
+
 _PARTITIONS = "partitions/"
 # The longest the in-sync changes wait for the elections in flight (their writes may be slow).
 HOLD_SECONDS = 1.0
@@ -267,8 +283,9 @@ class PartitionController:
             self._due = None if self._due is None else self._due | decided.postponed
             if not hold:
                 self.loop.kick()  # else the elections' writes coming back are the next pass's cue
-        if _drain_news(snapshot, partition_changes):
-            # A drained SPU's status follows the partitions it leads: what moved, what cannot.
+        if _drain_news(snapshot, partition_changes) or _decommission_news(snapshot, partition_changes):
+            # A drained SPU's status follows the partitions it leads: what moved, what cannot; a
+            # decommissioned one's, whether any partition still lists it.
             self._spus.loop.kick()
         preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided.actions)
         if settings.leader_rebalance_batch and preferred >= settings.leader_rebalance_batch:
@@ -322,6 +339,13 @@ def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes[model
         return True
     updated = partition_changes.updated if not partition_changes.full else snapshot.entries("partitions").values()
     return any(entry.obj.spec.leader in draining for entry in updated)
+
+
+def _decommission_news(snapshot: local.Snapshot, partition_changes: local.Changes[models.Partition]) -> bool:
+    """Whether a decommissioned SPU's status may need another look: partitions changed while one is."""
+    if partition_changes.empty:
+        return False
+    return any(entry.obj.spec.decommission for entry in snapshot.entries("spus").values())
 
 
 def _alter_isr_result(

@@ -57,7 +57,8 @@ class Pipeline:
         self.partitions = controllers.PartitionController(
             context, self.dispatcher, health, self.live, self.spus, connections
         )
-        self.controllers = (self.topics, self.spu_groups, self.spus, self.partitions)
+        self.rebalance = controllers.RebalanceController(context, self.dispatcher)
+        self.controllers = (self.topics, self.spu_groups, self.spus, self.partitions, self.rebalance)
         health.subscribe(self._on_health)
         if connections is not None:
             connections.on_news = self.partitions.on_news

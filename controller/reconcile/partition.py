@@ -27,8 +27,6 @@ CAUSE_PREFERRED = partition_state.CAUSE_PREFERRED
 CAUSE_DRAIN = partition_state.CAUSE_DRAIN
 CAUSE_UNCLEAN = partition_state.CAUSE_UNCLEAN
 CAUSE_REASSIGNMENT = partition_state.CAUSE_REASSIGNMENT
-# A replica move's step that changes the replica list (Action.cause of its write).
-CAUSE_MOVE = "move"
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,13 +290,15 @@ def _write(entry: local.Entry[models.Partition], transition: partition_state.Tra
         )
     status = _status(spec, partition, state, view.live.get(partition.name), hw)
     if state.leader == partition.spec.leader and not moved:
+        if transition.move_event:
+            return actions.update_status(partition, status, entry.mod_revision, transition.reason, cause=transition.move_event)
         return actions.update_status(partition, status, entry.mod_revision, transition.reason)
     if state.leader != spec.leader:
         spec = models.PartitionSpec(leader=state.leader, replicas=spec.replicas, reassignment=spec.reassignment)
     updated = partition.model_copy(update={"spec": spec, "status": status})
     if state.leader == partition.spec.leader:
         # A move's change of the replica list: spec and status in one compare-and-swap, no election.
-        return actions.move_step(partition, updated, entry.mod_revision, transition.reason, CAUSE_MOVE)
+        return actions.move_step(partition, updated, entry.mod_revision, transition.reason, transition.move_event)
     return actions.elect(partition, updated, entry.mod_revision, transition.reason, transition.cause)
 
 

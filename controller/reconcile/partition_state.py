@@ -8,6 +8,7 @@ It never looks at offsets to choose a leader: the committed in-sync set is the w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,6 +26,11 @@ CAUSE_PREFERRED = "preferred-leader"
 CAUSE_DRAIN = "drain"
 CAUSE_UNCLEAN = "unclean"
 CAUSE_REASSIGNMENT = "reassignment"  # leadership off a replica a move takes away (or back, on a cancel)
+# A move's events, as its writes record them (Action.cause; the leader change's is CAUSE_REASSIGNMENT).
+MOVE_ADDING = "move-adding"  # the target's new SPUs joined the replicas
+MOVE_CAUGHT_UP = "move-caught-up"  # the last of them joined the committed in-sync set
+MOVE_COMPLETED = "move-completed"  # the leaving replicas went: replicas = target
+MOVE_REVERTED = "move-reverted"  # a cancelled move is back on its previous replicas
 
 # Why the SC refuses a leader's proposal (AlterIsrResult.error), stable for SPUs.
 NOT_LEADER = "not-leader"
@@ -78,6 +84,8 @@ class Transition:
     # (spec.reassignment is cleared in the same write).
     replicas: tuple[int, ...] | None = None
     ends_move: bool = False
+    # The move's event this write records (MOVE_* below; the history's cause), "" for none.
+    move_event: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,8 +248,16 @@ def decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: Fa
     elif changed_isr:
         reason += f": in-sync set {list(state.isr)}"
     if step is None:
-        return Decision(Transition(state, cause, reason), answer)
-    return Decision(Transition(state, cause, reason, step.replicas, step.ends), answer)
+        event = ""
+        if move is not None and changed_isr and _caught_up(move, isr) and not _caught_up(move, stored.isr):
+            event = MOVE_CAUGHT_UP
+            reason += f"; move to {move.target}: every new replica is in the in-sync set"
+        return Decision(Transition(state, cause, reason, move_event=event), answer)
+    return Decision(Transition(state, cause, reason, step.replicas, step.ends, step.event), answer)
+
+
+def _caught_up(move: models.Reassignment, isr: Sequence[int]) -> bool:
+    return not move.cancelled and all(spu in isr for spu in move.adding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +267,7 @@ class _MoveStep:
     replicas: tuple[int, ...] | None  # None: unchanged
     ends: bool
     why: str
+    event: str = ""
 
 
 def _move_step(
@@ -270,7 +287,7 @@ def _move_step(
     missing = [spu for spu in target if spu not in replicas]
     if missing:
         grown = (*replicas, *missing)
-        return _MoveStep(leader, isr, grown, False, f"{label} to {target}: SPU(s) {missing} join as followers")
+        return _MoveStep(leader, isr, grown, False, f"{label} to {target}: SPU(s) {missing} join as followers", MOVE_ADDING)
     waiting = [spu for spu in move.adding if spu not in isr]
     if waiting:
         return None
@@ -284,7 +301,7 @@ def _move_step(
     leaving = [spu for spu in replicas if spu not in target]
     kept = tuple(spu for spu in isr if spu in target)
     why = f"{label} to {target} done: " + (f"SPU(s) {leaving} leave" if leaving else "replicas reordered")
-    return _MoveStep(leader, kept, tuple(target), True, why)
+    return _MoveStep(leader, kept, tuple(target), True, why, MOVE_REVERTED if move.cancelled else MOVE_COMPLETED)
 
 
 def _lead_again(

@@ -168,3 +168,23 @@ def test_a_move_is_stored_in_the_spec_and_a_malformed_one_is_refused_with_the_va
         models.Reassignment(previous=[0], target=[1, 1])
     with pytest.raises(ValueError):
         models.Reassignment(previous=[0], target=[])
+
+
+# ---------------------------------------------------------------------------- what the history records
+
+
+def test_each_step_names_its_event_for_the_history() -> None:
+    def event(p: models.Partition, spus: Spus = ALL_UP, **facts: Any) -> str:
+        transition = ps.decide(p, WRITTEN_AT, spus, ps.Facts(committed_hw=100, **facts)).transition
+        assert transition is not None
+        return transition.move_event
+
+    assert event(moving()) == ps.MOVE_ADDING
+    assert event(moving(replicas=(0, 1, 2, 3)), proposal=proposal((0, 1, 2, 3))) == ps.MOVE_CAUGHT_UP
+    assert event(moving(replicas=(0, 1, 2, 3), isr=(0, 1, 2, 3))) == ""  # the leader change: its cause says it
+    assert event(moving(replicas=(0, 1, 2, 3), isr=(0, 1, 2, 3), leader=3)) == ps.MOVE_COMPLETED
+    assert event(moving(target=(0, 1, 2), replicas=(0, 1, 2, 3))) == ps.MOVE_REVERTED
+    # An in-sync change that does not complete the catching up is no event.
+    two_new = moving(target=(3, 4, 2), replicas=(0, 1, 2, 3, 4))
+    spus = Spus(online_ids={0, 1, 2, 3, 4}, registered={i: 1 for i in range(5)})
+    assert event(two_new, spus, proposal=proposal((0, 1, 2, 3))) == ""
