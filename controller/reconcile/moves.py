@@ -286,13 +286,11 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
         return []
     partitions = snapshot.entries("partitions")
     statuses = _statuses(snapshot, run)
-    decided: list[actions.Action] = []
     if run.state == CANCELLED:
-        for move, status in statuses:
-            entry = partitions.get(move.partition)
-            if status == MOVING and entry is not None:
-                decided.append(_cancel(entry, move))
-        return decided
+        going_back = [
+            (partitions[move.partition], move.before) for move, status in statuses if status == MOVING and move.partition in partitions
+        ]
+        return _reassign(snapshot, going_back, CAUSE_CANCELLED)
     if all(status in (DONE_MOVE, SKIPPED) for _, status in statuses):
         skipped = [move.partition for move, status in statuses if status == SKIPPED]
         reason = f"{run.kind} done: {len(statuses) - len(skipped)} move(s) done"
@@ -310,45 +308,77 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
             for spu in move.spus:
                 in_flight[spu] = in_flight.get(spu, 0) + 1
     limit = run.max_moves_per_spu
+    starts = []
     for move in pending:
         if any(in_flight.get(spu, 0) >= limit for spu in move.spus):
             continue
-        entry = partitions[move.partition]
-        decided.append(_start(entry, move))
+        starts.append((partitions[move.partition], move.after))
         for spu in move.spus:
             in_flight[spu] = in_flight.get(spu, 0) + 1
+    return _reassign(snapshot, starts, CAUSE_STARTED)
+
+
+# Partitions per transaction (with their topic: within kv.MAX_TXN_WRITES).
+_PER_TRANSACTION = 100
+
+
+def _reassign(
+    snapshot: local.Snapshot, changes: list[tuple[local.Entry[models.Partition], tuple[int, ...]]], cause: str
+) -> list[actions.Action]:
+    """One transaction per topic (and per 100 partitions): each partition's reassignment to its new
+    target, and the topic's replica map pointing each of them at that target, so that the topic
+    controller sees the partition where it is going (never an orphan to delete)."""
+    topics = snapshot.entries("topics")
+    by_topic: dict[str, list[tuple[local.Entry[models.Partition], tuple[int, ...]]]] = {}
+    for entry, target in changes:
+        by_topic.setdefault(entry.obj.topic, []).append((entry, target))
+    decided = []
+    for topic_name, items in by_topic.items():
+        topic_entry = topics.get(topic_name)
+        if topic_entry is None:
+            continue  # the topic's deletion takes its partitions with it
+        for start in range(0, len(items), _PER_TRANSACTION):
+            decided.append(_topic_action(topic_entry, items[start : start + _PER_TRANSACTION], cause))
     return decided
 
 
-def _start(entry: local.Entry[models.Partition], move: PlannedMove) -> actions.Action:
-    partition = entry.obj
-    reassignment = models.Reassignment(previous=list(move.before), target=list(move.after))
-    spec = models.PartitionSpec(leader=partition.spec.leader, replicas=list(partition.spec.replicas), reassignment=reassignment)
-    leaving = [spu for spu in move.before if spu not in move.after]
-    arriving = [spu for spu in move.after if spu not in move.before]
-    reason = f"move started: {list(move.before)} -> {list(move.after)}"
-    if leaving or arriving:
-        reason += f" (SPU(s) {arriving} arrive, SPU(s) {leaving} leave)"
-    return _partition_write(entry, spec, reason, CAUSE_STARTED)
-
-
-def _cancel(entry: local.Entry[models.Partition], move: PlannedMove) -> actions.Action:
-    partition = entry.obj
-    reassignment = models.Reassignment(previous=list(move.before), target=list(move.before))
-    spec = models.PartitionSpec(leader=partition.spec.leader, replicas=list(partition.spec.replicas), reassignment=reassignment)
-    reason = f"move cancelled: back from {list(partition.spec.replicas)} to {list(move.before)} (was going to {list(move.after)})"
-    return _partition_write(entry, spec, reason, CAUSE_CANCELLED)
-
-
-def _partition_write(entry: local.Entry[models.Partition], spec: models.PartitionSpec, reason: str, cause: str) -> actions.Action:
-    partition = entry.obj
-    updated = partition.model_copy(update={"spec": spec})
-    write = actions.Write(partition.key, models.encode(updated), entry.mod_revision)
-    # Queued apart from the partition controller's writes to the same key: the compare decides
-    # which lands, and the loser decides again from the winner's value.
+def _topic_action(
+    topic_entry: local.Entry[models.Topic], items: list[tuple[local.Entry[models.Partition], tuple[int, ...]]], cause: str
+) -> actions.Action:
+    topic: models.Topic = topic_entry.obj
+    replica_map = dict(topic.status.replica_map)
+    writes = []
+    objects: list[models.AnyObject] = []
+    reasons = []
+    for entry, target in items:
+        partition = entry.obj
+        moving = partition.spec.reassignment
+        previous = moving.previous if moving is not None else partition.spec.replicas
+        reassignment = models.Reassignment(previous=list(previous), target=list(target))
+        spec = models.PartitionSpec(leader=partition.spec.leader, replicas=list(partition.spec.replicas), reassignment=reassignment)
+        updated = partition.model_copy(update={"spec": spec})
+        writes.append(actions.Write(partition.key, models.encode(updated), entry.mod_revision))
+        objects.append(updated)
+        replica_map[partition.index] = list(target)
+        if cause == CAUSE_CANCELLED:
+            reasons.append(f"{partition.name}: move cancelled, back from {list(partition.spec.replicas)} to {list(target)}")
+        else:
+            leaving = [spu for spu in previous if spu not in target]
+            arriving = [spu for spu in target if spu not in previous]
+            reasons.append(
+                f"{partition.name}: move started, {list(previous)} -> {list(target)} (SPU(s) {arriving} arrive, {leaving} leave)"
+            )
+    status = topic.status.model_copy(update={"replica_map": replica_map})
+    updated_topic = topic.model_copy(update={"status": status})
+    writes.append(actions.Write(topic.key, models.encode(updated_topic), topic_entry.mod_revision))
+    objects.append(updated_topic)
+    names = ",".join(entry.obj.name for entry, _ in items)
+    # Queued apart from the partition and topic controllers' writes to these keys: the compares
+    # decide which lands, and the loser decides again from the winner's values.
     return actions.Action(
-        partition.kind, partition.name, actions.Verb.UPDATE_SPEC, reason, (write,), entry.mod_revision, (updated,),
-        queue_key=f"rebalance/{partition.name}", cause=cause,
+        "partitions", names, actions.Verb.UPDATE_SPEC, "; ".join(reasons), tuple(writes),
+        max(entry.mod_revision for entry, _ in items), tuple(objects),
+        queue_key=f"rebalance/{topic.name}/{items[0][0].name}", cause=cause,
     )
 
 

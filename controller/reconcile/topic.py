@@ -602,10 +602,14 @@ def _orphan(entry: local.Entry[models.Partition], topics: Mapping[str, local.Ent
     if topic_entry is None:
         return [actions.delete("partitions", partition.name, entry.mod_revision, f"topic {partition.topic} was deleted")]
     wanted = topic_entry.obj.status.replica_map.get(partition.index)
+    # A partition being moved is mapped to where it goes: the rebalance controller writes the map's
+    # row in the same transaction as the partition's reassignment (moves.py).
+    moving = partition.spec.reassignment
+    placed = partition.spec.replicas if moving is None else moving.target
     if wanted is None:
         reason = f"topic {partition.topic} has no partition {partition.index} in its replica map"
-    elif list(wanted) != list(partition.spec.replicas):
-        reason = f"replicas {partition.spec.replicas} differ from the topic's replica map {wanted}"
+    elif list(wanted) != list(placed):
+        reason = f"replicas {placed} differ from the topic's replica map {wanted}"
     else:
         return []
     return [actions.delete("partitions", partition.name, entry.mod_revision, reason)]

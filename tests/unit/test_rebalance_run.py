@@ -11,7 +11,7 @@ import pytest
 from connection_manager import health as health_module
 from controller.reconcile import actions, moves, partition, partition_state
 from store import local, models
-from tests.builders import spu
+from tests.builders import spu, topic
 
 
 def stored_partition(name: str, replicas: list[int], move: tuple[list[int], list[int]] | None = None, isr: list[int] | None = None, leader: int | None = None) -> models.Partition:
@@ -29,7 +29,15 @@ def stored_partition(name: str, replicas: list[int], move: tuple[list[int], list
 
 
 def store_of(*objects: models.AnyObject, run: bytes | None = None) -> local.LocalStore:
+    """The objects, and topic ``t`` Provisioned with the replica map their partitions of ``t`` imply."""
     store = local.LocalStore()
+    mapped = {
+        obj.index: (obj.spec.reassignment.target if obj.spec.reassignment else obj.spec.replicas)
+        for obj in objects
+        if isinstance(obj, models.Partition)
+    }
+    if mapped:
+        objects = (topic("t", len(mapped), 2, "Provisioned", replica_map=mapped), *objects)
     for revision, obj in enumerate(objects, start=1):
         store[obj.kind].apply(obj, revision)
     store.meta.resync([] if run is None else [(moves.KEY, run, 100)], 100)
@@ -41,12 +49,16 @@ def run_of(*planned: tuple[str, tuple[int, ...], tuple[int, ...]], state: str = 
 
 
 def targets(decided: list[actions.Action]) -> list[tuple[str, list[int], list[int]]]:
-    """(partition, previous, target) of each reassignment written."""
+    """(partition, previous, target) of each reassignment written; each action also points its
+    topic's replica map at the targets, in the same transaction."""
     found = []
     for action in decided:
-        (obj,) = action.objects
-        assert isinstance(obj, models.Partition) and obj.spec.reassignment is not None
-        found.append((obj.name, obj.spec.reassignment.previous, obj.spec.reassignment.target))
+        *written, mapped = action.objects
+        assert isinstance(mapped, models.Topic) and action.write_keys[-1] == mapped.key
+        for obj in written:
+            assert isinstance(obj, models.Partition) and obj.spec.reassignment is not None
+            assert mapped.status.replica_map[obj.index] == obj.spec.reassignment.target
+            found.append((obj.name, obj.spec.reassignment.previous, obj.spec.reassignment.target))
     return found
 
 
@@ -105,7 +117,7 @@ def test_moves_start_in_plan_order_with_at_most_the_limit_in_flight_per_spu() ->
         ("t-0", [0, 1], [2, 1]), ("t-1", [0, 1], [0, 3])
     ]
     two = run_of(*planned, limit=2)
-    assert len(moves.decide(store_of(*partitions, run=two.encode()).snapshot(), moves.Inputs())) == 4
+    assert len(targets(moves.decide(store_of(*partitions, run=two.encode()).snapshot(), moves.Inputs()))) == 4
 
 
 def test_a_move_in_flight_or_just_submitted_holds_its_spus_slots() -> None:
