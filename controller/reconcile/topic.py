@@ -56,7 +56,8 @@ def read_chain(snapshot: local.Snapshot) -> Chain:
 
 
 def spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
-    """Every registered SPU, online or not, in id order (placement picks only the online); of SPUs
+    """Every registered SPU, online or not (a decommissioned one counts as offline), in id order
+    (placement picks only the online); of SPUs
     sharing an id (written behind the SC's back), only the one holding it (``spu_index.holders``).
 
     The same tuple until the SPUs change: placement recognises it and skips its SPU checks."""
@@ -68,7 +69,8 @@ def _spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
         placement.SpuInfo(
             id=entry.obj.spec.id,
             rack=entry.obj.spec.rack,
-            online=entry.obj.status.resolution is models.SpuResolution.ONLINE,
+            # A decommissioned SPU takes no new replica: placement treats it as offline.
+            online=entry.obj.status.resolution is models.SpuResolution.ONLINE and not entry.obj.spec.decommission,
         )
         for entry in spu_index.holders(snapshot.entries("spus"), snapshot.meta).values()
     ]

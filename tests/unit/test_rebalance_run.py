@@ -10,6 +10,8 @@ import pytest
 
 from connection_manager import health as health_module
 from controller.reconcile import actions, moves, partition, partition_state
+from controller.reconcile import spu as spu_controller
+from controller.reconcile import topic as topic_controller
 from store import local, models
 from tests.builders import spu, topic
 
@@ -190,3 +192,20 @@ def test_the_partition_controller_writes_each_step_with_its_spec_and_cause() -> 
     assert (end.verb, end.cause) == (actions.Verb.UPDATE_SPEC, partition_state.MOVE_COMPLETED)
     assert written.spec == models.PartitionSpec(leader=2, replicas=[2, 1])
     assert (written.status.isr, written.status.partition_epoch) == ([1, 2], 2)
+
+
+def test_a_decommissioned_spu_takes_no_new_replica_and_its_status_follows_what_it_holds() -> None:
+    retiring = spu(1)
+    retiring = retiring.model_copy(update={"spec": retiring.spec.model_copy(update={"decommission": True})})
+    holding = store_of(spu(0), retiring, stored_partition("t-0", [0, 1])).snapshot()
+    assert [(info.id, info.online) for info in topic_controller.spu_infos(holding)] == [(0, True), (1, False)]
+    inputs = spu_controller.Inputs(health={}, now=0.0, started_at=0.0, grace_period=10.0)
+    (marked,) = spu_controller.decide(holding, inputs)
+    (written,) = marked.objects
+    assert isinstance(written, models.Spu) and written.status.decommission is models.SpuDecommission.IN_PROGRESS
+    assert marked.reason == "SPU 1 is decommissioned: 1 replica(s) still on it"
+    empty = store_of(spu(0), retiring, stored_partition("t-0", [0, 2])).snapshot()
+    (marked,) = spu_controller.decide(empty, inputs)
+    (written,) = marked.objects
+    assert isinstance(written, models.Spu) and written.status.decommission is models.SpuDecommission.DONE
+    assert marked.reason == "SPU 1 is decommissioned: it holds no replica, it may be deleted"
