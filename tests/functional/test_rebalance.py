@@ -18,7 +18,7 @@ import pytest
 from controller import config
 from controller.reconcile import moves
 from store import embedded_etcd, models
-from tests.fixtures.daemon import COMMON_SETTINGS, Running, running
+from tests.fixtures.daemon import COMMON_SETTINGS, Running, etcd_settings, running
 
 RF = 3
 PARTITIONS = 20
@@ -229,3 +229,72 @@ async def test_a_cancelled_rebalance_sends_the_moves_in_flight_back(sc: Running)
             # A new plan may start now.
             status, dry = await sc.call("POST", "/v1/cluster/rebalance?dryRun=true")
             assert status == 200, dry
+
+
+@contextlib.asynccontextmanager
+async def spu_run(private_port: int, first_id: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`sc spu run --count` for SPUs already registered, talking to whichever SC has ``private_port``."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "controller.cli", "spu", "run", "--first-id", str(first_id), "--count", str(count),
+        "--sc-private", f"127.0.0.1:{private_port}", "--append-interval", "0.2", "--append-records", "10",
+        "--fetch-interval", "0.05", "--replica-lag-time", "30", "--log-format", "json", "--log-level", "warning",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGCONT)
+            process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 20)
+
+
+@pytest.mark.etcd
+async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    """The run and each move's progress are stored: a new SC on the same etcd finishes what the last one started."""
+    private_port, *spu_ports = embedded_etcd.free_ports(1 + 2 * 9)
+    settings = etcd_settings(etcd_server, private_port=private_port, spu_heartbeat_timeout=5.0, spu_offline_grace=10.0)
+    first_daemon = running(settings)
+    first = await first_daemon.__aenter__()
+    first_running = True
+    try:
+        for spu_id in range(6):
+            await first.register_spu(spu_id, online=False, ports=(spu_ports[2 * spu_id], spu_ports[2 * spu_id + 1]))
+        async with spu_run(private_port, 0, 6):
+            await first.eventually(lambda: online(first, 6), timeout=30)
+            status, answer = await first.call(
+                "POST", "/v1/topics", {"name": "orders", "spec": {"partitions": PARTITIONS, "replicationFactor": RF}}
+            )
+            assert status == 201, answer
+            await first.eventually(lambda: all_in_sync(first), timeout=30)
+            for spu_id in range(6, 9):
+                await first.register_spu(spu_id, online=False, ports=(spu_ports[2 * spu_id], spu_ports[2 * spu_id + 1]))
+            async with spu_run(private_port, 6, 3) as newcomers:
+                await first.eventually(lambda: online(first, 9), timeout=30)
+                # Frozen: the moves onto them stay in flight while the SC goes away.
+                newcomers.send_signal(signal.SIGSTOP)
+                status, plan = await first.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 1})
+                assert status == 202, plan
+                assert plan["replicaMoves"] == plan["lowerBound"] == 18
+
+                async def started() -> None:
+                    progress = await run_state(first, "running")
+                    assert len(progress["inFlight"]) == 3 and progress["done"] == 0, progress
+
+                await first.eventually(started, timeout=20)
+                first_running = False
+                await first_daemon.__aexit__(None, None, None)
+
+                async with running(settings) as second:
+                    newcomers.send_signal(signal.SIGCONT)
+                    await second.eventually(lambda: run_state(second, "done"), timeout=90)
+                    await second.eventually(lambda: all_in_sync(second), timeout=30)
+                    after = await second.read_all("partitions")
+                    planned = {move["partition"]: move["to"] for move in plan["moves"]}
+                    assert {name: p.spec.replicas for name, p in after.items() if name in planned} == planned
+                    counts = per_spu(after, range(9))
+                    assert sorted(counts.values()) == [6, 6, 6, 7, 7, 7, 7, 7, 7], counts
+    finally:
+        if first_running:
+            await first_daemon.__aexit__(None, None, None)
