@@ -170,18 +170,21 @@ class SpuController:
 
 class RebalanceController:
     """The stored rebalance run (meta/rebalance): starts its moves, cancels them, marks it done; carries
-    nothing (a restarted SC continues from the stored run and the partitions' reassignments)."""
+    only the run as last decoded (a restarted SC continues from the stored run and the partitions'
+    reassignments)."""
 
     def __init__(self, context: context_module.Context, dispatcher: dispatcher_module.ActionDispatcher) -> None:
         # Partition specs only: a move's progress is its partition's replicas and reassignment.
         self.loop = _loop(context, dispatcher, "rebalance", self.decide, {"partitions": SPEC})
         context.local_store.meta.on_change(moves.KEY, self.loop.kick)
+        self._known: moves.Stored | None = None
 
     async def run(self) -> None:
         await self.loop.run()
 
     def decide(self, snapshot: local.Snapshot, changes: local.ChangesByKind) -> list[actions.Action]:
-        return moves.decide(snapshot, moves.Inputs(busy=self.loop.busy))
+        self._known = moves.stored(snapshot, self._known)
+        return moves.decide(snapshot, moves.Inputs(busy=self.loop.busy, known=self._known))
 
 
 _PARTITIONS = "partitions/"

@@ -146,11 +146,15 @@ class Stored:
     problem: str | None = None
 
 
-def stored(snapshot: local.Snapshot) -> Stored:
+def stored(snapshot: local.Snapshot, known: Stored | None = None) -> Stored:
+    """The run under meta/rebalance; ``known`` (decoded before) is kept while the value is the same
+    (a run of 10,000 moves is not decoded again for each partition change)."""
     found = snapshot.meta(KEY)
     if found is None:
         return Stored(None, 0)
     value, mod_revision = found
+    if known is not None and known.mod_revision == mod_revision:
+        return known
     try:
         return Stored(decode(value), mod_revision)
     except InvalidRun as error:
@@ -274,13 +278,14 @@ class Inputs:
     (such a partition counts as moving: its start may not be back in the store yet)."""
 
     busy: Callable[[str], bool] = lambda key: False
+    known: Stored | None = None  # the run as last decoded (see ``stored``)
 
 
 def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     """A running run: start pending moves in plan order while every SPU they concern has fewer than
     maxMovesPerSpu moves in flight; mark the run done once every move ended. A cancelled run: every
     move in flight goes back (its target becomes the replicas it had). Nothing for any other value."""
-    found = stored(snapshot)
+    found = stored(snapshot, inputs.known)
     run = found.run
     if run is None or run.state == DONE:
         return []

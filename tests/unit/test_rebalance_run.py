@@ -209,3 +209,13 @@ def test_a_decommissioned_spu_takes_no_new_replica_and_its_status_follows_what_i
     (written,) = marked.objects
     assert isinstance(written, models.Spu) and written.status.decommission is models.SpuDecommission.DONE
     assert marked.reason == "SPU 1 is decommissioned: it holds no replica, it may be deleted"
+
+
+def test_the_run_is_decoded_again_only_when_its_value_changed() -> None:
+    run = run_of(("t-0", (0, 1), (2, 1)))
+    store = store_of(stored_partition("t-0", [0, 1]), run=run.encode())
+    first = moves.stored(store.snapshot())
+    assert first.run == run and moves.stored(store.snapshot(), first) is first
+    store.meta.apply(moves.KEY, run.with_state(moves.CANCELLED).encode(), 101)
+    again = moves.stored(store.snapshot(), first)
+    assert again is not first and again.run == run.with_state(moves.CANCELLED)
