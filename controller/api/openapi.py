@@ -111,6 +111,14 @@ _DRY_RUN = {
     "schema": {"type": "boolean", "default": False},
 }
 
+_REBALANCE_DRY_RUN = {
+    "name": "dryRun",
+    "in": "query",
+    "required": False,
+    "description": "true: answer the plan only, writing nothing (the read role may ask); exactly true or false.",
+    "schema": {"type": "boolean", "default": False},
+}
+
 _FORCE = {
     "name": "force",
     "in": "query",
@@ -233,7 +241,7 @@ def _paths() -> dict[str, Any]:
                     "a move changes. Each move is a reassignment (Kafka's KIP-455, docs/replication.md): new replicas "
                     "join as followers, leadership leaves a leaving replica once they are in the committed in-sync "
                     "set, then the leaving replicas go. 409 while a run is running or moves are still going back.",
-                    parameters=(_DRY_RUN,),
+                    parameters=(_REBALANCE_DRY_RUN,),
                     r200=_json(_ref("RebalancePlan"), "dryRun: the plan, nothing written"),
                     r202=_json(_ref("RebalancePlan"), "The plan, stored and started (state running, or done if it moves nothing)"),
                     r400=malformed,
@@ -358,7 +366,8 @@ def _paths() -> dict[str, Any]:
                     "others (respecting racks, the rest balanced), in one transaction; it runs like a rebalance "
                     "(GET /v1/cluster/rebalance for progress, DELETE to cancel). The SPU's status.decommission says "
                     "InProgress, then Done once no partition lists it. Later plans keep it empty.",
-                    parameters=(_NAME,),
+                    parameters=(_NAME, _REBALANCE_DRY_RUN),
+                    r200=_json(_ref("RebalancePlan"), "dryRun: the plan, nothing written"),
                     r202=_json(_ref("RebalancePlan"), "The plan, stored and started, with the SPU's id and name"),
                     r400=malformed,
                     r404=_error("No such SPU"),

@@ -113,23 +113,27 @@ async def rebalance(context: context_module.Context, limit: int, dry_run: bool) 
     _refuse_if_busy(context, current)
     plan = await _plan(context)
     run = _run(plan, moves.REBALANCE, limit)
-    await _write(context, [(moves.KEY, run.encode(), revision)], "storing the rebalance plan")
+    revision = await _write(context, [(moves.KEY, run.encode(), revision)], "storing the rebalance plan")
+    _record_planned(context, run, revision)
     log.info("rebalance planned", moves=len(run.moves), replica_moves=plan.replica_moves, lower_bound=plan.lower_bound)
     return 202, {**codec.plan_to_json(plan), "state": run.state, "maxMovesPerSpu": limit}
 
 
-async def decommission(context: context_module.Context, name: str, limit: int) -> tuple[int, dict[str, Any]]:
+async def decommission(context: context_module.Context, name: str, limit: int, dry_run: bool = False) -> tuple[int, dict[str, Any]]:
     """POST /v1/spus/{name}/decommission: mark the SPU decommissioned and store the plan that empties
-    it, in one transaction (both or neither)."""
+    it, in one transaction (both or neither); a dry run only answers the plan."""
     admin_ops.require_synced(context)
     key = models.object_key("spus", name)
     stored_spu = await context.kv_store.get(key)
     spu = None if stored_spu is None else admin_ops.decoded("spus", stored_spu)
     if stored_spu is None or not isinstance(spu, models.Spu):
         raise ApiError(404, "NotFound", f"{admin_ops.label('spus', name)} not found")
+    spu_id = spu.spec.id
+    if dry_run:
+        plan = await _plan(context, (spu_id,))
+        return 200, {**codec.plan_to_json(plan), "spu": spu_id, "name": name}
     current, revision = await _stored(context)
     _refuse_if_busy(context, current)
-    spu_id = spu.spec.id
     plan = await _plan(context, (spu_id,))
     leaving = sorted(set(moves.decommissioning_spus(context.local_store.snapshot())) | {spu_id})
     run = _run(plan, moves.DECOMMISSION, limit, leaving)
@@ -137,7 +141,8 @@ async def decommission(context: context_module.Context, name: str, limit: int) -
     if not spu.spec.decommission:
         marked = spu.model_copy(update={"spec": spu.spec.model_copy(update={"decommission": True})})
         writes.append((key, models.encode(marked), stored_spu.mod_revision))
-    await _write(context, writes, f"decommissioning SPU {spu_id} ({name!r})")
+    revision = await _write(context, writes, f"decommissioning SPU {spu_id} ({name!r})")
+    _record_planned(context, run, revision)
     log.info("decommission planned", spu=spu_id, name=name, moves=len(run.moves))
     answer = {**codec.plan_to_json(plan), "state": run.state, "maxMovesPerSpu": limit, "spu": spu_id, "name": name}
     return 202, answer
@@ -154,10 +159,23 @@ def _run(plan: Any, kind: str, limit: int, leaving: list[int] | None = None) -> 
     return moves.run_of(plan, kind, limit, leaving or ())
 
 
-async def _write(context: context_module.Context, writes: list[tuple[str, bytes, int]], doing: str) -> None:
+def _record_planned(context: context_module.Context, run: moves.Run, revision: int) -> None:
+    """Each move of a stored run, in the history as planned (the run's key is not an object: the
+    Reader records no change of it)."""
+    if context.history is None:
+        return
+    for move in run.moves:
+        context.history.record_action(
+            "partitions", move.partition, "plan", f"{run.kind} planned: {list(move.before)} -> {list(move.after)}",
+            moves.CAUSE_PLANNED, 0, "applied", revision, [moves.KEY],
+        )
+
+
+async def _write(context: context_module.Context, writes: list[tuple[str, bytes, int]], doing: str) -> int:
+    """The writes in one transaction, each compared with the revision it was read at; the commit's revision."""
     compares = [kv.Compare(key, revision) for key, _, revision in writes]
     try:
-        await context.kv_store.txn(compares, [kv.Put(key, value) for key, value, _ in writes])
+        return await context.kv_store.txn(compares, [kv.Put(key, value) for key, value, _ in writes])
     except kv.Conflict:
         raise ApiError(409, "Conflict", f"the cluster changed while {doing}: plan again") from None
     except kv.TooLarge as error:
@@ -179,6 +197,11 @@ async def cancel(context: context_module.Context) -> dict[str, Any]:
     if current is None or current.state != moves.RUNNING:
         state = "idle" if current is None else current.state
         raise ApiError(409, "NotRunning", f"no rebalance is running (state {state}): there is nothing to cancel")
-    await _write(context, [(moves.KEY, current.with_state(moves.CANCELLED).encode(), revision)], "cancelling the rebalance")
+    revision = await _write(context, [(moves.KEY, current.with_state(moves.CANCELLED).encode(), revision)], "cancelling the rebalance")
+    if context.history is not None:
+        context.history.record_action(
+            "meta", "rebalance", "cancel", f"{current.kind} of {len(current.moves)} moves cancelled: moves in flight go back",
+            moves.CAUSE_RUN, 0, "applied", revision, [moves.KEY],
+        )
     log.info("rebalance cancelled", kind=current.kind, moves=len(current.moves))
     return {"state": moves.CANCELLED, "kind": current.kind, "total": len(current.moves)}

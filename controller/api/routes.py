@@ -645,10 +645,21 @@ def _optional_body(raw: bytes, shape: str) -> dict[str, Any] | None:
     return parse_json_object(raw, shape) if raw.strip() else None
 
 
+def _dry_run(request: web.Request) -> bool:
+    """``?dryRun=true|false`` exactly (any case): a plan is written unless it says true, so nothing
+    else is taken for either (the document's type is boolean)."""
+    raw = request.query.get("dryRun")
+    if raw is None or raw.lower() == "false":
+        return False
+    if raw.lower() == "true":
+        return True
+    raise ApiError(400, "MalformedRequest", f"query parameter dryRun must be true or false, got {ratelimit.excerpt(raw)}")
+
+
 async def rebalance(request: web.Request) -> web.Response:
     """Plan a rebalance from the cluster as it is; unless ?dryRun=true, store the plan and start it."""
     context = request.app[CONTEXT]
-    dry_run = _bool_param(request, "dryRun")
+    dry_run = _dry_run(request)
     body = _optional_body(await read_body(request), rebalance_ops.BODY_SHAPE)
     limit = rebalance_ops.max_moves_per_spu(body, context.settings.rebalance_max_moves_per_spu)
     status, answer = await rebalance_ops.rebalance(context, limit, dry_run)
@@ -664,11 +675,13 @@ async def cancel_rebalance(request: web.Request) -> web.Response:
 
 
 async def decommission_spu(request: web.Request) -> web.Response:
-    """Move every replica off an SPU (a run like a rebalance's); its status says when it is empty."""
+    """Move every replica off an SPU (a run like a rebalance's); its status says when it is empty.
+    ``?dryRun=true``: the plan only (the read role may ask for it), nothing written."""
     context = request.app[CONTEXT]
+    dry_run = _dry_run(request)
     body = _optional_body(await read_body(request), rebalance_ops.BODY_SHAPE)
     limit = rebalance_ops.max_moves_per_spu(body, context.settings.rebalance_max_moves_per_spu)
-    status, answer = await rebalance_ops.decommission(context, request.match_info["name"], limit)
+    status, answer = await rebalance_ops.decommission(context, request.match_info["name"], limit, dry_run)
     return web.json_response(answer, status=status)
 
 

@@ -31,6 +31,7 @@ DONE_MOVE = "done"  # the partition holds the planned replicas, no reassignment 
 REVERTING = "reverting"  # cancelled while moving: going back to the replicas it had
 SKIPPED = "skipped"  # the partition was deleted or changed otherwise: nothing for this run to do
 # Causes of the actions (the history's structured field; the audits count them per SPU).
+CAUSE_PLANNED = "move-planned"  # recorded by the API when it stores the run
 CAUSE_STARTED = "move-started"
 CAUSE_CANCELLED = "move-cancelled"
 CAUSE_RUN = "rebalance-run"
