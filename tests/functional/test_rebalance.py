@@ -298,3 +298,56 @@ async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_e
     finally:
         if first_running:
             await first_daemon.__aexit__(None, None, None)
+
+
+async def test_moves_onto_a_killed_spu_wait_for_it_and_the_others_go_on(sc: Running) -> None:
+    ports = embedded_etcd.free_ports(2 * 9)
+    private_port = sc.daemon.private_port
+    assert private_port is not None
+    for spu_id in range(6):
+        await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
+    async with spu_run(private_port, 0, 6):
+        await sc.eventually(lambda: online(sc, 6), timeout=30)
+        status, answer = await sc.call("POST", "/v1/topics", {"name": "orders", "spec": {"partitions": PARTITIONS, "replicationFactor": RF}})
+        assert status == 201, answer
+        await sc.eventually(lambda: all_in_sync(sc), timeout=30)
+        for spu_id in range(6, 9):
+            await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
+        async with spu_run(private_port, 6, 2) as two, spu_run(private_port, 8, 1) as doomed:
+            await sc.eventually(lambda: online(sc, 9), timeout=30)
+            # Frozen, so that a move onto SPU 8 is surely in flight when it dies.
+            two.send_signal(signal.SIGSTOP)
+            doomed.send_signal(signal.SIGSTOP)
+            async with sampling(sc) as sampler:
+                status, plan = await sc.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 1})
+                assert status == 202, plan
+                onto_8 = sorted(move["partition"] for move in plan["moves"] if 8 in move["to"] and 8 not in move["from"])
+                assert len(onto_8) == 6
+
+                async def started() -> None:
+                    progress = await run_state(sc, "running")
+                    assert len(progress["inFlight"]) == 3, progress
+
+                await sc.eventually(started, timeout=20)
+                doomed.kill()
+                await doomed.wait()
+                two.send_signal(signal.SIGCONT)
+
+                async def the_others_done() -> None:
+                    progress = await run_state(sc, "running")
+                    # Every move not onto SPU 8 ends; of those onto it, one waits in flight, the rest unstarted.
+                    assert progress["done"] == len(plan["moves"]) - 6, progress
+                    assert len(progress["inFlight"]) == 1 and progress["inFlight"][0] in onto_8, progress
+                    assert progress["pending"] == 5, progress
+
+                await sc.eventually(the_others_done, timeout=60)
+                # SPU 8 back (empty: it kept no data): its moves catch up and the run ends.
+                async with spu_run(private_port, 8, 1):
+                    await sc.eventually(lambda: run_state(sc, "done"), timeout=60)
+                    await sc.eventually(lambda: all_in_sync(sc), timeout=30)
+                    # What the samples saw while SPU 8 ran (stopping it at the end shrinks its sets).
+                    shrunk = list(sampler.shrunk)
+                    after = await sc.read_all("partitions")
+            assert shrunk == [], shrunk[:5]
+            counts = per_spu(after, range(9))
+            assert sorted(counts.values()) == [6, 6, 6, 7, 7, 7, 7, 7, 7], counts
