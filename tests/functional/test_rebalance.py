@@ -33,15 +33,11 @@ async def sc() -> AsyncIterator[Running]:
 
 
 @contextlib.asynccontextmanager
-async def simulated(sc: Running, first_id: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
-    """SPUs ``first_id`` .. ``first_id + count - 1``: registered through the API, then run by one
-    `sc spu run --count` process (records flowing), stopped with SIGTERM on the way out."""
-    ports = embedded_etcd.free_ports(2 * count)
-    for index in range(count):
-        await sc.register_spu(first_id + index, online=False, ports=(ports[2 * index], ports[2 * index + 1]))
+async def spu_run(private_port: int, first_id: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`sc spu run --count` for SPUs already registered, talking to whichever SC has ``private_port``."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "controller.cli", "spu", "run", "--first-id", str(first_id), "--count", str(count),
-        "--sc-private", f"127.0.0.1:{sc.daemon.private_port}", "--append-interval", "0.2", "--append-records", "10",
+        "--sc-private", f"127.0.0.1:{private_port}", "--append-interval", "0.2", "--append-records", "10",
         "--fetch-interval", "0.05", "--replica-lag-time", "30", "--log-format", "json", "--log-level", "warning",
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
@@ -53,6 +49,18 @@ async def simulated(sc: Running, first_id: int, count: int) -> AsyncIterator[asy
             process.send_signal(signal.SIGCONT)
             process.send_signal(signal.SIGTERM)
         await asyncio.wait_for(process.wait(), 20)
+
+
+@contextlib.asynccontextmanager
+async def simulated(sc: Running, first_id: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
+    """SPUs ``first_id`` .. ``first_id + count - 1``: registered through the API, then run by one
+    `sc spu run --count` process (records flowing), stopped with SIGTERM on the way out."""
+    ports = embedded_etcd.free_ports(2 * count)
+    for index in range(count):
+        await sc.register_spu(first_id + index, online=False, ports=(ports[2 * index], ports[2 * index + 1]))
+    assert sc.daemon.private_port is not None
+    async with spu_run(sc.daemon.private_port, first_id, count) as process:
+        yield process
 
 
 async def online(sc: Running, count: int) -> None:
@@ -229,25 +237,6 @@ async def test_a_cancelled_rebalance_sends_the_moves_in_flight_back(sc: Running)
             # A new plan may start now.
             status, dry = await sc.call("POST", "/v1/cluster/rebalance?dryRun=true")
             assert status == 200, dry
-
-
-@contextlib.asynccontextmanager
-async def spu_run(private_port: int, first_id: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
-    """`sc spu run --count` for SPUs already registered, talking to whichever SC has ``private_port``."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "controller.cli", "spu", "run", "--first-id", str(first_id), "--count", str(count),
-        "--sc-private", f"127.0.0.1:{private_port}", "--append-interval", "0.2", "--append-records", "10",
-        "--fetch-interval", "0.05", "--replica-lag-time", "30", "--log-format", "json", "--log-level", "warning",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGCONT)
-            process.send_signal(signal.SIGTERM)
-        await asyncio.wait_for(process.wait(), 20)
 
 
 @pytest.mark.etcd
