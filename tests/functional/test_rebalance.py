@@ -121,6 +121,17 @@ async def sampling(sc: Running) -> AsyncIterator[Sampler]:
             await task
 
 
+async def orders_on_six(sc: Running) -> dict[str, models.Partition]:
+    """Once SPUs 0..5 are online: topic orders (PARTITIONS at RF) on them, every partition in sync."""
+    await sc.eventually(lambda: online(sc, 6), timeout=30)
+    body = {"name": "orders", "spec": {"partitions": PARTITIONS, "replicationFactor": RF}}
+    status, answer = await sc.call("POST", "/v1/topics", body)
+    assert status == 201, answer
+    await sc.eventually(lambda: all_in_sync(sc), timeout=30)
+    found: dict[str, models.Partition] = await sc.read_all("partitions")
+    return found
+
+
 async def run_state(sc: Running, wanted: str) -> dict[str, Any]:
     status, progress = await sc.call("GET", "/v1/cluster/rebalance")
     assert status == 200, progress
@@ -130,11 +141,7 @@ async def run_state(sc: Running, wanted: str) -> dict[str, Any]:
 
 async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc: Running) -> None:
     async with simulated(sc, 0, 6):
-        await sc.eventually(lambda: online(sc, 6), timeout=30)
-        status, answer = await sc.call("POST", "/v1/topics", {"name": "orders", "spec": {"partitions": PARTITIONS, "replicationFactor": RF}})
-        assert status == 201, answer
-        await sc.eventually(lambda: all_in_sync(sc), timeout=30)
-        before = await sc.read_all("partitions")
+        before = await orders_on_six(sc)
         assert await run_state(sc, "idle") == {"state": "idle", "total": 0, "done": 0, "inFlight": [], "pending": 0, "skipped": []}
 
         async with simulated(sc, 6, 3):
@@ -196,11 +203,7 @@ async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc:
 
 async def test_a_cancelled_rebalance_sends_the_moves_in_flight_back(sc: Running) -> None:
     async with simulated(sc, 0, 6):
-        await sc.eventually(lambda: online(sc, 6), timeout=30)
-        status, answer = await sc.call("POST", "/v1/topics", {"name": "orders", "spec": {"partitions": PARTITIONS, "replicationFactor": RF}})
-        assert status == 201, answer
-        await sc.eventually(lambda: all_in_sync(sc), timeout=30)
-        before = await sc.read_all("partitions")
+        before = await orders_on_six(sc)
         async with simulated(sc, 6, 3) as newcomers:
             await sc.eventually(lambda: online(sc, 9), timeout=30)
             # The new SPUs freeze: still Online for the heartbeat timeout, but no move can catch up.
@@ -296,10 +299,7 @@ async def test_moves_onto_a_killed_spu_wait_for_it_and_the_others_go_on(sc: Runn
     for spu_id in range(6):
         await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
     async with spu_run(private_port, 0, 6):
-        await sc.eventually(lambda: online(sc, 6), timeout=30)
-        status, answer = await sc.call("POST", "/v1/topics", {"name": "orders", "spec": {"partitions": PARTITIONS, "replicationFactor": RF}})
-        assert status == 201, answer
-        await sc.eventually(lambda: all_in_sync(sc), timeout=30)
+        await orders_on_six(sc)
         for spu_id in range(6, 9):
             await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
         async with spu_run(private_port, 6, 2) as two, spu_run(private_port, 8, 1) as doomed:

@@ -4,7 +4,9 @@ the limit, a stored value that is not a run, and the admin role for the writes."
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,21 @@ async def three_on_four(server: ApiServer) -> None:
         topic("t", 4, 2, "Provisioned", replica_map=rows),
         *(partition(f"t-{index}", replicas) for index, replicas in rows.items()),
     )
+
+
+@contextlib.asynccontextmanager
+async def with_credentials() -> AsyncIterator[ApiServer]:
+    """A server that asks for credentials (alice: admin, bob: read), with ``three_on_four``."""
+    server = ApiServer()
+    server.context.authenticator = auth.Authenticator(
+        auth.parse(f"alice admin {ADMIN_TOKEN}\nbob read {READ_TOKEN}\n", "tokens"), client_certificates=False
+    )
+    await server.start()
+    try:
+        await three_on_four(server)
+        yield server
+    finally:
+        await server.stop()
 
 
 async def stored_run(server: ApiServer) -> moves.Run:
@@ -124,13 +141,7 @@ async def test_a_decommission_marks_the_spu_and_stores_a_plan_that_empties_it(se
 
 
 async def test_the_writes_need_the_admin_role_and_a_dry_run_only_read() -> None:
-    server = ApiServer()
-    server.context.authenticator = auth.Authenticator(
-        auth.parse(f"alice admin {ADMIN_TOKEN}\nbob read {READ_TOKEN}\n", "tokens"), client_certificates=False
-    )
-    await server.start()
-    try:
-        await three_on_four(server)
+    async with with_credentials() as server:
         assert server.session is not None
 
         async def call(method: str, path: str, token: str) -> int:
@@ -145,18 +156,10 @@ async def test_the_writes_need_the_admin_role_and_a_dry_run_only_read() -> None:
         assert await call("POST", "/v1/spus/spu-0/decommission", READ_TOKEN) == 403
         assert await server.kv_store.get(moves.KEY) is None
         assert await call("POST", "/v1/cluster/rebalance", ADMIN_TOKEN) == 202
-    finally:
-        await server.stop()
 
 
 async def test_a_decommission_dry_run_writes_nothing_and_needs_only_read() -> None:
-    server = ApiServer()
-    server.context.authenticator = auth.Authenticator(
-        auth.parse(f"alice admin {ADMIN_TOKEN}\nbob read {READ_TOKEN}\n", "tokens"), client_certificates=False
-    )
-    await server.start()
-    try:
-        await three_on_four(server)
+    async with with_credentials() as server:
         assert server.session is not None
         headers = {"Authorization": f"Bearer {READ_TOKEN}"}
         async with server.session.post("/v1/spus/spu-0/decommission?dryRun=true", headers=headers) as response:
@@ -171,8 +174,6 @@ async def test_a_decommission_dry_run_writes_nothing_and_needs_only_read() -> No
         assert await server.kv_store.get(moves.KEY) is None
         spu_0 = await server.read("spus", "spu-0")
         assert isinstance(spu_0, models.Spu) and not spu_0.spec.decommission
-    finally:
-        await server.stop()
 
 
 async def test_each_planned_move_and_the_cancel_are_in_the_history(server: ApiServer, tmp_path: Path) -> None:
