@@ -28,6 +28,7 @@ log = structlog.get_logger(__name__)
 
 SPEC, ALL = local.Part.SPEC, local.Part.ALL
 DRAINED = models.SpuDrain.DRAINED
+DECOMMISSIONED = models.SpuDecommission.DONE
 
 
 def cluster_view(
@@ -345,10 +346,14 @@ def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes[model
 
 
 def _decommission_news(snapshot: local.Snapshot, partition_changes: local.Changes[models.Partition]) -> bool:
-    """Whether a decommissioned SPU's status may need another look: partitions changed while one is."""
+    """Whether a decommissioned SPU's status may need another look: partitions changed while one is
+    not Done yet (a Done one takes no replica: plans and placement keep it empty)."""
     if partition_changes.empty:
         return False
-    return any(entry.obj.spec.decommission for entry in snapshot.entries("spus").values())
+    return any(
+        entry.obj.spec.decommission and entry.obj.status.decommission is not DECOMMISSIONED
+        for entry in snapshot.entries("spus").values()
+    )
 
 
 def _alter_isr_result(
