@@ -31,6 +31,12 @@ class HealthView:
         self._records: dict[int, HealthRecord] = {}
         self._listeners: list[Callable[[int, Health], None]] = []
 
+    def restart(self, now: float) -> None:
+        """Forget every SPU, as at a start (a new term of this SC: the SPUs connect to it again).
+        Listeners are not told: whoever starts the term looks at every SPU anyway."""
+        self.started_at = now
+        self._records.clear()
+
     def subscribe(self, listener: Callable[[int, Health], None]) -> None:
         self._listeners.append(listener)
 

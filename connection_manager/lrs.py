@@ -73,6 +73,11 @@ class LiveReplicas:
         if hw > self._max_hw.get(name, UNKNOWN_OFFSET):
             self._max_hw[name] = hw
 
+    def forget_statuses(self) -> None:
+        """Every leader's status goes (its connection did): the next ones come with the new
+        connections. The highest HWs stay: a committed offset stays committed."""
+        self._status.clear()
+
     def forget(self, partition: str) -> None:
         """A deleted partition: a new one of the same name starts from nothing."""
         self._status.pop(partition, None)

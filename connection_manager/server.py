@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import hmac
 import ipaddress
 from collections.abc import Callable, Iterable, Mapping
@@ -31,8 +32,13 @@ log = structlog.get_logger(__name__)
 
 REGISTER_TIMEOUT = 10.0  # seconds a new connection has to send its Register frame, then its Hosted frame
 DEFAULT_OFFSETS_INTERVAL = 1.0  # seconds: an SPU sends at most one Offsets frame this often
+DEFAULT_OFFSETS_ENTRIES_PER_SECOND = 20_000  # all SPUs together, at most (the interval grows to keep it)
+MAX_OFFSETS_INTERVAL = 60.0  # seconds: the longest interval the partition count makes
+OFFSETS_JITTER = 0.9  # an Offsets frame this share of the interval after the previous one is on time
 SEND_QUEUE_LIMIT = 1_000  # frames queued for one SPU before it is considered stuck
 HEARTBEAT_SECOND_LOOK = 0.5  # seconds
+# The code of a refusal (and of a closed session) because this SC is not the leader of its store.
+NOT_LEADER = "not-leader"
 # A refused connection is logged once per (cause, peer address) in this many seconds; the
 # repeats in between are counted (and the count logged with the next line), not logged each.
 REFUSAL_LOG_INTERVAL = 60.0
@@ -55,6 +61,7 @@ class Stats:
     proposals: int = 0  # AlterIsr frames taken in
     heartbeat_timeouts: int = 0
     updates_sent: int = 0
+    offsets_paced: int = 0  # Offsets frames that came sooner than the protocol allows (see _pace)
 
     def count(self, table: dict[str, int], code: str) -> None:
         table[code] = table.get(code, 0) + 1
@@ -74,6 +81,8 @@ class Session:
         self.closing: tuple[str, str] | None = None
         self.last_frame_at = asyncio.get_running_loop().time()
         self.ready = False  # it said what it holds (Hosted): online, synced
+        self.last_offsets_at = -math.inf  # when its last Offsets frame was taken in
+        self.offsets_interval = DEFAULT_OFFSETS_INTERVAL  # what it was told at its Accepted
 
     @property
     def number(self) -> int:
@@ -161,6 +170,7 @@ class ConnectionManager:
         allow_remote_without_token: bool = False,
         heartbeat_timeout: float = 10.0,
         offsets_interval: float = DEFAULT_OFFSETS_INTERVAL,
+        offsets_entries_per_second: int = DEFAULT_OFFSETS_ENTRIES_PER_SECOND,
         max_frame_bytes: int = wire.MAX_FRAME_BYTES,
         on_news: Callable[[set[str]], None] = lambda names: None,
         supervisor: supervisor_module.Supervisor | None = None,
@@ -177,6 +187,7 @@ class ConnectionManager:
         self.allow_remote = token is not None or certificate_identity or allow_remote_without_token
         self.heartbeat_timeout = heartbeat_timeout
         self.offsets_interval = offsets_interval
+        self.offsets_entries_per_second = offsets_entries_per_second
         self.max_frame_bytes = max_frame_bytes
         # Told the partitions a leader's confirmation or proposal is about: the partition
         # controller looks at them (offsets never wake it: no decision depends on them).
@@ -199,6 +210,9 @@ class ConnectionManager:
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
         self.port: int | None = None
+        # Why this SC takes no SPU now (None: it does), and the leader's private HOST:PORT when
+        # known: a standby SC refuses every SPU, naming the leader to go to. Asked at each connection.
+        self.standby_refusal: Callable[[], tuple[str, str | None] | None] = lambda: None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -233,6 +247,15 @@ class ConnectionManager:
                 port=self.port,
             )
 
+    def end_term(self, reason: str) -> None:
+        """This SC stopped leading: close every SPU connection (code ``not-leader``) and forget what
+        they told it (the highest HWs aside); new ones are refused while ``standby_refusal`` says so."""
+        for session in list(self.sessions.values()):
+            session.close(NOT_LEADER, reason)
+        self.proposals.clear()
+        self.confirmed.clear()
+        self.live.forget_statuses()
+
     async def stop(self) -> None:
         if self._pusher is not None:
             self._pusher.cancel()
@@ -261,6 +284,10 @@ class ConnectionManager:
         if register is None:
             return websocket
         spu_id = register.spu_id
+        standby = self.standby_refusal()
+        if standby is not None:
+            await self._refuse(websocket, peer, spu_id, NOT_LEADER, standby[0], leader=standby[1])
+            return websocket
         refusal = self._identity_refusal(spu_id, tls.peercert_of(request.transport)) or self._refusal(register)
         if refusal is not None:
             await self._refuse(websocket, peer, spu_id, *refusal)
@@ -282,10 +309,11 @@ class ConnectionManager:
         self.stats.accepted += 1
         writer = asyncio.create_task(session.write_loop(), name=f"cm-writer-{spu_id}")
         try:
+            session.offsets_interval = self.offsets_interval_now()
             session.send(
                 wire.Accepted(
                     spu_id=spu_id, incarnation=session.number, heartbeat_timeout=self.heartbeat_timeout,
-                    offsets_interval=self.offsets_interval,
+                    offsets_interval=session.offsets_interval,
                 )
             )
             if await self._read_hosted(session):
@@ -319,7 +347,8 @@ class ConnectionManager:
         self.health.set(session.spu_id, health_module.Health.OFFLINE, now)
 
     async def _refuse(
-        self, websocket: web.WebSocketResponse, peer: str | None, spu_id: int | None, code: str, reason: str
+        self, websocket: web.WebSocketResponse, peer: str | None, spu_id: int | None, code: str, reason: str,
+        leader: str | None = None,
     ) -> None:
         """Tell the client why and close; count every refusal, log a cause and peer once an interval."""
         self.stats.count(self.stats.rejected, code)
@@ -329,7 +358,7 @@ class ConnectionManager:
                 "SPU connection rejected", spu=spu_id, peer=peer, code=code, reason=reason,
                 repeats_not_logged=suppressed,
             )
-        await _reject(websocket, code, reason)
+        await _reject(websocket, code, reason, leader)
 
     async def _read_register(self, websocket: web.WebSocketResponse, peer: str | None) -> wire.Register | None:
         try:
@@ -474,7 +503,7 @@ class ConnectionManager:
             if self.sessions.get(session.spu_id) is not session:
                 return  # replaced: what it says is not its SPU's current word
             try:
-                self._take_frame(session, message.data)
+                kind = self._take_frame(session, message.data)
             except Exception as error:
                 # A bug here must not leave the SPU connected but unheard: drop it (it reconnects
                 # and gets a fresh Sync).
@@ -483,14 +512,38 @@ class ConnectionManager:
                 return
             # One frame at a time per SPU, then let everybody else run: fifty SPUs reporting
             # never starve the controllers, the API or the heartbeats.
-            await asyncio.sleep(0)
+            await asyncio.sleep(self._pace(session) if kind == "offsets" else 0)
 
-    def _take_frame(self, session: Session, frame: bytes | str) -> None:
+    def offsets_interval_now(self) -> float:
+        """The offsets interval for an SPU connecting now: the setting, or longer, so that all SPUs
+        together send at most offsets_entries_per_second entries (one per partition led)."""
+        partitions = len(self.local_store["partitions"].view)
+        return min(MAX_OFFSETS_INTERVAL, max(self.offsets_interval, partitions / self.offsets_entries_per_second))
+
+    def _pace(self, session: Session) -> float:
+        """How long to leave an SPU's next frames in its socket after an Offsets frame: the
+        protocol allows one per offsets interval; one sooner than that (less some jitter) makes
+        the SC read that SPU no faster. Its frames wait in its own socket: flooding costs the SC
+        what the SPU may send anyway, not its core (its claim on the store lapsed under 50
+        flooding SPUs), and the SPU's heartbeats still come well within the timeout."""
+        now = asyncio.get_running_loop().time()
+        gap = min(session.offsets_interval * OFFSETS_JITTER, self.heartbeat_timeout / 4)
+        early = session.last_offsets_at + gap - now
+        session.last_offsets_at = max(now, session.last_offsets_at + gap)
+        if early <= 0:
+            return 0
+        self.stats.offsets_paced += 1
+        return early
+
+    def _take_frame(self, session: Session, frame: bytes | str) -> str:
+        """Take one frame in; its type, refused or not (``unreadable`` if it has none)."""
+        kind = "unreadable"
         try:
             parsed = wire.parse_spu_message(frame, self.max_frame_bytes)
-            self.stats.count(self.stats.frames, parsed.type)
+            kind = parsed.type
+            self.stats.count(self.stats.frames, kind)
             if isinstance(parsed, wire.Heartbeat):
-                return
+                return kind
             if isinstance(parsed, wire.Offsets):
                 self._take_offsets(session, parsed)
             elif isinstance(parsed, wire.Leading):
@@ -505,6 +558,7 @@ class ConnectionManager:
             self.stats.count(self.stats.frame_errors, error.code)
             log.warning("frame refused", spu=session.spu_id, code=error.code, error=str(error))
             session.send(wire.Error(code=error.code, message=str(error)))
+        return kind
 
     def _told(self, session: Session, name: str) -> wire.ReplicaInfo:
         told = session.hosted.get(name)
@@ -638,6 +692,7 @@ class ConnectionManager:
         partitions = self.local_store["partitions"].view
         held = self._holders()
         concerned = Concerned(partition_changes)
+        interval = self.offsets_interval_now()
         for session in list(self.sessions.values()):
             if session.spu_id not in held:
                 session.close("unregistered", f"SPU {session.spu_id} was unregistered")
@@ -646,8 +701,12 @@ class ConnectionManager:
                 continue  # its Sync, once it said what it holds, will have everything
             changed_spus, deleted_spus = _spu_delta(session, spu_changes, held)
             changed, deleted = _replica_delta(session, partition_changes, partitions, concerned)
-            if changed_spus or deleted_spus or changed or deleted:
+            # A new interval only when it moved by a quarter: not an Update per partition created.
+            new_interval = interval if abs(interval - session.offsets_interval) > session.offsets_interval / 4 else None
+            if changed_spus or deleted_spus or changed or deleted or new_interval is not None:
                 self.stats.updates_sent += 1
+                if new_interval is not None:
+                    session.offsets_interval = new_interval
                 session.send(
                     wire.Update(
                         epoch=epoch,
@@ -655,6 +714,7 @@ class ConnectionManager:
                         deleted_spus=deleted_spus,
                         replicas=changed,
                         deleted_replicas=deleted,
+                        offsets_interval=new_interval,
                     )
                 )
         for name in partition_changes.deleted:
@@ -790,7 +850,7 @@ def _replica_info(partition: models.Partition, incarnation: reports.Incarnation)
     )
 
 
-async def _reject(websocket: web.WebSocketResponse, code: str, reason: str) -> None:
+async def _reject(websocket: web.WebSocketResponse, code: str, reason: str, leader: str | None = None) -> None:
     with contextlib.suppress(ConnectionError, RuntimeError):
-        await websocket.send_bytes(wire.encode(wire.Rejected(code=code, reason=reason)))
+        await websocket.send_bytes(wire.encode(wire.Rejected(code=code, reason=reason, leader=leader)))
     await websocket.close(message=reason[:120].encode())

@@ -194,6 +194,8 @@ class Rejected(Message):
     type: Literal["rejected"] = "rejected"
     code: str
     reason: str
+    # With code "not-leader": the private port (HOST:PORT) of the SC that leads, when known.
+    leader: str | None = Field(default=None, max_length=300)
 
 
 class Sync(Message):
@@ -214,6 +216,8 @@ class Update(Message):
     deleted_spus: list[SpuId] = []
     replicas: list[ReplicaInfo] = []
     deleted_replicas: list[PartitionName] = []
+    # A new offsets interval for this SPU (seconds), when the SC changes it (the partitions grew).
+    offsets_interval: float | None = Field(default=None, gt=0, le=3600)
 
 
 class AlterIsrResult(Message):

@@ -86,6 +86,12 @@ class Settings(BaseSettings):
     # An SPU sends live offsets at most this often, and only those that changed (for people: no
     # decision depends on them). The SC's cost of a busy cluster's offsets scales with its inverse.
     spu_offsets_interval: Seconds = Field(1.0, description="seconds between an SPU's live offsets reports (only the offsets that changed)")
+    # What all SPUs together may send: an SPU is given the longer interval that keeps the cluster's
+    # offsets within it (partitions / this), so the SC's cost of offsets does not grow with the
+    # partition count (at 100,000 busy partitions a 1 s interval took most of its core).
+    spu_offsets_entries_per_second: Annotated[int, Field(ge=1)] = Field(
+        20_000, description="per-partition offsets all SPUs together send per second at most (the interval grows with the partitions)"
+    )
     spu_token_file: Path | None = Field(None, description="file holding a shared token every SPU must present")
     # Without a token the private port accepts SPUs from loopback only, unless this says otherwise.
     spu_allow_remote_without_token: bool = Field(

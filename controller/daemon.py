@@ -1,5 +1,6 @@
-"""`sc run`: the SC daemon. Opens the store (embedded etcd, external etcd or memory), runs the
-pipeline and the public API, and shuts down in order on SIGTERM/SIGINT.
+"""`sc run`: the SC daemon. Opens the store (embedded etcd, external etcd or memory), joins the
+store's SC candidates, runs the Reader and the public API, runs the controllers and takes SPUs
+while it leads the store (a hot standby otherwise), and shuts down in order on SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import asyncio
 import contextlib
 import gc
 import signal
+import socket
 from pathlib import Path
 
 import structlog
@@ -46,11 +48,15 @@ class Daemon:
         self.history: history.Recorder | None = None
         self.private_port: int | None = None
         self.connections: cm_server.ConnectionManager | None = None
+        self.fluvio: fluvio_server.FluvioServer | None = None
         self.ports: tuple[transport.Port, transport.Port] | None = None  # public, private
         self._runner: web.AppRunner | None = None
         self._etcd_supervision: asyncio.Task[None] | None = None
         self.active: active_sc.ActiveSc | None = None
         self._keeper: asyncio.Task[None] | None = None
+        # Follows the claim's role changes: starts and ends this SC's terms as the leader.
+        self._role: asyncio.Task[None] | None = None
+        self._term = 0  # the ActiveSc term this SC's controllers run for (0: none, a standby)
         # Both ports' TLS contexts (None: plaintext), reloaded on SIGHUP and when the files change.
         self.tls: tls.Contexts | None = None
         self._tls_watch: asyncio.Task[None] | None = None
@@ -100,6 +106,7 @@ class Daemon:
                 allow_remote_without_token=self.settings.spu_allow_remote_without_token,
                 heartbeat_timeout=self.settings.spu_heartbeat_timeout,
                 offsets_interval=self.settings.spu_offsets_interval,
+                offsets_entries_per_second=self.settings.spu_offsets_entries_per_second,
                 max_frame_bytes=self.settings.spu_max_frame_bytes,
                 supervisor=self.context.supervisor,
                 listener=private,
@@ -112,7 +119,9 @@ class Daemon:
             self._runner = web.AppRunner(api.build_app(self.context), access_log=None)
             await self._runner.setup()
             # One port, two protocols: Fluvio's binary admin protocol next to the HTTP API.
-            fluvio = fluvio_server.FluvioServer(self.context)
+            fluvio = self.fluvio = fluvio_server.FluvioServer(self.context)
+            # A standby sends Fluvio's writes on to the leader (Fluvio's protocol has no redirect).
+            fluvio.admin.forward_to = self._fluvio_leader
             public_host, held_on_loopback = config.public_bind(self.settings)
             contexts = self.tls
             site = fluvio_listener.SniffingSite(
@@ -124,24 +133,119 @@ class Daemon:
             if held_on_loopback is not None:
                 log.warning(held_on_loopback, port=self.public_port)
             log.info("public API listening", host=public_host, port=self.public_port, tls=contexts is not None)
-            # Once the public port is bound (its address is part of the claim), before any write.
-            await self.active.acquire(f"{public_host}:{self.public_port}")
-            self._keeper = self.supervisor.spawn("active-sc-lease", self.active.run)
-            await self.pipeline.start()
-            # Only once synced: before, every registered SPU would look unregistered.
+            # The private port is bound before this SC joins (its address is part of its identity);
+            # it refuses every SPU while this SC does not lead.
+            self.connections.standby_refusal = self._standby_refusal
+            private_host = config.private_bind(self.settings)
             await self.connections.start(
-                config.private_bind(self.settings), self.settings.private_port,
-                (lambda: contexts.private) if contexts is not None else None,
-            )  # fmt: skip
+                private_host, self.settings.private_port, (lambda: contexts.private) if contexts is not None else None
+            )
+            self.private_port = self.connections.port
+            await self.active.join(f"{_advertised(public_host)}:{self.public_port}", f"{_advertised(private_host)}:{self.private_port}")
+            self._keeper = self.supervisor.spawn("active-sc-lease", self.active.run)
+            # The mirror first: a leader's controllers start on it, a standby serves reads from it.
+            await self.pipeline.start_reader()
+            self._role = self.supervisor.spawn("sc-role", self._follow_role)
             if contexts is not None:
                 self._tls_watch = self.supervisor.spawn("tls-reload", contexts.watch)
-            self.private_port = self.connections.port
+            # A single SC leads at once (after a crashed predecessor's claim expired: its TTL at
+            # most); ready once it leads, or once another SC is known to be ahead of it, or after
+            # that TTL and one more second as a standby (a claim no candidate holds stays until deleted).
+            try:
+                await asyncio.wait_for(self.active.settled.wait(), self.active.ttl + 1)
+            except TimeoutError:
+                log.warning("the store's claim outlived the wait for it: this SC runs as a standby until it ends")
+                self.active.settled.set()
+            while self.active.state is active_sc.State.ACTIVE and self._term != self.active.term:
+                await asyncio.sleep(0.005)  # the role task starts the term at its next turn
             log.info(
-                "SC ready", public_port=self.public_port, private_port=self.private_port, store=self.settings.store.value
+                "SC ready", public_port=self.public_port, private_port=self.private_port, store=self.settings.store.value,
+                role="leader" if self._term else "standby",
             )
         except BaseException:
             await self.stop()
             raise
+
+    async def _follow_role(self) -> None:
+        """Start a term when this SC wins the claim, end it when it loses it (the process goes on:
+        a standby keeps its mirror and serves reads). Level-triggered on ActiveSc.changed."""
+        active = self.active
+        assert active is not None
+        while True:
+            active.changed.clear()
+            if self._term and (active.state is not active_sc.State.ACTIVE or active.term != self._term):
+                await self._step_down()
+            if not self._term and active.state is active_sc.State.ACTIVE:
+                await self._lead()
+            await active.changed.wait()
+
+    async def _lead(self) -> None:
+        active, context = self.active, self.context
+        assert active is not None and context is not None and self.pipeline is not None
+        takeover = active.takeover
+        assert takeover is not None
+        # Once the mirror has this SC's own claim: the controllers' first pass sees everything
+        # written under the claims before it.
+        while context.local_store.meta.revision < takeover.epoch and active.state is active_sc.State.ACTIVE:
+            await asyncio.sleep(0.005)
+        if active.state is not active_sc.State.ACTIVE:
+            return
+        self._term = active.term
+        self.pipeline.lead()
+        context.metrics.takeovers.labels(takeover.cause).inc()
+        previous = takeover.previous
+        log.warning(
+            "this SC leads its store: controllers started on the mirror, SPUs accepted",
+            epoch=takeover.epoch, cause=takeover.cause, term=active.term,
+            previous_leader=previous.id if previous is not None else None, previous_epoch=takeover.previous_epoch,
+        )  # fmt: skip
+        if context.history is not None and active.identity is not None:
+            context.history.record_takeover(
+                active.identity.id, active.identity.address, takeover.epoch, takeover.cause,
+                previous.id if previous is not None else None, takeover.previous_epoch,
+            )  # fmt: skip
+
+    async def _step_down(self) -> None:
+        active, context = self.active, self.context
+        assert active is not None and context is not None and self.pipeline is not None and self.connections is not None
+        self._term = 0
+        await self.pipeline.step_down()
+        self.connections.end_term("this SC is not the leader of its store any more: connect to the new leader")
+        cause = active.step_down_cause or "stopped"
+        log.error("this SC stepped down to a standby: controllers stopped, SPU connections closed", cause=cause, epoch=active.epoch)
+        if context.history is not None and active.identity is not None:
+            context.history.record_step_down(active.identity.id, active.epoch, cause)
+
+    def _standby_refusal(self) -> tuple[str, str | None] | None:
+        """Why an SPU is refused now (None while this SC leads), and the leader's private
+        HOST:PORT when known (the SPU goes there)."""
+        if self._term:
+            return None
+        leader = self._other_leader()
+        if leader is None:
+            return "this SC is a standby and no other SC leads the store right now: try again shortly", None
+        where = f"its private port is {leader.private}" if leader.private else f"its public address is {leader.address}"
+        return f"this SC is a standby: the leader is SC {leader.id} ({where}); connect there", leader.private or None
+
+    def _fluvio_leader(self) -> str | None:
+        """Where this SC's Fluvio writes go (fluvio.admin.Admin.forward_to): None while it holds the
+        claim (it applies them), else the leader's public HOST:PORT ("" when no other SC leads)."""
+        assert self.active is not None
+        if self.active.state is active_sc.State.ACTIVE:
+            return None
+        leader = self._other_leader()
+        return leader.address if leader is not None else ""
+
+    def _other_leader(self) -> active_sc.Identity | None:
+        """The leader in this SC's mirror, unless none is, or it is this SC or an earlier process
+        at its address (sending a client there would come back here)."""
+        assert self.context is not None and self.active is not None
+        claim = self.context.local_store.meta.values.get(active_sc.KEY)
+        leader = active_sc.Identity.decode(claim[0]) if claim is not None else None
+        identity = self.active.identity
+        if leader is None or (identity is not None and (leader.host, leader.address) == (identity.host, identity.address)):
+            return None
+        return leader
 
     def _open_security(self) -> auth.Authenticator:
         """The TLS contexts and the public port's credentials, from their files (warning when a
@@ -204,14 +308,19 @@ class Daemon:
         log.info("recording the metadata history", directory=str(directory), resume_revision=self.history.resume_revision)
 
     async def stop(self) -> None:
+        if self._role is not None:
+            self._role.cancel()
+            await asyncio.gather(self._role, return_exceptions=True)
+            self._role = None
         if self.connections is not None:
             await self.connections.stop()
         if self.pipeline is not None:
             # Draining is writing: pointless (and up to its whole timeout) while writes are refused.
-            if self.active is None or self.active.problem() is None:
+            if self._term and self.active is not None and self.active.problem() is None:
                 await self.pipeline.stop()
             else:
                 await self.pipeline.stop(drain_timeout=0.0)
+            self._term = 0
         if self.history is not None:
             await self.history.close()  # after the pipeline: its last actions are recorded
             self.history = None
@@ -254,20 +363,13 @@ class Daemon:
         transport.raise_file_limit()
         await self.start()
         gc.freeze()
-        assert self.active is not None
-        signalled = asyncio.ensure_future(stopping.wait())
-        superseded = asyncio.ensure_future(self.active.superseded.wait())
         try:
-            await asyncio.wait([signalled, superseded], return_when=asyncio.FIRST_COMPLETED)
+            # Losing the store's claim is no reason to stop: this SC goes on as a standby.
+            await stopping.wait()
             log.info("stopping: draining actions, closing connections")
         finally:
-            signalled.cancel()
-            superseded.cancel()
             await self.stop()
             log.info("stopped")
-        if self.active.superseded.is_set():
-            # Another SC took the store over: exit with its name rather than write beside it.
-            raise active_sc.AnotherScActive(self.active.key, self.active.holder, self.active.ttl)
 
 
 def _ports(settings: config.Settings) -> tuple[transport.Port, transport.Port]:
@@ -294,6 +396,12 @@ def _ports(settings: config.Settings) -> tuple[transport.Port, transport.Port]:
         transport.Port(transport.PUBLIC, transport.Limits(limits.public, limits.per_address, buffered, backlog), timeouts),
         transport.Port(transport.PRIVATE, transport.Limits(limits.private, limits.per_address, buffered, backlog), timeouts),
     )
+
+
+def _advertised(host: str) -> str:
+    """The host other SCs and SPUs reach this one at: the host bound, or this host's name when it
+    binds every interface."""
+    return socket.gethostname() if host in ("", "0.0.0.0", "::") else host
 
 
 def _bound_port(runner: web.AppRunner, configured: int) -> int:

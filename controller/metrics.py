@@ -44,6 +44,13 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
             registry=r,
         )
+        self.takeovers = prometheus_client.Counter(
+            "sc_takeovers",
+            "Terms this SC began as its store's leader, by what became of the claim before "
+            "(unclaimed, resigned, lease-expired, claim-deleted)",
+            ["cause"],
+            registry=r,
+        )
         self.actions = prometheus_client.Counter(
             "sc_actions", "Actions applied, by verb and outcome", ["kind", "verb", "outcome"], registry=r
         )
@@ -274,6 +281,11 @@ class _ConnectionsCollector(Collector):
         )
         stale.add_metric([], stats.stale_entries)
         yield stale
+        paced = CounterMetricFamily(
+            "sc_spu_offsets_paced", "Offsets frames an SPU sent sooner than the protocol allows (its reading slowed down)"
+        )
+        paced.add_metric([], stats.offsets_paced)
+        yield paced
         proposals = CounterMetricFamily("sc_isr_proposals", "In-sync set proposals (AlterIsr) received from leaders")
         proposals.add_metric([], stats.proposals)
         yield proposals

@@ -46,6 +46,8 @@ _FRAME = struct.Struct("<II")  # payload length, CRC32 of the payload
 CHANGE, ACTION, GAP, SYNC = "change", "action", "gap", "sync"
 # Who asked for a user's write (store/attribution.py): the principal and its address, by revision.
 REQUEST = "request"
+# This SC began a term as its store's leader (with what became of the claim before), or ended one.
+TAKEOVER, STEP_DOWN = "takeover", "step-down"
 # Where a change record comes from: the live watch, the catch-up after a restart, or a listing
 # (a baseline when the history starts, or a snapshot after a gap).
 WATCH, REPLAY, LIST = "watch", "replay", "list"
@@ -445,6 +447,21 @@ class Recorder:
         """A write of the public port committed at ``revision`` for principal ``by`` from ``address``."""
         fields = {"type": REQUEST, "kind": kind, "name": name, "revision": revision, "by": by, "address": address}
         self._push(fields, None, None)
+
+    def record_takeover(
+        self, sc_id: str, address: str, epoch: int, cause: str, previous: str | None, previous_epoch: int
+    ) -> None:
+        """This SC (``sc_id`` at ``address``) leads its store from ``epoch`` (its claim's create
+        revision), because the claim before it ended as ``cause`` says (``previous``: its holder's id)."""
+        fields = {
+            "type": TAKEOVER, "name": sc_id, "address": address, "revision": epoch, "cause": cause,
+            "detail": previous or "", "causeRevision": previous_epoch,
+        }
+        self._push(fields, None, None)
+
+    def record_step_down(self, sc_id: str, epoch: int, cause: str) -> None:
+        """This SC's term that began at ``epoch`` ended (``cause``: lease-lost, fenced, claim-deleted, ...)."""
+        self._push({"type": STEP_DOWN, "name": sc_id, "revision": epoch, "cause": cause}, None, None)
 
     def record_gap(self, first_revision: int, last_revision: int, reason: str, dropped: int = 0) -> None:
         """Revisions ``first_revision..last_revision`` may be missing from the history (or, for

@@ -484,9 +484,12 @@ class MetaTable:
         self.synced = False
         self._wakers: dict[str, list[Callable[[], None]]] = {}
 
-    def on_change(self, key: str, wake: Callable[[], None]) -> None:
-        """Call ``wake`` whenever ``key`` is written, deleted, or relisted."""
-        self._wakers.setdefault(key, []).append(wake)
+    def on_change(self, key: str, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` whenever ``key`` is written, deleted, or relisted, until the function
+        returned is called."""
+        wakers = self._wakers.setdefault(key, [])
+        wakers.append(wake)
+        return lambda: wakers.remove(wake) if wake in wakers else None
 
     def apply(self, key: str, value: bytes, mod_revision: int) -> None:
         self.values[key] = (value, mod_revision)

@@ -3,6 +3,9 @@ apply Sync/Update, confirm leaderships and propose in-sync sets as they come, he
 the offsets that changed at most once per offsets interval.
 
 Reconnects forever (capped exponential backoff with jitter) after a drop or a refusal, until cancelled.
+Given several SC addresses (an SC and its standbys), it tries the next one at once when one cannot
+be reached, and goes straight to the leader a standby names when it refuses (``not-leader``); the
+backoff applies once every address failed in a row.
 While disconnected the SPU keeps its last picture and keeps replicating: the data plane does not need
 the SC (but its leaders cannot change their in-sync sets, so they commit nothing a lost member misses).
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import aiohttp
 import structlog
@@ -25,6 +28,21 @@ from connection_manager.spu import (
 )
 
 
+NOT_LEADER = "not-leader"  # the refusal of a standby SC (connection_manager/server.py)
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); ValueError naming the text otherwise."""
+    host, separator, port = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    # ASCII digits, and few of them, before int(): "²".isdigit() is true, and int() refuses 4,301 digits.
+    digits = port.isascii() and port.isdigit() and len(port) <= 5
+    if not separator or not host or not digits or not 0 < int(port) < 65536:
+        shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+        raise ValueError(f"{shown!r} is not HOST:PORT (for example 127.0.0.1:9004)")
+    return host, int(port)
+
+
 class SessionError(Exception):
     """The SC broke the protocol on this connection; the session drops it and reconnects."""
 
@@ -33,7 +51,7 @@ class ScSession:
     def __init__(
         self,
         state: state_module.SpuState,
-        sc_address: tuple[str, int],
+        sc_addresses: Sequence[tuple[str, int]],
         token: str | None,
         settings: settings_module.SpuSettings,
         on_change: Callable[[], None],
@@ -41,10 +59,16 @@ class ScSession:
         on_step: Callable[[], None] = lambda: None,
     ) -> None:
         self.state = state
-        host, port = sc_address
+        # The SCs of the store, in the order given: one of them leads.
+        self.addresses = list(sc_addresses)
+        if not self.addresses:
+            raise ValueError("an SPU needs at least one SC address")
+        self._current = 0
+        self._failed_in_row = 0  # addresses that failed since one accepted or named the leader
+        self._named: tuple[str, int] | None = None  # the leader a standby named: tried next
+        self._standby_seen = False  # a standby refused this SPU since one last accepted it
         # With ``tls`` (the SC's CA, and this SPU's client certificate under mutual TLS): wss.
         self.tls = tls
-        self.url = f"{'wss' if tls is not None else 'ws'}://{f'[{host}]' if ':' in host else host}:{port}{wire.SPU_PATH}"
         self.token = token
         self.settings = settings
         self.on_change = on_change  # called after each Sync or Update is applied
@@ -53,10 +77,21 @@ class ScSession:
         self._synced_here = False  # a Sync was applied on the current (or just ended) connection
         self.connections = 0  # connections the SC accepted since start
         self.incarnation: int | None = None  # the SC's number for the current connection
+        self.offsets_interval = 1.0  # seconds between offsets frames: the SC says (Accepted, Update)
         self.last_rejection: wire.Rejected | None = None
         self._outbox: asyncio.Queue[bytes] | None = None
         self._confirmed: set[tuple[str, int]] = set()  # leaderships said on this connection
         self.log = structlog.get_logger(__name__).bind(spu=state.spu_id)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The SC this session connects to now (or last did)."""
+        return self._named or self.addresses[self._current]
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"{'wss' if self.tls is not None else 'ws'}://{f'[{host}]' if ':' in host else host}:{port}{wire.SPU_PATH}"
 
     async def run(self) -> None:
         backoff = backoff_module.Backoff(self.settings.reconnect_initial, self.settings.reconnect_max)
@@ -64,8 +99,9 @@ class ScSession:
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while True:
                 self._synced_here = False
+                redirected = False
                 try:
-                    await self._serve_connection(http)
+                    redirected = await self._serve_connection(http)
                 except (aiohttp.ClientError, OSError, TimeoutError) as error:
                     # The first failure in a row is news; the retries of an SC that stays down are not.
                     log = self.log.info if backoff.attempt == 0 or self._synced_here else self.log.debug
@@ -77,9 +113,51 @@ class ScSession:
                     self._outbox = None
                 if self._synced_here:
                     backoff.reset()
+                if redirected:
+                    continue  # straight to the leader the standby named
+                if not self._next_address():
+                    continue  # another SC to try before waiting
+                if self._standby_seen:
+                    # SCs answer, and one will lead (an election, a takeover): no backing off.
+                    self._standby_seen = False
+                    backoff.reset()
+                    await asyncio.sleep(self.settings.leader_wait)
+                    continue
                 delay = backoff.next_delay()
                 self.log.debug("sc reconnect scheduled", delay=round(delay, 3), attempt=backoff.attempt)
                 await asyncio.sleep(delay)
+
+    def _next_address(self) -> bool:
+        """Move on to the next SC after this one failed or ended; True when every address failed in
+        a row since one last accepted this SPU (then the backoff applies before trying again)."""
+        if self._named is not None:
+            self._named = None  # the named leader failed: back to the list, where it stood
+        else:
+            self._current = (self._current + 1) % len(self.addresses)
+        if self._synced_here:
+            self._failed_in_row = 0
+            self._standby_seen = False
+            return len(self.addresses) == 1
+        self._failed_in_row += 1
+        if self._failed_in_row >= len(self.addresses):
+            self._failed_in_row = 0
+            return True
+        return False
+
+    def _follow(self, rejection: wire.Rejected) -> bool:
+        """A standby refused this SPU: go to the leader it names (True), if it names a usable one."""
+        if rejection.code != NOT_LEADER or rejection.leader is None:
+            return False
+        try:
+            named = parse_address(rejection.leader)
+        except ValueError:
+            self.log.warning("a standby SC named a leader that is not HOST:PORT", leader=rejection.leader[:80])
+            return False
+        if named == self.address:
+            return False  # named itself: no use going round
+        self._named = named
+        self.log.info("sc is a standby; going to the leader it names", standby=self.url, leader=rejection.leader)
+        return True
 
     # ------------------------------------------------------------------ sending
 
@@ -112,8 +190,8 @@ class ScSession:
 
     # ------------------------------------------------------------------ one connection
 
-    async def _serve_connection(self, http: aiohttp.ClientSession) -> None:
-        """One connection, until it ends."""
+    async def _serve_connection(self, http: aiohttp.ClientSession) -> bool:
+        """One connection, until it ends; True if a standby refused it naming the leader to go to."""
         async with http.ws_connect(
             self.url,
             heartbeat=self.settings.sc_ping_interval,
@@ -126,8 +204,12 @@ class ScSession:
             answer = await self._receive(ws, self.settings.request_timeout)
             if isinstance(answer, wire.Rejected):
                 self.last_rejection = answer
-                self.log.error("sc rejected the registration", code=answer.code, reason=answer.reason)
-                return
+                self._standby_seen = self._standby_seen or answer.code == NOT_LEADER
+                if self._follow(answer):
+                    return True
+                log = self.log.info if answer.code == NOT_LEADER else self.log.error
+                log("sc rejected the registration", code=answer.code, reason=answer.reason)
+                return False
             if not isinstance(answer, wire.Accepted):
                 raise SessionError(f"expected accepted or rejected after register, got {_kind(answer)}")
             if answer.spu_id != self.state.spu_id:
@@ -136,6 +218,7 @@ class ScSession:
             await ws.send_bytes(wire.encode(self.state.hosted()))
             self.connections += 1
             self.incarnation = answer.incarnation
+            self.offsets_interval = answer.offsets_interval
             self.log.info(
                 "sc accepted", url=self.url, incarnation=answer.incarnation, heartbeat_timeout=answer.heartbeat_timeout
             )
@@ -145,7 +228,7 @@ class ScSession:
             tasks = [
                 asyncio.create_task(self._write(ws, outbox), name=f"spu-{self.state.spu_id}-sc-writer"),
                 asyncio.create_task(self._heartbeat(answer.heartbeat_timeout), name=f"spu-{self.state.spu_id}-heartbeat"),
-                asyncio.create_task(self._offsets(answer.offsets_interval), name=f"spu-{self.state.spu_id}-offsets"),
+                asyncio.create_task(self._offsets(), name=f"spu-{self.state.spu_id}-offsets"),
             ]
             try:
                 await self._apply_messages(ws, tasks)
@@ -153,6 +236,7 @@ class ScSession:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+            return False
 
     async def _apply_messages(self, ws: aiohttp.ClientWebSocketResponse, tasks: list[asyncio.Task[None]]) -> None:
         loop = asyncio.get_running_loop()
@@ -182,6 +266,8 @@ class ScSession:
                 if not self._synced_here:
                     raise SessionError(f"update of epoch {message.epoch} arrived before the sync on this connection")
                 self.state.apply_update(message, loop.time())
+                if message.offsets_interval is not None:
+                    self.offsets_interval = message.offsets_interval
                 self.log.debug(
                     "sc update applied",
                     epoch=message.epoch,
@@ -238,10 +324,11 @@ class ScSession:
                 self._outbox.put_nowait(frame)
             await asyncio.sleep(interval)
 
-    async def _offsets(self, interval: float) -> None:
-        """The offsets that changed, at most once per ``interval``; nothing while nothing changes."""
+    async def _offsets(self) -> None:
+        """The offsets that changed, at most once per offsets interval (the SC's latest word);
+        nothing while nothing changes."""
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.offsets_interval)
             if self.connected:
                 entries = self.state.offsets()
                 if entries:

@@ -30,6 +30,9 @@ class SpuSettings:
     # Reconnecting to the SC after a drop or a refusal.
     reconnect_initial: float = 0.1
     reconnect_max: float = 5.0
+    # While a standby SC refuses this SPU (not-leader), an election may be under way: the SPU asks
+    # again this often, without backing off, so that it joins the new leader soon after it leads.
+    leader_wait: float = 0.25
     # Reconnecting to a leader's private endpoint, or retrying to listen on our own.
     fetch_retry_initial: float = 0.05
     fetch_retry_max: float = 1.0
@@ -44,7 +47,7 @@ class SpuSettings:
     def __post_init__(self) -> None:
         for name in (
             "append_interval", "fetch_interval", "replica_lag_time", "tick_interval", "proposal_retry",
-            "heartbeat_interval", "reconnect_initial",
+            "heartbeat_interval", "reconnect_initial", "leader_wait",
             "reconnect_max", "fetch_retry_initial", "fetch_retry_max", "request_timeout", "sc_ping_interval",
             "checkpoint_interval",
         ):

@@ -30,16 +30,21 @@ from connection_manager.spu import (
 )
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); ValueError naming the text otherwise."""
-    host, separator, port = text.strip().rpartition(":")
-    host = host.removeprefix("[").removesuffix("]")
-    # ASCII digits, and few of them, before int(): "²".isdigit() is true, and int() refuses 4,301 digits.
-    digits = port.isascii() and port.isdigit() and len(port) <= 5
-    if not separator or not host or not digits or not 0 < int(port) < 65536:
-        shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
-        raise ValueError(f"{shown!r} is not HOST:PORT (for example 127.0.0.1:9004)")
-    return host, int(port)
+parse_address = session_module.parse_address
+
+
+def parse_addresses(text: str) -> list[tuple[str, int]]:
+    """``HOST:PORT[,HOST:PORT...]``: the SCs of a store (one leads, the others are standbys)."""
+    parts = [part for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ValueError(f"{text[:40]!r} names no SC: give HOST:PORT, or several separated by commas")
+    if len(parts) > MAX_SC_ADDRESSES:
+        raise ValueError(f"{len(parts)} SC addresses given, at most {MAX_SC_ADDRESSES}")
+    return [parse_address(part) for part in parts]
+
+
+# More SCs than any store runs (2 or 3, one leading): a longer list is a mistake.
+MAX_SC_ADDRESSES = 16
 
 
 class Recorder:
@@ -77,7 +82,8 @@ class Recorder:
 
 
 class SimulatedSpu:
-    """SPU ``spu_id`` connecting to the SC's private port at ``sc_address`` (``HOST:PORT`` or (host, port)).
+    """SPU ``spu_id`` connecting to the SC's private port at ``sc_address``: ``HOST:PORT`` or (host,
+    port), or several (``HOST:PORT,HOST:PORT`` or a list of pairs): the SCs of a store, one leading.
 
     ``token``: sent in Register when the SC requires one. ``data_dir``: logs are journaled under it
     (``spu-<id>/``) as they change, folded into ``offsets.json`` every ``settings.checkpoint_interval``
@@ -91,7 +97,7 @@ class SimulatedSpu:
     def __init__(
         self,
         spu_id: int,
-        sc_address: str | tuple[str, int],
+        sc_address: str | tuple[str, int] | Sequence[tuple[str, int]],
         token: str | None = None,
         *,
         settings: settings_module.SpuSettings | None = None,
@@ -101,7 +107,12 @@ class SimulatedSpu:
         record: Path | None = None,
     ) -> None:
         self.spu_id = spu_id
-        self.sc_address = parse_address(sc_address) if isinstance(sc_address, str) else sc_address
+        if isinstance(sc_address, str):
+            self.sc_addresses = parse_addresses(sc_address)
+        elif isinstance(sc_address[0], str):
+            self.sc_addresses = [sc_address]  # type: ignore[list-item]  # one (host, port) pair
+        else:
+            self.sc_addresses = list(sc_address)  # type: ignore[arg-type]  # pairs
         self.token = token
         self.settings = settings or settings_module.SpuSettings()
         self.checkpoint_path = None if data_dir is None else checkpoint.path_for(data_dir, spu_id)
@@ -111,7 +122,7 @@ class SimulatedSpu:
         self.server = fetch.FetchServer(self.state, on_change=self.after_change)
         self.fetchers = fetch.Fetchers(self.state, self.settings, on_change=self.after_change)
         self.session = session_module.ScSession(
-            self.state, self.sc_address, token, self.settings, on_change=self._picture_changed, on_step=self.after_change, tls=tls
+            self.state, self.sc_addresses, token, self.settings, on_change=self._picture_changed, on_step=self.after_change, tls=tls
         )
         self._journal: checkpoint.Journal | None = None
         self._recorder: Recorder | None = None
@@ -145,7 +156,7 @@ class SimulatedSpu:
         self._spawn(self._tick(), "tick")
         if self._journal is not None:
             self._spawn(self._checkpoint(), "checkpoint")
-        self.log.info("spu started", sc=f"{self.sc_address[0]}:{self.sc_address[1]}")
+        self.log.info("spu started", sc=",".join(f"{host}:{port}" for host, port in self.sc_addresses))
 
     async def stop(self) -> None:
         """Stop everything it started, drop its connections, and save its logs last."""

@@ -22,6 +22,9 @@ PAGE_SIZE = 1000
 BUSY_RETRIES = 5
 # The longest Retry-After honoured: a longer one is the SC's business, not a reason to hang.
 MAX_RETRY_AFTER = 10.0
+# A standby SC answers a write with 307 to the leader; followed this many times at most (a leader
+# that changes while the request travels costs one more).
+MAX_REDIRECTS = 3
 
 
 class ClientError(Exception):
@@ -52,6 +55,7 @@ class Client:
             except (OSError, ssl.SSLError) as error:
                 raise ClientError(f"cannot use CA file {str(ca)!r} ({error}): give the PEM CA that signed the SC's certificate", "BadCaFile") from None
             self._tls.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=self._tls), _NoRedirects())
 
     def call(self, method: str, path: str, body: Any = None, query: dict[str, str] | None = None) -> tuple[int, Any]:
         """(status, decoded JSON answer) for any status below 400; raises ClientError for the others."""
@@ -78,17 +82,25 @@ class Client:
         """(status, headers, decoded answer) for any status below 400; reads refused for load are retried."""
         url = self.address + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode()
-        for attempt in range(BUSY_RETRIES + 1):
+        redirects: list[str] = []
+        attempt = 0
+        while attempt <= BUSY_RETRIES:
             request = urllib.request.Request(url, data=data, method=method, headers=self._headers)
             try:
-                with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT, context=self._tls) as response:
+                with self._opener.open(request, timeout=REQUEST_TIMEOUT) as response:
                     return response.status, dict(response.headers), _decode(response.read())
             except urllib.error.HTTPError as failure:
                 answer = _decode(failure.read())
                 retry_after = failure.headers.get("Retry-After", "")
+                location = failure.headers.get("Location", "")
                 failure.close()
+                if failure.code in (307, 308):
+                    # A standby SC: the same request, method, body and credentials, to the leader.
+                    url = self._redirected(url, location, redirects)
+                    continue
                 if failure.code == 429 and method == "GET" and attempt < BUSY_RETRIES and retry_after.isdigit():
                     time.sleep(min(float(retry_after), MAX_RETRY_AFTER))
+                    attempt += 1
                     continue
                 raise ClientError(_error_message(failure.code, answer), _error_code(failure.code, answer)) from None
             except urllib.error.URLError as failure:
@@ -104,6 +116,28 @@ class Client:
             except (ConnectionError, ValueError) as failure:
                 raise ClientError(f"cannot talk to the SC at {self.address}: {failure}", "Unreachable") from None
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _redirected(self, url: str, location: str, redirects: list[str]) -> str:
+        """Where a 307 from ``url`` sends the request; ClientError past MAX_REDIRECTS hops, or for a
+        Location that is not an http(s) address."""
+        target = urllib.parse.urljoin(url, location)
+        if urllib.parse.urlsplit(target).scheme not in ("http", "https") or not location:
+            raise ClientError(f"the SC at {url} redirected to {location[:200]!r}, which is not an http(s) address", "BadAnswer")
+        redirects.append(target)
+        if len(redirects) > MAX_REDIRECTS:
+            raise ClientError(
+                f"the SC redirected more than {MAX_REDIRECTS} times ({' -> '.join(redirects)}): the SCs do not agree "
+                "on their leader yet; retry in a few seconds", "TooManyRedirects",
+            )  # fmt: skip
+        return target
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib follows a 307 for GET itself, and drops the Authorization header across hosts: the
+    client follows every redirect itself instead (Client._redirected), credentials kept."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 def _decode(raw: bytes) -> Any:

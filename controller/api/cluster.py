@@ -2,8 +2,7 @@
 
 The active SC is the holder of the store's claim (``meta/active-sc``, see ``store.active_sc``),
 read from this SC's mirror; its epoch is the claim's revision, which changes with every new holder.
-Until SC high availability lands, a second SC on the same store refuses to start, so there are no
-standbys to list.
+The standbys are the other candidates (``meta/sc-candidates/<id>``), in the order they would lead.
 """
 
 from __future__ import annotations
@@ -37,4 +36,16 @@ def describe(context: context_module.Context) -> dict[str, Any]:
             "since": holder.started if holder is not None else None,
             "epoch": revision,
         }
-    return {"self": this, "leader": leader, "standbys": []}
+    leader_id = leader["id"] if leader is not None else None
+    standbys = [
+        {"id": candidate.identity.id, "address": candidate.identity.address}
+        for candidate in active_sc.queue(context.local_store.meta.values)
+        if candidate.identity.id != leader_id
+    ]
+    return {"self": this, "leader": leader, "standbys": standbys}
+
+
+def leader_of(context: context_module.Context) -> active_sc.Identity | None:
+    """The leader as this SC's mirror has it (None: no claim, or one no SC of this project wrote)."""
+    claim = context.local_store.meta.values.get(active_sc.KEY)
+    return active_sc.Identity.decode(claim[0]) if claim is not None else None

@@ -203,9 +203,10 @@ def _paths() -> dict[str, Any]:
     return {
         "/healthz": {
             "get": _operation(
-                "200 once the SC has synced its store and while it runs well; 503 with a reason while it "
-                "starts, while a task keeps failing, or while it may not write (it does not hold the store's "
-                "active-SC claim)",
+                "200 once the SC has synced its store and knows its role (leader, or a standby behind another "
+                "SC) and while it runs well; 503 with a reason while it starts (first in line, it waits for a "
+                "previous leader's claim to end), while a task keeps failing, or while the leader may not write "
+                "(its claim could not be renewed)",
                 r200=_json(_ref("Health"), "Synced"),
                 r503=_json(_ref("Health"), "Starting, failing or inactive"),
             )
@@ -224,9 +225,10 @@ def _paths() -> dict[str, Any]:
         "/v1/cluster": {
             "get": _operation(
                 "The SCs of this store: this one and its role, the active SC, the standbys",
-                description="The active SC holds the store's claim (meta/active-sc, kept under a lease); its epoch is "
-                "the claim's store revision, new with every holder. Read from this SC's mirror of the store. No "
-                "standbys yet: until SC high availability lands, a second SC on the same store refuses to start.",
+                description="The active SC (the leader) holds the store's claim (meta/active-sc, kept under a lease); "
+                "its epoch is the claim's create revision, new with every holder, and fences every write of the "
+                "leader. The standbys are the other SCs of the store (meta/sc-candidates/<id>), in the order they "
+                "would take over. Read from this SC's mirror of the store.",
                 r200=_json(_ref("Cluster"), "The SCs"),
             )
         },
@@ -725,7 +727,7 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
                 "self": {
                     "type": "object",
                     "properties": {
-                        "id": {"type": ["string", "null"], "description": "This SC's id (null before it first claimed the store)"},
+                        "id": {"type": ["string", "null"], "description": "This SC's id (null before it joined the store's SCs)"},
                         "role": {"enum": ["leader", "standby"], "description": "leader: it holds the claim and may write"},
                         "address": {"type": ["string", "null"], "description": "Its public host:port"},
                     },
@@ -751,6 +753,7 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
                 },
                 "standbys": {
                     "type": "array",
+                    "description": "The other SCs of the store, first in line to take over first",
                     "items": {
                         "type": "object",
                         "properties": {"id": {"type": "string"}, "address": {"type": "string"}},
@@ -878,6 +881,33 @@ def _secured(paths: dict[str, Any]) -> dict[str, Any]:
     return paths
 
 
+_STANDBY_REDIRECT = {
+    "description": "NotLeader: this SC is a standby; the same request (method, body, credentials) goes to the "
+    "leader at Location (same path and query). The sc CLI follows it",
+    "headers": {"Location": {"description": "The leader's URL for this request", "schema": {"type": "string"}}},
+    "content": {"application/json": {"schema": _ref("Error")}},
+}
+
+
+def _standby_answers(paths: dict[str, Any]) -> dict[str, Any]:
+    """Every write (an operation that takes the admin right): a standby's 307 to the leader, and its
+    503 NoLeader while no SC leads the store."""
+    for path, methods in paths.items():
+        for method, operation in methods.items():
+            right = auth.http_right(method.upper(), path, dry_run=False)
+            if right is None or right.role != auth.ADMIN:
+                continue
+            responses = operation["responses"]
+            unavailable = responses.get("503", _COMMON_ERRORS["503"])
+            responses["307"] = _STANDBY_REDIRECT
+            responses["503"] = {
+                **unavailable,
+                "description": f"{unavailable['description']}; NoLeader: this SC is a standby and no SC leads the store "
+                "right now (retry in a few seconds)",
+            }
+    return paths
+
+
 def document() -> dict[str, Any]:
     objects = _object_schemas()
     return {
@@ -890,12 +920,12 @@ def document() -> dict[str, Any]:
             "422 well-formed but invalid, 401 no or bad credentials and 403 a right the credential's role lacks "
             "(when credentials are configured: read may GET, watch and compute placements and dry runs; admin may "
             "do everything), 429 too many expensive requests or watchers (with Retry-After), 503 "
-            "store unavailable or not synced; a request body is refused with 413 above 16 MiB (before it is read "
+            "store unavailable or not synced; a standby SC answers every write with 307 to the leader; a request body is refused with 413 above 16 MiB (before it is read "
             "when its Content-Length says so), 408 when it pauses longer than client_body_timeout, 503 (Busy) when "
             "max_buffered_request_bytes are being received already. An integer is a JSON number written without a "
             "fraction or exponent (1.0 is malformed), of at most 20 digits.",
         },
-        "paths": _secured(_paths()),
+        "paths": _secured(_standby_answers(_paths())),
         "components": {"schemas": {**objects, **_extra_schemas(objects)}, "securitySchemes": _SECURITY_SCHEMES},
     }
 

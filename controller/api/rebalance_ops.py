@@ -18,7 +18,7 @@ from controller.api import admin_ops
 from controller.placement import codec, planner
 from controller.placement import model as placement_model
 from controller.reconcile import moves, partition
-from store import kv, local, models
+from store import active_sc, kv, local, models
 
 log = structlog.get_logger(__name__)
 
@@ -49,9 +49,12 @@ def _shown(value: object) -> str:
 
 
 def _online(context: context_module.Context, snapshot: local.Snapshot) -> Callable[[int], bool]:
-    """Online as the partition controller judges it (connected now, or recorded Online without a
-    connection manager): an offline SPU keeps its replicas and takes none."""
-    if context.connections is None:
+    """Online as the partition controller judges it (connected now), or as recorded (without a
+    connection manager, and on a standby: the SPUs connect to the leader, whose SPU controller
+    records it): an offline SPU keeps its replicas and takes none."""
+    active = context.active
+    standby = active is not None and active.state is not active_sc.State.ACTIVE
+    if context.connections is None or standby:
         recorded = {
             entry.obj.spec.id
             for entry in snapshot.entries("spus").values()

@@ -26,7 +26,7 @@ from connection_manager import ratelimit, tls, transport
 from controller import context as context_module, placement
 from controller.api import admin_ops, admission, auth, cluster, fanout, json_input, listing, openapi, rebalance_ops
 from controller.reconcile import partition, topic as topic_controller
-from store import attribution, kv, models
+from store import active_sc, attribution, kv, models
 
 log = structlog.get_logger(__name__)
 
@@ -164,6 +164,40 @@ async def auth_middleware(
     request[PRINCIPAL] = principal
     with attribution.acting(attribution.Actor(principal.name, request.remote)):
         return await handler(request)
+
+
+@web.middleware
+async def standby_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A standby SC applies no write: it answers each with 307 to the same path and query on the
+    leader (a client sends it again there, method, body and credentials unchanged), or 503 when no
+    SC leads the store right now. Reads (dry runs too) are served from its mirror."""
+    context = request.app[CONTEXT]
+    active = context.active
+    if active is None or active.state is active_sc.State.ACTIVE:
+        return await handler(request)
+    dry_run = request.query.get("dryRun", "false").lower() in ("true", "1", "")
+    right = auth.http_right(request.method, request.path, dry_run)
+    if right is None or right.role != auth.ADMIN:
+        return await handler(request)
+    leader = cluster.leader_of(context)
+    identity = active.identity
+    # A claim of this very address is this SC's own or an earlier process's here (gone: this one
+    # holds its port): sending the client back here would loop.
+    if leader is None or (identity is not None and (leader.host, leader.address) == (identity.host, identity.address)):
+        raise ApiError(
+            503, "NoLeader",
+            "this SC is a standby and no live SC leads its store right now (the claim is being taken over, or "
+            f"is an earlier process's at this address); retry in a few seconds (the claim's lease lasts {active.ttl} s)",
+        )  # fmt: skip
+    location = f"{request.scheme}://{leader.address}{request.rel_url}"
+    response = error_response(
+        307, "NotLeader", f"this SC is a standby: send writes to the leader, SC {leader.id} at {leader.address}",
+        leader={"id": leader.id, "address": leader.address},
+    )  # fmt: skip
+    response.headers["Location"] = location
+    return response
 
 
 def _check_topic_right(request: web.Request, topic_name: str) -> None:
@@ -356,8 +390,13 @@ async def healthz(request: web.Request) -> web.Response:
     if failing:
         reason = "; ".join(task.describe() for task in failing)
         return web.json_response({"status": "failing", "reason": reason}, status=503)
+    active = context.active
+    if context.synced.is_set() and active is not None and not active.settled.is_set():
+        reason = "this SC is first in line to lead its store and waits for the previous leader's claim to end"
+        return web.json_response({"status": "starting", "reason": reason}, status=503)
     if context.synced.is_set():
-        problem = context.active.problem() if context.active is not None else None
+        # A standby is healthy: it serves reads from its mirror and sends writes to the leader.
+        problem = active.problem() if active is not None and active.state is not active_sc.State.STANDBY else None
         if problem is not None:
             return web.json_response({"status": "inactive", "reason": f"this SC may not write: {problem}"}, status=503)
         return web.json_response({"status": "ok"})
@@ -1064,7 +1103,7 @@ async def _stream(
 
 def build_app(context: context_module.Context) -> web.Application:
     app = web.Application(
-        middlewares=[transport.middleware, error_middleware, auth_middleware], client_max_size=MAX_BODY_BYTES
+        middlewares=[transport.middleware, error_middleware, auth_middleware, standby_middleware], client_max_size=MAX_BODY_BYTES
     )
     app[CONTEXT] = context
     app[STOPPING] = asyncio.Event()

@@ -25,7 +25,7 @@ from controller.api import json_input
 from store import history, models
 
 STATE_FILE = "_export_state.json"  # Spark ignores files starting with '_'
-HISTORY_KIND = "history"  # the kind partition of gap and sync records (they belong to no object kind)
+HISTORY_KIND = "history"  # the kind partition of the records that belong to no object kind (gap, sync, SC terms)
 DEFAULT_CHUNK_ROWS = 200_000
 
 SCHEMA = pa.schema(
@@ -197,7 +197,9 @@ def _batches(records: Iterable[tuple[int, bytes]], size: int) -> Iterator[list[t
 # Python's json (``_slow_row``), which exports any layout and says what is wrong with a record it
 # cannot export: malformed records are counted and skipped, never fatal.
 
-RECORD_TYPES = (history.CHANGE, history.ACTION, history.REQUEST, history.GAP, history.SYNC)
+RECORD_TYPES = (history.CHANGE, history.ACTION, history.REQUEST, history.GAP, history.SYNC, history.TAKEOVER, history.STEP_DOWN)
+# The record types of no object kind: the history's own (gap, sync) and the SC's terms as leader.
+_HISTORY_RECORD_TYPES = (history.GAP, history.SYNC, history.TAKEOVER, history.STEP_DOWN)
 # The record types that belong to an object (and carry its kind).
 _OBJECT_RECORD_TYPES = (history.CHANGE, history.ACTION, history.REQUEST)
 OBJECT_KINDS = tuple(models.KINDS)
@@ -287,7 +289,7 @@ def _fast(kind: str | None, batch: list[tuple[int, bytes]], tables: list[pa.Tabl
 
 
 def _kind_table(kind: str | None, batch: list[tuple[int, bytes]]) -> pa.Table:
-    """The rows of records of one ``kind`` (None: gap and sync records); raises if any record does
+    """The rows of records of one ``kind`` (None: the history's own records); raises if any record does
     not fit the fast path (the caller then looks at the records one by one)."""
     lines: list[bytes] = []
     # Each change record's spec and status as text (None: not a change, or a delete).
@@ -310,7 +312,7 @@ def _kind_table(kind: str | None, batch: list[tuple[int, bytes]]) -> pa.Table:
     parsed = _parse_lines(lines, _RECORD_FIELDS)
     column = parsed.column
     record_type, kinds, times = column("type"), column("kind"), column("time")
-    types = _OBJECT_RECORD_TYPES if kind is not None else (history.GAP, history.SYNC)
+    types = _OBJECT_RECORD_TYPES if kind is not None else _HISTORY_RECORD_TYPES
     checks = [
         pc.equal(column("seq"), pa.array([seq for seq, _ in batch], _INT64)),
         pc.is_in(record_type, pa.array(types)),
@@ -446,7 +448,7 @@ def _slow_row(seq: int, payload: bytes) -> pa.Table:
     if record_type in _OBJECT_RECORD_TYPES and kind not in OBJECT_KINDS:
         expected = f"{', '.join(OBJECT_KINDS[:-1])} or {OBJECT_KINDS[-1]}"
         raise Malformed(f"has kind {kind!r}: expected {expected}" if kind is not None else f"has no kind: expected {expected}")
-    if record_type in (history.GAP, history.SYNC) and kind is not None:
+    if record_type in _HISTORY_RECORD_TYPES and kind is not None:
         raise Malformed(f"has kind {kind!r}: a {record_type} record has none")
     if record_time is None:
         raise Malformed("has no time")

@@ -95,6 +95,11 @@ def run(
         "seq", F.unix_micros("time").alias("at_us"), "first_revision", F.col("revision").alias("last_revision"),
         "reason", "dropped",
     )
+    sc_terms = frame.filter(F.col("type").isin("takeover", "step-down")).select(
+        "seq", F.unix_micros("time").alias("at_us"), F.col("type").alias("event"), F.col("name").alias("sc"), "address",
+        F.col("revision").alias("epoch"), "cause", F.col("detail").alias("previous"),
+        F.col("cause_revision").alias("previous_epoch"),
+    )
     queries: dict[str, tuple[DataFrame, tuple[str, ...]]] = {
         "leader_changes": (leader_changes, ("at_us", "partition")),
         "leader_changes_by_spu": (_leader_changes_by_spu(leader_changes), ("spu", "cause")),
@@ -108,6 +113,7 @@ def run(
         "rack_violations": (violations, ("partition",)),
         "spec_changes": (_spec_changes(changes), ("seq",)),
         "gaps": (gaps, ("seq",)),
+        "sc_terms": (sc_terms, ("seq",)),
         "leaders_over_time": (_leaders_over_time(changes, first_us, last_us), ("bucket_us", "spu")),
         "moves": (moves, ("at_us", "partition")),
         "moves_by_spu": (_moves_by_spu(moves), ("spu",)),

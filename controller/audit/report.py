@@ -68,6 +68,12 @@ TABLES: dict[str, list[tuple[str, pa.DataType]]] = {
         ("left", pa.list_(pa.int32())), ("started_us", _TIME), ("at_us", _TIME), ("seconds", pa.float64()),
     ],
     "moves_by_spu": [("spu", pa.int32()), ("moves_in", pa.int64()), ("moves_out", pa.int64())],
+    # Each SC's terms as its store's leader: a takeover (cause: what became of the claim before it)
+    # or a step-down (cause: why the term ended), as the SC that recorded the history saw them.
+    "sc_terms": [
+        ("seq", pa.int64()), ("at_us", _TIME), ("event", pa.string()), ("sc", pa.string()), ("address", pa.string()),
+        ("epoch", pa.int64()), ("cause", pa.string()), ("previous", pa.string()), ("previous_epoch", pa.int64()),
+    ],
 }
 
 
@@ -155,6 +161,15 @@ def to_json(results: options.Results) -> dict[str, Any]:
             }
             for row in tables["gaps"]
         ],
+        "scTerms": [
+            {
+                "event": row["event"], "sc": row["sc"], "address": row["address"], "epoch": row["epoch"],
+                "cause": row["cause"], "previous": row["previous"], "previousEpoch": row["previous_epoch"],
+                "at": iso(row["at_us"]),
+            }
+            for row in tables["sc_terms"]
+        ],
+        "takeovers": sum(1 for row in tables["sc_terms"] if row["event"] == "takeover"),
         "history": {
             "records": results.history["records"], "from": iso(results.history["first_us"]),
             "to": iso(results.history["last_us"]),
@@ -207,6 +222,10 @@ def to_markdown(results: options.Results, charts: list[str]) -> str:
     if tables["gaps"]:
         lines += ["**The history has gaps**: figures that span them may be incomplete.", ""]
         lines += _markdown_table(tables["gaps"], ["at_us", "first_revision", "last_revision", "reason", "dropped"])
+
+    takeovers = [row for row in tables["sc_terms"] if row["event"] == "takeover"]
+    lines += ["## SC leadership", "", f"{len(takeovers)} takeover(s) by the SC that recorded this history.", ""]
+    lines += _markdown_table(tables["sc_terms"], ["at_us", "event", "sc", "address", "epoch", "cause", "previous", "previous_epoch"])
 
     lines += ["## Leader changes", ""]
     lines += _markdown_table(tables["leader_changes"], ["at_us", "partition", "from_spu", "to_spu", "cause"])

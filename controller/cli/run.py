@@ -103,14 +103,14 @@ def handle_run(args: argparse.Namespace) -> int:
     from connection_manager import tls
     from controller import daemon, placement_plugins
     from controller.api import auth
-    from store import active_sc, embedded_etcd, history, kv
+    from store import embedded_etcd, history, kv
 
     try:
         asyncio.run(daemon.Daemon(settings).run_until_signalled())
     except (placement_plugins.PluginError, tls.TlsError, auth.CredentialsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (embedded_etcd.EtcdError, history.HistoryError, kv.Unavailable, active_sc.AnotherScActive, OSError) as error:
+    except (embedded_etcd.EtcdError, history.HistoryError, kv.StoreError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     return 0

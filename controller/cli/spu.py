@@ -73,10 +73,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     run.add_argument("--count", type=admin.whole_number, default=1, metavar="K", help="SPUs to run in this process (default 1)")
     run.add_argument(
         "--sc-private",
-        type=_address,
-        default=("127.0.0.1", 9004),
-        metavar="HOST:PORT",
-        help="the SC's private port (default 127.0.0.1:9004)",
+        type=_addresses,
+        default=[("127.0.0.1", 9004)],
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="the SC's private port (default 127.0.0.1:9004); several SCs of one store (a leader and its "
+        "standbys) separated by commas: the SPU finds the leader among them",
     )
     run.add_argument("--token-file", type=Path, metavar="FILE", help="file holding the token the SC requires of SPUs")
     run.add_argument("--tls-ca", type=Path, metavar="FILE", help="PEM CA that signed the SC's certificate: connect over TLS")
@@ -286,11 +287,11 @@ def spu_rows(spus: list[dict[str, Any]]) -> str:
 # ---------------------------------------------------------------------------- sc spu run
 
 
-def _address(text: str) -> tuple[str, int]:
+def _addresses(text: str) -> list[tuple[str, int]]:
     from connection_manager.spu import simulator
 
     try:
-        return simulator.parse_address(text)
+        return simulator.parse_addresses(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
 

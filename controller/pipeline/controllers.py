@@ -177,11 +177,17 @@ class RebalanceController:
     def __init__(self, context: context_module.Context, dispatcher: dispatcher_module.ActionDispatcher) -> None:
         # Partition specs only: a move's progress is its partition's replicas and reassignment.
         self.loop = _loop(context, dispatcher, "rebalance", self.decide, {"partitions": SPEC})
-        context.local_store.meta.on_change(moves.KEY, self.loop.kick)
+        self._meta = context.local_store.meta
         self._known: moves.Stored | None = None
 
     async def run(self) -> None:
-        await self.loop.run()
+        """One run of the loop, woken by changes of the stored run too while it lasts (each term of
+        the SC has its own controllers: a finished one's loop is woken no more)."""
+        stop_waking = self._meta.on_change(moves.KEY, self.loop.kick)
+        try:
+            await self.loop.run()
+        finally:
+            stop_waking()
 
     def decide(self, snapshot: local.Snapshot, changes: local.ChangesByKind) -> list[actions.Action]:
         self._known = moves.stored(snapshot, self._known)
@@ -291,10 +297,9 @@ class PartitionController:
             # A drained SPU's status follows the partitions it leads: what moved, what cannot; a
             # decommissioned one's, whether any partition still lists it.
             self._spus.loop.kick()
-        preferred = sum(action.cause == partition.CAUSE_PREFERRED for action in decided.actions)
-        if settings.leader_rebalance_batch and preferred >= settings.leader_rebalance_batch:
-            # More may be due: look at all of them again once these writes come back.
-            self._due = None
+        if decided.preferred_waiting and self._due is not None:
+            # Looked at again once these moves' writes come back (their echo wakes the loop).
+            self._due |= decided.preferred_waiting
         return decided.actions
 
     def _hold(self, names: set[str] | None) -> bool:

@@ -1,7 +1,9 @@
 """The reconcile pipeline: Reader -> local store -> controllers -> action dispatcher -> KV updater.
 
 Owns the tasks and their order: controllers start only once every kind is synced, and a
-stop drains the action queue (bounded) before the Reader and the store go away. Each kind's
+stop drains the action queue (bounded) before the Reader and the store go away. The Reader runs
+as long as the SC; the controllers and the dispatcher only while this SC leads its store (a term:
+lead() builds them afresh on the warm mirror, step_down() drops them and their queue). Each kind's
 controller (controllers.py) holds that kind's state; this module only wires them.
 """
 
@@ -41,29 +43,38 @@ class Pipeline:
         self.connections = connections
         self.live = connections.live if connections is not None else lrs.LiveReplicas()
         # The SC's own writes, for the Reader to take back without decoding them.
-        echoes = local.Echoes()
+        self.echoes = local.Echoes()
         self.reader = reader_module.Reader(
-            context.kv_store, context.local_store, context.metrics, history=context.history, echoes=echoes
+            context.kv_store, context.local_store, context.metrics, history=context.history, echoes=self.echoes
         )
+        self._build_term()
+        # The parts built above have not run yet: the first term uses them.
+        self._built_unused = True
+        health.subscribe(self._on_health)
+        self._reader_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._loop_tasks: list[asyncio.Task[None]] = []
+
+    def _build_term(self) -> None:
+        """The dispatcher and the controllers of one term, with nothing queued or remembered: what a
+        previous term decided or held back is not this one's to write."""
+        context = self.context
         self.dispatcher = dispatcher_module.ActionDispatcher(
-            dispatcher_module.KvUpdater(context.kv_store, context.metrics, echoes), context.metrics
+            dispatcher_module.KvUpdater(context.kv_store, context.metrics, self.echoes), context.metrics
         )
         if context.history is not None:
             self.dispatcher.on_result(self._record_action)
         self.dispatcher.on_result(self._tell_decisions)
         self.topics = controllers.TopicController(context, self.dispatcher)
         self.spu_groups = controllers.SpuGroupController(context, self.dispatcher)
-        self.spus = controllers.SpuController(context, self.dispatcher, health, self.live, connections)
+        self.spus = controllers.SpuController(context, self.dispatcher, self.health, self.live, self.connections)
         self.partitions = controllers.PartitionController(
-            context, self.dispatcher, health, self.live, self.spus, connections
+            context, self.dispatcher, self.health, self.live, self.spus, self.connections
         )
         self.rebalance = controllers.RebalanceController(context, self.dispatcher)
         self.controllers = (self.topics, self.spu_groups, self.spus, self.partitions, self.rebalance)
-        health.subscribe(self._on_health)
-        if connections is not None:
-            connections.on_news = self.partitions.on_news
-        self._tasks: list[asyncio.Task[None]] = []
-        self._loop_tasks: list[asyncio.Task[None]] = []
+        if self.connections is not None:
+            self.connections.on_news = self.partitions.on_news
 
     def _record_action(self, result: dispatcher_module.Result) -> None:
         """Every action's outcome goes to the history (revision: the commit's when applied)."""
@@ -90,34 +101,66 @@ class Pipeline:
 
     async def start(self, sync_timeout: float | None = None) -> None:
         """Start reading; return once every kind is synced and the controllers run."""
-        spawn = self.context.supervisor.spawn
-        # A crashed Reader lists again (and so resyncs every listener); the dispatcher keeps its
-        # queue and the writes in flight (see ActionDispatcher.run).
-        self._tasks.append(spawn("reader", self.reader.run))
-        self._tasks.append(spawn("action-dispatcher", self.dispatcher.run))
+        await self.start_reader(sync_timeout)
+        self.lead()
+        log.info("pipeline started", objects={kind: len(table) for kind, table in self.context.local_store.tables.items()})
+
+    async def start_reader(self, sync_timeout: float | None = None) -> None:
+        """Start the Reader; return once every kind is synced (a standby runs only this)."""
+        # A crashed Reader lists again (and so resyncs every listener).
+        reader = self._reader_task = self.context.supervisor.spawn("reader", self.reader.run)
         synced = asyncio.ensure_future(self.reader.synced.wait())
-        done, _ = await asyncio.wait([synced, self._tasks[0]], timeout=sync_timeout, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait([synced, reader], timeout=sync_timeout, return_when=asyncio.FIRST_COMPLETED)
         if synced not in done:
             synced.cancel()
-            if self._tasks[0] in done:
-                self._tasks[0].result()  # the reader ended (the store closed): raise if it failed
+            if reader in done:
+                reader.result()  # the reader ended (the store closed): raise if it failed
             raise TimeoutError(f"the local store did not sync within {sync_timeout} s")
+        self.context.synced.set()
+
+    @property
+    def leading(self) -> bool:
+        """Whether a term runs (the controllers and the dispatcher)."""
+        return bool(self._tasks)
+
+    def lead(self) -> None:
+        """Start a term on the mirror as it is: fresh controllers (each begins with a full pass)
+        and a fresh dispatcher. The health view starts over, so the SPUs get their grace period
+        to connect to this SC before any is judged offline."""
+        if self._tasks:
+            return
+        if not self._built_unused:
+            self._build_term()
+        self._built_unused = False
+        self.health.restart(asyncio.get_running_loop().time())
+        spawn = self.context.supervisor.spawn
+        # A crashed dispatcher keeps its queue and the writes in flight (see ActionDispatcher.run).
+        self._tasks.append(spawn("action-dispatcher", self.dispatcher.run))
         for controller in self.controllers:
             self._loop_tasks.append(spawn(f"controller-{controller.loop.name}", controller.run))
         self._tasks.append(spawn("spu-grace", self.spus.end_grace))
-        self.context.synced.set()
-        log.info("pipeline started", objects={kind: len(table) for kind, table in self.context.local_store.tables.items()})
 
-    async def stop(self, drain_timeout: float = 10.0) -> None:
+    async def step_down(self, drain_timeout: float = 0.0) -> None:
+        """End the term: the controllers first (nothing new is decided), then the dispatcher, given
+        ``drain_timeout`` to write what is queued (0: dropped; a deposed SC's writes would be
+        refused anyway). The Reader goes on."""
         for task in self._loop_tasks:
             task.cancel()
         await asyncio.gather(*self._loop_tasks, return_exceptions=True)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.dispatcher.drained(), drain_timeout)
+        if drain_timeout > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.dispatcher.drained(), drain_timeout)
         if self.dispatcher.depth:
-            log.warning("stopping with actions still queued", queued=self.dispatcher.depth)
+            log.warning("the term ends with actions still queued: dropped", queued=self.dispatcher.depth)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         self._loop_tasks.clear()
+
+    async def stop(self, drain_timeout: float = 10.0) -> None:
+        await self.step_down(drain_timeout)
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+            self._reader_task = None

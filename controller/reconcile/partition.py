@@ -76,6 +76,9 @@ class Decided:
     postponed: set[str] = field(default_factory=set)
     # Whether this pass decided only the partitions whose leader cannot lead, postponing the others.
     split: bool = False
+    # Partitions led by another SPU than their preferred one, looked at after this pass's batch of
+    # preferred-leader moves was full: due again once the moves decided here are written.
+    preferred_waiting: set[str] = field(default_factory=set)
 
 
 def decide(snapshot: local.Snapshot, inputs: Inputs) -> Decided:
@@ -140,6 +143,8 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> Decided:
         if decision.answer is not None:
             decided.answers.append((decision.answer.proposal, decision.answer, partition_state.stored_state(partition)))
         if transition is None:
+            if not facts.rebalance and partition.spec.replicas[0] != partition.spec.leader:
+                decided.preferred_waiting.add(name)
             continue
         rebalanced += transition.cause == CAUSE_PREFERRED
         decided.actions.append(_write(entry, transition, view, facts.committed_hw))

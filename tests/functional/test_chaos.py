@@ -25,7 +25,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ import pytest
 from connection_manager.spu import checkpoint
 from connection_manager.spu.replica import EpochLog
 from store import embedded_etcd
+from tests.fixtures import processes
 
 pytestmark = pytest.mark.etcd
 
@@ -46,7 +46,6 @@ REPLICATION = 3
 SEED = int(os.environ.get("SC_CHAOS_SEED", "17"))
 CHAOS_SECONDS = float(os.environ.get("SC_CHAOS_SECONDS", "15"))
 HEARTBEAT_TIMEOUT = 1.5
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -67,13 +66,7 @@ class Cluster:
         return f"http://127.0.0.1:{self.public_port}"
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
-        with open(self.work / log_name, "ab") as log_file:
-            return subprocess.Popen(
-                [sys.executable, "-m", "controller.cli", *args],
-                stdout=subprocess.DEVNULL,
-                stderr=log_file,
-                env={**os.environ, "PYTHONPATH": str(ROOT), "SC_ACTIVE_SC_LEASE_TTL": "2"},
-            )
+        return processes.spawn_cli(args, self.work / log_name, {"SC_ACTIVE_SC_LEASE_TTL": "2"})
 
     def start_sc(self) -> None:
         self.sc = self._spawn(
@@ -109,18 +102,8 @@ class Cluster:
             self.paused.discard(spu_id)
 
     def stop_all(self) -> None:
-        for spu_id in list(self.paused):
-            self.spus[spu_id].send_signal(signal.SIGCONT)
-        self.paused.clear()
-        for process in [*self.spus.values(), *([self.sc] if self.sc is not None else [])]:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in [*self.spus.values(), *([self.sc] if self.sc is not None else [])]:
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+        self.paused.clear()  # stop_all continues them first
+        processes.stop_all([*self.spus.values(), *([self.sc] if self.sc is not None else [])])
 
 
 async def call(client: aiohttp.ClientSession, cluster: Cluster, method: str, path: str, body: Any = None) -> tuple[int, Any]:

@@ -536,9 +536,15 @@ async def test_a_confirmation_at_a_stale_epoch_is_refused_naming_the_committed_o
     )
 
 
-async def test_every_frame_is_taken_in_order_none_replaces_another(cluster: Cluster) -> None:
+async def test_every_frame_is_taken_in_order_none_replaces_another(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
     """Fifty frames land in one read (the test and the SC share one event loop): each is taken in,
-    the last one's offsets are shown."""
+    the last one's offsets are shown. (An offsets interval of 20 ms: fifty at once is a flood the
+    SC reads no faster than once per interval.)"""
+    async for cluster in start_cluster(etcd_server, range(3), spu_heartbeat_timeout=1.0, spu_offline_grace=5.0, spu_offsets_interval=0.02):
+        await _every_frame_is_taken(cluster)
+
+
+async def _every_frame_is_taken(cluster: Cluster) -> None:
     spus = [await cluster.connect(spu_id, heartbeat=None) for spu_id in range(3)]
     await create_topic(cluster.sc, "orders", 1, 3)
     leader = spus[0]
@@ -926,3 +932,48 @@ async def test_sc_spu_drain_by_id_from_the_cli(cluster: Cluster, capsys: pytest.
     assert await asyncio.to_thread(cli.main, ["spu", "drain", "spu-9", "--sc", cluster.sc.url]) == 1
     assert "spu-9" in capsys.readouterr().err
     await spus[0].close()
+
+
+async def test_an_spu_sending_offsets_faster_than_its_interval_is_read_no_faster(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    """The protocol allows one Offsets frame per offsets interval. An SPU that floods them (a bug,
+    or an attacker holding a token) had the SC parse every one: 50 such SPUs took the SC's core and
+    its claim on the store lapsed. Its frames are now read no faster than once per interval (the
+    rest wait in its own socket), and it stays connected."""
+    async for cluster in start_cluster(etcd_server, range(1), spu_offsets_interval=0.2):
+        spu = await cluster.connect(0)
+        await create_topic(cluster.sc, "orders", 1, 1)
+        await spu.wait_for(lambda: "orders-0" in spu.replicas)
+        connections = cluster.sc.daemon.connections
+        assert connections is not None and spu.websocket is not None
+        taken_before = connections.stats.frames.get("offsets", 0)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for offset in range(20):  # the ones not read by the end wait for the SC when the test ends
+            entry = wire.PartitionOffsets(partition="orders-0", leader_epoch=0, hw=offset, leo=offset)
+            await spu.websocket.send_bytes(wire.encode(wire.Offsets(partitions=[entry])))
+        await asyncio.sleep(0.5)
+        taken = connections.stats.frames.get("offsets", 0) - taken_before
+        elapsed = loop.time() - started
+        assert 1 <= taken <= elapsed / (0.2 * 0.9) + 2 < 20, (taken, elapsed)
+        assert connections.stats.offsets_paced >= 1
+        async with cluster.sc.session.get("/metrics") as response:
+            paced = [line for line in (await response.text()).splitlines() if line.startswith("sc_spu_offsets_paced_total ")]
+        assert paced and float(paced[0].split()[1]) >= 1, paced
+        assert 0 in connections.sessions  # still connected: its heartbeats come through
+
+
+async def test_the_offsets_interval_an_spu_is_given_grows_with_the_partitions(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    """All SPUs together send at most spu_offsets_entries_per_second offsets: with 40 partitions
+    and a budget of 10 per second, an SPU is told 4 s, not the 1 s setting (at 100,000 partitions
+    the 1 s interval let busy SPUs take most of the SC's core with offsets alone): in an Update
+    when the partitions come, and at its Accepted when it connects."""
+    async for cluster in start_cluster(etcd_server, range(1), spu_offsets_interval=1.0, spu_offsets_entries_per_second=10):
+        first = await cluster.connect(0)
+        assert first.accepted is not None and first.accepted.offsets_interval == 1.0
+        await create_topic(cluster.sc, "orders", 40, 1)
+        await first.wait_for(lambda: len(first.replicas) == 40)
+        told = [m.offsets_interval for m in first.received if isinstance(m, wire.Update) and m.offsets_interval is not None]
+        assert told and told[-1] == 4.0 and all(interval > 1.0 for interval in told), told
+        await first.close()
+        again = await cluster.connect(0)
+        assert again.accepted is not None and again.accepted.offsets_interval == 4.0

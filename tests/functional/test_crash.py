@@ -23,6 +23,7 @@ import pytest
 from controller.reconcile import topic as topic_controller
 from store import active_sc, embedded_etcd, etcd, kv, models
 from tests import builders
+from tests.fixtures import sc_run
 
 pytestmark = pytest.mark.etcd
 
@@ -60,19 +61,7 @@ class ScProcess:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     async def wait_healthy(self, timeout: float = 30.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        async with aiohttp.ClientSession() as session:
-            while True:
-                assert self.process is not None and self.process.poll() is None, self.log_path.read_text()[-3000:]
-                try:
-                    async with session.get(f"{self.url}/healthz") as response:
-                        if response.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                if asyncio.get_running_loop().time() > deadline:
-                    raise AssertionError(f"sc run not healthy within {timeout} s:\n{self.log_path.read_text()[-3000:]}")
-                await asyncio.sleep(0.1)
+        await sc_run.wait_healthy(self.process, self.url, self.log_path, timeout)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -175,7 +164,8 @@ async def test_sigkill_while_creating_200_topics_converges(sc_process: ScProcess
         assert chain is not None
         assert json.loads(chain.value) == {"nextStartIndex": sum(1 + index % 7 for index in range(TOPICS))}
 
-        # An idle restart writes nothing but its active-SC claim (made at start, released at stop).
+        # An idle restart writes nothing but its candidacy and its claim (made at start), and their
+        # release with its resignation note (one transaction at stop).
         assert sc_process.terminate() == 0
         before = await store.revision()
         sc_process.start()
@@ -183,10 +173,15 @@ async def test_sigkill_while_creating_200_topics_converges(sc_process: ScProcess
         await asyncio.sleep(1.0)
         assert sc_process.terminate() == 0
         after = await store.revision()
-        assert after == before + 2  # the claim and its release (which the events below check)
+        assert after == before + 3  # which the events below check
         async with contextlib.aclosing(store.watch("", before + 1)) as events:
             written = [(event.type, event.key) async for event in _until(events, after)]
-        assert written == [(kv.EventType.PUT, active_sc.KEY), (kv.EventType.DELETE, active_sc.KEY)]
+        candidate = written[0][1]
+        assert candidate.startswith(active_sc.CANDIDATES)
+        # (_until ends at the first event of the last revision: the rest of that transaction is read back.)
+        assert written == [(kv.EventType.PUT, candidate), (kv.EventType.PUT, active_sc.KEY), (kv.EventType.DELETE, active_sc.KEY)]
+        resigned = await store.get(active_sc.RESIGNED_KEY)
+        assert resigned is not None and resigned.mod_revision == after and await store.get(candidate) is None
     finally:
         await store.close()
 

@@ -135,11 +135,17 @@ class ClientRun:
 
     @classmethod
     async def start(cls, sc: daemon_fixtures.Running, script: str) -> ClientRun:
+        assert sc.daemon.public_port is not None
+        return await cls.start_at(sc.daemon.public_port, script)
+
+    @classmethod
+    async def start_at(cls, port: int, script: str) -> ClientRun:
+        """A client of the SC whose public port on 127.0.0.1 is ``port``."""
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
             PRELUDE + textwrap.dedent(script),
-            f"127.0.0.1:{sc.daemon.public_port}",
+            f"127.0.0.1:{port}",
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )

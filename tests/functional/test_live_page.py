@@ -8,10 +8,8 @@ Screenshots: test-artifacts/browser/."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,7 +21,8 @@ import requests
 
 from store import embedded_etcd
 from tests.functional.test_deploy import wait_for
-from tests.fixtures.browser import DESKTOP, PHONE, ROOT, browser, resize, screenshot, script_errors  # noqa: F401 (fixture)
+from tests.fixtures import processes
+from tests.fixtures.browser import DESKTOP, PHONE, browser, resize, screenshot, script_errors  # noqa: F401 (fixture)
 
 READ_TOKEN = "live-page-reader-0123456789"
 ADMIN_TOKEN = "live-page-admin-0123456789"
@@ -45,13 +44,7 @@ class Cluster:
         return f"http://127.0.0.1:{self.public_port}"
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
-        with open(self.work / log_name, "ab") as log_file:
-            return subprocess.Popen(
-                [sys.executable, "-m", "controller.cli", *args],
-                stdout=subprocess.DEVNULL,
-                stderr=log_file,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-            )
+        return processes.spawn_cli(args, self.work / log_name)
 
     def start_sc(self) -> None:
         tokens = self.work / "tokens"
@@ -96,16 +89,7 @@ class Cluster:
             self.call("POST", "/v1/spus", {"name": f"spu-{spu_id}", "spec": spec})
 
     def stop(self) -> None:
-        processes = [*self.spus.values(), *([self.sc] if self.sc is not None else [])]
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes:
-            try:
-                process.wait(20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(10)
+        processes.stop_all([*self.spus.values(), *([self.sc] if self.sc is not None else [])])
 
 
 @pytest.fixture

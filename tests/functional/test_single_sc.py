@@ -1,4 +1,4 @@
-"""One SC per store: `sc run` uses only the etcd it started, and refuses to run where another SC
+"""One leader per store: `sc run` uses only the etcd it started, and runs as a hot standby where another SC
 is active. Real `sc run` processes, each with its own data dir, on free ports."""
 
 from __future__ import annotations
@@ -7,8 +7,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,72 +14,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from controller import config, daemon as daemon_module
-from store import active_sc, embedded_etcd, etcd, kv, models
+from controller import config
+from store import active_sc, embedded_etcd, etcd, history, kv, models
 from tests.fixtures import daemon as daemon_fixture
+from tests.fixtures.sc_run import ScRun
 
 pytestmark = pytest.mark.etcd
-
-
-class ScRun:
-    """`sc run` with its embedded etcd as a child process."""
-
-    def __init__(self, data_dir: Path, etcd_ports: tuple[int, int], *extra: str) -> None:
-        self.data_dir = data_dir
-        self.public_port, self.private_port = embedded_etcd.free_ports(2)
-        self.log_path = data_dir.with_suffix(".log")
-        self.command = [
-            sys.executable, "-m", "controller.cli", "run",
-            "--data-dir", str(data_dir),
-            "--embedded-etcd-client-port", str(etcd_ports[0]),
-            "--embedded-etcd-peer-port", str(etcd_ports[1]),
-            "--bind-host", "127.0.0.1",
-            "--public-port", str(self.public_port),
-            "--private-port", str(self.private_port),
-            "--log-format", "json",
-            *extra,
-        ]
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.public_port}"
-
-    def start(self, **environment: str) -> None:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.command, stdout=log, stderr=subprocess.PIPE,
-                env={**os.environ, "PYTHONUNBUFFERED": "1", **environment},
-            )
-
-    def wait_exit(self, timeout: float) -> tuple[int, str]:
-        assert self.process is not None
-        _, stderr = self.process.communicate(timeout=timeout)
-        return self.process.returncode, stderr.decode()
-
-    async def wait_healthy(self, timeout: float = 30.0) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        async with aiohttp.ClientSession() as session:
-            while True:
-                assert self.process is not None and self.process.poll() is None, self.log_path.read_text()[-3000:]
-                try:
-                    async with session.get(f"{self.url}/healthz") as response:
-                        if response.status == 200:
-                            return
-                except aiohttp.ClientError:
-                    pass
-                if asyncio.get_running_loop().time() > deadline:
-                    raise AssertionError(f"sc run not healthy within {timeout} s:\n{self.log_path.read_text()[-3000:]}")
-                await asyncio.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.communicate()
 
 
 @pytest.fixture
@@ -135,31 +73,62 @@ def claim_of(identity: active_sc.Identity) -> bytes:
 
 
 INTRUDER = active_sc.Identity("intruder", "elsewhere", 4242, "10.0.0.9:9003", "2026-01-05T10:00:00+00:00")
-INTRUDER_TEXT = "SC intruder (pid 4242 on host elsewhere, public address 10.0.0.9:9003, active since 2026-01-05T10:00:00+00:00)"
 
 
-async def test_a_second_sc_on_a_store_with_an_active_sc_refuses_naming_the_holder(
-    etcd_server: embedded_etcd.EmbeddedEtcd,
+async def test_a_second_sc_on_a_store_with_a_leader_runs_as_its_hot_standby(
+    etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path
 ) -> None:
+    """It starts (no refusal), serves reads from its mirror, answers writes with a redirect to the
+    leader, lists itself as a standby; once the leader stops, it leads, saying the leader resigned."""
     settings = daemon_fixture.etcd_settings(etcd_server, active_sc_lease_ttl=2)
-    async with daemon_fixture.running(settings) as first:
+    recorded = settings.model_copy(update={"history_dir": tmp_path / "history"})
+    async with daemon_fixture.running(settings) as first, daemon_fixture.running(recorded) as second:
         assert first.daemon.active is not None and first.daemon.active.identity is not None
-        identity = first.daemon.active.identity
-        assert identity.address == f"127.0.0.1:{first.daemon.public_port}" and identity.pid == os.getpid()
-        second = daemon_module.Daemon(settings)
-        with pytest.raises(active_sc.AnotherScActive) as raised:
-            await second.start()
-        assert str(raised.value) == (
-            f"another SC is active on this store: SC {identity.id} (pid {os.getpid()} on host {identity.host}, "
-            f"public address {identity.address}, active since {identity.started}) holds "
-            f"{settings.key_prefix}meta/active-sc. Until SC high availability lands, one SC runs per store: "
-            "stop that SC first, or give this one a store of its own (--key-prefix, --etcd-endpoints or "
-            "--data-dir). A crashed SC's claim ends 2 s after its last keep-alive."
-        )
-        assert await first.call("GET", "/healthz") == (200, {"status": "ok"})
-    # Stopped, the first one gave its claim up: nobody waits for it to expire.
+        assert second.daemon.active is not None and second.daemon.active.identity is not None
+        leader, standby = first.daemon.active.identity, second.daemon.active.identity
+        assert leader.address == f"127.0.0.1:{first.daemon.public_port}" and leader.pid == os.getpid()
+        assert leader.private == f"127.0.0.1:{first.daemon.private_port}"
+        assert await second.call("GET", "/healthz") == (200, {"status": "ok"})
+        status, body = await first.call("POST", "/v1/topics?timeout=0", {"name": "orders", "spec": {"partitions": 1, "replicationFactor": 1}})
+        assert status == 202, body
+
+        async def mirrored() -> None:
+            assert (await second.call("GET", "/v1/topics/orders"))[0] == 200
+
+        await second.eventually(mirrored)
+        async with second.session.post(
+            "/v1/topics?timeout=0", json={"name": "refused", "spec": {"partitions": 1, "replicationFactor": 1}},
+            allow_redirects=False,
+        ) as response:  # fmt: skip
+            assert response.status == 307
+            assert response.headers["Location"] == f"http://{leader.address}/v1/topics?timeout=0"
+        status, cluster = await second.call("GET", "/v1/cluster")
+        assert status == 200
+        assert cluster["self"] == {"id": standby.id, "role": "standby", "address": standby.address}
+        assert cluster["leader"]["id"] == leader.id and cluster["standbys"] == [{"id": standby.id, "address": standby.address}]
+        assert await first.kv_store.get("topics/refused") is None
+        await first.daemon.stop()
+        active = second.daemon.active
+
+        async def took_over() -> None:
+            assert active.state is active_sc.State.ACTIVE
+            assert (await second.call("GET", "/v1/cluster"))[1]["self"]["role"] == "leader"
+
+        await second.eventually(took_over)
+        assert active.takeover is not None and (active.takeover.cause, active.takeover.previous) == ("resigned", leader)
+        status, body = await second.call("POST", "/v1/topics?timeout=0", {"name": "after", "spec": {"partitions": 1, "replicationFactor": 1}})
+        assert status == 202, body
+        metrics = await second.call_text("GET", "/metrics")
+        assert 'sc_takeovers_total{cause="resigned"} 1.0' in metrics and "sc_leader 1.0" in metrics
+    # Its history has the takeover, with its cause and the leader before it.
+    terms = [record for record in history.HistoryReader(tmp_path / "history").records() if record["type"] == "takeover"]
+    assert [(record["name"], record["cause"], record["detail"], record["causeRevision"], record["revision"]) for record in terms] == [
+        (standby.id, "resigned", leader.id, first.daemon.active.epoch, active.epoch)
+    ]
+    # Stopped, each gave its candidacy and claim up: nobody waits for them to expire.
     async with store_of(settings) as store:
         assert await store.get(active_sc.KEY) is None
+        assert (await store.list(active_sc.CANDIDATES)).items == []
 
 
 async def test_a_claim_left_by_a_crashed_sc_delays_the_next_start_by_its_ttl_at_most(
@@ -189,47 +158,58 @@ async def test_an_sc_whose_claim_was_deleted_claims_it_again_and_writes_again(
             again = await sc.kv_store.get(active_sc.KEY)
             assert again is not None and again.value == first.value and again.create_revision > first.create_revision
             assert await sc.call("GET", "/healthz") == (200, {"status": "ok"})
+            assert (await sc.call("GET", "/v1/cluster"))[1]["self"]["role"] == "leader"
 
         await sc.eventually(claimed_again)
         status, body = await sc.call("POST", "/v1/topics?timeout=0", {"name": "orders", "spec": {"partitions": 1, "replicationFactor": 1}})
         assert status == 202, body
         key = f"{settings.key_prefix}meta/active-sc"
-        assert [record.getMessage() for record in caplog.records] == [
-            f"this SC lost its claim on {key} ({key} was deleted): writes are paused while it claims it again",
-            f"this SC holds {key} again: writes resume",
-        ]
+        messages = [record.getMessage() for record in caplog.records]
+        assert messages[0].startswith(f"this SC is now the active SC of its store ({key}, epoch {first.create_revision}, ")
+        assert messages[1] == (
+            f"this SC lost its claim on {key} ({key} was deleted): it steps down to a standby and joins the queue again"
+        )
+        # Alone in the queue, it is first again; its own claim was the one deleted.
+        assert messages[2].endswith("takeover cause unclaimed, previous leader none") and len(messages) == 3
 
 
-async def test_an_sc_whose_claim_another_sc_took_stops_writing(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+async def test_an_sc_whose_claim_another_sc_took_steps_down_and_stays_up_as_a_standby(
+    etcd_server: embedded_etcd.EmbeddedEtcd,
+) -> None:
     settings = daemon_fixture.etcd_settings(etcd_server, active_sc_lease_ttl=2)
     async with daemon_fixture.running(settings) as sc:
-        assert sc.daemon.active is not None and sc.daemon.context is not None
+        active = sc.daemon.active
+        assert active is not None and sc.daemon.context is not None
         await sc.register_spu(0)
         claimed = await sc.kv_store.get(active_sc.KEY)
         assert claimed is not None
         # Someone writes another SC's claim over it (no lease: it stays).
         await sc.kv_store.update(active_sc.KEY, claim_of(INTRUDER), claimed.mod_revision)
-        await asyncio.wait_for(sc.daemon.active.superseded.wait(), 10)
-        reason = f"this SC may not write: another SC is active on this store ({INTRUDER_TEXT}); this SC is stopping"
-        assert await sc.call("GET", "/healthz") == (503, {"status": "inactive", "reason": reason})
-        status, body = await sc.call("POST", "/v1/topics", {"name": "refused", "spec": {"partitions": 1, "replicationFactor": 1}})
-        assert (status, body["error"]["code"]) == (503, "Unavailable"), body
-        assert reason in body["error"]["message"]
-        # A topic written behind its back is seen, decided on, and not written: its action is kept.
+
+        async def stepped_down() -> None:
+            assert active.state is active_sc.State.STANDBY and active.step_down_cause == "claim-replaced"
+            assert sc.daemon.pipeline is not None and not sc.daemon.pipeline.leading
+
+        await sc.eventually(stepped_down)
+        assert await sc.call("GET", "/healthz") == (200, {"status": "ok"})
+        async with sc.session.post(
+            "/v1/topics", json={"name": "refused", "spec": {"partitions": 1, "replicationFactor": 1}}, allow_redirects=False
+        ) as response:
+            assert (response.status, response.headers["Location"]) == (307, "http://10.0.0.9:9003/v1/topics")
+        # A topic written behind its back is seen in its mirror and left alone: no controller runs.
         topic = models.Topic.model_validate({"name": "behind", "spec": {"partitions": 1, "replicationFactor": 1}})
         await sc.kv_store.create(topic.key, models.encode(topic))
-        metrics = sc.daemon.context.metrics
 
-        async def refused() -> None:
-            assert metrics.actions.labels("topics", "update-status", "unavailable")._value.get() >= 1
+        async def mirrored() -> None:
+            assert (await sc.call("GET", "/v1/topics/behind"))[0] == 200
 
-        await sc.eventually(refused)
+        await sc.eventually(mirrored)
         stored = await sc.read("topics", "behind")
         assert stored is not None and stored.status.resolution is models.TopicResolution.INIT
         assert await sc.kv_store.get("topics/refused") is None
 
 
-async def test_sc_run_exits_naming_the_sc_that_took_its_store_over(tmp_path: Path, processes: list[ScRun]) -> None:
+async def test_sc_run_whose_store_another_sc_took_over_stays_up_as_a_standby(tmp_path: Path, processes: list[ScRun]) -> None:
     etcd_ports = embedded_etcd.free_port_pair()
     sc = ScRun(tmp_path / "sc", etcd_ports)
     processes.append(sc)
@@ -240,12 +220,18 @@ async def test_sc_run_exits_naming_the_sc_that_took_its_store_over(tmp_path: Pat
         claimed = await store.get(active_sc.KEY)
         assert claimed is not None
         await store.update(active_sc.KEY, claim_of(INTRUDER), claimed.mod_revision)
-        code, stderr = await asyncio.to_thread(sc.wait_exit, 30)
+        async with aiohttp.ClientSession() as session:
+
+            async def standby() -> bool:
+                async with session.get(f"{sc.url}/v1/cluster") as response:
+                    answer = await response.json()
+                return bool(answer["self"]["role"] == "standby" and answer["leader"]["id"] == "intruder")
+
+            deadline = asyncio.get_running_loop().time() + 30
+            while not await standby():
+                assert asyncio.get_running_loop().time() < deadline, sc.log_path.read_text()[-3000:]
+                await asyncio.sleep(0.1)
     finally:
         await store.close()
-    assert code == 1
-    assert stderr.strip().splitlines()[-1] == (
-        f"error: another SC is active on this store: {INTRUDER_TEXT} holds /sc/meta/active-sc. Until SC high "
-        "availability lands, one SC runs per store: stop that SC first, or give this one a store of its own "
-        "(--key-prefix, --etcd-endpoints or --data-dir). A crashed SC's claim ends 2 s after its last keep-alive."
-    )
+    assert sc.process is not None and sc.process.poll() is None
+    await sc.wait_healthy()

@@ -91,6 +91,8 @@ class FakeSc:
         self.incarnations = 0
         self.connections: list[Connection] = []
         self.drop_after_accept = 0  # the next N connections are closed right after Accepted, before any Sync
+        # A standby SC: refuses every SPU (not-leader), naming this as the leader's private port.
+        self.standby_of: str | None = None
         self.offsets_interval = 0.2
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -136,6 +138,11 @@ class FakeSc:
         assert isinstance(register, wire.Register)
         connection = Connection(register.spu_id, loop.time(), register, websocket)
         self.connections.append(connection)
+        if self.standby_of is not None:
+            refusal = wire.Rejected(code="not-leader", reason="this SC is a standby", leader=self.standby_of or None)
+            await websocket.send_bytes(wire.encode(refusal))
+            await websocket.close()
+            return websocket
         if register.spu_id not in self.spus or register.token != self.token:
             code = "unknown-spu" if register.spu_id not in self.spus else "bad-token"
             await websocket.send_bytes(wire.encode(wire.Rejected(code=code, reason=f"SPU {register.spu_id} refused")))
@@ -312,6 +319,89 @@ async def test_a_refused_spu_keeps_retrying_and_joins_once_the_sc_knows_it(make_
     assert not spu.connected and spu.listening is None
     sc.spus[5] = spu_info(5, port)
     await eventually(lambda: _assert(spu.connected and spu.listening == ("127.0.0.1", port)), timeout=5.0)
+
+
+async def test_an_spu_given_several_scs_finds_the_one_that_leads(make_sc, running) -> None:
+    """SPU 0 is given a dead address and a standby: it goes on past the dead one at once, follows
+    the leader the standby names (not in its list), and when that leader goes, back to its list,
+    where the standby has become the leader meanwhile."""
+    port = free_port()
+    leader, standby = make_sc([spu_info(0, port)], []), make_sc([spu_info(0, port)], [])
+    await leader.start()
+    await standby.start()
+    standby.standby_of = leader.address
+    dead = f"127.0.0.1:{free_port()}"
+    spu = running(SimulatedSpu(0, f"{dead},{standby.address}", settings=FAST))
+    await spu.start()
+    await eventually(lambda: _assert(spu.connected and leader.live(0) is not None))
+    assert len(standby.connections) == 1 and spu.session.last_rejection is not None
+    assert spu.session.last_rejection.leader == leader.address
+    # The leader dies; the standby takes over.
+    standby.standby_of = None
+    await leader.close()
+    await eventually(lambda: _assert(spu.connected and standby.live(0) is not None), timeout=5.0)
+
+
+async def test_a_standby_naming_no_usable_leader_is_not_followed(make_sc, running) -> None:
+    """A refusal naming no leader, or something that is not HOST:PORT: the SPU keeps to its list."""
+    port = free_port()
+    standby, leader = make_sc([spu_info(0, port)], []), make_sc([spu_info(0, port)], [])
+    await standby.start()
+    await leader.start()
+    standby.standby_of = "not an address"
+    spu = running(SimulatedSpu(0, [("127.0.0.1", standby.port), ("127.0.0.1", leader.port)], settings=FAST))
+    await spu.start()
+    await eventually(lambda: _assert(spu.connected and leader.live(0) is not None))
+    assert spu.session.address == ("127.0.0.1", leader.port)
+    standby.standby_of = ""  # names nobody
+    live = leader.live(0)
+    assert live is not None
+    await live.websocket.close()
+    await eventually(lambda: _assert(len(standby.connections) >= 2 and spu.connected and leader.live(0) is not None), timeout=5.0)
+
+
+async def test_an_spu_refused_by_standbys_asks_again_without_backing_off(make_sc, running) -> None:
+    """The leader is gone and its standby still names it (its claim has not expired): the SPU goes
+    round the standby and the dead leader at a steady pace, not backing off towards seconds, so it
+    joins the standby soon after that one leads."""
+    port = free_port()
+    standby = make_sc([spu_info(0, port)], [])
+    await standby.start()
+    standby.standby_of = f"127.0.0.1:{free_port()}"  # nothing listens there
+    patient = SpuSettings(reconnect_initial=0.05, reconnect_max=5.0, leader_wait=0.05)
+    spu = running(SimulatedSpu(0, standby.address, settings=patient))
+    await spu.start()
+    # Backing off (0.05, 0.1, 0.2 ... 5 s) would take over 20 s to make 10 attempts.
+    await eventually(lambda: _assert(len(standby.connections) >= 10), timeout=5.0)
+    standby.standby_of = None  # it leads now
+    await eventually(lambda: _assert(spu.connected and standby.live(0) is not None), timeout=2.0)
+
+
+async def test_an_spu_sends_offsets_at_the_interval_the_sc_last_gave(make_sc, running) -> None:
+    """The interval comes with Accepted, and a new one in an Update (the SC's partitions grew)."""
+    port = free_port()
+    sc = make_sc([spu_info(0, port)], [replica("t-0", 0, [0])])
+    sc.offsets_interval = 0.05
+    await sc.start()
+    spu = running(SimulatedSpu(0, sc.address, settings=FAST))
+    await spu.start()
+    await eventually(lambda: _assert(spu.connected and spu.session.offsets_interval == 0.05))
+    await eventually(lambda: _assert(len(sc.offsets_of(0)) >= 2))  # appends keep changing t-0
+    live = sc.live(0)
+    assert live is not None
+    await live.websocket.send_bytes(wire.encode(wire.Update(epoch=sc.epoch + 1, offsets_interval=30.0)))
+    await eventually(lambda: _assert(spu.session.offsets_interval == 30.0))
+    sent = len(sc.offsets_of(0))
+    await asyncio.sleep(0.5)  # ten of the old intervals
+    assert len(sc.offsets_of(0)) <= sent + 1  # at most the frame that was already on its way
+
+
+def test_sc_addresses_are_read_as_a_list() -> None:
+    assert simulator.parse_addresses("a:1, b:2") == [("a", 1), ("b", 2)]
+    assert simulator.parse_addresses("[::1]:9004") == [("::1", 9004)]
+    for bad, message in ((",", "names no SC"), ("a:1,b", "'b' is not HOST:PORT"), (",".join(["a:1"] * 17), "at most 16")):
+        with pytest.raises(ValueError, match=message):
+            simulator.parse_addresses(bad)
 
 
 async def test_updates_switch_roles_at_once_move_the_endpoint_and_remove_replicas(make_sc, running) -> None:
@@ -501,6 +591,8 @@ async def test_sc_spu_run_starts_k_spus_and_exits_cleanly_on_sigterm(make_sc, tm
         (["--first-id", "0", "--count", "10001"], "--count 10001: at most 10000 SPUs run in one process"),
         (["--id", "1", "--sc-private", "h:²"], "argument --sc-private: 'h:²' is not HOST:PORT (for example 127.0.0.1:9004)"),
         (["--id", "1", "--sc-private", "h:" + "9" * 5000], "argument --sc-private: 'h:999999999999999999... (5002 characters)' is not HOST:PORT (for example 127.0.0.1:9004)"),
+        (["--id", "1", "--sc-private", "a:1,b"], "argument --sc-private: 'b' is not HOST:PORT (for example 127.0.0.1:9004)"),
+        (["--id", "1", "--sc-private", ",".join(["a:1"] * 17)], "argument --sc-private: 17 SC addresses given, at most 16"),
     ],
 )
 def test_sc_spu_run_refuses_bad_flags_with_the_reason(

@@ -362,7 +362,7 @@ async def test_every_long_lived_task_of_the_daemon_is_supervised_and_exported(
         expected = [
             "action-dispatcher", "active-sc-lease", "api-group-settlements", "api-topic-settlements", "cm-pusher",
             "controller-partition", "controller-rebalance", "controller-spu", "controller-spu-group", "controller-topic",
-            "fluvio-admin-waits", "history-writer", "reader", "spu-grace",
+            "fluvio-admin-waits", "history-writer", "reader", "sc-role", "spu-grace",
         ]
         assert supervisor.tasks == expected
         async with sc.session.get("/metrics") as response:

@@ -4,7 +4,7 @@ while the claim is known to be held, an unreachable store pausing them, a lost l
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -103,12 +103,13 @@ async def test_an_unreachable_store_pauses_writes_once_the_lease_may_have_lapsed
         with pytest.raises(kv.Unavailable):
             await write(guarded, "after-16")
         store.down = False
-        # The store's lease ended at 16 too (its key went with it): the renewal at 18 finds it
-        # gone, and the one at 20 claims the store again.
+        # The store's lease ended at 16 too (its keys went with it): the renewal at 18 finds it
+        # gone; the SC steps down, joins the queue again, is first in it and claims the store again.
+        epoch = active.epoch
         await asyncio.sleep(2.0)  # 18.1
-        assert active.state is active_sc.State.LOST
-        await asyncio.sleep(2.0)  # 20.1
         assert active.state is active_sc.State.ACTIVE and active.problem() is None
+        assert (active.losses, active.step_down_cause, active.term) == (1, "lease-lost", 2)
+        assert active.epoch > epoch
         await write(guarded, "again")
     finally:
         keeper.cancel()
@@ -241,6 +242,223 @@ async def test_each_kind_of_write_carries_the_fence(kv_store: kv.KVStore) -> Non
             await write(active_sc.GuardedStore(backend, a))
         assert (await backend.revision(), a.fenced_writes) == (before, 1), name
         await a.release()
+
+
+# ---------------------------------------------------------------------------- the election
+
+
+async def until(condition: Callable[[], bool], what: str, limit: float = 15.0) -> None:
+    """Wait for ``condition`` (checked at each change of the loop), failing after ``limit`` seconds."""
+    deadline = asyncio.get_running_loop().time() + limit
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"not within {limit} s: {what}"
+        await asyncio.sleep(0.02)
+
+
+class Candidates:
+    """SCs on one store, each joined and running its claim's task (stopped with kill or release)."""
+
+    def __init__(self, backend: kv.KVStore) -> None:
+        self.backend = backend
+        self.scs: list[active_sc.ActiveSc] = []
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+
+    async def start(self, name: str) -> active_sc.ActiveSc:
+        sc = active_sc.ActiveSc(self.backend, ttl=2)
+        await sc.join(f"{name}:9003", f"{name}:9004")
+        self.scs.append(sc)
+        self.tasks[id(sc)] = asyncio.create_task(sc.run())
+        return sc
+
+    async def kill(self, sc: active_sc.ActiveSc) -> None:
+        """Stop its task without giving anything up, as a crash does: its lease lapses on its own."""
+        task = self.tasks.pop(id(sc))
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def release(self, sc: active_sc.ActiveSc) -> None:
+        await self.kill(sc)
+        await sc.release()
+
+    async def close(self) -> None:
+        for sc in list(self.scs):
+            if id(sc) in self.tasks:
+                await self.release(sc)
+
+    def leaders(self) -> list[active_sc.ActiveSc]:
+        return [sc for sc in self.scs if sc.state is active_sc.State.ACTIVE]
+
+
+@pytest.fixture
+async def candidates(kv_store: kv.KVStore) -> AsyncIterator[Candidates]:
+    group = Candidates(kv_store)
+    try:
+        yield group
+    finally:
+        await group.close()
+
+
+async def test_candidates_queue_by_create_revision_and_the_first_in_line_leads(candidates: Candidates) -> None:
+    """Three SCs on one store: the first to join leads, the others are standbys in join order; each
+    resignation hands the claim to the next in line, which records that its predecessor resigned."""
+    a, b, c = [await candidates.start(name) for name in ("sc-a", "sc-b", "sc-c")]
+    await until(lambda: candidates.leaders() == [a], "sc-a leads")
+    assert (b.state, c.state) == (active_sc.State.STANDBY, active_sc.State.STANDBY)
+    listed = await candidates.backend.list(active_sc.CANDIDATES)
+    by_revision = sorted(listed.items, key=lambda item: item.create_revision)
+    assert [item.key for item in by_revision] == [active_sc.candidate_key(sc.identity.id) for sc in (a, b, c) if sc.identity]
+    claim = await builders.present(candidates.backend, active_sc.KEY)
+    assert a.identity is not None and claim.value == a.identity.encode() and a.epoch == claim.create_revision
+    assert a.takeover is not None and (a.takeover.cause, a.takeover.previous, a.term) == ("unclaimed", None, 1)
+
+    await candidates.release(a)
+    await until(lambda: candidates.leaders() == [b], "sc-b leads once sc-a resigned")
+    assert c.state is active_sc.State.STANDBY
+    assert b.takeover is not None and b.takeover.previous == a.identity
+    assert (b.takeover.cause, b.takeover.previous_epoch) == ("resigned", a.epoch)
+    assert b.epoch > a.epoch
+
+    await candidates.release(b)
+    await until(lambda: candidates.leaders() == [c], "sc-c leads once sc-b resigned")
+    assert c.takeover is not None and (c.takeover.cause, c.takeover.previous) == ("resigned", b.identity)
+
+
+async def test_a_standby_takes_over_when_the_leader_s_lease_expires(candidates: Candidates) -> None:
+    a, b = [await candidates.start(name) for name in ("sc-a", "sc-b")]
+    await until(lambda: candidates.leaders() == [a], "sc-a leads")
+    await candidates.kill(a)  # no keep-alive any more: its claim and candidacy end with its lease
+    await until(lambda: b.state is active_sc.State.ACTIVE, "sc-b leads once sc-a's lease expired")
+    assert b.takeover is not None and (b.takeover.cause, b.takeover.previous) == ("lease-expired", a.identity)
+    assert await candidates.backend.get(active_sc.candidate_key(a.identity.id if a.identity else "")) is None
+
+
+async def test_a_leader_that_lost_its_claim_steps_down_and_queues_again_behind_the_standby(
+    candidates: Candidates,
+) -> None:
+    """Its claim deleted behind its back: it finds out at its next renewal, steps down (its writes
+    refused), and joins the queue at its end; the standby, first now, takes over."""
+    a, b = [await candidates.start(name) for name in ("sc-a", "sc-b")]
+    await until(lambda: candidates.leaders() == [a], "sc-a leads")
+    guarded = active_sc.GuardedStore(candidates.backend, a)
+    await write(guarded, "while-leading")
+    old_epoch = a.epoch
+    await candidates.backend.delete(active_sc.KEY)
+    await until(lambda: candidates.leaders() == [b], "sc-b leads once sc-a stepped down")
+    await until(lambda: a.state is active_sc.State.STANDBY, "sc-a is a standby again")
+    assert (a.losses, a.step_down_cause, a.term) == (1, "claim-deleted", 1)
+    assert b.takeover is not None and (b.takeover.cause, b.takeover.previous_epoch) == ("claim-deleted", old_epoch)
+    with pytest.raises(kv.Unavailable, match="it is a standby"):
+        await write(guarded, "after-stepping-down")
+    listed = await candidates.backend.list(active_sc.CANDIDATES)
+    assert [item.key for item in sorted(listed.items, key=lambda item: item.create_revision)] == [
+        active_sc.candidate_key(sc.identity.id) for sc in (b, a) if sc.identity
+    ]
+
+
+async def test_a_candidate_key_no_sc_wrote_does_not_hold_the_queue_up(candidates: Candidates) -> None:
+    """Anyone who can write the store can write under meta/sc-candidates/: what is not an identity
+    named by its key is no candidate, even first in line."""
+    await candidates.backend.create(f"{active_sc.CANDIDATES}zz", b"not an identity")
+    impostor = active_sc.Identity("someone", "h", 1, "x:1", "t")
+    await candidates.backend.create(f"{active_sc.CANDIDATES}other-name", impostor.encode())
+    a = await candidates.start("sc-a")
+    await until(lambda: candidates.leaders() == [a], "sc-a leads")
+    assert a.identity is not None
+    assert [candidate.identity.id for candidate in a.candidates] == [a.identity.id]  # as read before it claimed
+    assert active_sc.queue({f"{active_sc.CANDIDATES}zz": (b"[]", 1)}) == []
+
+
+def test_an_identity_with_its_private_address_reads_back_as_written() -> None:
+    identity = active_sc.Identity("abc123", "host-1", 4242, "10.0.0.1:9003", "2026-11-27T00:00:00+00:00", "10.0.0.1:9004")
+    assert active_sc.Identity.decode(identity.encode()) == identity
+    assert b'"private":"10.0.0.1:9004"' in identity.encode()
+
+
+class LostAnswers(kv.ForwardingStore):
+    """The memory store, where the next claims of ``key`` are applied but their answers lost."""
+
+    def __init__(self, inner: kv.KVStore, key: str, lost: int) -> None:
+        super().__init__(inner)
+        self.key = key
+        self.lost = lost
+
+    async def claim(self, key: str, value: bytes, lease: int) -> kv.Claim:
+        claimed = await self.inner.claim(key, value, lease)
+        if key == self.key and self.lost:
+            self.lost -= 1
+            raise kv.Unavailable("the claim's answer was lost (the test says so)")
+        return claimed
+
+
+@pytest.mark.looptime(start=0)
+async def test_a_claim_whose_answer_was_lost_is_taken_not_waited_on() -> None:
+    """etcd may apply a transaction whose answer never came back: the claim is this SC's own, under
+    its lease, and would never end while it waits for it to."""
+    backend = memory.MemoryStore()
+    store = LostAnswers(backend, active_sc.KEY, lost=1)
+    sc = active_sc.ActiveSc(store, ttl=3)
+    await sc.join("sc-a:9003")
+    task = asyncio.create_task(sc.run())
+    try:
+        await until(lambda: sc.state is active_sc.State.ACTIVE, "sc-a leads")
+        claim = await builders.present(backend, active_sc.KEY)
+        assert (sc.epoch, sc.term, store.lost) == (claim.create_revision, 1, 0)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await sc.release()
+        await backend.close()
+
+
+async def test_a_standby_whose_candidate_key_was_deleted_joins_the_queue_again(candidates: Candidates) -> None:
+    a, b = [await candidates.start(name) for name in ("sc-a", "sc-b")]
+    await until(lambda: candidates.leaders() == [a], "sc-a leads")
+    assert b.identity is not None
+    first = await builders.present(candidates.backend, active_sc.candidate_key(b.identity.id))
+    await candidates.backend.delete(active_sc.candidate_key(b.identity.id))
+
+    async def back() -> None:
+        again = await candidates.backend.get(active_sc.candidate_key(b.identity.id if b.identity else ""))
+        assert again is not None and again.create_revision > first.create_revision
+
+    await builders.eventually(back)
+    await until(lambda: b.state is active_sc.State.STANDBY, "sc-b a standby again")
+    assert (a.state, b.losses) == (active_sc.State.ACTIVE, 0)
+
+
+def test_what_ended_each_claim_is_read_from_the_watch_in_revision_order() -> None:
+    """Two claims may come and go between two looks of a standby: the watch's events, one revision
+    at a time, still say which claim came last before this SC's and how it ended."""
+    sc = active_sc.ActiveSc(memory.MemoryStore(), ttl=2)
+    a, b, c = (active_sc.Identity(name, "h", 1, f"{name}:9003", "t") for name in ("a", "b", "c"))
+    put, delete = kv.EventType.PUT, kv.EventType.DELETE
+    events = [
+        kv.WatchEvent(put, active_sc.KEY, a.encode(), 5, 5),
+        # a's lease ends: its claim and its candidacy go in one revision.
+        kv.WatchEvent(delete, active_sc.KEY, None, 7),
+        kv.WatchEvent(delete, active_sc.candidate_key("a"), None, 7),
+        kv.WatchEvent(put, active_sc.KEY, b.encode(), 8, 8),
+    ]
+    for event in events:
+        sc._follow_claim(event)
+    assert sc._ended is not None and (sc._ended[0].value, sc._ended[0].create_revision, sc._ended[1]) == (a.encode(), 5, "lease-expired")
+    # b resigns (its note in the same transaction), c claims.
+    for event in [
+        kv.WatchEvent(delete, active_sc.KEY, None, 9),
+        kv.WatchEvent(delete, active_sc.candidate_key("b"), None, 9),
+        kv.WatchEvent(put, active_sc.RESIGNED_KEY, b'{"id":"b","epoch":8}', 9, 9),
+        kv.WatchEvent(put, active_sc.KEY, c.encode(), 10, 10),
+    ]:
+        sc._follow_claim(event)
+    assert sc._ended is not None and (sc._ended[0].value, sc._ended[1]) == (b.encode(), "resigned")
+    assert sc._seen_revision == 10
+    # c's claim deleted by hand, its candidacy still there; a later revision closes it.
+    for event in [
+        kv.WatchEvent(delete, active_sc.KEY, None, 11),
+        kv.WatchEvent(put, f"{active_sc.CANDIDATES}d", b"{}", 12, 12),
+    ]:
+        sc._follow_claim(event)
+    assert sc._ended is not None and (sc._ended[0].value, sc._ended[1]) == (c.encode(), "claim-deleted")
 
 
 @pytest.mark.etcd

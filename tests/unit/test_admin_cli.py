@@ -525,22 +525,27 @@ async def test_cluster_status_shows_the_active_sc_and_this_one(server: api_serve
     assert (code, out) == (0, "no SC holds the store's claim: writes wait until one does\nthis SC: - (standby) at -\n")
     claim = active_sc.ActiveSc(server.kv_store, ttl=5)
     await claim.acquire("sc-a.example:9003")
+    standby = active_sc.ActiveSc(server.kv_store, ttl=5)
+    await standby.join("sc-b.example:9003")
     server.context.active = claim
     try:
-        assert claim.identity is not None
-        identity = claim.identity
+        assert claim.identity is not None and standby.identity is not None
+        identity, other = claim.identity, standby.identity
         stored = await builders.present(server.kv_store, active_sc.KEY)
 
         async def shown() -> None:
             code, out, _ = await sc("cluster", "status")
             assert (code, out.splitlines()) == (0, [
-                "ROLE    ID" + " " * (len(identity.id) - 2) + "  ADDRESS            SINCE" + " " * (len(identity.started) - 5) + "  EPOCH",
-                f"leader  {identity.id}  sc-a.example:9003  {identity.started}  {stored.mod_revision}",
+                "ROLE     ID" + " " * (len(identity.id) - 2) + "  ADDRESS            SINCE" + " " * (len(identity.started) - 5) + "  EPOCH",
+                f"leader   {identity.id}  sc-a.example:9003  {identity.started}  {stored.mod_revision}",
+                f"standby  {other.id}  sc-b.example:9003  -" + " " * (len(identity.started) + 1) + "-",
                 f"this SC: {identity.id} (leader) at sc-a.example:9003",
             ])  # fmt: skip
             code, out, _ = await sc("-o", "json", "cluster", "status")
             assert json.loads(out)["leader"]["epoch"] == stored.mod_revision
+            assert json.loads(out)["standbys"] == [{"id": other.id, "address": "sc-b.example:9003"}]
 
         await builders.eventually(shown)
     finally:
+        await standby.release()
         await claim.release()

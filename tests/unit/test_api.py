@@ -1170,3 +1170,40 @@ async def test_cluster_names_this_sc_and_the_active_one_from_the_claim(server: a
         await builders.eventually(unknown_holder)
     finally:
         await claim.release()
+
+
+async def test_a_standby_lists_the_queue_serves_reads_and_sends_writes_to_the_leader(server: api_server.ApiServer) -> None:
+    leader = active_sc.ActiveSc(server.kv_store, ttl=5)
+    await leader.acquire("sc-a.example:9003")
+    standby = active_sc.ActiveSc(server.kv_store, ttl=5)
+    await standby.join("sc-b.example:9003")
+    server.context.active = standby  # this SC
+    try:
+        assert leader.identity is not None and standby.identity is not None
+        identity = standby.identity
+
+        async def listed() -> None:
+            status, body = await server.call("GET", "/v1/cluster")
+            assert status == 200 and body["self"] == {"id": identity.id, "role": "standby", "address": "sc-b.example:9003"}
+            assert body["standbys"] == [{"id": identity.id, "address": "sc-b.example:9003"}]
+
+        await builders.eventually(listed)
+        assert await server.call("GET", "/v1/topics") == (200, [])
+        assert (await server.call("POST", "/v1/topics?dryRun=true", {"name": "t", "spec": {"partitions": 1, "replicationFactor": 1}}))[0] != 307
+        assert server.session is not None
+        for method, path in [("POST", "/v1/topics?timeout=0"), ("DELETE", "/v1/topics/t"), ("POST", "/v1/spus/spu-1/drain")]:
+            async with server.session.request(method, path, json={}, allow_redirects=False) as response:
+                body = await response.json()
+                assert (response.status, response.headers["Location"]) == (307, f"http://sc-a.example:9003{path}"), body
+                assert body["error"]["code"] == "NotLeader" and body["leader"] == {"id": leader.identity.id, "address": "sc-a.example:9003"}
+        await leader.release()
+
+        async def no_leader() -> None:
+            status, body = await server.call("POST", "/v1/topics", {"name": "t", "spec": {"partitions": 1, "replicationFactor": 1}})
+            assert (status, body["error"]["code"]) == (503, "NoLeader"), body
+
+        await builders.eventually(no_leader)
+        assert await server.kv_store.get("topics/t") is None
+    finally:
+        await standby.release()
+        await leader.release()

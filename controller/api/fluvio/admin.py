@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import secrets
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -16,13 +17,15 @@ import structlog
 
 from controller import context as context_module
 from controller.api import admin_ops, admission, auth
-from controller.api.fluvio import mapping, messages, objects
+from controller.api.fluvio import forward, mapping, messages, objects
 from store import attribution, kv, local, models
 
 log = structlog.get_logger(__name__)
 
 # The client gives up on a reply after 60 s: a create answers well before (fluvio-wire.md §6, R2).
 CREATE_WAIT_SECONDS = 30.0
+# A write a standby sends on waits for the leader's answer this much longer than a create waits.
+FORWARD_MARGIN_SECONDS = 5.0
 
 Error = messages.Error
 
@@ -63,6 +66,24 @@ def ready_partitions(
     return ready, wanted
 
 
+def _forward_tls(context: context_module.Context) -> Callable[[], ssl.SSLContext | None]:
+    """How a standby connects to the leader's public port: TLS when this SC serves TLS (the SCs of
+    a store are configured alike), verified with tls_client_ca (else the system's CAs); with
+    tls_client_ca, presenting this SC's own certificate. Read from the files at each connection."""
+    settings = context.settings
+
+    def build() -> ssl.SSLContext | None:
+        if settings.tls_cert is None or settings.tls_key is None:
+            return None
+        ca = None if settings.tls_client_ca is None else str(settings.tls_client_ca)
+        tls = ssl.create_default_context(cafile=ca)
+        if settings.tls_client_ca is not None:
+            tls.load_cert_chain(settings.tls_cert, settings.tls_key)
+        return tls
+
+    return build
+
+
 def failure(name: str, code: Error, message: str) -> messages.Status:
     args = (message,) if code is Error.OTHER else ()
     return messages.Status(name, messages.ErrorCode(code, args), message)
@@ -90,6 +111,10 @@ class Admin:
         # A topic is ready once its partitions are: their changes wake the topic's waiters too.
         self.topic_waits = admin_ops.Waits(context.local_store["topics"], (context.local_store["partitions"], _topic_of))
         self.group_waits = admin_ops.Waits(context.local_store["spu-groups"])
+        # Where this SC's writes go instead of its store: None while it may write (it leads);
+        # the leader's public HOST:PORT while it is a standby ("" when none leads now).
+        self.forward_to: Callable[[], str | None] = lambda: None
+        self.forwarder = forward.Forwarder(create_wait + FORWARD_MARGIN_SECONDS, _forward_tls(context))
 
     async def run(self) -> None:
         """The shared listeners that wake waiting creates; runs until cancelled (or one fails,
@@ -102,19 +127,28 @@ class Admin:
         self,
         request: messages.CreateRequest | messages.DeleteRequest | messages.UpdateRequest,
         who: auth.Principal | auth.Unauthenticated | None = None,
+        version: int = messages.OBJECT_MAX_VERSION,
     ) -> messages.Status:
         """The Status for one write by ``who`` (its principal, or why the connection has none; None:
-        not checked); never raises (a bug answers UnknownServerError and is logged)."""
+        not checked), sent in the client's ``version``; never raises (a bug answers
+        UnknownServerError and is logged). A standby checks the rights, then sends the request on
+        to the leader and answers with its Status."""
         name = _request_name(request)
         if isinstance(who, auth.Unauthenticated):
             return failure(name, Error.PERMISSION_DENIED, str(who))
-        if who is None:
-            return await self._answer(request, name)
-        if not (isinstance(request, messages.CreateRequest) and request.dry_run):
+        if who is not None and not (isinstance(request, messages.CreateRequest) and request.dry_run):
             try:
                 auth.check(who, auth.Right(auth.ADMIN, name if request.label == objects.TOPIC else None))
             except auth.Forbidden as forbidden:
                 return failure(name, Error.PERMISSION_DENIED, str(forbidden))
+        leader = self.forward_to()
+        if leader is not None:
+            if not leader:
+                return failure(name, Error.OTHER, "this SC is a standby and no SC leads the store now (an election is under way); try again shortly")
+            log.info("fluvio write sent on to the leader", leader=leader, name=name, by=None if who is None else who.name)
+            return await self.forwarder.forward(leader, request, version, name)
+        if who is None:
+            return await self._answer(request, name)
         with attribution.acting(attribution.Actor(who.name, who.address)):
             return await self._answer(request, name)
 

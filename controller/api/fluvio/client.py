@@ -1,5 +1,6 @@
-"""A small asyncio client of the Fluvio admin protocol (our codec on a socket): what the tests and
-the bench speak where the real client cannot (SPU, SPU group and custom SPU requests, raw frames).
+"""A small asyncio client of the Fluvio admin protocol (our codec on a socket): what a standby SC
+sends its Fluvio writes on to the leader with (forward.py), and what the tests and the bench speak
+where the real client cannot (SPU, SPU group and custom SPU requests, raw frames).
 
 Multiplexed like Fluvio's: requests in flight at once, replies matched by correlation id.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import ssl
 from typing import Any
 
 from controller.api.fluvio import messages, objects
@@ -30,9 +32,9 @@ class Client:
         self.closed = asyncio.Event()
 
     @classmethod
-    async def connect(cls, host: str, port: int, client_id: str = "fluvio") -> Client:
-        """Connect and exchange ApiVersions, as the real client does first."""
-        reader, writer = await asyncio.open_connection(host, port)
+    async def connect(cls, host: str, port: int, client_id: str = "fluvio", tls: ssl.SSLContext | None = None) -> Client:
+        """Connect (over TLS with ``tls``) and exchange ApiVersions, as the real client does first."""
+        reader, writer = await asyncio.open_connection(host, port, ssl=tls)
         client = cls(reader, writer, client_id)
         try:
             versions = await client.request(messages.API_VERSIONS, messages.ApiVersionsRequest("0.15.2", "linux", "x86_64"), version=2)

@@ -121,6 +121,7 @@ class FluvioServer:
         self._background = self.context.supervisor.spawn("fluvio-admin-waits", self.admin.run)
 
     async def close(self) -> None:
+        await self.admin.forwarder.close()
         tasks = list(self._sessions) + ([self._background] if self._background is not None else [])
         for task in tasks:
             task.cancel()
@@ -390,7 +391,7 @@ class Session:
         self, correlation_id: int, version: int, body: messages.CreateRequest | messages.DeleteRequest | messages.UpdateRequest
     ) -> None:
         try:
-            status = await self.server.admin.answer(body, self.principal)
+            status = await self.server.admin.answer(body, self.principal, version)
             self.reply(correlation_id, messages.encode_response_body(status, version))
         finally:
             self._slots.release()

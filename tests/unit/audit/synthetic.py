@@ -136,6 +136,8 @@ async def write_cluster_story(directory: Path) -> Writer:
     """The scenario the Spark tests assert exact figures on (see test_jobs.py for the expected ones)."""
     w = Writer(directory)
     w.at(0)
+    # The recording SC leads from the start; later it is deposed, and takes the store back.
+    w.recorder.record_takeover("sc-a", "10.0.0.1:9003", 99, "unclaimed", None, 0)
     for spu_id, rack in ((0, "r1"), (1, "r1"), (2, "r2"), (3, "r3")):
         w.put(w.spu(spu_id, rack))
     w.at(1)
@@ -172,6 +174,8 @@ async def write_cluster_story(directory: Path) -> Writer:
     w.at(61.5).spu_state(3, "Online")
     w.at(62).partition_state("events-0", "Online", 3)
 
+    w.at(64).recorder.record_step_down("sc-a", 99, "fenced")
+    w.at(66).recorder.record_takeover("sc-a", "10.0.0.1:9003", 150, "lease-expired", "sc-b", 140)
     w.at(70).elect("orders-1", 3, "drain")
     w.at(80).elect("orders-1", 2, "unclean")
     w.at(85).elect("orders-1", 3, None)

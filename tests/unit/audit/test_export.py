@@ -238,7 +238,7 @@ MALFORMED = [
     (b"null", "is not a JSON object (got null)"),
     (b"[2, 3]", "is not a JSON object (got an array)"),
     (b'{"seq":5,"type":"gap","time":1}{"seq":5,"type":"gap","time":1}', "is not valid JSON: Extra data: line 1 column 32 (char 31)"),
-    (b'{"seq":6,"type":"bogus","time":1}', "has type 'bogus': expected change, action, request, gap or sync"),
+    (b'{"seq":6,"type":"bogus","time":1}', "has type 'bogus': expected change, action, request, gap, sync, takeover or step-down"),
     (b'{"seq":7,"type":"change","kind":"brokers","name":"b","time":1}', "has kind 'brokers': expected spus, spu-groups, topics or partitions"),
     (b'{"seq":99,"type":"sync","revision":3,"time":1}', "has seq 99, but it is record 8 of the history"),
     (b'{"seq":9,"type":"sync","revision":3}', "has no time"),

@@ -42,10 +42,10 @@ def test_the_story_holds_every_kind_and_its_malformed_records_are_skipped(
 ) -> None:
     directory, result = exported
     assert [(record.seq, record.reason) for record in result.malformed] == [
-        (84, 'has object.spec.leader = "2": expected a whole number from -2147483648 to 2147483647'),
-        (85, "is not valid JSON: Expecting value: line 1 column 1 (char 0)"),
+        (87, 'has object.spec.leader = "2": expected a whole number from -2147483648 to 2147483647'),
+        (88, "is not valid JSON: Expecting value: line 1 column 1 (char 0)"),
     ]
-    assert (result.rows, result.malformed_records, result.last_seq) == (83, 2, 85)
+    assert (result.rows, result.malformed_records, result.last_seq) == (86, 2, 88)
     kinds = jobs.load(spark, directory / "export").filter("type = 'change'").groupBy("kind").count().orderBy("kind").collect()
     assert [tuple(row) for row in kinds] == [("partitions", 18), ("spu-groups", 2), ("spus", 18), ("topics", 12)]
 
@@ -220,7 +220,13 @@ def test_report_json_has_exactly_the_shape_of_the_api(report_dir: Path) -> None:
     ]
     assert document["unavailabilityByTopic"] == [{"topic": "events", "windows": 3, "p50": 15.5, "p99": 19.91, "max": 20.0}]
     assert document["flappingSpus"] == [{"spu": 3, "offlineCount": 3, "maxInWindow": 3}]
-    assert document["history"] == {"records": 83, "from": iso(0), "to": iso(120)}
+    assert document["scTerms"] == [
+        {"event": "takeover", "sc": "sc-a", "address": "10.0.0.1:9003", "epoch": 99, "cause": "unclaimed", "previous": None, "previousEpoch": 0, "at": iso(0)},
+        {"event": "step-down", "sc": "sc-a", "address": None, "epoch": 99, "cause": "fenced", "previous": None, "previousEpoch": None, "at": iso(64)},
+        {"event": "takeover", "sc": "sc-a", "address": "10.0.0.1:9003", "epoch": 150, "cause": "lease-expired", "previous": "sc-b", "previousEpoch": 140, "at": iso(66)},
+    ]
+    assert document["takeovers"] == 2
+    assert document["history"] == {"records": 86, "from": iso(0), "to": iso(120)}
 
 
 def test_the_human_report_and_its_charts(report_dir: Path) -> None:
@@ -232,6 +238,8 @@ def test_the_human_report_and_its_charts(report_dir: Path) -> None:
     assert "![Unavailability windows per topic](charts/availability.png)" in markdown
     assert "| 2026-03-01T10:00:20.500000Z | orders-0 | 0 | 2 | spu-offline |" in markdown
     assert "| events | 3 | 15.500 | 19.910 | 20.000 | 37.000 |" in markdown
+    assert "2 takeover(s) by the SC that recorded this history." in markdown
+    assert "| 2026-03-01T10:01:06.000000Z | takeover | sc-a | 10.0.0.1:9003 | 150 | lease-expired | sc-b | 140 |" in markdown
 
 
 def test_the_tables_are_parquet_with_timestamps(report_dir: Path) -> None:

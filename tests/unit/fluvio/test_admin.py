@@ -340,3 +340,37 @@ async def test_a_topic_too_large_to_store_is_refused_by_create_dry_run_and_add_p
     assert await client.status(messages.UPDATE, grow) == error("huge", Error.TOPIC_ERROR, message)
     stored = await fluvio_sc.read("topics", "huge")
     assert stored is not None and stored.spec.partitions == 4
+
+
+# ---------------------------------------------------------------------------- on a standby
+
+
+async def test_a_standby_sends_fluvio_writes_on_to_the_leader(fluvio_sc: daemon_fixtures.Running) -> None:
+    """A Fluvio client of a standby SC gets the leader's Status: the topic is created by the leader
+    (in its store), never by the standby. With no leader, or one it cannot reach, the Status says
+    so; its rights are checked on the standby first."""
+    for spu_id in range(3):
+        await fluvio_sc.register_spu(spu_id)
+    leader = f"127.0.0.1:{fluvio_sc.daemon.public_port}"
+    settings = config.Settings(store=config.StoreKind.MEMORY, **daemon_fixtures.COMMON_SETTINGS)
+    async with daemon_fixtures.running(settings) as standby:
+        assert standby.daemon.fluvio is not None and standby.daemon.public_port is not None
+        standby_admin = standby.daemon.fluvio.admin
+        standby_admin.forward_to = lambda: leader
+        connected = await client_module.Client.connect("127.0.0.1", standby.daemon.public_port)
+        try:
+            assert await connected.status(messages.CREATE, create(objects.TOPIC, "orders", computed(2, 2))) == messages.Status("orders")
+            assert await fluvio_sc.read("topics", "orders") is not None  # in the leader's store
+            assert await standby.read("topics", "orders") is None
+            taken = await connected.status(messages.CREATE, create(objects.TOPIC, "orders", computed(2, 2)))
+            assert taken.error_code.code is Error.TOPIC_ALREADY_EXISTS  # the leader's own refusal
+            assert standby_admin.forwarder.forwarded == 2
+            standby_admin.forward_to = lambda: ""
+            nobody = await connected.status(messages.CREATE, create(objects.TOPIC, "other", computed(1, 1)))
+            assert "no SC leads the store now" in (nobody.error_message or "")
+            standby_admin.forward_to = lambda: f"127.0.0.1:{daemon_fixtures.embedded_etcd.free_ports(1)[0]}"
+            unreachable = await connected.status(messages.DELETE, messages.DeleteRequest(objects.TOPIC, "orders"))
+            assert "could not reach the leader" in (unreachable.error_message or "")
+            assert await fluvio_sc.read("topics", "orders") is not None
+        finally:
+            await connected.close()

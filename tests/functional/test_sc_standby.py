@@ -1,0 +1,254 @@
+"""Several SCs on one store: three real `sc run` processes on a real 3-member etcd cluster (free
+ports on 127.0.0.1, temporary dirs), a short active-SC lease. The leader is SIGKILLed or paused;
+a standby takes over; writes sent to a standby reach the leader."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import parser
+
+from connection_manager import wire
+from store import active_sc, embedded_etcd, etcd, kv
+from tests import builders
+from tests.fixtures import processes
+from tests.fixtures.sc_run import ScRun
+from tests.functional import test_fluvio_client
+
+pytestmark = pytest.mark.etcd
+
+# Seconds: the lease of the store's claim (etcd's own expiry, not a clock of the test's).
+TTL = 2
+PREFIX = "/sc-ha-test/"
+
+
+class Scs:
+    """The SCs of one store, their HTTP session, and the test's own client of the store."""
+
+    def __init__(self, scs: list[ScRun], session: aiohttp.ClientSession, store: etcd.EtcdStore) -> None:
+        self.scs = scs
+        self.session = session
+        self.store = store
+
+    async def cluster(self, sc: ScRun) -> dict[str, Any] | None:
+        """``GET /v1/cluster`` of ``sc``, or None if it does not answer."""
+        try:
+            async with self.session.get(f"{sc.url}/v1/cluster") as response:
+                return dict(await response.json()) if response.status == 200 else None
+        except aiohttp.ClientError:
+            return None
+
+    async def role(self, sc: ScRun) -> str | None:
+        answer = await self.cluster(sc)
+        return None if answer is None else str(answer["self"]["role"])
+
+    async def settled(self) -> tuple[ScRun, list[ScRun]]:
+        """The leader and the standbys (in the order they would lead), once every SC agrees."""
+
+        async def agreed() -> tuple[ScRun, list[ScRun]]:
+            answers = [await self.cluster(sc) for sc in self.scs]
+            assert all(answer is not None for answer in answers), answers
+            leaders = {answer["leader"]["id"] for answer in answers if answer is not None and answer["leader"]}
+            assert len(leaders) == 1, answers
+            by_id = {answer["self"]["id"]: sc for answer, sc in zip(answers, self.scs) if answer is not None}
+            first = answers[0]
+            assert first is not None and len(first["standbys"]) == len(self.scs) - 1, answers
+            assert [answer["self"]["role"] for answer in answers if answer is not None].count("leader") == 1, answers
+            return by_id[leaders.pop()], [by_id[standby["id"]] for standby in first["standbys"]]
+
+        result: tuple[ScRun, list[ScRun]] = await builders.eventually(agreed, timeout=30)
+        return result
+
+    async def metrics(self, sc: ScRun) -> dict[str, float]:
+        async with self.session.get(f"{sc.url}/metrics") as response:
+            text = await response.text()
+        return {
+            sample.name + "".join(f"{{{key}={value}}}" for key, value in sorted(sample.labels.items())): sample.value
+            for family in parser.text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+
+@pytest.fixture
+async def scs(etcd_cluster: embedded_etcd.LocalCluster, tmp_path: Path) -> AsyncIterator[Scs]:
+    endpoints = ",".join(etcd_cluster.endpoints)
+    started = [
+        ScRun(
+            tmp_path / f"sc-{index}", None, "--etcd-endpoints", endpoints, "--key-prefix", PREFIX,
+            "--active-sc-lease-ttl", str(TTL),
+        )  # fmt: skip
+        for index in range(3)
+    ]
+    store = await etcd.EtcdStore.open(etcd_cluster.endpoints, PREFIX, 2.0)
+    try:
+        for sc in started:
+            sc.start(logs_to_file=True)
+        for sc in started:
+            await sc.wait_healthy()
+        async with aiohttp.ClientSession() as session:
+            yield Scs(started, session, store)
+    finally:
+        # A paused one is continued first, so that it can stop.
+        await asyncio.to_thread(processes.stop_all, [sc.process for sc in started if sc.process is not None])
+        await store.close()
+
+
+async def test_a_standby_leads_within_the_lease_ttl_and_a_second_after_the_leader_is_killed(scs: Scs) -> None:
+    leader, standbys = await scs.settled()
+    before = await scs.cluster(leader)
+    assert before is not None
+    killed_at = asyncio.get_running_loop().time()
+    assert leader.process is not None
+    leader.process.send_signal(signal.SIGKILL)
+    leader.process.wait()
+
+    async def someone_leads() -> ScRun:
+        for sc in standbys:
+            if await scs.role(sc) == "leader":
+                return sc
+        raise AssertionError("no standby leads yet")
+
+    new_leader = await builders.eventually(someone_leads, timeout=30)
+    took = asyncio.get_running_loop().time() - killed_at
+    assert took < TTL + 1, f"a standby led {took:.2f} s after the kill, more than the TTL ({TTL} s) and a second"
+    # The first in line took over; the other stays a standby, and the killed one left the queue.
+    assert new_leader is standbys[0]
+    after = await scs.cluster(new_leader)
+    assert after is not None and after["leader"]["epoch"] > before["leader"]["epoch"]
+
+    async def queue_without_the_killed() -> None:
+        answer = await scs.cluster(new_leader)
+        assert answer is not None and [standby["address"] for standby in answer["standbys"]] == [f"127.0.0.1:{standbys[1].public_port}"]
+
+    await builders.eventually(queue_without_the_killed)
+    metrics = await scs.metrics(new_leader)
+    assert (metrics["sc_leader"], metrics["sc_takeovers_total{cause=lease-expired}"]) == (1.0, 1.0)
+    assert (await scs.metrics(standbys[1]))["sc_leader"] == 0.0
+    async with scs.session.post(
+        f"{new_leader.url}/v1/topics?timeout=0", json={"name": "after-kill", "spec": {"partitions": 1, "replicationFactor": 1}}
+    ) as response:
+        assert response.status == 202, await response.text()
+
+
+async def test_a_paused_leader_is_replaced_then_steps_down_without_exiting_and_writes_nothing(scs: Scs) -> None:
+    leader, standbys = await scs.settled()
+    assert leader.process is not None
+    before = await scs.cluster(leader)
+    assert before is not None
+    leader_id = before["self"]["id"]
+    leader.process.send_signal(signal.SIGSTOP)
+
+    async def replaced() -> None:
+        assert await scs.role(standbys[0]) == "leader"
+
+    await builders.eventually(replaced, timeout=30)
+    revision = await scs.store.revision()
+    leader.process.send_signal(signal.SIGCONT)
+    # A write sent to it at once: it is refused, or sent to the new leader; it never applies it.
+    async with scs.session.post(
+        f"{leader.url}/v1/topics?timeout=0", json={"name": "from-the-paused", "spec": {"partitions": 1, "replicationFactor": 1}},
+        allow_redirects=False,
+    ) as response:  # fmt: skip
+        refused = await response.json()
+        # 307: it knew already; 503: it did not, and refused the write itself (its lease had lapsed)
+        # or had the store refuse it (fenced).
+        assert response.status in (307, 503), refused
+        if response.status == 503:
+            assert refused["error"]["message"].startswith("the KV store is unavailable (this SC may not write: "), refused
+
+    async def stepped_down() -> None:
+        answer = await scs.cluster(leader)
+        assert answer is not None and answer["self"]["role"] == "standby", answer
+        assert answer["leader"] is not None and answer["leader"]["id"] != leader_id, answer
+        assert [standby["id"] for standby in answer["standbys"]][-1] == leader_id  # at the end of the queue
+
+    await builders.eventually(stepped_down, timeout=30)
+    assert leader.process.poll() is None  # it did not exit
+    await leader.wait_healthy()
+    async with scs.session.get(f"{leader.url}/v1/topics") as response:
+        assert (response.status, await response.json()) == (200, [])
+    # The only change since the new leader took over: the old one's new candidacy (the store is
+    # idle otherwise). None of its writes got in.
+    now = await scs.store.revision()
+    assert now == revision + 1
+    async with contextlib.aclosing(scs.store.watch("", revision + 1)) as events:
+        event = await anext(events)
+    assert (event.type, event.key, event.revision) == (kv.EventType.PUT, active_sc.candidate_key(leader_id), now)
+    assert await scs.store.get("topics/from-the-paused") is None
+    metrics = await scs.metrics(leader)
+    assert (metrics["sc_leader"], metrics["sc_claim_losses_total"]) == (0.0, 1.0)
+    log = [json.loads(line) for line in leader.log_path.read_text().splitlines() if line.startswith("{")]
+    assert any(line.get("event", "").startswith("this SC stepped down to a standby") for line in log)
+
+
+async def test_writes_sent_to_a_standby_by_http_and_by_the_cli_reach_the_leader(scs: Scs, tmp_path: Path) -> None:
+    leader, standbys = await scs.settled()
+    standby = standbys[0]
+    spu_public, spu_private = embedded_etcd.free_ports(2)
+    registered = await _cli(
+        "spu", "register", "--sc", standby.url, "--id", "0", "--name", "spu-0",
+        "--public-server", f"127.0.0.1:{spu_public}", "--private-server", f"127.0.0.1:{spu_private}",
+    )  # fmt: skip
+    assert registered.returncode == 0, registered.stderr
+    # An SPU that connects to the standby is refused, told where the leader is.
+    async with scs.session.ws_connect(f"ws://127.0.0.1:{standby.private_port}{wire.SPU_PATH}") as websocket:
+        await websocket.send_bytes(wire.encode(wire.Register(spu_id=0)))
+        answer = wire.parse_sc_message(await websocket.receive_bytes(timeout=10))
+    assert isinstance(answer, wire.Rejected) and (answer.code, answer.leader) == ("not-leader", f"127.0.0.1:{leader.private_port}")
+    assert f"its private port is 127.0.0.1:{leader.private_port}" in answer.reason
+    # An SPU given the standby's address first goes to the leader it names.
+    with (tmp_path / "spu.log").open("wb") as spu_log:
+        spu = subprocess.Popen(
+            [sys.executable, "-m", "controller.cli", "spu", "run", "--id", "0", "--listen-host", "127.0.0.1",
+             "--sc-private", f"127.0.0.1:{standby.private_port},127.0.0.1:{leader.private_port}"],
+            stdout=subprocess.DEVNULL, stderr=spu_log,
+        )  # fmt: skip
+    try:
+
+        async def online() -> None:
+            async with scs.session.get(f"{standby.url}/v1/spus/spu-0") as response:
+                assert (await response.json())["status"]["resolution"] == "Online"
+
+        await builders.eventually(online, timeout=30)
+        # HTTP: aiohttp follows the 307 with the same method and body.
+        async with scs.session.post(
+            f"{standby.url}/v1/topics", json={"name": "via-http", "spec": {"partitions": 2, "replicationFactor": 1}}
+        ) as response:
+            body = await response.json()
+            assert response.status == 201, body
+            assert str(response.url).startswith(leader.url)
+        assert body["status"]["resolution"] == "Provisioned"
+        created = await _cli("topic", "create", "via-cli", "--partitions", "1", "--replication-factor", "1", "--sc", standby.url)
+        assert created.returncode == 0, created.stderr
+        # Fluvio's own client: its protocol has no redirect, the standby sends the write on.
+        fluvio = await test_fluvio_client.ClientRun.start_at(
+            standby.public_port, 'admin = fluvio.FluvioAdmin.connect_with_config(config)\nadmin.create_topic("via-fluvio")\nemit("done", True)\n'
+        )
+        assert await fluvio.finish() == {"done": True}
+
+        async def provisioned() -> None:
+            for name in ("via-http", "via-cli", "via-fluvio"):
+                async with scs.session.get(f"{standby.url}/v1/topics/{name}") as response:
+                    assert response.status == 200
+                    assert (await response.json())["status"]["resolution"] == "Provisioned"
+
+        await builders.eventually(provisioned, timeout=30)
+    finally:
+        spu.terminate()
+        spu.wait(30)
+
+
+async def _cli(*arguments: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-m", "controller.cli", *arguments], capture_output=True, text=True, timeout=60
+    )
