@@ -155,6 +155,11 @@ class Settings(BaseSettings):
         False, description="let an out-of-sync replica lead when no in-sync one is online (may lose committed records)"
     )
     leader_rebalance_batch: Annotated[int, Field(ge=0)] = Field(100, description="preferred-leader moves per controller pass (0: none)")
+    # Each move copies a partition to its new SPUs: two at once per SPU keeps a rebalance going
+    # without one SPU's disk and network serving nothing but catch-up fetches.
+    rebalance_max_moves_per_spu: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        2, description="replica moves of a rebalance or decommission in flight per SPU at once (the API body may say otherwise)"
+    )
     # Expensive reads (whole lists, placement and dry runs, Fluvio List) admitted at once, how many
     # more may wait for a slot and for how long; beyond, HTTP 429 with Retry-After.
     max_expensive_requests: Annotated[int, Field(ge=1)] = Field(

@@ -23,7 +23,9 @@ from store import active_sc, history, kv, local, models, supervisor as superviso
 # Every frame type an SPU sends after its registration, so each series exists from the start.
 SPU_FRAME_TYPES = ("hosted", "heartbeat", "leading", "alterIsr", "offsets")
 # Every cause a leader election is recorded with (Action.cause), so each series exists from the start.
-ELECTION_CAUSES = (partition.CAUSE_SPU_OFFLINE, partition.CAUSE_PREFERRED, partition.CAUSE_DRAIN, partition.CAUSE_UNCLEAN)
+ELECTION_CAUSES = (
+    partition.CAUSE_SPU_OFFLINE, partition.CAUSE_PREFERRED, partition.CAUSE_DRAIN, partition.CAUSE_UNCLEAN, partition.CAUSE_REASSIGNMENT
+)
 # The KV store requests the SC times: the Reader's listing and the dispatcher's transactions.
 ETCD_OPERATIONS = ("list", "txn")
 

@@ -474,23 +474,40 @@ class Echoes:
 class MetaTable:
     """Cluster-internal keys (``meta/...``), such as the placement start-index chain.
 
-    Not objects: no epochs and no listeners; controllers read them from the snapshot.
+    Not objects: no epochs; controllers read them from the snapshot. A controller that acts on a
+    key asks to be woken when it changes (``on_change``): a wake-up, never the value.
     """
 
     def __init__(self) -> None:
         self.values: dict[str, tuple[bytes, int]] = {}
         self.revision = 0
         self.synced = False
+        self._wakers: dict[str, list[Callable[[], None]]] = {}
+
+    def on_change(self, key: str, wake: Callable[[], None]) -> Callable[[], None]:
+        """Call ``wake`` whenever ``key`` is written, deleted, or relisted, until the function
+        returned is called."""
+        wakers = self._wakers.setdefault(key, [])
+        wakers.append(wake)
+        return lambda: wakers.remove(wake) if wake in wakers else None
 
     def apply(self, key: str, value: bytes, mod_revision: int) -> None:
         self.values[key] = (value, mod_revision)
         self.revision = max(self.revision, mod_revision)
+        self._wake(key)
 
     def delete(self, key: str, revision: int) -> None:
         self.values.pop(key, None)
         self.revision = max(self.revision, revision)
+        self._wake(key)
 
     def resync(self, items: Iterable[tuple[str, bytes, int]], revision: int) -> None:
         self.values = {key: (value, mod_revision) for key, value, mod_revision in items}
         self.revision = revision
         self.synced = True
+        for key in self._wakers:
+            self._wake(key)
+
+    def _wake(self, key: str) -> None:
+        for wake in self._wakers.get(key, ()):
+            wake()

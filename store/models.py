@@ -113,6 +113,11 @@ class SpuDrain(str, enum.Enum):
     DRAINED = "Drained"  # it leads none
 
 
+class SpuDecommission(str, enum.Enum):
+    IN_PROGRESS = "InProgress"  # some partition still lists it among its replicas
+    DONE = "Done"  # none does: it may be deleted with nothing lost
+
+
 class SpuSpec(Model):
     id: Annotated[int, Field(ge=0, le=2**31 - 1)]
     spu_type: SpuType = SpuType.CUSTOM
@@ -122,6 +127,9 @@ class SpuSpec(Model):
     # The operator's intent (like `kubectl cordon`): its leaderships move to other in-sync
     # replicas, and it leads again only where no other replica can. Only an undrain ends it.
     drain: bool = False
+    # The operator's intent to retire it (POST /v1/spus/{name}/decommission): a run moves every
+    # replica off it, and every later plan keeps it empty. Only deleting the SPU ends it.
+    decommission: bool = False
 
     @pydantic.model_serializer(mode="wrap")
     def _omit_drain_when_false(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -129,6 +137,8 @@ class SpuSpec(Model):
         data: dict[str, Any] = handler(self)
         if not self.drain:
             data.pop("drain", None)
+        if not self.decommission:
+            data.pop("decommission", None)
         return data
 
     @field_validator("rack")
@@ -153,6 +163,8 @@ class SpuStatus(Model):
     drain: SpuDrain | None = None
     # Why a drain cannot finish: the partitions still led, each with what keeps it there.
     reason: str | None = None
+    # Absent unless spec.decommission is set; written by the SPU controller.
+    decommission: SpuDecommission | None = None
 
 
 # ---------------------------------------------------------------------------- SPU group
@@ -321,9 +333,42 @@ class ReplicaStatus(Model):
     leo: Annotated[int, Field(ge=-1, le=2**63 - 1)] = -1
 
 
+class Reassignment(Model):
+    """A replica move in progress (Kafka's KIP-455): the replicas before it and the ones it ends with,
+    preferred leader first. Written by the SC's rebalance controller; carried out by the partition
+    controller (docs/replication.md, "Moving replicas"). A cancelled move has ``target`` = ``previous``."""
+
+    previous: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
+        description="the replicas when the move started; spec.replicas holds all of them until it ends"
+    )
+    target: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
+        description="the replicas the move ends with, preferred leader first"
+    )
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Self:
+        for field_name, spus in (("previous", self.previous), ("target", self.target)):
+            if len(set(spus)) != len(spus):
+                raise ValueError(f"reassignment {field_name} {spus} lists an SPU more than once")
+        return self
+
+    @property
+    def adding(self) -> list[int]:
+        """The SPUs that receive a replica: they must be in the committed in-sync set before any leaves."""
+        previous = set(self.previous)
+        return [spu for spu in self.target if spu not in previous]
+
+    @property
+    def cancelled(self) -> bool:
+        return self.target == self.previous
+
+
 class PartitionSpec(Model):
     leader: Annotated[int, Field(ge=0)]
     replicas: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    # While a move is in progress: replicas is previous, then previous + the SPUs target adds (in
+    # target's order), then target once the move ends (and this is gone).
+    reassignment: Reassignment | None = None
 
     @model_validator(mode="after")
     def _leader_is_a_replica(self) -> Self:
@@ -331,6 +376,10 @@ class PartitionSpec(Model):
             raise ValueError(f"replicas {self.replicas} list an SPU more than once")
         if self.leader not in self.replicas:
             raise ValueError(f"leader {self.leader} is not one of the replicas {self.replicas}")
+        if self.reassignment is not None and not set(self.reassignment.previous) <= set(self.replicas):
+            raise ValueError(
+                f"reassignment previous {self.reassignment.previous} must be among the replicas {self.replicas}"
+            )
         return self
 
 
@@ -578,7 +627,8 @@ class Interner:
             return obj
         fields = obj.__dict__  # frozen for users; the values put back here are equal
         spec = obj.spec
-        fields["spec"] = self._specs.setdefault((spec.leader, tuple(spec.replicas)), spec)
+        if spec.reassignment is None:  # a move in progress is rare, and not shared
+            fields["spec"] = self._specs.setdefault((spec.leader, tuple(spec.replicas)), spec)
         status = obj.status
         if status.leader is None and not status.replicas:
             key = (status.resolution, status.lrs, status.leader_epoch, status.partition_epoch, tuple(status.isr))

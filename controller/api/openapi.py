@@ -111,6 +111,14 @@ _DRY_RUN = {
     "schema": {"type": "boolean", "default": False},
 }
 
+_REBALANCE_DRY_RUN = {
+    "name": "dryRun",
+    "in": "query",
+    "required": False,
+    "description": "true: answer the plan only, writing nothing (the read role may ask); exactly true or false.",
+    "schema": {"type": "boolean", "default": False},
+}
+
 _FORCE = {
     "name": "force",
     "in": "query",
@@ -224,6 +232,43 @@ def _paths() -> dict[str, Any]:
                 r200=_json(_ref("Cluster"), "The SCs"),
             )
         },
+        "/v1/cluster/rebalance": {
+            "post": _optional_body(
+                _operation(
+                    "Plan a rebalance of the replicas over the SPUs; unless dryRun, store the plan and start it",
+                    description="Plans from the cluster as this SC's mirror has it (racks, online SPUs, decommissioned "
+                    "ones) with the fewest replica moves the balance allows. Unless dryRun=true, the plan is stored "
+                    "(meta/rebalance, compare-and-swap: it survives an SC restart) and its moves start, at most "
+                    "maxMovesPerSpu (the body's, else the setting rebalance_max_moves_per_spu) in flight on any SPU "
+                    "a move changes. Each move is a reassignment (Kafka's KIP-455, docs/replication.md): new replicas "
+                    "join as followers, leadership leaves a leaving replica once they are in the committed in-sync "
+                    "set, then the leaving replicas go. 409 while a run is running or moves are still going back.",
+                    parameters=(_REBALANCE_DRY_RUN,),
+                    r200=_json(_ref("RebalancePlan"), "dryRun: the plan, nothing written"),
+                    r202=_json(_ref("RebalancePlan"), "The plan, stored and started (state running, or done if it moves nothing)"),
+                    r400=malformed,
+                    r409=_error("RebalanceRunning, MovesInProgress, or the plan lost a compare-and-swap (Conflict)"),
+                    r422=_error("InvalidRequest: maxMovesPerSpu out of range or an unknown field; CannotPlan; PlanTooLarge"),
+                    r503=unavailable,
+                ),
+                "RebalanceLimit",
+            ),
+            "get": _operation(
+                "The stored rebalance run's progress",
+                description="From the stored run and the partitions as this SC's mirror has them: idle without a "
+                "run; state stays done after completion until the next plan.",
+                r200=_json(_ref("RebalanceProgress"), "The run and its moves by progress"),
+                r503=unavailable,
+            ),
+            "delete": _operation(
+                "Cancel the running rebalance (or decommission): unfinished moves revert",
+                description="Moves not started stay unstarted; moves in flight go back to the replicas they had "
+                "(added replicas leave; leadership returns to a previous replica in the in-sync set); finished moves stay.",
+                r200=_json(_ref("RebalanceCancelled"), "Cancelled"),
+                r409=_error("NotRunning: nothing to cancel, or the run changed meanwhile (Conflict)"),
+                r503=unavailable,
+            ),
+        },
         "/v1/{kind}": {
             "get": _operation(
                 "List the objects of a kind (SPUs by id, partitions by topic and index, others by name)",
@@ -314,6 +359,26 @@ def _paths() -> dict[str, Any]:
                 r409=_error("The SPU kept changing (Conflict)"),
                 r503=unavailable,
             ),
+        },
+        "/v1/spus/{name}/decommission": {
+            "post": _optional_body(
+                _operation(
+                    "Decommission an SPU: move every replica off it, then it may be deleted with nothing lost",
+                    description="Sets spec.decommission and stores a plan that moves every replica of the SPU to "
+                    "others (respecting racks, the rest balanced), in one transaction; it runs like a rebalance "
+                    "(GET /v1/cluster/rebalance for progress, DELETE to cancel). The SPU's status.decommission says "
+                    "InProgress, then Done once no partition lists it. Later plans keep it empty.",
+                    parameters=(_NAME, _REBALANCE_DRY_RUN),
+                    r200=_json(_ref("RebalancePlan"), "dryRun: the plan, nothing written"),
+                    r202=_json(_ref("RebalancePlan"), "The plan, stored and started, with the SPU's id and name"),
+                    r400=malformed,
+                    r404=_error("No such SPU"),
+                    r409=_error("RebalanceRunning, MovesInProgress, or a compare-and-swap lost (Conflict)"),
+                    r422=_error("InvalidRequest (maxMovesPerSpu); CannotPlan: no online SPU may take its replicas"),
+                    r503=unavailable,
+                ),
+                "RebalanceLimit",
+            )
         },
         "/v1/spus/{name}/rack": {
             "post": _operation(
@@ -473,6 +538,11 @@ def _paths() -> dict[str, Any]:
     }
 
 
+def _optional_body(operation: dict[str, Any], schema: str) -> dict[str, Any]:
+    """``operation`` with a request body that may be left out."""
+    return {**operation, "requestBody": {"required": False, "content": {"application/json": {"schema": _ref(schema)}}}}
+
+
 def _ui_paths() -> dict[str, Any]:
     """The live page's files: no credential needed, no cluster data in them (the page asks for a token)."""
     described = {
@@ -566,6 +636,72 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
             },
             "required": ["spu", "name", "draining", "drained", "moved", "leading"],
         },
+        "RebalanceLimit": {
+            "type": "object",
+            "properties": {
+                "maxMovesPerSpu": {
+                    "type": "integer", "minimum": 1, "maximum": 10_000,
+                    "description": "Moves in flight at once on any SPU a move changes (default: the setting rebalance_max_moves_per_spu)",
+                }
+            },
+            "additionalProperties": False,
+        },
+        "RebalancePlan": {
+            "type": "object",
+            "properties": {
+                "replicaMoves": {"type": "integer", "description": "Replicas placed on an SPU that did not hold them"},
+                "lowerBound": {"type": "integer", "description": "The sum over SPUs of their replicas above their target"},
+                "leaderChanges": {"type": "integer"},
+                "moves": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "partition": {"type": "string"},
+                            "from": {"type": "array", "items": {"type": "integer"}},
+                            "to": {"type": "array", "items": {"type": "integer"}},
+                        },
+                        "required": ["partition", "from", "to"],
+                    },
+                },
+                "before": {"$ref": "#/components/schemas/RebalanceLoad"},
+                "after": {"$ref": "#/components/schemas/RebalanceLoad"},
+                "targets": {"type": "object"},
+                "balanced": {"type": "boolean"},
+                "unreachable": {"type": "array", "items": {"type": "object"}},
+                "notes": {"type": "array", "items": {"type": "string"}},
+                "state": {"enum": ["running", "done"], "description": "Not in a dry run's answer"},
+                "maxMovesPerSpu": {"type": "integer", "description": "Not in a dry run's answer"},
+            },
+            "required": ["replicaMoves", "lowerBound", "moves", "before", "after"],
+        },
+        "RebalanceLoad": {
+            "type": "object",
+            "properties": {
+                "replicasPerSpu": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "leadersPerSpu": {"type": "object", "additionalProperties": {"type": "integer"}},
+            },
+            "required": ["replicasPerSpu", "leadersPerSpu"],
+        },
+        "RebalanceProgress": {
+            "type": "object",
+            "properties": {
+                "state": {"enum": ["idle", "running", "done", "cancelled"]},
+                "kind": {"enum": ["rebalance", "decommission"]},
+                "total": {"type": "integer"},
+                "done": {"type": "integer"},
+                "inFlight": {"type": "array", "items": {"type": "string"}, "description": "Partitions moving or going back"},
+                "pending": {"type": "integer", "description": "Moves not started"},
+                "skipped": {"type": "array", "items": {"type": "string"}, "description": "Partitions deleted or changed otherwise"},
+                "problem": {"type": "string", "description": "Why the stored value under meta/rebalance is not a run (state idle)"},
+            },
+            "required": ["state", "total", "done", "inFlight"],
+        },
+        "RebalanceCancelled": {
+            "type": "object",
+            "properties": {"state": {"const": "cancelled"}, "kind": {"type": "string"}, "total": {"type": "integer"}},
+            "required": ["state", "kind", "total"],
+        },
         "Undrained": {
             "type": "object",
             "properties": {"spu": {"type": "integer"}, "name": {"type": "string"}, "draining": {"const": False}},
@@ -644,7 +780,7 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
                                 "kind": {"type": "string"},
                                 "name": {"type": "string"},
                                 "verb": {"type": "string", "description": "create, create-partitions, update-status, update-spec, delete, provision or elect"},
-                                "cause": {"type": "string", "description": "For an election: spu-offline, preferred-leader, drain or unclean; else empty"},
+                                "cause": {"type": "string", "description": "For an election: spu-offline, preferred-leader, drain, unclean or reassignment; for a replica move's other writes move-started, move-adding, move-caught-up, move-completed, move-cancelled or move-reverted; else empty"},
                                 "reason": {"type": "string", "description": "Why, for people (scripts must not parse it)"},
                                 "outcome": {"enum": ["applied", "failed"]},
                                 "revision": {"type": "integer"},

@@ -24,7 +24,7 @@ from prometheus_client import exposition as prometheus_exposition
 
 from connection_manager import ratelimit, tls, transport
 from controller import context as context_module, placement
-from controller.api import admin_ops, admission, auth, cluster, fanout, json_input, listing, openapi
+from controller.api import admin_ops, admission, auth, cluster, fanout, json_input, listing, openapi, rebalance_ops
 from controller.reconcile import partition, topic as topic_controller
 from store import active_sc, attribution, kv, models
 
@@ -680,6 +680,50 @@ def _blocked_json(blocked: dict[str, str]) -> list[dict[str, str]]:
 # ---------------------------------------------------------------------------- handlers: writes
 
 
+def _optional_body(raw: bytes, shape: str) -> dict[str, Any] | None:
+    return parse_json_object(raw, shape) if raw.strip() else None
+
+
+def _dry_run(request: web.Request) -> bool:
+    """``?dryRun=true|false`` exactly (any case): a plan is written unless it says true, so nothing
+    else is taken for either (the document's type is boolean)."""
+    raw = request.query.get("dryRun")
+    if raw is None or raw.lower() == "false":
+        return False
+    if raw.lower() == "true":
+        return True
+    raise ApiError(400, "MalformedRequest", f"query parameter dryRun must be true or false, got {ratelimit.excerpt(raw)}")
+
+
+async def rebalance(request: web.Request) -> web.Response:
+    """Plan a rebalance from the cluster as it is; unless ?dryRun=true, store the plan and start it."""
+    context = request.app[CONTEXT]
+    dry_run = _dry_run(request)
+    body = _optional_body(await read_body(request), rebalance_ops.BODY_SHAPE)
+    limit = rebalance_ops.max_moves_per_spu(body, context.settings.rebalance_max_moves_per_spu)
+    status, answer = await rebalance_ops.rebalance(context, limit, dry_run)
+    return web.json_response(answer, status=status)
+
+
+async def rebalance_progress(request: web.Request) -> web.Response:
+    return web.json_response(rebalance_ops.progress(request.app[CONTEXT]))
+
+
+async def cancel_rebalance(request: web.Request) -> web.Response:
+    return web.json_response(await rebalance_ops.cancel(request.app[CONTEXT]))
+
+
+async def decommission_spu(request: web.Request) -> web.Response:
+    """Move every replica off an SPU (a run like a rebalance's); its status says when it is empty.
+    ``?dryRun=true``: the plan only (the read role may ask for it), nothing written."""
+    context = request.app[CONTEXT]
+    dry_run = _dry_run(request)
+    body = _optional_body(await read_body(request), rebalance_ops.BODY_SHAPE)
+    limit = rebalance_ops.max_moves_per_spu(body, context.settings.rebalance_max_moves_per_spu)
+    status, answer = await rebalance_ops.decommission(context, request.match_info["name"], limit, dry_run)
+    return web.json_response(answer, status=status)
+
+
 async def register_spu(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     spu = parse_object(models.Spu, await read_body(request))
@@ -1078,6 +1122,10 @@ def build_app(context: context_module.Context) -> web.Application:
     # Before /v1/{kind}/{name}, which would otherwise take /v1/watch/topics.
     routes.add_get("/v1/watch/events", watch_events)
     routes.add_get("/v1/cluster", cluster_status)
+    routes.add_post("/v1/cluster/rebalance", rebalance)
+    routes.add_get("/v1/cluster/rebalance", rebalance_progress)
+    routes.add_delete("/v1/cluster/rebalance", cancel_rebalance)
+    routes.add_post("/v1/spus/{name}/decommission", decommission_spu)
     routes.add_get("/v1/watch/{kind}", watch)
     routes.add_post("/v1/placement", compute_placement)
     routes.add_post("/v1/spus", register_spu)

@@ -23,7 +23,9 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from controller.audit import export, options as options_module, report
 
 # The causes of the leader changes the SC decided (controller/reconcile/partition_state.py names them, written as Action.cause).
-CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean")
+CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean", "reassignment")
+# The causes of a replica move's writes that end or start it (controller/reconcile/partition_state.py).
+MOVE_ADDING, MOVE_COMPLETED, MOVE_REVERTED = "move-adding", "move-completed", "move-reverted"
 # Buckets of the "leaders per SPU over time" series.
 TIMELINE_BUCKETS = 200
 # Jobs submitted at once by the driver.
@@ -85,6 +87,7 @@ def run(
     runs = _runs(changes).cache()
     runs.count()
     leader_changes = _leader_changes(changes, frame)
+    moves = _moves(changes)
     unavailability = _unavailability(runs, last_us)
     intervals = _spu_intervals(runs, last_us)
     spus, racks, violations = balance(frame, changes, at_us)
@@ -112,6 +115,8 @@ def run(
         "gaps": (gaps, ("seq",)),
         "sc_terms": (sc_terms, ("seq",)),
         "leaders_over_time": (_leaders_over_time(changes, first_us, last_us), ("bucket_us", "spu")),
+        "moves": (moves, ("at_us", "partition")),
+        "moves_by_spu": (_moves_by_spu(moves), ("spu",)),
     }
     # Submitted together, the jobs share the executors instead of waiting on each other's latency.
     with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL_JOBS) as pool:
@@ -160,6 +165,7 @@ def enrich(frame: DataFrame) -> DataFrame:
     enriched = joined.select(
         "*",
         F.lag("leader").over(ordered).alias("prev_leader"),
+        F.lag("replicas").over(ordered).alias("prev_replicas"),
         F.lag("revision").over(ordered).alias("prev_revision"),
         F.lag("spec_hash").over(ordered).alias("prev_spec_hash"),
         F.lead("time").over(ordered).alias("next_time"),
@@ -236,6 +242,45 @@ def _leader_changes(changes: DataFrame, frame: DataFrame) -> DataFrame:
         cause.alias("cause"),
         F.unix_micros("time").alias("at_us"),
         "revision",
+    )
+
+
+def _moves(changes: DataFrame) -> DataFrame:
+    """Each replica move that ended, from the partition's writes that the SC's move steps made (their
+    action causes): the SPUs it added (the ``move-adding`` write), the SPUs that left (the
+    ``move-completed`` write: what the replicas lost), from start to end; a cancelled move ends
+    ``reverted`` and moved nothing."""
+    steps = changes.filter(
+        (F.col("kind") == "partitions") & F.col("action_cause").isin(MOVE_ADDING, MOVE_COMPLETED, MOVE_REVERTED)
+    )
+    ordered = Window.partitionBy("name").orderBy("seq")
+    running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    adding = F.col("action_cause") == MOVE_ADDING
+    carried = steps.select(
+        "*",
+        F.last(F.when(adding, F.array_except("replicas", "prev_replicas")), ignorenulls=True).over(running).alias("added"),
+        F.last(F.when(adding, F.col("time")), ignorenulls=True).over(running).alias("started"),
+    )
+    ended = carried.filter(~adding)
+    completed = F.col("action_cause") == MOVE_COMPLETED
+    return ended.select(
+        F.col("name").alias("partition"),
+        "topic",
+        F.when(completed, "completed").otherwise("reverted").alias("outcome"),
+        F.when(completed, F.array_intersect("replicas", F.coalesce("added", F.array()))).otherwise(F.array()).alias("arrived"),
+        F.when(completed, F.array_except("prev_replicas", "replicas")).otherwise(F.array()).alias("left"),
+        F.unix_micros("started").alias("started_us"),
+        F.unix_micros("time").alias("at_us"),
+        ((F.unix_micros("time") - F.unix_micros("started")) / F.lit(1_000_000.0)).alias("seconds"),
+    )
+
+
+def _moves_by_spu(moves: DataFrame) -> DataFrame:
+    """Per SPU: the completed moves that brought it a replica, and those that took one away."""
+    arrived = moves.select(F.explode("arrived").alias("spu")).groupBy("spu").agg(F.count(F.lit(1)).alias("moves_in"))
+    left = moves.select(F.explode("left").alias("spu")).groupBy("spu").agg(F.count(F.lit(1)).alias("moves_out"))
+    return arrived.join(left, ["spu"], "full_outer").select(
+        "spu", F.coalesce("moves_in", F.lit(0)).alias("moves_in"), F.coalesce("moves_out", F.lit(0)).alias("moves_out")
     )
 
 

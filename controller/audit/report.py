@@ -63,6 +63,11 @@ TABLES: dict[str, list[tuple[str, pa.DataType]]] = {
         ("reason", pa.string()), ("dropped", pa.int64()),
     ],
     "leaders_over_time": [("bucket_us", _TIME), ("spu", pa.int32()), ("leaders", pa.int64())],
+    "moves": [
+        ("partition", pa.string()), ("topic", pa.string()), ("outcome", pa.string()), ("arrived", pa.list_(pa.int32())),
+        ("left", pa.list_(pa.int32())), ("started_us", _TIME), ("at_us", _TIME), ("seconds", pa.float64()),
+    ],
+    "moves_by_spu": [("spu", pa.int32()), ("moves_in", pa.int64()), ("moves_out", pa.int64())],
     # Each SC's terms as its store's leader: a takeover (cause: what became of the claim before it)
     # or a step-down (cause: why the term ended), as the SC that recorded the history saw them.
     "sc_terms": [
@@ -134,6 +139,16 @@ def to_json(results: options.Results) -> dict[str, Any]:
         "leaderChangesBySpu": [
             {"spu": row["spu"], "cause": row["cause"], "gained": row["gained"], "lost": row["lost"]}
             for row in tables["leader_changes_by_spu"]
+        ],
+        "moves": [
+            {
+                "partition": row["partition"], "outcome": row["outcome"], "arrived": row["arrived"], "left": row["left"],
+                "started": iso(row["started_us"]), "at": iso(row["at_us"]), "seconds": _seconds(row["seconds"]),
+            }
+            for row in tables["moves"]
+        ],
+        "movesBySpu": [
+            {"spu": row["spu"], "movesIn": row["moves_in"], "movesOut": row["moves_out"]} for row in tables["moves_by_spu"]
         ],
         "flappingSpus": [
             {"spu": row["spu"], "offlineCount": row["offline_count"], "maxInWindow": row["max_in_window"]}
@@ -238,6 +253,11 @@ def to_markdown(results: options.Results, charts: list[str]) -> str:
     lines += _image(charts, "replicas_per_spu.png", "Replicas and leaders per SPU")
     lines += ["Rack violations (replicas sharing a rack although enough racks existed):", ""]
     lines += _markdown_table(tables["rack_violations"], ["partition", "replicas", "racks", "distinct_racks", "required_racks"])
+
+    lines += ["## Replica moves (rebalance, decommission)", ""]
+    lines += ["Per SPU (completed moves):", ""]
+    lines += _markdown_table(tables["moves_by_spu"], ["spu", "moves_in", "moves_out"])
+    lines += _markdown_table(tables["moves"], ["at_us", "partition", "outcome", "arrived", "left", "seconds"])
 
     lines += ["## Spec changes", ""]
     lines += _markdown_table(tables["spec_changes"], ["at_us", "kind", "name", "op", "by", "revision"])

@@ -1,4 +1,4 @@
-"""`sc spu ...`: register, list, unregister, drain, undrain SPUs and set their rack (HTTP calls to the
+"""`sc spu ...`: register, list, unregister, drain, undrain, decommission SPUs and set their rack (HTTP calls to the
 SC, see admin.py); and `sc spu run`: run one simulated SPU (or K of them in this process) until
 SIGTERM/SIGINT.
 
@@ -48,6 +48,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     drain.add_argument(
         "--force", action="store_true", help="drain even if some partitions cannot move now (they keep it as leader)"
     )
+    decommission = spus.command(
+        "decommission", _spu_decommission, "move every replica off an SPU (respecting racks), so it can be deleted with nothing lost"
+    )
+    decommission.add_argument("spu", metavar="ID|NAME", help="the SPU's id or name")
+    decommission.add_argument(
+        "--max-moves-per-spu", type=admin.whole_number, metavar="N",
+        help="moves in flight at once on any SPU (default: the SC's setting rebalance_max_moves_per_spu)",
+    )  # fmt: skip
     undrain = spus.command("undrain", _spu_undrain, "cancel an SPU's drain: it may lead again")
     undrain.add_argument("spu", metavar="ID|NAME", help="the SPU's id or name")
 
@@ -184,6 +192,33 @@ def _spu_drain(args: argparse.Namespace) -> int:
     return 1
 
 
+def _spu_decommission(args: argparse.Namespace) -> int:
+    """Store the plan that empties the SPU and start it; `sc cluster rebalance --status` follows it,
+    and the SPU's status says Done once no partition lists it."""
+    sc = admin.client_of(args)
+    name = _spu_by_id_or_name(sc, args.spu)
+    body = None if args.max_moves_per_spu is None else {"maxMovesPerSpu": args.max_moves_per_spu}
+    _, answer = sc.call("POST", admin.path("spus", name, "decommission"), body)
+    if args.output == "json":
+        admin.print_json(answer)
+        return 0
+    moves = answer["moves"]
+    print(admin.table(["PARTITION", "FROM", "TO"], [[m["partition"], _listed(m["from"]), _listed(m["to"])] for m in moves]) if moves else "")
+    who = f"SPU {answer['spu']} ({answer['name']})"
+    if answer["state"] == "done":
+        print(f"{who} holds no replica: it can be deleted")
+    else:
+        print(
+            f"{who} is decommissioned: {len(moves)} move(s) started; follow them with `sc cluster rebalance --status`, "
+            f"and delete it once `sc spu list` shows its decommission Done"
+        )
+    return 0
+
+
+def _listed(spus: list[int]) -> str:
+    return ",".join(str(spu) for spu in spus)
+
+
 def _spu_by_id_or_name(sc: client.Client, spu: str) -> str:
     """The name of the SPU an argument names: a number is an id (no SPU id has more than 10 digits,
     so a longer one is a name, and not found), anything else a name."""
@@ -224,6 +259,13 @@ def _drain(spu: dict[str, Any]) -> str | None:
     return str(spu.get("status", {}).get("drain") or "Draining")
 
 
+def _decommission(spu: dict[str, Any]) -> str | None:
+    """InProgress or Done once decommissioned (InProgress until the SC has looked)."""
+    if not spu["spec"].get("decommission"):
+        return None
+    return str(spu.get("status", {}).get("decommission") or "InProgress")
+
+
 def spu_rows(spus: list[dict[str, Any]]) -> str:
     rows = [
         [
@@ -233,12 +275,13 @@ def spu_rows(spus: list[dict[str, Any]]) -> str:
             spu["spec"].get("rack"),
             admin.resolution_of(spu),
             _drain(spu),
+            _decommission(spu),
             _endpoint(spu["spec"].get("publicEndpoint")),
             _endpoint(spu["spec"].get("privateEndpoint")),
         ]
         for spu in spus
     ]
-    return admin.table(["ID", "NAME", "TYPE", "RACK", "RESOLUTION", "DRAIN", "PUBLIC", "PRIVATE"], rows)
+    return admin.table(["ID", "NAME", "TYPE", "RACK", "RESOLUTION", "DRAIN", "DECOMMISSION", "PUBLIC", "PRIVATE"], rows)
 
 
 # ---------------------------------------------------------------------------- sc spu run

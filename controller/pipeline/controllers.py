@@ -16,7 +16,7 @@ from connection_manager import health as health_module
 from connection_manager import lrs, reports, wire
 from controller.pipeline import dispatcher as dispatcher_module
 from controller.pipeline import loop as loop_module
-from controller.reconcile import actions, partition, partition_state, spu, spu_group, spu_ids, topic
+from controller.reconcile import actions, moves, partition, partition_state, spu, spu_group, spu_ids, topic
 from store import kv, local, models
 
 if TYPE_CHECKING:  # the context is only read: the pipeline never builds the API's parts it holds
@@ -28,6 +28,7 @@ log = structlog.get_logger(__name__)
 
 SPEC, ALL = local.Part.SPEC, local.Part.ALL
 DRAINED = models.SpuDrain.DRAINED
+DECOMMISSIONED = models.SpuDecommission.DONE
 
 
 def cluster_view(
@@ -168,6 +169,31 @@ class SpuController:
         self.loop.kick()
 
 
+class RebalanceController:
+    """The stored rebalance run (meta/rebalance): starts its moves, cancels them, marks it done; carries
+    only the run as last decoded (a restarted SC continues from the stored run and the partitions'
+    reassignments)."""
+
+    def __init__(self, context: context_module.Context, dispatcher: dispatcher_module.ActionDispatcher) -> None:
+        # Partition specs only: a move's progress is its partition's replicas and reassignment.
+        self.loop = _loop(context, dispatcher, "rebalance", self.decide, {"partitions": SPEC})
+        self._meta = context.local_store.meta
+        self._known: moves.Stored | None = None
+
+    async def run(self) -> None:
+        """One run of the loop, woken by changes of the stored run too while it lasts (each term of
+        the SC has its own controllers: a finished one's loop is woken no more)."""
+        stop_waking = self._meta.on_change(moves.KEY, self.loop.kick)
+        try:
+            await self.loop.run()
+        finally:
+            stop_waking()
+
+    def decide(self, snapshot: local.Snapshot, changes: local.ChangesByKind) -> list[actions.Action]:
+        self._known = moves.stored(snapshot, self._known)
+        return moves.decide(snapshot, moves.Inputs(busy=self.loop.busy, known=self._known))
+
+
 _PARTITIONS = "partitions/"
 # The longest the in-sync changes wait for the elections in flight (their writes may be slow).
 HOLD_SECONDS = 1.0
@@ -267,8 +293,9 @@ class PartitionController:
             self._due = None if self._due is None else self._due | decided.postponed
             if not hold:
                 self.loop.kick()  # else the elections' writes coming back are the next pass's cue
-        if _drain_news(snapshot, partition_changes):
-            # A drained SPU's status follows the partitions it leads: what moved, what cannot.
+        if _drain_news(snapshot, partition_changes) or _decommission_news(snapshot, partition_changes):
+            # A drained SPU's status follows the partitions it leads: what moved, what cannot; a
+            # decommissioned one's, whether any partition still lists it.
             self._spus.loop.kick()
         if decided.preferred_waiting and self._due is not None:
             # Looked at again once these moves' writes come back (their echo wakes the loop).
@@ -321,6 +348,17 @@ def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes[model
         return True
     updated = partition_changes.updated if not partition_changes.full else snapshot.entries("partitions").values()
     return any(entry.obj.spec.leader in draining for entry in updated)
+
+
+def _decommission_news(snapshot: local.Snapshot, partition_changes: local.Changes[models.Partition]) -> bool:
+    """Whether a decommissioned SPU's status may need another look: partitions changed while one is
+    not Done yet (a Done one takes no replica: plans and placement keep it empty)."""
+    if partition_changes.empty:
+        return False
+    return any(
+        entry.obj.spec.decommission and entry.obj.status.decommission is not DECOMMISSIONED
+        for entry in snapshot.entries("spus").values()
+    )
 
 
 def _alter_isr_result(

@@ -71,7 +71,8 @@ class Pipeline:
         self.partitions = controllers.PartitionController(
             context, self.dispatcher, self.health, self.live, self.spus, self.connections
         )
-        self.controllers = (self.topics, self.spu_groups, self.spus, self.partitions)
+        self.rebalance = controllers.RebalanceController(context, self.dispatcher)
+        self.controllers = (self.topics, self.spu_groups, self.spus, self.partitions, self.rebalance)
         if self.connections is not None:
             self.connections.on_news = self.partitions.on_news
 

@@ -5,6 +5,7 @@ Purely computational, no I/O: building an action only encodes the object to writ
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -91,9 +92,10 @@ def create_partitions(topic: str, partitions: Sequence[models.Partition], reason
 
 
 def update_status(
-    obj: models.AnyObject, status: object, mod_revision: int, reason: str, cause_revision: int = 0
+    obj: models.AnyObject, status: object, mod_revision: int, reason: str, cause_revision: int = 0, *, cause: str = ""
 ) -> Action:
-    return _replace_part(obj, "status", status, Verb.UPDATE_STATUS, mod_revision, reason, cause_revision)
+    action = _replace_part(obj, "status", status, Verb.UPDATE_STATUS, mod_revision, reason, cause_revision)
+    return dataclasses.replace(action, cause=cause) if cause else action
 
 
 def update_spec(
@@ -130,6 +132,17 @@ def elect(
     write = Write(partition.key, models.encode(updated), mod_revision)
     return Action(
         partition.kind, partition.name, Verb.ELECT, reason, (write,), mod_revision, (updated,), cause=cause
+    )
+
+
+def move_step(
+    partition: models.Partition, updated: models.Partition, mod_revision: int, reason: str, cause: str
+) -> Action:
+    """A replica move's step that changes the partition's replica list (not its leader): spec and
+    status in one compare-and-swap."""
+    write = Write(partition.key, models.encode(updated), mod_revision)
+    return Action(
+        partition.kind, partition.name, Verb.UPDATE_SPEC, reason, (write,), mod_revision, (updated,), cause=cause
     )
 
 

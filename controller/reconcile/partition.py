@@ -26,6 +26,7 @@ CAUSE_SPU_OFFLINE = partition_state.CAUSE_SPU_OFFLINE
 CAUSE_PREFERRED = partition_state.CAUSE_PREFERRED
 CAUSE_DRAIN = partition_state.CAUSE_DRAIN
 CAUSE_UNCLEAN = partition_state.CAUSE_UNCLEAN
+CAUSE_REASSIGNMENT = partition_state.CAUSE_REASSIGNMENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +260,8 @@ class Cluster:
         status = partition.status
         if view.proposals and partition.name in view.proposals:
             return False
+        if partition.spec.reassignment is not None:
+            return False  # a move in progress: its next step may be due
         resolution = status.resolution
         if resolution is OFFLINE:
             # As created, until its leader confirms it leads.
@@ -282,17 +285,30 @@ class Cluster:
 def _write(entry: local.Entry[models.Partition], transition: partition_state.Transition, view: ClusterView, hw: int) -> actions.Action:
     partition: models.Partition = entry.obj
     state = transition.state
-    status = _status(partition, state, view.live.get(partition.name), hw)
-    if state.leader == partition.spec.leader:
+    spec = partition.spec
+    moved = transition.replicas is not None or transition.ends_move
+    if moved:
+        spec = models.PartitionSpec(
+            leader=state.leader,
+            replicas=list(transition.replicas if transition.replicas is not None else spec.replicas),
+            reassignment=None if transition.ends_move else spec.reassignment,
+        )
+    status = _status(spec, partition, state, view.live.get(partition.name), hw)
+    if state.leader == partition.spec.leader and not moved:
+        if transition.move_event:
+            return actions.update_status(partition, status, entry.mod_revision, transition.reason, cause=transition.move_event)
         return actions.update_status(partition, status, entry.mod_revision, transition.reason)
-    updated = partition.model_copy(
-        update={"spec": models.PartitionSpec(leader=state.leader, replicas=partition.spec.replicas), "status": status}
-    )
+    if state.leader != spec.leader:
+        spec = models.PartitionSpec(leader=state.leader, replicas=spec.replicas, reassignment=spec.reassignment)
+    updated = partition.model_copy(update={"spec": spec, "status": status})
+    if state.leader == partition.spec.leader:
+        # A move's change of the replica list: spec and status in one compare-and-swap, no election.
+        return actions.move_step(partition, updated, entry.mod_revision, transition.reason, transition.move_event)
     return actions.elect(partition, updated, entry.mod_revision, transition.reason, transition.cause)
 
 
 def _status(
-    partition: models.Partition, state: partition_state.State, live: lrs.LiveStatus | None, hw: int
+    spec: models.PartitionSpec, partition: models.Partition, state: partition_state.State, live: lrs.LiveStatus | None, hw: int
 ) -> models.PartitionStatus:
     """The stored status for ``state``, with the offsets last known (shown, never decided from)
     and the highest committed offset known, so the shown HW never goes back."""
@@ -307,7 +323,7 @@ def _status(
         partition_epoch=state.partition_epoch,
         isr=list(state.isr),
         leader=construct(spu=state.leader, hw=hw, leo=-1 if leader is None else leader.leo),
-        replicas=[known.get(spu) or construct(spu=spu, hw=-1, leo=-1) for spu in partition.spec.replicas if spu != state.leader],
+        replicas=[known.get(spu) or construct(spu=spu, hw=-1, leo=-1) for spu in spec.replicas if spu != state.leader],
         lrs=partition_state.in_sync_followers(state),
     )
 

@@ -8,6 +8,7 @@ It never looks at offsets to choose a leader: the committed in-sync set is the w
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -24,6 +25,12 @@ CAUSE_SPU_OFFLINE = "spu-offline"
 CAUSE_PREFERRED = "preferred-leader"
 CAUSE_DRAIN = "drain"
 CAUSE_UNCLEAN = "unclean"
+CAUSE_REASSIGNMENT = "reassignment"  # leadership off a replica a move takes away (or back, on a cancel)
+# A move's events, as its writes record them (Action.cause; the leader change's is CAUSE_REASSIGNMENT).
+MOVE_ADDING = "move-adding"  # the target's new SPUs joined the replicas
+MOVE_CAUGHT_UP = "move-caught-up"  # the last of them joined the committed in-sync set
+MOVE_COMPLETED = "move-completed"  # the leaving replicas went: replicas = target
+MOVE_REVERTED = "move-reverted"  # a cancelled move is back on its previous replicas
 
 # Why the SC refuses a leader's proposal (AlterIsrResult.error), stable for SPUs.
 NOT_LEADER = "not-leader"
@@ -73,6 +80,12 @@ class Transition:
     state: State
     cause: str  # a leader change's cause; "" when the leader stays
     reason: str
+    # A replica move's step: the new spec.replicas (None: unchanged), and whether the move ends
+    # (spec.reassignment is cleared in the same write).
+    replicas: tuple[int, ...] | None = None
+    ends_move: bool = False
+    # The move's event this write records (MOVE_* below; the history's cause), "" for none.
+    move_event: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,25 +207,39 @@ def decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: Fa
         why.append(f"leader SPU {leader} confirmed it leads at leader epoch {stored.leader_epoch}")
 
     new_leader, cause = leader, ""
-    if spus.draining(leader):
+    move = partition.spec.reassignment
+    changed_isr = tuple(isr) != tuple(stored.isr)
+    # A move steps from the committed state only: never in the write that changes the in-sync set.
+    step = None
+    if move is not None and resolution is ONLINE and stored.resolution is ONLINE and not changed_isr:
+        step = _move_step(partition, move, leader, stored.isr, members)
+    if step is not None:
+        new_leader, isr = step.leader, list(step.isr)
+        if new_leader != leader:
+            cause = CAUSE_REASSIGNMENT
+        why.append(step.why)
+    elif spus.draining(leader):
         moved_to = election.elect(replicas, [spu for spu in isr if spu != leader], members.leads_well)
         if moved_to is not None:
             new_leader, cause = moved_to, CAUSE_DRAIN
             why.append(f"leader SPU {leader} is being drained")
-    elif facts.rebalance and resolution is ONLINE and replicas[0] != leader:
+    elif move is None and facts.rebalance and resolution is ONLINE and replicas[0] != leader:
         preferred = replicas[0]
         if preferred in isr and members.leads_well(preferred):
             new_leader, cause = preferred, CAUSE_PREFERRED
             why.append(f"preferred leader SPU {preferred} is back and in the in-sync set")
 
     changed_isr = tuple(isr) != tuple(stored.isr)
-    if new_leader == leader and not changed_isr and resolution is stored.resolution:
+    if new_leader == leader and not changed_isr and resolution is stored.resolution and step is None:
         return Decision(None, answer)
+    # The partition epoch counts changes of the leader or of the in-sync set (and the first
+    # confirmation); a move's change of the replica list alone is not one.
+    bump = new_leader != leader or changed_isr or resolution is not stored.resolution
     state = State(
         new_leader,
         resolution,
         stored.leader_epoch + (new_leader != leader),
-        stored.partition_epoch + 1,
+        stored.partition_epoch + bump,
         tuple(isr),
     )
     reason = "; ".join(why)
@@ -220,7 +247,61 @@ def decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: Fa
         reason += f": SPU {new_leader} now leads at leader epoch {state.leader_epoch}"
     elif changed_isr:
         reason += f": in-sync set {list(state.isr)}"
-    return Decision(Transition(state, cause, reason), answer)
+    if step is None:
+        event = ""
+        if move is not None and changed_isr and _caught_up(move, isr) and not _caught_up(move, stored.isr):
+            event = MOVE_CAUGHT_UP
+            reason += f"; move to {move.target}: every new replica is in the in-sync set"
+        return Decision(Transition(state, cause, reason, move_event=event), answer)
+    return Decision(Transition(state, cause, reason, step.replicas, step.ends, step.event), answer)
+
+
+def _caught_up(move: models.Reassignment, isr: Sequence[int]) -> bool:
+    return not move.cancelled and all(spu in isr for spu in move.adding)
+
+
+@dataclass(frozen=True, slots=True)
+class _MoveStep:
+    leader: int
+    isr: tuple[int, ...]
+    replicas: tuple[int, ...] | None  # None: unchanged
+    ends: bool
+    why: str
+    event: str = ""
+
+
+def _move_step(
+    partition: models.Partition, move: models.Reassignment, leader: int, isr: tuple[int, ...], members: Members
+) -> _MoveStep | None:
+    """The next step of a replica move (KIP-455), from the committed state; None while it waits.
+
+    1. The target's new SPUs join spec.replicas as followers (leader, in-sync set, epochs kept).
+    2. Wait until every one of them is in the committed in-sync set (the leader's grow proposal).
+    3. A leader the target does not keep hands over to the first target replica in sync that may
+       lead (a leader change; the in-sync set kept); it waits while none may.
+    4. The leaving replicas go, from the replicas and the in-sync set alike: replicas = target.
+    A cancelled move (target = previous) adds nothing, so it goes to 3 at once."""
+    replicas = partition.spec.replicas
+    target = move.target
+    label = "cancelled move back" if move.cancelled else "move"
+    missing = [spu for spu in target if spu not in replicas]
+    if missing:
+        grown = (*replicas, *missing)
+        return _MoveStep(leader, isr, grown, False, f"{label} to {target}: SPU(s) {missing} join as followers", MOVE_ADDING)
+    waiting = [spu for spu in move.adding if spu not in isr]
+    if waiting:
+        return None
+    if leader not in target:
+        successor = election.elect(target, [spu for spu in isr if spu != leader], members.leads_well)
+        if successor is None:
+            return None
+        return _MoveStep(
+            successor, isr, None, False, f"{label} to {target}: leader SPU {leader} leaves, SPU {successor} is in sync"
+        )
+    leaving = [spu for spu in replicas if spu not in target]
+    kept = tuple(spu for spu in isr if spu in target)
+    why = f"{label} to {target} done: " + (f"SPU(s) {leaving} leave" if leaving else "replicas reordered")
+    return _MoveStep(leader, kept, tuple(target), True, why, MOVE_REVERTED if move.cancelled else MOVE_COMPLETED)
 
 
 def _lead_again(

@@ -1,5 +1,6 @@
 """SPU controller decisions: SPU resolution follows the connection manager's health view; a
-drained SPU's status says how far its drain is (Draining, Drained) and what keeps it from ending.
+drained SPU's status says how far its drain is (Draining, Drained) and what keeps it from ending; a
+decommissioned one's, whether replicas are still on it (InProgress, Done).
 
 Purely computational, no I/O: (snapshot, health, what SPUs reported, clock) -> actions.
 """
@@ -10,11 +11,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from connection_manager import health as health_module
-from controller.reconcile import actions, partition
+from controller.reconcile import actions, moves, partition
 from store import local, models
 
 ONLINE, OFFLINE, INIT = models.SpuResolution.ONLINE, models.SpuResolution.OFFLINE, models.SpuResolution.INIT
 DRAINING, DRAINED = models.SpuDrain.DRAINING, models.SpuDrain.DRAINED
+IN_PROGRESS, DECOMMISSIONED = models.SpuDecommission.IN_PROGRESS, models.SpuDecommission.DONE
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,8 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     spus = snapshot.entries("spus")
     draining = partition.draining_spus(snapshot)
     leading = _leading(snapshot, draining) if draining else {}
+    retiring = [entry.obj.spec.id for entry in spus.values() if entry.obj.spec.decommission]
+    held = moves.holdings(snapshot, retiring)
     view = inputs.view if inputs.view is not None else partition.ClusterView(health, {})
     decided = []
     for entry in spus.values():
@@ -55,6 +59,17 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
                 reasons.append(why)
         elif current.drain is not None:
             reasons.append(f"SPU {spu.spec.id} is no longer draining")
+        if spu.spec.decommission:
+            count = held.get(spu.spec.id, 0)
+            decommission = IN_PROGRESS if count else DECOMMISSIONED
+            desired = desired.model_copy(update={"decommission": decommission})
+            if decommission is not current.decommission:
+                reasons.append(
+                    f"SPU {spu.spec.id} is decommissioned: "
+                    + (f"{count} replica(s) still on it" if count else "it holds no replica, it may be deleted")
+                )
+        elif current.decommission is not None:
+            reasons.append(f"SPU {spu.spec.id} is no longer decommissioned")
         if desired != current:
             decided.append(actions.update_status(spu, desired, entry.mod_revision, "; ".join(reasons)))
     return decided

@@ -56,7 +56,8 @@ def read_chain(snapshot: local.Snapshot) -> Chain:
 
 
 def spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
-    """Every registered SPU, online or not, in id order (placement picks only the online); of SPUs
+    """Every registered SPU, online or not (a decommissioned one counts as offline), in id order
+    (placement picks only the online); of SPUs
     sharing an id (written behind the SC's back), only the one holding it (``spu_index.holders``).
 
     The same tuple until the SPUs change: placement recognises it and skips its SPU checks."""
@@ -68,7 +69,8 @@ def _spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
         placement.SpuInfo(
             id=entry.obj.spec.id,
             rack=entry.obj.spec.rack,
-            online=entry.obj.status.resolution is models.SpuResolution.ONLINE,
+            # A decommissioned SPU takes no new replica: placement treats it as offline.
+            online=entry.obj.status.resolution is models.SpuResolution.ONLINE and not entry.obj.spec.decommission,
         )
         for entry in spu_index.holders(snapshot.entries("spus"), snapshot.meta).values()
     ]
@@ -602,10 +604,14 @@ def _orphan(entry: local.Entry[models.Partition], topics: Mapping[str, local.Ent
     if topic_entry is None:
         return [actions.delete("partitions", partition.name, entry.mod_revision, f"topic {partition.topic} was deleted")]
     wanted = topic_entry.obj.status.replica_map.get(partition.index)
+    # A partition being moved is mapped to where it goes: the rebalance controller writes the map's
+    # row in the same transaction as the partition's reassignment (moves.py).
+    moving = partition.spec.reassignment
+    placed = partition.spec.replicas if moving is None else moving.target
     if wanted is None:
         reason = f"topic {partition.topic} has no partition {partition.index} in its replica map"
-    elif list(wanted) != list(partition.spec.replicas):
-        reason = f"replicas {partition.spec.replicas} differ from the topic's replica map {wanted}"
+    elif list(wanted) != list(placed):
+        reason = f"replicas {placed} differ from the topic's replica map {wanted}"
     else:
         return []
     return [actions.delete("partitions", partition.name, entry.mod_revision, reason)]

@@ -361,7 +361,7 @@ async def test_every_long_lived_task_of_the_daemon_is_supervised_and_exported(
         supervisor = sc.daemon.context.supervisor
         expected = [
             "action-dispatcher", "active-sc-lease", "api-group-settlements", "api-topic-settlements", "cm-pusher",
-            "controller-partition", "controller-spu", "controller-spu-group", "controller-topic",
+            "controller-partition", "controller-rebalance", "controller-spu", "controller-spu-group", "controller-topic",
             "fluvio-admin-waits", "history-writer", "reader", "sc-role", "spu-grace",
         ]
         assert supervisor.tasks == expected

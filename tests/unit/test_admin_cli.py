@@ -246,8 +246,8 @@ async def test_spu_register_list_unregister(server: api_server.ApiServer, sc: Sc
         "--private-server", "[::1]:9006", "--rack", "/dc1/r1",
     ) == (
         0,
-        "ID  NAME   TYPE    RACK     RESOLUTION  DRAIN  PUBLIC         PRIVATE\n"
-        "5   spu-5  Custom  /dc1/r1  Init        -      10.0.0.5:9005  [::1]:9006\n",
+        "ID  NAME   TYPE    RACK     RESOLUTION  DRAIN  DECOMMISSION  PUBLIC         PRIVATE\n"
+        "5   spu-5  Custom  /dc1/r1  Init        -      -             10.0.0.5:9005  [::1]:9006\n",
         "",
     )  # fmt: skip
     assert await sc(
@@ -256,9 +256,9 @@ async def test_spu_register_list_unregister(server: api_server.ApiServer, sc: Sc
     await server.put(spu(1, "spu-1"), partition("t-0", [5]))
     assert await sc("spu", "list") == (
         0,
-        "ID  NAME   TYPE    RACK     RESOLUTION  DRAIN  PUBLIC         PRIVATE\n"
-        "1   spu-1  Custom  -        Online      -      10.0.0.1:9005  10.0.0.1:9006\n"
-        "5   spu-5  Custom  /dc1/r1  Init        -      10.0.0.5:9005  [::1]:9006\n",
+        "ID  NAME   TYPE    RACK     RESOLUTION  DRAIN  DECOMMISSION  PUBLIC         PRIVATE\n"
+        "1   spu-1  Custom  -        Online      -      -             10.0.0.1:9005  10.0.0.1:9006\n"
+        "5   spu-5  Custom  /dc1/r1  Init        -      -             10.0.0.5:9005  [::1]:9006\n",
         "",
     )
     assert await sc("spu", "unregister", "--id", "5") == (
@@ -278,12 +278,12 @@ async def test_spu_register_list_unregister(server: api_server.ApiServer, sc: Sc
 
 async def test_spu_set_rack_by_id_or_name(server: api_server.ApiServer, sc: Sc) -> None:
     await server.put(spu(1, "spu-1"))
-    header = "ID  NAME   TYPE    RACK  RESOLUTION  DRAIN  PUBLIC         PRIVATE\n"
+    header = "ID  NAME   TYPE    RACK  RESOLUTION  DRAIN  DECOMMISSION  PUBLIC         PRIVATE\n"
     assert await sc("spu", "set-rack", "1", "--rack", "r2") == (
-        0, header + "1   spu-1  Custom  r2    Online      -      10.0.0.1:9005  10.0.0.1:9006\n", ""
+        0, header + "1   spu-1  Custom  r2    Online      -      -             10.0.0.1:9005  10.0.0.1:9006\n", ""
     )  # fmt: skip
     assert await sc("spu", "set-rack", "spu-1", "--no-rack") == (
-        0, header + "1   spu-1  Custom  -     Online      -      10.0.0.1:9005  10.0.0.1:9006\n", ""
+        0, header + "1   spu-1  Custom  -     Online      -      -             10.0.0.1:9005  10.0.0.1:9006\n", ""
     )  # fmt: skip
     stored = await server.read("spus", "spu-1")
     assert stored is not None and stored.spec.rack is None

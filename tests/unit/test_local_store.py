@@ -197,3 +197,20 @@ def test_an_index_follows_every_write_in_the_order_of_last_change() -> None:
     assert list(table.index("pending", pending)) == ["z", "c"]
     snapshot = local.Snapshot({"topics": table})
     assert [entry.name for entry in snapshot.indexed("topics", "pending", pending)] == ["z", "c"]
+
+
+def test_the_meta_table_wakes_whoever_acts_on_a_key_when_it_changes() -> None:
+    woken: list[str] = []
+    meta = local.MetaTable()
+    stop = meta.on_change("meta/rebalance", lambda: woken.append("rebalance"))
+    meta.resync([("meta/other", b"1", 3)], 3)
+    assert woken == ["rebalance"]  # a relist may have changed it: look again
+    meta.apply("meta/other", b"2", 4)
+    assert woken == ["rebalance"]
+    meta.apply("meta/rebalance", b"{}", 5)
+    meta.delete("meta/rebalance", 6)
+    assert woken == ["rebalance", "rebalance", "rebalance"]
+    stop()
+    stop()  # twice is once
+    meta.apply("meta/rebalance", b"{}", 7)
+    assert woken == ["rebalance", "rebalance", "rebalance"]

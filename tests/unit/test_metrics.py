@@ -70,6 +70,7 @@ def test_applied_elections_are_counted_by_cause_and_other_outcomes_are_not() -> 
         "preferred-leader": 0.0,
         "drain": 0.0,
         "unclean": 0.0,
+        "reassignment": 0.0,
     }
     instance.action_done(_election("spu-offline"), "applied")
     instance.action_done(_election("spu-offline"), "applied")
@@ -82,6 +83,7 @@ def test_applied_elections_are_counted_by_cause_and_other_outcomes_are_not() -> 
         "preferred-leader": 1.0,
         "drain": 0.0,
         "unclean": 0.0,
+        "reassignment": 0.0,
     }
     assert value(instance, "sc_actions_total", kind="partitions", verb="elect", outcome="applied") == 3.0
     assert value(instance, "sc_actions_total", kind="partitions", verb="elect", outcome="conflict") == 1.0

@@ -261,10 +261,11 @@
         if (load) load.replicas += 1;
       }
       if (isOnline && perSpu.has(spec.leader)) perSpu.get(spec.leader).leaders += 1;
-      if (Array.isArray(spec.targetReplicas)) {
+      const move = spec.reassignment;
+      if (move && Array.isArray(move.target) && Array.isArray(move.previous)) {
         moving.push(partition.name);
-        for (const id of spec.targetReplicas) if (!spec.replicas.includes(id) && perSpu.has(id)) perSpu.get(id).movesIn += 1;
-        for (const id of spec.replicas) if (!spec.targetReplicas.includes(id) && perSpu.has(id)) perSpu.get(id).movesOut += 1;
+        for (const id of move.target) if (!move.previous.includes(id) && perSpu.has(id)) perSpu.get(id).movesIn += 1;
+        for (const id of move.previous) if (!move.target.includes(id) && perSpu.has(id)) perSpu.get(id).movesOut += 1;
       }
       const topicName = partition.name.slice(0, partition.name.lastIndexOf("-"));
       let topic = topics.get(topicName);
@@ -608,7 +609,7 @@
             element("td", { "data-band": synced.length < partition.spec.replicas.length ? "amber" : "ok" }, ids(synced)),
             element("td", { className: "num" }, status.leaderEpoch || 0),
             element("td", { className: "num" }, lag(partition)),
-            element("td", {}, Array.isArray(partition.spec.targetReplicas) ? ids(partition.spec.targetReplicas) : ""),
+            element("td", {}, partition.spec.reassignment && Array.isArray(partition.spec.reassignment.target) ? ids(partition.spec.reassignment.target) : ""),
           );
         }),
       ),

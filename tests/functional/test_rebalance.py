@@ -1,0 +1,342 @@
+"""Rebalance and decommission end to end: the daemon on the memory store, simulator SPUs as a real
+`sc spu run --count K` process replicating records over real sockets; moves carried out the KIP-455
+way (new replicas join, catch up into the committed in-sync set, then the leaving ones go)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from controller import config
+from controller.reconcile import moves
+from store import embedded_etcd, models
+from tests.fixtures.daemon import COMMON_SETTINGS, Running, etcd_settings, running
+
+RF = 3
+PARTITIONS = 20
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def sc() -> AsyncIterator[Running]:
+    settings = config.Settings(store=config.StoreKind.MEMORY, spu_heartbeat_timeout=5.0, **COMMON_SETTINGS)
+    async with running(settings) as handle:
+        yield handle
+
+
+@contextlib.asynccontextmanager
+async def spu_run(private_port: int, first_id: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
+    """`sc spu run --count` for SPUs already registered, talking to whichever SC has ``private_port``."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "controller.cli", "spu", "run", "--first-id", str(first_id), "--count", str(count),
+        "--sc-private", f"127.0.0.1:{private_port}", "--append-interval", "0.2", "--append-records", "10",
+        "--fetch-interval", "0.05", "--replica-lag-time", "30", "--log-format", "json", "--log-level", "warning",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGCONT)
+            process.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(process.wait(), 20)
+
+
+@contextlib.asynccontextmanager
+async def simulated(sc: Running, first_id: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
+    """SPUs ``first_id`` .. ``first_id + count - 1``: registered through the API, then run by one
+    `sc spu run --count` process (records flowing), stopped with SIGTERM on the way out."""
+    ports = embedded_etcd.free_ports(2 * count)
+    for index in range(count):
+        await sc.register_spu(first_id + index, online=False, ports=(ports[2 * index], ports[2 * index + 1]))
+    assert sc.daemon.private_port is not None
+    async with spu_run(sc.daemon.private_port, first_id, count) as process:
+        yield process
+
+
+async def online(sc: Running, count: int) -> None:
+    found = await sc.read_all("spus")
+    assert sum(spu.status.resolution is models.SpuResolution.ONLINE for spu in found.values()) == count, found
+
+
+async def all_in_sync(sc: Running) -> dict[str, models.Partition]:
+    found: dict[str, models.Partition] = await sc.read_all("partitions")
+    assert len(found) == PARTITIONS
+    for partition in found.values():
+        assert partition.status.resolution is models.PartitionResolution.ONLINE, partition
+        assert sorted(partition.status.isr) == sorted(partition.spec.replicas), partition
+    return found
+
+
+def per_spu(partitions: dict[str, models.Partition], spu_ids: range) -> dict[int, int]:
+    counts = dict.fromkeys(spu_ids, 0)
+    for partition in partitions.values():
+        for spu in partition.spec.replicas:
+            counts[spu] += 1
+    return counts
+
+
+class Sampler:
+    """GET /v1/partitions over and over while a run goes on: every partition's in-sync set, each time."""
+
+    def __init__(self, sc: Running) -> None:
+        self.sc = sc
+        self.samples = 0
+        self.shrunk: list[tuple[str, list[int], list[int]]] = []
+        self.moving_seen: set[str] = set()
+
+    async def run(self) -> None:
+        while True:
+            status, listed = await self.sc.call("GET", "/v1/partitions")
+            assert status == 200, listed
+            self.samples += 1
+            for item in listed:
+                spec, isr = item["spec"], item["status"]["isr"]
+                if "reassignment" in spec:
+                    self.moving_seen.add(item["name"])
+                # Nothing fails here and nothing lags: below RF members can only be a move's doing.
+                if len(isr) < RF:
+                    self.shrunk.append((item["name"], spec["replicas"], isr))
+            await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def sampling(sc: Running) -> AsyncIterator[Sampler]:
+    sampler = Sampler(sc)
+    task = asyncio.create_task(sampler.run())
+    try:
+        yield sampler
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def orders_on_six(sc: Running) -> dict[str, models.Partition]:
+    """Once SPUs 0..5 are online: topic orders (PARTITIONS at RF) on them, every partition in sync."""
+    await sc.eventually(lambda: online(sc, 6), timeout=30)
+    body = {"name": "orders", "spec": {"partitions": PARTITIONS, "replicationFactor": RF}}
+    status, answer = await sc.call("POST", "/v1/topics", body)
+    assert status == 201, answer
+    await sc.eventually(lambda: all_in_sync(sc), timeout=30)
+    found: dict[str, models.Partition] = await sc.read_all("partitions")
+    return found
+
+
+async def run_state(sc: Running, wanted: str) -> dict[str, Any]:
+    status, progress = await sc.call("GET", "/v1/cluster/rebalance")
+    assert status == 200, progress
+    assert progress["state"] == wanted, progress
+    return dict(progress)
+
+
+async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc: Running) -> None:
+    async with simulated(sc, 0, 6):
+        before = await orders_on_six(sc)
+        assert await run_state(sc, "idle") == {"state": "idle", "total": 0, "done": 0, "inFlight": [], "pending": 0, "skipped": []}
+
+        async with simulated(sc, 6, 3):
+            await sc.eventually(lambda: online(sc, 9), timeout=30)
+            status, dry = await sc.call("POST", "/v1/cluster/rebalance?dryRun=true")
+            assert status == 200, dry
+            assert (await sc.read_all("partitions")) and await run_state(sc, "idle")  # a dry run stores nothing
+
+            async with sampling(sc) as sampler:
+                status, plan = await sc.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 2})
+                assert status == 202, plan
+                assert plan["moves"] == dry["moves"]
+                # 60 replicas over 9 SPUs: six hold 7, three hold 6; the six old SPUs give 3 each.
+                assert plan["replicaMoves"] == plan["lowerBound"] == 18
+                assert plan["state"] == "running"
+                # A second plan waits for this one.
+                status, refused = await sc.call("POST", "/v1/cluster/rebalance")
+                assert (status, refused["error"]["code"]) == (409, "RebalanceRunning")
+                await sc.eventually(lambda: run_state(sc, "done"), timeout=60)
+            await sc.eventually(lambda: all_in_sync(sc), timeout=30)
+            after = await sc.read_all("partitions")
+            assert sampler.samples > 1 and sampler.shrunk == [], sampler.shrunk[:5]
+            assert sampler.moving_seen  # the samples saw moves in progress
+            assert all(len(p.spec.replicas) == RF and p.spec.reassignment is None for p in after.values())
+            counts = per_spu(after, range(9))
+            assert sorted(counts.values()) == [6, 6, 6, 7, 7, 7, 7, 7, 7], counts
+            assert all(counts[spu] >= 6 for spu in (6, 7, 8)), counts
+            # Every partition ends as planned; the others never moved.
+            planned = {move["partition"]: move["to"] for move in plan["moves"]}
+            assert {name: p.spec.replicas for name, p in after.items()} == {
+                name: planned.get(name, p.spec.replicas) for name, p in before.items()
+            }
+            progress = await run_state(sc, "done")
+            assert (progress["total"], progress["done"], progress["inFlight"]) == (len(plan["moves"]), len(plan["moves"]), [])
+
+            # Decommission SPU 2: everything it holds moves, the rest stay balanced.
+            async with sampling(sc) as sampler:
+                status, plan = await sc.call("POST", "/v1/spus/spu-2/decommission")
+                assert status == 202, plan
+                assert (plan["spu"], plan["name"], plan["state"]) == (2, "spu-2", "running")
+                assert plan["after"]["replicasPerSpu"]["2"] == 0
+                spu = await sc.read("spus", "spu-2")
+                assert isinstance(spu, models.Spu) and spu.spec.decommission
+                await sc.eventually(lambda: run_state(sc, "done"), timeout=60)
+
+                async def decommissioned() -> None:
+                    spu = await sc.read("spus", "spu-2")
+                    assert isinstance(spu, models.Spu) and spu.status.decommission is models.SpuDecommission.DONE, spu
+
+                await sc.eventually(decommissioned, timeout=20)
+            await sc.eventually(lambda: all_in_sync(sc), timeout=30)
+            assert sampler.shrunk == [], sampler.shrunk[:5]
+            after = await sc.read_all("partitions")
+            counts = per_spu(after, range(9))
+            assert counts[2] == 0 and sorted(count for spu, count in counts.items() if spu != 2) == [7, 7, 7, 7, 8, 8, 8, 8], counts
+            stored = await sc.kv_store.get(moves.KEY)
+            assert stored is not None and moves.decode(stored.value).kind == moves.DECOMMISSION
+
+
+async def test_a_cancelled_rebalance_sends_the_moves_in_flight_back(sc: Running) -> None:
+    async with simulated(sc, 0, 6):
+        before = await orders_on_six(sc)
+        async with simulated(sc, 6, 3) as newcomers:
+            await sc.eventually(lambda: online(sc, 9), timeout=30)
+            # The new SPUs freeze: still Online for the heartbeat timeout, but no move can catch up.
+            newcomers.send_signal(signal.SIGSTOP)
+            async with sampling(sc) as sampler:
+                status, plan = await sc.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 1})
+                assert status == 202, plan
+
+                async def started() -> None:
+                    progress = await run_state(sc, "running")
+                    # One move per new SPU at most (each takes part in all of them), none can end.
+                    assert len(progress["inFlight"]) == 3 and progress["done"] == 0, progress
+
+                await sc.eventually(started, timeout=20)
+                status, cancelled = await sc.call("DELETE", "/v1/cluster/rebalance")
+                assert status == 200, cancelled
+                assert cancelled == {"state": "cancelled", "kind": "rebalance", "total": len(plan["moves"])}
+                status, again = await sc.call("DELETE", "/v1/cluster/rebalance")
+                assert (status, again["error"]["code"]) == (409, "NotRunning")
+
+                async def reverted() -> None:
+                    found = await all_in_sync(sc)
+                    assert {name: p.spec for name, p in found.items()} == {name: p.spec for name, p in before.items()}
+                    progress = await run_state(sc, "cancelled")
+                    assert (progress["inFlight"], progress["done"], progress["pending"]) == ([], 0, len(plan["moves"]))
+
+                await sc.eventually(reverted, timeout=30)
+            newcomers.send_signal(signal.SIGCONT)
+            assert sampler.shrunk == [], sampler.shrunk[:5]
+            # The topic's replica map is back too.
+            topic = await sc.read("topics", "orders")
+            assert isinstance(topic, models.Topic)
+            assert topic.status.replica_map == {p.index: p.spec.replicas for p in before.values()}
+            # A new plan may start now.
+            status, dry = await sc.call("POST", "/v1/cluster/rebalance?dryRun=true")
+            assert status == 200, dry
+
+
+@pytest.mark.etcd
+async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    """The run and each move's progress are stored: a new SC on the same etcd finishes what the last one started."""
+    private_port, *spu_ports = embedded_etcd.free_ports(1 + 2 * 9)
+    settings = etcd_settings(etcd_server, private_port=private_port, spu_heartbeat_timeout=5.0, spu_offline_grace=10.0)
+    first_daemon = running(settings)
+    first = await first_daemon.__aenter__()
+    first_running = True
+    try:
+        for spu_id in range(6):
+            await first.register_spu(spu_id, online=False, ports=(spu_ports[2 * spu_id], spu_ports[2 * spu_id + 1]))
+        async with spu_run(private_port, 0, 6):
+            await first.eventually(lambda: online(first, 6), timeout=30)
+            status, answer = await first.call(
+                "POST", "/v1/topics", {"name": "orders", "spec": {"partitions": PARTITIONS, "replicationFactor": RF}}
+            )
+            assert status == 201, answer
+            await first.eventually(lambda: all_in_sync(first), timeout=30)
+            for spu_id in range(6, 9):
+                await first.register_spu(spu_id, online=False, ports=(spu_ports[2 * spu_id], spu_ports[2 * spu_id + 1]))
+            async with spu_run(private_port, 6, 3) as newcomers:
+                await first.eventually(lambda: online(first, 9), timeout=30)
+                # Frozen: the moves onto them stay in flight while the SC goes away.
+                newcomers.send_signal(signal.SIGSTOP)
+                status, plan = await first.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 1})
+                assert status == 202, plan
+                assert plan["replicaMoves"] == plan["lowerBound"] == 18
+
+                async def started() -> None:
+                    progress = await run_state(first, "running")
+                    assert len(progress["inFlight"]) == 3 and progress["done"] == 0, progress
+
+                await first.eventually(started, timeout=20)
+                first_running = False
+                await first_daemon.__aexit__(None, None, None)
+
+                async with running(settings) as second:
+                    newcomers.send_signal(signal.SIGCONT)
+                    await second.eventually(lambda: run_state(second, "done"), timeout=90)
+                    await second.eventually(lambda: all_in_sync(second), timeout=30)
+                    after = await second.read_all("partitions")
+                    planned = {move["partition"]: move["to"] for move in plan["moves"]}
+                    assert {name: p.spec.replicas for name, p in after.items() if name in planned} == planned
+                    counts = per_spu(after, range(9))
+                    assert sorted(counts.values()) == [6, 6, 6, 7, 7, 7, 7, 7, 7], counts
+    finally:
+        if first_running:
+            await first_daemon.__aexit__(None, None, None)
+
+
+async def test_moves_onto_a_killed_spu_wait_for_it_and_the_others_go_on(sc: Running) -> None:
+    ports = embedded_etcd.free_ports(2 * 9)
+    private_port = sc.daemon.private_port
+    assert private_port is not None
+    for spu_id in range(6):
+        await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
+    async with spu_run(private_port, 0, 6):
+        await orders_on_six(sc)
+        for spu_id in range(6, 9):
+            await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
+        async with spu_run(private_port, 6, 2) as two, spu_run(private_port, 8, 1) as doomed:
+            await sc.eventually(lambda: online(sc, 9), timeout=30)
+            # Frozen, so that a move onto SPU 8 is surely in flight when it dies.
+            two.send_signal(signal.SIGSTOP)
+            doomed.send_signal(signal.SIGSTOP)
+            async with sampling(sc) as sampler:
+                status, plan = await sc.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 1})
+                assert status == 202, plan
+                onto_8 = sorted(move["partition"] for move in plan["moves"] if 8 in move["to"] and 8 not in move["from"])
+                assert len(onto_8) == 6
+
+                async def started() -> None:
+                    progress = await run_state(sc, "running")
+                    assert len(progress["inFlight"]) == 3, progress
+
+                await sc.eventually(started, timeout=20)
+                doomed.kill()
+                await doomed.wait()
+                two.send_signal(signal.SIGCONT)
+
+                async def the_others_done() -> None:
+                    progress = await run_state(sc, "running")
+                    # Every move not onto SPU 8 ends; of those onto it, one waits in flight, the rest unstarted.
+                    assert progress["done"] == len(plan["moves"]) - 6, progress
+                    assert len(progress["inFlight"]) == 1 and progress["inFlight"][0] in onto_8, progress
+                    assert progress["pending"] == 5, progress
+
+                await sc.eventually(the_others_done, timeout=60)
+                # SPU 8 back (empty: it kept no data): its moves catch up and the run ends.
+                async with spu_run(private_port, 8, 1):
+                    await sc.eventually(lambda: run_state(sc, "done"), timeout=60)
+                    await sc.eventually(lambda: all_in_sync(sc), timeout=30)
+                    # What the samples saw while SPU 8 ran (stopping it at the end shrinks its sets).
+                    shrunk = list(sampler.shrunk)
+                    after = await sc.read_all("partitions")
+            assert shrunk == [], shrunk[:5]
+            counts = per_spu(after, range(9))
+            assert sorted(counts.values()) == [6, 6, 6, 7, 7, 7, 7, 7, 7], counts
