@@ -1,7 +1,10 @@
 """SC takeover benchmark (issue 18): how long a store is without a leading SC when its leader dies.
 
 Starts its own etcd WITH fsync, two `sc run` on it (one leads, one is a hot standby) with a lease
-of --ttl seconds, and --spus simulator SPUs in one niced process given both SCs' private ports.
+of --ttl seconds, and --spus simulator SPUs in one niced process given both SCs' private ports
+(no records appended, followers fetching once a second: the SPUs stand in for SPUs on other hosts,
+and at the simulator's default 20 fetches a second per leader they took this machine's second core
+and noticed the SC's death seconds late).
 Creates --partitions partitions (RF 3) through the leader and waits until every one is Online.
 Then, for --rounds rounds, SIGKILLs whichever SC leads and measures, from the kill:
   - claimed: the standby's claim on the store is in etcd (the bench's own watch);
@@ -169,8 +172,8 @@ async def main() -> int:
                 with (work / "spus.log").open("ab") as log:
                     spus = subprocess.Popen(
                         ["nice", "-n", "10", sys.executable, "-m", "controller.cli", "spu", "run", "--first-id", "0",
-                         "--count", str(args.spus), "--sc-private", privates, "--append-interval", "3600",
-                         "--log-format", "json", "--log-level", "warning"],
+                         "--count", str(args.spus), "--sc-private", privates, "--append-interval", "3600", "--fetch-interval", "1",
+                         "--log-format", "json", "--log-level", "info" if args.keep else "warning"],
                         stdout=log, stderr=subprocess.STDOUT,
                     )
 
@@ -183,18 +186,30 @@ async def main() -> int:
                     async with session.post(f"{first.url}/v1/topics?timeout=0", json=body) as response:
                         assert response.status in (201, 202), await response.text()
 
-                async def all_online() -> bool:
+                async def settled() -> bool:
+                    # Online with every replica in sync, and that for a second: the niced SPUs have
+                    # digested their replicas (a busy SPU process noticed the SC's death late).
                     listed = await store.list("partitions/")
-                    online = sum(b'"resolution":"Online"' in item.value for item in listed.items)
-                    return len(listed.items) == topics * per_topic and online == len(listed.items)
+                    decoded = [json.loads(item.value) for item in listed.items]
+                    full = sum(
+                        partition["status"]["resolution"] == "Online"
+                        and len(partition["status"]["isr"]) == len(partition["spec"]["replicas"])
+                        for partition in decoded
+                    )
+                    if len(listed.items) < topics * per_topic or full < len(listed.items):
+                        return False
+                    revision = await store.revision()
+                    await asyncio.sleep(1.0)
+                    return await store.revision() == revision
 
-                await until(all_online, 600, "every partition Online", interval=0.5)
+                await until(settled, 600, "every partition Online, in sync and quiet", interval=0.5)
                 print(f"{topics * per_topic} partitions Online on {args.spus} SPUs; lease TTL {args.ttl} s (the baseline)")
                 results: list[dict[str, float]] = []
                 for round_index in range(args.rounds):
                     leader = await until(lambda: leader_of(scs, session), 60, "a leader")
                     standby = next(sc for sc in scs if sc is not leader)
                     await until(lambda: standby.cluster(session), 60, "the standby answering")
+                    await until(settled, 600, "every partition in sync and quiet again", interval=0.5)
                     results.append(await one_round(round_index, leader, standby, store, session, args.spus))
                     leader.start()  # back as a standby
                     await until(lambda: leader.cluster(session), 60, "the killed SC back as a standby")

@@ -189,11 +189,11 @@ def test_a_killed_spu_shows_offline_with_its_leaderships_moved_within_2_s(browse
         "spus-online": "4", "spus-total": "4", "partitions-total": "16", "partitions-online": "16",
         "partitions-under-replicated": "0", "partitions-leaderless": "0", "topics-total": "2",
     }
-    # The SC panel shows the active SC (GET /v1/cluster); until the rebalance route exists, its panel says so.
+    # The SC panel shows the active SC (GET /v1/cluster); the rebalance panel, that no run is going on.
     WebDriverWait(browser, 5).until(lambda d: d.find_element("css selector", "#sc-panel [data-sc]").get_attribute("data-sc") == "leader")
     sc_panel = browser.find_element("css selector", "#sc-panel")
     assert "Standbys: none" in sc_panel.text and "(leader)" in sc_panel.text, sc_panel.text
-    assert browser.find_element("css selector", "#rebalance-status [data-rebalance]").get_attribute("data-rebalance") in ("absent", "idle")
+    assert browser.find_element("css selector", "#rebalance-status [data-rebalance]").get_attribute("data-rebalance") == "idle"
     screenshot(browser, "1-cluster-1280x800")
 
     victim = max(RACKS, key=lambda spu_id: (cards[spu_id]["leaders"], -spu_id))
@@ -306,3 +306,58 @@ def test_the_page_with_10000_partitions_loads_and_its_load_time_is_printed(brows
     screenshot(browser, "6-10000-partitions-1280x800")
     assert script_errors(browser) == []
 
+
+
+def test_a_rebalance_is_planned_started_and_followed_on_the_page(browser: Any, cluster: Cluster) -> None:  # noqa: F811
+    """Two SPUs join a cluster of four: the page's dry run shows the plan the API gives (moves
+    against the lower bound), starting it needs no command line, and the panel follows the run to
+    its end while the new SPUs' cards fill."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    cluster.register_spus(RACKS)
+    for spu_id in RACKS:
+        cluster.start_spu(spu_id)
+    wait_for(lambda: all(s["status"]["resolution"] == "Online" for s in cluster.call("GET", "/v1/spus")), 30, "4 SPUs online")
+    cluster.call("POST", "/v1/topics", {"name": "orders", "spec": {"partitions": 12, "replicationFactor": 2}})
+    wait_for(lambda: settled(cluster, 12), 30, "12 partitions online and in sync")
+    joining = {4: "r1", 5: "r2"}
+    cluster.register_spus(joining)
+    for spu_id in joining:
+        cluster.start_spu(spu_id)
+    wait_for(lambda: [s["status"]["resolution"] for s in cluster.call("GET", "/v1/spus")] == ["Online"] * 6, 30, "6 SPUs online")
+    expected = cluster.call("POST", "/v1/cluster/rebalance?dryRun=true")
+    assert expected["replicaMoves"] == expected["lowerBound"] > 0, expected
+
+    browser.get(f"{cluster.url}/ui")
+    WebDriverWait(browser, 10).until(lambda d: d.find_element("id", "login").is_displayed())
+    browser.find_element("id", "token").send_keys(ADMIN_TOKEN + "\n")
+    WebDriverWait(browser, 20).until(lambda d: d.find_element("tag name", "body").get_attribute("data-synced") == "true")
+    # Read in one script each time: the panel is redrawn as the run moves.
+    status = """const shown = document.querySelector('#rebalance-status [data-rebalance]');
+        const progress = document.querySelector('#rebalance-status progress');
+        return shown && {state: shown.dataset.rebalance, text: shown.textContent,
+                         progress: progress && [Number(progress.value), Number(progress.max)]}"""
+    WebDriverWait(browser, 5).until(lambda d: (dom(d, status) or {}).get("state") == "idle")
+    browser.find_element("id", "rebalance-plan").click()
+    planned = """const plan = document.querySelector('#rebalance-plan-view [data-plan-moves]');
+        return plan && {moves: Number(plan.dataset.planMoves), text: plan.textContent}"""
+    WebDriverWait(browser, 5).until(lambda d: dom(d, planned))
+    plan = dom(browser, planned)
+    assert plan["moves"] == expected["replicaMoves"], plan
+    assert f"(lower bound {expected['lowerBound']})" in plan["text"], plan
+    screenshot(browser, "6-rebalance-planned-1280x800")
+
+    browser.execute_script("window.confirm = () => true")  # the page asks before it moves replicas
+    browser.find_element("id", "rebalance-start").click()
+    total = expected["replicaMoves"]
+
+    def finished(driver: Any) -> bool:
+        shown = dom(driver, status) or {}
+        return shown.get("state") == "done" and f"{total} of {total} moves done" in shown.get("text", "")
+
+    WebDriverWait(browser, 60, poll_frequency=0.1).until(finished)
+    assert dom(browser, status)["progress"] == [total, total]
+    WebDriverWait(browser, 5).until(lambda d: all(card["replicas"] > 0 for card in dom(d, CARDS) if card["id"] in joining))
+    assert cluster.call("GET", "/v1/cluster/rebalance")["state"] == "done"
+    screenshot(browser, "7-rebalance-done-1280x800")
+    assert script_errors(browser) == []
