@@ -251,7 +251,10 @@
       const status = partition.status || {};
       const isOnline = status.resolution === "Online";
       const synced = inSync(partition);
-      const under = synced.length < spec.replicas.length;
+      // A moving partition holds its old and new replicas at once: it is short only of its target's
+      // count (KIP-455: the replicas being added do not make it under-replicated).
+      const moveTarget = spec.reassignment && Array.isArray(spec.reassignment.target) ? spec.reassignment.target : null;
+      const under = synced.length < (moveTarget ? moveTarget.length : spec.replicas.length);
       counts.total += 1;
       if (isOnline) counts.online += 1;
       else counts.leaderless += 1;
