@@ -527,7 +527,8 @@ class ConnectionManager:
         what the SPU may send anyway, not its core (its claim on the store lapsed under 50
         flooding SPUs), and the SPU's heartbeats still come well within the timeout."""
         now = asyncio.get_running_loop().time()
-        gap = min(session.offsets_interval * OFFSETS_JITTER, self.heartbeat_timeout / 4)
+        # Capped well within the heartbeat timeout: any frame read counts as the SPU's sign of life.
+        gap = min(session.offsets_interval * OFFSETS_JITTER, self.heartbeat_timeout / 2)
         early = session.last_offsets_at + gap - now
         session.last_offsets_at = max(now, session.last_offsets_at + gap)
         if early <= 0:
