@@ -69,6 +69,24 @@ class Scs:
         result: tuple[ScRun, list[ScRun]] = await builders.eventually(agreed, timeout=30)
         return result
 
+    async def kill_and_wait_for_a_new_leader(self, leader: ScRun, standbys: list[ScRun]) -> ScRun:
+        """SIGKILL ``leader``; the standby that leads next, which must within the TTL and a second."""
+        killed_at = asyncio.get_running_loop().time()
+        assert leader.process is not None
+        leader.process.send_signal(signal.SIGKILL)
+        leader.process.wait()
+
+        async def someone_leads() -> ScRun:
+            for sc in standbys:
+                if await self.role(sc) == "leader":
+                    return sc
+            raise AssertionError("no standby leads yet")
+
+        new_leader: ScRun = await builders.eventually(someone_leads, timeout=30)
+        took = asyncio.get_running_loop().time() - killed_at
+        assert took < TTL + 1, f"a standby led {took:.2f} s after the kill, more than the TTL ({TTL} s) and a second"
+        return new_leader
+
     async def metrics(self, sc: ScRun) -> dict[str, float]:
         async with self.session.get(f"{sc.url}/metrics") as response:
             text = await response.text()
@@ -107,20 +125,7 @@ async def test_a_standby_leads_within_the_lease_ttl_and_a_second_after_the_leade
     leader, standbys = await scs.settled()
     before = await scs.cluster(leader)
     assert before is not None
-    killed_at = asyncio.get_running_loop().time()
-    assert leader.process is not None
-    leader.process.send_signal(signal.SIGKILL)
-    leader.process.wait()
-
-    async def someone_leads() -> ScRun:
-        for sc in standbys:
-            if await scs.role(sc) == "leader":
-                return sc
-        raise AssertionError("no standby leads yet")
-
-    new_leader = await builders.eventually(someone_leads, timeout=30)
-    took = asyncio.get_running_loop().time() - killed_at
-    assert took < TTL + 1, f"a standby led {took:.2f} s after the kill, more than the TTL ({TTL} s) and a second"
+    new_leader = await scs.kill_and_wait_for_a_new_leader(leader, standbys)
     # The first in line took over; the other stays a standby, and the killed one left the queue.
     assert new_leader is standbys[0]
     after = await scs.cluster(new_leader)
@@ -317,20 +322,7 @@ async def test_a_leader_killed_amid_200_topic_creates_loses_none_and_spu_failove
         creating = [asyncio.create_task(paced(index)) for index in range(200)]
         await builders.eventually(lambda: _assert_at_least(acknowledged, 50), timeout=60)
         chain_before = await scs.store.get("meta/placement-start-index")
-        killed_at = asyncio.get_running_loop().time()
-        assert leader.process is not None
-        leader.process.send_signal(signal.SIGKILL)
-        leader.process.wait()
-
-        async def someone_leads() -> ScRun:
-            for sc in standbys:
-                if await scs.role(sc) == "leader":
-                    return sc
-            raise AssertionError("no standby leads yet")
-
-        new_leader = await builders.eventually(someone_leads, timeout=30)
-        took = asyncio.get_running_loop().time() - killed_at
-        assert took < TTL + 1, f"a standby led {took:.2f} s after the kill, more than the TTL ({TTL} s) and a second"
+        new_leader = await scs.kill_and_wait_for_a_new_leader(leader, standbys)
         await asyncio.gather(*creating)
         assert len(acknowledged) >= 190  # a few may have been written without their answer
 
