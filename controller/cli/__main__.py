@@ -1,7 +1,6 @@
-"""`python -m controller.cli ...`: the same as `sc ...` (the tests and the demo start the SC so)."""
-
-import sys
+"""`python -m controller.cli ...`: the same as `sc ...` (the tests and the demo start the SC so),
+including its exit (console(): no interpreter teardown once Arrow is loaded)."""
 
 from controller.cli import main
 
-sys.exit(main.main())
+main.console()

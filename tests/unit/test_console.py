@@ -49,3 +49,27 @@ def test_after_arrow_the_process_skips_the_interpreters_teardown(tmp_path: Path)
     plain = subprocess.run([sys.executable, "-c", script, str(tmp_path / "p"), "plain"], capture_output=True, text=True, timeout=60)
     assert (arrow.returncode, arrow.stdout) == (3, "done\n")
     assert (plain.returncode, plain.stdout) == (3, "done\nteardown ran\n")
+
+
+def test_python_dash_m_controller_cli_ends_the_same_way(tmp_path: Path) -> None:
+    """The demo and the tests start `python -m controller.cli ...`, not the `sc` script: that entry
+    must end through console() as well, or an `sc audit export` run so may still abort (status -6)
+    in the teardown after it finished."""
+    pytest.importorskip("pyarrow")
+    script = textwrap.dedent(
+        """
+        import runpy, sys
+        import pyarrow  # noqa: F401
+        from controller.cli import main as cli
+
+        class Late:
+            def __del__(self):
+                print('teardown ran')
+        late = Late()
+        cli.main = lambda: print("done") or 3
+        sys.argv = ["controller.cli"]
+        runpy.run_module("controller.cli", run_name="__main__", alter_sys=True)
+        """
+    )
+    finished = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (finished.returncode, finished.stdout) == (3, "done\n")
