@@ -20,7 +20,7 @@ from connection_manager import lrs
 from connection_manager import server as cm_server
 from connection_manager import tls, transport
 from controller import config, context as context_module, metrics, placement_plugins
-from controller.api import auth, routes as api
+from controller.api import auth, cluster as cluster_roles, routes as api
 from controller.pipeline import pipeline
 from controller.api.fluvio import listener as fluvio_listener, server as fluvio_server
 from store import active_sc, attribution, embedded_etcd, etcd, history, kv, local, memory
@@ -56,6 +56,7 @@ class Daemon:
         self._keeper: asyncio.Task[None] | None = None
         # Follows the claim's role changes: starts and ends this SC's terms as the leader.
         self._role: asyncio.Task[None] | None = None
+        self.roles: cluster_roles.RoleFeed | None = None  # who leads, told in the decision feed
         self._term = 0  # the ActiveSc term this SC's controllers run for (0: none, a standby)
         # Both ports' TLS contexts (None: plaintext), reloaded on SIGHUP and when the files change.
         self.tls: tls.Contexts | None = None
@@ -91,6 +92,8 @@ class Daemon:
                 authenticator=authenticator,
             )
             self.context.metrics.watch_local_store(self.context.local_store)
+            # Who leads, as the mirror sees it, in the decision feed (the live page's SC panel).
+            self.roles = cluster_roles.RoleFeed(self.context)
             self.context.metrics.watch_tasks(self.context.supervisor)
             self.context.metrics.watch_active(self.active)
             if self.history is not None:
@@ -202,6 +205,8 @@ class Daemon:
             epoch=takeover.epoch, cause=takeover.cause, term=active.term,
             previous_leader=previous.id if previous is not None else None, previous_epoch=takeover.previous_epoch,
         )  # fmt: skip
+        if self.roles is not None and active.identity is not None:
+            self.roles.took_over(takeover, active.identity)
         if context.history is not None and active.identity is not None:
             context.history.record_takeover(
                 active.identity.id, active.identity.address, takeover.epoch, takeover.cause,

@@ -49,3 +49,49 @@ def leader_of(context: context_module.Context) -> active_sc.Identity | None:
     """The leader as this SC's mirror has it (None: no claim, or one no SC of this project wrote)."""
     claim = context.local_store.meta.values.get(active_sc.KEY)
     return active_sc.Identity.decode(claim[0]) if claim is not None else None
+
+
+class RoleFeed:
+    """Each change of the store's claim as this SC's mirror sees it, told in the decision feed
+    (kind ``sc``): a new holder (verb ``lead``, its address as detail) and a claim that ended
+    (``release``). Leader or standby, every SC tells it, so the live page's SC panel redraws at once
+    whichever SC serves it. A relist that brings the same claim back tells nothing. This SC's own
+    claim is told by ``took_over`` once it leads (with its cause), not when the mirror sees it."""
+
+    def __init__(self, context: context_module.Context) -> None:
+        self.context = context
+        self._claim: tuple[bytes, int] | None = None
+        self._holder = "unknown"
+        self._before = "unknown"
+        context.local_store.meta.on_change(active_sc.KEY, self._changed)
+
+    def _changed(self) -> None:
+        meta = self.context.local_store.meta
+        claim = meta.values.get(active_sc.KEY)
+        if claim == self._claim:
+            return
+        ended, self._claim = self._claim, claim
+        self._before = self._holder
+        if claim is None:
+            epoch = ended[1] if ended is not None else 0
+            reason = f"the claim of SC {self._before} (epoch {epoch}) ended: no SC leads until a standby claims it"
+            self.context.decisions.record("sc", self._before, "release", reason, "claim-ended", "applied", meta.revision)
+            return
+        value, epoch = claim
+        holder = active_sc.Identity.decode(value)
+        self._holder = holder.id if holder is not None else "unknown"
+        active = self.context.active
+        if holder is not None and active is not None and active.identity is not None and active.identity.id == holder.id:
+            return  # this SC's own claim: took_over tells it
+        who = f"SC {holder.id}" if holder is not None else "an SC of unknown identity"
+        self._record(who, epoch, "claim", holder.address if holder is not None else "")
+
+    def took_over(self, takeover: active_sc.Takeover, identity: active_sc.Identity) -> None:
+        """This SC leads: its controllers run. The cause is the takeover's (what ended the claim before)."""
+        self._record(f"SC {identity.id}", takeover.epoch, takeover.cause, identity.address, identity.id)
+
+    def _record(self, who: str, epoch: int, cause: str, address: str, name: str | None = None) -> None:
+        reason = f"{who} leads the store (fencing epoch {epoch})"
+        if self._before != "unknown":
+            reason += f", after SC {self._before}"
+        self.context.decisions.record("sc", name or self._holder, "lead", reason, cause, "applied", epoch, address)

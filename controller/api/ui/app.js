@@ -15,7 +15,7 @@
   const DECISIONS_KEPT = 200;
   const RISK_NAMES_SHOWN = 8;
   const MOVES_SHOWN = 20;
-  const CLUSTER_REFRESH_MS = 30000;
+  const CLUSTER_REFRESH_MS = 5000;
   const RECONNECT_MIN_MS = 250;
   const RECONNECT_MAX_MS = 5000;
   // Skew bands against the mean (Kafka UI's): amber from 10%, red from 20%.
@@ -170,7 +170,11 @@
       }
       if (this.kind === "events") {
         if (this.pending !== null) this.pending.push(event.object);
-        else addDecision(event.object);
+        else {
+          addDecision(event.object);
+          // Another SC leads, or none does: the SC panel asks /v1/cluster again at once.
+          if (event.object && event.object.kind === "sc") loadCluster();
+        }
         return;
       }
       const table = this.pending !== null ? this.pending : state[this.kind];
@@ -462,8 +466,8 @@
       panel,
       element("p", { "data-sc": "leader" }, element("strong", {}, "Active: " + leader.id), " ", element("span", { className: "muted" }, leader.address || "")),
       element("p", { className: "muted" }, "since " + since(leader.since) + " · epoch " + leader.epoch),
-      element("p", { className: "muted" }, "Standbys: " + (standbys.length ? standbys.map((standby) => standby.id).join(", ") : "none")),
-      element("p", { className: "muted" }, "This page's SC: " + (self.id || "?") + " (" + (self.role || "?") + ")"),
+      element("p", { className: "muted", "data-sc": "standbys" }, "Standbys: " + (standbys.length ? standbys.map((standby) => standby.id + (standby.address ? " (" + standby.address + ")" : "")).join(", ") : "none")),
+      element("p", { className: "muted", "data-sc": "self" }, "This page's SC: " + (self.id || "?") + " (" + (self.role || "?") + ")"),
     );
   }
 
