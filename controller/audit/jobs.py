@@ -24,8 +24,10 @@ from controller.audit import export, options as options_module, report
 
 # The causes of the leader changes the SC decided (controller/reconcile/partition_state.py names them, written as Action.cause).
 CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean", "reassignment")
-# The causes of a replica move's writes that end or start it (controller/reconcile/partition_state.py).
-MOVE_ADDING, MOVE_COMPLETED, MOVE_REVERTED = "move-adding", "move-completed", "move-reverted"
+# The causes of a replica move's writes that start it, commit its last arriving replica into the
+# in-sync set, and end it (controller/reconcile/partition_state.py).
+MOVE_ADDING, MOVE_CAUGHT_UP = "move-adding", "move-caught-up"
+MOVE_COMPLETED, MOVE_REVERTED = "move-completed", "move-reverted"
 # Buckets of the "leaders per SPU over time" series.
 TIMELINE_BUCKETS = 200
 # Jobs submitted at once by the driver.
@@ -87,7 +89,7 @@ def run(
     runs = _runs(changes).cache()
     runs.count()
     leader_changes = _leader_changes(changes, frame)
-    moves = _moves(changes)
+    moves = _moves(changes, frame)
     unavailability = _unavailability(runs, last_us)
     intervals = _spu_intervals(runs, last_us)
     spus, racks, violations = balance(frame, changes, at_us)
@@ -245,23 +247,43 @@ def _leader_changes(changes: DataFrame, frame: DataFrame) -> DataFrame:
     )
 
 
-def _moves(changes: DataFrame) -> DataFrame:
+def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
     """Each replica move that ended, from the partition's writes that the SC's move steps made (their
     action causes): the SPUs it added (the ``move-adding`` write), the SPUs that left (the
     ``move-completed`` write: what the replicas lost), from start to end; a cancelled move ends
-    ``reverted`` and moved nothing."""
+    ``reverted`` and moved nothing.
+
+    ``records``: what each arriving replica copied, the committed offset (``status.leader.hw``)
+    its ``move-caught-up`` write recorded (the write that committed the last arriving replica into
+    the in-sync set: a replica joins holding every record committed then, and logs start at 0); the
+    records appended after that are replication, not the move's. None when the history holds no
+    such write for the move (a gap)."""
     steps = changes.filter(
-        (F.col("kind") == "partitions") & F.col("action_cause").isin(MOVE_ADDING, MOVE_COMPLETED, MOVE_REVERTED)
+        (F.col("kind") == "partitions")
+        & F.col("action_cause").isin(MOVE_ADDING, MOVE_CAUGHT_UP, MOVE_COMPLETED, MOVE_REVERTED)
     )
+    caught_up = F.col("action_cause") == MOVE_CAUGHT_UP
+    # The committed offset of the few caught-up writes, from their status (JSON, not in ``changes``).
+    committed = (
+        frame.filter((F.col("type") == "change") & (F.col("kind") == "partitions"))
+        .join(F.broadcast(steps.filter(caught_up).select("seq")), "seq", "left_semi")
+        .select("seq", F.get_json_object("status", "$.leader.hw").cast("long").alias("committed_hw"))
+    )
+    adding = F.col("action_cause") == MOVE_ADDING
     ordered = Window.partitionBy("name").orderBy("seq")
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    adding = F.col("action_cause") == MOVE_ADDING
-    carried = steps.select(
+    # Each move-adding write starts a move: the writes up to the next one are that move's.
+    numbered = steps.join(committed, ["seq"], "left").withColumn(
+        "move", F.sum(F.when(adding, 1).otherwise(0)).over(running)
+    )
+    of_move = Window.partitionBy("name", "move").orderBy("seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    carried = numbered.select(
         "*",
         F.last(F.when(adding, F.array_except("replicas", "prev_replicas")), ignorenulls=True).over(running).alias("added"),
         F.last(F.when(adding, F.col("time")), ignorenulls=True).over(running).alias("started"),
+        F.last(F.when(caught_up, F.col("committed_hw")), ignorenulls=True).over(of_move).alias("copied"),
     )
-    ended = carried.filter(~adding)
+    ended = carried.filter(~adding & ~caught_up)
     completed = F.col("action_cause") == MOVE_COMPLETED
     return ended.select(
         F.col("name").alias("partition"),
@@ -272,15 +294,27 @@ def _moves(changes: DataFrame) -> DataFrame:
         F.unix_micros("started").alias("started_us"),
         F.unix_micros("time").alias("at_us"),
         ((F.unix_micros("time") - F.unix_micros("started")) / F.lit(1_000_000.0)).alias("seconds"),
+        # -1: the SC knew of no committed offset then (unknown, as no write).
+        F.when(completed, F.when(F.col("copied") >= 0, F.col("copied"))).otherwise(F.lit(0)).alias("records"),
     )
 
 
 def _moves_by_spu(moves: DataFrame) -> DataFrame:
-    """Per SPU: the completed moves that brought it a replica, and those that took one away."""
-    arrived = moves.select(F.explode("arrived").alias("spu")).groupBy("spu").agg(F.count(F.lit(1)).alias("moves_in"))
-    left = moves.select(F.explode("left").alias("spu")).groupBy("spu").agg(F.count(F.lit(1)).alias("moves_out"))
+    """Per SPU: the completed moves that brought it a replica, and those that took one away, with
+    the records they copied onto it and off it (moves whose records are unknown count none)."""
+    records = F.coalesce(F.col("records"), F.lit(0))
+    arrived = moves.select(F.explode("arrived").alias("spu"), records.alias("records")).groupBy("spu").agg(
+        F.count(F.lit(1)).alias("moves_in"), F.sum("records").alias("records_in")
+    )
+    left = moves.select(F.explode("left").alias("spu"), records.alias("records")).groupBy("spu").agg(
+        F.count(F.lit(1)).alias("moves_out"), F.sum("records").alias("records_out")
+    )
     return arrived.join(left, ["spu"], "full_outer").select(
-        "spu", F.coalesce("moves_in", F.lit(0)).alias("moves_in"), F.coalesce("moves_out", F.lit(0)).alias("moves_out")
+        "spu",
+        F.coalesce("moves_in", F.lit(0)).alias("moves_in"),
+        F.coalesce("moves_out", F.lit(0)).alias("moves_out"),
+        F.coalesce("records_in", F.lit(0)).alias("records_in"),
+        F.coalesce("records_out", F.lit(0)).alias("records_out"),
     )
 
 
