@@ -1,6 +1,11 @@
 """Rebalance and decommission end to end: the daemon on the memory store, simulator SPUs as a real
 `sc spu run --count K` process replicating records over real sockets; moves carried out the KIP-455
-way (new replicas join, catch up into the committed in-sync set, then the leaving ones go)."""
+way (new replicas join, catch up into the committed in-sync set, then the leaving ones go).
+
+Leaders append all along and acknowledge only what is committed; each SPU's logs are on disk and
+every leadership and acknowledgement is recorded (tests/fixtures/acknowledged.py), so each
+scenario ends proving that no acknowledged record was lost: the final leaders hold every one, at
+the epoch it was acknowledged with, and have committed at least as far."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +24,7 @@ import pytest
 from controller import config
 from controller.reconcile import moves
 from store import embedded_etcd, models
+from tests.fixtures import acknowledged
 from tests.fixtures.daemon import COMMON_SETTINGS, Running, etcd_settings, running
 
 RF = 3
@@ -32,35 +39,90 @@ async def sc() -> AsyncIterator[Running]:
         yield handle
 
 
+@dataclass(frozen=True)
+class Disk:
+    """Where a test's SPU processes keep their logs (``--data-dir``) and record their leaderships
+    and acknowledgements (``--record``, one file for all)."""
+
+    work: Path
+
+    @property
+    def data_dir(self) -> Path:
+        return self.work / "data"
+
+    @property
+    def record(self) -> Path:
+        return self.work / "record.jsonl"
+
+
 @contextlib.asynccontextmanager
-async def spu_run(private_port: int, first_id: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
+async def spu_run(private_port: int, first_id: int, count: int, disk: Disk) -> AsyncIterator[asyncio.subprocess.Process]:
     """`sc spu run --count` for SPUs already registered, talking to whichever SC has ``private_port``."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "controller.cli", "spu", "run", "--first-id", str(first_id), "--count", str(count),
         "--sc-private", f"127.0.0.1:{private_port}", "--append-interval", "0.2", "--append-records", "10",
         "--fetch-interval", "0.05", "--replica-lag-time", "30", "--log-format", "json", "--log-level", "warning",
+        "--data-dir", str(disk.data_dir), "--record", str(disk.record),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         yield process
     finally:
+        await stop(process)
+
+
+async def stop(*processes: asyncio.subprocess.Process) -> None:
+    """SIGTERM to each still running (continued first), at once; then wait for them all."""
+    for process in processes:
         if process.returncode is None:
             process.send_signal(signal.SIGCONT)
             process.send_signal(signal.SIGTERM)
+    for process in processes:
         await asyncio.wait_for(process.wait(), 20)
 
 
 @contextlib.asynccontextmanager
-async def simulated(sc: Running, first_id: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
+async def simulated(sc: Running, first_id: int, count: int, disk: Disk) -> AsyncIterator[asyncio.subprocess.Process]:
     """SPUs ``first_id`` .. ``first_id + count - 1``: registered through the API, then run by one
     `sc spu run --count` process (records flowing), stopped with SIGTERM on the way out."""
     ports = embedded_etcd.free_ports(2 * count)
     for index in range(count):
         await sc.register_spu(first_id + index, online=False, ports=(ports[2 * index], ports[2 * index + 1]))
     assert sc.daemon.private_port is not None
-    async with spu_run(sc.daemon.private_port, first_id, count) as process:
+    async with spu_run(sc.daemon.private_port, first_id, count, disk) as process:
         yield process
+
+
+async def no_acknowledged_record_lost(
+    sc: Running, disk: Disk, spu_ids: range, *processes: asyncio.subprocess.Process
+) -> dict[str, int]:
+    """Once each partition's current leader has acknowledged as far as any leader ever did, the SPU
+    processes stop, all at once (none is left running to lead what another led), and what was
+    acknowledged is checked against their logs on disk. The highest offset acknowledged, per partition."""
+    placed: dict[str, acknowledged.Placed] = {}
+
+    async def leaders_caught_up() -> None:
+        status, listed = await sc.call("GET", "/v1/partitions")
+        assert status == 200, listed
+        placed.clear()
+        placed.update({item["name"]: acknowledged.Placed.from_json(item) for item in listed})
+        assert acknowledged.caught_up(acknowledged.read(disk.record), placed), "a leader has not acknowledged that far yet"
+
+    await sc.eventually(leaders_caught_up, timeout=30)
+    await stop(*processes)
+    highest = acknowledged.check(disk.record, disk.data_dir, spu_ids, placed)
+    assert len(highest) == PARTITIONS, highest
+    return highest
+
+
+def acknowledged_so_far(disk: Disk) -> dict[str, int]:
+    return acknowledged.highest(acknowledged.read(disk.record))
+
+
+def went_on(before: dict[str, int], after: dict[str, int]) -> None:
+    """Records were committed in every partition after ``before`` was taken (the moves had records flowing)."""
+    assert set(before) == set(after) and all(after[name] > before[name] for name in before), (before, after)
 
 
 async def online(sc: Running, count: int) -> None:
@@ -139,18 +201,20 @@ async def run_state(sc: Running, wanted: str) -> dict[str, Any]:
     return dict(progress)
 
 
-async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc: Running) -> None:
-    async with simulated(sc, 0, 6):
+async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc: Running, tmp_path: Path) -> None:
+    disk = Disk(tmp_path)
+    async with simulated(sc, 0, 6, disk) as six:
         before = await orders_on_six(sc)
         assert await run_state(sc, "idle") == {"state": "idle", "total": 0, "done": 0, "inFlight": [], "pending": 0, "skipped": []}
 
-        async with simulated(sc, 6, 3):
+        async with simulated(sc, 6, 3, disk) as three:
             await sc.eventually(lambda: online(sc, 9), timeout=30)
             status, dry = await sc.call("POST", "/v1/cluster/rebalance?dryRun=true")
             assert status == 200, dry
             assert (await sc.read_all("partitions")) and await run_state(sc, "idle")  # a dry run stores nothing
 
             async with sampling(sc) as sampler:
+                at_plan = acknowledged_so_far(disk)
                 status, plan = await sc.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 2})
                 assert status == 202, plan
                 assert plan["moves"] == dry["moves"]
@@ -199,12 +263,14 @@ async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc:
             assert counts[2] == 0 and sorted(count for spu, count in counts.items() if spu != 2) == [7, 7, 7, 7, 8, 8, 8, 8], counts
             stored = await sc.kv_store.get(moves.KEY)
             assert stored is not None and moves.decode(stored.value).kind == moves.DECOMMISSION
+            went_on(at_plan, await no_acknowledged_record_lost(sc, disk, range(9), six, three))
 
 
-async def test_a_cancelled_rebalance_sends_the_moves_in_flight_back(sc: Running) -> None:
-    async with simulated(sc, 0, 6):
+async def test_a_cancelled_rebalance_sends_the_moves_in_flight_back(sc: Running, tmp_path: Path) -> None:
+    disk = Disk(tmp_path)
+    async with simulated(sc, 0, 6, disk) as six:
         before = await orders_on_six(sc)
-        async with simulated(sc, 6, 3) as newcomers:
+        async with simulated(sc, 6, 3, disk) as newcomers:
             await sc.eventually(lambda: online(sc, 9), timeout=30)
             # The new SPUs freeze: still Online for the heartbeat timeout, but no move can catch up.
             newcomers.send_signal(signal.SIGSTOP)
@@ -240,11 +306,13 @@ async def test_a_cancelled_rebalance_sends_the_moves_in_flight_back(sc: Running)
             # A new plan may start now.
             status, dry = await sc.call("POST", "/v1/cluster/rebalance?dryRun=true")
             assert status == 200, dry
+            await no_acknowledged_record_lost(sc, disk, range(9), six, newcomers)
 
 
 @pytest.mark.etcd
-async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
     """The run and each move's progress are stored: a new SC on the same etcd finishes what the last one started."""
+    disk = Disk(tmp_path)
     private_port, *spu_ports = embedded_etcd.free_ports(1 + 2 * 9)
     settings = etcd_settings(etcd_server, private_port=private_port, spu_heartbeat_timeout=5.0, spu_offline_grace=10.0)
     first_daemon = running(settings)
@@ -253,7 +321,7 @@ async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_e
     try:
         for spu_id in range(6):
             await first.register_spu(spu_id, online=False, ports=(spu_ports[2 * spu_id], spu_ports[2 * spu_id + 1]))
-        async with spu_run(private_port, 0, 6):
+        async with spu_run(private_port, 0, 6, disk) as six:
             await first.eventually(lambda: online(first, 6), timeout=30)
             status, answer = await first.call(
                 "POST", "/v1/topics", {"name": "orders", "spec": {"partitions": PARTITIONS, "replicationFactor": RF}}
@@ -262,7 +330,7 @@ async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_e
             await first.eventually(lambda: all_in_sync(first), timeout=30)
             for spu_id in range(6, 9):
                 await first.register_spu(spu_id, online=False, ports=(spu_ports[2 * spu_id], spu_ports[2 * spu_id + 1]))
-            async with spu_run(private_port, 6, 3) as newcomers:
+            async with spu_run(private_port, 6, 3, disk) as newcomers:
                 await first.eventually(lambda: online(first, 9), timeout=30)
                 # Frozen: the moves onto them stay in flight while the SC goes away.
                 newcomers.send_signal(signal.SIGSTOP)
@@ -287,27 +355,30 @@ async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_e
                     assert {name: p.spec.replicas for name, p in after.items() if name in planned} == planned
                     counts = per_spu(after, range(9))
                     assert sorted(counts.values()) == [6, 6, 6, 7, 7, 7, 7, 7, 7], counts
+                    await no_acknowledged_record_lost(second, disk, range(9), six, newcomers)
     finally:
         if first_running:
             await first_daemon.__aexit__(None, None, None)
 
 
-async def test_moves_onto_a_killed_spu_wait_for_it_and_the_others_go_on(sc: Running) -> None:
+async def test_moves_onto_a_killed_spu_wait_for_it_and_the_others_go_on(sc: Running, tmp_path: Path) -> None:
+    disk = Disk(tmp_path)
     ports = embedded_etcd.free_ports(2 * 9)
     private_port = sc.daemon.private_port
     assert private_port is not None
     for spu_id in range(6):
         await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
-    async with spu_run(private_port, 0, 6):
+    async with spu_run(private_port, 0, 6, disk) as six:
         await orders_on_six(sc)
         for spu_id in range(6, 9):
             await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
-        async with spu_run(private_port, 6, 2) as two, spu_run(private_port, 8, 1) as doomed:
+        async with spu_run(private_port, 6, 2, disk) as two, spu_run(private_port, 8, 1, disk) as doomed:
             await sc.eventually(lambda: online(sc, 9), timeout=30)
             # Frozen, so that a move onto SPU 8 is surely in flight when it dies.
             two.send_signal(signal.SIGSTOP)
             doomed.send_signal(signal.SIGSTOP)
             async with sampling(sc) as sampler:
+                at_plan = acknowledged_so_far(disk)
                 status, plan = await sc.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 1})
                 assert status == 202, plan
                 onto_8 = sorted(move["partition"] for move in plan["moves"] if 8 in move["to"] and 8 not in move["from"])
@@ -330,13 +401,15 @@ async def test_moves_onto_a_killed_spu_wait_for_it_and_the_others_go_on(sc: Runn
                     assert progress["pending"] == 5, progress
 
                 await sc.eventually(the_others_done, timeout=60)
-                # SPU 8 back (empty: it kept no data): its moves catch up and the run ends.
-                async with spu_run(private_port, 8, 1):
+                # SPU 8 back (it held nothing of the moves: frozen before they started, killed
+                # before any caught up): its moves catch up and the run ends.
+                async with spu_run(private_port, 8, 1, disk) as back:
                     await sc.eventually(lambda: run_state(sc, "done"), timeout=60)
                     await sc.eventually(lambda: all_in_sync(sc), timeout=30)
                     # What the samples saw while SPU 8 ran (stopping it at the end shrinks its sets).
                     shrunk = list(sampler.shrunk)
                     after = await sc.read_all("partitions")
+                    went_on(at_plan, await no_acknowledged_record_lost(sc, disk, range(9), six, two, back))
             assert shrunk == [], shrunk[:5]
             counts = per_spu(after, range(9))
             assert sorted(counts.values()) == [6, 6, 6, 7, 7, 7, 7, 7, 7], counts
