@@ -10,6 +10,7 @@ the epoch it was acknowledged with, and have committed at least as far."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import signal
@@ -23,7 +24,7 @@ import pytest
 
 from controller import config
 from controller.reconcile import moves
-from store import embedded_etcd, models
+from store import embedded_etcd, history, models
 from tests.fixtures import acknowledged
 from tests.fixtures.daemon import COMMON_SETTINGS, Running, etcd_settings, running
 
@@ -33,8 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-async def sc() -> AsyncIterator[Running]:
-    settings = config.Settings(store=config.StoreKind.MEMORY, spu_heartbeat_timeout=5.0, **COMMON_SETTINGS)
+async def sc(tmp_path: Path) -> AsyncIterator[Running]:
+    settings = config.Settings(
+        store=config.StoreKind.MEMORY, spu_heartbeat_timeout=5.0, history_dir=tmp_path / "history", **COMMON_SETTINGS
+    )
     async with running(settings) as handle:
         yield handle
 
@@ -114,6 +117,23 @@ async def no_acknowledged_record_lost(
     highest = acknowledged.check(disk.record, disk.data_dir, spu_ids, placed)
     assert len(highest) == PARTITIONS, highest
     return highest
+
+
+async def caught_up_offsets(sc: Running) -> dict[str, list[int]]:
+    """Partition -> the committed offset (status.leader.hw) that each of its moves' move-caught-up
+    writes recorded in the SC's history, in order: what the audit counts as the records the move copied."""
+    assert sc.daemon.history is not None
+    await sc.daemon.history.flush()
+    history_dir = sc.daemon.settings.history_dir
+    assert history_dir is not None
+    rows = list(history.HistoryReader(history_dir).records())
+    changes = {(row["kind"], row["name"], row["revision"]): row for row in rows if row["type"] == "change"}
+    found: dict[str, list[int]] = collections.defaultdict(list)
+    for row in rows:
+        if row["type"] == "action" and row["cause"] == "move-caught-up" and row["outcome"] == "applied":
+            kind, name = row["keys"][0].split("/", 1)
+            found[name].append(changes[(kind, name, row["revision"])]["object"]["status"]["leader"]["hw"])
+    return dict(found)
 
 
 def acknowledged_so_far(disk: Disk) -> dict[str, int]:
@@ -240,6 +260,7 @@ async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc:
             }
             progress = await run_state(sc, "done")
             assert (progress["total"], progress["done"], progress["inFlight"]) == (len(plan["moves"]), len(plan["moves"]), [])
+            rebalanced = plan["moves"]
 
             # Decommission SPU 2: everything it holds moves, the rest stay balanced.
             async with sampling(sc) as sampler:
@@ -263,6 +284,12 @@ async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc:
             assert counts[2] == 0 and sorted(count for spu, count in counts.items() if spu != 2) == [7, 7, 7, 7, 8, 8, 8, 8], counts
             stored = await sc.kv_store.get(moves.KEY)
             assert stored is not None and moves.decode(stored.value).kind == moves.DECOMMISSION
+            # The history holds what the audit's records moved are made of: each move's caught-up
+            # write, with the committed offset the arriving replicas copied (records flowed from the start).
+            copied = await caught_up_offsets(sc)
+            moved = collections.Counter(move["partition"] for move in [*rebalanced, *plan["moves"]])
+            assert {name: len(offsets) for name, offsets in copied.items()} == dict(moved), copied
+            assert all(offset > 0 for offsets in copied.values() for offset in offsets), copied
             went_on(at_plan, await no_acknowledged_record_lost(sc, disk, range(9), six, three))
 
 
