@@ -24,9 +24,10 @@ from controller.audit import export, options as options_module, report
 
 # The causes of the leader changes the SC decided (controller/reconcile/partition_state.py names them, written as Action.cause).
 CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean", "reassignment")
-# The causes of a replica move's writes that start it, commit its last arriving replica into the
-# in-sync set, and end it (controller/reconcile/partition_state.py).
-MOVE_ADDING, MOVE_CAUGHT_UP = "move-adding", "move-caught-up"
+# The causes of a replica move's writes that start it (the rebalance controller's), add its new
+# replicas, commit the last of them into the in-sync set, and end it
+# (controller/reconcile/moves.py, controller/reconcile/partition_state.py).
+MOVE_STARTED, MOVE_ADDING, MOVE_CAUGHT_UP = "move-started", "move-adding", "move-caught-up"
 MOVE_COMPLETED, MOVE_REVERTED = "move-completed", "move-reverted"
 # Buckets of the "leaders per SPU over time" series.
 TIMELINE_BUCKETS = 200
@@ -250,17 +251,19 @@ def _leader_changes(changes: DataFrame, frame: DataFrame) -> DataFrame:
 def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
     """Each replica move that ended, from the partition's writes that the SC's move steps made (their
     action causes): the SPUs it added (the ``move-adding`` write), the SPUs that left (the
-    ``move-completed`` write: what the replicas lost), from start to end; a cancelled move ends
-    ``reverted`` and moved nothing.
+    ``move-completed`` write: what the replicas lost), from start (the ``move-adding`` write; the
+    ``move-started`` one for a move that adds no replica, such as a reordering) to end; a cancelled
+    move ends ``reverted`` and moved nothing. A move's writes are those from its ``move-started``
+    write (or, where the history lacks it, its ``move-adding`` one) to the next move's.
 
     ``records``: what each arriving replica copied, the committed offset (``status.leader.hw``)
     its ``move-caught-up`` write recorded (the write that committed the last arriving replica into
     the in-sync set: a replica joins holding every record committed then, and logs start at 0); the
-    records appended after that are replication, not the move's. None when the history holds no
-    such write for the move (a gap)."""
+    records appended after that are replication, not the move's. 0 when no replica arrived; None
+    when the history holds no such write for the move (a gap)."""
     steps = changes.filter(
         (F.col("kind") == "partitions")
-        & F.col("action_cause").isin(MOVE_ADDING, MOVE_CAUGHT_UP, MOVE_COMPLETED, MOVE_REVERTED)
+        & F.col("action_cause").isin(MOVE_STARTED, MOVE_ADDING, MOVE_CAUGHT_UP, MOVE_COMPLETED, MOVE_REVERTED)
     )
     caught_up = F.col("action_cause") == MOVE_CAUGHT_UP
     # The committed offset of the few caught-up writes, from their status (JSON, not in ``changes``).
@@ -269,33 +272,40 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
         .join(F.broadcast(steps.filter(caught_up).select("seq")), "seq", "left_semi")
         .select("seq", F.get_json_object("status", "$.leader.hw").cast("long").alias("committed_hw"))
     )
-    adding = F.col("action_cause") == MOVE_ADDING
+    started, adding = F.col("action_cause") == MOVE_STARTED, F.col("action_cause") == MOVE_ADDING
     ordered = Window.partitionBy("name").orderBy("seq")
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    # Each move-adding write starts a move: the writes up to the next one are that move's.
-    numbered = steps.join(committed, ["seq"], "left").withColumn(
-        "move", F.sum(F.when(adding, 1).otherwise(0)).over(running)
+    after_start = F.coalesce(F.col("previous_cause") == MOVE_STARTED, F.lit(False))
+    opens = started | (adding & ~after_start)
+    numbered = (
+        steps.join(committed, ["seq"], "left")
+        .withColumn("previous_cause", F.lag("action_cause").over(ordered))
+        .withColumn("move", F.sum(F.when(opens, 1).otherwise(0)).over(running))
     )
     of_move = Window.partitionBy("name", "move").orderBy("seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     carried = numbered.select(
         "*",
-        F.last(F.when(adding, F.array_except("replicas", "prev_replicas")), ignorenulls=True).over(running).alias("added"),
-        F.last(F.when(adding, F.col("time")), ignorenulls=True).over(running).alias("started"),
+        F.last(F.when(adding, F.array_except("replicas", "prev_replicas")), ignorenulls=True).over(of_move).alias("added"),
+        F.coalesce(
+            F.last(F.when(adding, F.col("time")), ignorenulls=True).over(of_move),
+            F.first(F.when(started, F.col("time")), ignorenulls=True).over(of_move),
+        ).alias("started"),
         F.last(F.when(caught_up, F.col("committed_hw")), ignorenulls=True).over(of_move).alias("copied"),
     )
-    ended = carried.filter(~adding & ~caught_up)
+    ended = carried.filter(F.col("action_cause").isin(MOVE_COMPLETED, MOVE_REVERTED))
     completed = F.col("action_cause") == MOVE_COMPLETED
+    arrived = F.when(completed, F.array_intersect("replicas", F.coalesce("added", F.array()))).otherwise(F.array())
     return ended.select(
         F.col("name").alias("partition"),
         "topic",
         F.when(completed, "completed").otherwise("reverted").alias("outcome"),
-        F.when(completed, F.array_intersect("replicas", F.coalesce("added", F.array()))).otherwise(F.array()).alias("arrived"),
+        arrived.alias("arrived"),
         F.when(completed, F.array_except("prev_replicas", "replicas")).otherwise(F.array()).alias("left"),
         F.unix_micros("started").alias("started_us"),
         F.unix_micros("time").alias("at_us"),
         ((F.unix_micros("time") - F.unix_micros("started")) / F.lit(1_000_000.0)).alias("seconds"),
         # -1: the SC knew of no committed offset then (unknown, as no write).
-        F.when(completed, F.when(F.col("copied") >= 0, F.col("copied"))).otherwise(F.lit(0)).alias("records"),
+        F.when(F.size(arrived) == 0, F.lit(0)).when(F.col("copied") >= 0, F.col("copied")).alias("records"),
     )
 
 

@@ -79,6 +79,10 @@ async def write_story(directory: Path) -> None:
     step(w.at(40), "t-2", [0, 1], "move-started", ([0, 1], [0, 2]))
     step(w.at(41), "t-2", [0, 1, 2], "move-adding", ([0, 1], [0, 2]), hw=11)
     step(w.at(43), "t-2", [0, 2], "move-completed", None, hw=20)
+    # A move that only reorders t-0's replicas (a decommission's leader balance): no replica
+    # arrives or leaves, nothing is copied, nothing of t-0's earlier move is carried over.
+    step(w.at(50), "t-0", [3, 1], "move-started", ([3, 1], [1, 3]))
+    step(w.at(50.5), "t-0", [1, 3], "move-completed", None, hw=200)
     await w.close()
 
 
@@ -99,6 +103,7 @@ def test_each_move_that_ended_says_what_it_moved_and_how_long_it_took(results: o
         ("t-1", "reverted", [], [], 2.5, 0),
         ("t-2", "completed", [0, 1], [2, 3], 3.0, 7),
         ("t-2", "completed", [2], [1], 2.0, None),
+        ("t-0", "completed", [], [], 0.5, 0),
     ]
     assert results.tables["moves_by_spu"] == [
         {"spu": 0, "moves_in": 1, "moves_out": 1, "records_in": 7, "records_out": 120},
@@ -131,4 +136,4 @@ def test_report_markdown_shows_the_records_moved(results: options.Results, tmp_p
     assert "| 0 | 1 | 1 | 7 | 120 |" in section, section
     assert "| at | partition | outcome | arrived | left | seconds | records |" in section, section
     rows = [line for line in section.splitlines() if "| t-0 |" in line or "| t-2 |" in line]
-    assert [line.rsplit("|", 2)[1].strip() for line in rows] == ["120", "7", "–"], rows
+    assert [line.rsplit("|", 2)[1].strip() for line in rows] == ["120", "7", "–", "0"], rows
