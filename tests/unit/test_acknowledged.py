@@ -43,6 +43,8 @@ def test_every_acknowledged_record_held_at_its_epoch_passes(tmp_path: Path) -> N
     assert acknowledged.caught_up(acknowledged.read(record), PLACED)
     # A leader that has not acknowledged as far as its predecessor did is not caught up.
     assert not acknowledged.caught_up(acknowledged.read(record), {"t-0": acknowledged.Placed(0, 1, (0, 1))})
+    # Nor one whose preferred replica is to lead it next.
+    assert not acknowledged.caught_up(acknowledged.read(record), {"t-0": acknowledged.Placed(1, 2, (0, 1))})
 
 
 @pytest.mark.parametrize(
