@@ -73,6 +73,11 @@ class LiveReplicas:
         if hw > self._max_hw.get(name, UNKNOWN_OFFSET):
             self._max_hw[name] = hw
 
+    def committed(self, partition: str, hw: int) -> None:
+        """The current leader of ``partition`` said (in a proposal) that its HW reached ``hw``."""
+        if hw > self._max_hw.get(partition, UNKNOWN_OFFSET):
+            self._max_hw[partition] = hw
+
     def forget_statuses(self) -> None:
         """Every leader's status goes (its connection did): the next ones come with the new
         connections. The highest HWs stay: a committed offset stays committed."""

@@ -632,8 +632,11 @@ class ConnectionManager:
     def _take_proposal(self, session: Session, message: wire.AlterIsr) -> None:
         """Held for the partition controller, which decides it against the committed state and
         answers (through ``answer``); a newer proposal of the same leader replaces it."""
-        self._told(session, message.partition)
+        told = self._told(session, message.partition)
         self.stats.proposals += 1
+        if message.hw is not None and told.leader == session.spu_id and told.leader_epoch == message.leader_epoch:
+            # As an Offsets entry of the current leader: that much is committed.
+            self.live.committed(message.partition, message.hw)
         self.proposals[message.partition] = reports.Proposal(
             message.partition, session.spu_id, session.number, message.leader_epoch, message.partition_epoch, tuple(message.isr)
         )

@@ -156,13 +156,17 @@ class Leading(Message):
 
 
 class AlterIsr(Message):
-    """A leader's proposal of a new committed in-sync set, made at the epochs it holds."""
+    """A leader's proposal of a new committed in-sync set, made at the epochs it holds. ``hw``: its
+    high watermark when it proposed (absent from older SPUs): a replica it proposes into the set
+    holds every record below it, and the SC knows that much committed even before the leader's
+    next Offsets frame (a move's caught-up write records it)."""
 
     type: Literal["alterIsr"] = "alterIsr"
     partition: PartitionName
     leader_epoch: Epoch
     partition_epoch: Epoch
     isr: list[SpuId]
+    hw: Offset | None = None
 
 
 class Offsets(Message):

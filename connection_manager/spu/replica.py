@@ -156,6 +156,7 @@ class Proposal:
     leader_epoch: int
     partition_epoch: int
     sent_at: float
+    hw: int = 0  # the leader's HW when it proposed
 
 
 class Replica:
@@ -396,7 +397,7 @@ class Replica:
         if self._refused is not None and self._refused[0] == wanted and now - self._refused[1] < retry_after:
             return None
         assert self.leader_epoch is not None
-        self.pending = Proposal(wanted, self.leader_epoch, self.partition_epoch, now)
+        self.pending = Proposal(wanted, self.leader_epoch, self.partition_epoch, now, self.hw)
         return self.pending
 
     def proposal_answered(

@@ -337,7 +337,8 @@ class ScSession:
 
 def _alter_isr(name: str, proposal: replica_module.Proposal) -> wire.AlterIsr:
     return wire.AlterIsr(
-        partition=name, leader_epoch=proposal.leader_epoch, partition_epoch=proposal.partition_epoch, isr=list(proposal.isr)
+        partition=name, leader_epoch=proposal.leader_epoch, partition_epoch=proposal.partition_epoch, isr=list(proposal.isr),
+        hw=proposal.hw,
     )
 
 

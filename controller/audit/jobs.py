@@ -24,8 +24,11 @@ from controller.audit import export, options as options_module, report
 
 # The causes of the leader changes the SC decided (controller/reconcile/partition_state.py names them, written as Action.cause).
 CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean", "reassignment")
-# The causes of a replica move's writes that end or start it (controller/reconcile/partition_state.py).
-MOVE_ADDING, MOVE_COMPLETED, MOVE_REVERTED = "move-adding", "move-completed", "move-reverted"
+# The causes of a replica move's writes that start it (the rebalance controller's), add its new
+# replicas, commit the last of them into the in-sync set, and end it
+# (controller/reconcile/moves.py, controller/reconcile/partition_state.py).
+MOVE_STARTED, MOVE_ADDING, MOVE_CAUGHT_UP = "move-started", "move-adding", "move-caught-up"
+MOVE_COMPLETED, MOVE_REVERTED = "move-completed", "move-reverted"
 # Buckets of the "leaders per SPU over time" series.
 TIMELINE_BUCKETS = 200
 # Jobs submitted at once by the driver.
@@ -87,7 +90,7 @@ def run(
     runs = _runs(changes).cache()
     runs.count()
     leader_changes = _leader_changes(changes, frame)
-    moves = _moves(changes)
+    moves = _moves(changes, frame)
     unavailability = _unavailability(runs, last_us)
     intervals = _spu_intervals(runs, last_us)
     spus, racks, violations = balance(frame, changes, at_us)
@@ -245,42 +248,83 @@ def _leader_changes(changes: DataFrame, frame: DataFrame) -> DataFrame:
     )
 
 
-def _moves(changes: DataFrame) -> DataFrame:
+def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
     """Each replica move that ended, from the partition's writes that the SC's move steps made (their
     action causes): the SPUs it added (the ``move-adding`` write), the SPUs that left (the
-    ``move-completed`` write: what the replicas lost), from start to end; a cancelled move ends
-    ``reverted`` and moved nothing."""
+    ``move-completed`` write: what the replicas lost), from start (the ``move-adding`` write; the
+    ``move-started`` one for a move that adds no replica, such as a reordering) to end; a cancelled
+    move ends ``reverted`` and moved nothing. A move's writes are those from its ``move-started``
+    write (or, where the history lacks it, its ``move-adding`` one) to the next move's.
+
+    ``records``: what each arriving replica copied, the committed offset (``status.leader.hw``)
+    its ``move-caught-up`` write recorded (the write that committed the last arriving replica into
+    the in-sync set: a replica joins holding every record committed then, and logs start at 0); the
+    records appended after that are replication, not the move's. 0 when no replica arrived; None
+    when the history holds no such write for the move (a gap)."""
     steps = changes.filter(
-        (F.col("kind") == "partitions") & F.col("action_cause").isin(MOVE_ADDING, MOVE_COMPLETED, MOVE_REVERTED)
+        (F.col("kind") == "partitions")
+        & F.col("action_cause").isin(MOVE_STARTED, MOVE_ADDING, MOVE_CAUGHT_UP, MOVE_COMPLETED, MOVE_REVERTED)
     )
+    caught_up = F.col("action_cause") == MOVE_CAUGHT_UP
+    # The committed offset of the few caught-up writes, from their status (JSON, not in ``changes``).
+    committed = (
+        frame.filter((F.col("type") == "change") & (F.col("kind") == "partitions"))
+        .join(F.broadcast(steps.filter(caught_up).select("seq")), "seq", "left_semi")
+        .select("seq", F.get_json_object("status", "$.leader.hw").cast("long").alias("committed_hw"))
+    )
+    started, adding = F.col("action_cause") == MOVE_STARTED, F.col("action_cause") == MOVE_ADDING
     ordered = Window.partitionBy("name").orderBy("seq")
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    adding = F.col("action_cause") == MOVE_ADDING
-    carried = steps.select(
-        "*",
-        F.last(F.when(adding, F.array_except("replicas", "prev_replicas")), ignorenulls=True).over(running).alias("added"),
-        F.last(F.when(adding, F.col("time")), ignorenulls=True).over(running).alias("started"),
+    after_start = F.coalesce(F.col("previous_cause") == MOVE_STARTED, F.lit(False))
+    opens = started | (adding & ~after_start)
+    numbered = (
+        steps.join(committed, ["seq"], "left")
+        .withColumn("previous_cause", F.lag("action_cause").over(ordered))
+        .withColumn("move", F.sum(F.when(opens, 1).otherwise(0)).over(running))
     )
-    ended = carried.filter(~adding)
+    of_move = Window.partitionBy("name", "move").orderBy("seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    carried = numbered.select(
+        "*",
+        F.last(F.when(adding, F.array_except("replicas", "prev_replicas")), ignorenulls=True).over(of_move).alias("added"),
+        F.coalesce(
+            F.last(F.when(adding, F.col("time")), ignorenulls=True).over(of_move),
+            F.first(F.when(started, F.col("time")), ignorenulls=True).over(of_move),
+        ).alias("started"),
+        F.last(F.when(caught_up, F.col("committed_hw")), ignorenulls=True).over(of_move).alias("copied"),
+    )
+    ended = carried.filter(F.col("action_cause").isin(MOVE_COMPLETED, MOVE_REVERTED))
     completed = F.col("action_cause") == MOVE_COMPLETED
+    arrived = F.when(completed, F.array_intersect("replicas", F.coalesce("added", F.array()))).otherwise(F.array())
     return ended.select(
         F.col("name").alias("partition"),
         "topic",
         F.when(completed, "completed").otherwise("reverted").alias("outcome"),
-        F.when(completed, F.array_intersect("replicas", F.coalesce("added", F.array()))).otherwise(F.array()).alias("arrived"),
+        arrived.alias("arrived"),
         F.when(completed, F.array_except("prev_replicas", "replicas")).otherwise(F.array()).alias("left"),
         F.unix_micros("started").alias("started_us"),
         F.unix_micros("time").alias("at_us"),
         ((F.unix_micros("time") - F.unix_micros("started")) / F.lit(1_000_000.0)).alias("seconds"),
+        # -1: the SC knew of no committed offset then (unknown, as no write).
+        F.when(F.size(arrived) == 0, F.lit(0)).when(F.col("copied") >= 0, F.col("copied")).alias("records"),
     )
 
 
 def _moves_by_spu(moves: DataFrame) -> DataFrame:
-    """Per SPU: the completed moves that brought it a replica, and those that took one away."""
-    arrived = moves.select(F.explode("arrived").alias("spu")).groupBy("spu").agg(F.count(F.lit(1)).alias("moves_in"))
-    left = moves.select(F.explode("left").alias("spu")).groupBy("spu").agg(F.count(F.lit(1)).alias("moves_out"))
+    """Per SPU: the completed moves that brought it a replica, and those that took one away, with
+    the records they copied onto it and off it (moves whose records are unknown count none)."""
+    records = F.coalesce(F.col("records"), F.lit(0))
+    arrived = moves.select(F.explode("arrived").alias("spu"), records.alias("records")).groupBy("spu").agg(
+        F.count(F.lit(1)).alias("moves_in"), F.sum("records").alias("records_in")
+    )
+    left = moves.select(F.explode("left").alias("spu"), records.alias("records")).groupBy("spu").agg(
+        F.count(F.lit(1)).alias("moves_out"), F.sum("records").alias("records_out")
+    )
     return arrived.join(left, ["spu"], "full_outer").select(
-        "spu", F.coalesce("moves_in", F.lit(0)).alias("moves_in"), F.coalesce("moves_out", F.lit(0)).alias("moves_out")
+        "spu",
+        F.coalesce("moves_in", F.lit(0)).alias("moves_in"),
+        F.coalesce("moves_out", F.lit(0)).alias("moves_out"),
+        F.coalesce("records_in", F.lit(0)).alias("records_in"),
+        F.coalesce("records_out", F.lit(0)).alias("records_out"),
     )
 
 

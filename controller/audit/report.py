@@ -66,8 +66,12 @@ TABLES: dict[str, list[tuple[str, pa.DataType]]] = {
     "moves": [
         ("partition", pa.string()), ("topic", pa.string()), ("outcome", pa.string()), ("arrived", pa.list_(pa.int32())),
         ("left", pa.list_(pa.int32())), ("started_us", _TIME), ("at_us", _TIME), ("seconds", pa.float64()),
+        ("records", pa.int64()),
     ],
-    "moves_by_spu": [("spu", pa.int32()), ("moves_in", pa.int64()), ("moves_out", pa.int64())],
+    "moves_by_spu": [
+        ("spu", pa.int32()), ("moves_in", pa.int64()), ("moves_out", pa.int64()), ("records_in", pa.int64()),
+        ("records_out", pa.int64()),
+    ],
     # Each SC's terms as its store's leader: a takeover (cause: what became of the claim before it)
     # or a step-down (cause: why the term ended), as the SC that recorded the history saw them.
     "sc_terms": [
@@ -144,11 +148,16 @@ def to_json(results: options.Results) -> dict[str, Any]:
             {
                 "partition": row["partition"], "outcome": row["outcome"], "arrived": row["arrived"], "left": row["left"],
                 "started": iso(row["started_us"]), "at": iso(row["at_us"]), "seconds": _seconds(row["seconds"]),
+                "records": row["records"],
             }
             for row in tables["moves"]
         ],
         "movesBySpu": [
-            {"spu": row["spu"], "movesIn": row["moves_in"], "movesOut": row["moves_out"]} for row in tables["moves_by_spu"]
+            {
+                "spu": row["spu"], "movesIn": row["moves_in"], "movesOut": row["moves_out"], "recordsIn": row["records_in"],
+                "recordsOut": row["records_out"],
+            }
+            for row in tables["moves_by_spu"]
         ],
         "flappingSpus": [
             {"spu": row["spu"], "offlineCount": row["offline_count"], "maxInWindow": row["max_in_window"]}
@@ -256,8 +265,9 @@ def to_markdown(results: options.Results, charts: list[str]) -> str:
 
     lines += ["## Replica moves (rebalance, decommission)", ""]
     lines += ["Per SPU (completed moves):", ""]
-    lines += _markdown_table(tables["moves_by_spu"], ["spu", "moves_in", "moves_out"])
-    lines += _markdown_table(tables["moves"], ["at_us", "partition", "outcome", "arrived", "left", "seconds"])
+    lines += _markdown_table(tables["moves_by_spu"], ["spu", "moves_in", "moves_out", "records_in", "records_out"])
+    lines += ["Each move (records: what each arriving replica copied; – unknown):", ""]
+    lines += _markdown_table(tables["moves"], ["at_us", "partition", "outcome", "arrived", "left", "seconds", "records"])
 
     lines += ["## Spec changes", ""]
     lines += _markdown_table(tables["spec_changes"], ["at_us", "kind", "name", "op", "by", "revision"])

@@ -19,8 +19,6 @@ with SC_CHAOS_SECONDS=60.
 from __future__ import annotations
 
 import asyncio
-import collections
-import json
 import os
 import random
 import signal
@@ -33,10 +31,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from connection_manager.spu import checkpoint
-from connection_manager.spu.replica import EpochLog
 from store import embedded_etcd
-from tests.fixtures import processes
+from tests.fixtures import acknowledged, processes
 
 pytestmark = pytest.mark.etcd
 
@@ -62,6 +58,10 @@ class Cluster:
     log: list[str] = field(default_factory=list)
 
     @property
+    def record(self) -> Path:
+        return self.work / "record.jsonl"
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.public_port}"
 
@@ -83,7 +83,7 @@ class Cluster:
         self.spus[spu_id] = self._spawn(
             [
                 "spu", "run", "--id", str(spu_id), "--sc-private", f"127.0.0.1:{self.private_port}",
-                "--data-dir", str(self.work / "data"), "--record", str(self.work / "record.jsonl"),
+                "--data-dir", str(self.work / "data"), "--record", str(self.record),
                 "--append-interval", "0.1", "--append-records", "5", "--fetch-interval", "0.02",
                 "--replica-lag-time", "1.0", "--log-format", "json", "--log-level", "warning",
             ],
@@ -123,16 +123,6 @@ async def until(check: Any, timeout: float, what: str) -> None:
             last = error
         await asyncio.sleep(0.2)
     raise AssertionError(f"{what}: not within {timeout} s ({last!r})")
-
-
-def records(cluster: Cluster) -> list[dict[str, Any]]:
-    lines = []
-    for line in (cluster.work / "record.jsonl").read_bytes().splitlines():
-        try:
-            lines.append(json.loads(line))
-        except ValueError:
-            continue  # a line a killed process was writing: not an acknowledgement it made
-    return lines
 
 
 async def partitions(client: aiohttp.ClientSession, cluster: Cluster) -> list[dict[str, Any]]:
@@ -225,39 +215,6 @@ def test_the_chaos_is_a_function_of_its_seed() -> None:
     assert {"kill", "stop"} <= {step.what for step in steps}
 
 
-def check_records_and_logs(cluster: Cluster, final: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """The invariants; returns the highest acknowledged offset per partition (for the report)."""
-    lines = records(cluster)
-    leaders: dict[tuple[str, int], set[int]] = collections.defaultdict(set)
-    for line in lines:
-        if line["event"] == "lead":
-            leaders[(line["partition"], line["epoch"])].add(line["spu"])
-    doubled = {key: spus for key, spus in leaders.items() if len(spus) > 1}
-    assert not doubled, f"epochs with two leaders: {doubled}"
-
-    logs = {spu_id: checkpoint.load(checkpoint.path_for(cluster.work / "data", spu_id)) for spu_id in range(SPUS)}
-    highest: dict[str, int] = {}
-    for name, partition in sorted(final.items()):
-        leader = partition["spec"]["leader"]
-        held = logs[leader][name]
-        log = EpochLog(held.leo, held.epochs)
-        acks = [line for line in lines if line["event"] == "ack" and line["partition"] == name]
-        assert acks, f"{name}: nothing was ever acknowledged"
-        highest[name] = max(line["offset"] for line in acks)
-        # The final leader's committed HW is at least the highest ever acknowledged...
-        assert held.hw >= highest[name], (name, held, highest[name])
-        # ... and every acknowledged record is in its log, as it was (same offset, same epoch).
-        lost = [line for line in acks if log.epoch_at(line["offset"] - 1) != line["lastEpoch"]]
-        assert not lost, f"{name}: acknowledged records lost: {lost[:5]} (log {held})"
-        # The replicas hold the same log up to where the slowest one stopped.
-        for spu_id in partition["spec"]["replicas"]:
-            other = logs[spu_id].get(name)
-            assert other is not None, (name, spu_id)
-            upto = min(other.leo, held.leo)
-            assert EpochLog(other.leo, other.epochs).runs_between(0, upto) == log.runs_between(0, upto), (name, spu_id, other, held)
-    return highest
-
-
 async def test_no_committed_record_is_lost_and_no_epoch_has_two_leaders_under_chaos(
     etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path
 ) -> None:
@@ -292,20 +249,14 @@ async def test_no_committed_record_is_lost_and_no_epoch_has_two_leaders_under_ch
             async def recovered() -> bool:
                 if not await _settled(client, cluster):
                     return False
-                lines = records(cluster)
-                for partition in await partitions(client, cluster):
-                    name, leader, epoch = partition["name"], partition["spec"]["leader"], partition["status"]["leaderEpoch"]
-                    acks = [line for line in lines if line["event"] == "ack" and line["partition"] == name]
-                    mine = [line["offset"] for line in acks if (line["spu"], line["epoch"]) == (leader, epoch)]
-                    if not mine or max(mine) < max(line["offset"] for line in acks):
-                        return False
-                return True
+                placed = {p["name"]: acknowledged.Placed.from_json(p) for p in await partitions(client, cluster)}
+                return acknowledged.caught_up(acknowledged.read(cluster.record), placed)
 
             await until(recovered, 90, f"recovery after chaos ({'; '.join(cluster.log)})")
-            final = {partition["name"]: partition for partition in await partitions(client, cluster)}
+            final = {p["name"]: acknowledged.Placed.from_json(p) for p in await partitions(client, cluster)}
     finally:
         cluster.stop_all()
-    highest = check_records_and_logs(cluster, final)
+    highest = acknowledged.check(cluster.record, cluster.work / "data", range(SPUS), final)
     assert len(highest) == PARTITIONS and cluster.log, cluster.log
     assert any("SIGKILL" in event for event in cluster.log) and any("SIGSTOP" in event for event in cluster.log), cluster.log
 

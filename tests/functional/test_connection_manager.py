@@ -493,6 +493,24 @@ async def test_offsets_alone_never_write_to_etcd_but_the_api_shows_them(cluster:
     await api_shows_latest()
 
 
+async def test_the_hw_a_leader_proposes_at_is_known_committed_and_recorded_with_the_change(cluster: Cluster) -> None:
+    """A move's new replica joins the in-sync set holding what its leader had committed: the SC
+    records that offset in the write that commits the set, even before the leader's next Offsets."""
+    spus = await online_topic(cluster, "orders", 3, (10, 10, {1: 10, 2: 10}))
+    leader, follower = spus[0], spus[1]
+    connections = cluster.sc.daemon.connections
+    assert connections is not None
+    await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
+    # Not the leader, or not at its epoch: its HW says nothing.
+    await follower.propose("orders-0", [0, 1], hw=900)
+    await leader.propose("orders-0", [0, 1], leader_epoch=7, hw=800)
+    await leader.propose("orders-0", [0, 1], hw=40)
+    await leader.wait_for(lambda: leader.results("orders-0"))
+    stored = await cluster.wait_partition("orders-0", lrs=1)
+    assert stored.status.leader is not None and stored.status.leader.hw == 40, stored.status
+    assert connections.live.max_hw("orders-0") == 40
+
+
 async def test_a_leaders_proposal_is_committed_written_and_answered(cluster: Cluster) -> None:
     spus = await online_topic(cluster, "orders", 3, (10, 10, {1: 10, 2: 10}))
     leader = spus[0]

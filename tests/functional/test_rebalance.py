@@ -1,15 +1,22 @@
 """Rebalance and decommission end to end: the daemon on the memory store, simulator SPUs as a real
 `sc spu run --count K` process replicating records over real sockets; moves carried out the KIP-455
-way (new replicas join, catch up into the committed in-sync set, then the leaving ones go)."""
+way (new replicas join, catch up into the committed in-sync set, then the leaving ones go).
+
+Leaders append all along and acknowledge only what is committed; each SPU's logs are on disk and
+every leadership and acknowledgement is recorded (tests/fixtures/acknowledged.py), so each
+scenario ends proving that no acknowledged record was lost: the final leaders hold every one, at
+the epoch it was acknowledged with, and have committed at least as far."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,50 +24,128 @@ import pytest
 
 from controller import config
 from controller.reconcile import moves
-from store import embedded_etcd, models
+from store import embedded_etcd, history, models
+from tests.fixtures import acknowledged
 from tests.fixtures.daemon import COMMON_SETTINGS, Running, etcd_settings, running
 
 RF = 3
 PARTITIONS = 20
+# The issue's check: 6 SPUs and 60 partitions at RF 3, 3 SPUs added and a rebalance.
+ISSUE_PARTITIONS = 60
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-async def sc() -> AsyncIterator[Running]:
-    settings = config.Settings(store=config.StoreKind.MEMORY, spu_heartbeat_timeout=5.0, **COMMON_SETTINGS)
+async def sc(tmp_path: Path) -> AsyncIterator[Running]:
+    settings = config.Settings(
+        store=config.StoreKind.MEMORY, spu_heartbeat_timeout=5.0, history_dir=tmp_path / "history", **COMMON_SETTINGS
+    )
     async with running(settings) as handle:
         yield handle
 
 
+@dataclass(frozen=True)
+class Disk:
+    """Where a test's SPU processes keep their logs (``--data-dir``) and record their leaderships
+    and acknowledgements (``--record``, one file for all)."""
+
+    work: Path
+
+    @property
+    def data_dir(self) -> Path:
+        return self.work / "data"
+
+    @property
+    def record(self) -> Path:
+        return self.work / "record.jsonl"
+
+
 @contextlib.asynccontextmanager
-async def spu_run(private_port: int, first_id: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
+async def spu_run(private_port: int, first_id: int, count: int, disk: Disk) -> AsyncIterator[asyncio.subprocess.Process]:
     """`sc spu run --count` for SPUs already registered, talking to whichever SC has ``private_port``."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "controller.cli", "spu", "run", "--first-id", str(first_id), "--count", str(count),
         "--sc-private", f"127.0.0.1:{private_port}", "--append-interval", "0.2", "--append-records", "10",
         "--fetch-interval", "0.05", "--replica-lag-time", "30", "--log-format", "json", "--log-level", "warning",
+        "--data-dir", str(disk.data_dir), "--record", str(disk.record),
         stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         yield process
     finally:
+        await stop(process)
+
+
+async def stop(*processes: asyncio.subprocess.Process) -> None:
+    """SIGTERM to each still running (continued first), at once; then wait for them all."""
+    for process in processes:
         if process.returncode is None:
             process.send_signal(signal.SIGCONT)
             process.send_signal(signal.SIGTERM)
+    for process in processes:
         await asyncio.wait_for(process.wait(), 20)
 
 
 @contextlib.asynccontextmanager
-async def simulated(sc: Running, first_id: int, count: int) -> AsyncIterator[asyncio.subprocess.Process]:
+async def simulated(sc: Running, first_id: int, count: int, disk: Disk) -> AsyncIterator[asyncio.subprocess.Process]:
     """SPUs ``first_id`` .. ``first_id + count - 1``: registered through the API, then run by one
     `sc spu run --count` process (records flowing), stopped with SIGTERM on the way out."""
     ports = embedded_etcd.free_ports(2 * count)
     for index in range(count):
         await sc.register_spu(first_id + index, online=False, ports=(ports[2 * index], ports[2 * index + 1]))
     assert sc.daemon.private_port is not None
-    async with spu_run(sc.daemon.private_port, first_id, count) as process:
+    async with spu_run(sc.daemon.private_port, first_id, count, disk) as process:
         yield process
+
+
+async def no_acknowledged_record_lost(
+    sc: Running, disk: Disk, spu_ids: range, *processes: asyncio.subprocess.Process, partitions: int = PARTITIONS
+) -> dict[str, int]:
+    """Once each partition's current leader has acknowledged as far as any leader ever did, the SPU
+    processes stop, all at once (none is left running to lead what another led), and what was
+    acknowledged is checked against their logs on disk. The highest offset acknowledged, per partition."""
+    placed: dict[str, acknowledged.Placed] = {}
+
+    async def leaders_caught_up() -> None:
+        status, listed = await sc.call("GET", "/v1/partitions")
+        assert status == 200, listed
+        placed.clear()
+        placed.update({item["name"]: acknowledged.Placed.from_json(item) for item in listed})
+        assert acknowledged.caught_up(acknowledged.read(disk.record), placed), "a leader has not acknowledged that far yet"
+
+    await sc.eventually(leaders_caught_up, timeout=30)
+    await stop(*processes)
+    highest = acknowledged.check(disk.record, disk.data_dir, spu_ids, placed)
+    assert len(highest) == partitions, highest
+    return highest
+
+
+async def caught_up_offsets(sc: Running) -> dict[str, list[int]]:
+    """Partition -> the committed offset (status.leader.hw) that each of its moves' move-caught-up
+    writes recorded in the SC's history, in order: what the audit counts as the records the move copied."""
+    assert sc.daemon.history is not None
+    await sc.daemon.history.flush()
+    history_dir = sc.daemon.settings.history_dir
+    assert history_dir is not None
+    rows = list(history.HistoryReader(history_dir).records())
+    changes = {(row["kind"], row["name"], row["revision"]): row for row in rows if row["type"] == "change"}
+    found: dict[str, list[int]] = collections.defaultdict(list)
+    for row in rows:
+        if row["type"] == "action" and row["cause"] == "move-caught-up" and row["outcome"] == "applied":
+            kind, name = row["keys"][0].split("/", 1)
+            found[name].append(changes[(kind, name, row["revision"])]["object"]["status"]["leader"]["hw"])
+    return dict(found)
+
+
+def acknowledged_so_far(disk: Disk) -> dict[str, int]:
+    return acknowledged.highest(acknowledged.read(disk.record))
+
+
+def went_on(before: dict[str, int], after: dict[str, int]) -> None:
+    """Records were committed in every partition after ``before`` was taken (the moves had records
+    flowing); a partition ``before`` lacks had acknowledged nothing yet."""
+    assert set(before) <= set(after) and all(after[name] > before.get(name, 0) for name in after), (before, after)
 
 
 async def online(sc: Running, count: int) -> None:
@@ -68,9 +153,9 @@ async def online(sc: Running, count: int) -> None:
     assert sum(spu.status.resolution is models.SpuResolution.ONLINE for spu in found.values()) == count, found
 
 
-async def all_in_sync(sc: Running) -> dict[str, models.Partition]:
+async def all_in_sync(sc: Running, partitions: int = PARTITIONS) -> dict[str, models.Partition]:
     found: dict[str, models.Partition] = await sc.read_all("partitions")
-    assert len(found) == PARTITIONS
+    assert len(found) == partitions
     for partition in found.values():
         assert partition.status.resolution is models.PartitionResolution.ONLINE, partition
         assert sorted(partition.status.isr) == sorted(partition.spec.replicas), partition
@@ -121,13 +206,13 @@ async def sampling(sc: Running) -> AsyncIterator[Sampler]:
             await task
 
 
-async def orders_on_six(sc: Running) -> dict[str, models.Partition]:
-    """Once SPUs 0..5 are online: topic orders (PARTITIONS at RF) on them, every partition in sync."""
+async def orders_on_six(sc: Running, partitions: int = PARTITIONS) -> dict[str, models.Partition]:
+    """Once SPUs 0..5 are online: topic orders (``partitions`` at RF) on them, every partition in sync."""
     await sc.eventually(lambda: online(sc, 6), timeout=30)
-    body = {"name": "orders", "spec": {"partitions": PARTITIONS, "replicationFactor": RF}}
+    body = {"name": "orders", "spec": {"partitions": partitions, "replicationFactor": RF}}
     status, answer = await sc.call("POST", "/v1/topics", body)
     assert status == 201, answer
-    await sc.eventually(lambda: all_in_sync(sc), timeout=30)
+    await sc.eventually(lambda: all_in_sync(sc, partitions), timeout=30)
     found: dict[str, models.Partition] = await sc.read_all("partitions")
     return found
 
@@ -139,36 +224,37 @@ async def run_state(sc: Running, wanted: str) -> dict[str, Any]:
     return dict(progress)
 
 
-async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc: Running) -> None:
-    async with simulated(sc, 0, 6):
-        before = await orders_on_six(sc)
+async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc: Running, tmp_path: Path) -> None:
+    disk = Disk(tmp_path)
+    async with simulated(sc, 0, 6, disk) as six:
+        before = await orders_on_six(sc, ISSUE_PARTITIONS)
         assert await run_state(sc, "idle") == {"state": "idle", "total": 0, "done": 0, "inFlight": [], "pending": 0, "skipped": []}
 
-        async with simulated(sc, 6, 3):
+        async with simulated(sc, 6, 3, disk) as three:
             await sc.eventually(lambda: online(sc, 9), timeout=30)
             status, dry = await sc.call("POST", "/v1/cluster/rebalance?dryRun=true")
             assert status == 200, dry
             assert (await sc.read_all("partitions")) and await run_state(sc, "idle")  # a dry run stores nothing
 
             async with sampling(sc) as sampler:
+                at_plan = acknowledged_so_far(disk)
                 status, plan = await sc.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 2})
                 assert status == 202, plan
                 assert plan["moves"] == dry["moves"]
-                # 60 replicas over 9 SPUs: six hold 7, three hold 6; the six old SPUs give 3 each.
-                assert plan["replicaMoves"] == plan["lowerBound"] == 18
+                # 180 replicas over 9 SPUs: 20 each; the six old SPUs give 10 each.
+                assert plan["replicaMoves"] == plan["lowerBound"] == 60
                 assert plan["state"] == "running"
                 # A second plan waits for this one.
                 status, refused = await sc.call("POST", "/v1/cluster/rebalance")
                 assert (status, refused["error"]["code"]) == (409, "RebalanceRunning")
                 await sc.eventually(lambda: run_state(sc, "done"), timeout=60)
-            await sc.eventually(lambda: all_in_sync(sc), timeout=30)
+            await sc.eventually(lambda: all_in_sync(sc, ISSUE_PARTITIONS), timeout=30)
             after = await sc.read_all("partitions")
             assert sampler.samples > 1 and sampler.shrunk == [], sampler.shrunk[:5]
             assert sampler.moving_seen  # the samples saw moves in progress
             assert all(len(p.spec.replicas) == RF and p.spec.reassignment is None for p in after.values())
             counts = per_spu(after, range(9))
-            assert sorted(counts.values()) == [6, 6, 6, 7, 7, 7, 7, 7, 7], counts
-            assert all(counts[spu] >= 6 for spu in (6, 7, 8)), counts
+            assert counts == dict.fromkeys(range(9), 20), counts
             # Every partition ends as planned; the others never moved.
             planned = {move["partition"]: move["to"] for move in plan["moves"]}
             assert {name: p.spec.replicas for name, p in after.items()} == {
@@ -176,6 +262,7 @@ async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc:
             }
             progress = await run_state(sc, "done")
             assert (progress["total"], progress["done"], progress["inFlight"]) == (len(plan["moves"]), len(plan["moves"]), [])
+            rebalanced = plan["moves"]
 
             # Decommission SPU 2: everything it holds moves, the rest stay balanced.
             async with sampling(sc) as sampler:
@@ -192,19 +279,31 @@ async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc:
                     assert isinstance(spu, models.Spu) and spu.status.decommission is models.SpuDecommission.DONE, spu
 
                 await sc.eventually(decommissioned, timeout=20)
-            await sc.eventually(lambda: all_in_sync(sc), timeout=30)
+            await sc.eventually(lambda: all_in_sync(sc, ISSUE_PARTITIONS), timeout=30)
             assert sampler.shrunk == [], sampler.shrunk[:5]
             after = await sc.read_all("partitions")
             counts = per_spu(after, range(9))
-            assert counts[2] == 0 and sorted(count for spu, count in counts.items() if spu != 2) == [7, 7, 7, 7, 8, 8, 8, 8], counts
+            assert counts[2] == 0 and sorted(count for spu, count in counts.items() if spu != 2) == [22] * 4 + [23] * 4, counts
             stored = await sc.kv_store.get(moves.KEY)
             assert stored is not None and moves.decode(stored.value).kind == moves.DECOMMISSION
+            # The history holds what the audit's records moved are made of: the caught-up write of
+            # each move that brings a replica (a decommission also reorders some partitions' replicas,
+            # which copies nothing), with the committed offset the arriving replicas copied (records
+            # flowed from the start).
+            copied = await caught_up_offsets(sc)
+            moved = collections.Counter(
+                move["partition"] for move in [*rebalanced, *plan["moves"]] if set(move["to"]) - set(move["from"])
+            )
+            assert {name: len(offsets) for name, offsets in copied.items()} == dict(moved), copied
+            assert all(offset > 0 for offsets in copied.values() for offset in offsets), copied
+            went_on(at_plan, await no_acknowledged_record_lost(sc, disk, range(9), six, three, partitions=ISSUE_PARTITIONS))
 
 
-async def test_a_cancelled_rebalance_sends_the_moves_in_flight_back(sc: Running) -> None:
-    async with simulated(sc, 0, 6):
+async def test_a_cancelled_rebalance_sends_the_moves_in_flight_back(sc: Running, tmp_path: Path) -> None:
+    disk = Disk(tmp_path)
+    async with simulated(sc, 0, 6, disk) as six:
         before = await orders_on_six(sc)
-        async with simulated(sc, 6, 3) as newcomers:
+        async with simulated(sc, 6, 3, disk) as newcomers:
             await sc.eventually(lambda: online(sc, 9), timeout=30)
             # The new SPUs freeze: still Online for the heartbeat timeout, but no move can catch up.
             newcomers.send_signal(signal.SIGSTOP)
@@ -240,11 +339,13 @@ async def test_a_cancelled_rebalance_sends_the_moves_in_flight_back(sc: Running)
             # A new plan may start now.
             status, dry = await sc.call("POST", "/v1/cluster/rebalance?dryRun=true")
             assert status == 200, dry
+            await no_acknowledged_record_lost(sc, disk, range(9), six, newcomers)
 
 
 @pytest.mark.etcd
-async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
     """The run and each move's progress are stored: a new SC on the same etcd finishes what the last one started."""
+    disk = Disk(tmp_path)
     private_port, *spu_ports = embedded_etcd.free_ports(1 + 2 * 9)
     settings = etcd_settings(etcd_server, private_port=private_port, spu_heartbeat_timeout=5.0, spu_offline_grace=10.0)
     first_daemon = running(settings)
@@ -253,7 +354,7 @@ async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_e
     try:
         for spu_id in range(6):
             await first.register_spu(spu_id, online=False, ports=(spu_ports[2 * spu_id], spu_ports[2 * spu_id + 1]))
-        async with spu_run(private_port, 0, 6):
+        async with spu_run(private_port, 0, 6, disk) as six:
             await first.eventually(lambda: online(first, 6), timeout=30)
             status, answer = await first.call(
                 "POST", "/v1/topics", {"name": "orders", "spec": {"partitions": PARTITIONS, "replicationFactor": RF}}
@@ -262,7 +363,7 @@ async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_e
             await first.eventually(lambda: all_in_sync(first), timeout=30)
             for spu_id in range(6, 9):
                 await first.register_spu(spu_id, online=False, ports=(spu_ports[2 * spu_id], spu_ports[2 * spu_id + 1]))
-            async with spu_run(private_port, 6, 3) as newcomers:
+            async with spu_run(private_port, 6, 3, disk) as newcomers:
                 await first.eventually(lambda: online(first, 9), timeout=30)
                 # Frozen: the moves onto them stay in flight while the SC goes away.
                 newcomers.send_signal(signal.SIGSTOP)
@@ -287,27 +388,30 @@ async def test_a_rebalance_goes_on_after_the_sc_restarts(etcd_server: embedded_e
                     assert {name: p.spec.replicas for name, p in after.items() if name in planned} == planned
                     counts = per_spu(after, range(9))
                     assert sorted(counts.values()) == [6, 6, 6, 7, 7, 7, 7, 7, 7], counts
+                    await no_acknowledged_record_lost(second, disk, range(9), six, newcomers)
     finally:
         if first_running:
             await first_daemon.__aexit__(None, None, None)
 
 
-async def test_moves_onto_a_killed_spu_wait_for_it_and_the_others_go_on(sc: Running) -> None:
+async def test_moves_onto_a_killed_spu_wait_for_it_and_the_others_go_on(sc: Running, tmp_path: Path) -> None:
+    disk = Disk(tmp_path)
     ports = embedded_etcd.free_ports(2 * 9)
     private_port = sc.daemon.private_port
     assert private_port is not None
     for spu_id in range(6):
         await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
-    async with spu_run(private_port, 0, 6):
+    async with spu_run(private_port, 0, 6, disk) as six:
         await orders_on_six(sc)
         for spu_id in range(6, 9):
             await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
-        async with spu_run(private_port, 6, 2) as two, spu_run(private_port, 8, 1) as doomed:
+        async with spu_run(private_port, 6, 2, disk) as two, spu_run(private_port, 8, 1, disk) as doomed:
             await sc.eventually(lambda: online(sc, 9), timeout=30)
             # Frozen, so that a move onto SPU 8 is surely in flight when it dies.
             two.send_signal(signal.SIGSTOP)
             doomed.send_signal(signal.SIGSTOP)
             async with sampling(sc) as sampler:
+                at_plan = acknowledged_so_far(disk)
                 status, plan = await sc.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 1})
                 assert status == 202, plan
                 onto_8 = sorted(move["partition"] for move in plan["moves"] if 8 in move["to"] and 8 not in move["from"])
@@ -330,13 +434,15 @@ async def test_moves_onto_a_killed_spu_wait_for_it_and_the_others_go_on(sc: Runn
                     assert progress["pending"] == 5, progress
 
                 await sc.eventually(the_others_done, timeout=60)
-                # SPU 8 back (empty: it kept no data): its moves catch up and the run ends.
-                async with spu_run(private_port, 8, 1):
+                # SPU 8 back (it held nothing of the moves: frozen before they started, killed
+                # before any caught up): its moves catch up and the run ends.
+                async with spu_run(private_port, 8, 1, disk) as back:
                     await sc.eventually(lambda: run_state(sc, "done"), timeout=60)
                     await sc.eventually(lambda: all_in_sync(sc), timeout=30)
                     # What the samples saw while SPU 8 ran (stopping it at the end shrinks its sets).
                     shrunk = list(sampler.shrunk)
                     after = await sc.read_all("partitions")
+                    went_on(at_plan, await no_acknowledged_record_lost(sc, disk, range(9), six, two, back))
             assert shrunk == [], shrunk[:5]
             counts = per_spu(after, range(9))
             assert sorted(counts.values()) == [6, 6, 6, 7, 7, 7, 7, 7, 7], counts

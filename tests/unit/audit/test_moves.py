@@ -1,5 +1,6 @@
 """Replica moves in the audit report: each move that ended (completed or reverted), the SPUs it
-brought a replica and took one from, how long it took, and the counts per SPU."""
+brought a replica and took one from, how long it took, the records each arriving replica copied,
+and the counts per SPU."""
 
 from __future__ import annotations
 
@@ -16,12 +17,35 @@ from tests.unit.audit.synthetic import Writer, iso
 pytestmark = pytest.mark.spark
 
 
-def step(w: Writer, name: str, replicas: list[int], cause: str, reassignment: tuple[list[int], list[int]] | None, leader: int | None = None) -> int:
-    """The partition controller's write of one move step (spec only; the status does not matter here)."""
+def step(
+    w: Writer,
+    name: str,
+    replicas: list[int],
+    cause: str,
+    reassignment: tuple[list[int], list[int]] | None,
+    leader: int | None = None,
+    hw: int | None = None,
+) -> int:
+    """The partition controller's write of one move step; ``hw``: the committed offset its status
+    records (the status is kept otherwise)."""
     partition = w.get("partitions", name)
     move = None if reassignment is None else models.Reassignment(previous=reassignment[0], target=reassignment[1])
-    spec = models.PartitionSpec(leader=partition.spec.leader if leader is None else leader, replicas=replicas, reassignment=move)
-    return w.put(partition.model_copy(update={"spec": spec}), by_sc="move step", cause=cause, verb="update-spec")
+    leader = partition.spec.leader if leader is None else leader
+    spec = models.PartitionSpec(leader=leader, replicas=replicas, reassignment=move)
+    status = partition.status
+    if hw is not None:
+        status = status.model_copy(update={"leader": models.ReplicaStatus(spu=leader, hw=hw, leo=hw + 5)})
+    return w.put(partition.model_copy(update={"spec": spec, "status": status}), by_sc="move step", cause=cause, verb="update-spec")
+
+
+def caught_up(w: Writer, name: str, isr: list[int], hw: int) -> int:
+    """The write that commits the last arriving replica into the in-sync set (a status write)."""
+    partition = w.get("partitions", name)
+    leader = partition.spec.leader
+    status = models.PartitionStatus(
+        resolution="Online", leader_epoch=1, partition_epoch=3, isr=isr, leader=models.ReplicaStatus(spu=leader, hw=hw, leo=hw + 5),
+    )
+    return w.put(partition.model_copy(update={"status": status}), by_sc="in-sync set grows", cause="move-caught-up")
 
 
 async def write_story(directory: Path) -> None:
@@ -29,18 +53,36 @@ async def write_story(directory: Path) -> None:
     w.at(0)
     for spu_id in range(4):
         w.put(w.spu(spu_id, None, "Online"))
-    w.topic("t", {"partitions": 2, "replicationFactor": 2})
-    w.at(1).provision("t", {0: [0, 1], 1: [1, 2]})
-    # t-0 moves from [0, 1] to [3, 1]: 3 arrives, 0 leaves, in 4 s.
-    step(w.at(10), "t-0", [0, 1], "move-started", ([0, 1], [3, 1]))
-    step(w.at(11), "t-0", [0, 1, 3], "move-adding", ([0, 1], [3, 1]))
-    step(w.at(13), "t-0", [0, 1, 3], "reassignment", ([0, 1], [3, 1]), leader=3)
-    step(w.at(15), "t-0", [3, 1], "move-completed", None)
+    w.topic("t", {"partitions": 3, "replicationFactor": 2})
+    w.at(1).provision("t", {0: [0, 1], 1: [1, 2], 2: [2, 3]})
+    # t-0 moves from [0, 1] to [3, 1]: 3 arrives, 0 leaves, in 4 s; SPU 3 joined the in-sync set
+    # with the 120 records committed then (those written later are replication, not the move's).
+    step(w.at(10), "t-0", [0, 1], "move-started", ([0, 1], [3, 1]), hw=30)
+    step(w.at(11), "t-0", [0, 1, 3], "move-adding", ([0, 1], [3, 1]), hw=40)
+    caught_up(w.at(12), "t-0", [0, 1, 3], hw=120)
+    step(w.at(13), "t-0", [0, 1, 3], "reassignment", ([0, 1], [3, 1]), leader=3, hw=150)
+    step(w.at(15), "t-0", [3, 1], "move-completed", None, hw=170)
     # t-1 starts moving to [1, 3], then is cancelled: back on [1, 2], nothing moved.
     step(w.at(20), "t-1", [1, 2], "move-started", ([1, 2], [1, 3]))
-    step(w.at(21), "t-1", [1, 2, 3], "move-adding", ([1, 2], [1, 3]))
+    step(w.at(21), "t-1", [1, 2, 3], "move-adding", ([1, 2], [1, 3]), hw=10)
+    caught_up(w.at(21.5), "t-1", [1, 2, 3], hw=12)
     step(w.at(22), "t-1", [1, 2, 3], "move-cancelled", ([1, 2], [1, 2]))
     step(w.at(23.5), "t-1", [1, 2], "move-reverted", None)
+    # t-2 moves twice. First [2, 3] to [0, 1]: both arrive (7 records each), both leave...
+    step(w.at(30), "t-2", [2, 3], "move-started", ([2, 3], [0, 1]))
+    step(w.at(31), "t-2", [2, 3, 0, 1], "move-adding", ([2, 3], [0, 1]), hw=5)
+    caught_up(w.at(32), "t-2", [2, 3, 0, 1], hw=7)
+    step(w.at(33), "t-2", [2, 3, 0, 1], "reassignment", ([2, 3], [0, 1]), leader=0)
+    step(w.at(34), "t-2", [0, 1], "move-completed", None, hw=9)
+    # ... then to [0, 2], whose catching up the history does not hold (a gap): records unknown,
+    # never the previous move's.
+    step(w.at(40), "t-2", [0, 1], "move-started", ([0, 1], [0, 2]))
+    step(w.at(41), "t-2", [0, 1, 2], "move-adding", ([0, 1], [0, 2]), hw=11)
+    step(w.at(43), "t-2", [0, 2], "move-completed", None, hw=20)
+    # A move that only reorders t-0's replicas (a decommission's leader balance): no replica
+    # arrives or leaves, nothing is copied, nothing of t-0's earlier move is carried over.
+    step(w.at(50), "t-0", [3, 1], "move-started", ([3, 1], [1, 3]))
+    step(w.at(50.5), "t-0", [1, 3], "move-completed", None, hw=200)
     await w.close()
 
 
@@ -54,18 +96,44 @@ def results(spark: Any, tmp_path_factory: pytest.TempPathFactory) -> options.Res
 
 def test_each_move_that_ended_says_what_it_moved_and_how_long_it_took(results: options.Results) -> None:
     assert [
-        (row["partition"], row["outcome"], row["arrived"], row["left"], row["seconds"]) for row in results.tables["moves"]
-    ] == [("t-0", "completed", [3], [0], 4.0), ("t-1", "reverted", [], [], 2.5)]
-    assert results.tables["moves_by_spu"] == [{"spu": 0, "moves_in": 0, "moves_out": 1}, {"spu": 3, "moves_in": 1, "moves_out": 0}]
+        (row["partition"], row["outcome"], row["arrived"], row["left"], row["seconds"], row["records"])
+        for row in results.tables["moves"]
+    ] == [
+        ("t-0", "completed", [3], [0], 4.0, 120),
+        ("t-1", "reverted", [], [], 2.5, 0),
+        ("t-2", "completed", [0, 1], [2, 3], 3.0, 7),
+        ("t-2", "completed", [2], [1], 2.0, None),
+        ("t-0", "completed", [], [], 0.5, 0),
+    ]
+    assert results.tables["moves_by_spu"] == [
+        {"spu": 0, "moves_in": 1, "moves_out": 1, "records_in": 7, "records_out": 120},
+        {"spu": 1, "moves_in": 1, "moves_out": 1, "records_in": 7, "records_out": 0},
+        {"spu": 2, "moves_in": 1, "moves_out": 1, "records_in": 0, "records_out": 7},
+        {"spu": 3, "moves_in": 1, "moves_out": 1, "records_in": 120, "records_out": 7},
+    ]
 
 
 def test_report_json_lists_the_moves_and_the_moves_per_spu(results: options.Results) -> None:
     document = report.to_json(results)
-    assert document["movesBySpu"] == [{"spu": 0, "movesIn": 0, "movesOut": 1}, {"spu": 3, "movesIn": 1, "movesOut": 0}]
+    assert document["movesBySpu"][0] == {"spu": 0, "movesIn": 1, "movesOut": 1, "recordsIn": 7, "recordsOut": 120}
     assert document["moves"][0] == {
-        "partition": "t-0", "outcome": "completed", "arrived": [3], "left": [0], "started": iso(11), "at": iso(15), "seconds": 4.0,
+        "partition": "t-0", "outcome": "completed", "arrived": [3], "left": [0], "started": iso(11), "at": iso(15),
+        "seconds": 4.0, "records": 120,
     }
-    # The move's leader change is the SC's, with its cause.
+    assert document["moves"][3]["records"] is None
+    # The moves' leader changes are the SC's, with their cause.
     assert [(change["partition"], change["from"], change["to"], change["cause"]) for change in document["leaderChanges"]] == [
-        ("t-0", 0, 3, "reassignment")
+        ("t-0", 0, 3, "reassignment"), ("t-2", 2, 0, "reassignment"),
     ]
+
+
+def test_report_markdown_shows_the_records_moved(results: options.Results, tmp_path: Path) -> None:
+    report.write(results, tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    section = text[text.index("## Replica moves"):]
+    section = section[: section.index("\n## ", 1)]
+    assert "| spu | moves_in | moves_out | records_in | records_out |" in section, section
+    assert "| 0 | 1 | 1 | 7 | 120 |" in section, section
+    assert "| at | partition | outcome | arrived | left | seconds | records |" in section, section
+    rows = [line for line in section.splitlines() if "| t-0 |" in line or "| t-2 |" in line]
+    assert [line.rsplit("|", 2)[1].strip() for line in rows] == ["120", "7", "–", "0"], rows

@@ -125,7 +125,7 @@ def test_a_follower_is_proposed_out_after_the_lag_time_and_back_in_once_caught_u
     replica.serve_fetch(2, 150, 0, 1000, 2.5, 1, 1)
     assert replica.proposal(3.5, 1.0) is None  # exactly the lag time since follower 1 caught up
     proposal = replica.proposal(3.75, 1.0)
-    assert proposal == replica_module.Proposal((0, 2), 1, 1, 3.75)
+    assert proposal == replica_module.Proposal((0, 2), 1, 1, 3.75, hw=100)  # the HW then: follower 1 at 100
     # One proposal in flight: none other until it is answered or the SC's state moves past it.
     assert replica.proposal(4.0, 1.0) is None
     replica.assign(0, [0, 1, 2], 4.0, leader_epoch=1, partition_epoch=2, isr=[0, 2])
@@ -133,7 +133,7 @@ def test_a_follower_is_proposed_out_after_the_lag_time_and_back_in_once_caught_u
     # Follower 1 catches up (its LEO reaches the HW): proposed back in.
     replica.serve_fetch(2, 150, 150, 1000, 4.9, 1, 1)
     replica.serve_fetch(1, 150, 100, 1000, 5.0, 1, 1)
-    assert replica.proposal(5.0, 1.0) == replica_module.Proposal((0, 1, 2), 1, 2, 5.0)
+    assert replica.proposal(5.0, 1.0) == replica_module.Proposal((0, 1, 2), 1, 2, 5.0, hw=150)  # it holds the 150 committed
     # Proposed, it counts for the HW at once: nothing is committed that it misses.
     replica.append(10, 5.1)
     replica.serve_fetch(2, 160, 150, 1000, 5.2, 1, 1)
