@@ -277,6 +277,9 @@ class PartitionController:
             in_flight = {name for name in names if busy(_PARTITIONS + name)}
             names -= in_flight
             self._set_aside = in_flight
+        # A key may be busy with another loop's write (the topic controller's create, whose echo
+        # and the leaders' confirmations can come before its answer): its answer wakes this loop.
+        self.loop.waiting_for = {_PARTITIONS + name for name in self._set_aside}
         self._due = set()
         settings = self._settings
         view = cluster_view(settings, self._health, self._live, self._connections)

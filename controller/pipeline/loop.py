@@ -80,6 +80,9 @@ class ControllerLoop:
         # the decision did not see that value (a value the Reader cannot decode never reaches
         # the local store): deciding again at once would lose again, so it backs off instead.
         self._lost_to: dict[str, int] = {}
+        # Keys a controller left objects aside for on its own (outside the deferred ones): when
+        # another loop's write to one of them is answered, this loop wakes to look at them.
+        self.waiting_for: set[str] = set()
         self._now = 0.0  # the loop time of the current pass
         self._kick = asyncio.Event()
         self._kick.set()
@@ -194,7 +197,9 @@ class ControllerLoop:
         action = result.action
         if action.key not in self._submitted:
             # Another loop's write: it may free a key one of ours was set aside for.
-            if self._deferred and any(
+            if self.waiting_for and any(key in self.waiting_for for key in action.write_keys):
+                self.kick()
+            elif self._deferred and any(
                 key in keys for keys in self._deferred.values() for key in action.write_keys
             ):
                 self.kick()

@@ -119,3 +119,28 @@ async def test_preferred_leaders_return_a_batch_per_pass_without_a_full_pass_in_
         # The move is written and back: SPU 0 leads it (the next pass is not a full one, or the
         # test's snapshot, which never sees the others' writes, would move them all again).
         passes.local_store["partitions"].apply(named(part(0, [0, 1, 2], leader_epoch=2), moved), revision)
+
+
+async def test_a_partition_set_aside_for_another_loops_write_is_looked_at_when_that_write_is_back() -> None:
+    """A topic's partitions are created by the topic controller's write; their echo can reach the
+    local store, and their leaders confirm, before that write's answer. A confirmation that comes
+    then finds the partition's key still being written: it is set aside. When the write's answer
+    comes, the loop must wake, or the partition stays Offline until the periodic resync (seen: all
+    of a new topic's partitions Offline for 30 s with every leader confirmed)."""
+    fresh = named(part(0, [0, 1, 2], resolution=models.PartitionResolution.OFFLINE, leader_epoch=0, partition_epoch=0), "fresh-0")
+    passes = Passes((fresh,), (ONLINE, ONLINE, ONLINE))
+    controller = passes.controller
+    loop = controller.loop
+    del loop.busy  # the loop's own bookkeeping, not the test's
+    writing = {"partitions/fresh-0"}
+    loop.dispatcher.writing = lambda key: key in writing  # type: ignore[method-assign]  # the topic controller's write in flight
+    assert passes.decide() == []  # the first (full) pass
+    controller.on_news({"fresh-0"})  # its leader confirmed
+    loop._kick.clear()
+    assert passes.decide() == []
+    assert controller._set_aside == {"fresh-0"}
+    # The topic controller's write is answered: not this loop's action, but what it waited for.
+    writing.clear()
+    created = actions.update_status(fresh, fresh.status, 10, "created by the topic controller")
+    loop._on_result(dispatcher_module.Result(created, dispatcher_module.Outcome.APPLIED, 30))
+    assert loop._kick.is_set()
