@@ -202,6 +202,11 @@ class ConnectionManager:
         # Partition -> (SPU, leader epoch) of the last leadership confirmation accepted.
         self.confirmed: dict[str, tuple[int, int]] = {}
         self._incarnation_counter = 0
+        # (partitions table epoch, SPU id -> the entries of the partitions it is a replica of):
+        # built with one pass over the table and kept while the table does not change, so the
+        # SPUs connecting together (an SC start, a takeover) cost their own replicas each, not a
+        # pass over every partition.
+        self._replicas_by_spu: tuple[int, dict[int, list[local.Entry[models.Partition]]]] | None = None
         self.stats = Stats()
         self.supervisor = supervisor if supervisor is not None else supervisor_module.Supervisor()
         self.refusals = RefusalLog()
@@ -407,10 +412,7 @@ class ConnectionManager:
         session.last_frame_at = asyncio.get_running_loop().time()
         self.stats.count(self.stats.frames, "hosted")
         hosted = reports.hosted_map(parsed.partitions)
-        partitions = [
-            entry.obj for entry in self.local_store["partitions"].view.values()
-            if session.spu_id in entry.obj.spec.replicas
-        ]
+        partitions = [entry.obj for entry in self.replicas_of(session.spu_id)]
         restarted = reports.roles_not_continued(session.spu_id, hosted, partitions)
         session.incarnation = reports.Incarnation(session.spu_id, session.number, hosted, restarted)
         self.incarnations[session.spu_id] = session.incarnation
@@ -423,6 +425,23 @@ class ConnectionManager:
         self._send_sync(session)
         self.health.set(session.spu_id, health_module.Health.ONLINE, session.last_frame_at, session.number)
         return True
+
+    def replicas_of(self, spu_id: int) -> list[local.Entry[models.Partition]]:
+        """The partitions ``spu_id`` is a replica of, as the local store has them now (read it
+        before the next await)."""
+        table = self.local_store["partitions"]
+        cached = self._replicas_by_spu
+        if cached is None or cached[0] != table.epoch:
+            by_spu: dict[int, list[local.Entry[models.Partition]]] = {}
+            for entry in table.view.values():
+                for replica in entry.obj.spec.replicas:
+                    found = by_spu.get(replica)
+                    if found is None:
+                        by_spu[replica] = [entry]
+                    else:
+                        found.append(entry)
+            cached = self._replicas_by_spu = (table.epoch, by_spu)
+        return cached[1].get(spu_id, [])
 
     def _registered(self, spu_id: int) -> models.Spu | None:
         """The SPU that holds ``spu_id``: of SPUs sharing it (written behind the SC's back), the
@@ -653,11 +672,8 @@ class ConnectionManager:
 
     def _send_sync(self, session: Session) -> None:
         spus = [_spu_info(entry.obj) for entry in self._holders().values()]
-        hosted = {}
-        for entry in self.local_store["partitions"].view.values():
-            partition: models.Partition = entry.obj
-            if session.spu_id in partition.spec.replicas:
-                hosted[partition.name] = _replica_info(partition, session.incarnation)
+        incarnation = session.incarnation
+        hosted = {entry.name: _replica_info(entry.obj, incarnation) for entry in self.replicas_of(session.spu_id)}
         session.hosted = hosted
         session.told_spus = {info.id: info for info in spus}
         session.send(wire.Sync(epoch=self.local_store.revision, spus=spus, replicas=list(hosted.values())))
