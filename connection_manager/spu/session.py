@@ -66,6 +66,12 @@ class ScSession:
         self._current = 0
         self._failed_in_row = 0  # addresses that failed since one accepted or named the leader
         self._named: tuple[str, int] | None = None  # the leader a standby named: tried next
+        self._named_as: str | None = None  # that leader as the standby wrote it (HOST:PORT)
+        # The leader a standby named that this SPU then could not reach: said in Register, so a
+        # standby that would name it again holds the registration instead (it may lead soon).
+        self._unreachable: str | None = None
+        self._held = False  # the last refusal came after the standby held the registration a while
+        self._reached = False  # the current connection attempt reached its SC (the WebSocket opened)
         self._standby_seen = False  # a standby refused this SPU since one last accepted it
         # With ``tls`` (the SC's CA, and this SPU's client certificate under mutual TLS): wss.
         self.tls = tls
@@ -103,6 +109,8 @@ class ScSession:
                 try:
                     redirected = await self._serve_connection(http)
                 except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                    if self._named is not None and not self._reached:
+                        self._unreachable = self._named_as
                     # The first failure in a row is news; the retries of an SC that stays down are not.
                     log = self.log.info if backoff.attempt == 0 or self._synced_here else self.log.debug
                     log("sc connection failed; retrying with backoff", url=self.url, error=_describe(error))
@@ -118,10 +126,12 @@ class ScSession:
                 if not self._next_address():
                     continue  # another SC to try before waiting
                 if self._standby_seen:
-                    # SCs answer, and one will lead (an election, a takeover): no backing off.
+                    # SCs answer, and one will lead (an election, a takeover): no backing off,
+                    # and no wait at all when a standby held this SPU's registration meanwhile.
                     self._standby_seen = False
                     backoff.reset()
-                    await asyncio.sleep(self.settings.leader_wait)
+                    if not self._held:
+                        await asyncio.sleep(self.settings.leader_wait)
                     continue
                 delay = backoff.next_delay()
                 self.log.debug("sc reconnect scheduled", delay=round(delay, 3), attempt=backoff.attempt)
@@ -131,7 +141,7 @@ class ScSession:
         """Move on to the next SC after this one failed or ended; True when every address failed in
         a row since one last accepted this SPU (then the backoff applies before trying again)."""
         if self._named is not None:
-            self._named = None  # the named leader failed: back to the list, where it stood
+            self._named = self._named_as = None  # the named leader failed: back to the list, where it stood
         else:
             self._current = (self._current + 1) % len(self.addresses)
         if self._synced_here:
@@ -155,7 +165,7 @@ class ScSession:
             return False
         if named == self.address:
             return False  # named itself: no use going round
-        self._named = named
+        self._named, self._named_as = named, rejection.leader
         self.log.info("sc is a standby; going to the leader it names", standby=self.url, leader=rejection.leader)
         return True
 
@@ -192,6 +202,7 @@ class ScSession:
 
     async def _serve_connection(self, http: aiohttp.ClientSession) -> bool:
         """One connection, until it ends; True if a standby refused it naming the leader to go to."""
+        self._reached = False
         async with http.ws_connect(
             self.url,
             heartbeat=self.settings.sc_ping_interval,
@@ -200,8 +211,15 @@ class ScSession:
             # A stopping SPU waits this long at most for the SC to acknowledge the close.
             timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=1.0),
         ) as ws:
-            await ws.send_bytes(wire.encode(wire.Register(spu_id=self.state.spu_id, token=self.token)))
+            self._reached = True
+            if self._named is not None:
+                self._unreachable = None  # the named leader answers (as a leader or not)
+            register = wire.Register(spu_id=self.state.spu_id, token=self.token, unreachable_leader=self._unreachable)
+            await ws.send_bytes(wire.encode(register))
+            loop = asyncio.get_running_loop()
+            asked_at = loop.time()
             answer = await self._receive(ws, self.settings.request_timeout)
+            self._held = loop.time() - asked_at >= self.settings.leader_wait
             if isinstance(answer, wire.Rejected):
                 self.last_rejection = answer
                 self._standby_seen = self._standby_seen or answer.code == NOT_LEADER
@@ -214,6 +232,7 @@ class ScSession:
                 raise SessionError(f"expected accepted or rejected after register, got {_kind(answer)}")
             if answer.spu_id != self.state.spu_id:
                 raise SessionError(f"the SC accepted SPU {answer.spu_id}, but this is SPU {self.state.spu_id}")
+            self._unreachable = None
             # What this process holds, before anything the SC says on this connection changes it.
             await ws.send_bytes(wire.encode(self.state.hosted()))
             self.connections += 1

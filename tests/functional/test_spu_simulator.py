@@ -377,6 +377,29 @@ async def test_an_spu_refused_by_standbys_asks_again_without_backing_off(make_sc
     await eventually(lambda: _assert(spu.connected and standby.live(0) is not None), timeout=2.0)
 
 
+async def test_an_spu_tells_a_standby_which_leader_it_could_not_reach(make_sc, running) -> None:
+    """The standby names a leader nobody answers at (it died; its claim has not expired): the SPU
+    says so in its next Register, so that the standby may hold it until it leads itself; once the
+    named leader answers, or the SPU is accepted, it says nothing of it any more."""
+    port = free_port()
+    standby = make_sc([spu_info(0, port)], [])
+    await standby.start()
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    standby.standby_of = dead
+    patient = SpuSettings(reconnect_initial=0.05, reconnect_max=5.0, leader_wait=0.05)
+    spu = running(SimulatedSpu(0, standby.address, settings=patient))
+    await spu.start()
+    await eventually(lambda: _assert(len(standby.connections) >= 3), timeout=5.0)
+    said = [connection.register.unreachable_leader for connection in standby.connections]
+    assert said[0] is None  # nothing failed yet
+    assert said[1:3] == [dead, dead]
+    standby.standby_of = None  # it leads now
+    await eventually(lambda: _assert(spu.connected and standby.live(0) is not None), timeout=2.0)
+    live = standby.live(0)
+    assert live is not None and live.register.unreachable_leader == dead
+    assert spu.session._unreachable is None  # accepted: nothing to say any more
+
+
 async def test_an_spu_sends_offsets_at_the_interval_the_sc_last_gave(make_sc, running) -> None:
     """The interval comes with Accepted, and a new one in an Update (the SC's partitions grew)."""
     port = free_port()
