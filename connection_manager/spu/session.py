@@ -5,7 +5,9 @@ the offsets that changed at most once per offsets interval.
 Reconnects forever (capped exponential backoff with jitter) after a drop or a refusal, until cancelled.
 Given several SC addresses (an SC and its standbys), it tries the next one at once when one cannot
 be reached, and goes straight to the leader a standby names when it refuses (``not-leader``); the
-backoff applies once every address failed in a row.
+backoff applies once every address failed in a row. When a named leader cannot be reached (it died,
+its claim has not expired), the SPU says so in its next Register, and a standby holds it until it
+leads itself (docs/replication.md, "Connecting").
 While disconnected the SPU keeps its last picture and keeps replicating: the data plane does not need
 the SC (but its leaders cannot change their in-sync sets, so they commit nothing a lost member misses).
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 import aiohttp
 import structlog
@@ -54,7 +56,7 @@ class ScSession:
         sc_addresses: Sequence[tuple[str, int]],
         token: str | None,
         settings: settings_module.SpuSettings,
-        on_change: Callable[[], None],
+        on_change: Callable[[Collection[str] | None], None],
         tls: ssl.SSLContext | None = None,
         on_step: Callable[[], None] = lambda: None,
     ) -> None:
@@ -77,7 +79,9 @@ class ScSession:
         self.tls = tls
         self.token = token
         self.settings = settings
-        self.on_change = on_change  # called after each Sync or Update is applied
+        # Called after each Sync (with None: anything may have changed) or Update (with the
+        # partitions it named) is applied, and after a fence (with its partition).
+        self.on_change = on_change
         self.on_step = on_step  # called after anything changed the state (it drains state.changes)
         self.connected = False  # accepted and synced on the current connection
         self._synced_here = False  # a Sync was applied on the current (or just ended) connection
@@ -278,7 +282,7 @@ class ScSession:
                 self.state.apply_sync(message, loop.time())
                 self._synced_here = self.connected = True
                 self.log.info("sc sync applied", epoch=message.epoch, spus=len(message.spus), replicas=len(message.replicas))
-                self.on_change()
+                self.on_change(None)
                 self.on_step()
                 self._after_sync()
             elif isinstance(message, wire.Update):
@@ -295,7 +299,7 @@ class ScSession:
                     spus=[spu.id for spu in message.spus],
                     deleted_spus=message.deleted_spus,
                 )
-                self.on_change()
+                self.on_change({info.partition for info in message.replicas}.union(message.deleted_replicas))
                 self.on_step()
             elif isinstance(message, wire.AlterIsrResult):
                 if message.error is not None:
@@ -306,7 +310,7 @@ class ScSession:
                 self.log.warning("sc refused a frame", code=message.code, message=message.message)
                 if message.partition is not None and message.leader_epoch is not None:
                     if self.state.fenced(message.partition, message.leader_epoch):
-                        self.on_change()
+                        self.on_change({message.partition})
                         self.on_step()
             elif isinstance(message, wire.Rejected):
                 self.last_rejection = message

@@ -156,6 +156,10 @@ class SpuState:
                 following.setdefault(replica.leader, []).append(name)
         self._following = following
 
+    def leaders_followed(self) -> list[int]:
+        """The ids of the leaders this SPU follows partitions from (no copy of their partitions)."""
+        return list(self._following)
+
     def followed_leaders(self) -> dict[int, list[str]]:
         """Leader id -> the partitions this SPU follows from it, by name."""
         return {leader: list(names) for leader, names in self._following.items()}
