@@ -298,6 +298,12 @@ class _ConnectionsCollector(Collector):
         )
         paced.add_metric([], stats.offsets_paced)
         yield paced
+        held = CounterMetricFamily(
+            "sc_spu_registrations_held",
+            "SPU registrations a standby held before answering (no leader to name, or the SPU could not reach it)",
+        )
+        held.add_metric([], stats.held)
+        yield held
         proposals = CounterMetricFamily("sc_isr_proposals", "In-sync set proposals (AlterIsr) received from leaders")
         proposals.add_metric([], stats.proposals)
         yield proposals

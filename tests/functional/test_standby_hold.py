@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from connection_manager import health, lrs, server, wire
+from controller import metrics
 from store import local
 from tests.builders import spu
 
@@ -67,6 +68,9 @@ async def test_a_standby_with_no_leader_to_name_holds_the_spu_and_takes_it_once_
         assert isinstance(message, wire.Accepted), message
         assert 0.3 <= waited < server.STANDBY_HOLD
         assert cm.stats.held == 1 and not cm.stats.rejected
+    exported = metrics.Metrics()
+    exported.watch_connections(cm)
+    assert exported.registry.get_sample_value("sc_spu_registrations_held_total") == 1.0
 
 
 async def test_a_standby_naming_the_leader_the_spu_cannot_reach_holds_it(standby) -> None:
