@@ -136,7 +136,16 @@ class Register(Message):
     type: Literal["register"] = "register"
     spu_id: SpuId
     token: str | None = None
-    unreachable_leader: str | None = Field(default=None, max_length=300, exclude_if=lambda value: value is None)
+    unreachable_leader: str | None = Field(default=None, max_length=300)
+
+    @pydantic.model_serializer(mode="wrap")
+    def _without_unset_leader(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, object]:
+        # A serializer, not Field(exclude_if=...): that needs a newer pydantic than pyproject.toml asks.
+        data: dict[str, object] = handler(self)
+        if self.unreachable_leader is None:
+            data.pop("unreachableLeader", None)
+            data.pop("unreachable_leader", None)
+        return data
 
 
 class Hosted(Message):
