@@ -74,6 +74,8 @@ class ScSession:
         self._unreachable: str | None = None
         self._held = False  # the last refusal came after the standby held the registration a while
         self._reached = False  # the current connection attempt reached its SC (the WebSocket opened)
+        self._refused_here: wire.Rejected | None = None  # the refusal of the current connection attempt
+        self._stayed = False  # the previous attempt asked the same standby again (see _stay)
         self._standby_seen = False  # a standby refused this SPU since one last accepted it
         # With ``tls`` (the SC's CA, and this SPU's client certificate under mutual TLS): wss.
         self.tls = tls
@@ -109,6 +111,7 @@ class ScSession:
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while True:
                 self._synced_here = False
+                self._refused_here = None
                 redirected = False
                 try:
                     redirected = await self._serve_connection(http)
@@ -127,6 +130,8 @@ class ScSession:
                     backoff.reset()
                 if redirected:
                     continue  # straight to the leader the standby named
+                if self._stay():
+                    continue  # the standby that held it knows no leader yet: it is about to take over
                 if not self._next_address():
                     continue  # another SC to try before waiting
                 if self._standby_seen:
@@ -157,6 +162,19 @@ class ScSession:
             self._failed_in_row = 0
             return True
         return False
+
+    def _stay(self) -> bool:
+        """A standby held this SPU's registration and still named no leader (its hold ended while
+        it was about to lead, say): ask it again at once instead of going round the list, whose
+        other SCs may be the dead leader. Once in a row, so that a standby that never learns of a
+        leader does not keep the SPU from the others."""
+        refusal = self._refused_here
+        stay = (
+            not self._stayed and self._held and refusal is not None
+            and refusal.code == NOT_LEADER and refusal.leader is None and self._named is None
+        )  # fmt: skip
+        self._stayed = stay
+        return stay
 
     def _follow(self, rejection: wire.Rejected) -> bool:
         """A standby refused this SPU: go to the leader it names (True), if it names a usable one."""
@@ -225,7 +243,7 @@ class ScSession:
             answer = await self._receive(ws, self.settings.request_timeout)
             self._held = loop.time() - asked_at >= self.settings.leader_wait
             if isinstance(answer, wire.Rejected):
-                self.last_rejection = answer
+                self.last_rejection = self._refused_here = answer
                 self._standby_seen = self._standby_seen or answer.code == NOT_LEADER
                 if self._follow(answer):
                     return True
