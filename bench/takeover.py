@@ -13,7 +13,9 @@ Then, for --rounds rounds, SIGKILLs whichever SC leads and measures, from the ki
   - first write: a topic create sent every 20 ms to the standby's API (which redirects to the
     leader) is answered 201 (target: under the TTL + 1 s);
   - SPUs back: every SPU is connected to the new leader (its sc_spus_connected; target: under the
-    TTL + 1 s).
+    TTL + 1 s);
+  - SPUs synced: the new leader's log says "SPU connected" for every SPU (the SPU said what it
+    holds and was sent its Sync; the same target).
 The killed SC is started again (a standby now) before the next round. The baseline measured in
 the same run is the lease TTL itself: a dead leader's claim lasts that long, whatever it did.
 
@@ -97,15 +99,18 @@ class Sc:
                         return float(line.split()[1])
         return None
 
-    def logged_at(self, text: str, since: float) -> float | None:
-        """When this SC's log (as Unix time) first says ``text`` after ``since``."""
+    def logged_at(self, text: str, since: float, count: int = 1) -> float | None:
+        """When this SC's log (as Unix time) says ``text`` for the ``count``-th time after ``since``."""
+        seen = 0
         for line in self.log_path.read_text(errors="replace").splitlines():
             if text not in line:
                 continue
             with contextlib.suppress(ValueError, KeyError):
                 at = datetime.datetime.fromisoformat(json.loads(line)["timestamp"]).timestamp()
                 if at > since:
-                    return at
+                    seen += 1
+                    if seen == count:
+                        return at
         return None
 
 
@@ -271,23 +276,26 @@ async def one_round(
     await until(spus_back, 60, "every SPU connected to the new leader")
     spus_at = time.time()
     await asyncio.wait_for(asyncio.gather(watching, probing), 60)
-    async def logged() -> tuple[float, float] | None:
+    async def logged() -> tuple[float, float, float] | None:
         active = standby.logged_at("this SC is now the active SC", killed_at)
         led = standby.logged_at("this SC leads its store", killed_at)
-        return (active, led) if active is not None and led is not None else None
+        # Logged once the SPU said what it holds and its Sync was sent (server._handle).
+        synced = standby.logged_at('"event": "SPU connected"', killed_at, spu_count)
+        return (active, led, synced) if active is not None and led is not None and synced is not None else None
 
-    won_at, led_at = await until(logged, 10, "the new leader's log lines")
+    won_at, led_at, synced_at = await until(logged, 10, "the new leader's log lines")
     assert claimed_at is not None and first_write is not None
     result = {
         "claimed": claimed_at - killed_at,
         "takeover": led_at - won_at,
         "first_write": first_write - killed_at,
         "spus": spus_at - killed_at,
+        "synced": synced_at - killed_at,
     }
     print(
         f"round {index + 1}: {leader.name} killed; {standby.name} claimed the store after {result['claimed']:.2f} s, "
         f"led {result['takeover'] * 1000:.0f} ms after its claim, first write after {result['first_write']:.2f} s, "
-        f"all SPUs back after {result['spus']:.2f} s"
+        f"all SPUs back after {result['spus']:.2f} s, all synced after {result['synced']:.2f} s"
     )
     return result
 
@@ -308,6 +316,7 @@ def print_summary(results: list[dict[str, float]], ttl: int) -> None:
     row("claim -> leading on the warm mirror (takeover)", "takeover", TAKEOVER_TARGET, "ms")
     row("kill -> first write accepted (through the standby)", "first_write", ttl + 1)
     row("kill -> every SPU connected to the new leader", "spus", ttl + 1)
+    row("kill -> every SPU's Sync sent by the new leader", "synced", ttl + 1)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,14 @@ SEND_QUEUE_LIMIT = 1_000  # frames queued for one SPU before it is considered st
 HEARTBEAT_SECOND_LOOK = 0.5  # seconds
 # The code of a refusal (and of a closed session) because this SC is not the leader of its store.
 NOT_LEADER = "not-leader"
+# A standby holds an SPU's registration up to this long, instead of refusing it at once, while no
+# SC it could name leads (a takeover under way) or while the leader it would name is the one the
+# SPU says it cannot reach (a dead leader whose claim has not expired yet): if this SC leads
+# meanwhile it accepts the SPU at once. Well under the SPU's wait for an answer to Register.
+STANDBY_HOLD = 1.0
+# While holding, the leader a standby would name is looked at again this often (its own term
+# starting wakes it at once: role_changed).
+STANDBY_HOLD_POLL = 0.05
 # A refused connection is logged once per (cause, peer address) in this many seconds; the
 # repeats in between are counted (and the count logged with the next line), not logged each.
 REFUSAL_LOG_INTERVAL = 60.0
@@ -62,6 +70,7 @@ class Stats:
     heartbeat_timeouts: int = 0
     updates_sent: int = 0
     offsets_paced: int = 0  # Offsets frames that came sooner than the protocol allows (see _pace)
+    held: int = 0  # registrations a standby held before answering (see STANDBY_HOLD)
 
     def count(self, table: dict[str, int], code: str) -> None:
         table[code] = table.get(code, 0) + 1
@@ -202,6 +211,11 @@ class ConnectionManager:
         # Partition -> (SPU, leader epoch) of the last leadership confirmation accepted.
         self.confirmed: dict[str, tuple[int, int]] = {}
         self._incarnation_counter = 0
+        # (partitions table epoch, SPU id -> the entries of the partitions it is a replica of):
+        # built with one pass over the table and kept while the table does not change, so the
+        # SPUs connecting together (an SC start, a takeover) cost their own replicas each, not a
+        # pass over every partition.
+        self._replicas_by_spu: tuple[int, dict[int, list[local.Entry[models.Partition]]]] | None = None
         self.stats = Stats()
         self.supervisor = supervisor if supervisor is not None else supervisor_module.Supervisor()
         self.refusals = RefusalLog()
@@ -213,6 +227,8 @@ class ConnectionManager:
         # Why this SC takes no SPU now (None: it does), and the leader's private HOST:PORT when
         # known: a standby SC refuses every SPU, naming the leader to go to. Asked at each connection.
         self.standby_refusal: Callable[[], tuple[str, str | None] | None] = lambda: None
+        # Set (and replaced) by role_changed: wakes the registrations a standby holds.
+        self._role_changed = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -246,6 +262,12 @@ class ConnectionManager:
                 "the private port can connect as any registered SPU; configure spu_token_file",
                 port=self.port,
             )
+
+    def role_changed(self) -> None:
+        """This SC's role changed (it leads now, or stopped leading): the registrations held
+        look at ``standby_refusal`` again at once."""
+        self._role_changed.set()
+        self._role_changed = asyncio.Event()
 
     def end_term(self, reason: str) -> None:
         """This SC stopped leading: close every SPU connection (code ``not-leader``) and forget what
@@ -285,6 +307,8 @@ class ConnectionManager:
             return websocket
         spu_id = register.spu_id
         standby = self.standby_refusal()
+        if standby is not None and _worth_holding(standby, register):
+            standby = await self._hold(standby, register)
         if standby is not None:
             await self._refuse(websocket, peer, spu_id, NOT_LEADER, standby[0], leader=standby[1])
             return websocket
@@ -335,6 +359,23 @@ class ConnectionManager:
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
         return websocket
+
+    async def _hold(self, standby: tuple[str, str | None], register: wire.Register) -> tuple[str, str | None] | None:
+        """Hold a registration this standby would refuse (see STANDBY_HOLD) until it leads (None:
+        accept it), names a leader worth going to, or the hold ends: the refusal to send then."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STANDBY_HOLD
+        self.stats.held += 1
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return standby
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._role_changed.wait(), min(remaining, STANDBY_HOLD_POLL))
+            current = self.standby_refusal()
+            if current is None or not _worth_holding(current, register):
+                return current
+            standby = current
 
     def _gone(self, session: Session, now: float) -> None:
         """``session`` is over: the SPU is offline until a newer connection says what it holds, and
@@ -407,10 +448,7 @@ class ConnectionManager:
         session.last_frame_at = asyncio.get_running_loop().time()
         self.stats.count(self.stats.frames, "hosted")
         hosted = reports.hosted_map(parsed.partitions)
-        partitions = [
-            entry.obj for entry in self.local_store["partitions"].view.values()
-            if session.spu_id in entry.obj.spec.replicas
-        ]
+        partitions = [entry.obj for entry in self.replicas_of(session.spu_id)]
         restarted = reports.roles_not_continued(session.spu_id, hosted, partitions)
         session.incarnation = reports.Incarnation(session.spu_id, session.number, hosted, restarted)
         self.incarnations[session.spu_id] = session.incarnation
@@ -423,6 +461,23 @@ class ConnectionManager:
         self._send_sync(session)
         self.health.set(session.spu_id, health_module.Health.ONLINE, session.last_frame_at, session.number)
         return True
+
+    def replicas_of(self, spu_id: int) -> list[local.Entry[models.Partition]]:
+        """The partitions ``spu_id`` is a replica of, as the local store has them now (read it
+        before the next await)."""
+        table = self.local_store["partitions"]
+        cached = self._replicas_by_spu
+        if cached is None or cached[0] != table.epoch:
+            by_spu: dict[int, list[local.Entry[models.Partition]]] = {}
+            for entry in table.view.values():
+                for replica in entry.obj.spec.replicas:
+                    found = by_spu.get(replica)
+                    if found is None:
+                        by_spu[replica] = [entry]
+                    else:
+                        found.append(entry)
+            cached = self._replicas_by_spu = (table.epoch, by_spu)
+        return cached[1].get(spu_id, [])
 
     def _registered(self, spu_id: int) -> models.Spu | None:
         """The SPU that holds ``spu_id``: of SPUs sharing it (written behind the SC's back), the
@@ -656,11 +711,8 @@ class ConnectionManager:
 
     def _send_sync(self, session: Session) -> None:
         spus = [_spu_info(entry.obj) for entry in self._holders().values()]
-        hosted = {}
-        for entry in self.local_store["partitions"].view.values():
-            partition: models.Partition = entry.obj
-            if session.spu_id in partition.spec.replicas:
-                hosted[partition.name] = _replica_info(partition, session.incarnation)
+        incarnation = session.incarnation
+        hosted = {entry.name: _replica_info(entry.obj, incarnation) for entry in self.replicas_of(session.spu_id)}
         session.hosted = hosted
         session.told_spus = {info.id: info for info in spus}
         session.send(wire.Sync(epoch=self.local_store.revision, spus=spus, replicas=list(hosted.values())))
@@ -724,6 +776,13 @@ class ConnectionManager:
         for name in partition_changes.deleted:
             self.live.forget(name)
             self.confirmed.pop(name, None)
+
+
+def _worth_holding(standby: tuple[str, str | None], register: wire.Register) -> bool:
+    """Whether a standby's refusal is better held than sent: it names no leader (a takeover under
+    way), or names the one this SPU says it cannot reach."""
+    leader = standby[1]
+    return leader is None or leader == register.unreachable_leader
 
 
 def _stale_code(told: wire.ReplicaInfo, spu_id: int) -> str:

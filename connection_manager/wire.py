@@ -126,11 +126,26 @@ class Leadership(TypedDict):
 
 
 class Register(Message):
-    """First frame of a connection: the SPU's id and, if the SC requires one, the shared token."""
+    """First frame of a connection: the SPU's id and, if the SC requires one, the shared token.
+
+    ``unreachable_leader``: the leader (its private HOST:PORT, as a standby named it) this SPU
+    could not reach since a standby sent it there: a standby that would name that one again holds
+    the registration a moment instead (see ConnectionManager), and takes the SPU at once if it
+    leads meanwhile. Left out of the frame when None, so an SC that predates it reads the frame."""
 
     type: Literal["register"] = "register"
     spu_id: SpuId
     token: str | None = None
+    unreachable_leader: str | None = Field(default=None, max_length=300)
+
+    @pydantic.model_serializer(mode="wrap")
+    def _without_unset_leader(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, object]:
+        # A serializer, not Field(exclude_if=...): that needs a newer pydantic than pyproject.toml asks.
+        data: dict[str, object] = handler(self)
+        if self.unreachable_leader is None:
+            data.pop("unreachableLeader", None)
+            data.pop("unreachable_leader", None)
+        return data
 
 
 class Hosted(Message):

@@ -198,6 +198,8 @@ class Daemon:
             return
         self._term = active.term
         self.pipeline.lead()
+        assert self.connections is not None
+        self.connections.role_changed()  # the SPUs whose registration it holds are accepted now
         context.metrics.takeovers.labels(takeover.cause).inc()
         previous = takeover.previous
         log.warning(
@@ -219,6 +221,7 @@ class Daemon:
         self._term = 0
         await self.pipeline.step_down()
         self.connections.end_term("this SC is not the leader of its store any more: connect to the new leader")
+        self.connections.role_changed()
         cause = active.step_down_cause or "stopped"
         log.error("this SC stepped down to a standby: controllers stopped, SPU connections closed", cause=cause, epoch=active.epoch)
         if context.history is not None and active.identity is not None:

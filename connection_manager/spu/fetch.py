@@ -112,7 +112,7 @@ class Fetchers:
 
     def reconcile(self) -> None:
         wanted: dict[int, wire.Endpoint | None] = {
-            leader: self.state.endpoint_of(leader) for leader in self.state.followed_leaders()
+            leader: self.state.endpoint_of(leader) for leader in self.state.leaders_followed()
         }
         for leader, (followed, task) in list(self._loops.items()):
             if wanted.get(leader) != followed:

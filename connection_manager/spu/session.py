@@ -5,7 +5,9 @@ the offsets that changed at most once per offsets interval.
 Reconnects forever (capped exponential backoff with jitter) after a drop or a refusal, until cancelled.
 Given several SC addresses (an SC and its standbys), it tries the next one at once when one cannot
 be reached, and goes straight to the leader a standby names when it refuses (``not-leader``); the
-backoff applies once every address failed in a row.
+backoff applies once every address failed in a row. When a named leader cannot be reached (it died,
+its claim has not expired), the SPU says so in its next Register, and a standby holds it until it
+leads itself (docs/replication.md, "Connecting").
 While disconnected the SPU keeps its last picture and keeps replicating: the data plane does not need
 the SC (but its leaders cannot change their in-sync sets, so they commit nothing a lost member misses).
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 import aiohttp
 import structlog
@@ -54,7 +56,7 @@ class ScSession:
         sc_addresses: Sequence[tuple[str, int]],
         token: str | None,
         settings: settings_module.SpuSettings,
-        on_change: Callable[[], None],
+        on_change: Callable[[Collection[str] | None], None],
         tls: ssl.SSLContext | None = None,
         on_step: Callable[[], None] = lambda: None,
     ) -> None:
@@ -66,12 +68,22 @@ class ScSession:
         self._current = 0
         self._failed_in_row = 0  # addresses that failed since one accepted or named the leader
         self._named: tuple[str, int] | None = None  # the leader a standby named: tried next
+        self._named_as: str | None = None  # that leader as the standby wrote it (HOST:PORT)
+        # The leader a standby named that this SPU then could not reach: said in Register, so a
+        # standby that would name it again holds the registration instead (it may lead soon).
+        self._unreachable: str | None = None
+        self._held = False  # the last refusal came after the standby held the registration a while
+        self._reached = False  # the current connection attempt reached its SC (the WebSocket opened)
+        self._refused_here: wire.Rejected | None = None  # the refusal of the current connection attempt
+        self._stayed = False  # the previous attempt asked the same standby again (see _stay)
         self._standby_seen = False  # a standby refused this SPU since one last accepted it
         # With ``tls`` (the SC's CA, and this SPU's client certificate under mutual TLS): wss.
         self.tls = tls
         self.token = token
         self.settings = settings
-        self.on_change = on_change  # called after each Sync or Update is applied
+        # Called after each Sync (with None: anything may have changed) or Update (with the
+        # partitions it named) is applied, and after a fence (with its partition).
+        self.on_change = on_change
         self.on_step = on_step  # called after anything changed the state (it drains state.changes)
         self.connected = False  # accepted and synced on the current connection
         self._synced_here = False  # a Sync was applied on the current (or just ended) connection
@@ -99,10 +111,13 @@ class ScSession:
         async with aiohttp.ClientSession(timeout=timeout) as http:
             while True:
                 self._synced_here = False
+                self._refused_here = None
                 redirected = False
                 try:
                     redirected = await self._serve_connection(http)
                 except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                    if self._named is not None and not self._reached:
+                        self._unreachable = self._named_as
                     # The first failure in a row is news; the retries of an SC that stays down are not.
                     log = self.log.info if backoff.attempt == 0 or self._synced_here else self.log.debug
                     log("sc connection failed; retrying with backoff", url=self.url, error=_describe(error))
@@ -115,13 +130,17 @@ class ScSession:
                     backoff.reset()
                 if redirected:
                     continue  # straight to the leader the standby named
+                if self._stay():
+                    continue  # the standby that held it knows no leader yet: it is about to take over
                 if not self._next_address():
                     continue  # another SC to try before waiting
                 if self._standby_seen:
-                    # SCs answer, and one will lead (an election, a takeover): no backing off.
+                    # SCs answer, and one will lead (an election, a takeover): no backing off,
+                    # and no wait at all when a standby held this SPU's registration meanwhile.
                     self._standby_seen = False
                     backoff.reset()
-                    await asyncio.sleep(self.settings.leader_wait)
+                    if not self._held:
+                        await asyncio.sleep(self.settings.leader_wait)
                     continue
                 delay = backoff.next_delay()
                 self.log.debug("sc reconnect scheduled", delay=round(delay, 3), attempt=backoff.attempt)
@@ -131,7 +150,7 @@ class ScSession:
         """Move on to the next SC after this one failed or ended; True when every address failed in
         a row since one last accepted this SPU (then the backoff applies before trying again)."""
         if self._named is not None:
-            self._named = None  # the named leader failed: back to the list, where it stood
+            self._named = self._named_as = None  # the named leader failed: back to the list, where it stood
         else:
             self._current = (self._current + 1) % len(self.addresses)
         if self._synced_here:
@@ -144,6 +163,19 @@ class ScSession:
             return True
         return False
 
+    def _stay(self) -> bool:
+        """A standby held this SPU's registration and still named no leader (its hold ended while
+        it was about to lead, say): ask it again at once instead of going round the list, whose
+        other SCs may be the dead leader. Once in a row, so that a standby that never learns of a
+        leader does not keep the SPU from the others."""
+        refusal = self._refused_here
+        stay = (
+            not self._stayed and self._held and refusal is not None
+            and refusal.code == NOT_LEADER and refusal.leader is None and self._named is None
+        )  # fmt: skip
+        self._stayed = stay
+        return stay
+
     def _follow(self, rejection: wire.Rejected) -> bool:
         """A standby refused this SPU: go to the leader it names (True), if it names a usable one."""
         if rejection.code != NOT_LEADER or rejection.leader is None:
@@ -155,7 +187,7 @@ class ScSession:
             return False
         if named == self.address:
             return False  # named itself: no use going round
-        self._named = named
+        self._named, self._named_as = named, rejection.leader
         self.log.info("sc is a standby; going to the leader it names", standby=self.url, leader=rejection.leader)
         return True
 
@@ -192,6 +224,7 @@ class ScSession:
 
     async def _serve_connection(self, http: aiohttp.ClientSession) -> bool:
         """One connection, until it ends; True if a standby refused it naming the leader to go to."""
+        self._reached = False
         async with http.ws_connect(
             self.url,
             heartbeat=self.settings.sc_ping_interval,
@@ -200,10 +233,17 @@ class ScSession:
             # A stopping SPU waits this long at most for the SC to acknowledge the close.
             timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=1.0),
         ) as ws:
-            await ws.send_bytes(wire.encode(wire.Register(spu_id=self.state.spu_id, token=self.token)))
+            self._reached = True
+            if self._named is not None:
+                self._unreachable = None  # the named leader answers (as a leader or not)
+            register = wire.Register(spu_id=self.state.spu_id, token=self.token, unreachable_leader=self._unreachable)
+            await ws.send_bytes(wire.encode(register))
+            loop = asyncio.get_running_loop()
+            asked_at = loop.time()
             answer = await self._receive(ws, self.settings.request_timeout)
+            self._held = loop.time() - asked_at >= self.settings.leader_wait
             if isinstance(answer, wire.Rejected):
-                self.last_rejection = answer
+                self.last_rejection = self._refused_here = answer
                 self._standby_seen = self._standby_seen or answer.code == NOT_LEADER
                 if self._follow(answer):
                     return True
@@ -214,6 +254,7 @@ class ScSession:
                 raise SessionError(f"expected accepted or rejected after register, got {_kind(answer)}")
             if answer.spu_id != self.state.spu_id:
                 raise SessionError(f"the SC accepted SPU {answer.spu_id}, but this is SPU {self.state.spu_id}")
+            self._unreachable = None
             # What this process holds, before anything the SC says on this connection changes it.
             await ws.send_bytes(wire.encode(self.state.hosted()))
             self.connections += 1
@@ -259,7 +300,7 @@ class ScSession:
                 self.state.apply_sync(message, loop.time())
                 self._synced_here = self.connected = True
                 self.log.info("sc sync applied", epoch=message.epoch, spus=len(message.spus), replicas=len(message.replicas))
-                self.on_change()
+                self.on_change(None)
                 self.on_step()
                 self._after_sync()
             elif isinstance(message, wire.Update):
@@ -276,7 +317,7 @@ class ScSession:
                     spus=[spu.id for spu in message.spus],
                     deleted_spus=message.deleted_spus,
                 )
-                self.on_change()
+                self.on_change({info.partition for info in message.replicas}.union(message.deleted_replicas))
                 self.on_step()
             elif isinstance(message, wire.AlterIsrResult):
                 if message.error is not None:
@@ -287,7 +328,7 @@ class ScSession:
                 self.log.warning("sc refused a frame", code=message.code, message=message.message)
                 if message.partition is not None and message.leader_epoch is not None:
                     if self.state.fenced(message.partition, message.leader_epoch):
-                        self.on_change()
+                        self.on_change({message.partition})
                         self.on_step()
             elif isinstance(message, wire.Rejected):
                 self.last_rejection = message

@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import ssl
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Collection, Coroutine, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -223,19 +223,35 @@ class SimulatedSpu:
 
     # ------------------------------------------------------------------ background work
 
-    def _picture_changed(self) -> None:
-        roles = {name: (replica.role, replica.leader) for name, replica in self.state.replicas.items()}
-        if self._roles is None:
-            counts = {role.value: sum(1 for held, _ in roles.values() if held is role) for role in replica_module.Role}
-            self.log.info("replicas assigned", **counts)
+    def _picture_changed(self, names: Collection[str] | None = None) -> None:
+        """The SC's picture changed: for ``names`` (an Update's partitions), or anywhere (None: a
+        Sync). Only those are looked at: twenty SPUs of thousands of replicas in one process
+        must not walk every replica at every Update (their loop noticed an SC's death late)."""
+        replicas = self.state.replicas
+        if self._roles is None or names is None:
+            roles = {name: (replica.role, replica.leader) for name, replica in replicas.items()}
+            if self._roles is None:
+                counts = {role.value: sum(1 for held, _ in roles.values() if held is role) for role in replica_module.Role}
+                self.log.info("replicas assigned", **counts)
+            else:
+                # After the first picture, each change is news (a failover, a new topic): one line each.
+                for name, (role, leader) in sorted(roles.items()):
+                    if self._roles.get(name) != (role, leader):
+                        self.log.info("replica role", partition=name, role=role.value, leader=leader, leo=replicas[name].leo)
+                for name in sorted(self._roles.keys() - roles.keys()):
+                    self.log.info("replica removed", partition=name)
+            self._roles = roles
         else:
-            # After the first picture, each change is news (a failover, a new topic): one line each.
-            for name, (role, leader) in sorted(roles.items()):
-                if self._roles.get(name) != (role, leader):
-                    self.log.info("replica role", partition=name, role=role.value, leader=leader, leo=self.state.replicas[name].leo)
-            for name in sorted(self._roles.keys() - roles.keys()):
-                self.log.info("replica removed", partition=name)
-        self._roles = roles
+            for name in sorted(names):
+                replica = replicas.get(name)
+                if replica is None:
+                    if self._roles.pop(name, None) is not None:
+                        self.log.info("replica removed", partition=name)
+                    continue
+                now = (replica.role, replica.leader)
+                if self._roles.get(name) != now:
+                    self._roles[name] = now
+                    self.log.info("replica role", partition=name, role=now[0].value, leader=now[1], leo=replica.leo)
         self._endpoint_changed.set()
         self.fetchers.reconcile()
 

@@ -8,6 +8,8 @@ fetch server, the fetchers and the simulator drive it, and drain ``changes`` aft
 
 from __future__ import annotations
 
+import bisect
+
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -72,6 +74,7 @@ class SpuState:
         # Leader id -> partitions followed from it, rebuilt when the SC's picture changes, so a
         # fetch round costs the partitions it fetches, not every replica hosted here.
         self._following: dict[int, list[str]] = {}
+        self._followed_from: dict[str, int] = {}  # partition -> the leader it is followed from
         # Logs from a checkpoint, given to a partition the first Sync assigns; dropped after it.
         self._restored: dict[str, Offsets] = {}
 
@@ -115,7 +118,7 @@ class SpuState:
         for info in update.replicas:
             self._assign(info, now)
         self.epoch = update.epoch
-        self._index()
+        self._reindex([*update.deleted_replicas, *(info.partition for info in update.replicas)])
 
     def _assign(self, info: wire.ReplicaInfo, now: float) -> None:
         replica = self.replicas.get(info.partition)
@@ -151,10 +154,32 @@ class SpuState:
 
     def _index(self) -> None:
         following: dict[int, list[str]] = {}
+        followed_from: dict[str, int] = {}
         for name, replica in sorted(self.replicas.items()):
             if replica.role is Role.FOLLOWER and replica.leader is not None:
                 following.setdefault(replica.leader, []).append(name)
-        self._following = following
+                followed_from[name] = replica.leader
+        self._following, self._followed_from = following, followed_from
+
+    def _reindex(self, names: Iterable[str]) -> None:
+        """``_index`` for the partitions ``names`` only (an Update's, a fence's): roles change
+        nowhere else, and an SPU of thousands of replicas must not sort them all at each Update."""
+        following, followed_from = self._following, self._followed_from
+        for name in names:
+            before = followed_from.pop(name, None)
+            if before is not None:
+                listed = following[before]
+                del listed[bisect.bisect_left(listed, name)]
+                if not listed:
+                    del following[before]
+            replica = self.replicas.get(name)
+            if replica is not None and replica.role is Role.FOLLOWER and replica.leader is not None:
+                bisect.insort(following.setdefault(replica.leader, []), name)
+                followed_from[name] = replica.leader
+
+    def leaders_followed(self) -> list[int]:
+        """The ids of the leaders this SPU follows partitions from (no copy of their partitions)."""
+        return list(self._following)
 
     def followed_leaders(self) -> dict[int, list[str]]:
         """Leader id -> the partitions this SPU follows from it, by name."""
@@ -173,7 +198,7 @@ class SpuState:
         if replica is None or not replica.step_down(leader_epoch):
             return False
         self.changes.stepped_down[partition] = leader_epoch
-        self._index()
+        self._reindex((partition,))
         return True
 
     # ------------------------------------------------------------------ what it tells the SC

@@ -93,6 +93,7 @@ class FakeSc:
         self.drop_after_accept = 0  # the next N connections are closed right after Accepted, before any Sync
         # A standby SC: refuses every SPU (not-leader), naming this as the leader's private port.
         self.standby_of: str | None = None
+        self.hold = 0.0  # seconds a standby waits before refusing (a real standby holds some registrations)
         self.offsets_interval = 0.2
         self.port = 0
         self._runner: web.AppRunner | None = None
@@ -139,6 +140,7 @@ class FakeSc:
         connection = Connection(register.spu_id, loop.time(), register, websocket)
         self.connections.append(connection)
         if self.standby_of is not None:
+            await asyncio.sleep(self.hold)
             refusal = wire.Rejected(code="not-leader", reason="this SC is a standby", leader=self.standby_of or None)
             await websocket.send_bytes(wire.encode(refusal))
             await websocket.close()
@@ -375,6 +377,52 @@ async def test_an_spu_refused_by_standbys_asks_again_without_backing_off(make_sc
     await eventually(lambda: _assert(len(standby.connections) >= 10), timeout=5.0)
     standby.standby_of = None  # it leads now
     await eventually(lambda: _assert(spu.connected and standby.live(0) is not None), timeout=2.0)
+
+
+async def test_an_spu_tells_a_standby_which_leader_it_could_not_reach(make_sc, running) -> None:
+    """The standby names a leader nobody answers at (it died; its claim has not expired): the SPU
+    says so in its next Register, so that the standby may hold it until it leads itself; once the
+    named leader answers, or the SPU is accepted, it says nothing of it any more."""
+    port = free_port()
+    standby = make_sc([spu_info(0, port)], [])
+    await standby.start()
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    standby.standby_of = dead
+    patient = SpuSettings(reconnect_initial=0.05, reconnect_max=5.0, leader_wait=0.05)
+    spu = running(SimulatedSpu(0, standby.address, settings=patient))
+    await spu.start()
+    await eventually(lambda: _assert(len(standby.connections) >= 3), timeout=5.0)
+    said = [connection.register.unreachable_leader for connection in standby.connections]
+    assert said[0] is None  # nothing failed yet
+    assert said[1:3] == [dead, dead]
+    standby.standby_of = None  # it leads now
+    await eventually(lambda: _assert(spu.connected and standby.live(0) is not None), timeout=2.0)
+    live = standby.live(0)
+    assert live is not None and live.register.unreachable_leader == dead
+    assert spu.session._unreachable is None  # accepted: nothing to say any more
+
+
+async def test_an_spu_held_by_a_standby_that_names_no_leader_asks_it_again_once_before_moving_on(make_sc, running) -> None:
+    """A standby held the registration and its hold ended with no leader known (it was about to
+    lead): the SPU asks it again at once rather than go to the next address (the dead leader);
+    once in a row only, so a standby that never learns of a leader does not keep it from the others."""
+    port = free_port()
+    standby, other = make_sc([spu_info(0, port)], []), make_sc([spu_info(0, port)], [])
+    await standby.start()
+    await other.start()
+    standby.standby_of = ""  # names nobody
+    standby.hold = 0.1
+    other.standby_of = ""
+    patient = SpuSettings(reconnect_initial=0.05, reconnect_max=5.0, leader_wait=0.05)
+    spu = running(SimulatedSpu(0, f"{standby.address},{other.address}", settings=patient))
+    await spu.start()
+    await eventually(lambda: _assert(len(other.connections) >= 2), timeout=5.0)
+    order = sorted(
+        [(c.registered_at, "standby") for c in standby.connections] + [(c.registered_at, "other") for c in other.connections]
+    )
+    # Held and told of no leader: the same standby once more, then the next address; the other
+    # answers at once (not held), so the SPU moves on from it as before.
+    assert [name for _, name in order[:4]] == ["standby", "standby", "other", "standby"]
 
 
 async def test_an_spu_sends_offsets_at_the_interval_the_sc_last_gave(make_sc, running) -> None:

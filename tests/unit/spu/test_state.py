@@ -3,6 +3,8 @@ tells the SC (what it holds, leaderships, proposals, changed offsets only) and w
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from connection_manager import wire
@@ -241,3 +243,41 @@ def test_the_status_of_a_replica_is_a_snapshot() -> None:
     assert state.status("a-0", now=1.0) == ReplicaStatus("a-0", Role.LEADER, 0, 1, 0, 0, (1, 2), {1: 0}, (0, 1, 2))
     assert state.status("a-1", now=0.0) == ReplicaStatus("a-1", Role.FOLLOWER, 1, 1, 0, 0, (), {}, (1, 2, 0))
     assert state.status("nope-0", now=0.0) is None
+
+
+def test_the_partitions_followed_from_each_leader_stay_those_of_the_whole_picture() -> None:
+    """Kept up to date from what each Update (or fence) touched, not rebuilt over every replica:
+    always what a pass over the whole picture finds, in name order."""
+
+    def reference(state: SpuState) -> dict[int, list[str]]:
+        following: dict[int, list[str]] = {}
+        for name, replica in sorted(state.replicas.items()):
+            if replica.role is Role.FOLLOWER and replica.leader is not None:
+                following.setdefault(replica.leader, []).append(name)
+        return following
+
+    rng = random.Random(11)
+    names = [f"t-{index}" for index in range(25)]
+    state = SpuState(0, LAG)
+    epochs = dict.fromkeys(names, 1)
+
+    def picked(name: str) -> wire.ReplicaInfo:
+        epochs[name] += 1
+        leader = rng.choice([None, 0, 1, 2, 3])
+        return hosted(name, leader, [0, 1, 2, 3], epoch=epochs[name])
+
+    state.apply_sync(wire.Sync(epoch=1, spus=[], replicas=[picked(name) for name in names[:15]]), 0.0)
+    assert state.followed_leaders() == reference(state)
+    for step in range(300):
+        if step % 50 == 49:
+            chosen = rng.sample(names, 12)
+            state.apply_sync(wire.Sync(epoch=step, spus=[], replicas=[picked(name) for name in chosen]), 0.0)
+        elif rng.random() < 0.2:
+            name = rng.choice(names)
+            state.fenced(name, epochs[name] + 1)
+        else:
+            touched = rng.sample(names, rng.randint(1, 4))
+            deleted = [name for name in touched if rng.random() < 0.2]
+            replicas = [picked(name) for name in touched if name not in deleted]
+            state.apply_update(wire.Update(epoch=step, replicas=replicas, deleted_replicas=deleted), 0.0)
+        assert state.followed_leaders() == reference(state), step

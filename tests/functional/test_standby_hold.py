@@ -1,0 +1,110 @@
+"""A standby SC holds an SPU's registration, instead of refusing it at once, while no SC it could
+name leads or while the leader it would name is the one the SPU says it cannot reach: when it
+leads meanwhile it accepts the SPU at once (a takeover: SPUs join the new leader as it claims).
+A connection manager on 127.0.0.1 with no etcd; its role is the test's to change."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from connection_manager import health, lrs, server, wire
+from controller import metrics
+from store import local
+from tests.builders import spu
+
+NO_LEADER = ("this SC is a standby and no other SC leads the store right now", None)
+DEAD = "127.0.0.1:9"
+
+
+class Role:
+    def __init__(self) -> None:
+        self.refusal: tuple[str, str | None] | None = NO_LEADER
+
+    def __call__(self) -> tuple[str, str | None] | None:
+        return self.refusal
+
+
+@pytest.fixture
+async def standby() -> AsyncIterator[tuple[server.ConnectionManager, Role]]:
+    store = local.LocalStore()
+    store["spus"].apply(spu(0), 1)
+    cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas())
+    role = Role()
+    cm.standby_refusal = role
+    await cm.start("127.0.0.1", 0)
+    try:
+        yield cm, role
+    finally:
+        await cm.stop()
+
+
+async def register(client: aiohttp.ClientSession, cm: server.ConnectionManager, unreachable: str | None = None) -> asyncio.Task[tuple[float, object]]:
+    """Register SPU 0; a task giving (seconds until the answer, the answer)."""
+    websocket = await client.ws_connect(f"ws://127.0.0.1:{cm.port}{wire.SPU_PATH}")
+    await websocket.send_bytes(wire.encode(wire.Register(spu_id=0, unreachable_leader=unreachable)))
+    loop = asyncio.get_running_loop()
+    asked_at = loop.time()
+
+    async def answer() -> tuple[float, object]:
+        frame = await websocket.receive(timeout=5)
+        return loop.time() - asked_at, wire.parse_sc_message(frame.data)
+
+    return asyncio.create_task(answer())
+
+
+async def test_a_standby_with_no_leader_to_name_holds_the_spu_and_takes_it_once_it_leads(standby) -> None:
+    cm, role = standby
+    async with aiohttp.ClientSession() as client:
+        answer = await register(client, cm)
+        await asyncio.sleep(0.3)
+        assert not answer.done()  # held, not refused
+        role.refusal = None  # this SC leads now
+        cm.role_changed()
+        waited, message = await asyncio.wait_for(answer, 2)
+        assert isinstance(message, wire.Accepted), message
+        assert 0.3 <= waited < server.STANDBY_HOLD
+        assert cm.stats.held == 1 and not cm.stats.rejected
+    exported = metrics.Metrics()
+    exported.watch_connections(cm)
+    assert exported.registry.get_sample_value("sc_spu_registrations_held_total") == 1.0
+
+
+async def test_a_standby_naming_the_leader_the_spu_cannot_reach_holds_it(standby) -> None:
+    cm, role = standby
+    role.refusal = ("this SC is a standby: the leader is elsewhere", DEAD)
+    async with aiohttp.ClientSession() as client:
+        # An SPU that did not say the leader is unreachable is sent there at once.
+        waited, message = await asyncio.wait_for(await register(client, cm), 2)
+        assert isinstance(message, wire.Rejected) and message.leader == DEAD and waited < 0.5
+        # One that did is held; another SC leading meanwhile is named as soon as it is known.
+        answer = await register(client, cm, unreachable=DEAD)
+        await asyncio.sleep(0.3)
+        assert not answer.done()
+        role.refusal = ("this SC is a standby: the leader is elsewhere", "127.0.0.1:10")
+        waited, message = await asyncio.wait_for(answer, 2)
+        assert isinstance(message, wire.Rejected) and message.leader == "127.0.0.1:10"
+        assert waited < server.STANDBY_HOLD
+    assert cm.stats.held == 1
+
+
+async def test_a_held_registration_is_refused_when_the_hold_ends(standby, monkeypatch: pytest.MonkeyPatch) -> None:
+    cm, role = standby
+    monkeypatch.setattr(server, "STANDBY_HOLD", 0.3)
+    role.refusal = ("this SC is a standby: the leader is elsewhere", DEAD)
+    async with aiohttp.ClientSession() as client:
+        waited, message = await asyncio.wait_for(await register(client, cm, unreachable=DEAD), 2)
+    assert isinstance(message, wire.Rejected) and message.code == server.NOT_LEADER and message.leader == DEAD
+    assert 0.3 <= waited < 1.0
+
+
+def test_a_register_says_an_unreachable_leader_only_when_there_is_one() -> None:
+    """An SC that predates the field still reads the frames of an SPU that has nothing to say."""
+    assert b"unreachableLeader" not in wire.encode(wire.Register(spu_id=3))
+    said = wire.encode(wire.Register(spu_id=3, unreachable_leader="sc-a:9004"))
+    assert b'"unreachableLeader":"sc-a:9004"' in said
+    parsed = wire.parse_spu_message(said)
+    assert isinstance(parsed, wire.Register) and parsed.unreachable_leader == "sc-a:9004"
