@@ -31,7 +31,7 @@ def identity(sc_id: str) -> active_sc.Identity:
 
 def test_each_new_holder_and_each_end_of_a_claim_is_told_once() -> None:
     context = _Context()
-    cluster.RoleFeed(context)  # type: ignore[arg-type]
+    cluster.RoleFeed(context)  # type: ignore[arg-type]  # a stand-in with what RoleFeed reads of a Context
     meta = context.local_store.meta
     meta.resync([(active_sc.KEY, identity("sc-a").encode(), 5)], 5)
     meta.resync([(active_sc.KEY, identity("sc-a").encode(), 5)], 9)  # a relist: the same claim
@@ -52,7 +52,7 @@ def test_this_scs_own_claim_is_told_when_it_leads_with_its_cause() -> None:
     """The mirror may see this SC's claim before its controllers run: the feed tells it when it
     leads (the page then finds it leader), with the cause of the takeover."""
     context = _Context()
-    feed = cluster.RoleFeed(context)  # type: ignore[arg-type]
+    feed = cluster.RoleFeed(context)  # type: ignore[arg-type]  # a stand-in with what RoleFeed reads of a Context
     mine = identity("sc-b")
     context.active = types.SimpleNamespace(identity=mine)
     context.local_store.meta.apply(active_sc.KEY, identity("sc-a").encode(), 5)
@@ -67,7 +67,7 @@ def test_this_scs_own_claim_is_told_when_it_leads_with_its_cause() -> None:
 
 def test_a_claim_value_of_unknown_shape_is_told_without_trusting_it() -> None:
     context = _Context()
-    cluster.RoleFeed(context)  # type: ignore[arg-type]
+    cluster.RoleFeed(context)  # type: ignore[arg-type]  # a stand-in with what RoleFeed reads of a Context
     context.local_store.meta.apply(active_sc.KEY, b'{"id": "<script>", "x": ' + b"[" * 5000, 3)
     [decision] = told(context)
     assert (decision["name"], decision["verb"], decision["detail"]) == ("unknown", "lead", "")
