@@ -224,7 +224,7 @@ async def run_state(sc: Running, wanted: str) -> dict[str, Any]:
     return dict(progress)
 
 
-async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc: Running, tmp_path: Path) -> None:
+async def test_new_spus_take_their_share_and_two_decommissioned_spus_end_empty(sc: Running, tmp_path: Path) -> None:
     disk = Disk(tmp_path)
     async with simulated(sc, 0, 6, disk) as six:
         before = await orders_on_six(sc, ISSUE_PARTITIONS)
@@ -264,26 +264,31 @@ async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc:
             assert (progress["total"], progress["done"], progress["inFlight"]) == (len(plan["moves"]), len(plan["moves"]), [])
             rebalanced = plan["moves"]
 
-            # Decommission SPU 2: everything it holds moves, the rest stay balanced.
-            async with sampling(sc) as sampler:
-                status, plan = await sc.call("POST", "/v1/spus/spu-2/decommission")
-                assert status == 202, plan
-                assert (plan["spu"], plan["name"], plan["state"]) == (2, "spu-2", "running")
-                assert plan["after"]["replicasPerSpu"]["2"] == 0
-                spu = await sc.read("spus", "spu-2")
-                assert isinstance(spu, models.Spu) and spu.spec.decommission
-                await sc.eventually(lambda: run_state(sc, "done"), timeout=60)
+            # Decommission SPUs 2 and 5, one after the other: everything each holds moves, the rest
+            # stay balanced (180 replicas over the 8, then the 7 SPUs left).
+            decommissions: list[dict[str, Any]] = []
+            for gone, shares in ((2, [22] * 4 + [23] * 4), (5, [25] * 2 + [26] * 5)):
+                async with sampling(sc) as sampler:
+                    status, plan = await sc.call("POST", f"/v1/spus/spu-{gone}/decommission")
+                    assert status == 202, plan
+                    assert (plan["spu"], plan["name"], plan["state"]) == (gone, f"spu-{gone}", "running")
+                    assert plan["after"]["replicasPerSpu"][str(gone)] == 0
+                    spu = await sc.read("spus", f"spu-{gone}")
+                    assert isinstance(spu, models.Spu) and spu.spec.decommission
+                    await sc.eventually(lambda: run_state(sc, "done"), timeout=60)
 
-                async def decommissioned() -> None:
-                    spu = await sc.read("spus", "spu-2")
-                    assert isinstance(spu, models.Spu) and spu.status.decommission is models.SpuDecommission.DONE, spu
+                    async def decommissioned(gone: int = gone) -> None:
+                        spu = await sc.read("spus", f"spu-{gone}")
+                        assert isinstance(spu, models.Spu) and spu.status.decommission is models.SpuDecommission.DONE, spu
 
-                await sc.eventually(decommissioned, timeout=20)
-            await sc.eventually(lambda: all_in_sync(sc, ISSUE_PARTITIONS), timeout=30)
-            assert sampler.shrunk == [], sampler.shrunk[:5]
-            after = await sc.read_all("partitions")
-            counts = per_spu(after, range(9))
-            assert counts[2] == 0 and sorted(count for spu, count in counts.items() if spu != 2) == [22] * 4 + [23] * 4, counts
+                    await sc.eventually(decommissioned, timeout=20)
+                await sc.eventually(lambda: all_in_sync(sc, ISSUE_PARTITIONS), timeout=30)
+                assert sampler.shrunk == [], sampler.shrunk[:5]
+                after = await sc.read_all("partitions")
+                counts = per_spu(after, range(9))
+                kept = sorted(count for spu, count in counts.items() if spu not in (2, 5)[: len(decommissions) + 1])
+                assert all(counts[spu] == 0 for spu in (2, 5)[: len(decommissions) + 1]) and kept == shares, counts
+                decommissions += plan["moves"]
             stored = await sc.kv_store.get(moves.KEY)
             assert stored is not None and moves.decode(stored.value).kind == moves.DECOMMISSION
             # The history holds what the audit's records moved are made of: the caught-up write of
@@ -292,7 +297,7 @@ async def test_new_spus_take_their_share_and_a_decommissioned_spu_ends_empty(sc:
             # flowed from the start).
             copied = await caught_up_offsets(sc)
             moved = collections.Counter(
-                move["partition"] for move in [*rebalanced, *plan["moves"]] if set(move["to"]) - set(move["from"])
+                move["partition"] for move in [*rebalanced, *decommissions] if set(move["to"]) - set(move["from"])
             )
             assert {name: len(offsets) for name, offsets in copied.items()} == dict(moved), copied
             assert all(offset > 0 for offsets in copied.values() for offset in offsets), copied
