@@ -417,8 +417,12 @@ def test_the_sc_panel_shows_the_standby_and_follows_a_takeover(browser: Any, etc
             and panel(d).get("standbys") == "Standbys: none"
         )
         shown_after = time.monotonic() - killed_at
-        told = dom(browser, "return Array.from(document.querySelectorAll('#decisions li')).map(li => [li.dataset.verb, li.dataset.name, li.innerText])")
-        assert any(verb == "lead" and name == standby["id"] and f"after SC {leader_id}" in text for verb, name, text in told), told
+        # The feed is drawn at most every DRAW_INTERVAL_MS, after the panel: waited for, not read at once.
+        decisions = "return Array.from(document.querySelectorAll('#decisions li')).map(li => [li.dataset.verb, li.dataset.name, li.innerText])"
+        WebDriverWait(browser, 5).until(
+            lambda d: any(verb == "lead" and name == standby["id"] and f"after SC {leader_id}" in text for verb, name, text in dom(d, decisions)),
+            message=f"no lead of SC {standby['id']} in the feed",
+        )
         print(f"\nSC panel: the standby shown leading {shown_after:.2f} s after the leader was killed (lease TTL {ttl} s)")
         screenshot(browser, "9-sc-takeover-1280x800")
         assert script_errors(browser) == []
