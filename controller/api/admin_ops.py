@@ -70,6 +70,8 @@ class Waits:
         self.table = table
         self._follows = ((table, _same_name), *related)
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        # Set when the SC stops: no verdict will come from it, so no request waits for one.
+        self._closed = False
 
     async def run(self) -> None:
         """Until cancelled. A task group, not gather: if one follower fails the others stop too,
@@ -98,6 +100,16 @@ class Waits:
         finally:
             listener.close()
 
+    def close(self) -> None:
+        """Answer every waiting request now, and any later one at once, with what ``verdict``
+        says then (None if undecided, as when its time runs out): the SC is stopping, and a
+        request held for a verdict would hold the HTTP server's shutdown until its own timeout
+        cancels the request unanswered."""
+        self._closed = True
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
+
     async def wait(self, name: str, verdict: Callable[[], T | None], timeout: float) -> T | None:
         """``verdict()`` once it is not None, checked again on every change of object ``name`` (or
         of what ``related`` ties to it); None when ``timeout`` seconds pass first."""
@@ -110,7 +122,7 @@ class Waits:
                 # Checked after registering and before awaiting: no change can slip between.
                 decided = verdict()
                 remaining = deadline - loop.time()
-                if decided is not None or remaining <= 0:
+                if decided is not None or remaining <= 0 or self._closed:
                     return decided
                 event.clear()
                 with contextlib.suppress(TimeoutError):

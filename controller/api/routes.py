@@ -1160,3 +1160,6 @@ async def _settlements(app: web.Application) -> Any:
 
 async def _stop_streams(app: web.Application) -> None:
     app[STOPPING].set()
+    # Before the server waits for its requests: creates waiting for a verdict are answered now.
+    app[TOPIC_WAITS].close()
+    app[GROUP_WAITS].close()

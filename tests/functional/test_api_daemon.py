@@ -12,8 +12,11 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import pytest
 
+from controller import config
+from controller import daemon as daemon_module
 from controller.cli import main as cli
 from store import active_sc, kv, models
 from tests.fixtures.daemon import Running
@@ -392,3 +395,28 @@ async def test_the_cluster_route_names_this_sc_as_the_active_one(sc: Running) ->
         "standbys": [],
     })  # fmt: skip
     assert identity.address.endswith(f":{sc.daemon.public_port}")
+
+
+async def test_a_create_waiting_for_its_verdict_is_answered_when_the_sc_stops(settings: config.Settings) -> None:
+    """A create waits for its topic's verdict (?timeout=). If the SC stops first, the verdict will
+    not come from this SC: the request is answered at once with the topic as written (202, as when
+    its time runs out), not held until the HTTP server's own shutdown timeout cancels it without an
+    answer. (The demo's SC, killed amid a create, took 30 s to stop.)"""
+    daemon = daemon_module.Daemon(settings)
+    await daemon.start()
+    try:
+        assert daemon.pipeline is not None and daemon.context is not None
+        await daemon.pipeline.step_down()  # no controller: nothing will decide the topic
+        topics = daemon.context.local_store["topics"]
+        url = f"http://127.0.0.1:{daemon.public_port}/v1/topics?timeout=600000"
+        async with aiohttp.ClientSession() as client:
+            request = asyncio.create_task(client.post(url, json=topic_body("orders", 2, 1)))
+            while topics.get("orders") is None:  # written, and now waiting for its verdict
+                assert not request.done(), request
+                await asyncio.sleep(0.01)
+            await daemon.stop()
+            async with await request as response:
+                body = await response.json()
+            assert (response.status, body["name"], body["status"]["resolution"]) == (202, "orders", "Init")
+    finally:
+        await daemon.stop()
