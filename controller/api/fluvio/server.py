@@ -45,6 +45,10 @@ WATCH_LINGER_SECONDS = 0.02
 READ_CHUNK = 256 * 1024
 # A closing connection's last answers get this long to leave before they are dropped.
 CLOSE_SECONDS = 5.0
+# At a stop, the creates, deletes and updates being answered get this long to have their answers
+# queued and written (a create waiting for a verdict is answered at once: Admin.stop).
+STOP_GRACE_SECONDS = 1.0
+STOP_POLL_SECONDS = 0.01
 # A List refused for load is answered under this label: the client fails that one call ("downcast
 # error") and keeps its connection and watches; a List answer has no error field, and closing the
 # connection would break every later call of the client.
@@ -115,12 +119,20 @@ class FluvioServer:
         # For what clients make happen (bad frames, timeouts): one line per kind per interval.
         self.log = ratelimit.RateLimitedLog(log)
         self._sessions: set[asyncio.Task[None]] = set()
+        self._open: set[Session] = set()
         self._background: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._background = self.context.supervisor.spawn("fluvio-admin-waits", self.admin.run)
 
     async def close(self) -> None:
+        # Answers before the connections close: a client whose create was cut off unanswered
+        # cannot tell whether it was written (it was; its verdict is left to the next SC).
+        self.admin.stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_GRACE_SECONDS
+        while any(session.answering for session in self._open) and loop.time() < deadline:
+            await asyncio.sleep(STOP_POLL_SECONDS)
         await self.admin.forwarder.close()
         tasks = list(self._sessions) + ([self._background] if self._background is not None else [])
         for task in tasks:
@@ -134,9 +146,12 @@ class FluvioServer:
         return asyncio.StreamReaderProtocol(asyncio.StreamReader(), self._connected)
 
     def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.create_task(Session(self, reader, writer).run(), name="fluvio-session")
+        session = Session(self, reader, writer)
+        task = asyncio.create_task(session.run(), name="fluvio-session")
         self._sessions.add(task)
+        self._open.add(session)
         task.add_done_callback(self._sessions.discard)
+        task.add_done_callback(lambda _: self._open.discard(session))
 
     async def encode_all(self, label: str, version: int, objects: list[models.AnyObject]) -> list[bytes | None]:
         """The item of each object (None where it cannot be carried), yielding to the loop between
@@ -212,6 +227,7 @@ class Session:
         self._room = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._answering = 0  # creates, deletes and updates being answered
         self._watches = 0
         # The admitted watch streams of this connection (counted against max_watchers).
         self.watchers: set[admission.Watcher] = set()
@@ -387,13 +403,20 @@ class Session:
             self._spawn(self._answer(correlation_id, version, body), "fluvio-request")
         return True
 
+    @property
+    def answering(self) -> bool:
+        """Whether a create, delete or update is being answered, or an answer waits to be written."""
+        return self._answering > 0 or bool(self._replies)
+
     async def _answer(
         self, correlation_id: int, version: int, body: messages.CreateRequest | messages.DeleteRequest | messages.UpdateRequest
     ) -> None:
+        self._answering += 1
         try:
             status = await self.server.admin.answer(body, self.principal, version)
             self.reply(correlation_id, messages.encode_response_body(status, version))
         finally:
+            self._answering -= 1
             self._slots.release()
 
     def _spawn(self, coroutine: Any, name: str) -> None:

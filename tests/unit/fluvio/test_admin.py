@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from controller import config
+from controller import daemon as daemon_module
 from controller.api.fluvio import admin, client as client_module, messages, objects
 from store import local, models
 from tests.fixtures import daemon as daemon_fixtures
@@ -374,3 +375,33 @@ async def test_a_standby_sends_fluvio_writes_on_to_the_leader(fluvio_sc: daemon_
             assert await fluvio_sc.read("topics", "orders") is not None
         finally:
             await connected.close()
+
+
+async def test_a_create_waiting_for_its_verdict_when_the_sc_stops_is_answered_not_dropped() -> None:
+    """As over HTTP: the SC stops while a Fluvio create waits for its topic's verdict, which will
+    not come from this SC. The client gets the create's answer (not provisioned yet, and why),
+    not a connection closed with its request unanswered."""
+    settings = config.Settings(store=config.StoreKind.MEMORY, **daemon_fixtures.COMMON_SETTINGS)
+    daemon = daemon_module.Daemon(settings)
+    await daemon.start()
+    try:
+        assert daemon.pipeline is not None and daemon.context is not None and daemon.public_port is not None
+        await daemon.pipeline.step_down()  # no controller: nothing will decide the topic
+        topics = daemon.context.local_store["topics"]
+        connected = await client_module.Client.connect("127.0.0.1", daemon.public_port)
+        try:
+            answer = asyncio.create_task(connected.status(messages.CREATE, create(objects.TOPIC, "orders", computed(2, 1))))
+            while topics.get("orders") is None:  # written, and now waiting for its verdict
+                assert not answer.done(), answer
+                await asyncio.sleep(0.01)
+            await daemon.stop()
+            assert await answer == error(
+                "orders",
+                Error.TOPIC_NOT_PROVISIONED,
+                "only 0 out of 2 partitions of topic 'orders' are provisioned when the SC stopped (topic Init); "
+                "the topic stays and is completed by the SC that leads next",
+            )
+        finally:
+            await connected.close()
+    finally:
+        await daemon.stop()
