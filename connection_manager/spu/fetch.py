@@ -43,7 +43,17 @@ class FetchServer:
 
     async def listen(self, host: str, port: int) -> None:
         await self.close()
-        self._server = await asyncio.start_server(self._serve, host, port)
+        # Shielded: asyncio's create_server yields once more after opening its socket, and a cancel
+        # there (the SPU stopping) would lose the server with its socket still listening.
+        starting = asyncio.ensure_future(asyncio.start_server(self._serve, host, port))
+        try:
+            self._server = await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                started = await starting  # a step or two away
+                started.close()
+                await started.wait_closed()
+            raise
         self.address = (host, port)
         self.log.info("fetch server listening", host=host, port=port)
 
