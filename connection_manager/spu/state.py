@@ -9,7 +9,6 @@ fetch server, the fetchers and the simulator drive it, and drain ``changes`` aft
 from __future__ import annotations
 
 import bisect
-
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 

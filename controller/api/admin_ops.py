@@ -100,6 +100,10 @@ class Waits:
         finally:
             listener.close()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         """Answer every waiting request now, and any later one at once, with what ``verdict``
         says then (None if undecided, as when its time runs out): the SC is stopping, and a

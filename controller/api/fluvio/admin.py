@@ -111,7 +111,6 @@ class Admin:
         # A topic is ready once its partitions are: their changes wake the topic's waiters too.
         self.topic_waits = admin_ops.Waits(context.local_store["topics"], (context.local_store["partitions"], _topic_of))
         self.group_waits = admin_ops.Waits(context.local_store["spu-groups"])
-        self.stopping = False
         # Where this SC's writes go instead of its store: None while it may write (it leads);
         # the leader's public HOST:PORT while it is a standby ("" when none leads now).
         self.forward_to: Callable[[], str | None] = lambda: None
@@ -253,19 +252,18 @@ class Admin:
     def stop(self) -> None:
         """The SC is stopping: every create waiting for a verdict is answered now with what it has
         (a verdict will not come from this SC), and any later one at once."""
-        self.stopping = True
         self.topic_waits.close()
         self.group_waits.close()
 
     def _not_ready_message(self, name: str) -> str:
         entry = self.context.local_store["topics"].get(name)
         if entry is None:
-            if self.stopping:
+            if self.topic_waits.closed:
                 return f"topic {name!r} was created but the SC stopped before it saw it"
             return f"topic {name!r} was created but the SC has not seen it within {self.create_wait:g} s"
         topic: models.Topic = entry.obj
         ready, wanted = ready_partitions(topic, self.context.local_store["partitions"], self.readiness)
-        if self.stopping:
+        if self.topic_waits.closed:
             return (
                 f"only {ready} out of {wanted} partitions of topic {name!r} are {self.readiness.value} when the SC "
                 f"stopped (topic {topic.status.resolution.value}); the topic stays and is completed by the SC that leads next"

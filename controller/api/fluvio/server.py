@@ -118,8 +118,7 @@ class FluvioServer:
         self.api_versions = api_versions_body()
         # For what clients make happen (bad frames, timeouts): one line per kind per interval.
         self.log = ratelimit.RateLimitedLog(log)
-        self._sessions: set[asyncio.Task[None]] = set()
-        self._open: set[Session] = set()
+        self._sessions: dict[asyncio.Task[None], Session] = {}
         self._background: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -131,7 +130,7 @@ class FluvioServer:
         self.admin.stop()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + STOP_GRACE_SECONDS
-        while any(session.answering for session in self._open) and loop.time() < deadline:
+        while any(session.answering for session in self._sessions.values()) and loop.time() < deadline:
             await asyncio.sleep(STOP_POLL_SECONDS)
         await self.admin.forwarder.close()
         tasks = list(self._sessions) + ([self._background] if self._background is not None else [])
@@ -148,10 +147,8 @@ class FluvioServer:
     def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         session = Session(self, reader, writer)
         task = asyncio.create_task(session.run(), name="fluvio-session")
-        self._sessions.add(task)
-        self._open.add(session)
-        task.add_done_callback(self._sessions.discard)
-        task.add_done_callback(lambda _: self._open.discard(session))
+        self._sessions[task] = session
+        task.add_done_callback(lambda done: self._sessions.pop(done, None))
 
     async def encode_all(self, label: str, version: int, objects: list[models.AnyObject]) -> list[bytes | None]:
         """The item of each object (None where it cannot be carried), yielding to the loop between
