@@ -748,6 +748,8 @@ class ConnectionManager:
         partitions = self.local_store["partitions"].view
         held = self._holders()
         concerned = Concerned(partition_changes)
+        # A partition's replicas are told the same state: built once per push, not per SPU.
+        built: dict[tuple[str, int | None], wire.ReplicaInfo] = {}
         interval = self.offsets_interval_now()
         for session in list(self.sessions.values()):
             if session.spu_id not in held:
@@ -756,7 +758,7 @@ class ConnectionManager:
             if not session.ready:
                 continue  # its Sync, once it said what it holds, will have everything
             changed_spus, deleted_spus = _spu_delta(session, spu_changes, held)
-            changed, deleted = _replica_delta(session, partition_changes, partitions, concerned)
+            changed, deleted = _replica_delta(session, partition_changes, partitions, concerned, built)
             # A new interval only when it moved by a quarter: not an Update per partition created.
             new_interval = interval if abs(interval - session.offsets_interval) > session.offsets_interval / 4 else None
             if changed_spus or deleted_spus or changed or deleted or new_interval is not None:
@@ -830,17 +832,23 @@ class Concerned:
         self.by_spu: dict[int, list[int]] = {}
         for index, entry in enumerate(self.updated):
             for spu_id in entry.obj.spec.replicas:
-                self.by_spu.setdefault(spu_id, []).append(index)
+                indexes = self.by_spu.setdefault(spu_id, [])
+                if not indexes or indexes[-1] != index:  # in order, each once
+                    indexes.append(index)
 
     def of(self, session: Session) -> list[local.Entry[models.Partition]]:
         """The changed partitions ``session`` may need to hear of, in the order they changed."""
-        found = set(self.by_spu.get(session.spu_id, ()))
-        position = self.position
-        found.update(position[name] for name in session.hosted.keys() & position.keys())
+        position, updated = self.position, self.updated
+        indexes = self.by_spu.get(session.spu_id)
         restarted = session.incarnation.restarted
+        if session.hosted.keys().isdisjoint(position) and (not restarted or restarted.keys().isdisjoint(position)):
+            # The common case: none of these was told to it before, so its own replicas are all
+            # (most SPUs of a large cluster are not even those, and cost two lookups).
+            return [] if indexes is None else [updated[index] for index in indexes]
+        found = set(indexes or ())
+        found.update(position[name] for name in session.hosted.keys() & position.keys())
         if restarted:
             found.update(position[name] for name in restarted.keys() & position.keys())
-        updated = self.updated
         return [updated[index] for index in sorted(found)]
 
 
@@ -849,10 +857,11 @@ def _replica_delta(
     changes: local.Changes[models.Partition],
     partitions: Mapping[str, local.Entry[models.Partition]],
     concerned: Concerned | None = None,
+    built: dict[tuple[str, int | None], wire.ReplicaInfo] | None = None,
 ) -> tuple[list[wire.ReplicaInfo], list[str]]:
     """What ``session`` is told of ``changes``: the partitions it hosts whose state it was not
     told yet, and those it no longer hosts. ``concerned``: the changes sorted by SPU (else every
-    change is looked at)."""
+    change is looked at); ``built``: the states built for the other SPUs of this push, to share."""
     if changes.empty:
         return [], []
     if changes.full:
@@ -868,7 +877,7 @@ def _replica_delta(
             del restarted[name]  # decided again since: the fact is spent
         told = session.hosted.get(name)
         if session.spu_id in partition.spec.replicas:
-            info = _replica_info(partition, session.incarnation)
+            info = _replica_info(partition, session.incarnation, built)
             if told != info:
                 session.hosted[name] = info
                 changed.append(info)
@@ -893,16 +902,33 @@ def _spu_info(spu: models.Spu) -> wire.SpuInfo:
     )
 
 
-def _replica_info(partition: models.Partition, incarnation: reports.Incarnation) -> wire.ReplicaInfo:
+def _replica_info(
+    partition: models.Partition,
+    incarnation: reports.Incarnation,
+    built: dict[tuple[str, int | None], wire.ReplicaInfo] | None = None,
+) -> wire.ReplicaInfo:
     """What an SPU is told of a partition it hosts: the committed state. A leadership its current
     process was not told of when it connected is withheld (no leader) until the SC decides the
-    partition again, so a restarted process never leads at an epoch granted to its predecessor."""
+    partition again, so a restarted process never leads at an epoch granted to its predecessor.
+
+    ``built``: the states already built from this same ``partition`` object (one push), by name
+    and leader told; the messages are frozen, so the SPUs of a partition share one."""
     status = partition.status
     leader: int | None = partition.spec.leader
     if status.resolution is models.PartitionResolution.LEADER_OFFLINE:
         leader = None
     elif leader == incarnation.spu and incarnation.restarted_at(partition.name, status.partition_epoch):
         leader = None
+    if built is not None:
+        shared = built.get((partition.name, leader))
+        if shared is None:
+            shared = built[(partition.name, leader)] = _build_replica_info(partition, leader)
+        return shared
+    return _build_replica_info(partition, leader)
+
+
+def _build_replica_info(partition: models.Partition, leader: int | None) -> wire.ReplicaInfo:
+    status = partition.status
     return wire.ReplicaInfo(
         partition=partition.name,
         leader=leader,

@@ -1,6 +1,7 @@
 """What the connection manager tells each SPU of a partition delta is the same whether it sorts
-the delta by SPU first (``Concerned``, what ``push`` does) or looks at every change for every SPU
-(the plain reading of the rule, kept here as the reference)."""
+the delta by SPU first and builds each partition's state once for all its SPUs (``Concerned`` and
+the shared states, what ``push`` does) or looks at every change for every SPU (the plain reading
+of the rule, kept here as the reference)."""
 
 from __future__ import annotations
 
@@ -76,10 +77,11 @@ async def test_the_delta_sorted_by_spu_tells_each_spu_what_looking_at_every_chan
         changes = listener.changes()
         assert not changes.full
         concerned = server.Concerned(changes)
+        built: dict[tuple[str, int | None], wire.ReplicaInfo] = {}  # shared by the sessions, as in a push
         for session in sessions:
             expected_session = copy.deepcopy(session)
             expected = reference_delta(expected_session, changes, dict(table.view))
-            assert server._replica_delta(session, changes, table.view, concerned) == expected
+            assert server._replica_delta(session, changes, table.view, concerned, built) == expected
             assert (session.hosted, session.incarnation.restarted) == (expected_session.hosted, expected_session.incarnation.restarted)
             told_something += bool(expected[0] or expected[1])
     assert told_something > 300  # the rounds did tell the SPUs things, both ways
