@@ -2,7 +2,8 @@
 
 Replays, without sockets, the partition deltas `bench/provisioning.py --live-spus` makes the SC
 push: 1,000 topics x 10 partitions x RF 3 created one topic per push, then every partition
-confirmed (Online, partition epoch 1) 20 per push. Each push is handed to 100 SPU sessions the
+confirmed (Online, partition epoch 1) 20 per push, then a tenth of the SPUs failed over in one
+push. Each push is handed to 100 SPU sessions the
 way `ConnectionManager.push` does (`Concerned` + `_replica_delta`, each partition's state built
 once for all its SPUs), and, as the baseline in the same run, the plain reading of the rule:
 every change looked at for every session, its state built for each SPU. Both must tell every
@@ -94,6 +95,18 @@ def replay(push: Push, topics: int, spus: int) -> tuple[float, list[list[Delta]]
             revision += 1
             table.apply(obj.model_copy(update={"status": status}), revision)
         one_push()
+    # Then a failover: every partition led by one of the first tenth of the SPUs gets a new leader,
+    # all in one push (its changes outnumber what any SPU was told).
+    dead = set(range(max(1, spus // 10)))
+    for name in names:
+        obj = table.view[name].obj
+        survivors = [spu for spu in obj.spec.replicas if spu not in dead]
+        if obj.spec.leader in dead and survivors:
+            spec = obj.spec.model_copy(update={"leader": survivors[0]})
+            status = obj.status.model_copy(update={"leader_epoch": 1, "partition_epoch": 2})
+            revision += 1
+            table.apply(obj.model_copy(update={"spec": spec, "status": status}), revision)
+    one_push()
     return spent, told
 
 
@@ -112,7 +125,7 @@ async def main() -> int:
             raise SystemExit("push told the SPUs something else than the plain reading")
         best["plain"] = min(best["plain"], plain_seconds)
         best["push"] = min(best["push"], push_seconds)
-    pushes = args.topics + args.topics * PARTITIONS // CONFIRMED_PER_PUSH
+    pushes = args.topics + args.topics * PARTITIONS // CONFIRMED_PER_PUSH + 1
     print(f"{args.topics} topics x {PARTITIONS} x RF 3 on {args.spus} SPUs: {pushes} pushes, best of {args.repeat}")
     print(f"  plain reading (every change, every SPU): {best['plain']:.3f} s  baseline")
     print(f"  push (by SPU, states shared):            {best['push']:.3f} s  {best['push'] / best['plain']:.2f}x the baseline")

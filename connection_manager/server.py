@@ -841,7 +841,8 @@ class Concerned:
         position, updated = self.position, self.updated
         indexes = self.by_spu.get(session.spu_id)
         restarted = session.incarnation.restarted
-        if session.hosted.keys().isdisjoint(position) and (not restarted or restarted.keys().isdisjoint(position)):
+        changed = position.keys()  # a view, so isdisjoint walks the smaller side (a failover's push is large)
+        if session.hosted.keys().isdisjoint(changed) and (not restarted or restarted.keys().isdisjoint(changed)):
             # The common case: none of these was told to it before, so its own replicas are all
             # (most SPUs of a large cluster are not even those, and cost two lookups).
             return [] if indexes is None else [updated[index] for index in indexes]
