@@ -119,6 +119,10 @@ async def test_watch_killed_during_a_catch_up_replay_loses_and_repeats_nothing(
     the kill loses no acknowledged write and the watch owes exactly every write made."""
     caplog.set_level(logging.WARNING, logger="store.etcd")
     etcd_server, etcd_store = durable_etcd_server, durable_etcd_store
+    # A restarted etcd has left a re-created stream silent (CI, once: created, then no event for
+    # the test's 30 s). The watch makes such a stream again after its probe interval and the request
+    # timeout, 30 + 2 s by default: longer than this test waits. At 1 s it recovers well within.
+    etcd_store.watch_probe_interval = 1.0
     start = await etcd_store.revision() + 1
     value = b"v" * 2048  # 2500 revisions of 2 KiB: more than gRPC buffers ahead of the reader
     limit = asyncio.Semaphore(64)
