@@ -20,7 +20,7 @@ import gc
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -33,17 +33,17 @@ PARTITIONS = 10
 CONFIRMED_PER_PUSH = 20
 
 Delta = tuple[list[wire.ReplicaInfo], list[str]]
-Push = Callable[[list[server.Session], local.Changes[models.Partition], dict[str, local.Entry[models.Partition]]], list[Delta]]
+Push = Callable[[list[server.Session], local.Changes[models.Partition], Mapping[str, local.Entry[models.Partition]]], list[Delta]]
 
 
-def pushed(sessions: list[server.Session], changes: local.Changes[models.Partition], partitions: dict[str, local.Entry[models.Partition]]) -> list[Delta]:
+def pushed(sessions: list[server.Session], changes: local.Changes[models.Partition], partitions: Mapping[str, local.Entry[models.Partition]]) -> list[Delta]:
     """What ``ConnectionManager.push`` does for the partitions."""
     concerned = server.Concerned(changes)
-    built: dict[tuple[str, int | None], wire.ReplicaInfo] = {}
+    built: server.BuiltStates = {}
     return [server._replica_delta(session, changes, partitions, concerned, built) for session in sessions]
 
 
-def plain(sessions: list[server.Session], changes: local.Changes[models.Partition], partitions: dict[str, local.Entry[models.Partition]]) -> list[Delta]:
+def plain(sessions: list[server.Session], changes: local.Changes[models.Partition], partitions: Mapping[str, local.Entry[models.Partition]]) -> list[Delta]:
     """The rule read plainly: every change for every session."""
     deltas = []
     for session in sessions:
@@ -75,7 +75,7 @@ def replay(push: Push, topics: int, spus: int) -> tuple[float, list[list[Delta]]
         nonlocal spent
         changes = listener.changes()
         started = time.perf_counter()
-        deltas = push(sessions, changes, table.view)  # type: ignore[arg-type]  # a read-only view of the same entries
+        deltas = push(sessions, changes, table.view)
         spent += time.perf_counter() - started
         told.append(deltas)
 

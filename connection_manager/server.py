@@ -749,7 +749,7 @@ class ConnectionManager:
         held = self._holders()
         concerned = Concerned(partition_changes)
         # A partition's replicas are told the same state: built once per push, not per SPU.
-        built: dict[tuple[str, int | None], wire.ReplicaInfo] = {}
+        built: BuiltStates = {}
         interval = self.offsets_interval_now()
         for session in list(self.sessions.values()):
             if session.spu_id not in held:
@@ -820,6 +820,11 @@ def _spu_delta(
     return changed, deleted
 
 
+# The states built in one push, by partition name and the leader told: each partition's replicas
+# share one (the messages are frozen).
+BuiltStates = dict[tuple[str, int | None], wire.ReplicaInfo]
+
+
 class Concerned:
     """Which of a delta's changed partitions concern which SPU, found once per push: an SPU is
     concerned by the partitions it is a replica of, and by those it was told of before (it may
@@ -847,9 +852,9 @@ class Concerned:
             # (most SPUs of a large cluster are not even those, and cost two lookups).
             return [] if indexes is None else [updated[index] for index in indexes]
         found = set(indexes or ())
-        found.update(position[name] for name in session.hosted.keys() & position.keys())
+        found.update(position[name] for name in session.hosted.keys() & changed)
         if restarted:
-            found.update(position[name] for name in restarted.keys() & position.keys())
+            found.update(position[name] for name in restarted.keys() & changed)
         return [updated[index] for index in sorted(found)]
 
 
@@ -858,7 +863,7 @@ def _replica_delta(
     changes: local.Changes[models.Partition],
     partitions: Mapping[str, local.Entry[models.Partition]],
     concerned: Concerned | None = None,
-    built: dict[tuple[str, int | None], wire.ReplicaInfo] | None = None,
+    built: BuiltStates | None = None,
 ) -> tuple[list[wire.ReplicaInfo], list[str]]:
     """What ``session`` is told of ``changes``: the partitions it hosts whose state it was not
     told yet, and those it no longer hosts. ``concerned``: the changes sorted by SPU (else every
@@ -906,7 +911,7 @@ def _spu_info(spu: models.Spu) -> wire.SpuInfo:
 def _replica_info(
     partition: models.Partition,
     incarnation: reports.Incarnation,
-    built: dict[tuple[str, int | None], wire.ReplicaInfo] | None = None,
+    built: BuiltStates | None = None,
 ) -> wire.ReplicaInfo:
     """What an SPU is told of a partition it hosts: the committed state. A leadership its current
     process was not told of when it connected is withheld (no leader) until the SC decides the

@@ -77,7 +77,7 @@ async def test_the_delta_sorted_by_spu_tells_each_spu_what_looking_at_every_chan
         changes = listener.changes()
         assert not changes.full
         concerned = server.Concerned(changes)
-        built: dict[tuple[str, int | None], wire.ReplicaInfo] = {}  # shared by the sessions, as in a push
+        built: server.BuiltStates = {}  # shared by the sessions, as in a push
         for session in sessions:
             expected_session = copy.deepcopy(session)
             expected = reference_delta(expected_session, changes, dict(table.view))
