@@ -493,6 +493,10 @@ class ActiveSc:
                 return  # the store is closing
             except kv.Compacted as compacted:
                 revision = compacted.revision
+            except kv.HistoryLost as lost:
+                # Changes after lost.revision may not be the ones seen: the campaign reads all again.
+                _log.error("the SC candidates' watch: %s", lost)
+                revision = lost.revision + 1
             except kv.StoreError as error:
                 _log.warning("the SC candidates' watch broke (%s): watching again after a pause", error)
                 await asyncio.sleep(_RETRY_PAUSE_SECONDS)

@@ -67,6 +67,21 @@ class Compacted(StoreError):
         )
 
 
+class HistoryLost(StoreError):
+    """The store no longer has the last change a watch delivered: its history went back (etcd
+    restored from a backup, or a single-member etcd before 3.5.5 killed right after acknowledging
+    a write: etcd issue 14370). Revisions after ``revision`` may be reused for other changes, so a
+    watch resumed after ``delivered`` could miss them: relist."""
+
+    def __init__(self, delivered: int, revision: int) -> None:
+        self.delivered = delivered
+        self.revision = revision
+        super().__init__(
+            f"the store went back to revision {revision} after a watch delivered revision {delivered}: "
+            "writes it acknowledged are lost, and the revisions after it may hold other changes"
+        )
+
+
 class Unavailable(StoreError):
     """The store could not be reached within the request timeout; back off and retry."""
 

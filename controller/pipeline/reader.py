@@ -50,7 +50,7 @@ class Reader:
         The watch starts at the history's resume point when that is older than the listing: events
         up to the listed revision are only recorded (the listing already holds their result).
         """
-        compacted = False
+        compacted, lost = False, None
         while True:
             listing = True
             try:
@@ -58,8 +58,10 @@ class Reader:
                     listed = await self.kv_store.list("")
                 listing = False
                 objects = self._resync(listed)
-                start = listed.revision + 1 if self.history is None else self._history_start(listed, objects, compacted)
-                compacted = False
+                start = (
+                    listed.revision + 1 if self.history is None else self._history_start(listed, objects, compacted, lost)
+                )
+                compacted, lost = False, None
                 self.synced.set()
                 async with contextlib.aclosing(self.kv_store.watch("", start)) as events:
                     async for event in events:
@@ -71,6 +73,9 @@ class Reader:
             except kv.Compacted as error:
                 compacted = True
                 log.warning("watch compacted, relisting", revision=error.revision)
+            except kv.HistoryLost as error:
+                lost = error if lost is None or error.delivered < lost.delivered else lost
+                log.error("the store lost writes it had acknowledged: relisting", error=str(error))
             except kv.Unavailable as unavailable:
                 if not listing:  # a failed listing is counted by etcd_request
                     self.metrics.etcd_errors.labels("watch").inc()
@@ -98,20 +103,28 @@ class Reader:
         log.info("relisted", objects={kind: len(objects) for kind, objects in by_kind.items()}, revision=listed.revision)
         return valid
 
-    def _history_start(self, listed: kv.ListResult, objects: list[kv.KeyValue], compacted: bool) -> int:
+    def _history_start(
+        self, listed: kv.ListResult, objects: list[kv.KeyValue], compacted: bool, lost: kv.HistoryLost | None = None
+    ) -> int:
         """Where the watch starts so that the history misses nothing: just after its last record
-        when the store still has what followed; else a gap record and a snapshot of the listing."""
+        when the store still has what followed; else a gap record and a snapshot of the listing.
+        ``lost``: the store lost a change the watch delivered, and may have given its revision (and
+        those of earlier lost changes: the store does not say where its history forked) to others."""
         assert self.history is not None
         resume = self.history.resume_revision
-        if resume is not None and not compacted and resume <= listed.revision:
+        if resume is not None and not compacted and lost is None and resume <= listed.revision:
             return resume + 1
         if resume is not None and compacted:
             log.warning("history gap: the store compacted what followed the last record", after=resume, listed=listed.revision)
             self.history.record_gap(resume + 1, listed.revision, "compacted")
         elif resume is not None:
             # Restored from a backup, or another etcd: records after its revision came from before.
+            # Writes lost: records from the first change known lost on may be of other changes.
             log.warning("history gap: the store is behind the history", history=resume, listed=listed.revision)
-            self.history.record_gap(listed.revision + 1, resume, "store-behind-history")
+            first = listed.revision + 1 if lost is None else min(lost.delivered, listed.revision + 1)
+            last = max(resume, listed.revision)
+            if first <= last:
+                self.history.record_gap(first, last, "store-behind-history")
         # What the listing holds that was created after the last record is new; after a store went
         # back, revisions say nothing of what the history saw: every object starts afresh.
         since = resume if resume is not None and compacted else 0

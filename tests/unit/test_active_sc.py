@@ -4,6 +4,7 @@ while the claim is known to be held, an unreachable store pausing them, a lost l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -481,3 +482,36 @@ async def test_creates_sent_together_through_the_guard_share_one_etcd_transactio
         assert (await etcd_store.revision(), active.fenced_writes) == (before, 5)
     finally:
         await active.release()
+
+
+async def test_the_candidates_watch_after_a_store_lost_what_it_delivered_resumes_from_the_store_s_revision() -> None:
+    """HistoryLost (etcd came back without changes the watch delivered): resuming where it was would
+    raise it again at every try, and skip the changes etcd gave those revisions to. The watch starts
+    again after the store's revision, and the campaign reads everything again."""
+
+    class LosingWatch:
+        prefix = "/"
+
+        def __init__(self) -> None:
+            self.starts: list[int] = []
+
+        async def watch(self, prefix: str, from_revision: int) -> AsyncIterator[kv.WatchEvent]:
+            self.starts.append(from_revision)
+            if len(self.starts) == 1:
+                raise kv.HistoryLost(delivered=40, revision=30)
+            await asyncio.Event().wait()  # nothing more happens
+            nothing: tuple[kv.WatchEvent, ...] = ()
+            for event in nothing:  # an async generator that yields nothing
+                yield event
+
+    store = LosingWatch()
+    sc = active_sc.ActiveSc(store)  # type: ignore[arg-type]  # only watch is used here
+    changed = asyncio.Event()
+    task = asyncio.create_task(sc._watch(41, changed))
+    try:
+        await until(lambda: len(store.starts) == 2, "the watch started again")
+        assert store.starts == [41, 31] and changed.is_set()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
