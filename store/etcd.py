@@ -849,7 +849,11 @@ class EtcdStore(kv.KVStore):
         ``watch_probe_interval`` s of silence, is made again (a restarted etcd once left a new
         stream unanswered for good, while keep-alive pings on the connection were answered). Reconnects back off from 0.1 s to 2 s and never
         give up; compaction of the resume point raises Compacted; closing the store or the
-        iterator (aclose) ends the watch and cancels the gRPC stream.
+        iterator (aclose) ends the watch and cancels the gRPC stream. A watch resumes only once
+        etcd shows it still has the last change delivered: a single-member etcd before 3.5.5,
+        killed just after acknowledging writes, comes back without them (etcd issue 14370) and
+        gives their revisions to new writes, which a resumed watch would skip; that raises
+        HistoryLost instead.
         """
         self._check_open()
         start = self._prefix_bytes + prefix.encode()
@@ -858,6 +862,7 @@ class EtcdStore(kv.KVStore):
         make_event, PUT, DELETE = kv.WatchEvent, kv.EventType.PUT, kv.EventType.DELETE  # the hot loop's names
         next_revision = from_revision
         backoff = _WATCH_BACKOFF_INITIAL
+        last: tuple[bytes, int, bool] | None = None  # the last event delivered: key, revision, put
         while True:
             if next_revision <= 0:
                 # "From now" is resolved here rather than by etcd, so that a reconnect resumes
@@ -866,6 +871,16 @@ class EtcdStore(kv.KVStore):
                     next_revision = await self.revision() + 1
                 except kv.Unavailable as unavailable:
                     _log.warning("etcd watch on %r cannot start yet: %s", prefix, unavailable)
+                    if not await self._pause(backoff):
+                        return
+                    backoff = min(backoff * 2, _WATCH_BACKOFF_MAX)
+                    continue
+            if last is not None:
+                # Resuming: from the next revision only if it follows what was delivered.
+                try:
+                    await self._check_history(*last)
+                except kv.Unavailable as unavailable:
+                    _log.warning("etcd watch on %r cannot resume yet: %s", prefix, unavailable)
                     if not await self._pause(backoff):
                         return
                     backoff = min(backoff * 2, _WATCH_BACKOFF_MAX)
@@ -929,6 +944,7 @@ class EtcdStore(kv.KVStore):
                             )
                     # Only read again once the whole response is delivered: resuming here is exact.
                     next_revision = events[-1].kv.mod_revision + 1
+                    last = (events[-1].kv.key, next_revision - 1, events[-1].type != _EVENT_DELETE)
             except grpc.aio.AioRpcError as error:
                 if error.code() not in _RETRYABLE_CODES:
                     raise self._store_error("watch", error) from None
@@ -951,6 +967,22 @@ class EtcdStore(kv.KVStore):
             if not await self._pause(backoff):
                 return
             backoff = min(backoff * 2, _WATCH_BACKOFF_MAX)
+
+    async def _check_history(self, key: bytes, revision: int, put: bool) -> None:
+        """Raise HistoryLost unless etcd still has the change a watch delivered last: ``key``
+        written (``put``) or deleted at ``revision``. One read at that revision, only when a watch
+        resumes; a compacted revision cannot be checked, and the watch's own resume then tells."""
+        request = etcdpb.RangeRequest(key=key, revision=revision, keys_only=True)
+        try:
+            response = await self._request("watch resume check", lambda timeout: self._kv.Range(request, timeout=timeout))
+        except _OutOfRange:
+            current = await self.revision()
+            if current < revision:
+                raise kv.HistoryLost(revision, current) from None
+            return  # compacted
+        found = bool(response.kvs) and response.kvs[0].mod_revision == revision
+        if found != put:
+            raise kv.HistoryLost(revision, int(response.header.revision))
 
     async def _pause(self, seconds: float) -> bool:
         """Sleep unless the store closes meanwhile; False if it is closed."""

