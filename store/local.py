@@ -408,6 +408,17 @@ class LocalStore:
     def __init__(self, tombstone_limit: int = DEFAULT_TOMBSTONE_LIMIT) -> None:
         self.tables: dict[str, KindStore[Any]] = {kind: KindStore(kind, tombstone_limit) for kind in models.KINDS}
         self.meta = MetaTable()
+        # How many times the store was found to have lost writes it had acknowledged, and the
+        # revision of the last listing after such a loss (see forked()).
+        self.forks = 0
+        self.forked_at = 0
+
+    def forked(self, revision: int) -> None:
+        """The store lost writes it had acknowledged and was relisted at ``revision``: a write
+        answered at a later revision before the relist will never reach this mirror (its revision
+        may be another write's), so nobody should wait for it."""
+        self.forks += 1
+        self.forked_at = revision
 
     @overload
     def __getitem__(self, kind: Literal["spus"]) -> KindStore[models.Spu]: ...

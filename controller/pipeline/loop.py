@@ -66,6 +66,12 @@ class ControllerLoop:
         # looking at the others (a burst of creates keeps 10,000s in flight). An entry whose key
         # was since expected at a higher revision is dropped when it comes up.
         self._expecting: list[tuple[int, str]] = []
+        # Expectations given up on, because the store lost the writes they wait for (etcd 3.5.1
+        # killed just after acknowledging them, docs/limitations.md): the local store's fork count
+        # last seen (LocalStore.forked), and the expectations open at the last resync pass (a
+        # loss the Reader cannot see: an idle store never reaches the lost write's revision).
+        self._forks = local_store.forks
+        self._open_at_resync: list[tuple[str, int]] = []
         self._submitted: set[str] = set()
         # Objects whose action was set aside (its key busy, or its write lost a compare): they
         # count as changed in the first pass after their keys are free, so an incremental
@@ -131,6 +137,8 @@ class ControllerLoop:
         if self._failures:
             self._forget_changed_failures(changes)
         snapshot = self.local_store.snapshot()
+        if self.resyncing and (self._expected or self._open_at_resync):
+            self._forget_overdue()
         if self._deferred:
             changes = self._with_deferred(changes, snapshot)
         decided = self.decide(snapshot, changes)
@@ -258,14 +266,56 @@ class ControllerLoop:
                 self._failures.pop(models.object_key(kind, name), None)
 
     def _expect(self, key: str, revision: int) -> None:
+        if self.local_store.forks != self._forks:
+            self._forget_lost()  # first: this write's answer came after the relist
         if revision > self._expected.get(key, 0):
             self._expected[key] = revision
             heapq.heappush(self._expecting, (revision, key))
 
     def _forget_caught_up(self) -> None:
+        if self.local_store.forks != self._forks:
+            self._forget_lost()
         revision = self.local_store.revision
         expecting, expected = self._expecting, self._expected
         while expecting and expecting[0][0] <= revision:
             at, key = heapq.heappop(expecting)
             if expected.get(key) == at:
                 del expected[key]
+
+    def _forget_overdue(self) -> None:
+        """At a resync pass: forget the expectations already open at the previous one. An echo
+        comes within milliseconds; one still missing after a whole resync interval of quiet is of
+        a write the store lost, and waiting longer would keep its object from being decided.
+        Forgetting is safe: a write decided from a store that is merely behind loses its compare."""
+        expected = self._expected
+        overdue = [(key, revision) for key, revision in self._open_at_resync if expected.get(key) == revision]
+        for key, _ in overdue:
+            del expected[key]
+        if overdue:
+            self._expecting = [(revision, key) for revision, key in self._expecting if expected.get(key) == revision]
+            heapq.heapify(self._expecting)
+            log.warning(
+                "writes whose echo never came are no longer waited for: decided again",
+                controller=self.name, keys=len(overdue), revisions=sorted({revision for _, revision in overdue})[:10],
+                store_revision=self.local_store.revision,
+            )
+        self._open_at_resync = list(expected.items())
+
+    def _forget_lost(self) -> None:
+        """The Reader relisted a store that lost writes it had acknowledged (LocalStore.forked):
+        the writes answered at a later revision than that listing are not waited for. (One answered
+        between the listing and the relist's end may be dropped too: its object is then decided
+        before its echo, and that write loses its compare.)"""
+        self._forks = self.local_store.forks
+        revision = self.local_store.forked_at
+        expected = self._expected
+        gone = [key for key, at in expected.items() if at > revision]
+        for key in gone:
+            del expected[key]
+        self._expecting = [(at, key) for at, key in self._expecting if expected.get(key) == at]
+        heapq.heapify(self._expecting)
+        if gone:
+            log.warning(
+                "the store lost writes it had acknowledged: the ones answered after its listing are no longer waited for",
+                controller=self.name, keys=len(gone), listed_revision=revision,
+            )

@@ -58,6 +58,8 @@ class Reader:
                     listed = await self.kv_store.list("")
                 listing = False
                 objects = self._resync(listed)
+                if lost is not None:
+                    self.local_store.forked(listed.revision)
                 start = (
                     listed.revision + 1 if self.history is None else self._history_start(listed, objects, compacted, lost)
                 )

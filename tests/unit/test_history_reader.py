@@ -271,6 +271,8 @@ async def test_a_store_that_lost_recorded_writes_gives_a_relist_a_gap_and_a_snap
         while runner.local_store["topics"].get("z") is None:
             await asyncio.sleep(0.01)
     assert runner.local_store["topics"].get("b") is None and runner.local_store["topics"].get("c") is None
+    # The controllers stop waiting for the echoes of writes answered after that listing.
+    assert (runner.local_store.forks, runner.local_store.forked_at) == (1, reused[-1])
     after = await restored.create("topics/y", topic("y"))
     await runner.until_recorded(after)
     await runner.stop()

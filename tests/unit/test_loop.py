@@ -94,3 +94,80 @@ async def test_a_written_key_stays_busy_until_the_local_store_has_its_latest_wri
     assert busy_after(15) == [False, False]
     assert controller._expecting == []
     await store.close()
+
+
+async def test_keys_written_at_revisions_the_store_lost_are_free_once_the_reader_relists() -> None:
+    """etcd 3.5.1 killed just after acknowledging writes can come back without them and give their
+    revisions to other writes (docs/limitations.md). When the Reader relists after that
+    (HistoryLost), a key written at a revision past the listing is free at once: waiting for the
+    store to reach that revision would keep it busy until unrelated writes get there, for good on
+    an idle cluster."""
+    store = memory.MemoryStore()
+    local_store = local.LocalStore()
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
+    controller = loop_module.ControllerLoop(
+        "test", lambda snapshot, changes: [], {"topics": local.Part.ALL}, local_store, dispatcher, instance_metrics
+    )
+    kept, lost, other = (actions.create(topic_of_size(name, 1), "test") for name in ("a", "b", "c"))
+    for action, revision in ((kept, 10), (lost, 20)):
+        controller._submitted.add(action.key)
+        controller._on_result(dispatcher_module.Result(action, dispatcher_module.Outcome.APPLIED, revision))
+    local_store["topics"].apply(topic_of_size("a", 1), 10)
+    controller._forget_caught_up()
+    assert [controller.busy(kept.key), controller.busy(lost.key)] == [False, True]
+
+    # The store came back at revision 15 without b's write; a write answered since is expected as usual.
+    local_store["topics"].resync([(topic_of_size("a", 1), 10, 10)], 15)
+    local_store.forked(15)
+    controller._submitted.add(other.key)
+    controller._on_result(dispatcher_module.Result(other, dispatcher_module.Outcome.APPLIED, 16))
+    controller._forget_caught_up()
+    assert [controller.busy(lost.key), controller.busy(other.key)] == [False, True]
+    assert controller._expected == {other.key: 16}
+    await store.close()
+
+
+@pytest.mark.looptime
+async def test_a_key_whose_write_never_comes_back_is_free_after_two_resync_passes() -> None:
+    """A write etcd lost before the watch delivered it leaves no trace the Reader can see (its
+    watch resumes after the last change it delivered, which etcd still has): the key is busy
+    until the store reaches the write's revision. On an idle cluster nothing gets there, so an
+    expectation still open at two resync passes in a row is dropped and the object decided again
+    (a write decided from a store that is merely behind loses its compare, nothing worse)."""
+    store = memory.MemoryStore()
+    local_store = local.LocalStore()
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
+    wanted = actions.create(topic_of_size("a", 1), "test")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    submitted_at: list[float] = []
+
+    def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
+        if snapshot.entries("topics").get("a") is not None:
+            return []
+        if not controller.busy(wanted.key):
+            submitted_at.append(round(loop.time() - start))
+        return [wanted]
+
+    controller = loop_module.ControllerLoop(
+        "test", decide, {"topics": local.Part.ALL}, local_store, dispatcher, instance_metrics, resync_interval=60.0
+    )
+    local_store["topics"].resync([], 1)
+    local_store.meta.resync([], 1)
+    task = asyncio.create_task(controller.run())
+    dispatch = asyncio.create_task(dispatcher.run())
+    try:
+        # The create is applied, but its echo never reaches this local store (no Reader runs):
+        # as if etcd lost the write before its watch delivered it.
+        await asyncio.sleep(1)
+        assert submitted_at == [0]
+        await asyncio.sleep(125)
+        # Resync passes at 60 and 120: open at both, so free at the second.
+        assert submitted_at == [0, 120]
+    finally:
+        for running in (task, dispatch):
+            running.cancel()
+        await asyncio.gather(task, dispatch, return_exceptions=True)
+        await store.close()
