@@ -256,6 +256,11 @@ class EtcdStore(kv.KVStore):
         self._closed_event = asyncio.Event()
         # Highest store revision any response has shown: every later write commits above it.
         self._revision_seen = 0
+        # How many times etcd was found to have gone back (below a revision it had shown: it lost
+        # writes it acknowledged), and the revision it had shown before the last time: each watch
+        # running across such a loss raises HistoryLost once (see watch()).
+        self._went_back = 0
+        self._went_back_from = 0
         # Group commit of creates (see create()).
         self._pending_creates: list[_Create] = []
         self._create_flush_scheduled = False
@@ -853,7 +858,9 @@ class EtcdStore(kv.KVStore):
         etcd shows it still has the last change delivered: a single-member etcd before 3.5.5,
         killed just after acknowledging writes, comes back without them (etcd issue 14370) and
         gives their revisions to new writes, which a resumed watch would skip; that raises
-        HistoryLost instead.
+        HistoryLost instead. So does a resume that finds etcd below a revision it answered this
+        store before (lost writes the watch had not delivered yet: ``answered``), in every watch
+        running then, so that their consumers stop waiting for those writes.
         """
         self._check_open()
         start = self._prefix_bytes + prefix.encode()
@@ -863,6 +870,7 @@ class EtcdStore(kv.KVStore):
         next_revision = from_revision
         backoff = _WATCH_BACKOFF_INITIAL
         last: tuple[bytes, int, bool] | None = None  # the last event delivered: key, revision, put
+        went_back, resuming = self._went_back, False
         while True:
             if next_revision <= 0:
                 # "From now" is resolved here rather than by etcd, so that a reconnect resumes
@@ -875,16 +883,20 @@ class EtcdStore(kv.KVStore):
                         return
                     backoff = min(backoff * 2, _WATCH_BACKOFF_MAX)
                     continue
-            if last is not None:
-                # Resuming: from the next revision only if it follows what was delivered.
+            if resuming:
+                # From the next revision only if etcd still has what was delivered, and has not
+                # gone back below what it answered (writes this watch had not delivered yet).
                 try:
-                    await self._check_history(*last)
+                    await self._check_history(last)
                 except kv.Unavailable as unavailable:
                     _log.warning("etcd watch on %r cannot resume yet: %s", prefix, unavailable)
                     if not await self._pause(backoff):
                         return
                     backoff = min(backoff * 2, _WATCH_BACKOFF_MAX)
                     continue
+                if self._went_back != went_back:
+                    raise kv.HistoryLost(self._went_back_from, self._revision_seen, answered=True)
+            resuming = True
             call = self._watch.Watch()
             self._watch_calls.add(call)
             reading: asyncio.Future[Any] | None = None
@@ -968,21 +980,44 @@ class EtcdStore(kv.KVStore):
                 return
             backoff = min(backoff * 2, _WATCH_BACKOFF_MAX)
 
-    async def _check_history(self, key: bytes, revision: int, put: bool) -> None:
-        """Raise HistoryLost unless etcd still has the change a watch delivered last: ``key``
-        written (``put``) or deleted at ``revision``. One read at that revision, only when a watch
-        resumes; a compacted revision cannot be checked, and the watch's own resume then tells."""
+    async def _check_history(self, last: tuple[bytes, int, bool] | None) -> None:
+        """Raise HistoryLost unless etcd still has the change a watch delivered last (``last``: key,
+        revision, written or deleted), and note if etcd is below a revision it showed before (it
+        lost writes it had acknowledged; every running watch raises HistoryLost for that). One
+        read, only when a watch resumes; a compacted revision cannot be checked, and the watch's
+        own resume then tells."""
+        seen = self._revision_seen  # before the read: a write answered meanwhile may be above it
+        if last is None:
+            self._note_revision(await self.revision(), seen)
+            return
+        key, revision, put = last
         request = etcdpb.RangeRequest(key=key, revision=revision, keys_only=True)
         try:
             response = await self._request("watch resume check", lambda timeout: self._kv.Range(request, timeout=timeout))
         except _OutOfRange:
             current = await self.revision()
+            self._note_revision(current, seen)
             if current < revision:
                 raise kv.HistoryLost(revision, current) from None
             return  # compacted
+        current = int(response.header.revision)
+        self._note_revision(current, seen)
         found = bool(response.kvs) and response.kvs[0].mod_revision == revision
         if found != put:
-            raise kv.HistoryLost(revision, int(response.header.revision))
+            raise kv.HistoryLost(revision, current)
+
+    def _note_revision(self, current: int, seen: int) -> None:
+        """A linearizable read answered at ``current`` after etcd had shown ``seen``: below it,
+        etcd went back."""
+        if current >= seen:
+            return
+        _log.error(
+            "etcd at %s is at revision %d, below revision %d it answered before: it lost writes it acknowledged",
+            self._endpoints_text(), current, seen,
+        )
+        self._went_back += 1
+        self._went_back_from = seen
+        self._revision_seen = current  # a floor for ambiguous transactions: only what etcd has now
 
     async def _pause(self, seconds: float) -> bool:
         """Sleep unless the store closes meanwhile; False if it is closed."""

@@ -68,18 +68,23 @@ class Compacted(StoreError):
 
 
 class HistoryLost(StoreError):
-    """The store no longer has the last change a watch delivered: its history went back (etcd
-    restored from a backup, or a single-member etcd before 3.5.5 killed right after acknowledging
-    a write: etcd issue 14370). Revisions after ``revision`` may be reused for other changes, so a
-    watch resumed after ``delivered`` could miss them: relist."""
+    """The store went back: it no longer has the last change a watch delivered, or it is at a
+    lower revision than it answered before (etcd restored from a backup, or a single-member etcd
+    before 3.5.5 killed right after acknowledging writes: etcd issue 14370). Writes it acknowledged
+    are lost, and revisions after ``revision`` may be reused for other changes, so a watch resumed
+    after ``delivered`` could miss them: relist. ``answered``: only the revision tells (the watch
+    still has everything it delivered); ``delivered`` is then the highest revision answered."""
 
-    def __init__(self, delivered: int, revision: int) -> None:
+    def __init__(self, delivered: int, revision: int, *, answered: bool = False) -> None:
         self.delivered = delivered
         self.revision = revision
-        super().__init__(
-            f"the store went back to revision {revision} after a watch delivered revision {delivered}: "
-            "writes it acknowledged are lost, and the revisions after it may hold other changes"
+        self.answered = answered
+        what = (
+            f"the store is at revision {revision}, below revision {delivered} it answered before"
+            if answered
+            else f"the store went back to revision {revision} after a watch delivered revision {delivered}"
         )
+        super().__init__(f"{what}: writes it acknowledged are lost, and the revisions after it may hold other changes")
 
 
 class Unavailable(StoreError):

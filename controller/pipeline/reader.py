@@ -50,7 +50,7 @@ class Reader:
         The watch starts at the history's resume point when that is older than the listing: events
         up to the listed revision are only recorded (the listing already holds their result).
         """
-        compacted, lost = False, None
+        compacted, lost, forked = False, None, False
         while True:
             listing = True
             try:
@@ -58,12 +58,12 @@ class Reader:
                     listed = await self.kv_store.list("")
                 listing = False
                 objects = self._resync(listed)
-                if lost is not None:
+                if forked:
                     self.local_store.forked(listed.revision)
                 start = (
                     listed.revision + 1 if self.history is None else self._history_start(listed, objects, compacted, lost)
                 )
-                compacted, lost = False, None
+                compacted, lost, forked = False, None, False
                 self.synced.set()
                 async with contextlib.aclosing(self.kv_store.watch("", start)) as events:
                     async for event in events:
@@ -76,7 +76,9 @@ class Reader:
                 compacted = True
                 log.warning("watch compacted, relisting", revision=error.revision)
             except kv.HistoryLost as error:
-                lost = error if lost is None or error.delivered < lost.delivered else lost
+                forked = True
+                if not error.answered:  # else every change delivered is still there: the history holds
+                    lost = error if lost is None or error.delivered < lost.delivered else lost
                 log.error("the store lost writes it had acknowledged: relisting", error=str(error))
             except kv.Unavailable as unavailable:
                 if not listing:  # a failed listing is counted by etcd_request

@@ -222,9 +222,9 @@ class LosingStore:
         self.inner = inner
         self._lost: asyncio.Future[kv.HistoryLost] = asyncio.get_running_loop().create_future()
 
-    def lose(self, restored: Any, delivered: int) -> None:
+    def lose(self, restored: Any, delivered: int, answered: bool = False) -> None:
         self.inner = restored
-        self._lost.set_result(kv.HistoryLost(delivered, restored._revision))
+        self._lost.set_result(kv.HistoryLost(delivered, restored._revision, answered=answered))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -283,4 +283,29 @@ async def test_a_store_that_lost_recorded_writes_gives_a_relist_a_gap_and_a_snap
         *(("change", "list", "create", "topics", name, revision, "Init") for name, revision in sorted(zip("zwv", reused))),
         ("sync", reused[-1], True),
         ("change", "watch", "create", "topics", "y", after, "Init"),
+    ]
+
+
+async def test_a_store_that_lost_only_writes_the_watch_had_not_delivered_is_relisted_without_a_gap(tmp_path: Path) -> None:
+    """etcd answered writes at revisions it no longer reaches, but still has every change the watch
+    delivered (HistoryLost with ``answered``): the reader relists so that the controllers stop
+    waiting for those writes, and the history, which holds nothing of them, goes on without a gap."""
+    from store import memory
+
+    store = LosingStore(memory.MemoryStore())
+    for name in ("a", "b"):
+        await store.create(f"topics/{name}", topic(name))  # revisions 2, 3
+    runner = RunningReader(store, tmp_path)  # type: ignore[arg-type]  # the KVStore calls pass through
+    await runner.start()
+    await runner.until_recorded(3)
+    store.lose(store.inner, delivered=9, answered=True)  # it had answered up to 9
+    async with asyncio.timeout(10):
+        while runner.local_store.forks == 0:
+            await asyncio.sleep(0.01)
+    assert runner.local_store.forked_at == 3
+    after = await store.create("topics/c", topic("c"))
+    await runner.until_recorded(after)
+    await runner.stop()
+    assert [row[:3] for row in changes(tmp_path)] == [
+        ("change", "list", "create"), ("change", "list", "create"), ("sync", 3, True), ("change", "watch", "create")
     ]
