@@ -383,17 +383,21 @@ class PartitionSpec(Model):
         return self
 
 
+# The largest leader or partition epoch: 64-bit, as on 9004's wire (an epoch past it could not be
+# told to an SPU). A partition at it cannot change leader or in-sync set any more.
+MAX_EPOCH = 2**63 - 1
+
+
 class PartitionStatus(Model):
     """A partition's state, written by the SC's partition controller only. leaderEpoch, partitionEpoch
     and isr change in the same compare-and-swap write as spec.leader; elections decide from them
     alone (docs/replication.md)."""
 
     resolution: PartitionResolution = PartitionResolution.OFFLINE
-    # 64-bit, as on 9004's wire (an epoch past it could not be told to an SPU).
-    leader_epoch: Annotated[int, Field(ge=0, le=2**63 - 1)] = Field(
+    leader_epoch: Annotated[int, Field(ge=0, le=MAX_EPOCH)] = Field(
         0, description="+1 at every leader change (to no leader too), in the same write as spec.leader; never decreases"
     )
-    partition_epoch: Annotated[int, Field(ge=0, le=2**63 - 1)] = Field(
+    partition_epoch: Annotated[int, Field(ge=0, le=MAX_EPOCH)] = Field(
         0, description="+1 at every change of the leader or of isr; 0 while the partition is as created"
     )
     # Empty at partitionEpoch 0 (every replica is in sync: nothing is committed yet), and after a

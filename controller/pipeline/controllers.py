@@ -197,6 +197,9 @@ class RebalanceController:
 _PARTITIONS = "partitions/"
 # The longest the in-sync changes wait for the elections in flight (their writes may be slow).
 HOLD_SECONDS = 1.0
+# Partitions whose due change cannot be written, remembered so that each is logged once per reason
+# (forgotten all at once past this many: each is then logged once more).
+_REFUSED_REMEMBERED = 10_000
 
 
 class PartitionController:
@@ -221,6 +224,7 @@ class PartitionController:
         self._due: set[str] | None = None
         # Off for the pass after one that decided only leaderless partitions (see partition.decide).
         self._urgent_first = True
+        self._refused: dict[str, str] = {}  # partition -> why its due change cannot be written, as logged
         # Partitions whose election this controller submitted, until each is written and back in
         # the local store: meanwhile only leaderless partitions are decided (see _hold), so the
         # SPUs hear of their new leaders before the in-sync changes take the event loop.
@@ -292,6 +296,12 @@ class PartitionController:
         if self._connections is not None:
             for proposal, answer, state in decided.answers:
                 self._connections.answer(proposal, _alter_isr_result(proposal, answer, state))
+        for name, why in decided.refused.items():
+            if self._refused.get(name) != why:  # once per partition and reason, not every pass
+                if len(self._refused) >= _REFUSED_REMEMBERED:
+                    self._refused.clear()
+                self._refused[name] = why
+                log.error("a partition change is due but cannot be written", partition=name, reason=why)
         if decided.postponed:
             self._due = None if self._due is None else self._due | decided.postponed
             if not hold:

@@ -79,6 +79,8 @@ class Decided:
     # Partitions led by another SPU than their preferred one, looked at after this pass's batch of
     # preferred-leader moves was full: due again once the moves decided here are written.
     preferred_waiting: set[str] = field(default_factory=set)
+    # Partitions with a change due that cannot be written (their epochs are spent): why.
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 def decide(snapshot: local.Snapshot, inputs: Inputs) -> Decided:
@@ -142,6 +144,8 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> Decided:
             changes += 1
         if decision.answer is not None:
             decided.answers.append((decision.answer.proposal, decision.answer, partition_state.stored_state(partition)))
+        if decision.refused:
+            decided.refused[name] = decision.refused
         if transition is None:
             if not facts.rebalance and partition.spec.replicas[0] != partition.spec.leader:
                 decided.preferred_waiting.add(name)

@@ -102,6 +102,7 @@ class Answer:
 class Decision:
     transition: Transition | None = None
     answer: Answer | None = None
+    refused: str = ""  # why a transition that is due cannot be written (its epochs are spent)
 
 
 NOTHING = Decision()
@@ -169,7 +170,25 @@ class Members:
 def decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: Facts) -> Decision:
     """The next state of ``partition`` (stored at ``mod_revision``) and the answer owed to its
     proposal, if any. One ladder: the first rule that applies decides, and a write carries every
-    in-sync change due at once."""
+    in-sync change due at once. A partition whose epochs would pass models.MAX_EPOCH (a stored
+    value anyone may have written) changes no more: the decision says why, and a proposal is
+    refused."""
+    decision = _decide(partition, mod_revision, spus, facts)
+    transition = decision.transition
+    if transition is None or max(transition.state.leader_epoch, transition.state.partition_epoch) <= models.MAX_EPOCH:
+        return decision
+    status = partition.status
+    refused = (
+        f"partition {partition.name!r} cannot change: its epochs would pass {models.MAX_EPOCH} "
+        f"(leader epoch {status.leader_epoch}, partition epoch {status.partition_epoch}); delete and recreate its topic"
+    )
+    answer = decision.answer
+    if facts.proposal is not None and (answer is None or answer.error is None):
+        answer = Answer(facts.proposal, INVALID, refused)
+    return Decision(None, answer, refused)
+
+
+def _decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: Facts) -> Decision:
     stored = stored_state(partition)
     members = Members(partition, mod_revision, spus, facts.committed_hw)
     replicas = partition.spec.replicas

@@ -144,3 +144,20 @@ async def test_a_partition_set_aside_for_another_loops_write_is_looked_at_when_t
     created = actions.update_status(fresh, fresh.status, 10, "created by the topic controller")
     loop._on_result(dispatcher_module.Result(created, dispatcher_module.Outcome.APPLIED, 30))
     assert loop._kick.is_set()
+
+
+async def test_a_partition_whose_epochs_are_spent_is_left_as_it_is_and_said_once() -> None:
+    """A stored partition at the largest leader epoch (anyone may have written it) whose leader is
+    gone: no election is written (it would hold an epoch no SC can read back), the other
+    partitions are decided as usual, and the reason is logged once, not at every pass."""
+    import structlog
+
+    spent = named(part(0, [0, 1, 2], leader_epoch=models.MAX_EPOCH), "spent-0")
+    passes = Passes(partitions=(spent, named(part(0, [0, 1, 2]), "led-0")))
+    with structlog.testing.capture_logs() as logged:
+        assert passes.decide() == [("led-0", actions.Verb.ELECT)]
+        passes.controller.loop.resyncing = True  # a full pass again: the same is due
+        assert passes.decide() == [("led-0", actions.Verb.ELECT)]
+    refused = [entry for entry in logged if entry["event"] == "a partition change is due but cannot be written"]
+    assert [(entry["partition"], entry["log_level"]) for entry in refused] == [("spent-0", "error")]
+    assert f"its epochs would pass {models.MAX_EPOCH}" in refused[0]["reason"]

@@ -314,3 +314,35 @@ def test_an_epoch_never_goes_back_and_every_leader_change_bumps_it() -> None:
             leaders.add((state.leader, state.leader_epoch))
     assert epochs == sorted(epochs) and epochs == [3, 4, 5, 6]
     assert len({epoch for _, epoch in leaders}) == len(leaders)  # one leader per epoch
+
+
+TOP = 2**63 - 1  # the largest epoch a stored partition may hold (models.MAX_EPOCH)
+
+
+@pytest.mark.parametrize(
+    ("stored", "spus", "facts"),
+    [
+        # Its leader went offline: an election needs leaderEpoch + 1.
+        (partition(leader_epoch=TOP), Spus(online_ids={1, 2}), {}),
+        # A follower went offline: the in-sync set shrinks with partitionEpoch + 1.
+        (partition(partition_epoch=TOP), Spus(online_ids={0, 1}), {}),
+        # The leader proposes to shrink the set.
+        (partition(partition_epoch=TOP), Spus(), {"proposal": proposal((0, 1), partition_epoch=TOP)}),
+    ],
+    ids=["election", "member-offline", "proposal"],
+)
+def test_a_partition_whose_epochs_are_spent_is_not_written_past_them(stored: models.Partition, spus: Spus, facts: Any) -> None:
+    """Epochs only grow, up to the largest a stored partition may hold. A stored partition may have
+    been written by anyone; one at the limit must not be decided into a status no SC can read
+    back (the SC once wrote leaderEpoch 2**63 and its own reader refused it): nothing is written,
+    the decision says why, and a proposal is refused."""
+    decision = ps.decide(stored, WRITTEN_AT, spus, ps.Facts(committed_hw=100, **facts))
+    assert decision.transition is None
+    assert decision.refused == (
+        f"partition 't-0' cannot change: its epochs would pass {TOP} "
+        f"(leader epoch {stored.status.leader_epoch}, partition epoch {stored.status.partition_epoch}); "
+        "delete and recreate its topic"
+    )
+    if "proposal" in facts:
+        assert decision.answer is not None and decision.answer.error == ps.INVALID
+        assert decision.answer.message == decision.refused
