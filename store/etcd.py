@@ -1017,7 +1017,9 @@ class EtcdStore(kv.KVStore):
         )
         self._went_back += 1
         self._went_back_from = seen
-        self._revision_seen = current  # a floor for ambiguous transactions: only what etcd has now
+        if self._revision_seen == seen:  # nothing above it answered meanwhile
+            # The floor of ambiguous transactions: what etcd has now, not what it lost.
+            self._revision_seen = current
 
     async def _pause(self, seconds: float) -> bool:
         """Sleep unless the store closes meanwhile; False if it is closed."""
