@@ -529,9 +529,15 @@ class Partition(ClusterObject[PartitionSpec, PartitionStatus]):
 
     def in_sync(self) -> list[int]:
         """The committed in-sync set: ``status.isr``, or every replica while the partition is as
-        created (partition epoch 0: nothing is committed, so every replica holds all of it)."""
+        created (partition epoch 0: nothing is committed, so every replica holds all of it). Only
+        replicas are members: SPUs a stored set lists beside them (anyone may have written it) are
+        not, and leave it at the SC's next write."""
         status = self.status
-        return list(self.spec.replicas) if status.partition_epoch == 0 else status.isr
+        replicas = self.spec.replicas
+        if status.partition_epoch == 0:
+            return list(replicas)
+        isr = status.isr
+        return isr if all(spu in replicas for spu in isr) else [spu for spu in isr if spu in replicas]
 
 
 # Any kind of object, where the kind is only known at run time (a key read from the store, a route's

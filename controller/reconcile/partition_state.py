@@ -193,8 +193,11 @@ def _decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: F
     members = Members(partition, mod_revision, spus, facts.committed_hw)
     replicas = partition.spec.replicas
     leader = None if stored.resolution is LEADER_OFFLINE else stored.leader
-    if leader is None or not members.sound(leader):
-        transition = _lead_again(partition, stored, members, facts, leader)
+    # A leader outside the committed in-sync set may lack committed records: only a stored state
+    # written by someone else has one (every write of the SC keeps the leader in it).
+    outside = leader is not None and leader not in stored.isr
+    if leader is None or outside or not members.sound(leader):
+        transition = _lead_again(partition, stored, members, facts, leader, "is not in the in-sync set" if outside else "")
         answer = None
         if facts.proposal is not None:
             answer = _settled(stored, facts.proposal) or Answer(
@@ -324,9 +327,10 @@ def _move_step(
 
 
 def _lead_again(
-    partition: models.Partition, stored: State, members: Members, facts: Facts, leader: int | None
+    partition: models.Partition, stored: State, members: Members, facts: Facts, leader: int | None, why: str = ""
 ) -> Transition | None:
-    """The leader is gone (offline, restarted, unregistered) or there is none (LeaderOffline):
+    """The leader is gone (offline, restarted, unregistered, outside the in-sync set: ``why``) or
+    there is none (LeaderOffline):
     the first member that can vouch for every committed record leads; else nobody, unless an
     unclean election is allowed."""
     replicas = partition.spec.replicas
@@ -346,7 +350,7 @@ def _lead_again(
     if leader is None:
         lost = f"partition {partition.name!r} has no leader"
     else:
-        lost = f"leader SPU {leader} {members.why_not(leader)}"
+        lost = f"leader SPU {leader} {why or members.why_not(leader)}"
     if chosen is not None:
         new_isr = tuple(spu for spu in replicas if spu in isr and (spu == chosen or members.sound(spu)))
         if leader is None:

@@ -346,3 +346,24 @@ def test_a_partition_whose_epochs_are_spent_is_not_written_past_them(stored: mod
     if "proposal" in facts:
         assert decision.answer is not None and decision.answer.error == ps.INVALID
         assert decision.answer.message == decision.refused
+
+
+def test_spus_a_stored_in_sync_set_lists_beside_the_replicas_are_not_members() -> None:
+    """Anyone may have written the stored set: SPU 7 is no replica of t-0, so it is no member. It
+    neither keeps the partition from going LeaderOffline nor stays in what is written."""
+    stored = partition(leader=0, isr=(0, 1, 7), replicas=(0, 1, 2))
+    assert stored.in_sync() == [0, 1]
+    # Its members are offline (they may hold the committed records, so they stay); 7 is up.
+    state, _, _ = decide(stored, Spus(online_ids={2, 7}, registered={0: 1, 1: 1, 2: 1, 7: 1}))
+    assert state == State(0, LEADER_OFFLINE, 4, 5, (0, 1))
+
+
+def test_a_stored_leader_outside_its_in_sync_set_is_replaced_by_a_member() -> None:
+    """Every write of the SC keeps the leader in the in-sync set; a stored state written by someone
+    else may not. Such a leader may lack committed records, so a member leads instead."""
+    stored = partition(leader=0, isr=(1, 2))
+    decision = ps.decide(stored, WRITTEN_AT, Spus(), ps.Facts(committed_hw=100))
+    assert decision.transition is not None
+    assert decision.transition.state == State(1, ONLINE, 4, 5, (1, 2))
+    assert decision.transition.cause == ps.CAUSE_SPU_OFFLINE
+    assert decision.transition.reason.startswith("leader SPU 0 is not in the in-sync set")
