@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeAlias, TypeVar, overload
 
@@ -102,6 +102,10 @@ class KindStore(Generic[O]):
         self._forgotten_up_to = 0
         self._listeners: set[Listener[O]] = set()
         self.view: Mapping[str, Entry[O]] = types.MappingProxyType(self._entries)
+        # Names in the store whose value this SC cannot read (malformed, or written by a newer
+        # version), while it mirrors no readable version of them: absent from the mirror, but not
+        # deleted, so what they own is not orphaned (see mark_unreadable).
+        self.unreadable: set[str] = set()
 
     # ------------------------------------------------------------------ reads
 
@@ -173,6 +177,8 @@ class KindStore(Generic[O]):
         self.revision = max(self.revision, mod_revision)
         current = self._entries.get(obj.name)
         if current is None:
+            if self.unreadable:
+                self.unreadable.discard(obj.name)
             changed = _ALL
         else:
             changed = (_SPEC if current.obj.spec != obj.spec else 0) | (
@@ -199,8 +205,18 @@ class KindStore(Generic[O]):
         self._notify(changed)
         return _PARTS[changed]
 
+    def mark_unreadable(self, name: str, revision: int) -> None:
+        """The store holds ``name`` at ``revision`` in a value this SC cannot read. A readable
+        version already mirrored stays (the Reader keeps serving it); else the name is unreadable
+        until a readable write or a delete of it."""
+        self.revision = max(self.revision, revision)
+        if name not in self._entries:
+            self.unreadable.add(name)
+
     def delete(self, name: str, revision: int = 0) -> bool:
         self.revision = max(self.revision, revision)
+        if self.unreadable:
+            self.unreadable.discard(name)
         if self._entries.pop(name, None) is None:
             return False
         self._grouped(name, False)
@@ -215,11 +231,13 @@ class KindStore(Generic[O]):
         self._notify(_ALL)
         return True
 
-    def resync(self, objects: Iterable[tuple[O, int, int]], revision: int) -> None:
-        """Replace the whole table with a fresh listing of (object, mod revision, create revision).
+    def resync(self, objects: Iterable[tuple[O, int, int]], revision: int, unreadable: Iterable[str] = ()) -> None:
+        """Replace the whole table with a fresh listing of (object, mod revision, create revision),
+        and the names listed whose value could not be read.
 
         Fences every listener.
         """
+        self.unreadable = set(unreadable)
         self.epoch += 1
         self.fence = self.epoch
         fresh = {obj.name: (obj, mod_revision, create_revision) for obj, mod_revision, create_revision in objects}
@@ -336,6 +354,11 @@ class Snapshot:
     def meta(self, key: str) -> tuple[bytes, int] | None:
         """A cluster-internal key's (value, mod revision), or None if absent."""
         return self._meta.get(key)
+
+    def unreadable(self, kind: str) -> AbstractSet[str]:
+        """The names of ``kind`` in the store that this SC cannot read (absent from ``entries``
+        but not deleted: what they own is not theirs to take)."""
+        return self._tables[kind].unreadable
 
     # Each read is typed by its kind when the kind is written out (``entries("topics")`` holds
     # ``Entry[Topic]``), and by ``AnyObject`` when it is only known at run time.

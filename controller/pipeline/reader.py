@@ -89,10 +89,11 @@ class Reader:
     def _resync(self, listed: kv.ListResult) -> list[kv.KeyValue]:
         """Replace the mirror with ``listed``; returns the items that are valid objects."""
         by_kind: dict[str, list[tuple[models.AnyObject, int, int]]] = {kind: [] for kind in models.KINDS}
+        unreadable: dict[str, list[str]] = {kind: [] for kind in models.KINDS}
         meta: list[tuple[str, bytes, int]] = []
         valid: list[kv.KeyValue] = []
         for item in listed.items:
-            kind, _, _ = item.key.partition("/")
+            kind, _, name = item.key.partition("/")
             if kind == META_KIND:
                 meta.append((item.key, item.value, item.mod_revision))
             elif kind in by_kind:
@@ -100,8 +101,10 @@ class Reader:
                 if obj is not None:
                     by_kind[kind].append((obj, item.mod_revision, item.create_revision))
                     valid.append(item)
+                else:
+                    unreadable[kind].append(name)
         for kind, objects in by_kind.items():
-            self.local_store[kind].resync(objects, listed.revision)
+            self.local_store[kind].resync(objects, listed.revision, unreadable[kind])
             self.metrics.relists.labels(kind).inc()
         self.local_store.meta.resync(meta, listed.revision)
         log.info("relisted", objects={kind: len(objects) for kind, objects in by_kind.items()}, revision=listed.revision)
@@ -161,6 +164,7 @@ class Reader:
             else:
                 obj = self._decode(kind, event.key, event.value)
                 if obj is None:
+                    table.mark_unreadable(name, event.revision)
                     return
             table.apply(obj, event.revision)
         if self.history is not None:

@@ -71,6 +71,8 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
             continue
         group_entry = groups.get(group_name)
         if group_entry is None:
+            if group_name in snapshot.unreadable("spu-groups"):
+                continue  # the group is there, in a value this SC cannot read: not deleted
             decided.append(_delete(spu_entry, snapshot.meta, f"SPU group {group_name} was deleted"))
             continue
         group: models.SpuGroup = group_entry.obj

@@ -9,7 +9,7 @@ large to store in one etcd request is InvalidConfig, never placed in a loop.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set as AbstractSet
 from dataclasses import dataclass, field
 
 from controller import placement
@@ -550,6 +550,8 @@ def _partition_actions(
     written in the same transaction are always seen together.
     """
     partitions: Mapping[str, local.Entry[models.Partition]] = snapshot.entries("partitions")
+    # In the store, but in values this SC cannot read: neither deleted nor missing.
+    unreadable_topics, unreadable_partitions = snapshot.unreadable("topics"), snapshot.unreadable("partitions")
     decided: list[actions.Action] = []
     topic_names = list(topic_names)
     candidates = set(partition_names)
@@ -563,7 +565,7 @@ def _partition_actions(
         # flight is set aside by the loop and decided again once that write is done.
         if entry.obj.topic in placed_now:
             continue  # its topic's new replica map is being written: judge it after the echo
-        decided += _orphan(entry, topics)
+        decided += _orphan(entry, topics, unreadable_topics)
     for topic_name in topic_names:
         topic_entry = topics.get(topic_name)
         if topic_entry is None or topic_name in placed_now:
@@ -575,6 +577,7 @@ def _partition_actions(
             models.new_partition(topic, index, replicas)
             for index, replicas in sorted(topic.status.replica_map.items())
             if (name := models.partition_name(topic.name, index)) not in partitions
+            and name not in unreadable_partitions
             and not busy(models.object_key("partitions", name))
         ]
         for start in range(0, len(missing), kv.MAX_TXN_WRITES):
@@ -598,10 +601,14 @@ def _describe_indexes(partitions: list[models.Partition]) -> str:
     return f"{'partition' if len(indexes) == 1 else 'partitions'} {text}"
 
 
-def _orphan(entry: local.Entry[models.Partition], topics: Mapping[str, local.Entry[models.Topic]]) -> list[actions.Action]:
+def _orphan(
+    entry: local.Entry[models.Partition], topics: Mapping[str, local.Entry[models.Topic]], unreadable_topics: AbstractSet[str]
+) -> list[actions.Action]:
     partition: models.Partition = entry.obj
     topic_entry = topics.get(partition.topic)
     if topic_entry is None:
+        if partition.topic in unreadable_topics:
+            return []  # its topic is there, in a value this SC cannot read: not deleted
         return [actions.delete("partitions", partition.name, entry.mod_revision, f"topic {partition.topic} was deleted")]
     wanted = topic_entry.obj.status.replica_map.get(partition.index)
     # A partition being moved is mapped to where it goes: the rebalance controller writes the map's

@@ -773,3 +773,37 @@ def test_a_stored_topic_whose_preferred_spu_is_no_id_is_invalid_not_a_crash() ->
 )
 def test_a_hand_edited_chain_that_is_no_number_restarts_at_0(stored: bytes) -> None:
     assert topic.read_chain(snapshot_of(meta={topic.CHAIN_KEY: (stored, 7)})) == topic.Chain(0, 7)
+
+
+# ---------------------------------------------------------------------------- unreadable owners
+
+
+def unreadable(snapshot_store: local.LocalStore, kind: str, name: str) -> None:
+    """``kind/name`` is in the store but this SC cannot read it (the Reader found it malformed)."""
+    snapshot_store[kind].mark_unreadable(name, 99)
+
+
+def test_the_partitions_of_a_topic_the_sc_cannot_read_are_kept() -> None:
+    """A topic whose stored value does not decode (written by hand, or by a newer SC whose fields
+    this one does not know) is absent from the mirror after a relist, but it is not deleted: its
+    partitions are not orphans, and one that does not decode either is not created again."""
+    store = local.LocalStore()
+    store["spus"].apply(make_spu(0), 1)
+    store["partitions"].apply(models.Partition(name="t-0", spec=models.PartitionSpec(leader=0, replicas=[0])), 2)
+    store["partitions"].apply(models.Partition(name="gone-0", spec=models.PartitionSpec(leader=0, replicas=[0])), 3)
+    provisioned = make_topic("u", {"resolution": "Provisioned", "replicaMap": {"0": [0], "1": [0]}}, partitions=2, replicationFactor=1)
+    store["topics"].apply(provisioned, 4)
+    unreadable(store, "topics", "t")
+    unreadable(store, "partitions", "u-1")
+    assert [(a.verb.value, a.name, a.reason) for a in topic.decide(store.snapshot(), topic.Inputs())] == [
+        ("delete", "gone-0", "topic gone was deleted"),
+        ("create-partitions", "u", "partition 0 of topic u"),
+    ]
+
+
+def test_the_spus_of_a_group_the_sc_cannot_read_are_kept() -> None:
+    store = local.LocalStore()
+    for index, spu_obj in enumerate(spu_group.desired_spus(builders.spu_group("main", 2, 11))):
+        store["spus"].apply(spu_obj, 6 + index)
+    unreadable(store, "spu-groups", "main")
+    assert spu_group.decide(store.snapshot(), spu_group.Inputs()) == []

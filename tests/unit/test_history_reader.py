@@ -309,3 +309,30 @@ async def test_a_store_that_lost_only_writes_the_watch_had_not_delivered_is_reli
     assert [row[:3] for row in changes(tmp_path)] == [
         ("change", "list", "create"), ("change", "list", "create"), ("sync", 3, True), ("change", "watch", "create")
     ]
+
+
+async def test_the_reader_marks_what_it_cannot_read_as_unreadable_not_deleted(tmp_path: Path) -> None:
+    """A malformed value is absent from the mirror but listed as unreadable, from a relist and from
+    the watch alike, until a readable value or a delete of it comes; the controllers then keep
+    what it owns (a topic's partitions, a group's SPUs) instead of deleting them as orphans."""
+    from store import memory
+
+    store = memory.MemoryStore()
+    await store.create("topics/a", topic("a"))
+    await store.create("topics/b", b"{not json")
+    runner = RunningReader(store, tmp_path)
+    await runner.start()
+    table = runner.local_store["topics"]
+    assert (set(table.view), table.unreadable) == ({"a"}, {"b"})
+    written = await store.create("topics/c", topic("c")[:-1])  # cut short: not JSON
+    async with asyncio.timeout(10):
+        while "c" not in table.unreadable:
+            await asyncio.sleep(0.01)
+    assert table.revision == written
+    fixed = await store.update("topics/c", topic("c"), written)
+    deleted = await store.delete("topics/b")
+    await runner.until_recorded(max(fixed, deleted))
+    async with asyncio.timeout(10):
+        while table.unreadable or "c" not in table.view:
+            await asyncio.sleep(0.01)
+    await runner.stop()

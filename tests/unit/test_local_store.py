@@ -214,3 +214,20 @@ def test_the_meta_table_wakes_whoever_acts_on_a_key_when_it_changes() -> None:
     stop()  # twice is once
     meta.apply("meta/rebalance", b"{}", 7)
     assert woken == ["rebalance", "rebalance", "rebalance"]
+
+
+def test_a_name_is_unreadable_until_a_readable_version_or_its_deletion_comes() -> None:
+    """The Reader marks the names whose stored value it cannot decode: a relist lists them, a
+    malformed write of a name not mirrored adds it (one of a mirrored name keeps the version
+    mirrored), and a readable write or a delete ends it."""
+    table = local.LocalStore()["topics"]
+    table.resync([], 5, unreadable=["a", "b"])
+    assert set(table.unreadable) == {"a", "b"}
+    table.apply(topic("a"), 6)
+    table.delete("b", 7)
+    assert set(table.unreadable) == set()
+    table.mark_unreadable("c", 8)
+    table.mark_unreadable("a", 9)  # mirrored: its readable version stays, as the Reader keeps it
+    assert set(table.unreadable) == {"c"} and table.get("a") is not None and table.revision == 9
+    table.resync([(topic("a"), 6, 6)], 10)
+    assert set(table.unreadable) == set()
