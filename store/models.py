@@ -313,8 +313,20 @@ class TopicSpec(Model):
 
 class TopicStatus(Model):
     resolution: TopicResolution = TopicResolution.INIT
-    replica_map: dict[int, list[int]] = Field(default_factory=dict)
+    # Partition index -> its replicas, preferred leader first: each row can be a partition.
+    replica_map: dict[Annotated[int, Field(ge=0)], list[Annotated[int, Field(ge=0)]]] = Field(default_factory=dict)
     reason: str = ""
+
+    @field_validator("replica_map")
+    @classmethod
+    def _rows_are_partitions(cls, replica_map: dict[int, list[int]]) -> dict[int, list[int]]:
+        for index, replicas in replica_map.items():
+            if len(set(replicas)) != len(replicas) or not replicas:
+                if not replicas:
+                    raise ValueError(f"replicaMap row {index} lists no SPU")
+                twice = next(spu for spu in replicas if replicas.count(spu) > 1)
+                raise ValueError(f"replicaMap row {index} lists SPU {twice} more than once: {replicas}")
+        return replica_map
 
 
 # ---------------------------------------------------------------------------- Partition

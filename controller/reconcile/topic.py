@@ -573,10 +573,12 @@ def _partition_actions(
         topic: models.Topic = topic_entry.obj
         if topic.status.resolution not in HAS_PARTITIONS:
             continue
+        count = topic.spec.partition_count()  # a stored map may name more (not created)
         missing = [
             models.new_partition(topic, index, replicas)
             for index, replicas in sorted(topic.status.replica_map.items())
-            if (name := models.partition_name(topic.name, index)) not in partitions
+            if index < count
+            and (name := models.partition_name(topic.name, index)) not in partitions
             and name not in unreadable_partitions
             and not busy(models.object_key("partitions", name))
         ]

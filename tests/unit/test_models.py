@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pydantic
@@ -370,3 +371,22 @@ def test_new_partition_rejects_what_the_model_rejects(replicas: list[int], messa
     topic = models.Topic(name="orders", spec=models.TopicSpec(partitions=1, replication_factor=1))
     with pytest.raises(pydantic.ValidationError, match=message.replace("[", r"\[").replace("]", r"\]")):
         models.new_partition(topic, 0, replicas)
+
+
+@pytest.mark.parametrize(
+    ("replica_map", "message"),
+    [
+        ({"0": []}, "replicaMap row 0 lists no SPU"),
+        ({"0": [1, 1]}, "replicaMap row 0 lists SPU 1 more than once"),
+        ({"-1": [1]}, "replicaMap.-1"),
+        ({"0": [-2]}, "replicaMap.0.0"),
+    ],
+)
+def test_a_replica_map_row_that_cannot_be_a_partition_is_refused_with_the_value(replica_map: dict[str, list[int]], message: str) -> None:
+    """The topic controller creates a partition per row: a row no partition can have (stored by
+    hand) would make it fail on every pass. The topic is refused as malformed instead, and an SC
+    that cannot read a topic deletes nothing it owns."""
+    with pytest.raises(pydantic.ValidationError, match=re.escape(message)):
+        models.Topic.model_validate(
+            {"name": "t", "spec": {"partitions": 1, "replicationFactor": 1}, "status": {"resolution": "Provisioned", "replicaMap": replica_map}}
+        )
