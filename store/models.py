@@ -81,6 +81,12 @@ class Model(pydantic.BaseModel):
 
 # ---------------------------------------------------------------------------- SPU
 
+# The largest SPU id: 32-bit, as Fluvio's and 9004's wire carry it. Every SPU id an object holds
+# (a partition's replicas, leader and in-sync set, a replica map, a move) is bounded alike, so a
+# stored object the SC reads is one it can tell its SPUs about.
+MAX_SPU_ID = 2**31 - 1
+SpuId: TypeAlias = Annotated[int, Field(ge=0, le=MAX_SPU_ID)]
+
 
 class SpuType(str, enum.Enum):
     CUSTOM = "Custom"
@@ -119,7 +125,7 @@ class SpuDecommission(str, enum.Enum):
 
 
 class SpuSpec(Model):
-    id: Annotated[int, Field(ge=0, le=2**31 - 1)]
+    id: SpuId
     spu_type: SpuType = SpuType.CUSTOM
     rack: str | None = None
     public_endpoint: Endpoint
@@ -189,7 +195,7 @@ class SpuGroupSpec(Model):
     """
 
     replicas: Annotated[int, Field(ge=0, le=10_000)]
-    min_id: Annotated[int, Field(ge=0, le=2**31 - 1)] = 0
+    min_id: Annotated[int, Field(ge=0, le=MAX_SPU_ID)] = 0
     rack: str | None = None
     storage: StorageConfig = StorageConfig()
     host: Annotated[str, Field(min_length=1, max_length=253)] = "127.0.0.1"
@@ -199,10 +205,10 @@ class SpuGroupSpec(Model):
     @model_validator(mode="after")
     def _ids_fit(self) -> Self:
         last_id = self.min_id + self.replicas - 1
-        if last_id > 2**31 - 1:
+        if last_id > MAX_SPU_ID:
             raise ValueError(
                 f"minId {self.min_id} with {self.replicas} replicas would need id {last_id}, "
-                f"above the largest SPU id {2**31 - 1}"
+                f"above the largest SPU id {MAX_SPU_ID}"
             )
         if self.replicas:
             for field_name, base in (("publicPortBase", self.public_port_base), ("privatePortBase", self.private_port_base)):
@@ -232,7 +238,7 @@ class TopicResolution(str, enum.Enum):
 
 class PartitionAssignment(Model):
     id: Annotated[int, Field(ge=0)]
-    replicas: list[Annotated[int, Field(ge=0)]]
+    replicas: list[SpuId]
 
 
 class PlacementSpec(Model):
@@ -314,7 +320,7 @@ class TopicSpec(Model):
 class TopicStatus(Model):
     resolution: TopicResolution = TopicResolution.INIT
     # Partition index -> its replicas, preferred leader first: each row can be a partition.
-    replica_map: dict[Annotated[int, Field(ge=0)], list[Annotated[int, Field(ge=0)]]] = Field(default_factory=dict)
+    replica_map: dict[Annotated[int, Field(ge=0)], list[SpuId]] = Field(default_factory=dict)
     reason: str = ""
 
     @field_validator("replica_map")
@@ -339,7 +345,7 @@ class PartitionResolution(str, enum.Enum):
 
 
 class ReplicaStatus(Model):
-    spu: Annotated[int, Field(ge=0)]
+    spu: SpuId
     # 64-bit, as on Fluvio's wire (a larger offset could not be listed to a Fluvio client).
     hw: Annotated[int, Field(ge=-1, le=2**63 - 1)] = -1
     leo: Annotated[int, Field(ge=-1, le=2**63 - 1)] = -1
@@ -350,10 +356,10 @@ class Reassignment(Model):
     preferred leader first. Written by the SC's rebalance controller; carried out by the partition
     controller (docs/replication.md, "Moving replicas"). A cancelled move has ``target`` = ``previous``."""
 
-    previous: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
+    previous: Annotated[list[SpuId], Field(min_length=1)] = Field(
         description="the replicas when the move started; spec.replicas holds all of them until it ends"
     )
-    target: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] = Field(
+    target: Annotated[list[SpuId], Field(min_length=1)] = Field(
         description="the replicas the move ends with, preferred leader first"
     )
 
@@ -376,8 +382,8 @@ class Reassignment(Model):
 
 
 class PartitionSpec(Model):
-    leader: Annotated[int, Field(ge=0)]
-    replicas: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+    leader: SpuId
+    replicas: Annotated[list[SpuId], Field(min_length=1)]
     # While a move is in progress: replicas is previous, then previous + the SPUs target adds (in
     # target's order), then target once the move ends (and this is gone).
     reassignment: Reassignment | None = None
@@ -414,7 +420,7 @@ class PartitionStatus(Model):
     )
     # Empty at partitionEpoch 0 (every replica is in sync: nothing is committed yet), and after a
     # member that lost records was removed with nobody left (only an unclean election helps then).
-    isr: list[Annotated[int, Field(ge=0)]] = Field(
+    isr: list[SpuId] = Field(
         default_factory=list,
         description=(
             "the committed in-sync set (SPU ids): every member holds every committed record; written by the SC "

@@ -8,6 +8,10 @@ from __future__ import annotations
 import copy
 import random
 
+import hypothesis
+import pydantic
+from hypothesis import strategies as st
+
 from connection_manager import server, wire
 from store import local, models
 from tests.builders import partition
@@ -85,3 +89,22 @@ async def test_the_delta_sorted_by_spu_tells_each_spu_what_looking_at_every_chan
             assert (session.hosted, session.incarnation.restarted) == (expected_session.hosted, expected_session.incarnation.restarted)
             told_something += bool(expected[0] or expected[1])
     assert told_something > 300  # the rounds did tell the SPUs things, both ways
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    replicas=st.lists(st.integers(min_value=0, max_value=2**40), min_size=1, max_size=4, unique=True),
+    isr=st.lists(st.integers(min_value=0, max_value=2**40), max_size=4, unique=True),
+)
+def test_every_partition_the_sc_can_read_can_be_told_to_its_spus(replicas: list[int], isr: list[int]) -> None:
+    """A stored partition (anyone may have written it) that the model reads is one the push can
+    build for its SPUs: a state the wire refuses (an SPU id past 2**31 - 1) would make every push
+    fail, and no SPU hear of anything. The model refuses such a partition instead (it is then
+    unreadable, which deletes nothing)."""
+    try:
+        partition = models.Partition.model_validate(
+            {"name": "t-0", "spec": {"leader": replicas[0], "replicas": replicas}, "status": {"partitionEpoch": 1, "isr": isr}}
+        )
+    except pydantic.ValidationError:
+        return
+    server._build_replica_info(partition, partition.spec.leader)
