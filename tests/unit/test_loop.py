@@ -171,3 +171,44 @@ async def test_a_key_whose_write_never_comes_back_is_free_after_two_resync_passe
             running.cancel()
         await asyncio.gather(task, dispatch, return_exceptions=True)
         await store.close()
+
+
+@pytest.mark.looptime
+async def test_a_write_that_loses_its_compare_twice_to_the_same_value_backs_off() -> None:
+    """The store holds a value the mirror does not show at the revision it has reached (a value this
+    SC cannot read): a create decided from the mirror loses its compare to it again and again.
+    After the same conflict twice the object backs off (0.5 s, doubling) instead of being decided
+    again at once, in a hot loop."""
+    store = memory.MemoryStore()
+    written = await store.create("topics/a", models.encode(topic_of_size("a", 1)))
+    local_store = local.LocalStore()
+    local_store["topics"].resync([], written)  # at the revision, without the value
+    local_store.meta.resync([], written)
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
+    wanted = actions.create(topic_of_size("a", 1), "test")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    conflicts: list[float] = []
+
+    def record(result: dispatcher_module.Result) -> None:
+        if result.outcome is dispatcher_module.Outcome.CONFLICT:
+            conflicts.append(round(loop.time() - start, 1))
+
+    dispatcher.on_result(record)
+
+    def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
+        return [] if snapshot.entries("topics").get("a") is not None else [wanted]
+
+    controller = loop_module.ControllerLoop(
+        "test", decide, {"topics": local.Part.ALL}, local_store, dispatcher, instance_metrics, resync_interval=3600.0
+    )
+    tasks = [asyncio.create_task(coroutine) for coroutine in (dispatcher.run(), controller.run())]
+    try:
+        await asyncio.sleep(8.0)
+        assert conflicts == [0.0, 0.0, 0.5, 1.5, 3.5, 7.5]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await store.close()
