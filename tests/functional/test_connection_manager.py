@@ -102,10 +102,33 @@ async def cluster(etcd_server: embedded_etcd.EmbeddedEtcd) -> AsyncIterator[Clus
 
 
 async def create_topic(sc: Running, name: str, partitions: int, replication_factor: int, **spec: Any) -> dict[str, Any]:
+    """Create the topic once the SC records every SPU connected to it Online (see recorded_online)."""
+    await recorded_online(sc)
     body = {"name": name, "spec": {"partitions": partitions, "replicationFactor": replication_factor, **spec}}
     status, answer = await sc.call("POST", "/v1/topics", body)
     assert status == 201, answer
     return answer
+
+
+async def recorded_online(sc: Running) -> None:
+    """Until the SC's mirror of the store records Online every SPU whose current connection said
+    what it holds. A connection is online for the connection manager at once (the Sync a scripted
+    SPU waits for), but placement reads the SPU's stored resolution, which the SPU controller
+    writes a moment later; a topic created in between is answered 202 InsufficientResources (and
+    placed once the writes land), not 201."""
+    connections = sc.daemon.connections
+    context = sc.daemon.context
+    assert connections is not None and context is not None
+
+    def online() -> None:
+        spus = context.local_store["spus"].view
+        for session in list(connections.sessions.values()):
+            if not session.ready or session.closing is not None:
+                continue
+            entry = spus.get(session.name)
+            assert entry is not None and entry.obj.status.resolution is models.SpuResolution.ONLINE, (session.name, entry)
+
+    await sc.eventually(online)
 
 
 # ---------------------------------------------------------------------------- registration
