@@ -13,7 +13,7 @@ import pytest
 
 from connection_manager import health as health_module
 from controller import config, context as context_module, metrics
-from controller.pipeline import dispatcher as dispatcher_module, pipeline
+from controller.pipeline import pipeline
 from controller.reconcile import topic as topic_controller
 from store import kv, local, models
 from tests import builders
