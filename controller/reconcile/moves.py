@@ -123,8 +123,12 @@ def decode(value: bytes) -> Run:
 
 
 def _ids(field: str, value: object) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(_is_int(item) and item >= 0 for item in value) or len(set(value)) != len(value):
-        raise InvalidRun(f"{KEY} {field} must list distinct SPU ids, got {_shown(value)}")
+    if (
+        not isinstance(value, list)
+        or not all(_is_int(item) and 0 <= item <= models.MAX_SPU_ID for item in value)
+        or len(set(value)) != len(value)
+    ):
+        raise InvalidRun(f"{KEY} {field} must list distinct SPU ids from 0 to {models.MAX_SPU_ID}, got {_shown(value)}")
     return tuple(value)
 
 

@@ -89,11 +89,16 @@ def test_a_run_round_trips_through_its_stored_form() -> None:
         (b'{"kind": "rebalance", "state": "done", "maxMovesPerSpu": 1, "moves": [{"partition": "t-0"}]}', r"moves\[0\] must be"),
         (
             b'{"kind": "rebalance", "state": "done", "maxMovesPerSpu": 1, "moves": [{"partition": "t-0", "from": [1, 1], "to": [2]}]}',
-            r"moves\[0\].from must list distinct SPU ids, got \[1, 1\]",
+            r"moves\[0\].from must list distinct SPU ids from 0 to 2147483647, got \[1, 1\]",
         ),
         (
             b'{"kind": "rebalance", "state": "done", "maxMovesPerSpu": 1, "moves": [{"partition": "t-0", "from": [1], "to": [-2]}]}',
             r"moves\[0\].to must list distinct SPU ids",
+        ),
+        (
+            # A running move to an id no SPU can have: starting it raised in every pass.
+            b'{"kind": "rebalance", "state": "running", "maxMovesPerSpu": 1, "moves": [{"partition": "t-0", "from": [1, 2], "to": [1, 2147483648]}]}',
+            r"moves\[0\].to must list distinct SPU ids from 0 to 2147483647, got \[1, 2147483648\]",
         ),
     ],
 )
