@@ -36,6 +36,11 @@ def describe(context: context_module.Context) -> dict[str, Any]:
             "since": holder.started if holder is not None else None,
             "epoch": revision,
         }
+    takeover = active.takeover if active is not None else None
+    if leading and identity is not None and takeover is not None and (leader is None or leader["id"] != identity.id):
+        # It leads, and its mirror does not have its claim yet (a takeover's first moments): it
+        # names itself, at its claim's epoch, rather than "no leader" or its predecessor.
+        leader = {"id": identity.id, "address": identity.address, "since": identity.started, "epoch": takeover.epoch}
     leader_id = leader["id"] if leader is not None else None
     standbys = [
         {"id": candidate.identity.id, "address": candidate.identity.address}

@@ -72,3 +72,25 @@ def test_a_claim_value_of_unknown_shape_is_told_without_trusting_it() -> None:
     [decision] = told(context)
     assert (decision["name"], decision["verb"], decision["detail"]) == ("unknown", "lead", "")
     assert decision["reason"].startswith("an SC of unknown identity leads the store (fencing epoch 3)")
+
+
+def test_an_sc_that_leads_names_itself_leader_before_its_mirror_has_its_claim() -> None:
+    """Just after a takeover the mirror can still lack the new claim (the old one's deletion came
+    first): GET /v1/cluster said role "leader" and leader null, and a client checking the new epoch
+    failed. An SC that leads names itself, at its claim's epoch; once the mirror has the claim, the
+    mirror's word stands."""
+    context = _Context()
+    mine = identity("sc-b")
+    context.active = types.SimpleNamespace(
+        identity=mine,
+        state=active_sc.State.ACTIVE,
+        problem=lambda: None,
+        takeover=active_sc.Takeover("lease-expired", 14, identity("sc-a"), 5, "2026-11-27T06:01:00+00:00"),
+    )
+    context.local_store.meta.apply(active_sc.KEY, identity("sc-a").encode(), 5)
+    context.local_store.meta.delete(active_sc.KEY, 12)
+    described = cluster.describe(context)  # type: ignore[arg-type]  # a stand-in with what describe reads of a Context
+    assert described["self"]["role"] == "leader"
+    assert described["leader"] == {"id": "sc-b", "address": "sc-b.example:9003", "since": mine.started, "epoch": 14}
+    context.local_store.meta.apply(active_sc.KEY, mine.encode(), 14)
+    assert cluster.describe(context)["leader"]["epoch"] == 14  # type: ignore[arg-type]  # as above
