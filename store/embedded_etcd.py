@@ -163,13 +163,47 @@ def _holds_any(pid: str, sockets: set[str]) -> bool:
     return False
 
 
+# Where free ports are looked for: below the range the system gives outgoing connections.
+_FREE_PORTS_FROM = 10_000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the system gives outgoing connections (Linux's default when it cannot be read)."""
+    try:
+        low, high = (int(part) for part in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
 def free_ports(count: int = 2, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct TCP ports free on ``host`` right now (another process may take one later)."""
+    """``count`` distinct TCP ports free on ``host`` right now, below the ephemeral range: a port
+    of that range can be given to an outgoing connection (the SC's own, to its etcd) before the
+    server that was to listen on it binds it. Another process may still bind one later."""
+    low, _ = _ephemeral_range()
+    if low - _FREE_PORTS_FROM < 1000:  # an unusual range: let the system choose
+        with contextlib.ExitStack() as stack:
+            probes = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+            for probe in probes:
+                probe.bind((host, 0))
+            return [int(probe.getsockname()[1]) for probe in probes]
+    chosen: list[int] = []
     with contextlib.ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
-        for probe in probes:
-            probe.bind((host, 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
+        for _ in range(count * 100):
+            if len(chosen) == count:
+                break
+            port = _FREE_PORTS_FROM + secrets.randbelow(low - _FREE_PORTS_FROM)
+            if port in chosen:
+                continue
+            probe = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            chosen.append(port)
+    if len(chosen) < count:
+        raise OSError(f"found only {len(chosen)} of {count} free ports on {host} between {_FREE_PORTS_FROM} and {low}")
+    return chosen
 
 
 def free_port_pair(host: str = "127.0.0.1") -> tuple[int, int]:

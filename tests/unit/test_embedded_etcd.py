@@ -126,6 +126,18 @@ def test_no_binary_anywhere_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
         embedded_etcd.find_etcd_binary()
 
 
+def test_free_ports_are_outside_the_range_given_to_outgoing_connections() -> None:
+    """A port taken from the ephemeral range can be given to an outgoing connection (the SC's own,
+    to its etcd) before the server binds it: a README test run failed with "Address already in use"
+    on the SC's private port. Free ports come from below that range, and are bindable."""
+    low, high = (int(part) for part in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = embedded_etcd.free_ports(50)
+    assert all(not low <= port <= high for port in ports), (low, high, ports)
+    for port in ports:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", port))
+
+
 def test_free_ports_are_distinct() -> None:
     ports = embedded_etcd.free_ports(5)
     assert len(set(ports)) == 5
