@@ -289,11 +289,8 @@ class ControllerLoop:
         Forgetting is safe: a write decided from a store that is merely behind loses its compare."""
         expected = self._expected
         overdue = [(key, revision) for key, revision in self._open_at_resync if expected.get(key) == revision]
-        for key, _ in overdue:
-            del expected[key]
         if overdue:
-            self._expecting = [(revision, key) for revision, key in self._expecting if expected.get(key) == revision]
-            heapq.heapify(self._expecting)
+            self._drop_expected([key for key, _ in overdue])
             log.warning(
                 "writes whose echo never came are no longer waited for: decided again",
                 controller=self.name, keys=len(overdue), revisions=sorted({revision for _, revision in overdue})[:10],
@@ -308,14 +305,18 @@ class ControllerLoop:
         before its echo, and that write loses its compare.)"""
         self._forks = self.local_store.forks
         revision = self.local_store.forked_at
-        expected = self._expected
-        gone = [key for key, at in expected.items() if at > revision]
-        for key in gone:
-            del expected[key]
-        self._expecting = [(at, key) for at, key in self._expecting if expected.get(key) == at]
-        heapq.heapify(self._expecting)
+        gone = [key for key, at in self._expected.items() if at > revision]
         if gone:
+            self._drop_expected(gone)
             log.warning(
                 "the store lost writes it had acknowledged: the ones answered after its listing are no longer waited for",
                 controller=self.name, keys=len(gone), listed_revision=revision,
             )
+
+    def _drop_expected(self, keys: list[str]) -> None:
+        """Stop waiting for the echoes of ``keys`` (the heap keeps only what is still expected)."""
+        expected = self._expected
+        for key in keys:
+            del expected[key]
+        self._expecting = [(at, key) for at, key in self._expecting if expected.get(key) == at]
+        heapq.heapify(self._expecting)

@@ -7,7 +7,7 @@ managed SPU takes and gives back its id's index key (``spu_ids``) in its own tra
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set as AbstractSet
 from dataclasses import dataclass
 
 from controller.reconcile import actions, spu_ids
@@ -62,7 +62,7 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     # first gets it, in every pass (two groups created at once must not take alternate ids).
     reserved: dict[int, str] = {}
     for entry in sorted(groups.values(), key=lambda entry: (entry.create_revision, entry.name)):
-        decided += _reconcile_group(entry, spus, ids, reserved, snapshot.meta)
+        decided += _reconcile_group(entry, spus, ids, reserved, snapshot.meta, snapshot.unreadable("spus"))
     # SPUs of deleted groups, and SPUs above a group's replica count (scale down).
     for spu_entry in spus.values():
         spu: models.Spu = spu_entry.obj
@@ -95,6 +95,7 @@ def _reconcile_group(
     ids: Mapping[str, int],
     reserved: dict[int, str],
     meta: spu_index.MetaReader,
+    unreadable: AbstractSet[str],
 ) -> list[actions.Action]:
     group: models.SpuGroup = entry.obj
     wanted = desired_spus(group)
@@ -130,6 +131,8 @@ def _reconcile_group(
         current = spus.get(spu.name)
         if current is not None and current.obj.spec == spu.spec:
             continue
+        if current is None and spu.name in unreadable:
+            continue  # its key holds a value this SC cannot read: a create would only lose its compare
         # The id's index key goes in the same transaction as the SPU; an id still held by another
         # of the group's SPUs (its ids are being moved, a hand edit) waits for that one to move.
         stored_index = meta(spu_index.index_key(spu.spec.id))

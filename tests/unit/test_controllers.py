@@ -807,3 +807,12 @@ def test_the_spus_of_a_group_the_sc_cannot_read_are_kept() -> None:
         store["spus"].apply(spu_obj, 6 + index)
     unreadable(store, "spu-groups", "main")
     assert spu_group.decide(store.snapshot(), spu_group.Inputs()) == []
+
+
+def test_a_group_does_not_create_an_spu_over_a_value_the_sc_cannot_read() -> None:
+    """The group's SPU main-1 is in the store in a value this SC cannot read: creating it would lose
+    its compare to that value in every pass; main-0 is created as usual."""
+    store = local.LocalStore()
+    store["spu-groups"].apply(builders.spu_group("main", 2, 11, "Reserved"), 5)
+    unreadable(store, "spus", "main-1")
+    assert [(a.verb.value, a.name) for a in spu_group.decide(store.snapshot(), spu_group.Inputs())] == [("create", "main-0")]

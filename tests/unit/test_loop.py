@@ -21,6 +21,18 @@ def topic_of_size(name: str, partitions: int) -> models.Topic:
     )
 
 
+def controller_on(
+    store: memory.MemoryStore, local_store: local.LocalStore, decide: loop_module.Decide = lambda snapshot, changes: [], resync_interval: float = 60.0
+) -> tuple[dispatcher_module.ActionDispatcher, loop_module.ControllerLoop]:
+    """A dispatcher writing to ``store`` and a controller loop of topics around ``decide``."""
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
+    controller = loop_module.ControllerLoop(
+        "test", decide, {"topics": local.Part.ALL}, local_store, dispatcher, instance_metrics, resync_interval=resync_interval
+    )
+    return dispatcher, controller
+
+
 @pytest.mark.looptime
 async def test_a_failed_action_is_decided_again_only_after_a_growing_backoff_or_a_change() -> None:
     """A controller that decides the same refused action whenever its key is free, woken every
@@ -73,11 +85,7 @@ async def test_a_written_key_stays_busy_until_the_local_store_has_its_latest_wri
     written again meanwhile, until the later one (not the first revision that comes up)."""
     store = memory.MemoryStore()
     local_store = local.LocalStore()
-    instance_metrics = metrics.Metrics()
-    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
-    controller = loop_module.ControllerLoop(
-        "test", lambda snapshot, changes: [], {"topics": local.Part.ALL}, local_store, dispatcher, instance_metrics
-    )
+    _, controller = controller_on(store, local_store)
     first, second, other = (actions.create(topic_of_size(name, 1), "test") for name in ("a", "a", "b"))
     for action, revision in ((first, 10), (other, 12), (second, 15)):
         controller._submitted.add(action.key)
@@ -104,11 +112,7 @@ async def test_keys_written_at_revisions_the_store_lost_are_free_once_the_reader
     an idle cluster."""
     store = memory.MemoryStore()
     local_store = local.LocalStore()
-    instance_metrics = metrics.Metrics()
-    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
-    controller = loop_module.ControllerLoop(
-        "test", lambda snapshot, changes: [], {"topics": local.Part.ALL}, local_store, dispatcher, instance_metrics
-    )
+    _, controller = controller_on(store, local_store)
     kept, lost, other = (actions.create(topic_of_size(name, 1), "test") for name in ("a", "b", "c"))
     for action, revision in ((kept, 10), (lost, 20)):
         controller._submitted.add(action.key)
@@ -137,8 +141,6 @@ async def test_a_key_whose_write_never_comes_back_is_free_after_two_resync_passe
     (a write decided from a store that is merely behind loses its compare, nothing worse)."""
     store = memory.MemoryStore()
     local_store = local.LocalStore()
-    instance_metrics = metrics.Metrics()
-    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
     wanted = actions.create(topic_of_size("a", 1), "test")
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -151,9 +153,7 @@ async def test_a_key_whose_write_never_comes_back_is_free_after_two_resync_passe
             submitted_at.append(round(loop.time() - start))
         return [wanted]
 
-    controller = loop_module.ControllerLoop(
-        "test", decide, {"topics": local.Part.ALL}, local_store, dispatcher, instance_metrics, resync_interval=60.0
-    )
+    dispatcher, controller = controller_on(store, local_store, decide, resync_interval=60.0)
     local_store["topics"].resync([], 1)
     local_store.meta.resync([], 1)
     task = asyncio.create_task(controller.run())
@@ -184,31 +184,30 @@ async def test_a_write_that_loses_its_compare_twice_to_the_same_value_backs_off(
     local_store = local.LocalStore()
     local_store["topics"].resync([], written)  # at the revision, without the value
     local_store.meta.resync([], written)
-    instance_metrics = metrics.Metrics()
-    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
     wanted = actions.create(topic_of_size("a", 1), "test")
     loop = asyncio.get_running_loop()
     start = loop.time()
     conflicts: list[float] = []
+    hot = asyncio.Event()  # a hot loop never lets the clock move: it ends the wait instead
 
     def record(result: dispatcher_module.Result) -> None:
         if result.outcome is dispatcher_module.Outcome.CONFLICT:
             conflicts.append(round(loop.time() - start, 1))
-
-    dispatcher.on_result(record)
+            if len(conflicts) > 50:
+                hot.set()
 
     def decide(snapshot: local.Snapshot, changes: Mapping[str, local.Changes]) -> list[actions.Action]:
         return [] if snapshot.entries("topics").get("a") is not None else [wanted]
 
-    controller = loop_module.ControllerLoop(
-        "test", decide, {"topics": local.Part.ALL}, local_store, dispatcher, instance_metrics, resync_interval=3600.0
-    )
+    dispatcher, controller = controller_on(store, local_store, decide, resync_interval=3600.0)
+    dispatcher.on_result(record)
     tasks = [asyncio.create_task(coroutine) for coroutine in (dispatcher.run(), controller.run())]
+    waits = [asyncio.ensure_future(asyncio.sleep(8.0)), asyncio.ensure_future(hot.wait())]
     try:
-        await asyncio.sleep(8.0)
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         assert conflicts == [0.0, 0.0, 0.5, 1.5, 3.5, 7.5]
     finally:
-        for task in tasks:
+        for task in (*tasks, *waits):
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, *waits, return_exceptions=True)
         await store.close()
