@@ -44,6 +44,12 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
             registry=r,
         )
+        self.reconcile_faults = prometheus_client.Counter(
+            "sc_reconcile_faults",
+            "Objects whose decision raised in a controller pass (left as they are; the others went on)",
+            ["controller", "kind"],
+            registry=r,
+        )
         self.takeovers = prometheus_client.Counter(
             "sc_takeovers",
             "Terms this SC began as its store's leader, by what became of the claim before "

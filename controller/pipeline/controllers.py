@@ -105,6 +105,7 @@ class TopicController:
             request_size=self._request_size,
             alone=loop.failed,
             placers=self._placers,
+            faults=loop.faults,
         )
         decided = topic.decide(snapshot, inputs)
         if chain_free and not any(action.verb is actions.Verb.PROVISION for action in decided):
@@ -122,7 +123,7 @@ class SpuGroupController:
         await self.loop.run()
 
     def decide(self, snapshot: local.Snapshot, changes: local.ChangesByKind) -> list[actions.Action]:
-        return spu_group.decide(snapshot, spu_group.Inputs())
+        return spu_group.decide(snapshot, spu_group.Inputs(faults=self.loop.faults))
 
 
 class SpuController:
@@ -160,6 +161,7 @@ class SpuController:
             started_at=self._health.started_at,
             grace_period=self._grace,
             view=cluster_view(self._settings, self._health, self._live, self._connections),
+            faults=self.loop.faults,
         )
         return spu.decide(snapshot, inputs)
 
@@ -289,7 +291,8 @@ class PartitionController:
         view = cluster_view(settings, self._health, self._live, self._connections)
         hold = self._hold(names)
         decided = partition.decide(
-            snapshot, partition.Inputs(view, names, urgent_first=self._urgent_first or hold, hold_others=hold)
+            snapshot,
+            partition.Inputs(view, names, urgent_first=self._urgent_first or hold, hold_others=hold, faults=self.loop.faults),
         )
         self._urgent_first = not decided.split or hold
         self._electing.update(action.name for action in decided.actions if action.verb is actions.Verb.ELECT)

@@ -17,7 +17,7 @@ import structlog
 
 from controller import metrics as metrics_module
 from controller.pipeline import dispatcher as dispatcher_module
-from controller.reconcile import actions
+from controller.reconcile import actions, faults as faults_module
 from store import local, models
 
 log = structlog.get_logger(__name__)
@@ -32,6 +32,9 @@ FAILURE_BACKOFF_INITIAL = 0.5
 FAILURE_BACKOFF_MAX = 60.0
 # Action keys whose last lost compare is remembered (see ControllerLoop._lost_to).
 LOST_TO_LIMIT = 10_000
+# Objects whose last fault is remembered, so that one failing again the same way is not logged
+# at every pass (it is still counted).
+FAULTS_REMEMBERED = 1_024
 
 
 @dataclass(slots=True)
@@ -90,6 +93,10 @@ class ControllerLoop:
         # another loop's write to one of them is answered, this loop wakes to look at them.
         self.waiting_for: set[str] = set()
         self._now = 0.0  # the loop time of the current pass
+        # Where the decision puts the objects whose step raised (faults.py), and the error last
+        # logged for each.
+        self.faults = faults_module.Faults(isolate=True)
+        self._faulted: dict[tuple[str, str], str] = {}
         self._kick = asyncio.Event()
         self._kick.set()
         self.passes = 0
@@ -141,7 +148,9 @@ class ControllerLoop:
             self._forget_overdue()
         if self._deferred:
             changes = self._with_deferred(changes, snapshot)
+        self.faults.take()  # a pass that raised as a whole left its faults behind
         decided = self.decide(snapshot, changes)
+        self._report_faults()
         self.passes += 1
         self.metrics.reconcile_passes.labels(self.name).inc()
         self.metrics.reconcile_seconds.labels(self.name).observe(loop.time() - started)
@@ -152,6 +161,26 @@ class ControllerLoop:
                 continue
             self._submitted.add(action.key)
             self.dispatcher.submit(action)
+
+    def _report_faults(self) -> None:
+        """Count each object whose decision raised; log it when its error is new."""
+        for fault in self.faults.take():
+            self.metrics.reconcile_faults.labels(self.name, fault.kind).inc()
+            said = f"{type(fault.error).__name__}: {fault.error}"
+            if self._faulted.get((fault.kind, fault.name)) == said:
+                continue
+            if len(self._faulted) >= FAULTS_REMEMBERED:
+                self._faulted.clear()
+            self._faulted[(fault.kind, fault.name)] = said
+            log.error(
+                "a decision raised: this object is left as it is until it, or what it depends on, "
+                "changes (or the next full pass); the others go on",
+                controller=self.name,
+                kind=fault.kind,
+                name=fault.name,
+                error=said,
+                exc_info=fault.error,
+            )
 
     def _defer(self, action: actions.Action) -> None:
         # A provision spans several topics, and pending topics are looked at on every pass.

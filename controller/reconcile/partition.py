@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from connection_manager import health as health_module
 from connection_manager import lrs, reports
-from controller.reconcile import actions, election, partition_state
+from controller.reconcile import actions, election, faults as faults_module, partition_state
 from store import local, models
 
 ONLINE = models.PartitionResolution.ONLINE
@@ -62,6 +62,8 @@ class Inputs:
     # Decide only those, postponing every other, even when all or none are urgent: the
     # controller's elections are on their way to the SPUs, and the rest can wait for them.
     hold_others: bool = False
+    # Where a partition whose decision raised goes (faults.py).
+    faults: faults_module.Faults = faults_module.RAISE
 
 
 @dataclass(slots=True)
@@ -118,40 +120,46 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> Decided:
                 )
                 decided.answers.append((proposal, answer, partition_state.State(proposal.spu, OFFLINE, 0, 0, ())))
             continue
-        if cluster.quiet(entry, view):
+        try:
+            if cluster.quiet(entry, view):
+                continue
+            partition: models.Partition = entry.obj
+            if partition.spec.leader in good:
+                # Bounded work per pass: deciding 4,000 in-sync changes took the event loop for
+                # ~600 ms, in which the elections just written could not reach the SPUs.
+                if looked >= view.changes_batch:
+                    decided.postponed.add(name)
+                    continue
+                looked += 1
+            facts = partition_state.Facts(
+                committed_hw=committed_hw(partition, view.max_hw),
+                confirmed=view.confirmed.get(name) == (partition.spec.leader, partition.status.leader_epoch),
+                proposal=view.proposals.get(name),
+                unclean=view.unclean_election,
+                rebalance=rebalanced < view.rebalance_batch,
+            )
+            decision = partition_state.decide(partition, entry.mod_revision, cluster, facts)
+            transition = decision.transition
+            if transition is not None and not transition.cause and changes >= view.changes_batch:
+                decided.postponed.add(name)
+                continue
+            # Built before anything of it is kept: a step that raises leaves nothing behind.
+            write = None if transition is None else _write(entry, transition, view, facts.committed_hw)
+        except Exception as error:  # this partition only (faults.py); its proposal waits
+            inputs.faults.record("partitions", name, error)
             continue
-        partition: models.Partition = entry.obj
-        if partition.spec.leader in good:
-            # Bounded work per pass: deciding 4,000 in-sync changes took the event loop for
-            # ~600 ms, in which the elections just written could not reach the SPUs.
-            if looked >= view.changes_batch:
-                decided.postponed.add(name)
-                continue
-            looked += 1
-        facts = partition_state.Facts(
-            committed_hw=committed_hw(partition, view.max_hw),
-            confirmed=view.confirmed.get(name) == (partition.spec.leader, partition.status.leader_epoch),
-            proposal=view.proposals.get(name),
-            unclean=view.unclean_election,
-            rebalance=rebalanced < view.rebalance_batch,
-        )
-        decision = partition_state.decide(partition, entry.mod_revision, cluster, facts)
-        transition = decision.transition
         if transition is not None and not transition.cause:
-            if changes >= view.changes_batch:
-                decided.postponed.add(name)
-                continue
             changes += 1
         if decision.answer is not None:
             decided.answers.append((decision.answer.proposal, decision.answer, partition_state.stored_state(partition)))
         if decision.refused:
             decided.refused[name] = decision.refused
-        if transition is None:
+        if transition is None or write is None:
             if not facts.rebalance and partition.spec.replicas[0] != partition.spec.leader:
                 decided.preferred_waiting.add(name)
             continue
         rebalanced += transition.cause == CAUSE_PREFERRED
-        decided.actions.append(_write(entry, transition, view, facts.committed_hw))
+        decided.actions.append(write)
     # Leader changes first: they are what a failover waits for, the in-sync changes can follow.
     decided.actions.sort(key=lambda action: action.verb is not actions.Verb.ELECT)
     return decided

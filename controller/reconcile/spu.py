@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from connection_manager import health as health_module
-from controller.reconcile import actions, moves, partition
+from controller.reconcile import actions, faults as faults_module, moves, partition
 from store import local, models
 
 ONLINE, OFFLINE, INIT = models.SpuResolution.ONLINE, models.SpuResolution.OFFLINE, models.SpuResolution.INIT
@@ -31,6 +31,8 @@ class Inputs:
     started_at: float
     grace_period: float
     view: partition.ClusterView | None = None
+    # Where an SPU whose decision raised goes (faults.py).
+    faults: faults_module.Faults = faults_module.RAISE
 
 
 def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
@@ -46,32 +48,35 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     view = inputs.view if inputs.view is not None else partition.ClusterView(health, {})
     decided = []
     for entry in spus.values():
-        spu: models.Spu = entry.obj
-        record = health.get(spu.spec.id)
-        state = health_module.Health.UNKNOWN if record is None else record.state
-        current = spu.status
-        target, why = _target(current.resolution, state, now - started_at, grace_period)
-        desired = models.SpuStatus(resolution=current.resolution if target is None else target)
-        reasons = [why] if desired.resolution is not current.resolution else []
-        if spu.spec.drain:
-            desired, why = _drained(snapshot, spu, desired, leading.get(spu.spec.id, []), view)
-            if (desired.drain, desired.reason) != (current.drain, current.reason):
-                reasons.append(why)
-        elif current.drain is not None:
-            reasons.append(f"SPU {spu.spec.id} is no longer draining")
-        if spu.spec.decommission:
-            count = held.get(spu.spec.id, 0)
-            decommission = IN_PROGRESS if count else DECOMMISSIONED
-            desired = desired.model_copy(update={"decommission": decommission})
-            if decommission is not current.decommission:
-                reasons.append(
-                    f"SPU {spu.spec.id} is decommissioned: "
-                    + (f"{count} replica(s) still on it" if count else "it holds no replica, it may be deleted")
-                )
-        elif current.decommission is not None:
-            reasons.append(f"SPU {spu.spec.id} is no longer decommissioned")
-        if desired != current:
-            decided.append(actions.update_status(spu, desired, entry.mod_revision, "; ".join(reasons)))
+        try:
+            spu: models.Spu = entry.obj
+            record = health.get(spu.spec.id)
+            state = health_module.Health.UNKNOWN if record is None else record.state
+            current = spu.status
+            target, why = _target(current.resolution, state, now - started_at, grace_period)
+            desired = models.SpuStatus(resolution=current.resolution if target is None else target)
+            reasons = [why] if desired.resolution is not current.resolution else []
+            if spu.spec.drain:
+                desired, why = _drained(snapshot, spu, desired, leading.get(spu.spec.id, []), view)
+                if (desired.drain, desired.reason) != (current.drain, current.reason):
+                    reasons.append(why)
+            elif current.drain is not None:
+                reasons.append(f"SPU {spu.spec.id} is no longer draining")
+            if spu.spec.decommission:
+                count = held.get(spu.spec.id, 0)
+                decommission = IN_PROGRESS if count else DECOMMISSIONED
+                desired = desired.model_copy(update={"decommission": decommission})
+                if decommission is not current.decommission:
+                    reasons.append(
+                        f"SPU {spu.spec.id} is decommissioned: "
+                        + (f"{count} replica(s) still on it" if count else "it holds no replica, it may be deleted")
+                    )
+            elif current.decommission is not None:
+                reasons.append(f"SPU {spu.spec.id} is no longer decommissioned")
+            if desired != current:
+                decided.append(actions.update_status(spu, desired, entry.mod_revision, "; ".join(reasons)))
+        except Exception as error:  # this SPU only (faults.py): nothing of it was added
+            inputs.faults.record("spus", entry.name, error)
     return decided
 
 

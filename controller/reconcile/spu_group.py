@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Set as AbstractSet
 from dataclasses import dataclass
 
-from controller.reconcile import actions, spu_ids
+from controller.reconcile import actions, faults as faults_module, spu_ids
 from store import local, models, spu_index
 
 RESERVED, INVALID = models.SpuGroupResolution.RESERVED, models.SpuGroupResolution.INVALID
@@ -50,7 +50,10 @@ def owning_group(spu: models.Spu) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Inputs:
-    """Nothing beyond the snapshot: every pass decides from the groups and SPUs it holds."""
+    """Nothing beyond the snapshot (every pass decides from the groups and SPUs it holds) but
+    where a group or SPU whose decision raised goes (faults.py)."""
+
+    faults: faults_module.Faults = faults_module.RAISE
 
 
 def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
@@ -62,24 +65,37 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     # first gets it, in every pass (two groups created at once must not take alternate ids).
     reserved: dict[int, str] = {}
     for entry in sorted(groups.values(), key=lambda entry: (entry.create_revision, entry.name)):
-        decided += _reconcile_group(entry, spus, ids, reserved, snapshot.meta, snapshot.unreadable("spus"))
+        try:
+            decided += _reconcile_group(entry, spus, ids, reserved, snapshot.meta, snapshot.unreadable("spus"))
+        except Exception as error:  # this group only (faults.py); a range it reserved stays its own
+            inputs.faults.record("spu-groups", entry.name, error)
     # SPUs of deleted groups, and SPUs above a group's replica count (scale down).
     for spu_entry in spus.values():
-        spu: models.Spu = spu_entry.obj
-        group_name = owning_group(spu)
-        if group_name is None:
-            continue
-        group_entry = groups.get(group_name)
-        if group_entry is None:
-            if group_name in snapshot.unreadable("spu-groups"):
-                continue  # the group is there, in a value this SC cannot read: not deleted
-            decided.append(_delete(spu_entry, snapshot.meta, f"SPU group {group_name} was deleted"))
-            continue
-        group: models.SpuGroup = group_entry.obj
-        index = int(spu.name.rpartition("-")[2])
-        if group.status.resolution is RESERVED and index >= group.spec.replicas:
-            decided.append(_delete(spu_entry, snapshot.meta, f"SPU group {group.name} scaled down to {group.spec.replicas}"))
+        try:
+            decided += _orphaned(spu_entry, groups, snapshot)
+        except Exception as error:  # this SPU only (faults.py)
+            inputs.faults.record("spus", spu_entry.name, error)
     return decided
+
+
+def _orphaned(
+    spu_entry: local.Entry[models.Spu], groups: Mapping[str, local.Entry[models.SpuGroup]], snapshot: local.Snapshot
+) -> list[actions.Action]:
+    """A managed SPU's deletion when its group was deleted or scaled down below it."""
+    spu: models.Spu = spu_entry.obj
+    group_name = owning_group(spu)
+    if group_name is None:
+        return []
+    group_entry = groups.get(group_name)
+    if group_entry is None:
+        if group_name in snapshot.unreadable("spu-groups"):
+            return []  # the group is there, in a value this SC cannot read: not deleted
+        return [_delete(spu_entry, snapshot.meta, f"SPU group {group_name} was deleted")]
+    group: models.SpuGroup = group_entry.obj
+    index = int(spu.name.rpartition("-")[2])
+    if group.status.resolution is RESERVED and index >= group.spec.replicas:
+        return [_delete(spu_entry, snapshot.meta, f"SPU group {group.name} scaled down to {group.spec.replicas}")]
+    return []
 
 
 def _delete(entry: local.Entry[models.Spu], meta: spu_index.MetaReader, reason: str) -> actions.Action:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence, Set as Abstra
 from dataclasses import dataclass, field
 
 from controller import placement
-from controller.reconcile import actions, topic_size
+from controller.reconcile import actions, faults as faults_module, topic_size
 from store import kv, local, models, spu_index
 
 CHAIN_KEY = "meta/placement-start-index"
@@ -232,6 +232,7 @@ class Inputs:
     ``alone(key)``: a write to that topic failed before: it is provisioned in a transaction of
     its own, so that if it fails again it takes no other topic down with it.
     ``placers``: the configured placement plug-ins.
+    ``faults``: where a topic or partition whose decision raised goes (faults.py).
     """
 
     changes: local.ChangesByKind | None = None
@@ -240,6 +241,7 @@ class Inputs:
     request_size: kv.RequestSize = DEFAULT_REQUEST_SIZE
     alone: Callable[[str], bool] = _idle
     placers: placement.Placers = field(default_factory=dict)
+    faults: faults_module.Faults = faults_module.RAISE
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +299,10 @@ def _validate(
     decided: list[actions.Action] = []
     for entry in unvalidated:
         if not inputs.busy(entry.obj.key):
-            decided += _validated(entry, spus, inputs.placers, inputs.request_size)
+            try:
+                decided += _validated(entry, spus, inputs.placers, inputs.request_size)
+            except Exception as error:  # this topic only (faults.py)
+                inputs.faults.record("topics", entry.name, error)
     return decided
 
 
@@ -361,34 +366,38 @@ def _place(snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, spus: Sequen
     for entry in snapshot.indexed("topics", "unplaced", _unplaced):
         if provision.room < 1:
             break  # this transaction is full: the next pass, once it is written
-        topic: models.Topic = entry.obj
-        if not _due(topic, inputs, scope, provision):
-            continue
-        problem = too_large(topic, spus, inputs.request_size, widest=False)
-        if problem is not None:
-            provision.statuses += _status(entry, INVALID, problem)  # known without placing it
-            continue
         try:
-            request = placement_request(topic, spus, provision.cursor, assignment.for_topic(topic))
-            result = placement.compute(request, inputs.placers)
-        except placement.PlacementError as error:
-            target = INSUFFICIENT if isinstance(error, placement.InsufficientResources) else INVALID
-            provision.statuses += _status(entry, target, unplaced_reason(error))
-            continue
-        kept = len(current_map(topic))
-        provisioned, value = _provisioned(topic, result, spus)
-        problem = _too_large_placed(topic, len(value), spus, inputs.request_size)
-        if problem is not None:
-            provision.statuses += _status(entry, INVALID, problem)
-            continue
-        cost = inputs.request_size.writes_bound(1, len(topic.key), len(value))
-        if cost > provision.room_bytes:
-            break  # this transaction is full: the next pass, once it is written
-        reason = _placed_reason(result, kept)
-        provision.add(actions.TopicProvision(provisioned, entry.mod_revision, (), reason, value), cost, result.next_start_index)
-        assignment.add((topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept)
-        if inputs.alone(topic.key):
-            break
+            topic: models.Topic = entry.obj
+            if not _due(topic, inputs, scope, provision):
+                continue
+            problem = too_large(topic, spus, inputs.request_size, widest=False)
+            if problem is not None:
+                provision.statuses += _status(entry, INVALID, problem)  # known without placing it
+                continue
+            try:
+                request = placement_request(topic, spus, provision.cursor, assignment.for_topic(topic))
+                result = placement.compute(request, inputs.placers)
+            except placement.PlacementError as error:
+                target = INSUFFICIENT if isinstance(error, placement.InsufficientResources) else INVALID
+                provision.statuses += _status(entry, target, unplaced_reason(error))
+                continue
+            kept = len(current_map(topic))
+            provisioned, value = _provisioned(topic, result, spus)
+            problem = _too_large_placed(topic, len(value), spus, inputs.request_size)
+            if problem is not None:
+                provision.statuses += _status(entry, INVALID, problem)
+                continue
+            cost = inputs.request_size.writes_bound(1, len(topic.key), len(value))
+            if cost > provision.room_bytes:
+                break  # this transaction is full: the next pass, once it is written
+            reason = _placed_reason(result, kept)
+            rows = [(topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept]
+            provision.add(actions.TopicProvision(provisioned, entry.mod_revision, (), reason, value), cost, result.next_start_index)
+            assignment.add(rows)
+            if inputs.alone(topic.key):
+                break
+        except Exception as error:  # this topic only (faults.py): nothing of it was added
+            inputs.faults.record("topics", entry.name, error)
     return provision
 
 
@@ -431,12 +440,13 @@ def _reconcile_partitions(
     """Every partition on a full pass; else those that changed and those of the topics that did."""
     topics: Mapping[str, local.Entry[models.Topic]] = snapshot.entries("topics")
     if scope.full:
-        return _partition_actions(snapshot, topics, snapshot.entries("partitions").keys(), topics.keys(), placed_now, inputs.busy)
+        every = snapshot.entries("partitions").keys()
+        return _partition_actions(snapshot, topics, every, topics.keys(), placed_now, inputs.busy, inputs.faults)
     partition_changes = inputs.changes.get("partitions") if inputs.changes is not None else None
     changed_partitions = [entry.name for entry in partition_changes.updated] if partition_changes is not None else []
     # A partition deleted behind the SC's back: its topic is checked for missing partitions.
     gone = {name.rpartition("-")[0] for name in partition_changes.deleted} if partition_changes is not None else set()
-    return _partition_actions(snapshot, topics, changed_partitions, scope.touched | gone, placed_now, inputs.busy)
+    return _partition_actions(snapshot, topics, changed_partitions, scope.touched | gone, placed_now, inputs.busy, inputs.faults)
 
 
 def _unvalidated(topic: models.Topic) -> bool:
@@ -542,6 +552,7 @@ def _partition_actions(
     topic_names: Iterable[str],
     placed_now: set[str],
     busy: Callable[[str], bool],
+    faults: faults_module.Faults = faults_module.RAISE,
 ) -> list[actions.Action]:
     """Create the missing partitions of every replica map; delete partitions no topic maps.
 
@@ -565,7 +576,10 @@ def _partition_actions(
         # flight is set aside by the loop and decided again once that write is done.
         if entry.obj.topic in placed_now:
             continue  # its topic's new replica map is being written: judge it after the echo
-        decided += _orphan(entry, topics, unreadable_topics)
+        try:
+            decided += _orphan(entry, topics, unreadable_topics)
+        except Exception as error:  # this partition only (faults.py)
+            faults.record("partitions", name, error)
     for topic_name in topic_names:
         topic_entry = topics.get(topic_name)
         if topic_entry is None or topic_name in placed_now:
@@ -573,15 +587,19 @@ def _partition_actions(
         topic: models.Topic = topic_entry.obj
         if topic.status.resolution not in HAS_PARTITIONS:
             continue
-        count = topic.spec.partition_count()  # a stored map may name more (not created)
-        missing = [
-            models.new_partition(topic, index, replicas)
-            for index, replicas in sorted(topic.status.replica_map.items())
-            if index < count
-            and (name := models.partition_name(topic.name, index)) not in partitions
-            and name not in unreadable_partitions
-            and not busy(models.object_key("partitions", name))
-        ]
+        try:
+            count = topic.spec.partition_count()  # a stored map may name more (not created)
+            missing = [
+                models.new_partition(topic, index, replicas)
+                for index, replicas in sorted(topic.status.replica_map.items())
+                if index < count
+                and (name := models.partition_name(topic.name, index)) not in partitions
+                and name not in unreadable_partitions
+                and not busy(models.object_key("partitions", name))
+            ]
+        except Exception as error:  # this topic only (faults.py)
+            faults.record("topics", topic_name, error)
+            continue
         for start in range(0, len(missing), kv.MAX_TXN_WRITES):
             chunk = missing[start : start + kv.MAX_TXN_WRITES]
             decided.append(

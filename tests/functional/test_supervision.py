@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog
 from aiohttp import web
 from prometheus_client import parser
 
@@ -264,6 +265,42 @@ async def test_a_controller_whose_decision_raises_comes_back_with_a_full_pass(
             "restarting it in 0.1 s (failure 1 in a row, restart 1)"
         ]
         assert {task: count for task, count in sc.supervisor.restarts.items() if count} == {"controller-topic": 1}
+
+
+async def test_a_topic_whose_decision_raises_stops_only_itself(kv_store: kv.KVStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug that one object's values trigger used to stop its controller for every object: the
+    task raised, came back with a full pass, met the same object and raised again, for good. Now
+    that object is left as it is (logged with its name, counted), and the others go on."""
+    async with running(kv_store) as sc:
+        await sc.add_spu(0)
+        real_validate = topic_controller.validate
+
+        def validate(topic: models.Topic, *args: Any, **kwargs: Any) -> Any:
+            if topic.name == "poison":
+                raise RuntimeError("injected fault for topic poison")
+            return real_validate(topic, *args, **kwargs)
+
+        monkeypatch.setattr(topic_controller, "validate", validate)
+        with structlog.testing.capture_logs() as logged:
+            await sc.create_topic("poison")
+            await sc.create_topic("orders")
+            await sc.provisioned("orders")
+            await sc.create_topic("later")
+            await sc.provisioned("later")
+        poison = sc.mirrored("topics", "poison")
+        assert isinstance(poison, models.Topic) and poison.status.resolution is models.TopicResolution.INIT
+        assert not any(sc.supervisor.restarts.values())
+        faults = await sc.scrape("sc_reconcile_faults_total")
+        assert faults[(("controller", "topic"), ("kind", "topics"))] >= 1
+        said = [entry for entry in logged if entry["event"].startswith("a decision raised")]
+        assert [(entry["controller"], entry["kind"], entry["name"], entry["error"]) for entry in said] == [
+            ("topic", "topics", "poison", "RuntimeError: injected fault for topic poison")
+        ]
+        # Fixed (an SC upgraded, here the fault taken away): the topic is decided again when the
+        # SPUs change, as an invalid one would be.
+        monkeypatch.setattr(topic_controller, "validate", real_validate)
+        await sc.add_spu(1)
+        await sc.provisioned("poison")
 
 
 # ---------------------------------------------------------------------------- the action dispatcher
