@@ -166,11 +166,13 @@ class KindStore(Generic[O]):
 
     # ------------------------------------------------------------------ writes (Reader only)
 
-    def apply(self, obj: O, mod_revision: int) -> Part | None:
+    def apply(self, obj: O, mod_revision: int, create_revision: int = 0) -> Part | None:
         """Store ``obj``; returns the parts that changed (None if nothing did).
 
-        A PUT for a name we do not hold is its creation (a re-creation comes after a delete),
-        so the create revision is known without the backend reporting it.
+        ``create_revision``: the key's, as the store reports it (0: unknown). A name this mirror
+        does not hold is usually being created (then it is ``mod_revision``), but not always: a
+        value that was unreadable until this write keeps the key's creation, so an SPU whose
+        record could not be read for a while is not taken for registered again.
         """
         if obj.kind != self.kind:
             raise ValueError(f"cannot apply a {obj.kind} object to the {self.kind} store")
@@ -194,7 +196,10 @@ class KindStore(Generic[O]):
         self.epoch += 1
         spec_epoch = self.epoch if changed & _SPEC or current is None else current.spec_epoch
         status_epoch = self.epoch if changed & _STATUS or current is None else current.status_epoch
-        create_revision = mod_revision if current is None else current.create_revision
+        if current is not None:
+            create_revision = current.create_revision
+        elif not create_revision:
+            create_revision = mod_revision
         self._entries.pop(obj.name, None)
         self._entries[obj.name] = Entry(obj, mod_revision, spec_epoch, status_epoch, create_revision)
         if current is None:

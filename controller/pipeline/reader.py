@@ -166,7 +166,7 @@ class Reader:
                 if obj is None:
                     table.mark_unreadable(name, event.revision)
                     return
-            table.apply(obj, event.revision)
+            table.apply(obj, event.revision, event.create_revision)
         if self.history is not None:
             self.history.record_change(kind, name, _operation(event), event.revision, event.value)
 

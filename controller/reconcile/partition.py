@@ -234,6 +234,8 @@ class Cluster:
             known = self._registered.get(spu_id)
             self._registered[spu_id] = entry.create_revision if known is None else min(known, entry.create_revision)
         self._draining = frozenset(draining)
+        # SPU records in the store this SC cannot read: any id not registered may be one of theirs.
+        self._unreadable = bool(snapshot.unreadable("spus"))
         self.newest_registration = max(self._registered.values(), default=0)
         self.registered = len(self._registered)
         # SPUs nothing is to be decided about in the common case: up, leading freely, registered,
@@ -262,6 +264,9 @@ class Cluster:
 
     def incarnation(self, spu: int) -> reports.Incarnation | None:
         return self._incarnations.get(spu)
+
+    def maybe_registered(self, spu: int) -> bool:
+        return self._unreadable and spu not in self._registered
 
     def quiet(self, entry: local.Entry[models.Partition], view: ClusterView) -> bool:
         """Nothing can be due for this partition (checked without building anything): Online,

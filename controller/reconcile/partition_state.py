@@ -54,6 +54,10 @@ class Spus(Protocol):
 
     def incarnation(self, spu: int) -> reports.Incarnation | None: ...
 
+    def maybe_registered(self, spu: int) -> bool:
+        """No SPU this SC can read holds this id, but some SPU record in the store cannot be read
+        (a newer SC's fields, a hand edit): that one may hold it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Facts:
@@ -150,6 +154,11 @@ class Members:
         # A process that does not list the partition holds none of it: its log ends at 0.
         return (leo or 0) >= self.committed_hw
 
+    def may_vouch(self, spu: int) -> bool:
+        """May still hold every committed record, up or not: its registration is current, or may
+        be (its SPU record cannot be read just now), and it did not come back without them."""
+        return (self.current(spu) or self.spus.maybe_registered(spu)) and not self.lost_records(spu)
+
     def lost_records(self, spu: int) -> bool:
         """Restarted and back without every record the SC knows committed."""
         return self.current(spu) and self.spus.online(spu) and self.restarted(spu) and not self.returned(spu)
@@ -159,7 +168,9 @@ class Members:
 
     def why_not(self, spu: int) -> str:
         if not self.current(spu):
-            return "is no longer registered" if self.spus.registered_at(spu) is None else "was registered again"
+            if self.spus.registered_at(spu) is not None:
+                return "was registered again"
+            return "has no SPU record this SC can read" if self.spus.maybe_registered(spu) else "is no longer registered"
         if not self.spus.online(spu):
             return "went offline"
         if self.restarted(spu):
@@ -374,9 +385,10 @@ def _lead_again(
             )
             return Transition(state, CAUSE_UNCLEAN, reason)
     # Nobody may lead. Every member that may still hold the committed records stays (offline ones
-    # too: they may lead when they return); one that came back without them, or whose id was
-    # registered again, leaves. Possibly nobody is left: then only an unclean election helps.
-    keep = tuple(spu for spu in isr if members.current(spu) and not members.lost_records(spu))
+    # too: they may lead when they return, and ones whose SPU record cannot be read now); one that
+    # came back without them, or whose id was unregistered or registered again, leaves. Possibly
+    # nobody is left: then only an unclean election helps.
+    keep = tuple(spu for spu in isr if members.may_vouch(spu))
     if stored.resolution is LEADER_OFFLINE and keep == tuple(isr) and not members.fresh:
         return None
     gone = [spu for spu in isr if spu not in keep]

@@ -335,4 +335,8 @@ async def test_the_reader_marks_what_it_cannot_read_as_unreadable_not_deleted(tm
     async with asyncio.timeout(10):
         while table.unreadable or "c" not in table.view:
             await asyncio.sleep(0.01)
+    # Readable now, it is the same object, created when its key was: an SPU whose record was
+    # unreadable for a while is not registered again (which would take its in-sync places).
+    entry = table.get("c")
+    assert entry is not None and (entry.create_revision, entry.mod_revision) == (written, fixed)
     await runner.stop()

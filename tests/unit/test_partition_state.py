@@ -25,6 +25,7 @@ class Spus:
     draining_ids: set[int] = field(default_factory=set)
     registered: dict[int, int] = field(default_factory=lambda: {0: 1, 1: 1, 2: 1, 3: 1})
     incarnations: dict[int, reports.Incarnation] = field(default_factory=dict)
+    unreadable_records: bool = False  # some SPU record in the store cannot be read
 
     def online(self, spu: int) -> bool:
         return spu in self.online_ids
@@ -37,6 +38,9 @@ class Spus:
 
     def incarnation(self, spu: int) -> reports.Incarnation | None:
         return self.incarnations.get(spu)
+
+    def maybe_registered(self, spu: int) -> bool:
+        return spu not in self.registered and self.unreadable_records
 
 
 def restarted(spu: int, leo: int | None = None, partition_epoch: int = 4) -> reports.Incarnation:
@@ -129,6 +133,25 @@ def test_a_leader_offline_partition_waits_for_a_member_then_it_leads_again() -> 
     assert decide(lost, Spus(online_ids={1}))[:2] == (State(1, ONLINE, 5, 6, (1,)), ps.CAUSE_SPU_OFFLINE)
     # Both: preferred order.
     assert decide(lost, Spus(online_ids={0, 1}))[:2] == (State(0, ONLINE, 5, 6, (0, 1)), ps.CAUSE_SPU_OFFLINE)
+
+
+def test_a_member_whose_spu_record_cannot_be_read_stays_in_the_in_sync_set_until_it_can() -> None:
+    # SPU 0 alone holds every committed record; its SPU record turns unreadable (a newer SC wrote a
+    # field this one does not know, or a hand edit), so its id is registered to no SPU this SC can
+    # read. It cannot lead meanwhile, but it is not unregistered: it stays the in-sync set, and
+    # leads again once its record is readable and it is up. (Taking it out left an empty in-sync
+    # set: only an unclean election could bring the partition back.)
+    alone = partition(isr=(0,))
+    unknown = Spus(online_ids={1, 2}, registered={1: 1, 2: 1}, unreadable_records=True)
+    assert decide(alone, unknown) == (State(0, LEADER_OFFLINE, 4, 5, (0,)), "", None)
+    lost = partition(isr=(0,), resolution=LEADER_OFFLINE, leader_epoch=4, partition_epoch=5)
+    assert decide(lost, unknown) == (None, "", None)
+    assert decide(lost, Spus(online_ids={0, 1, 2}))[:2] == (State(0, ONLINE, 5, 6, (0,)), ps.CAUSE_SPU_OFFLINE)
+    # With every SPU record readable, an id no SPU holds is unregistered: it inherits nothing.
+    assert decide(alone, Spus(online_ids={1, 2}, registered={1: 1, 2: 1})) == (State(0, LEADER_OFFLINE, 4, 5, ()), "", None)
+    # Beside a leader that is fine, such a member is out of sync like any member that is not up.
+    followed = partition(isr=(0, 1))
+    assert decide(followed, Spus(online_ids={0, 2}, registered={0: 1, 2: 1}, unreadable_records=True))[0] == State(0, ONLINE, 3, 5, (0,))
 
 
 @pytest.mark.parametrize(

@@ -55,6 +55,7 @@ def spu_views(draw: Any, partition: models.Partition) -> Spus:
         draining_ids=set(draw(st.lists(SPU_IDS, max_size=2, unique=True))),
         registered={spu: draw(st.sampled_from([1, 1, 20])) for spu in draw(st.lists(SPU_IDS, max_size=7, unique=True))},
         incarnations=restarted,
+        unreadable_records=draw(st.booleans()),
     )
 
 
