@@ -17,6 +17,10 @@ from controller.reconcile import actions, faults as faults_module, topic_size
 from store import kv, local, models, spu_index
 
 CHAIN_KEY = "meta/placement-start-index"
+# The largest start index read back as it is: the next one (it, plus the partitions a pass
+# places) still fits in topic_size.CHAIN_VALUE_MAX bytes; a larger one, or a negative one, restarts
+# at 0 (placement refuses a negative index, and one too long for text cannot be written back).
+MAX_START_INDEX = 2**63 - 1
 INIT = models.TopicResolution.INIT
 PENDING = models.TopicResolution.PENDING
 INSUFFICIENT = models.TopicResolution.INSUFFICIENT_RESOURCES
@@ -52,6 +56,8 @@ def read_chain(snapshot: local.Snapshot) -> Chain:
     # OverflowError: 1e400 is infinity; RecursionError: nested deeper than the parser goes.
     except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
         start_index = 0  # a hand-edited, unreadable chain restarts at 0 rather than stalling
+    if not 0 <= start_index <= MAX_START_INDEX:
+        start_index = 0  # written by hand, out of range (MAX_START_INDEX)
     return Chain(start_index, mod_revision)
 
 
