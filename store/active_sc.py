@@ -197,6 +197,8 @@ class ActiveSc:
         # order, the last claim seen and the last one that ended (its holder, epoch and cause).
         self.candidates: list[Candidate] = []
         self._claim_now: kv.KeyValue | None = None
+        # The claim and candidate identities no lease holds, as last read (_delete_no_lease).
+        self._no_lease: list[kv.KeyValue] = []
         self._holder: kv.KeyValue | None = None
         self._ended: tuple[kv.KeyValue, str] | None = None
         self._revision_events: list[kv.WatchEvent] = []
@@ -368,6 +370,8 @@ class ActiveSc:
                         # The claim as this first listing has it, then each change in order (the watch).
                         self._holder, self._revision_events, self._seen_revision = self._claim_now, [], revision
                         watcher = asyncio.create_task(self._watch(revision + 1, changed), name="sc-candidates-watch")
+                    if self.state is State.STANDBY and self._first() and self._no_lease:
+                        await self._delete_no_lease()
                     if self.state is State.STANDBY and self._first() and self._claim_now is None:
                         await self._try_claim()
                     if self.state is not State.STANDBY:
@@ -415,7 +419,17 @@ class ActiveSc:
         """Read the queue and the claim; returns the revision read at."""
         assert self.identity is not None
         listed = await self.kv_store.list(META)
-        values = {item.key: (item.value, item.create_revision) for item in listed.items}
+        # A candidate key no lease holds is no SC's (each holds its own under its lease): an
+        # identity written by hand, or copied without its lease, would otherwise be first for good.
+        values = {
+            item.key: (item.value, item.create_revision)
+            for item in listed.items
+            if item.lease or not item.key.startswith(CANDIDATES)
+        }
+        self._no_lease = [
+            item for item in listed.items
+            if not item.lease and (item.key == KEY or queue({item.key: (item.value, item.create_revision)}))
+        ]
         claim = next((item for item in listed.items if item.key == KEY), None)
         if candidate_key(self.identity.id) not in values:
             self._lose(LEASE_LOST, "its candidate key went (its lease expired, or someone deleted it)")
@@ -440,6 +454,23 @@ class ActiveSc:
             return False
         ahead = [candidate.identity for candidate in self.candidates if not _predecessor(candidate.identity, identity)]
         return bool(ahead) and ahead[0].id == identity.id
+
+    async def _delete_no_lease(self) -> None:
+        """A claim or a candidacy no lease holds is no SC's (each SC holds both under its lease,
+        and they end with it): an identity written by hand, or copied from another cluster without
+        its lease, would keep every SC a standby for good (the claim), or be listed as a standby
+        for good (a candidacy, which the queue already passes over). The first candidate deletes
+        them, each compared on its revision (one rewritten meanwhile is left alone), then claims."""
+        for item in self._no_lease:
+            _log.warning(
+                "%s holds %s under no lease, which no SC does: deleting it",
+                f"{self.kv_store.prefix}{item.key}", describe_holder(item.value),
+            )
+            with contextlib.suppress(kv.Conflict, kv.NotFound):  # changed meanwhile: looked at again
+                await self.kv_store.delete(item.key, item.mod_revision)
+            if item.key == KEY:
+                self._claim_now = None
+        self._no_lease = []
 
     async def _try_claim(self) -> None:
         assert self.identity is not None and self._lease is not None

@@ -830,7 +830,7 @@ class EtcdStore(kv.KVStore):
         response = await self._request("claim", attempt)
         if response.succeeded:
             revision = response.header.revision
-            return kv.Claim(True, kv.KeyValue(key, value, revision, revision))
+            return kv.Claim(True, kv.KeyValue(key, value, revision, revision, lease))
         found = response.responses[0].response_range.kvs
         if not found:
             raise kv.StoreError(f"etcd at {self._endpoints_text()} refused to create {key!r} but holds no such key")
@@ -1205,6 +1205,7 @@ class EtcdStore(kv.KVStore):
             value=item.value,
             mod_revision=item.mod_revision,
             create_revision=item.create_revision,
+            lease=item.lease,
         )
 
 

@@ -160,6 +160,7 @@ class KeyValue:
     value: bytes
     mod_revision: int
     create_revision: int
+    lease: int = 0  # the lease the key is held under (0: none; it stays until deleted)
 
 
 @dataclass(frozen=True, slots=True)

@@ -191,7 +191,7 @@ class MemoryStore(kv.KVStore):
             return kv.Claim(ours, self._key_value(key, existing))
         revision = await self.txn([kv.Compare(key, 0)], [kv.Put(key, value)])
         found.keys[key] = revision
-        return kv.Claim(True, kv.KeyValue(key, value, revision, revision))
+        return kv.Claim(True, kv.KeyValue(key, value, revision, revision, lease))
 
     def _live_lease(self, lease: int) -> _Lease:
         found = self._leases.get(lease)
@@ -265,6 +265,8 @@ class MemoryStore(kv.KVStore):
         if self._closed:
             raise kv.Unavailable("the memory store is closed")
 
-    @staticmethod
-    def _key_value(key: str, record: _Record) -> kv.KeyValue:
-        return kv.KeyValue(key, record.value, record.mod_revision, record.create_revision)
+    def _key_value(self, key: str, record: _Record) -> kv.KeyValue:
+        # The lease that claimed the key at its current revision (a later write detached any other).
+        leases = self._leases
+        lease = next((lease_id for lease_id, held in leases.items() if held.keys.get(key) == record.mod_revision), 0) if leases else 0
+        return kv.KeyValue(key, record.value, record.mod_revision, record.create_revision, lease)

@@ -19,7 +19,7 @@ async def test_the_first_claim_wins_and_a_second_one_is_told_the_holder(kv_store
     assert first.id != second.id and first.ttl >= 10 and second.ttl >= 10
     won = await kv_store.claim("meta/active-sc", b"first", first.id)
     revision = won.current.mod_revision
-    assert won == kv.Claim(True, kv.KeyValue("meta/active-sc", b"first", revision, revision))
+    assert won == kv.Claim(True, kv.KeyValue("meta/active-sc", b"first", revision, revision, first.id))
     assert await kv_store.get("meta/active-sc") == won.current
     lost = await kv_store.claim("meta/active-sc", b"second", second.id)
     assert lost == kv.Claim(False, won.current)
@@ -83,6 +83,18 @@ async def test_a_write_of_the_key_without_the_lease_detaches_it(kv_store: kv.KVS
     assert await kv_store.get("meta/active-sc") == kv.KeyValue(
         "meta/active-sc", b"plain", rewritten, claimed.current.create_revision
     )
+
+
+async def test_a_read_names_the_lease_a_key_is_held_under(kv_store: kv.KVStore) -> None:
+    """0 for a key no lease holds: what tells an SC's claim or candidacy (always leased) from an
+    identity written there by hand or copied without its lease, which would never go away."""
+    lease = await kv_store.grant_lease(10)
+    await kv_store.claim("meta/leased", b"x", lease.id)
+    await kv_store.create("meta/plain", b"y")
+    assert (await builders.present(kv_store, "meta/leased")).lease == lease.id
+    assert (await builders.present(kv_store, "meta/plain")).lease == 0
+    assert [(item.key, item.lease) for item in (await kv_store.list("meta/")).items] == [("meta/leased", lease.id), ("meta/plain", 0)]
+    await kv_store.revoke_lease(lease.id)
 
 
 async def test_a_lease_shorter_than_a_second_is_refused(kv_store: kv.KVStore) -> None:

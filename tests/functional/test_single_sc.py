@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
+import etcd3aio
+from etcd3aio.kv import KVService
 import pytest
 
 from controller import config
@@ -73,6 +75,24 @@ def claim_of(identity: active_sc.Identity) -> bytes:
 
 
 INTRUDER = active_sc.Identity("intruder", "elsewhere", 4242, "10.0.0.9:9003", "2026-01-05T10:00:00+00:00")
+
+
+async def claim_over(store: etcd.EtcdStore, identity: active_sc.Identity, claimed: kv.KeyValue) -> None:
+    """Put ``identity``'s claim over ``claimed`` under a lease of its own (kept for a minute), as
+    another SC's claim is held: a claim no lease holds is no SC's, and the first candidate deletes it.
+    The store's API claims only absent keys; etcd's own transaction replaces it in one step."""
+    lease = await store.grant_lease(60)
+    client = etcd3aio.Etcd3Client(list(store.endpoints))
+    await client.connect()
+    try:
+        assert client.kv is not None
+        key = (store.prefix + active_sc.KEY).encode()
+        response = await client.kv.txn(
+            [KVService.txn_compare_value(key, claimed.value)], [KVService.txn_op_put(key, claim_of(identity), lease=lease.id)]
+        )
+        assert response.succeeded, "the claim changed before the test could replace it"
+    finally:
+        await client.close()
 
 
 async def test_a_second_sc_on_a_store_with_a_leader_runs_as_its_hot_standby(
@@ -183,8 +203,9 @@ async def test_an_sc_whose_claim_another_sc_took_steps_down_and_stays_up_as_a_st
         await sc.register_spu(0)
         claimed = await sc.kv_store.get(active_sc.KEY)
         assert claimed is not None
-        # Someone writes another SC's claim over it (no lease: it stays).
-        await sc.kv_store.update(active_sc.KEY, claim_of(INTRUDER), claimed.mod_revision)
+        # Another SC's claim replaces it (under that SC's lease, which the test keeps alive).
+        assert isinstance(sc.kv_store, etcd.EtcdStore)
+        await claim_over(sc.kv_store, INTRUDER, claimed)
 
         async def stepped_down() -> None:
             assert active.state is active_sc.State.STANDBY and active.step_down_cause == "claim-replaced"
@@ -219,7 +240,7 @@ async def test_sc_run_whose_store_another_sc_took_over_stays_up_as_a_standby(tmp
     try:
         claimed = await store.get(active_sc.KEY)
         assert claimed is not None
-        await store.update(active_sc.KEY, claim_of(INTRUDER), claimed.mod_revision)
+        await claim_over(store, INTRUDER, claimed)
         async with aiohttp.ClientSession() as session:
 
             async def standby() -> bool:

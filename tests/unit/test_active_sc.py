@@ -369,6 +369,25 @@ async def test_a_candidate_key_no_sc_wrote_does_not_hold_the_queue_up(candidates
     assert active_sc.queue({f"{active_sc.CANDIDATES}zz": (b"[]", 1)}) == []
 
 
+async def test_an_identity_no_lease_holds_keeps_no_sc_from_leading(candidates: Candidates) -> None:
+    """A well-formed identity written without a lease (by hand, or copied from another cluster by a
+    tool that does not copy leases, such as `etcdctl make-mirror`) never goes away by itself: as a
+    candidate first in line, or as the claim, it kept every SC a standby for good. A candidate no
+    lease holds is no candidate; a claim no lease holds is no SC's, and the first candidate deletes
+    it (compared on its revision) and claims."""
+    ghost = active_sc.Identity("ghost", "old-host", 1, "10.0.0.9:9003", "2020-01-01T00:00:00+00:00")
+    await candidates.backend.create(active_sc.candidate_key("ghost"), ghost.encode())
+    await candidates.backend.create(active_sc.KEY, ghost.encode())
+    a = await candidates.start("sc-a")
+    await until(lambda: candidates.leaders() == [a], "sc-a leads")
+    assert a.identity is not None and [candidate.identity.id for candidate in a.candidates] == [a.identity.id]
+    claim = await builders.present(candidates.backend, active_sc.KEY)
+    assert claim.value == a.identity.encode() and claim.lease != 0
+    assert a.takeover is not None and (a.takeover.cause, a.takeover.previous) == ("claim-deleted", ghost)
+    # The candidacy no lease holds is gone too: it is listed nowhere as a standby.
+    assert await candidates.backend.get(active_sc.candidate_key("ghost")) is None
+
+
 def test_an_identity_with_its_private_address_reads_back_as_written() -> None:
     identity = active_sc.Identity("abc123", "host-1", 4242, "10.0.0.1:9003", "2026-11-27T00:00:00+00:00", "10.0.0.1:9004")
     assert active_sc.Identity.decode(identity.encode()) == identity
