@@ -694,10 +694,29 @@ class ConnectionManager:
 
     def _take_proposal(self, session: Session, message: wire.AlterIsr) -> None:
         """Held for the partition controller, which decides it against the committed state and
-        answers (through ``answer``); a newer proposal of the same leader replaces it."""
+        answers (through ``answer``); a newer proposal of the same leader replaces it. One of an
+        SPU that was not told it leads the partition at that leader epoch is refused at once: only
+        a leader proposes, and another SPU's proposal must not take its leader's place (which
+        would then never be answered, and a leader waits for its answer before it proposes again)."""
         told = self._told(session, message.partition)
         self.stats.proposals += 1
-        if message.hw is not None and told.leader == session.spu_id and told.leader_epoch == message.leader_epoch:
+        if told.leader != session.spu_id or told.leader_epoch != message.leader_epoch:
+            self.stats.stale_entries += 1
+            session.send(
+                wire.AlterIsrResult(
+                    partition=message.partition,
+                    error=_stale_code(told, session.spu_id),
+                    message=(
+                        f"SPU {session.spu_id} does not lead partition {message.partition!r} at leader epoch "
+                        f"{message.leader_epoch}: the committed leader is {told.leader} at leader epoch {told.leader_epoch}"
+                    ),
+                    leader_epoch=told.leader_epoch,
+                    partition_epoch=told.partition_epoch,
+                    isr=list(told.isr),
+                )
+            )
+            return
+        if message.hw is not None:
             # As an Offsets entry of the current leader: that much is committed.
             self.live.committed(message.partition, message.hw)
         self.proposals[message.partition] = reports.Proposal(

@@ -1,0 +1,469 @@
+"""Hostile or buggy SPUs on the private port (protocol v2): a hypothesis state machine runs the real
+SC (daemon on the memory store) with a few registered SPUs as scripted WebSocket clients that send
+any sequence of well-formed frames, and checks after every step what the SC committed and told.
+
+Invariants (docs/replication.md, "The guarantees" and "The rules"):
+- no SC task restarted, no error-level log line;
+- every stored version of a partition: leaderEpoch and partitionEpoch never decrease; a change of
+  the leader (to or from no leader too) comes with leaderEpoch + 1, and leaderEpoch moves by at
+  most 1 (the same SPU may be elected again at a new epoch); an Online leader is in isr; isr is a subset of replicas;
+- a new leader comes from the committed isr of the version before;
+- the in-sync set grows only through a proposal of that version's leader at its epochs, listing
+  the new members, each of them online when the write landed;
+- no two different SPUs are ever told leadership of one partition at one leaderEpoch;
+- an alterIsrResult with error null means the stored set at its epochs is the proposed one;
+- once the SC settled, no proposal of a current connection is left unanswered.
+
+It runs a handful of examples in the suite (the same ones on every run: the deterministic
+hypothesis profile); `SC_HOSTILE_EXAMPLES=200 scripts/test tests/functional/test_hostile_spus.py
+--hypothesis-profile=explore` searches further. The defect it found first (a follower's proposal
+took the place of its leader's, which was then never answered) has its own example test below.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+from typing import Any
+
+import aiohttp
+import structlog.testing
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from connection_manager import wire
+from controller import config
+from store import models
+from tests.fixtures.daemon import COMMON_SETTINGS, running
+from tests.fixtures.scripted_spu import ScriptedSpu
+
+SPU_IDS = (0, 1, 2)
+TOKEN = "s3cret"
+TOPICS = {"a": (1, 3), "b": (1, 2)}  # name -> (partitions, replication factor)
+PARTITIONS = ["a-0", "b-0"]
+BIG = 2**63 - 1
+LEADER_OFFLINE = models.PartitionResolution.LEADER_OFFLINE
+ONLINE = models.PartitionResolution.ONLINE
+
+epoch_choice = st.one_of(
+    st.just("told"), st.just("told"), st.just("told"), st.just("stored"), st.just("told+1"),
+    st.integers(0, 6), st.just(BIG), st.just(BIG - 1),
+)
+isr_choice = st.lists(st.sampled_from([0, 1, 2, 7]), min_size=0, max_size=4)
+offset_choice = st.one_of(st.integers(0, 50), st.just(BIG))
+
+
+class ErrorLogs(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def effective_leader(partition: models.Partition) -> int | None:
+    return None if partition.status.resolution is LEADER_OFFLINE else partition.spec.leader
+
+
+class HostileSpus(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.exit = contextlib.AsyncExitStack()
+        self.logs = ErrorLogs()
+        logging.getLogger().addHandler(self.logs)
+        self.captured = self.exit.enter_context(structlog.testing.capture_logs())
+        self.spus: dict[int, ScriptedSpu] = {}
+        self.all_clients: list[ScriptedSpu] = []
+        # partition -> list of (version, set of SPUs ready at the time)
+        self.versions: dict[str, list[tuple[models.Partition, frozenset[int]]]] = {p: [] for p in PARTITIONS}
+        self.checked: dict[str, int] = {p: 0 for p in PARTITIONS}
+        # (partition, spu, leader_epoch, partition_epoch, isr) of every proposal sent
+        self.proposals: list[tuple[str, int, int, int, tuple[int, ...]]] = []
+        self.steps: list[str] = []
+        self.sent_marks: list[tuple[ScriptedSpu, str, int]] = []
+        self.run(self._start())
+
+    def run(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+    async def _start(self) -> None:
+        fd, path = tempfile.mkstemp()
+        os.write(fd, TOKEN.encode())
+        os.close(fd)
+        self.token_path = path
+        settings_ = config.Settings(
+            store=config.StoreKind.MEMORY,
+            **{**COMMON_SETTINGS, "resync_interval": 60.0},
+            spu_token_file=path,
+            spu_heartbeat_timeout=30.0,
+            spu_offsets_interval=0.01,
+            spu_offline_grace=5.0,
+        )
+        self.sc = await self.exit.enter_async_context(running(settings_))
+        self.client = await self.exit.enter_async_context(aiohttp.ClientSession())
+        daemon = self.sc.daemon
+        assert daemon.context is not None and daemon.connections is not None
+        self.context = daemon.context
+        self.connections = daemon.connections
+        self.watcher = self.loop.create_task(self._watch())
+        for spu_id in SPU_IDS:
+            await self.sc.register_spu(spu_id, online=False)
+        for spu_id in SPU_IDS:
+            await self._connect(spu_id, "fresh")
+
+        def online() -> None:
+            spus = self.context.local_store["spus"].view
+            for spu_id in SPU_IDS:
+                entry = spus.get(f"spu-{spu_id}")
+                assert entry is not None and entry.obj.status.resolution is models.SpuResolution.ONLINE
+
+        await self.sc.eventually(online)
+        for name, (count, factor) in TOPICS.items():
+            status, answer = await self.sc.call(
+                "POST", "/v1/topics", {"name": name, "spec": {"partitions": count, "replicationFactor": factor}}
+            )
+            assert status == 201, answer
+        await self._settle()
+
+        def told() -> None:
+            for name in PARTITIONS:
+                assert len(self.versions[name]) >= 1
+
+        await self.sc.eventually(told)
+        await self._settle()
+
+    async def _watch(self) -> None:
+        async for event in self.context.kv_store.watch("partitions/", 1):
+            if event.value is None:
+                continue
+            partition = models.decode("partitions", event.value)
+            ready = frozenset(spu for spu, session in self.connections.sessions.items() if session.ready and session.closing is None)
+            self.versions.setdefault(partition.name, []).append((partition, ready))
+
+    async def _connect(self, spu_id: int, mode: str, hosted: list[wire.HostedReplica] | None = None) -> None:
+        old = self.spus.get(spu_id)
+        if mode == "held" and old is not None:
+            hosted = old.held()
+        elif mode == "fresh":
+            hosted = []
+        if mode != "replace" and old is not None:
+            await old.close()
+        spu = ScriptedSpu(self.client, self.connections.port or 0, spu_id)
+        answer = await spu.connect(TOKEN, heartbeat=1.0, hosted=hosted or [])
+        assert isinstance(answer, wire.Accepted), answer
+        self.spus[spu_id] = spu
+        self.all_clients.append(spu)
+
+    async def _settle(self) -> None:
+        """Until nothing moves for 100 ms: the store's revision, what the SPUs received."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        last = None
+        quiet = 0
+        while quiet < 4:
+            await asyncio.sleep(0.025)
+            now = (await self.context.kv_store.revision(), sum(len(c.received) for c in self.all_clients), len(self.connections.proposals))
+            quiet = quiet + 1 if now == last else 0
+            last = now
+            assert loop.time() < deadline, "the SC never settled"
+
+    def teardown(self) -> None:
+        async def stop() -> None:
+            self.watcher.cancel()
+            await asyncio.gather(self.watcher, return_exceptions=True)
+            for client in self.all_clients:
+                with contextlib.suppress(Exception):
+                    await client.close()
+            await self.exit.aclose()
+
+        try:
+            self.run(stop())
+        finally:
+            logging.getLogger().removeHandler(self.logs)
+            self.loop.close()
+            os.unlink(self.token_path)
+
+    # ------------------------------------------------------------------ helpers
+
+    def stored(self, name: str) -> models.Partition:
+        entry = self.context.local_store["partitions"].get(name)
+        assert entry is not None
+        return entry.obj
+
+    def connected(self, spu_id: int) -> ScriptedSpu | None:
+        spu = self.spus.get(spu_id)
+        if spu is None or spu.websocket is None or spu.websocket.closed:
+            return None
+        return spu
+
+    def pick_epoch(self, choice: Any, told: int, stored: int) -> int:
+        if choice == "told":
+            return told
+        if choice == "stored":
+            return stored
+        if choice == "told+1":
+            return min(told + 1, BIG)
+        return int(choice)
+
+    async def step(self, action: Any) -> None:
+        await action
+        await self._settle()
+
+    # ------------------------------------------------------------------ rules
+
+    @rule(spu_id=st.sampled_from(SPU_IDS), mode=st.sampled_from(["held", "fresh", "replace", "random"]),
+          entries=st.lists(st.tuples(st.sampled_from(PARTITIONS), offset_choice, st.one_of(st.none(), st.integers(0, 6), st.just(BIG))), max_size=3, unique_by=lambda e: e[0]))
+    def reconnect(self, spu_id: int, mode: str, entries: list[tuple[str, int, int | None]]) -> None:
+        hosted = [wire.HostedReplica(partition=p, leo=leo, leader_epoch=epoch) for p, leo, epoch in entries]
+        self.steps.append(f"reconnect({spu_id}, {mode}, {entries})")
+        self.run(self.step(self._connect(spu_id, mode, hosted)))
+
+    @rule(spu_id=st.sampled_from(SPU_IDS))
+    def disconnect(self, spu_id: int) -> None:
+        spu = self.connected(spu_id)
+        if spu is None:
+            return
+        self.steps.append(f"disconnect({spu_id})")
+        self.run(self.step(spu.close()))
+
+    @rule(spu_id=st.sampled_from(SPU_IDS), partitions=st.lists(st.sampled_from(PARTITIONS), min_size=1, max_size=2, unique=True), epoch=epoch_choice)
+    def leading(self, spu_id: int, partitions: list[str], epoch: Any) -> None:
+        spu = self.connected(spu_id)
+        if spu is None:
+            return
+        entries = []
+        for name in partitions:
+            told = spu.replicas[name].leader_epoch if name in spu.replicas else 0
+            entries.append(wire.Leadership(partition=name, leader_epoch=self.pick_epoch(epoch, told, self.stored(name).status.leader_epoch)))
+        self.steps.append(f"leading({spu_id}, {entries})")
+        self.run(self.step(spu.send(wire.Leading(partitions=entries))))
+
+    @rule(spu_id=st.sampled_from(SPU_IDS))
+    def confirm_all(self, spu_id: int) -> None:
+        """A well-behaved SPU: confirms every leadership it was told."""
+        spu = self.connected(spu_id)
+        if spu is None:
+            return
+        led = [name for name, info in spu.replicas.items() if info.leader == spu_id]
+        if not led:
+            return
+        self.steps.append(f"confirm_all({spu_id}) {[(n, spu.replicas[n].leader_epoch) for n in led]}")
+        self.run(self.step(spu.lead(*led)))
+
+    def _proposal(self, spu: ScriptedSpu, name: str, le: Any, pe: Any, isr: list[int], hw: int | None) -> wire.AlterIsr:
+        info = spu.replicas.get(name)
+        stored = self.stored(name).status
+        told_le = info.leader_epoch if info is not None else 0
+        told_pe = info.partition_epoch if info is not None else 0
+        message = wire.AlterIsr(
+            partition=name,
+            leader_epoch=self.pick_epoch(le, told_le, stored.leader_epoch),
+            partition_epoch=self.pick_epoch(pe, told_pe, stored.partition_epoch),
+            isr=isr,
+            hw=hw,
+        )
+        self.proposals.append((name, spu.spu_id, message.leader_epoch, message.partition_epoch, tuple(isr)))
+        if name in spu.replicas:  # else it is refused with an error frame (not-hosted)
+            self.sent_marks.append((spu, name, len(spu.received)))
+        return message
+
+    @rule(spu_id=st.sampled_from(SPU_IDS), name=st.sampled_from(PARTITIONS), le=epoch_choice, pe=epoch_choice,
+          isr=isr_choice, hw=st.one_of(st.none(), offset_choice))
+    def alter_isr(self, spu_id: int, name: str, le: Any, pe: Any, isr: list[int], hw: int | None) -> None:
+        spu = self.connected(spu_id)
+        if spu is None:
+            return
+        message = self._proposal(spu, name, le, pe, isr, hw)
+        self.steps.append(f"alter_isr({spu_id}, {message!r})")
+        self.run(self.step(spu.send(message)))
+
+    @rule(first=st.sampled_from(SPU_IDS), second=st.sampled_from(SPU_IDS), name=st.sampled_from(PARTITIONS),
+          isr1=isr_choice, isr2=isr_choice)
+    def two_proposals_at_once(self, first: int, second: int, name: str, isr1: list[int], isr2: list[int]) -> None:
+        """Two SPUs propose for one partition at their told epochs, without the SC settling between."""
+        a, b = self.connected(first), self.connected(second)
+        if a is None or b is None:
+            return
+        m1 = self._proposal(a, name, "told", "told", isr1, None)
+        m2 = self._proposal(b, name, "told", "told", isr2, None)
+        self.steps.append(f"two_proposals({first}: {m1!r}, {second}: {m2!r})")
+
+        async def both() -> None:
+            await a.send(m1)
+            await b.send(m2)
+
+        self.run(self.step(both()))
+
+    @rule(spu_id=st.sampled_from(SPU_IDS), name=st.sampled_from(PARTITIONS), le=epoch_choice, hw=offset_choice,
+          leo=offset_choice, followers=st.lists(st.sampled_from([0, 1, 2]), max_size=2, unique=True))
+    def offsets(self, spu_id: int, name: str, le: Any, hw: int, leo: int, followers: list[int]) -> None:
+        spu = self.connected(spu_id)
+        if spu is None:
+            return
+        info = spu.replicas.get(name)
+        told = info.leader_epoch if info is not None else 0
+        entry = wire.PartitionOffsets(
+            partition=name, leader_epoch=self.pick_epoch(le, told, self.stored(name).status.leader_epoch), hw=hw, leo=leo,
+            followers=[wire.ReplicaOffsets(spu=f, hw=min(hw, leo), leo=leo) for f in followers],
+        )
+        self.steps.append(f"offsets({spu_id}, {entry})")
+        self.run(self.step(spu.send(wire.Offsets(partitions=[entry]))))
+
+    @rule(spu_id=st.sampled_from(SPU_IDS), frame=st.sampled_from(["heartbeat", "hosted", "register"]))
+    def other_frame(self, spu_id: int, frame: str) -> None:
+        spu = self.connected(spu_id)
+        if spu is None:
+            return
+        message: wire.Message = {
+            "heartbeat": wire.Heartbeat(),
+            "hosted": wire.Hosted(partitions=[]),
+            "register": wire.Register(spu_id=spu_id, token=TOKEN),
+        }[frame]
+        self.steps.append(f"{frame}({spu_id})")
+        self.run(self.step(spu.send(message)))
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def no_crash_no_error_log(self) -> None:
+        restarts = {task: count for task, count in self.context.supervisor.restarts.items() if count}
+        assert not restarts, (restarts, self.steps)
+        errors = [entry for entry in self.captured if entry.get("log_level") in ("error", "critical")]
+        assert not errors, (errors, self.steps)
+        assert not self.logs.records, ([r.getMessage() for r in self.logs.records], self.steps)
+
+    @invariant()
+    def stored_versions(self) -> None:
+        for name, versions in self.versions.items():
+            for index in range(max(1, self.checked[name]), len(versions)):
+                old, _ = versions[index - 1]
+                new, ready = versions[index]
+                self._check_pair(name, old, new, ready)
+            for partition, _ in versions[self.checked[name]:]:
+                status = partition.status
+                in_sync = partition.in_sync()
+                assert set(status.isr) <= set(partition.spec.replicas), (name, status, self.steps)
+                if status.resolution is ONLINE:
+                    assert partition.spec.leader in in_sync, (name, partition, self.steps)
+            self.checked[name] = len(versions)
+
+    def _check_pair(self, name: str, old: models.Partition, new: models.Partition, ready: frozenset[int]) -> None:
+        o, n = old.status, new.status
+        context = (name, old.spec, o, new.spec, n, self.steps)
+        assert n.leader_epoch >= o.leader_epoch and n.partition_epoch >= o.partition_epoch, context
+        old_leader, new_leader = effective_leader(old), effective_leader(new)
+        if old_leader != new_leader:
+            assert n.leader_epoch == o.leader_epoch + 1, context
+            if new_leader is not None:
+                assert new_leader in old.in_sync(), ("leader from outside the committed isr", context)
+        else:
+            # The same SPU may be elected again at a new epoch (a restarted leader that returned).
+            assert n.leader_epoch in (o.leader_epoch, o.leader_epoch + 1), context
+            if n.leader_epoch != o.leader_epoch:
+                assert new_leader is not None and new_leader in old.in_sync(), ("re-election from outside the isr", context)
+        grown = set(new.in_sync()) - set(old.in_sync())
+        if grown:
+            backing = [
+                p for p in self.proposals
+                if p[0] == name and p[1] == old_leader and p[2] == o.leader_epoch and p[3] == o.partition_epoch
+                and grown <= set(p[4])
+            ]
+            assert backing, ("isr grew without a proposal of the leader at the epochs", grown, context)
+            assert grown <= ready, ("isr grew with SPUs not online", grown, ready, context)
+
+    @invariant()
+    def leadership_told_once_per_epoch(self) -> None:
+        told: dict[tuple[str, int], set[int]] = {}
+        for client in self.all_clients:
+            for message in client.received:
+                infos = message.replicas if isinstance(message, (wire.Sync, wire.Update)) else []
+                for info in infos:
+                    if info.leader is not None:
+                        told.setdefault((info.partition, info.leader_epoch), set()).add(info.leader)
+        clashes = {key: leaders for key, leaders in told.items() if len(leaders) > 1}
+        assert not clashes, (clashes, self.steps)
+
+    @invariant()
+    def committed_answers_are_true(self) -> None:
+        stored_at = {
+            (name, p.status.leader_epoch, p.status.partition_epoch): set(p.in_sync())
+            for name, versions in self.versions.items() for p, _ in versions
+        }
+        for client in self.all_clients:
+            for message in client.received:
+                if isinstance(message, wire.AlterIsrResult) and message.error is None:
+                    key = (message.partition, message.leader_epoch, message.partition_epoch)
+                    assert stored_at.get(key) == set(message.isr), (message, stored_at.get(key), self.steps)
+
+    @invariant()
+    def proposals_answered(self) -> None:
+        pending = {
+            name: proposal for name, proposal in self.connections.proposals.items()
+            if (session := self.connections.sessions.get(proposal.spu)) is not None and session.number == proposal.incarnation
+        }
+        assert not pending, (pending, self.steps)
+        # The last proposal each current connection sent for a partition was answered on it.
+        for client, name, mark in self.sent_marks:
+            if self.spus.get(client.spu_id) is not client or self.connected(client.spu_id) is None:
+                continue
+            answered = any(
+                isinstance(message, wire.AlterIsrResult) and message.partition == name for message in client.received[mark:]
+            )
+            assert answered, ("proposal never answered", client.spu_id, name, self.steps)
+
+
+HostileSpus.TestCase.settings = settings(
+    max_examples=int(os.environ.get("SC_HOSTILE_EXAMPLES", "12")),
+    stateful_step_count=int(os.environ.get("SC_HOSTILE_STEPS", "15")),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+)
+TestHostileSpus = HostileSpus.TestCase
+
+
+async def test_a_followers_proposal_does_not_take_the_place_of_its_leaders() -> None:
+    """Leader 0 proposes at the epochs it was told; follower 1 sends an AlterIsr for the same
+    partition right after (buggy, or hostile). Both are answered (rule 4). The SC kept one pending
+    proposal per partition, and the follower's replaced the leader's, which was then never
+    answered: a leader waits for its answer before it proposes again, so it never proposed again
+    for that partition (a lagging follower was never taken out; its high watermark could stall)."""
+    settings_ = config.Settings(store=config.StoreKind.MEMORY, **COMMON_SETTINGS, spu_heartbeat_timeout=30.0)
+    async with running(settings_) as sc, aiohttp.ClientSession() as client:
+        for spu_id in SPU_IDS:
+            await sc.register_spu(spu_id, online=False)
+        assert sc.daemon.connections is not None and sc.daemon.context is not None
+        port = sc.daemon.connections.port or 0
+        spus = {spu_id: ScriptedSpu(client, port, spu_id) for spu_id in SPU_IDS}
+        try:
+            for spu in spus.values():
+                assert isinstance(await spu.connect(), wire.Accepted)
+            context = sc.daemon.context
+
+            def online() -> None:
+                for spu_id in SPU_IDS:
+                    entry = context.local_store["spus"].view.get(f"spu-{spu_id}")
+                    assert entry is not None and entry.obj.status.resolution is models.SpuResolution.ONLINE
+
+            await sc.eventually(online)
+            status, body = await sc.call(
+                "POST", "/v1/topics", {"name": "t", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1, 2]}]}}
+            )
+            assert status == 201, body
+            leader, follower = spus[0], spus[1]
+            await leader.wait_for(lambda: "t-0" in leader.replicas and leader.replicas["t-0"].leader == 0)
+            await leader.lead("t-0")
+            await leader.wait_for(lambda: leader.replicas["t-0"].partition_epoch == 1)  # Online, isr [0, 1, 2]
+            await leader.propose("t-0", [0, 1, 2])  # the committed set again: answered "committed"
+            await follower.propose("t-0", [1])
+            await follower.wait_for(lambda: follower.results("t-0"))
+            assert [(result.error, result.leader_epoch) for result in follower.results("t-0")] == [("not-leader", 0)]
+            await leader.wait_for(lambda: leader.results("t-0"))
+            assert [(result.error, result.message) for result in leader.results("t-0")] == [(None, "committed")]
+        finally:
+            for spu in spus.values():
+                await spu.close()
