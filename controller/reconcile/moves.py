@@ -266,17 +266,25 @@ def plan_request(
     snapshot: local.Snapshot, online: Callable[[int], bool], decommissioning: Iterable[int] = ()
 ) -> rebalance.RebalanceRequest:
     """The planner's request for the cluster as stored: every registered SPU (rack, ``online``), every
-    partition's replicas, and the decommissioned SPUs (those of the snapshot and ``decommissioning``)."""
+    partition's replicas, and the decommissioned SPUs (those of the snapshot and ``decommissioning``).
+    A partition being moved counts where its move ends (its target; a cancelled move's is where it
+    was): its replicas meanwhile are the old ones plus the ones being added, which no plan keeps
+    (a dry run is answered while moves are in flight)."""
     spus: dict[int, placement_model.SpuInfo] = {}
     for entry in snapshot.entries("spus").values():
         spu: models.Spu = entry.obj
         spus.setdefault(spu.spec.id, placement_model.SpuInfo(spu.spec.id, spu.spec.rack, online(spu.spec.id)))
     partitions = [
-        rebalance.PartitionReplicas(entry.name, tuple(entry.obj.spec.replicas))
+        rebalance.PartitionReplicas(entry.name, tuple(_ending(entry.obj)))
         for entry in snapshot.entries("partitions").values()
     ]
     leaving = sorted(set(decommissioning_spus(snapshot)) | set(decommissioning))
     return rebalance.RebalanceRequest(spus=list(spus.values()), partitions=partitions, decommissioning=leaving)
+
+
+def _ending(partition: models.Partition) -> list[int]:
+    move = partition.spec.reassignment
+    return partition.spec.replicas if move is None else move.target
 
 
 def run_of(plan: rebalance.RebalancePlan, kind: str, max_moves_per_spu: int, decommissioning: Iterable[int] = ()) -> Run:

@@ -20,13 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
+from connection_manager import wire
 from controller import config
 from controller.reconcile import moves
 from store import embedded_etcd, history, models
 from tests.fixtures import acknowledged
 from tests.fixtures.daemon import COMMON_SETTINGS, Running, etcd_settings, running
+from tests.fixtures.scripted_spu import ScriptedSpu
 
 RF = 3
 PARTITIONS = 20
@@ -451,3 +454,53 @@ async def test_moves_onto_a_killed_spu_wait_for_it_and_the_others_go_on(sc: Runn
             assert shrunk == [], shrunk[:5]
             counts = per_spu(after, range(9))
             assert sorted(counts.values()) == [6, 6, 6, 7, 7, 7, 7, 7, 7], counts
+
+
+async def test_a_dry_run_during_a_move_plans_from_where_the_move_ends() -> None:
+    """While a move is in flight its partition's replicas are the old ones plus the ones being added
+    ([0, 1, 2] for [0, 1] -> [2, 1]). Dry runs are answered then (the real ones are refused while
+    moves are in progress), and they planned from that passing set: three replicas for a partition
+    of replication factor 2, a "move" to three SPUs keeping the decommissioned one. They plan from
+    the move's target now. (Found by a state machine of operator sequences.)"""
+    settings = config.Settings(store=config.StoreKind.MEMORY, **COMMON_SETTINGS, spu_heartbeat_timeout=30.0)
+    async with running(settings) as sc, aiohttp.ClientSession() as client:
+        for spu_id in (0, 1, 2):
+            await sc.register_spu(spu_id, online=False)
+        assert sc.daemon.connections is not None and sc.daemon.context is not None
+        spus = {spu_id: ScriptedSpu(client, sc.daemon.connections.port or 0, spu_id) for spu_id in (0, 1, 2)}
+        try:
+            for spu in spus.values():
+                assert isinstance(await spu.connect(), wire.Accepted)
+            context = sc.daemon.context
+
+            def online() -> None:
+                for spu_id in (0, 1, 2):
+                    entry = context.local_store["spus"].view.get(f"spu-{spu_id}")
+                    assert entry is not None and entry.obj.status.resolution is models.SpuResolution.ONLINE
+
+            await sc.eventually(online)
+            status, body = await sc.call("POST", "/v1/topics", {"name": "a", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}]}})
+            assert status == 201, body
+            await spus[0].wait_for(lambda: "a-0" in spus[0].replicas)
+            await spus[0].lead("a-0")
+            await spus[0].wait_for(lambda: spus[0].replicas["a-0"].partition_epoch >= 1)
+            status, body = await sc.call("POST", "/v1/spus/spu-0/decommission")
+            assert status == 202, body  # moves a-0 from [0, 1] to [2, 1]
+
+            async def moving() -> None:
+                partition = await sc.read("partitions", "a-0")
+                assert isinstance(partition, models.Partition) and partition.spec.reassignment is not None
+                assert partition.spec.replicas == [0, 1, 2] and partition.spec.reassignment.target == [2, 1]
+
+            await sc.eventually(moving)
+            status, body = await sc.call("POST", "/v1/cluster/rebalance?dryRun=true")
+            assert status == 200, body
+            assert (sum(body["after"]["replicasPerSpu"].values()), body["moves"]) == (2, []), body
+            status, body = await sc.call("POST", "/v1/spus/spu-2/decommission?dryRun=true")
+            assert status == 200, body
+            assert sum(body["after"]["replicasPerSpu"].values()) == 2, body
+            # (SPU 1 alone would remain: a-0's replica on SPU 2 has nowhere to go, only its leadership moves.)
+            assert all(len(move["from"]) == 2 and len(move["to"]) == 2 for move in body["moves"]), body
+        finally:
+            for spu in spus.values():
+                await spu.close()
