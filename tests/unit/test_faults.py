@@ -96,6 +96,29 @@ def test_a_topic_whose_partitions_cannot_be_built_is_left_and_the_others_get_the
     assert taken(recorded) == [("topics", "first", "injected fault for first")]
 
 
+def test_a_topic_whose_placement_raises_is_left_and_the_others_are_placed(monkeypatch: pytest.MonkeyPatch) -> None:
+    snapshot = snapshot_of(
+        *((builders.spu(spu_id), spu_id + 1) for spu_id in range(2)),
+        *((builders.topic(name, 1, 1, "Pending"), 10 + index) for index, name in enumerate(("first", "second", "third"))),
+    )
+    raising_for(monkeypatch, topic, "placement_request", "second", lambda pending: pending.name)
+    recorded = faults.Faults(isolate=True)
+    [provision] = topic.decide(snapshot, topic.Inputs(faults=recorded))
+    assert [write.key for write in provision.writes] == [topic.CHAIN_KEY, "topics/first", "topics/third"]
+    assert taken(recorded) == [("topics", "second", "injected fault for second")]
+
+
+def test_a_managed_spu_whose_deletion_raises_is_left_and_the_others_are_deleted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The SPUs of a group that was deleted: each is deleted on its own.
+    managed = spu_group.desired_spus(builders.spu_group("gone", 3, 10))
+    snapshot = snapshot_of(*((spu_entry, 5 + index) for index, spu_entry in enumerate(managed)))
+    raising_for(monkeypatch, spu_group, "_delete", "gone-1", lambda entry: entry.name)
+    recorded = faults.Faults(isolate=True)
+    decided = spu_group.decide(snapshot, spu_group.Inputs(faults=recorded))
+    assert sorted((action.verb, action.name) for action in decided) == [(actions.Verb.DELETE, "gone-0"), (actions.Verb.DELETE, "gone-2")]
+    assert taken(recorded) == [("spus", "gone-1", "injected fault for gone-1")]
+
+
 def test_a_partition_whose_orphan_check_raises_is_left_and_the_others_are_deleted(monkeypatch: pytest.MonkeyPatch) -> None:
     snapshot = snapshot_of(*((named(part(0, [0, 1]), f"gone-{index}"), 10 + index) for index in range(3)))
     raising_for(monkeypatch, topic, "_orphan", "gone-1", lambda entry: entry.name)
@@ -120,7 +143,8 @@ async def test_the_loop_counts_every_fault_and_logs_each_objects_error_once() ->
                 controller.run_pass()
         said = [(entry["name"], entry["error"]) for entry in logged if entry["event"].startswith("a decision raised")]
         assert said == [("poison", "RuntimeError: first error"), ("poison", "RuntimeError: another error")]
-        assert controller.metrics.reconcile_faults.labels("test", "topics")._value.get() == 4
+        counted = controller.metrics.registry.get_sample_value("sc_reconcile_faults_total", {"controller": "test", "kind": "topics"})
+        assert counted == 4
         assert controller.passes == 4
     finally:
         await store.close()

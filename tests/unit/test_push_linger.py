@@ -5,6 +5,8 @@ created at once made ~1,500 Updates per SPU process, whose confirmations then ca
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -13,25 +15,30 @@ from store import local, models
 from tests.builders import partition
 
 
-def pushes(cm: server.ConnectionManager, monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
-    """The partitions each push was given, in order (push itself is tested elsewhere)."""
+@contextlib.asynccontextmanager
+async def pushing(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[local.LocalStore, list[list[str]]]]:
+    """A connection manager's pusher running over a fresh local store, and the partitions each of
+    its pushes was given, in order (push itself is tested elsewhere)."""
+    store = local.LocalStore()
+    cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas())
     pushed: list[list[str]] = []
 
     def record(spu_changes: local.Changes[models.Spu], partition_changes: local.Changes[models.Partition]) -> None:
         pushed.append(sorted(entry.name for entry in partition_changes.updated))
 
     monkeypatch.setattr(cm, "push", record)
-    return pushed
+    pusher = asyncio.create_task(cm._push_changes())
+    try:
+        await asyncio.sleep(0)  # its listeners start from now
+        yield store, pushed
+    finally:
+        pusher.cancel()
+        await asyncio.gather(pusher, return_exceptions=True)
 
 
 @pytest.mark.looptime(start=0)
 async def test_the_changes_of_a_burst_go_in_one_push_and_later_ones_in_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
-    store = local.LocalStore()
-    cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas())
-    pushed = pushes(cm, monkeypatch)
-    pusher = asyncio.create_task(cm._push_changes())
-    try:
-        await asyncio.sleep(0)  # its listeners start from now
+    async with pushing(monkeypatch) as (store, pushed):
         for index in range(20):  # one apply at a time, spread over half the linger
             store["partitions"].apply(partition(f"burst-{index}", [0, 1]), index + 1)
             await asyncio.sleep(server.PUSH_LINGER / 40)
@@ -41,27 +48,16 @@ async def test_the_changes_of_a_burst_go_in_one_push_and_later_ones_in_the_next(
         store["partitions"].apply(partition("later-0", [1, 2]), 100)
         await asyncio.sleep(server.PUSH_LINGER * 2)
         assert pushed[1:] == [["later-0"]]
-    finally:
-        pusher.cancel()
-        await asyncio.gather(pusher, return_exceptions=True)
 
 
 @pytest.mark.looptime(start=0)
 async def test_a_push_waits_no_longer_than_the_linger_under_a_steady_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     # A change every tenth of the linger for ten lingers: the changes are not held until the
     # stream stops, each push goes out one linger after the first change it carries.
-    store = local.LocalStore()
-    cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas())
-    pushed = pushes(cm, monkeypatch)
-    pusher = asyncio.create_task(cm._push_changes())
-    try:
-        await asyncio.sleep(0)
+    async with pushing(monkeypatch) as (store, pushed):
         for index in range(100):
             store["partitions"].apply(partition(f"stream-{index}", [0, 1]), index + 1)
             await asyncio.sleep(server.PUSH_LINGER / 10)
         await asyncio.sleep(server.PUSH_LINGER * 2)
         assert 8 <= len(pushed) <= 11
         assert sorted(name for names in pushed for name in names) == sorted(f"stream-{index}" for index in range(100))
-    finally:
-        pusher.cancel()
-        await asyncio.gather(pusher, return_exceptions=True)
