@@ -160,8 +160,8 @@ def _reconcile_group(
         if current is None:
             decided.append(actions.create(spu, f"SPU group {group.name} has {group.spec.replicas} replicas", also=claims))
             continue
-        # A drain is the operator's, not the group's: kept whatever the group says.
-        spec = spu.spec.model_copy(update={"drain": current.obj.spec.drain})
+        # A drain and a decommission are the operator's, not the group's: kept whatever the group says.
+        spec = spu.spec.model_copy(update={"drain": current.obj.spec.drain, "decommission": current.obj.spec.decommission})
         if current.obj.spec == spec:
             continue
         old_id = current.obj.spec.id

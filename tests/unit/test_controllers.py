@@ -599,15 +599,17 @@ def test_a_drained_spu_status_says_draining_with_what_cannot_move_then_drained()
     ]
 
 
-def test_spu_group_keeps_the_drain_of_its_spus() -> None:
-    """spec.drain is the operator's: the group controller neither clears it nor rewrites for it."""
+@pytest.mark.parametrize("intent", ["drain", "decommission"])
+def test_spu_group_keeps_the_operator_s_drain_and_decommission_of_its_spus(intent: str) -> None:
+    """spec.drain and spec.decommission are the operator's: the group controller neither clears
+    them nor rewrites for them (a decommission it cleared put new topics' replicas on the SPU)."""
     [first] = spu_group.desired_spus(builders.spu_group("main", 1, 11))
-    draining = first.model_copy(update={"spec": first.spec.model_copy(update={"drain": True})})
-    assert spu_group.decide(snapshot_of((builders.spu_group("main", 1, 11, "Reserved"), 5), (draining, 6)), spu_group.Inputs()) == []
-    # A change the group does make keeps the drain.
-    [action] = spu_group.decide(snapshot_of((builders.spu_group("main", 1, 11, "Reserved", rack="r2"), 5), (draining, 6)), spu_group.Inputs())
+    marked = first.model_copy(update={"spec": first.spec.model_copy(update={intent: True})})
+    assert spu_group.decide(snapshot_of((builders.spu_group("main", 1, 11, "Reserved"), 5), (marked, 6)), spu_group.Inputs()) == []
+    # A change the group does make keeps it.
+    [action] = spu_group.decide(snapshot_of((builders.spu_group("main", 1, 11, "Reserved", rack="r2"), 5), (marked, 6)), spu_group.Inputs())
     assert json.loads(builders.written(action.writes[0]))["spec"]["rack"] == "r2"
-    assert json.loads(builders.written(action.writes[0]))["spec"]["drain"] is True
+    assert json.loads(builders.written(action.writes[0]))["spec"][intent] is True
 
 
 def statuses(decided: list[actions.Action]) -> list[tuple[str, str, str]]:
