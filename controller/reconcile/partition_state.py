@@ -154,6 +154,16 @@ class Members:
         # A process that does not list the partition holds none of it: its log ends at 0.
         return (leo or 0) >= self.committed_hw
 
+    def may_join(self, spu: int) -> bool:
+        """May enter the in-sync set by its leader's proposal: registered (since whenever: an id
+        registered again earns its place as any follower does), up, and not restarted."""
+        return self.spus.registered_at(spu) is not None and self.spus.online(spu) and not self.restarted(spu)
+
+    def why_not_joining(self, spu: int) -> str:
+        if self.spus.registered_at(spu) is None:
+            return "has no SPU record this SC can read" if self.spus.maybe_registered(spu) else "is no longer registered"
+        return "went offline" if not self.spus.online(spu) else "restarted"
+
     def may_vouch(self, spu: int) -> bool:
         """May still hold every committed record, up or not: its registration is current, or may
         be (its SPU record cannot be read just now), and it did not come back without them."""
@@ -209,6 +219,8 @@ def _decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: F
     outside = leader is not None and leader not in stored.isr
     if leader is None or outside or not members.sound(leader):
         transition = _lead_again(partition, stored, members, facts, leader, "is not in the in-sync set" if outside else "")
+        if transition is None and partition.spec.reassignment is not None:
+            transition = _revert_leaderless(partition, stored, partition.spec.reassignment)
         answer = None
         if facts.proposal is not None:
             answer = _settled(stored, facts.proposal) or Answer(
@@ -230,7 +242,10 @@ def _decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: F
             answer = Answer(facts.proposal, None, "committed")  # type: ignore[arg-type]  # proposed comes from facts.proposal, so it is set
         else:
             # Answered once the write is back: a later pass finds the proposal settled.
-            isr = [spu for spu in proposed if spu == leader or members.sound(spu)]
+            isr = [
+                spu for spu in proposed
+                if spu == leader or members.sound(spu) or (spu not in stored.isr and members.may_join(spu))
+            ]
             why = [f"leader SPU {leader} proposed {list(proposed)} at partition epoch {stored.partition_epoch}"]
             why += [f"SPU {spu} {members.why_not(spu)}" for spu in proposed if spu not in isr]
 
@@ -337,6 +352,22 @@ def _move_step(
     return _MoveStep(leader, kept, tuple(target), True, why, MOVE_REVERTED if move.cancelled else MOVE_COMPLETED)
 
 
+def _revert_leaderless(partition: models.Partition, stored: State, move: models.Reassignment) -> Transition | None:
+    """A cancelled move of a partition nobody can lead ends when no replica it drops is in the
+    committed in-sync set: those hold none of the committed records the partition needs. Else
+    (and for a move that is not cancelled) it waits for a leader, as every move step does."""
+    leaving = [spu for spu in partition.spec.replicas if spu not in move.target]
+    if stored.resolution is not LEADER_OFFLINE or not move.cancelled or stored.leader not in move.target:
+        return None
+    if any(spu in stored.isr for spu in leaving):
+        return None
+    reason = (
+        f"cancelled move back to {move.target} done while no replica can lead: "
+        f"SPU(s) {leaving} leave, none of them in the in-sync set {list(stored.isr)}"
+    )
+    return Transition(stored, "", reason, tuple(move.target), True, MOVE_REVERTED)
+
+
 def _lead_again(
     partition: models.Partition, stored: State, members: Members, facts: Facts, leader: int | None, why: str = ""
 ) -> Transition | None:
@@ -439,9 +470,9 @@ def _check(
             f"SPU {proposal.spu} among them"
         )
         return Answer(proposal, INVALID, message), None
-    joining = [spu for spu in proposal.isr if spu not in stored.isr and not members.sound(spu)]
+    joining = [spu for spu in proposal.isr if spu not in stored.isr and not members.may_join(spu)]
     if joining:
-        reasons = ", ".join(f"SPU {spu} {members.why_not(spu)}" for spu in joining)
+        reasons = ", ".join(f"SPU {spu} {members.why_not_joining(spu)}" for spu in joining)
         return Answer(proposal, MEMBER_OFFLINE, f"cannot add to the in-sync set of {partition.name!r}: {reasons}"), None
     return None, tuple(spu for spu in replicas if spu in proposal.isr)
 

@@ -504,3 +504,90 @@ async def test_a_dry_run_during_a_move_plans_from_where_the_move_ends() -> None:
         finally:
             for spu in spus.values():
                 await spu.close()
+
+
+async def test_a_move_onto_an_spu_deleted_and_registered_again_ends(sc: Running, tmp_path: Path) -> None:
+    """An id registered again inherits no membership, but earns it back as any follower does: its
+    leader proposes it once it caught up. Before, its proposals were refused for good ("SPU 4 was
+    registered again"), and a move onto it stayed in flight with four replicas."""
+    disk = Disk(tmp_path)
+    ports = embedded_etcd.free_ports(10)
+    private_port = sc.daemon.private_port
+    assert private_port is not None
+    for spu_id in range(4):
+        await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
+    async with spu_run(private_port, 0, 4, disk):
+        await sc.eventually(lambda: online(sc, 4), timeout=30)
+        status, body = await sc.call("POST", "/v1/topics", {"name": "t", "spec": {"partitions": 6, "replicationFactor": 3}})
+        assert status == 201, body
+        await sc.eventually(lambda: all_in_sync(sc, 6), timeout=30)
+        await sc.register_spu(4, online=False, ports=(ports[8], ports[9]))
+        async with spu_run(private_port, 4, 1, disk) as four:
+            await sc.eventually(lambda: online(sc, 5), timeout=30)
+            four.send_signal(signal.SIGSTOP)  # so that the move onto it is surely in flight
+            status, plan = await sc.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 1})
+            assert status == 202, plan
+
+            async def started() -> None:
+                assert len((await run_state(sc, "running"))["inFlight"]) == 1
+
+            await sc.eventually(started, timeout=20)
+            four.kill()
+            await four.wait()
+        status, body = await sc.call("DELETE", "/v1/spus/spu-4")
+        assert status == 200, body
+        await sc.register_spu(4, online=False, ports=(ports[8], ports[9]))
+        async with spu_run(private_port, 4, 1, disk):
+            await sc.eventually(lambda: run_state(sc, "done"), timeout=45)
+            await sc.eventually(lambda: all_in_sync(sc, 6), timeout=30)
+            found = await all_in_sync(sc, 6)
+    assert all(partition.spec.reassignment is None and len(partition.spec.replicas) == 3 for partition in found.values())
+    assert any(4 in partition.spec.replicas for partition in found.values())
+
+
+async def test_a_cancelled_move_of_a_partition_nobody_can_lead_ends_and_a_new_plan_is_taken(sc: Running, tmp_path: Path) -> None:
+    """The only replica of t-3 is gone for good; its decommission is cancelled. The revert drops
+    the replica being added (never in sync) although nobody leads; before, the move stayed and
+    every later plan was refused MovesInProgress."""
+    disk = Disk(tmp_path)
+    ports = embedded_etcd.free_ports(8)
+    private_port = sc.daemon.private_port
+    assert private_port is not None
+    for spu_id in range(4):
+        await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
+    async with spu_run(private_port, 0, 3, disk):
+        async with spu_run(private_port, 3, 1, disk) as three:
+            await sc.eventually(lambda: online(sc, 4), timeout=30)
+            status, body = await sc.call("POST", "/v1/topics", {"name": "t", "spec": {"partitions": 4, "replicationFactor": 1}})
+            assert status == 201, body
+            await sc.eventually(lambda: all_in_sync(sc, 4), timeout=30)
+            three.kill()
+            await three.wait()
+
+        async def leaderless() -> None:
+            partition = await sc.read("partitions", "t-3")
+            assert isinstance(partition, models.Partition)
+            assert partition.status.resolution is models.PartitionResolution.LEADER_OFFLINE
+
+        await sc.eventually(leaderless, timeout=30)
+        status, plan = await sc.call("POST", "/v1/spus/spu-3/decommission")
+        assert status == 202, plan
+        assert [move["partition"] for move in plan["moves"]] == ["t-3"]
+
+        async def in_flight() -> None:
+            assert (await run_state(sc, "running"))["inFlight"] == ["t-3"]
+
+        await sc.eventually(in_flight, timeout=20)
+        status, body = await sc.call("DELETE", "/v1/cluster/rebalance")
+        assert status == 200, body
+
+        async def reverted() -> None:
+            progress = await run_state(sc, "cancelled")
+            assert progress["inFlight"] == [], progress
+            partition = await sc.read("partitions", "t-3")
+            assert isinstance(partition, models.Partition)
+            assert partition.spec.reassignment is None and partition.spec.replicas == [3], partition.spec
+
+        await sc.eventually(reverted, timeout=20)
+        status, body = await sc.call("POST", "/v1/cluster/rebalance")
+        assert status == 202, body

@@ -152,6 +152,41 @@ def test_a_cancelled_move_reverts_to_the_previous_replicas(
     assert step(cancelled, ALL_UP) == expected
 
 
+@pytest.mark.parametrize(
+    ("cancelled", "spus", "expected"),
+    [
+        # The partition's only replica went for good during a move onto SPU 3 (never in sync):
+        # the cancel drops SPU 3 although nobody leads; leader, epochs and in-sync set stay.
+        (
+            moving(previous=(0,), target=(0,), replicas=(0, 3), isr=(0,), resolution=LEADER_OFFLINE),
+            Spus(online_ids={3}),
+            (State(0, LEADER_OFFLINE, 3, 4, (0,)), "", (0,), True),
+        ),
+        (
+            moving(previous=(0, 1), target=(0, 1), replicas=(0, 1, 3), isr=(0, 1), resolution=LEADER_OFFLINE),
+            Spus(online_ids={3}),
+            (State(0, LEADER_OFFLINE, 3, 4, (0, 1)), "", (0, 1), True),
+        ),
+        # A leaving replica in the in-sync set may be the one holding the records: it waits.
+        (
+            moving(previous=(0,), target=(0,), replicas=(0, 3), isr=(0, 3), resolution=LEADER_OFFLINE),
+            Spus(online_ids=set()),
+            (None, "", None, False),
+        ),
+        # A move that is not cancelled waits for a leader.
+        (
+            moving(previous=(0,), target=(3,), replicas=(0, 3), isr=(0,), resolution=LEADER_OFFLINE),
+            Spus(online_ids={3}),
+            (None, "", None, False),
+        ),
+    ],
+)
+def test_a_cancelled_move_of_a_partition_nobody_can_lead_ends(
+    cancelled: models.Partition, spus: Spus, expected: tuple[State | None, str, tuple[int, ...] | None, bool]
+) -> None:
+    assert step(cancelled, spus) == expected
+
+
 # ---------------------------------------------------------------------------- stored form
 
 
