@@ -154,15 +154,10 @@ class Members:
         # A process that does not list the partition holds none of it: its log ends at 0.
         return (leo or 0) >= self.committed_hw
 
-    def may_join(self, spu: int) -> bool:
-        """May enter the in-sync set by its leader's proposal: registered (since whenever: an id
-        registered again earns its place as any follower does), up, and not restarted."""
-        return self.spus.registered_at(spu) is not None and self.spus.online(spu) and not self.restarted(spu)
-
-    def why_not_joining(self, spu: int) -> str:
-        if self.spus.registered_at(spu) is None:
-            return "has no SPU record this SC can read" if self.spus.maybe_registered(spu) else "is no longer registered"
-        return "went offline" if not self.spus.online(spu) else "restarted"
+    def registered_again(self, spu: int) -> bool:
+        """Registered since the partition's last write: not current until the SC writes it again."""
+        since = self.spus.registered_at(spu)
+        return since is not None and not self.fresh and since > self.mod_revision
 
     def may_vouch(self, spu: int) -> bool:
         """May still hold every committed record, up or not: its registration is current, or may
@@ -242,10 +237,7 @@ def _decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: F
             answer = Answer(facts.proposal, None, "committed")  # type: ignore[arg-type]  # proposed comes from facts.proposal, so it is set
         else:
             # Answered once the write is back: a later pass finds the proposal settled.
-            isr = [
-                spu for spu in proposed
-                if spu == leader or members.sound(spu) or (spu not in stored.isr and members.may_join(spu))
-            ]
+            isr = [spu for spu in proposed if spu == leader or members.sound(spu)]
             why = [f"leader SPU {leader} proposed {list(proposed)} at partition epoch {stored.partition_epoch}"]
             why += [f"SPU {spu} {members.why_not(spu)}" for spu in proposed if spu not in isr]
 
@@ -278,11 +270,20 @@ def _decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: F
             why.append(f"preferred leader SPU {preferred} is back and in the in-sync set")
 
     changed_isr = tuple(isr) != tuple(stored.isr)
-    if new_leader == leader and not changed_isr and resolution is stored.resolution and step is None:
+    # A replica outside the in-sync set whose id was registered again since the last write may
+    # join only by a proposal made after it (the leader may have proposed the id's previous SPU):
+    # a write of the next partition epoch makes it current and voids any proposal made before.
+    renewed = [spu for spu in replicas if spu not in stored.isr and members.registered_again(spu)]
+    if renewed:
+        why.append(
+            f"SPU(s) {renewed} registered again since the partition's last write: "
+            f"proposals made at partition epoch {stored.partition_epoch} cannot add them"
+        )
+    if new_leader == leader and not changed_isr and resolution is stored.resolution and step is None and not renewed:
         return Decision(None, answer)
     # The partition epoch counts changes of the leader or of the in-sync set (and the first
-    # confirmation); a move's change of the replica list alone is not one.
-    bump = new_leader != leader or changed_isr or resolution is not stored.resolution
+    # confirmation, and an id registered again); a move's change of the replica list alone is not one.
+    bump = new_leader != leader or changed_isr or resolution is not stored.resolution or bool(renewed)
     state = State(
         new_leader,
         resolution,
@@ -470,9 +471,9 @@ def _check(
             f"SPU {proposal.spu} among them"
         )
         return Answer(proposal, INVALID, message), None
-    joining = [spu for spu in proposal.isr if spu not in stored.isr and not members.may_join(spu)]
+    joining = [spu for spu in proposal.isr if spu not in stored.isr and not members.sound(spu)]
     if joining:
-        reasons = ", ".join(f"SPU {spu} {members.why_not_joining(spu)}" for spu in joining)
+        reasons = ", ".join(f"SPU {spu} {members.why_not(spu)}" for spu in joining)
         return Answer(proposal, MEMBER_OFFLINE, f"cannot add to the in-sync set of {partition.name!r}: {reasons}"), None
     return None, tuple(spu for spu in replicas if spu in proposal.isr)
 

@@ -266,17 +266,24 @@ def test_a_proposal_is_refused_with_a_typed_error_and_nothing_changes(proposed: 
     assert state is None or state.leader_epoch == 3
 
 
-def test_an_spu_registered_again_earns_its_place_back_by_the_leader_s_proposal() -> None:
-    # SPU 2 was deleted and registered again after the partition's last write: it inherited no
-    # membership, but once it caught up its leader proposes it, as for any follower.
+def test_an_spu_registered_again_earns_its_place_back_by_a_proposal_made_after_the_sc_took_note() -> None:
+    # SPU 2 was deleted and registered again after the partition's last write: it inherits no
+    # membership, and a proposal made before is no evidence (its leader may have seen the id's
+    # previous SPU catch up). The SC writes the next partition epoch, which voids such proposals...
     again = Spus(registered={0: 1, 1: 1, 2: WRITTEN_AT + 5})
-    grown = proposal((0, 1, 2))
-    assert decide(partition(isr=(0, 1)), again, proposal=grown) == (State(0, ONLINE, 3, 5, (0, 1, 2)), "", None)
-    # Not while it is down, nor for an id no SPU holds.
-    _, _, answer = decide(partition(isr=(0, 1)), Spus(online_ids={0, 1}, registered=again.registered), proposal=grown)
-    assert answer is not None and answer.error == ps.MEMBER_OFFLINE
-    _, _, answer = decide(partition(isr=(0, 1)), Spus(registered={0: 1, 1: 1}), proposal=grown)
-    assert answer is not None and answer.message == "cannot add to the in-sync set of 't-0': SPU 2 is no longer registered"
+    noted = State(0, ONLINE, 3, 5, (0, 1))
+    assert decide(partition(isr=(0, 1)), again) == (noted, "", None)
+    state, _, answer = decide(partition(isr=(0, 1)), again, proposal=proposal((0, 1, 2)))
+    assert state == noted and answer is not None and answer.error == ps.MEMBER_OFFLINE
+    assert answer.message == "cannot add to the in-sync set of 't-0': SPU 2 was registered again"
+    # ... and once that write is back (the registration now precedes it), the leader's next
+    # proposal takes the SPU back as any follower that caught up.
+    written = partition(isr=(0, 1), partition_epoch=5)
+    since_the_write = Spus(registered={0: 1, 1: 1, 2: WRITTEN_AT - 1})
+    assert decide(written, since_the_write) == (None, "", None)
+    assert decide(written, since_the_write, proposal=proposal((0, 1, 2), partition_epoch=5)) == (
+        State(0, ONLINE, 3, 6, (0, 1, 2)), "", None
+    )
 
 
 def test_a_refusal_says_what_is_wrong_with_the_values() -> None:
