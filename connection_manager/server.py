@@ -362,8 +362,9 @@ class ConnectionManager:
                     self._gone(session, asyncio.get_running_loop().time())
                 log.info("SPU disconnected", spu=spu_id, incarnation=session.number, reason=session.closing)
             session.close(*(session.closing or ("closed", "connection closed")))
-            with contextlib.suppress(asyncio.TimeoutError, ConnectionError, RuntimeError):
-                await asyncio.wait_for(writer, 2.0)
+            with contextlib.suppress(TimeoutError, ConnectionError, RuntimeError):
+                async with asyncio.timeout(2.0):
+                    await writer
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
         return websocket
@@ -379,7 +380,8 @@ class ConnectionManager:
             if remaining <= 0:
                 return standby
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._role_changed.wait(), min(remaining, STANDBY_HOLD_POLL))
+                async with asyncio.timeout(min(remaining, STANDBY_HOLD_POLL)):
+                    await self._role_changed.wait()
             current = self.standby_refusal()
             if current is None or not _worth_holding(current, register):
                 return current

@@ -158,7 +158,8 @@ class Daemon:
             # most); ready once it leads, or once another SC is known to be ahead of it, or after
             # that TTL and one more second as a standby (a claim no candidate holds stays until deleted).
             try:
-                await asyncio.wait_for(self.active.settled.wait(), self.active.ttl + 1)
+                async with asyncio.timeout(self.active.ttl + 1):
+                    await self.active.settled.wait()
             except TimeoutError:
                 log.warning("the store's claim outlived the wait for it: this SC runs as a standby until it ends")
                 self.active.settled.set()
@@ -197,7 +198,7 @@ class Daemon:
         if active.state is not active_sc.State.ACTIVE:
             return
         self._term = active.term
-        self.pipeline.lead()
+        self.pipeline.lead(active.term)
         assert self.connections is not None
         self.connections.role_changed()  # the SPUs whose registration it holds are accepted now
         context.metrics.takeovers.labels(takeover.cause).inc()

@@ -290,10 +290,14 @@ class ActiveSc:
         thread, as metrics are: the event loop's clock is time.monotonic)."""
         return self.state is State.ACTIVE and time.monotonic() < self._valid_until
 
-    def fence(self) -> kv.Compare:
+    def fence(self, term: int | None = None) -> kv.Compare:
         """The compare every write of this SC carries: the claim is still the one it made (a
-        leased key is never rewritten, so its mod revision is its create revision)."""
+        leased key is never rewritten, so its mod revision is its create revision). ``term``: the
+        term that decided the write; refused once another began (this SC lost the claim and won
+        it again), whose claim would otherwise let the old term's write through."""
         self.check_writable()
+        if term is not None and term != self.term:
+            raise kv.Unavailable(f"this SC may not write: the write was decided in its term {term}, which ended (term {self.term} now)")
         return kv.Compare(KEY, self._claimed_revision)
 
     @property
@@ -395,7 +399,8 @@ class ActiveSc:
                     if changed.is_set():
                         break
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(changed.wait(), max(0.0, next_renewal - loop.time()))
+                        async with asyncio.timeout(max(0.0, next_renewal - loop.time())):
+                            await changed.wait()
                 changed.clear()
         finally:
             if watcher is not None:
@@ -637,9 +642,15 @@ class GuardedStore(kv.ForwardingStore):
     this SC holds the claim in the store's own view. The fence goes first: a Conflict naming the
     claim's key is a fenced write (Fenced), any other keeps the meaning it has for the caller."""
 
-    def __init__(self, inner: kv.KVStore, active: ActiveSc) -> None:
+    def __init__(self, inner: kv.KVStore, active: ActiveSc, term: int | None = None) -> None:
         super().__init__(inner)
         self.active = active
+        self.term = term  # None: any term of this SC (the API); else only that one (a term's pipeline)
+
+    def for_term(self, term: int) -> GuardedStore:
+        """The same store, its writes refused once ``term`` ended: a term's controllers write
+        through it, so nothing a term decided is written in a later one."""
+        return GuardedStore(self.inner, self.active, term)
 
     @property
     def reserved_request_bytes(self) -> int:  # type: ignore[override]  # KVStore declares a plain attribute
@@ -657,7 +668,7 @@ class GuardedStore(kv.ForwardingStore):
         total = size.create_bytes(key, len(value)) + size.guards_bytes(guards) + size.delete_bytes(KEY)
         if total > size.budget:
             raise kv.TooLarge(total, size.max_request_bytes, size.reserved)
-        fence = self.active.fence()
+        fence = self.active.fence(self.term)
         try:
             return await self.inner.create(key, value, [fence, *guards])
         except kv.Conflict as error:
@@ -705,7 +716,7 @@ class GuardedStore(kv.ForwardingStore):
                 f"(one more is its fence), got {len(operations)} and {len(compares)}"
             )
         kv.request_size(self).check(compares, operations)
-        fence = self.active.fence()
+        fence = self.active.fence(self.term)
         try:
             return await self.inner.txn([fence, *compares], operations)
         except kv.Conflict as error:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -165,10 +166,11 @@ class ActionDispatcher:
                     self._batches.add(task)
                 self._update_idle()
                 delay = self._next_retry_delay(now)
-                try:
-                    await asyncio.wait_for(self._wake.wait(), delay)
-                except TimeoutError:
-                    pass
+                # asyncio.timeout, not wait_for: on Python 3.11 a wait_for cancelled in the turn its
+                # wait completes drops the cancel, and a term's end would never finish.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._wake.wait()
         except asyncio.CancelledError:
             for task in list(self._batches):
                 task.cancel()

@@ -21,7 +21,7 @@ from connection_manager import server as cm_server
 from controller.pipeline import controllers
 from controller.pipeline import dispatcher as dispatcher_module
 from controller.pipeline import reader as reader_module
-from store import local
+from store import active_sc, local
 
 if TYPE_CHECKING:  # the context is only read: the pipeline never builds the API's parts it holds
     from controller import context as context_module
@@ -123,15 +123,19 @@ class Pipeline:
         """Whether a term runs (the controllers and the dispatcher)."""
         return bool(self._tasks)
 
-    def lead(self) -> None:
+    def lead(self, term: int | None = None) -> None:
         """Start a term on the mirror as it is: fresh controllers (each begins with a full pass)
         and a fresh dispatcher. The health view starts over, so the SPUs get their grace period
-        to connect to this SC before any is judged offline."""
+        to connect to this SC before any is judged offline. ``term``: the claim's term (an SC that
+        shares its store); the dispatcher's writes are refused once it ended."""
         if self._tasks:
             return
         if not self._built_unused:
             self._build_term()
         self._built_unused = False
+        guarded = self.context.kv_store
+        if term is not None and isinstance(guarded, active_sc.GuardedStore):
+            self.dispatcher.updater.kv_store = guarded.for_term(term)
         self.health.restart(asyncio.get_running_loop().time())
         spawn = self.context.supervisor.spawn
         # A crashed dispatcher keeps its queue and the writes in flight (see ActionDispatcher.run).
@@ -149,7 +153,8 @@ class Pipeline:
         await asyncio.gather(*self._loop_tasks, return_exceptions=True)
         if drain_timeout > 0:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.dispatcher.drained(), drain_timeout)
+                async with asyncio.timeout(drain_timeout):
+                    await self.dispatcher.drained()
         if self.dispatcher.depth:
             log.warning("the term ends with actions still queued: dropped", queued=self.dispatcher.depth)
         for task in self._tasks:

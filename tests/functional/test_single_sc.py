@@ -183,6 +183,16 @@ async def test_an_sc_whose_claim_was_deleted_claims_it_again_and_writes_again(
         await sc.eventually(claimed_again)
         status, body = await sc.call("POST", "/v1/topics?timeout=0", {"name": "orders", "spec": {"partitions": 1, "replicationFactor": 1}})
         assert status == 202, body
+        # The second term's controllers write, through a store bound to that term.
+        assert sc.daemon.active is not None and sc.daemon.pipeline is not None and sc.daemon.active.term == 2
+        term_store = sc.daemon.pipeline.dispatcher.updater.kv_store
+        assert isinstance(term_store, active_sc.GuardedStore) and term_store.term == 2
+
+        async def decided() -> None:
+            topic = await sc.read("topics", "orders")
+            assert isinstance(topic, models.Topic) and topic.status.resolution is not models.TopicResolution.INIT
+
+        await sc.eventually(decided)
         key = f"{settings.key_prefix}meta/active-sc"
         messages = [record.getMessage() for record in caplog.records]
         assert messages[0].startswith(f"this SC is now the active SC of its store ({key}, epoch {first.create_revision}, ")

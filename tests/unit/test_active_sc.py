@@ -534,3 +534,26 @@ async def test_the_candidates_watch_after_a_store_lost_what_it_delivered_resumes
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@pytest.mark.looptime(start=0)
+async def test_a_term_s_writes_are_refused_once_another_term_began(store: Flaky) -> None:
+    """A term's pipeline writes through ``for_term``: when this SC loses the claim and wins it
+    again, a write the old term decided is refused even though the new claim would pass the store's
+    fence (it compares this SC's current claim)."""
+    active = active_sc.ActiveSc(store, ttl=6)
+    guarded = active_sc.GuardedStore(store, active)
+    await active.acquire("127.0.0.1:9003")
+    first = guarded.for_term(active.term)
+    await write(first, "first-term")
+    await active.release()
+    await active.acquire("127.0.0.1:9003")
+    assert active.term == 2
+    with pytest.raises(kv.Unavailable) as raised:
+        await write(first, "decided-in-the-first-term")
+    assert str(raised.value) == "this SC may not write: the write was decided in its term 1, which ended (term 2 now)"
+    await write(guarded.for_term(2), "second-term")
+    await write(guarded, "the-api")  # not bound to a term
+    assert sorted(item.key for item in (await store.list("topics/")).items) == [
+        "topics/first-term", "topics/second-term", "topics/the-api"
+    ]

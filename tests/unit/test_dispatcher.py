@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
@@ -231,3 +231,35 @@ async def test_an_unexpected_error_fails_its_action_alone_and_says_so() -> None:
     failures = [(entry["key"], entry["log_level"], entry.get("exc_info")) for entry in logged if entry["event"] == "action failed"]
     assert failures == [("partitions/bad-0", "error", True)]
     await store.close()
+
+
+class _Refusing(memory.MemoryStore):
+    """Every write refused as unavailable, as a deposed SC's guard refuses them."""
+
+    async def txn(self, compares: Sequence[kv.Compare], operations: Sequence[kv.Operation]) -> int:
+        raise kv.Unavailable("this SC may not write: it is a standby")
+
+
+@pytest.mark.parametrize("turns", range(6))
+async def test_a_cancel_ends_the_dispatcher_even_as_it_is_woken(turns: int) -> None:
+    """A term's end cancels the dispatcher while its queue waits out a backoff (the writes of a
+    deposed SC are refused). On Python 3.11, ``asyncio.wait_for`` dropped a cancel that came in
+    the turn its wait completed: the dispatcher went on and the step-down never finished, so the
+    SC held the claim without leading. Cancelled 0 to 5 loop turns after a wake-up: it must stop."""
+    store = _Refusing()
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        dispatcher.submit(actions.create(partition("t-0", [0, 1]), "test"))
+        await asyncio.sleep(0.02)  # refused, queued again with a backoff: the dispatcher waits with a timeout
+        dispatcher.submit(actions.create(partition("t-1", [0, 1]), "test"))  # wakes it
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=1.0)
+        assert done, f"the dispatcher went on after it was cancelled {turns} loop turns after a wake-up"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await store.close()
