@@ -190,6 +190,9 @@ class ActiveSc:
         self._lease: int | None = None
         self._claimed_revision = 0
         self._valid_until = 0.0
+        # Loop time at which the request that last started the lease's TTL (its grant, or a
+        # renewal etcd answered) was sent: the lease lasts at least until then plus the TTL.
+        self._lease_from = 0.0
         self._lost_because = ""
         self._warned_unreachable = False
         self._resigning = False  # lost the claim while leading: give it up explicitly before joining again
@@ -323,7 +326,9 @@ class ActiveSc:
     async def _enter(self) -> None:
         """A new lease and this SC's candidate key under it: the end of the queue."""
         assert self.identity is not None
+        sent = asyncio.get_running_loop().time()
         lease = await self.kv_store.grant_lease(self.ttl)
+        self._lease_from = sent
         try:
             claim = await self.kv_store.claim(candidate_key(self.identity.id), self.identity.encode(), lease.id)
         except BaseException:
@@ -410,9 +415,11 @@ class ActiveSc:
     async def _keep_candidacy(self) -> bool:
         """Renew the lease of a standby; False once the candidacy is lost (LOST)."""
         assert self._lease is not None
+        sent = asyncio.get_running_loop().time()
         try:
             async with asyncio.timeout(max(_MIN_ATTEMPT_SECONDS, self.ttl / 5)):
                 await self.kv_store.keep_alive(self._lease)
+            self._lease_from = sent
         except kv.LeaseExpired:
             self._lose(LEASE_LOST, f"its lease expired: the store was unreachable for longer than the {self.ttl} s TTL")
             return False
@@ -486,7 +493,9 @@ class ActiveSc:
             self._claim_now = claim.current  # someone claimed between the look and now
             return
         self._claimed_revision = claim.current.create_revision
-        self._valid_until = sent + self.ttl
+        # The claim lives as long as the lease it is under: from the last renewal etcd answered
+        # (a claim does not renew it), however recent the claim.
+        self._valid_until = min(sent, self._lease_from) + self.ttl
         self.term += 1
         # What ended before this claim: once the watch has gone past every revision before it (a
         # moment; a watch that lags more is not waited for, and the cause is what it saw by then).
@@ -608,6 +617,7 @@ class ActiveSc:
                 self._warned_unreachable = False
                 _log.warning("the active-SC lease is renewed again")
             self._valid_until = sent + ttl
+            self._lease_from = sent
 
     def _lose(self, cause: str, because: str) -> None:
         leading = self.state is State.ACTIVE

@@ -557,3 +557,28 @@ async def test_a_term_s_writes_are_refused_once_another_term_began(store: Flaky)
     assert sorted(item.key for item in (await store.list("topics/")).items) == [
         "topics/first-term", "topics/second-term", "topics/the-api"
     ]
+
+
+@pytest.mark.looptime(start=0)
+async def test_a_claim_is_believed_held_only_as_long_as_the_lease_it_is_under(store: Flaky) -> None:
+    """A standby's lease runs from its last renewal etcd answered, not from when it claims: one
+    whose renewals failed since it joined at 0 claims at 3.2, and its lease (so its claim) ends at
+    6, as it then believes too. Before, it believed the claim held until 9.2 (its writes were
+    still refused by the store's fence, but it went on answering as the leader)."""
+    a, b = active_sc.ActiveSc(store, ttl=6), active_sc.ActiveSc(store, ttl=6)
+    await a.acquire("127.0.0.1:9003")
+    await b.join("127.0.0.1:9013")  # its lease is granted at 0
+    store.slow_failures = 100  # every renewal from now on hangs for 5 s, then fails
+    campaign = asyncio.create_task(b.run())
+    try:
+        await asyncio.sleep(2.5)
+        await a.release()
+        await asyncio.sleep(1.0)  # b's renewal sent at 2 gives up at 3.2; then it looks, and claims
+        assert b.state is active_sc.State.ACTIVE and b.problem() is None
+        await asyncio.sleep(6.0 - 3.5 - 0.1)  # 5.9
+        assert b.problem() is None
+        await asyncio.sleep(0.2)  # 6.1
+        assert b.problem() is not None
+    finally:
+        campaign.cancel()
+        await asyncio.gather(campaign, return_exceptions=True)
