@@ -278,7 +278,7 @@ class PartitionController:
             names = None
             self._set_aside = set()
         else:
-            names = due | {entry.name for entry in partition_changes.updated} | self._of_spus(spu_changes)
+            names = due | {entry.name for entry in partition_changes.updated} | self._of_spus(spu_changes, snapshot.entries("partitions"))
             names |= self._set_aside
             in_flight = {name for name in names if busy(_PARTITIONS + name)}
             names -= in_flight
@@ -337,7 +337,7 @@ class PartitionController:
             self._hold_ends = loop.call_at(now + HOLD_SECONDS, self.loop.kick)
         return now - self._holding_since < HOLD_SECONDS
 
-    def _of_spus(self, spu_changes: local.Changes[models.Spu]) -> set[str]:
+    def _of_spus(self, spu_changes: local.Changes[models.Spu], partitions: Mapping[str, local.Entry[models.Partition]]) -> set[str]:
         """The partitions hosted by the SPUs in ``spu_changes`` (registered, unregistered, drained,
         recorded online or offline), by the ids they have and had."""
         if spu_changes.empty:
@@ -350,7 +350,7 @@ class PartitionController:
         for name in spu_changes.deleted:
             if name in self._spu_ids:
                 ids.add(self._spu_ids.pop(name))
-        return self._hosting.of(ids)
+        return self._hosting.of(ids, partitions)
 
 
 def _drain_news(snapshot: local.Snapshot, partition_changes: local.Changes[models.Partition]) -> bool:

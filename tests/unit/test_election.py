@@ -388,3 +388,35 @@ def test_the_hosting_index_names_the_partitions_of_an_spu_and_follows_changes() 
     index.update(store.snapshot(), listener.changes())
     assert index.of([0]) == {"a-0", "c-0"}
     listener.close()
+
+
+def test_the_hosting_index_forgets_deleted_partitions_and_those_moved_away() -> None:
+    """Churn leaves nothing behind: before, every partition ever deleted stayed in the index, and
+    each SPU change looked at all of them again (3,000 names after 100 topics came and went)."""
+    store = local.LocalStore()
+    partitions = store["partitions"]
+    listener = partitions.listener(local.Part.ALL)
+    index = partition.HostingIndex()
+    index.update(store.snapshot(), listener.changes())
+    revision = 0
+    for round_number in range(20):
+        names = [f"churn{round_number}-{i}" for i in range(3)]
+        for name in names:
+            revision += 1
+            partitions.apply(part(0, [0, 1]).model_copy(update={"name": name}), revision)
+        index.update(store.snapshot(), listener.changes())
+        assert index.size() == 6
+        for name in names:
+            revision += 1
+            partitions.delete(name, revision)
+        index.update(store.snapshot(), listener.changes())
+    assert index.size() == 0 and index.of([0, 1]) == set()
+    # A move from [0, 1] to [2, 1]: SPU 0's set drops it when an SPU change looks at SPU 0.
+    partitions.apply(part(0, [0, 1]).model_copy(update={"name": "m-0"}), revision + 1)
+    index.update(store.snapshot(), listener.changes())
+    partitions.apply(part(2, [2, 1]).model_copy(update={"name": "m-0"}), revision + 2)
+    index.update(store.snapshot(), listener.changes())
+    assert index.of([0]) == {"m-0"}  # without the current partitions, as a health change asks
+    assert index.of([0, 1, 2], store.snapshot().entries("partitions")) == {"m-0"}
+    assert index.of([0]) == set() and index.size() == 2
+    listener.close()
