@@ -8,7 +8,7 @@ writes with the partition's next status write, so the committed offset it shows 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import NamedTuple
 
 from connection_manager import wire
@@ -82,6 +82,12 @@ class LiveReplicas:
         """Every leader's status goes (its connection did): the next ones come with the new
         connections. The highest HWs stay: a committed offset stays committed."""
         self._status.clear()
+
+    def keep_only(self, partitions: Container[str]) -> None:
+        """Forget every partition that ``partitions`` does not hold (deleted while nobody was told)."""
+        for table in (self._status, self._max_hw):
+            for name in [name for name in table if name not in partitions]:
+                del table[name]
 
     def forget(self, partition: str) -> None:
         """A deleted partition: a new one of the same name starts from nothing."""

@@ -806,6 +806,12 @@ class ConnectionManager:
                         offsets_interval=new_interval,
                     )
                 )
+        if partition_changes.full:
+            # A full listing names nothing deleted (a relist, or more deletions than the mirror
+            # keeps tombstones for): whatever the current partitions do not hold is forgotten.
+            self.live.keep_only(partitions)
+            for name in [name for name in self.confirmed if name not in partitions]:
+                del self.confirmed[name]
         for name in partition_changes.deleted:
             self.live.forget(name)
             self.confirmed.pop(name, None)
