@@ -51,6 +51,15 @@ class HealthView:
         for listener in self._listeners:
             listener(spu_id, state)
 
+    def forget(self, spu_id: int) -> None:
+        """An SPU no longer registered and not connected: nothing to keep (ids come and go with
+        SPU groups and registrations, and every pass copies the records). Listeners are not told:
+        it was told offline already, or never connected to this SC."""
+        self._records.pop(spu_id, None)
+
+    def known(self) -> list[int]:
+        return list(self._records)
+
     def get(self, spu_id: int) -> Health:
         record = self._records.get(spu_id)
         return Health.UNKNOWN if record is None else record.state

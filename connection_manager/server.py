@@ -396,6 +396,8 @@ class ConnectionManager:
         for name in dropped:
             del self.proposals[name]
         self.health.set(session.spu_id, health_module.Health.OFFLINE, now)
+        if session.spu_id not in self._holders():
+            self.health.forget(session.spu_id)  # unregistered: offline was told, nothing more to keep
 
     async def _refuse(
         self, websocket: web.WebSocketResponse, peer: str | None, spu_id: int | None, code: str, reason: str,
@@ -806,6 +808,10 @@ class ConnectionManager:
                         offsets_interval=new_interval,
                     )
                 )
+        if spu_changes.full or spu_changes.deleted:
+            for spu_id in self.health.known():
+                if spu_id not in held and spu_id not in self.sessions:
+                    self.health.forget(spu_id)
         if partition_changes.full:
             # A full listing names nothing deleted (a relist, or more deletions than the mirror
             # keeps tombstones for): whatever the current partitions do not hold is forgotten.

@@ -12,6 +12,7 @@ import pytest
 
 from connection_manager import health, lrs, server
 from store import local, models
+from tests import builders
 from tests.builders import partition
 
 
@@ -82,5 +83,24 @@ def test_partitions_deleted_beyond_the_tombstones_kept_are_forgotten_by_a_full_p
     assert changes.full and not changes.deleted  # the path under test
     cm.push(spus.changes(), changes)
     assert set(cm.confirmed) == {"kept-0"} and set(cm.live.max_hws) == {"kept-0"}
+    spus.close()
+    partitions.close()
+
+
+def test_the_health_of_an_spu_no_longer_registered_is_forgotten() -> None:
+    """Every SPU and partition pass copies the health view: an id registered, connected and
+    deleted again and again (an SPU group's ranges, churned registrations) added a record each."""
+    store = local.LocalStore()
+    view = health.HealthView(0.0)
+    cm = server.ConnectionManager(store, view, lrs.LiveReplicas())
+    spus, partitions = store["spus"].listener(local.Part.SPEC), store["partitions"].listener(local.Part.ALL)
+    for revision, spu_id in enumerate((0, 5), start=1):
+        store["spus"].apply(builders.spu(spu_id), revision)
+        view.set(spu_id, health.Health.OFFLINE, 1.0)  # connected once, gone since
+    cm.push(spus.changes(), partitions.changes())
+    assert sorted(view.known()) == [0, 5]
+    store["spus"].delete(builders.spu(5).name, 10)
+    cm.push(spus.changes(), partitions.changes())
+    assert view.known() == [0] and view.get(5) is health.Health.UNKNOWN
     spus.close()
     partitions.close()
