@@ -172,7 +172,7 @@ async def test_concurrent_identical_lists_share_one_build_and_the_next_is_cached
         written.apply(topic("t99"))
         changed = await lists.whole("topics", None, lambda obj: obj, 0)
         assert json.loads(changed.body)[-1]["name"] == "t99"
-        assert (lists.encodings["topics"], lists.answers.bytes) == (61, len(changed.body))  # the older one went
+        assert (lists.encodings["topics"], lists.answers.bytes) == (61, listing.kept_bytes(changed))  # the older one went
         # Shown differently (newer live offsets): the kept answer while it is young, then built again.
         assert await lists.whole("topics", None, lambda obj: obj, 1) is changed
         await asyncio.sleep(listing.SHOWN_REUSE_SECONDS)
@@ -217,13 +217,14 @@ async def test_answers_larger_than_the_budget_are_not_kept_and_old_ones_go_first
         assert lists.answers.served == {"built": 2}
     finally:
         await lists.close()
-    lists = listing.Lists(written.store, admission.Gate(limit=1, queue=10, wait=60), cache_bytes=400)
+    # Room for two of these answers, not three (each costs its body and listing.ENTRY_BYTES).
+    lists = listing.Lists(written.store, admission.Gate(limit=1, queue=10, wait=60), cache_bytes=2 * listing.ENTRY_BYTES + 400)
     try:
         one = await lists.whole("partitions", "a", lambda obj: obj, 0)
         two = await lists.whole("partitions", "b", lambda obj: obj, 0)
-        assert lists.answers.bytes == len(one.body) + len(two.body) <= 400
+        assert lists.answers.bytes == listing.kept_bytes(one) + listing.kept_bytes(two) <= lists.answers.limit_bytes
         three = await lists.whole("partitions", "c", lambda obj: obj, 0)  # the least recently used goes
-        assert lists.answers.bytes == len(two.body) + len(three.body)
+        assert lists.answers.bytes == listing.kept_bytes(two) + listing.kept_bytes(three)
         await lists.whole("partitions", "b", lambda obj: obj, 0)
         assert lists.answers.served == {"built": 3, "cached": 1}
     finally:
@@ -249,5 +250,20 @@ async def test_pages_resume_after_the_last_key() -> None:
         assert ([item["name"] for item in json.loads(only_b.body)], only_b.next_after) == (["b-10", "b-11"], None)
         exact = await lists.page("partitions", "a", None, 12, lambda obj: obj)
         assert exact.next_after is None
+    finally:
+        await lists.close()
+
+
+async def test_answers_of_many_filters_count_what_they_cost_not_only_their_bodies() -> None:
+    """Each distinct `?topic=` keeps its answer: empty ones for topics deleted or never there cost
+    ~560 bytes of memory each but were counted as 2, so some 33 million fitted in 64 MiB."""
+    written = Table("partitions")
+    written.apply(partition("a-0"))
+    budget = 100 * listing.ENTRY_BYTES
+    lists = listing.Lists(written.store, admission.Gate(limit=1, queue=10, wait=60), cache_bytes=budget)
+    try:
+        for number in range(1000):
+            assert (await lists.whole("partitions", f"never-{number}", lambda obj: obj, 0)).body == b"[]"
+        assert len(lists.answers._kept) <= 100 and lists.answers.bytes <= budget
     finally:
         await lists.close()
