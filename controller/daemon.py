@@ -28,6 +28,11 @@ from store import supervisor as supervisor_module
 
 log = structlog.get_logger(__name__)
 
+# Watch events a memory store keeps (`--store memory`): it compacts the older half past this, as
+# etcd's auto-compaction does (the embedded etcd compacts hourly), so a long run's history does
+# not grow with every write. The Reader, far behind by this much, lists again.
+MEMORY_HISTORY_EVENTS = 200_000
+
 # The cyclic garbage collector's first-generation threshold for a running daemon (Python's
 # default is 700). The SC allocates a few objects per watch event and per action, almost none
 # of them in cycles; at the default, provisioning 10,000 partitions ran ~350 collections that
@@ -277,7 +282,7 @@ class Daemon:
         settings = self.settings
         if settings.store is config.StoreKind.MEMORY:
             log.warning("using the in-memory store: nothing survives a restart")
-            return memory.MemoryStore(settings.key_prefix, settings.etcd_max_request_bytes)
+            return memory.MemoryStore(settings.key_prefix, settings.etcd_max_request_bytes, history_limit=MEMORY_HISTORY_EVENTS)
         endpoints = settings.etcd_endpoints
         if not endpoints:
             data_dir = Path(settings.data_dir)

@@ -31,9 +31,17 @@ class _Lease:
 
 
 class MemoryStore(kv.KVStore):
-    def __init__(self, prefix: str = kv.DEFAULT_PREFIX, max_request_bytes: int = kv.DEFAULT_MAX_REQUEST_BYTES) -> None:
+    def __init__(
+        self, prefix: str = kv.DEFAULT_PREFIX, max_request_bytes: int = kv.DEFAULT_MAX_REQUEST_BYTES, history_limit: int | None = None
+    ) -> None:
+        """``history_limit``: the most watch events kept; past it the older half is compacted away,
+        as etcd's auto-compaction does (a watcher that far behind is told Compacted and lists
+        again). None keeps every event (tests that watch from the start)."""
         if max_request_bytes <= kv.REQUEST_ENVELOPE_BYTES:
             raise ValueError(f"max_request_bytes must be above {kv.REQUEST_ENVELOPE_BYTES}, got {max_request_bytes}")
+        if history_limit is not None and history_limit < 2:
+            raise ValueError(f"history_limit must be at least 2 events, got {history_limit}")
+        self.history_limit = history_limit
         self.prefix = prefix
         # etcd's request limit, enforced here too: what a memory run accepts, etcd accepts.
         self.max_request_bytes = max_request_bytes
@@ -139,6 +147,9 @@ class MemoryStore(kv.KVStore):
                 del self._data[operation.key]
                 del self._sorted_keys[bisect.bisect_left(self._sorted_keys, operation.key)]
                 self._history.append(kv.WatchEvent(kv.EventType.DELETE, operation.key, None, revision))
+        if self.history_limit is not None and len(self._history) > self.history_limit:
+            # The newer half stays (whole revisions: from the revision of its first event).
+            self._compact(self._history[len(self._history) - self.history_limit // 2].revision)
         async with self._changed:
             self._changed.notify_all()
         return revision
@@ -149,6 +160,9 @@ class MemoryStore(kv.KVStore):
             raise ValueError(
                 f"cannot compact at revision {revision}: the store is only at revision {self._revision}"
             )
+        self._compact(revision)
+
+    def _compact(self, revision: int) -> None:
         if revision <= self._compact_revision:
             return
         self._compact_revision = revision

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import aiohttp
 
-from controller import config
+from controller import config, daemon
+from store import kv, memory
 from tests.fixtures import daemon as daemon_fixtures
 from tests.fixtures.scripted_spu import ScriptedSpu
 
@@ -35,3 +36,12 @@ async def test_the_health_view_forgets_spus_registered_connected_and_deleted() -
 
             await sc.eventually(forgotten)
         assert pipeline.health.known() == []
+
+
+async def test_the_daemon_s_memory_store_keeps_a_bounded_history() -> None:
+    async with daemon_fixtures.running(memory_settings()) as sc:
+        assert sc.daemon.context is not None
+        store: kv.KVStore = sc.daemon.context.kv_store
+        while isinstance(store, kv.ForwardingStore):
+            store = store.inner
+        assert isinstance(store, memory.MemoryStore) and store.history_limit == daemon.MEMORY_HISTORY_EVENTS
