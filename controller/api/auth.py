@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import hmac
 import ipaddress
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -210,15 +211,69 @@ WEBSOCKET_PROTOCOL = "sc.v1"
 WEBSOCKET_BEARER_PREFIX = "bearer."
 # POST routes that change nothing (placement dry runs): the read role may call them.
 _READ_POSTS = frozenset({"/v1/placement"})
+# POST routes whose handler honours ?dryRun=true (writes nothing then): the read role may call
+# them so. Any other POST needs admin whatever its query says (a dryRun there is ignored).
+_DRY_RUN_POSTS = frozenset({"/v1/topics", "/v1/cluster/rebalance"})
+
+
+def _dry_run_route(path: str) -> bool:
+    if path in _DRY_RUN_POSTS:
+        return True
+    parts = path.split("/")  # /v1/spus/{name}/decommission
+    return len(parts) == 5 and parts[:3] == ["", "v1", "spus"] and parts[3] != "" and parts[4] == "decommission"
 
 
 def http_right(method: str, path: str, dry_run: bool) -> Right | None:
     """The right an HTTP request needs (None: none at all)."""
     if path in UNAUTHENTICATED_PATHS:
         return None
-    if method in ("GET", "HEAD", "OPTIONS") or path in _READ_POSTS or (method == "POST" and dry_run):
+    if method in ("GET", "HEAD", "OPTIONS") or path in _READ_POSTS or (method == "POST" and dry_run and _dry_run_route(path)):
         return Right(READ)
     return Right(ADMIN, _topic_of(path))
+
+
+def cross_site_refusal(method: str, websocket: bool, origin: str | None, fetch_site: str | None, host: str | None) -> str | None:
+    """Why a browser's request from another site is refused (None: it is not one). A page on any
+    site may make a browser send a POST (a form, ``fetch`` with ``no-cors``) or open a WebSocket
+    to the SC, with whatever ambient credential the browser holds: a client certificate imported
+    into it, or none at all on the loopback default. Browsers name the page's origin on both;
+    clients that are not browsers (the CLI, curl, SDKs) send no Origin and are not concerned.
+    Reads other than WebSockets are not refused: the browser does not let the other site read
+    the answer (no CORS header is ever sent)."""
+    if method in ("GET", "HEAD", "OPTIONS") and not websocket:
+        return None
+    what = "a WebSocket" if websocket else f"a {method}"
+    if origin is not None:
+        sent_from = urllib.parse.urlsplit(origin).netloc.lower() if origin != "null" else ""
+        if sent_from and host is not None and sent_from == host.lower():
+            return None  # the SC's own live page
+        return (
+            f"{what} sent by a page of origin {origin[:100]!r}, another site than this SC ({(host or '')[:100]!r}), is refused: "
+            "only the SC's own live page and clients that send no Origin (the CLI, curl, SDKs) may change the cluster or watch it"
+        )
+    if fetch_site == "cross-site":
+        return f"{what} a browser sent from another site (Sec-Fetch-Site: cross-site) is refused"
+    return None
+
+
+def anonymous_host_refusal(host: str | None) -> str | None:
+    """Why a request to an SC without credentials is refused for the Host it names (None: not).
+    With no credential configured anyone who reaches the port is admin, and the port listens on
+    loopback: a page of another site can still reach it through DNS rebinding (its own name made
+    to resolve to 127.0.0.1), and then names its own host. Only an IP address or localhost is
+    taken."""
+    name = urllib.parse.urlsplit(f"//{host or ''}").hostname or ""
+    if name == "localhost" or name.endswith(".localhost"):
+        return None
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return (
+            f"this SC has no credentials configured, so only requests naming it by IP address or localhost are "
+            f"served, not Host {(host or '')[:100]!r} (a page of another site may have made its own name point here); "
+            "give it credentials (--auth-tokens, --tls-client-ca) to be reached by name"
+        )
+    return None
 
 
 def websocket_authorization(protocols: str | None) -> str | None:

@@ -139,6 +139,16 @@ async def auth_middleware(
     right = auth.http_right(request.method, request.path, request.query.get("dryRun", "false").lower() in ("true", "1", ""))
     if right is None:
         return await handler(request)
+    websocket = request.headers.get(hdrs.UPGRADE, "").lower() == "websocket"
+    refusal = auth.cross_site_refusal(
+        request.method, websocket, request.headers.get(hdrs.ORIGIN), request.headers.get("Sec-Fetch-Site"), request.host
+    )
+    # Only while the port listens on loopback for want of credentials: an operator who serves it
+    # unauthenticated on purpose (behind a proxy, whose Host is its own) chose whom it trusts.
+    if refusal is None and not authenticator.enabled and not request.app[CONTEXT].settings.public_bind_without_auth:
+        refusal = auth.anonymous_host_refusal(request.headers.get(hdrs.HOST))
+    if refusal is not None:
+        return error_response(403, "Forbidden", refusal)
     common_name, _ = tls.peer_names(tls.peercert_of(request.transport))
     try:
         authorization = request.headers.get("Authorization")

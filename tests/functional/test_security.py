@@ -22,7 +22,7 @@ from connection_manager.spu import settings as spu_settings
 from connection_manager.spu.simulator import SimulatedSpu
 from controller import config
 from controller.cli import main as cli
-from store import embedded_etcd, history
+from store import embedded_etcd, history, models
 from tests.fixtures.certs import Authority, Pair, serial_of
 from tests.fixtures.daemon import COMMON_SETTINGS, Running, running
 from tests.functional.test_connection_manager import _non_loopback_address
@@ -392,3 +392,120 @@ async def test_the_fluvio_client_lists_and_creates_topics_over_mutual_tls(ca: Au
             "CN=fluvio-reader has role read, and this request needs admin on topic 'other-topic'; ask for an admin credential"
         ), as_reader
         assert await sc.read("topics", "other-topic") is None
+
+
+async def test_a_read_token_s_dry_run_is_a_dry_run_only_where_the_route_has_one(tmp_path: Path) -> None:
+    """?dryRun=true gave the read role any POST: a read token registered SPUs, set racks, drained,
+    created and scaled SPU groups and added partitions (those routes have no dry run, and wrote).
+    It now counts on the three routes that honour it only."""
+    async with running(settings_for(auth_tokens=tokens_file(tmp_path))) as sc:
+
+        def spu(spu_id: int) -> dict[str, Any]:
+            ports = {"publicEndpoint": {"host": "127.0.0.1", "port": 9005 + 2 * spu_id}}
+            return {"name": f"spu-{spu_id}", "spec": {"id": spu_id, **ports, "privateEndpoint": {"host": "127.0.0.1", "port": 9006 + 2 * spu_id}}}
+
+        assert (await call(sc, "POST", "/v1/spus", token=ADMIN_TOKEN, body=spu(1)))[0] == 201
+        group = {"name": "g", "spec": {"replicas": 1, "minId": 100}}
+        assert (await call(sc, "POST", "/v1/spu-groups?timeout=0", token=ADMIN_TOKEN, body=group))[0] in (201, 202)
+        topic = {"name": "payments", "spec": {"partitions": 1, "replicationFactor": 1}}
+        assert (await call(sc, "POST", "/v1/topics?timeout=0", token=ADMIN_TOKEN, body=topic))[0] in (201, 202)
+        attempts = [
+            ("/v1/spus?dryRun=true", spu(2)),
+            ("/v1/spus/spu-1/rack?dryRun=true", {"rack": "evil"}),
+            ("/v1/spus/spu-1/drain?dryRun=1&timeout=0&force=true", None),
+            ("/v1/spu-groups?dryRun=&timeout=0", {"name": "h", "spec": {"replicas": 1, "minId": 200}}),
+            ("/v1/spu-groups/g/scale?dryRun=true", {"replicas": 3}),
+            ("/v1/topics/payments/partitions?dryRun=true&timeout=0", {"count": 2}),
+        ]
+        for path, body in attempts:
+            status, answer, _ = await call(sc, "POST", path, token=READER_TOKEN, body=body)
+            assert status == 403 and answer["error"]["code"] == "Forbidden", (path, status, answer)
+        group_g, topic_now = await sc.read("spu-groups", "g"), await sc.read("topics", "payments")
+        spu_1 = await sc.read("spus", "spu-1")
+        assert await sc.read("spus", "spu-2") is None and await sc.read("spu-groups", "h") is None
+        assert isinstance(spu_1, models.Spu) and spu_1.spec.rack is None and not spu_1.spec.drain
+        assert isinstance(group_g, models.SpuGroup) and group_g.spec.replicas == 1
+        assert isinstance(topic_now, models.Topic) and topic_now.spec.partitions == 1
+        # The dry runs that exist are still the read role's (answered as they can be: no SPU is up).
+        dry = {"name": "t2", "spec": {"partitions": 1, "replicationFactor": 1}}
+        for path, body in [
+            ("/v1/topics?dryRun=true", dry), ("/v1/spus/spu-1/decommission?dryRun=true", None), ("/v1/cluster/rebalance?dryRun=true", None)
+        ]:
+            status, answer, _ = await call(sc, "POST", path, token=READER_TOKEN, body=body)
+            assert status != 403 and status < 500, (path, status, answer)
+        spu_1 = await sc.read("spus", "spu-1")
+        assert await sc.read("topics", "t2") is None and isinstance(spu_1, models.Spu) and not spu_1.spec.decommission
+
+
+EVIL = "https://evil.example"
+
+
+async def _from_another_site(url: str, context: ssl.SSLContext | bool, host: str | None = None) -> tuple[int, bool]:
+    """A browser's cross-site POST (text/plain: no preflight) and WebSocket, with the origin of
+    another site: the POST's status, and whether the WebSocket was opened."""
+    headers = {"Origin": EVIL, "Content-Type": "text/plain;charset=UTF-8", "Sec-Fetch-Site": "cross-site"}
+    if host is not None:
+        headers["Host"] = host
+    body = json.dumps({"name": "planted", "spec": {"partitions": 1, "replicationFactor": 1}})
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{url}/v1/topics?timeout=0", data=body, headers=headers, ssl=context) as response:
+            status = response.status
+        try:
+            async with session.ws_connect(url.replace("http", "ws", 1) + "/v1/watch/topics", headers={"Origin": EVIL}, ssl=context):
+                opened = True
+        except aiohttp.WSServerHandshakeError:
+            opened = False
+    return status, opened
+
+
+async def test_a_page_of_another_site_cannot_use_a_browser_s_client_certificate(ca: Authority, tmp_path: Path) -> None:
+    """docs/operations.md suggests importing a client certificate into the browser for the live
+    page; the browser then presents it to the SC on any site's requests too. A page of another
+    site created topics (a text/plain POST) and read watch streams (a WebSocket)."""
+    server, ops = ca.server(), ca.issue("ops-user")
+    settings = settings_for(
+        tls_cert=server.cert, tls_key=server.key, tls_client_ca=ca.path, auth_tokens=tokens_file(tmp_path, "ops admin cert:ops-user")
+    )
+    async with running(settings) as sc:
+        url = f"https://127.0.0.1:{sc.daemon.public_port}"
+        assert await _from_another_site(url, client_tls(ca, ops)) == (403, False)
+        assert await sc.read("topics", "planted") is None
+        # The SC's own page (its own origin) and clients that send no Origin are served.
+        async with aiohttp.ClientSession() as session:
+            own = {"Origin": f"https://127.0.0.1:{sc.daemon.public_port}"}
+            body = {"name": "mine", "spec": {"partitions": 1, "replicationFactor": 1}}
+            async with session.post(f"{url}/v1/topics?timeout=0", json=body, headers=own, ssl=client_tls(ca, ops)) as response:
+                assert response.status == 202, await response.text()
+            async with session.ws_connect(f"wss://127.0.0.1:{sc.daemon.public_port}/v1/watch/topics", headers=own, ssl=client_tls(ca, ops)):
+                pass
+
+
+async def test_without_credentials_neither_another_site_nor_dns_rebinding_reaches_the_sc() -> None:
+    async with running(settings_for()) as sc:
+        assert await _from_another_site(sc.url, False) == (403, False)
+        # DNS rebinding: the other site's own name resolved to 127.0.0.1; its page is then "same
+        # origin" with the SC as far as the browser knows, and names its own host.
+        port = sc.daemon.public_port
+        rebound = f"attacker.example:{port}"
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{sc.url}/v1/topics", headers={"Host": rebound}) as response:
+                answer = await response.json()
+                assert response.status == 403 and "not Host 'attacker.example:" in answer["error"]["message"], answer
+            async with session.post(
+                f"{sc.url}/v1/topics?timeout=0", json={"name": "rebound", "spec": {"partitions": 1, "replicationFactor": 1}},
+                headers={"Host": rebound, "Origin": f"http://{rebound}"},
+            ) as response:
+                assert response.status == 403
+            for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}"):
+                async with session.get(f"{sc.url}/v1/topics", headers={"Host": host}) as response:
+                    assert response.status == 200, host
+        assert await sc.read("topics", "planted") is None and await sc.read("topics", "rebound") is None
+
+
+async def test_an_sc_served_unauthenticated_on_purpose_takes_any_host() -> None:
+    """public_bind_without_auth: behind a proxy, requests name the proxy's host; the operator chose."""
+    async with running(settings_for(public_bind_without_auth=True)) as sc:
+        async with aiohttp.ClientSession() as session, session.get(
+            f"{sc.url}/v1/topics", headers={"Host": f"sc.internal:{sc.daemon.public_port}"}
+        ) as response:
+            assert response.status == 200

@@ -86,6 +86,14 @@ def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
         ("POST", "/v1/topics/orders-eu/partitions", False, auth.Right("admin", "orders-eu")),
         ("DELETE", "/v1/partitions/orders-eu-3", False, auth.Right("admin", "orders-eu")),
         ("POST", "/v1/spus/spu-1/drain", False, auth.Right("admin")),
+        # A dry run is the read role's where the route has one; elsewhere the query changes nothing.
+        ("POST", "/v1/cluster/rebalance", True, auth.Right("read")),
+        ("POST", "/v1/spus/spu-1/decommission", True, auth.Right("read")),
+        ("POST", "/v1/spus/spu-1/drain", True, auth.Right("admin")),
+        ("POST", "/v1/spus", True, auth.Right("admin")),
+        ("POST", "/v1/spus/a/b/decommission", True, auth.Right("admin")),
+        ("POST", "/v1/spu-groups/g/scale", True, auth.Right("admin")),
+        ("POST", "/v1/topics/orders-eu/partitions", True, auth.Right("admin", "orders-eu")),
     ],
 )
 def test_each_request_needs_its_right(method: str, path: str, dry_run: bool, right: auth.Right | None) -> None:
@@ -156,3 +164,31 @@ def test_the_live_pages_files_need_no_credential_and_what_they_show_does() -> No
 )
 def test_the_token_is_taken_out_of_the_subprotocols_the_handshake_sees(protocols: str, kept: str) -> None:
     assert auth.without_websocket_token(protocols) == kept
+
+
+@pytest.mark.parametrize(
+    ("method", "websocket", "origin", "fetch_site", "refused"),
+    [
+        ("POST", False, None, None, False),  # the CLI, curl, an SDK: no Origin
+        ("POST", False, "https://sc.example:9003", "same-origin", False),  # the SC's own live page
+        ("POST", False, "https://evil.example", "cross-site", True),
+        ("DELETE", False, "null", None, True),  # a sandboxed frame, a file:// page
+        ("GET", True, "https://evil.example", None, True),  # a WebSocket streams what it watches
+        ("GET", True, "https://sc.example:9003", None, False),
+        ("GET", False, "https://evil.example", "cross-site", False),  # the browser keeps the answer from the page
+        ("POST", False, None, "cross-site", True),
+    ],
+)
+def test_requests_a_browser_sends_for_another_site_are_refused(
+    method: str, websocket: bool, origin: str | None, fetch_site: str | None, refused: bool
+) -> None:
+    assert (auth.cross_site_refusal(method, websocket, origin, fetch_site, "sc.example:9003") is not None) is refused
+
+
+@pytest.mark.parametrize(
+    ("host", "refused"),
+    [("127.0.0.1:9003", False), ("[::1]:9003", False), ("localhost:9003", False), ("localhost", False),
+     ("10.0.0.5:9003", False), ("attacker.example:9003", True), ("sc.internal", True), (None, True)],
+)
+def test_an_sc_without_credentials_is_reached_by_address_or_localhost_only(host: str | None, refused: bool) -> None:
+    assert (auth.anonymous_host_refusal(host) is not None) is refused
