@@ -56,7 +56,7 @@ async def probe(port: int) -> None:
     try:
         async with asyncio.timeout(%(timeout)s):
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"GET /healthz HTTP/1.1\\r\\nHost: sc\\r\\nConnection: close\\r\\n\\r\\n")
+            writer.write(b"GET /healthz HTTP/1.1\\r\\nHost: 127.0.0.1\\r\\nConnection: close\\r\\n\\r\\n")
             answer = await reader.read()
             writer.close()
         seconds = time.monotonic() - started if answer.startswith(b"HTTP/1.1 200") else -1.0
@@ -231,7 +231,7 @@ async def send_then_abort(host: str, port: int, head: bytes, size: int, seconds:
 
 async def aborted_uploads(target: Target, options: Options) -> str:
     """Item 1: 100 POSTs to /v1/topics announcing 16,000,000 bytes, sending 15 MiB, then a reset; three times."""
-    head = b"POST /v1/topics HTTP/1.1\r\nHost: sc\r\nContent-Type: application/json\r\nContent-Length: 16000000\r\n\r\n"
+    head = b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 16000000\r\n\r\n"
     for _ in range(3):
         await asyncio.gather(
             *(send_then_abort(ATTACKERS[index % len(ATTACKERS)], target.public_port, head, 15 * MiB, 4 * options.seconds) for index in range(100))
@@ -273,9 +273,9 @@ async def slow_clients(target: Target, options: Options) -> str:
     WebSocket upgrade on the private port, a Fluvio length prefix never followed by its frame."""
     kinds = [
         (target.public_port, b"GET /heal"),
-        (target.public_port, b"POST /v1/topics HTTP/1.1\r\nHost: sc\r\nContent-Length: 100000\r\n\r\n{"),
+        (target.public_port, b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n\r\n{"),
         (target.public_port, b""),
-        (target.private_port, f"GET {wire.SPU_PATH} HTTP/1.1\r\nHost: sc\r\nUpgrade: websocket\r\nConn".encode()),
+        (target.private_port, f"GET {wire.SPU_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConn".encode()),
         (target.public_port, (1000).to_bytes(4, "big")),
     ]
     opened = [await open_many(500, port, first) for port, first in kinds]

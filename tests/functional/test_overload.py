@@ -201,7 +201,7 @@ BUFFERED = 64 * MiB
 
 async def aborted_http_upload(port: int, host: str) -> None:
     _, writer = await connect_from(host, port)
-    writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: sc\r\nContent-Type: application/json\r\n")
+    writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n")
     writer.write(b"Content-Length: %d\r\n\r\n" % ANNOUNCED)
     await _send_then_abort(writer)
 
@@ -263,7 +263,7 @@ async def test_a_content_length_above_the_limit_is_refused_before_the_body_is_re
     async with daemon_fixtures.running(settings()) as sc:
         reader, writer = await asyncio.open_connection("127.0.0.1", sc.daemon.public_port)
         try:
-            writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: sc\r\nContent-Length: %d\r\n\r\n" % (api.MAX_BODY_BYTES + 1))
+            writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % (api.MAX_BODY_BYTES + 1))
             head, body = await read_response(reader)  # answered with no body byte sent
         finally:
             writer.transport.abort()
@@ -282,7 +282,7 @@ async def test_a_chunked_body_is_cut_at_the_limit() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", sc.daemon.public_port)
         chunk = b" " * MiB
         try:
-            writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: sc\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n")
             with contextlib.suppress(ConnectionError):
                 for _ in range(api.MAX_BODY_BYTES // MiB + 1):
                     writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
@@ -312,15 +312,15 @@ async def partial_request_line(reader: asyncio.StreamReader, writer: asyncio.Str
 
 
 async def partial_headers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write(b"GET /healthz HTTP/1.1\r\nHost: sc\r\nX-Slow: 1")
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: 1")
 
 
 async def slow_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: sc\r\nContent-Length: 100\r\n\r\n{\"name\": ")
+    writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{\"name\": ")
 
 
 async def trickled_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> asyncio.Task[None]:
-    writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: sc\r\nContent-Length: 1000\r\n\r\n")
+    writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n")
     return asyncio.create_task(_trickle(writer))
 
 
@@ -339,7 +339,7 @@ async def _trickle(writer: asyncio.StreamWriter) -> None:
 
 
 async def idle_after_a_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write(b"GET /healthz HTTP/1.1\r\nHost: sc\r\n\r\n")
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     assert (await reader.readuntil(b'{"status": "ok"}')).startswith(b"HTTP/1.1 200 OK")
 
 
@@ -359,7 +359,7 @@ async def fluvio_idle_after_a_request(reader: asyncio.StreamReader, writer: asyn
 
 
 async def partial_websocket_upgrade(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write(f"GET {wire.SPU_PATH} HTTP/1.1\r\nHost: sc\r\nUpgrade: websocket\r\nConnection: Upg".encode())
+    writer.write(f"GET {wire.SPU_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upg".encode())
 
 
 @pytest.mark.parametrize(

@@ -123,7 +123,7 @@ async def test_a_watcher_that_reads_nothing_is_dropped_and_the_others_get_everyt
         await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", sc.public_port))
         reader, writer = await asyncio.open_connection(sock=sock, limit=2**20)
         writer.transport.pause_reading()  # type: ignore[attr-defined]  # a socket transport: it can pause reading
-        writer.write(b"GET /v1/watch/partitions HTTP/1.1\r\nHost: x\r\n\r\n")
+        writer.write(b"GET /v1/watch/partitions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         try:
             baseline = sc.rss_bytes()
             created = 0

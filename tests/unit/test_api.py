@@ -1113,7 +1113,7 @@ async def test_a_content_length_that_is_no_number_in_range_is_400(server: api_se
     host, port = server.url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
-        writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: sc\r\nContent-Length: " + length + b"\r\n\r\n{}")
+        writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + length + b"\r\n\r\n{}")
         await writer.drain()
         status_line = await asyncio.wait_for(reader.readline(), 5)
     finally:

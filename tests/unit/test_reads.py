@@ -180,7 +180,7 @@ async def test_a_client_that_takes_nothing_of_a_large_list_is_dropped() -> None:
     reason = "x" * ((kernel_send_buffer_max() + (2 << 20)) // 300)
     async with serving(client_stall_seconds=0.2) as server:
         await server.put(*(topic(f"t{number:03d}", reason=reason) for number in range(300)))
-        reader, writer = await stalled_client(server, b"GET /v1/topics HTTP/1.1\r\nHost: x\r\n\r\n")
+        reader, writer = await stalled_client(server, b"GET /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         try:
             assert await until_closed(reader) == "closed"
         finally:
@@ -422,7 +422,7 @@ async def test_a_watcher_that_takes_nothing_is_dropped_while_the_others_get_ever
         table = server.context.local_store["topics"]
         listeners = len(table._listeners)
         assert server.session is not None
-        reader, writer = await stalled_client(server, b"GET /v1/watch/topics HTTP/1.1\r\nHost: x\r\n\r\n")
+        reader, writer = await stalled_client(server, b"GET /v1/watch/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         try:
             async with server.session.get("/v1/watch/topics") as reading:
                 await until_sync(reading)
@@ -446,7 +446,7 @@ async def test_a_watcher_that_takes_nothing_is_dropped_while_the_others_get_ever
 async def test_a_watcher_that_takes_nothing_of_its_snapshot_is_dropped_at_the_stall_deadline() -> None:
     async with serving(client_stall_seconds=0.2) as server:
         await server.put(*(topic(f"t{number:03d}", reason="x" * 10_000) for number in range(300)))  # 3 MB
-        reader, writer = await stalled_client(server, b"GET /v1/watch/topics HTTP/1.1\r\nHost: x\r\n\r\n")
+        reader, writer = await stalled_client(server, b"GET /v1/watch/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         try:
             assert await until_closed(reader) == "closed"
         finally:

@@ -47,7 +47,7 @@ async def test_http_and_fluvio_share_the_port(fluvio_sc: daemon_fixtures.Running
 async def test_raw_http_bytes_still_get_an_http_answer(fluvio_sc: daemon_fixtures.Running) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", fluvio_sc.daemon.public_port)
     try:
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         answer = await asyncio.wait_for(reader.read(), 5)
     finally:
         writer.close()
