@@ -486,8 +486,6 @@ class ActiveSc:
 
     async def _try_claim(self) -> None:
         assert self.identity is not None and self._lease is not None
-        loop = asyncio.get_running_loop()
-        sent = loop.time()
         claim = await self.kv_store.claim(KEY, self.identity.encode(), self._lease)
         if not claim.won:
             self._claim_now = claim.current  # someone claimed between the look and now
@@ -495,7 +493,7 @@ class ActiveSc:
         self._claimed_revision = claim.current.create_revision
         # The claim lives as long as the lease it is under: from the last renewal etcd answered
         # (a claim does not renew it), however recent the claim.
-        self._valid_until = min(sent, self._lease_from) + self.ttl
+        self._valid_until = self._lease_from + self.ttl
         self.term += 1
         # What ended before this claim: once the watch has gone past every revision before it (a
         # moment; a watch that lags more is not waited for, and the cause is what it saw by then).

@@ -188,6 +188,8 @@ class HostingIndex:
                 gone = set(changes.deleted)
                 for held in self._hosting.values():
                     held -= gone
+                for spu in [spu for spu, held in self._hosting.items() if not held]:
+                    del self._hosting[spu]
         hosting = self._hosting
         for entry in entries:
             for spu in entry.obj.spec.replicas:
@@ -195,8 +197,6 @@ class HostingIndex:
                 if names is None:
                     names = hosting[spu] = set()
                 names.add(entry.name)
-        for spu in [spu for spu, held in hosting.items() if not held]:
-            del hosting[spu]
 
     def of(self, spu_ids: Iterable[int], partitions: Mapping[str, local.Entry[models.Partition]] | None = None) -> set[str]:
         """The partitions on ``spu_ids``; given the current ``partitions``, the names of those that

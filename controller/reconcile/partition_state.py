@@ -357,9 +357,9 @@ def _revert_leaderless(partition: models.Partition, stored: State, move: models.
     """A cancelled move of a partition nobody can lead ends when no replica it drops is in the
     committed in-sync set: those hold none of the committed records the partition needs. Else
     (and for a move that is not cancelled) it waits for a leader, as every move step does."""
-    leaving = [spu for spu in partition.spec.replicas if spu not in move.target]
     if stored.resolution is not LEADER_OFFLINE or not move.cancelled or stored.leader not in move.target:
         return None
+    leaving = [spu for spu in partition.spec.replicas if spu not in move.target]
     if any(spu in stored.isr for spu in leaving):
         return None
     reason = (

@@ -511,18 +511,12 @@ async def test_a_move_onto_an_spu_deleted_and_registered_again_ends(sc: Running,
     leader proposes it once it caught up. Before, its proposals were refused for good ("SPU 4 was
     registered again"), and a move onto it stayed in flight with four replicas."""
     disk = Disk(tmp_path)
-    ports = embedded_etcd.free_ports(10)
-    private_port = sc.daemon.private_port
-    assert private_port is not None
-    for spu_id in range(4):
-        await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
-    async with spu_run(private_port, 0, 4, disk):
+    async with simulated(sc, 0, 4, disk):
         await sc.eventually(lambda: online(sc, 4), timeout=30)
         status, body = await sc.call("POST", "/v1/topics", {"name": "t", "spec": {"partitions": 6, "replicationFactor": 3}})
         assert status == 201, body
         await sc.eventually(lambda: all_in_sync(sc, 6), timeout=30)
-        await sc.register_spu(4, online=False, ports=(ports[8], ports[9]))
-        async with spu_run(private_port, 4, 1, disk) as four:
+        async with simulated(sc, 4, 1, disk) as four:
             await sc.eventually(lambda: online(sc, 5), timeout=30)
             four.send_signal(signal.SIGSTOP)  # so that the move onto it is surely in flight
             status, plan = await sc.call("POST", "/v1/cluster/rebalance", {"maxMovesPerSpu": 1})
@@ -536,8 +530,7 @@ async def test_a_move_onto_an_spu_deleted_and_registered_again_ends(sc: Running,
             await four.wait()
         status, body = await sc.call("DELETE", "/v1/spus/spu-4")
         assert status == 200, body
-        await sc.register_spu(4, online=False, ports=(ports[8], ports[9]))
-        async with spu_run(private_port, 4, 1, disk):
+        async with simulated(sc, 4, 1, disk):  # registered again
             await sc.eventually(lambda: run_state(sc, "done"), timeout=45)
             await sc.eventually(lambda: all_in_sync(sc, 6), timeout=30)
             found = await all_in_sync(sc, 6)
@@ -550,13 +543,8 @@ async def test_a_cancelled_move_of_a_partition_nobody_can_lead_ends_and_a_new_pl
     the replica being added (never in sync) although nobody leads; before, the move stayed and
     every later plan was refused MovesInProgress."""
     disk = Disk(tmp_path)
-    ports = embedded_etcd.free_ports(8)
-    private_port = sc.daemon.private_port
-    assert private_port is not None
-    for spu_id in range(4):
-        await sc.register_spu(spu_id, online=False, ports=(ports[2 * spu_id], ports[2 * spu_id + 1]))
-    async with spu_run(private_port, 0, 3, disk):
-        async with spu_run(private_port, 3, 1, disk) as three:
+    async with simulated(sc, 0, 3, disk):
+        async with simulated(sc, 3, 1, disk) as three:
             await sc.eventually(lambda: online(sc, 4), timeout=30)
             status, body = await sc.call("POST", "/v1/topics", {"name": "t", "spec": {"partitions": 4, "replicationFactor": 1}})
             assert status == 201, body
