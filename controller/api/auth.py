@@ -244,7 +244,7 @@ def cross_site_refusal(method: str, websocket: bool, origin: str | None, fetch_s
         return None
     what = "a WebSocket" if websocket else f"a {method}"
     if origin is not None:
-        sent_from = urllib.parse.urlsplit(origin).netloc.lower() if origin != "null" else ""
+        sent_from = _netloc(origin) if origin != "null" else ""
         if sent_from and host is not None and sent_from == host.lower():
             return None  # the SC's own live page
         return (
@@ -256,13 +256,24 @@ def cross_site_refusal(method: str, websocket: bool, origin: str | None, fetch_s
     return None
 
 
+def _netloc(url: str) -> str:
+    """``HOST[:PORT]`` of ``url``, lower case; "" when it has none or cannot be parsed."""
+    try:
+        return urllib.parse.urlsplit(url).netloc.lower()
+    except ValueError:  # unbalanced brackets
+        return ""
+
+
 def anonymous_host_refusal(host: str | None) -> str | None:
     """Why a request to an SC without credentials is refused for the Host it names (None: not).
     With no credential configured anyone who reaches the port is admin, and the port listens on
     loopback: a page of another site can still reach it through DNS rebinding (its own name made
     to resolve to 127.0.0.1), and then names its own host. Only an IP address or localhost is
     taken."""
-    name = urllib.parse.urlsplit(f"//{host or ''}").hostname or ""
+    try:
+        name = urllib.parse.urlsplit(f"//{host or ''}").hostname or ""
+    except ValueError:  # unbalanced brackets: no name at all
+        name = ""
     if name == "localhost" or name.endswith(".localhost"):
         return None
     try:

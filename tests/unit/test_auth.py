@@ -192,3 +192,11 @@ def test_requests_a_browser_sends_for_another_site_are_refused(
 )
 def test_an_sc_without_credentials_is_reached_by_address_or_localhost_only(host: str | None, refused: bool) -> None:
     assert (auth.anonymous_host_refusal(host) is not None) is refused
+
+
+@pytest.mark.parametrize("value", ["[abc", "x]:1", "http://[::1", "\x00", "a" * 10_000])
+def test_a_malformed_origin_or_host_is_refused_not_an_error(value: str) -> None:
+    """urllib raises on unbalanced brackets: a hostile header was a 500 and a traceback."""
+    assert auth.cross_site_refusal("POST", False, value, None, "127.0.0.1:9003") is not None
+    refusal = auth.anonymous_host_refusal(value)
+    assert refusal is not None and len(refusal) < 500
