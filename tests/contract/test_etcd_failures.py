@@ -26,6 +26,7 @@ import pytest
 from store import embedded_etcd, etcd, kv
 from tests import builders
 from tests.builders import eventually
+from tests.fixtures import etcd as etcd_fixtures
 from tests.fixtures import tcp_proxy
 from tests.fixtures.etcd import REQUEST_TIMEOUT
 
@@ -43,7 +44,8 @@ def as_tuples(events: list[kv.WatchEvent]) -> list[Event]:
 async def store_on(endpoint: str, prefix: str, request_timeout: float = REQUEST_TIMEOUT) -> AsyncIterator[etcd.EtcdStore]:
     store = await etcd.EtcdStore.open([endpoint], prefix=prefix, request_timeout=request_timeout)
     try:
-        yield store
+        with etcd_fixtures.no_read_only_txns(store):
+            yield store
     finally:
         await store.close()
 

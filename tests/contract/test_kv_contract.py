@@ -211,6 +211,25 @@ async def test_a_guarded_create_applies_only_while_its_guards_hold(kv_store: kv.
     assert await kv_store.get("topics/h") is None
 
 
+async def test_a_transaction_of_only_compares_checks_them_at_one_revision_and_writes_nothing(kv_store: kv.KVStore) -> None:
+    """A transaction with no operations is a check: the current revision if every compare holds,
+    else the Conflict of the first that does not. On etcd it is sent as Ranges at one revision,
+    never as a read-only transaction (see tests/fixtures/etcd.no_read_only_txns); many keys too."""
+    revisions = [await kv_store.create(f"topics/c{index}", b"v") for index in range(kv.MAX_TXN_OPS - 1)]
+    compares = [*(kv.Compare(f"topics/c{index}", revision) for index, revision in enumerate(revisions)), kv.Compare("topics/none", 0)]
+    now = await kv_store.revision()
+    assert await kv_store.txn(compares, []) == now
+    assert await kv_store.txn([], []) == now
+    moved = await kv_store.update("topics/c5", b"v2", revisions[5])
+    with pytest.raises(kv.Conflict) as raised:
+        await kv_store.txn(compares, [])
+    assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/c5", revisions[5], moved)
+    with pytest.raises(kv.Conflict) as absent:
+        await kv_store.txn([kv.Compare("topics/c0", revisions[0]), kv.Compare("topics/c1", 0)], [])
+    assert (absent.value.key, absent.value.expected, absent.value.actual) == ("topics/c1", 0, revisions[1])
+    assert await kv_store.revision() == moved
+
+
 async def test_transaction_create_if_absent_guard(kv_store: kv.KVStore) -> None:
     await kv_store.txn([kv.Compare("topics/n", 0)], [kv.Put("topics/n", b"first")])
     with pytest.raises(kv.Conflict) as raised:
