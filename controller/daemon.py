@@ -6,7 +6,6 @@ while it leads the store (a hot standby otherwise), and shuts down in order on S
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import signal
 import socket
@@ -357,9 +356,7 @@ class Daemon:
         if self.context is not None:
             await self.context.kv_store.close()
         if self._etcd_supervision is not None:
-            self._etcd_supervision.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._etcd_supervision
+            await supervisor_module.cancel_and_wait(self._etcd_supervision)
         if self.etcd_server is not None:
             await asyncio.to_thread(self.etcd_server.stop)
             self.etcd_server = None

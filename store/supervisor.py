@@ -10,6 +10,7 @@ import collections
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 _log = logging.getLogger(__name__)
 
@@ -130,6 +131,33 @@ class Supervisor:
                 backoff = min(backoff * 2, self.max_backoff)
         finally:
             del self._running[name]
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
+    """Cancel ``tasks`` and wait until every one has ended.
+
+    What a task raises as it ends is retrieved, and a failure other than its cancellation is
+    logged, not raised: the caller is closing, and the others must close too. A cancel of the
+    caller while it waits is raised (``with suppress(CancelledError): await task`` swallowed it).
+    """
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    try:
+        await asyncio.wait(set(tasks))
+    except BaseException:
+        for task in tasks:
+            task.add_done_callback(_retrieve)
+        raise
+    for task in tasks:
+        _retrieve(task)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and (error := task.exception()) is not None:
+        name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
+        _log.warning("task %s failed as it was cancelled: %s", name, _describe(error))
 
 
 def _describe(error: BaseException) -> str:

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 
 import structlog
 
-from store import local, models
+from store import local, models, supervisor
 
 log = structlog.get_logger(__name__)
 
@@ -169,8 +168,7 @@ class Feed:
         self._on_idle(self)
 
     async def wait_closed(self) -> None:
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await supervisor.cancel_and_wait(self._task)  # cancelled by close() already
 
     async def _run(self) -> None:
         try:

@@ -27,6 +27,7 @@ from controller import context as context_module, placement
 from controller.api import admin_ops, admission, auth, cluster, fanout, json_input, listing, openapi, rebalance_ops
 from controller.reconcile import partition, topic as topic_controller
 from store import active_sc, attribution, kv, models
+from store import supervisor as supervisor_module
 
 log = structlog.get_logger(__name__)
 
@@ -999,14 +1000,6 @@ class _WebSocketSink:
         await self.response.close()
 
 
-async def _cancel(*tasks: asyncio.Future[Any]) -> None:
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 async def watch(request: web.Request) -> web.StreamResponse:
     context = request.app[CONTEXT]
     kind = _kind(request)
@@ -1105,7 +1098,7 @@ async def _stream(
                 if not await sent(sink.send_batch(batch)):
                     return
     finally:
-        await _cancel(stopped, gone)
+        await supervisor_module.cancel_and_wait(stopped, gone)
 
 
 # ---------------------------------------------------------------------------- the application
@@ -1160,7 +1153,7 @@ async def _settlements(app: web.Application) -> Any:
         spawn("api-group-settlements", app[GROUP_WAITS].run),
     ]
     yield
-    await _cancel(*tasks)
+    await supervisor_module.cancel_and_wait(*tasks)
     await app[FEEDS].close()
     # The context's list answers and worker thread are the API's to end (the Fluvio sessions that
     # share them are closed before the application is cleaned up).

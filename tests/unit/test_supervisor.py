@@ -185,3 +185,43 @@ async def test_a_task_group_failing_with_one_error_is_described_by_that_error() 
     await asyncio.sleep(0.05)
     assert supervisor.failing() == [supervisor_module.Failing("fluvio-admin-waits", 1, "KeyError: 'topics'")]
     await stop(task)
+
+
+async def test_cancel_and_wait_waits_for_the_tasks_and_does_not_swallow_a_cancel_of_its_caller() -> None:
+    """``with suppress(CancelledError): await task`` after ``task.cancel()`` also swallowed a cancel
+    of the task that waits: a close() cancelled meanwhile went on as if it had not been."""
+    release = asyncio.Event()
+    ended: list[str] = []
+
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await release.wait()  # cleaning up
+            ended.append("child")
+            raise
+
+    child = asyncio.ensure_future(slow_to_stop())
+    await asyncio.sleep(0)
+    closing = asyncio.ensure_future(supervisor_module.cancel_and_wait(child))
+    await asyncio.sleep(0.01)
+    assert not closing.done()
+    closing.cancel()  # the closer's own owner gives up
+    await asyncio.sleep(0.01)
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    await asyncio.sleep(0)
+    assert child.cancelled() and ended == ["child"]
+
+    # Not cancelled itself, it waits for each task, whatever they raise on cancellation.
+    async def fails_on_cancel() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            raise RuntimeError("cleanup failed") from None
+
+    tasks = [asyncio.ensure_future(slow_to_stop()), asyncio.ensure_future(fails_on_cancel()), asyncio.ensure_future(asyncio.sleep(0))]
+    await asyncio.sleep(0)
+    await supervisor_module.cancel_and_wait(*tasks)
+    assert all(task.done() for task in tasks) and ended == ["child", "child"]

@@ -14,6 +14,7 @@ import ssl
 from typing import Any
 
 from controller.api.fluvio import messages, objects
+from store import supervisor
 
 VERSION = messages.OBJECT_MAX_VERSION
 
@@ -46,9 +47,7 @@ class Client:
         return client
 
     async def close(self) -> None:
-        self._reading.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reading
+        await supervisor.cancel_and_wait(self._reading)
         self.writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await self.writer.wait_closed()
