@@ -29,7 +29,7 @@ async def test_an_sc_restarted_on_a_topic_and_a_group_it_cannot_read_deletes_not
     settings = etcd_settings(etcd_server)
     async with running(settings) as sc:
         await sc.register_spu(0)
-        status, body = await sc.call("POST", "/v1/topics?timeout=10", {"name": "kept", "spec": {"partitions": 2, "replicationFactor": 1}})
+        status, body = await sc.call("POST", "/v1/topics?timeout=10000", {"name": "kept", "spec": {"partitions": 2, "replicationFactor": 1}})
         assert status == 201, body
         status, body = await sc.call("POST", "/v1/spu-groups", {"name": "grp", "spec": {"replicas": 1, "minId": 100}})
         assert status == 201, body
@@ -73,7 +73,7 @@ async def test_an_spu_record_unreadable_at_a_restart_does_not_empty_the_in_sync_
         await sc.register_spu(0, ports=(9005, 9006))
         await sc.register_spu(1, ports=(9007, 9008))
         status, body = await sc.call(
-            "POST", "/v1/topics?timeout=10", {"name": "solo", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}]}}
+            "POST", "/v1/topics?timeout=10000", {"name": "solo", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}]}}
         )
         assert status == 201, body
         await sc.eventually(lambda: _assert_created(sc, "partitions/solo-0"))
