@@ -176,12 +176,24 @@ def _ephemeral_range() -> tuple[int, int]:
     return low, high
 
 
+def _free_ports_range() -> tuple[int, int]:
+    """Where free_ports draws from: [first, end). SC_FREE_PORTS=FIRST-END narrows it (the test
+    suite gives each of its workers a slice, so that two running at once never pick one port)."""
+    setting = os.environ.get("SC_FREE_PORTS")
+    if not setting:
+        return _FREE_PORTS_FROM, _ephemeral_range()[0]
+    first, _, end = setting.partition("-")
+    if not (first.isdigit() and end.isdigit() and 1024 <= int(first) < int(end) <= 65536):
+        raise ValueError(f"SC_FREE_PORTS {setting!r} is not FIRST-END with 1024 <= FIRST < END <= 65536")
+    return int(first), int(end)
+
+
 def free_ports(count: int = 2, host: str = "127.0.0.1") -> list[int]:
     """``count`` distinct TCP ports free on ``host`` right now, below the ephemeral range: a port
     of that range can be given to an outgoing connection (the SC's own, to its etcd) before the
     server that was to listen on it binds it. Another process may still bind one later."""
-    low, _ = _ephemeral_range()
-    if low - _FREE_PORTS_FROM < 1000:  # an unusual range: let the system choose
+    first, low = _free_ports_range()
+    if low - first < 2 * count:  # too few to draw from: let the system choose
         with contextlib.ExitStack() as stack:
             probes = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
             for probe in probes:
@@ -192,7 +204,7 @@ def free_ports(count: int = 2, host: str = "127.0.0.1") -> list[int]:
         for _ in range(count * 100):
             if len(chosen) == count:
                 break
-            port = _FREE_PORTS_FROM + secrets.randbelow(low - _FREE_PORTS_FROM)
+            port = first + secrets.randbelow(low - first)
             if port in chosen:
                 continue
             probe = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
@@ -202,7 +214,7 @@ def free_ports(count: int = 2, host: str = "127.0.0.1") -> list[int]:
                 continue
             chosen.append(port)
     if len(chosen) < count:
-        raise OSError(f"found only {len(chosen)} of {count} free ports on {host} between {_FREE_PORTS_FROM} and {low}")
+        raise OSError(f"found only {len(chosen)} of {count} free ports on {host} from {first} below {low}")
     return chosen
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings as hypothesis_settings
@@ -17,6 +19,26 @@ hypothesis_settings.register_profile("explore", derandomize=False)
 hypothesis_settings.load_profile("deterministic")
 
 pytest_plugins = ["tests.fixtures.etcd", "tests.fixtures.daemon", "tests.fixtures.spark"]
+
+
+def free_ports_slice(worker: str, workers: int) -> str:
+    """The ports (FIRST-END) pytest-xdist's worker ``worker`` ("gw1") draws free ports from: its
+    share of those below the ephemeral range. Workers sharing one range picked the same port."""
+    first = 10_000
+    try:
+        end = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        end = 32768
+    width = (end - first) // workers
+    index = int(worker.removeprefix("gw"))
+    return f"{first + index * width}-{first + (index + 1) * width}"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker, workers = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if worker and workers:
+        # Also inherited by the processes the worker's tests start (sc run, sc demo).
+        os.environ["SC_FREE_PORTS"] = free_ports_slice(worker, int(workers))
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from store import embedded_etcd
+from tests import conftest
 
 FAKE_ETCD = """\
 #!{python}
@@ -141,6 +142,27 @@ def test_free_ports_are_outside_the_range_given_to_outgoing_connections() -> Non
 def test_free_ports_are_distinct() -> None:
     ports = embedded_etcd.free_ports(5)
     assert len(set(ports)) == 5
+
+
+def test_free_ports_come_from_the_slice_sc_free_ports_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Test workers running at once each pick from their own slice: two drawing from one range
+    chose the same port (an SC's public port, "Address already in use" under pytest-xdist)."""
+    monkeypatch.setenv("SC_FREE_PORTS", "15000-15100")
+    ports = embedded_etcd.free_ports(40)
+    assert all(15000 <= port < 15100 for port in ports) and len(set(ports)) == 40, ports
+    for bad in ("15100-15000", "many", "0-100", "15000-70000", "15000"):
+        monkeypatch.setenv("SC_FREE_PORTS", bad)
+        with pytest.raises(ValueError, match=f"SC_FREE_PORTS {bad!r}"):
+            embedded_etcd.free_ports(1)
+
+
+def test_each_test_worker_has_a_slice_of_its_own() -> None:
+    """tests/conftest.py gives each pytest-xdist worker its slice, below the ephemeral range."""
+    slices = [conftest.free_ports_slice(f"gw{index}", 3) for index in range(3)]
+    low, _ = (int(part) for part in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    bounds = [tuple(int(part) for part in text.split("-")) for text in slices]
+    assert bounds[0][0] == 10_000 and bounds[-1][1] <= low
+    assert all(first[1] <= second[0] for first, second in zip(bounds, bounds[1:])), bounds
 
 
 def test_equal_client_and_peer_ports_are_refused(tmp_path: Path) -> None:
