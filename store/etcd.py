@@ -573,8 +573,9 @@ class EtcdStore(kv.KVStore):
 
         One etcd transaction compares each key's MOD revision (0 = absent); the request is exactly
         what a raw client would send. When a compare fails, the compared keys are read again at one
-        revision (see _read_keys) and the Conflict names the first compare that does not hold. If by then every compare holds again (a key expected absent was deleted meanwhile),
-        the transaction is simply tried again, within the same deadline.
+        revision (see _read_keys) and the Conflict names the first compare that does not hold. If
+        by then every compare holds again (a key expected absent was deleted meanwhile), the
+        transaction is simply tried again, within the same deadline.
 
         Ambiguous outcomes: when an attempt fails with a connection error or a timeout, the request
         may have reached etcd and committed, and the retry's compare then fails against our own
