@@ -408,7 +408,11 @@ async def test_a_request_while_etcd_is_down_raises_unavailable_within_a_bounded_
                     await request()
                 elapsed[name] = loop.time() - began
                 assert etcd_server.endpoints[0] in str(raised.value)
-        assert all(seconds < 3 * request_timeout for seconds in elapsed.values()), elapsed
+                # It gave up because its own request timeout ran out (the store says so)...
+                assert f"within {request_timeout:.3g} s" in str(raised.value), raised.value
+        # ...and not after gRPC's own waits (its reconnect backoff grows to 120 s). A generous
+        # ceiling: on a busy machine a 0.5 s deadline may be noticed well after 0.5 s.
+        assert all(seconds < 10 for seconds in elapsed.values()), elapsed
         # The same store works again once etcd is back.
         assert await store.get("topics/a") is None
         assert await store.create("topics/a", b"x") > 0
