@@ -273,11 +273,14 @@ async def test_an_idle_watch_answered_by_progress_stays_on_its_stream(
     """The liveness probe of an idle watch costs one small request, never a new stream."""
     caplog.set_level(logging.WARNING, logger="store.etcd")
     start = await etcd_store.revision() + 1
-    async with proxied_store(etcd_server, etcd_store.prefix, request_timeout=1.0) as (proxy, proxied):
+    # Each probe's answer is owed within the request timeout: 3 s, so that a busy machine (etcd and
+    # the proxy share it with another test) is no silence; the wait below outlasts it, so that a
+    # probe left unanswered would still be seen (as a "fell silent" warning).
+    async with proxied_store(etcd_server, etcd_store.prefix, request_timeout=3.0) as (proxy, proxied):
         proxied.watch_probe_interval = 0.2
         async with contextlib.aclosing(proxied.watch("idle/", start)) as events:
             pending = asyncio.ensure_future(anext(events))
-            await asyncio.sleep(2)  # ten probes' time, all answered
+            await asyncio.sleep(4)  # many probes' time, all answered
             streams_before = proxy.requests
             revision = await etcd_store.create("idle/a", b"x")
             event = await asyncio.wait_for(pending, 10)
