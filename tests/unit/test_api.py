@@ -448,7 +448,8 @@ async def test_topic_create_timeout_and_pending_states_are_202(server: api_serve
     started = loop.time()
     status, body = await server.call("POST", "/v1/topics?timeout=50", TOPIC_BODY)
     assert (status, body["status"]["resolution"]) == (202, "Init")
-    assert 0.05 <= loop.time() - started < 1
+    # It waited its 50 ms, and not the default 30 s (a generous ceiling: the machine may be busy).
+    assert 0.05 <= loop.time() - started < 10
     # Pending is not a verdict: the request keeps waiting through it.
     reason = "replication factor 2 needs 2 online SPUs, none is online: 2 more needed"
     deciding = server.decide_later("topics", "second", {"resolution": "InsufficientResources", "reason": reason})
@@ -986,7 +987,7 @@ async def test_closing_a_client_or_the_server_ends_the_stream(server: api_server
     async with server.session.get("/v1/watch/topics") as stream:
         assert (await next_event(stream))["type"] == "SYNC"
         assert len(table._listeners) == listeners + 1
-    for _ in range(300):  # the server notices within WATCH_DISCONNECT_POLL_SECONDS
+    for _ in range(1000):  # the server notices within WATCH_DISCONNECT_POLL_SECONDS (10 s of patience)
         if len(table._listeners) == listeners:
             break
         await asyncio.sleep(0.01)
@@ -994,11 +995,9 @@ async def test_closing_a_client_or_the_server_ends_the_stream(server: api_server
 
     async with server.session.get("/v1/watch/topics") as stream:
         assert (await next_event(stream))["type"] == "SYNC"
-        loop = asyncio.get_running_loop()
-        started = loop.time()
         await server.runner.shutdown()  # what AppRunner.cleanup() calls first
-        assert await asyncio.wait_for(stream.content.read(), 2) == b""
-        assert loop.time() - started < 1
+        # Ended by the shutdown itself: without it the stream would never end (10 s is patience).
+        assert await asyncio.wait_for(stream.content.read(), 10) == b""
 
 
 # ---------------------------------------------------------------------------- error handling
