@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog
 
 from controller import config, placement
 from controller.api import listing
@@ -180,11 +181,13 @@ async def test_a_client_that_takes_nothing_of_a_large_list_is_dropped() -> None:
     reason = "x" * ((kernel_send_buffer_max() + (2 << 20)) // 300)
     async with serving(client_stall_seconds=0.2) as server:
         await server.put(*(topic(f"t{number:03d}", reason=reason) for number in range(300)))
-        reader, writer = await stalled_client(server, b"GET /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        try:
-            assert await until_closed(reader) == "closed"
-        finally:
-            writer.close()
+        dropped = "dropping a client that took nothing of an answer"
+        with structlog.testing.capture_logs() as logged:
+            reader, writer = await stalled_client(server, b"GET /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            try:
+                assert await until_closed(reader, lambda: any(entry["event"] == dropped for entry in logged)) == "closed"
+            finally:
+                writer.close()
         assert (await get(server, "/v1/topics"))[0] == 200
 
 
@@ -202,13 +205,16 @@ async def stalled_client(server: api_server.ApiServer, request: bytes) -> tuple[
     return reader, writer
 
 
-async def until_closed(reader: asyncio.StreamReader, timeout: float = 30) -> str:
-    """Read everything until the server's end closes; "closed" (reset or EOF) or "open" at the timeout."""
+async def until_closed(reader: asyncio.StreamReader, given_up: Callable[[], object], timeout: float = 30) -> str:
+    """Once the server says it gave up on us (``given_up()``), read everything until the server's
+    end closes; "closed" (reset or EOF) or "open" at the timeout. Waiting for its decision rather
+    than a fixed time: on a busy machine a client that reads too soon is no stalled client."""
     transport = reader._transport  # type: ignore[attr-defined]  # StreamReader keeps its transport private
-    await asyncio.sleep(0.5)  # the server gives up on us meanwhile (its stall deadline is shorter)
-    transport.resume_reading()
     try:
         async with asyncio.timeout(timeout):
+            while not given_up():
+                await asyncio.sleep(0.01)
+            transport.resume_reading()
             while await reader.read(1 << 16):
                 pass
     except (ConnectionResetError, TimeoutError) as stopped:
@@ -431,12 +437,12 @@ async def test_a_watcher_that_takes_nothing_is_dropped_while_the_others_get_ever
                     await server.put(topic("a", reason=f"{version:03d}" + "x" * 20_000))
                     received.append(await next_event(reading))
                 assert [event["object"]["status"]["reason"][:3] for event in received] == [f"{v:03d}" for v in range(300)]
-                assert await until_closed(reader) == "closed"
+                assert await until_closed(reader, lambda: server.context.watchers.dropped) == "closed"
                 assert server.context.watchers.dropped == {("http", "overflow"): 1}
                 assert server.context.watchers.open[("http", "topics")] == 1
         finally:
             writer.close()
-        for _ in range(300):  # the server notices the reading client leave within WATCH_DISCONNECT_POLL_SECONDS
+        for _ in range(1000):  # the server notices the reading client leave within WATCH_DISCONNECT_POLL_SECONDS (1 s)
             if len(table._listeners) == listeners and not server.context.watchers.total:
                 break
             await asyncio.sleep(0.01)
@@ -448,7 +454,7 @@ async def test_a_watcher_that_takes_nothing_of_its_snapshot_is_dropped_at_the_st
         await server.put(*(topic(f"t{number:03d}", reason="x" * 10_000) for number in range(300)))  # 3 MB
         reader, writer = await stalled_client(server, b"GET /v1/watch/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         try:
-            assert await until_closed(reader) == "closed"
+            assert await until_closed(reader, lambda: server.context.watchers.dropped) == "closed"
         finally:
             writer.close()
         assert server.context.watchers.dropped == {("http", "stalled"): 1}
@@ -471,7 +477,7 @@ async def test_watchers_past_the_limits_are_429() -> None:
             assert 'sc_watchers{kind="topics",protocol="http"} 1.0' in text
             assert 'sc_watchers{kind="spus",protocol="websocket"} 1.0' in text
             assert 'sc_watchers_refused_total{protocol="http"} 1.0' in text
-        for _ in range(300):
+        for _ in range(1000):  # as above: the server notices within WATCH_DISCONNECT_POLL_SECONDS
             if not server.context.watchers.total:
                 break
             await asyncio.sleep(0.01)
