@@ -863,6 +863,9 @@ async def fuzzed_cluster(
         yield handle
 
 
+FUZZ_CONNECTIONS = 150  # about what a 3 s window held on an idle machine
+
+
 async def test_random_and_truncated_frames_leave_the_daemon_and_the_store_untouched(fuzzed_cluster: Cluster) -> None:
     import random
 
@@ -880,11 +883,11 @@ async def test_random_and_truncated_frames_leave_the_daemon_and_the_store_untouc
     before = {item.key: item.mod_revision for item in (await cluster.sc.kv_store.list("")).items}
     valid = wire.encode(wire.Offsets(partitions=[wire.PartitionOffsets(partition=led[0], leader_epoch=0, hw=10, leo=10)]))
     chooser = random.Random(20261122)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 3.0
     sent = 0
     await cluster.sc.register_spu(3, online=False)  # the fuzzer's own identity: hosts nothing
-    while loop.time() < deadline:
+    # A number of connections, not a time: on a busy machine a 3 s window held fewer of them (and
+    # each run its own share of the seeded frames).
+    for _ in range(FUZZ_CONNECTIONS):
         fuzzer = ScriptedSpu(cluster.client, cluster.private_port, 3, tls=cluster.tls)
         registered = chooser.random() < 0.5
         if registered:  # frames reach the report path of an accepted session
@@ -906,7 +909,7 @@ async def test_random_and_truncated_frames_leave_the_daemon_and_the_store_untouc
                 await fuzzer.websocket.send_bytes(frame)
             sent += 1
         await fuzzer.close()
-    assert sent > 100
+    assert sent == 20 * FUZZ_CONNECTIONS
     # The registered SPUs were never disturbed and nothing was written.
     status, _ = await cluster.sc.call("GET", "/healthz")
     assert status == 200
@@ -1007,7 +1010,9 @@ async def test_an_spu_sending_offsets_faster_than_its_interval_is_read_no_faster
         await asyncio.sleep(0.5)
         taken = connections.stats.frames.get("offsets", 0) - taken_before
         elapsed = loop.time() - started
-        assert 1 <= taken <= elapsed / (0.2 * 0.9) + 2 < 20, (taken, elapsed)
+        # No faster than once per interval (how many intervals passed is measured: a busy machine
+        # may make the 0.5 s longer, and the bound with it); that pacing held some back is counted.
+        assert 1 <= taken <= elapsed / (0.2 * 0.9) + 2, (taken, elapsed)
         assert connections.stats.offsets_paced >= 1
         async with cluster.sc.session.get("/metrics") as response:
             paced = [line for line in (await response.text()).splitlines() if line.startswith("sc_spu_offsets_paced_total ")]
