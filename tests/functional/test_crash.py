@@ -170,7 +170,14 @@ async def test_sigkill_while_creating_200_topics_converges(sc_process: ScProcess
         before = await store.revision()
         sc_process.start()
         await sc_process.wait_healthy()
-        await asyncio.sleep(1.0)
+
+        async def claimed() -> None:
+            # Healthy is not leading yet: on a busy machine the claim may come later.
+            claim = await store.get(active_sc.KEY)
+            assert claim is not None and claim.mod_revision > before, claim
+
+        await builders.eventually(claimed, timeout=30)
+        await asyncio.sleep(1.0)  # idle: room for writes it should not make
         assert sc_process.terminate() == 0
         after = await store.revision()
         assert after == before + 3  # which the events below check
