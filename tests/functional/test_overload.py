@@ -35,10 +35,16 @@ from tests.fixtures.scripted_spu import ScriptedSpu
 
 ROOT = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024
-# "/healthz answers within 1 s during every attack" (the bound).
-HEALTHZ_SECONDS = 1.0
+# "/healthz answers within 1 s during every attack" is the bound, which bench/overload.py
+# holds (docs/benchmarks.md). Here /healthz must answer during every attack, within a bound far from
+# both that and the outage (105 s): an sc process under attack shares the machine with
+# another test, and 1 s measured the machine.
+HEALTHZ_SECONDS = 10.0
 # Slack on top of a configured timeout before a connection still open fails a test.
 CLOSE_MARGIN = 5.0
+# Seconds a connection refused at once (a full port) may take to be seen closed: patience, the
+# refusal itself is counted by reason.
+REFUSED_CLOSE = 10.0
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -462,7 +468,7 @@ async def test_connection_limits_keep_room_for_new_clients_and_the_private_port_
             for _ in range(8):
                 held.append(await connect_from("127.0.0.2", public_port))
             reader, writer = await connect_from("127.0.0.2", public_port)
-            assert await closed_by_server(reader, 2.0) == b""
+            assert await closed_by_server(reader, REFUSED_CLOSE) == b""
             writer.transport.abort()
             await healthz_answers(sc.url)
             ports = sc.daemon.ports
@@ -475,9 +481,9 @@ async def test_connection_limits_keep_room_for_new_clients_and_the_private_port_
                 held.append(await connect_from(host, public_port))
             await sc.eventually(open_connections(public, 20))
             held.append(await connect_from("127.0.0.5", public_port))
-            assert await closed_by_server(held[0][0], 2.0) == b""
+            assert await closed_by_server(held[0][0], REFUSED_CLOSE) == b""
             await healthz_answers(sc.url)  # takes the next oldest one's place
-            assert await closed_by_server(held[1][0], 2.0) == b""
+            assert await closed_by_server(held[1][0], REFUSED_CLOSE) == b""
             # A port full of requests in progress refuses a new connection, from any address.
             close_all([writer for _, writer in held])
             await sc.eventually(open_connections(public, 0))
@@ -486,7 +492,7 @@ async def test_connection_limits_keep_room_for_new_clients_and_the_private_port_
                 await slow_body(*held[-1])
             await sc.eventually(open_connections(public, 20, evictable=0))
             reader, writer = await connect_from("127.0.0.5", public_port)
-            assert await closed_by_server(reader, 2.0) == b""
+            assert await closed_by_server(reader, REFUSED_CLOSE) == b""
             writer.transport.abort()
             # SPUs still connect to the private port, and the connected one kept its heartbeats.
             second_spu = ScriptedSpu(session, private_port, 1)
@@ -587,7 +593,15 @@ async def test_junk_gets_a_short_answer_a_short_rate_limited_log_and_keeps_no_me
             async with session.post(f"{sc.url}/v1/topics", data=io.BytesIO(huge_name)) as response:
                 answer = await response.read()
             assert response.status == 422 and len(answer) < 1024 and b"x" * 201 not in answer, answer[:300]
-        await asyncio.sleep(0.2)  # the last lines reach the log file
+
+        def refusals_logged() -> None:
+            # The last lines reach the log file (an sc process on a busy machine may be late).
+            written = sc.log_path.read_bytes()[logged_before:]
+            lines = [json.loads(line) for line in written[: written.rfind(b"\n") + 1].splitlines()]  # whole lines
+            assert {line["port"] for line in lines if line.get("reason") == transport.NOT_HTTP} == {"private", "public"}
+            assert {line["port"] for line in lines if line["event"] == "HTTP requests refused"} == {"private", "public"}
+
+        await eventually(refusals_logged)
         logged = sc.log_path.read_bytes()[logged_before:]
         intervals = 1 + int((time.monotonic() - started) / 10)
     # Unparsed junk leaves nothing; aiohttp's parse errors are collected once 32 MiB may be held.
