@@ -79,7 +79,9 @@ def base_env(extra: dict[str, str]) -> dict[str, str]:
 def get_json(url: str, token: str | None = None) -> tuple[int, Any]:
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(request, timeout=2) as response:
+        # Patience, not a bound: the waits below poll with it, and a read timeout is no answer to retry
+        # but an error (an SC starting beside its standby and etcd on a busy machine may take seconds).
+        with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.load(response)
     except urllib.error.HTTPError as error:
         return error.code, json.load(error)
