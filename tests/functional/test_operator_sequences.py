@@ -191,7 +191,14 @@ class OperatorSequences(DaemonMachine):
 
         async def go() -> None:
             await spu.close()
-            await asyncio.sleep(0.3)  # past the offline grace
+
+            async def past_the_offline_grace() -> None:
+                # Recorded offline (or gone): a fixed 0.3 s was not always past the 0.2 s grace
+                # when the SC noticed the close late, and the settling below can end before it.
+                stored = await self.sc.read("spus", f"spu-{spu_id}")
+                assert stored is None or stored.status.resolution is not models.SpuResolution.ONLINE, (stored, self.steps)
+
+            await self.sc.eventually(past_the_offline_grace)
             await self._settle()
 
         self.run(go())
