@@ -16,7 +16,6 @@ defect it found (dry-run plans during a move) has its example test in test_rebal
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Any
 
