@@ -32,31 +32,30 @@ async def main() -> int:
         server = embedded_etcd.EmbeddedEtcd(Path(directory), client_port, peer_port, extra_args=("--unsafe-no-fsync",))
         server.start()
         try:
-            store = await etcd.EtcdStore.open(server.endpoints, prefix="/repro/")
-            for start in range(0, KEYS, kv.MAX_TXN_OPS):
-                await store.txn([], [kv.Put(f"k{index:06d}", b"x") for index in range(start, min(start + kv.MAX_TXN_OPS, KEYS))])
-            every_key = etcdpb.RangeRequest(key=b"/repro/", range_end=b"/repro0")
-            sends = {
-                "Range": lambda: store._kv.Range(every_key, timeout=DEADLINE),
-                "read-only Txn": lambda: store._kv.Txn(
-                    etcdpb.TxnRequest(success=[etcdpb.RequestOp(request_range=every_key)]), timeout=DEADLINE
-                ),
-            }
-            for name, send in sends.items():
-                for _ in range(10):
-                    try:
-                        await send()
-                        outcome = "answered in time"
-                    except grpc.aio.AioRpcError as error:
-                        outcome = error.code().name
-                    await asyncio.sleep(0.3)
-                    alive = server.running
-                    print(f"{name} of {KEYS:,} keys with a {DEADLINE * 1000:.0f} ms deadline: {outcome}; etcd {'alive' if alive else 'exited'}")
-                    if not alive:
-                        return 0 if name == "read-only Txn" else 1
-            await store.close()
-            print("etcd survived both: this etcd does not have issue 14110")
-            return 0
+            async with await etcd.EtcdStore.open(server.endpoints, prefix="/repro/") as store:
+                for start in range(0, KEYS, kv.MAX_TXN_OPS):
+                    await store.txn([], [kv.Put(f"k{index:06d}", b"x") for index in range(start, min(start + kv.MAX_TXN_OPS, KEYS))])
+                every_key = etcdpb.RangeRequest(key=b"/repro/", range_end=b"/repro0")
+                sends = {
+                    "Range": lambda: store._kv.Range(every_key, timeout=DEADLINE),
+                    "read-only Txn": lambda: store._kv.Txn(
+                        etcdpb.TxnRequest(success=[etcdpb.RequestOp(request_range=every_key)]), timeout=DEADLINE
+                    ),
+                }
+                for name, send in sends.items():
+                    for _ in range(10):
+                        try:
+                            await send()
+                            outcome = "answered in time"
+                        except grpc.aio.AioRpcError as error:
+                            outcome = error.code().name
+                        await asyncio.sleep(0.3)
+                        alive = server.running
+                        print(f"{name} of {KEYS:,} keys with a {DEADLINE * 1000:.0f} ms deadline: {outcome}; etcd {'alive' if alive else 'exited'}")
+                        if not alive:
+                            return 0 if name == "read-only Txn" else 1
+                print("etcd survived both: this etcd does not have issue 14110")
+                return 0
         finally:
             server.stop()
 

@@ -157,7 +157,7 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
 def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled() and (error := task.exception()) is not None:
         name = task.get_name() if isinstance(task, asyncio.Task) else repr(task)
-        _log.warning("task %s failed as it was cancelled: %s", name, _describe(error))
+        _log.warning("task %s ended with an error when it was cancelled: %s", name, _describe(error))
 
 
 def _describe(error: BaseException) -> str:

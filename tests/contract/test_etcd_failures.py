@@ -544,6 +544,34 @@ async def test_a_write_whose_request_was_lost_is_applied_once_by_the_retry(
     assert await etcd_store.revision() == second
 
 
+async def test_a_re_read_whose_revision_is_compacted_meanwhile_reads_again(etcd_store: etcd.EtcdStore) -> None:
+    """A failed compare re-reads its keys at the revision of the first one's Range. Compacted
+    between that Range and the others, the read starts again from now: the Conflict still names
+    what is there, not an error about history."""
+    first = await etcd_store.create("topics/a", b"one")
+    await etcd_store.create("topics/b", b"one")
+    moved = await etcd_store.update("topics/a", b"two", first)
+    send = etcd_store._kv.Range
+    compacted: list[int] = []
+
+    async def compacting(request: Any, **kwargs: Any) -> Any:
+        answer = await send(request, **kwargs)
+        if not compacted and not request.revision and request.key.endswith(b"topics/a"):
+            # After the first key's Range: a write and a compaction past the revision it read at.
+            compacted.append(await etcd_store.create("topics/c", b"later"))
+            await etcd_store.compact(compacted[0])
+        return answer
+
+    etcd_store._kv.Range = compacting
+    try:
+        with pytest.raises(kv.Conflict) as raised:
+            await etcd_store.txn([kv.Compare("topics/a", first), kv.Compare("topics/b", 1)], [kv.Put("topics/a", b"three")])
+    finally:
+        etcd_store._kv.Range = send
+    assert compacted, "the re-read never reached its second key"
+    assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/a", first, moved)
+
+
 @pytest.mark.parametrize("how", ["update", "delete at a revision"])
 async def test_a_lost_response_then_another_writer_still_reports_our_commit(
     how: str, etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
