@@ -88,3 +88,38 @@ def test_the_batching_bound_is_never_below_the_exact_count(prefix: str) -> None:
                 bound = size.writes_bound(1, len(key.encode()), value_length)
                 assert exact <= bound <= exact + 2 * 49, (key, value_length, revision)
                 assert size.delete_bytes(key) + size.compare_bytes(key, revision) <= size.writes_bound(1, len(key.encode()), 0)
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_the_checks_quick_bound_is_never_below_the_exact_count(prefix: str) -> None:
+    """check() counts exactly only when its quick bound is over the budget: a bound below the exact
+    size would let a too-large transaction through."""
+    size = kv.RequestSize(prefix, kv.DEFAULT_MAX_REQUEST_BYTES)
+    keys = ("k", "partitions/" + "p" * 300 + "-99999", "topics/é", "topics/" + "本" * 700)
+    for value_length in VALUE_LENGTHS:
+        for revision in (*REVISIONS, 2**63 - 1):
+            for key in keys:
+                compares = [kv.Compare(key, revision)]
+                for operations in ([kv.Put(key, b"x" * value_length)], [kv.Delete(key)], []):
+                    exact = size.txn_bytes(compares, operations)
+                    assert exact <= size.bound(compares, operations), (key, value_length, revision, operations)
+                    assert size.txn_bytes([], operations) <= size.bound([], operations)
+    mixed_compares = [kv.Compare(f"partitions/t-{index}", index * 10**9) for index in range(128)]
+    mixed: list[kv.Operation] = [kv.Put(f"partitions/t-{index}", b"v" * index * 97) for index in range(64)]
+    mixed += [kv.Delete(f"topics/gone-{'é' * index}") for index in range(64)]
+    assert size.txn_bytes(mixed_compares, mixed) <= size.bound(mixed_compares, mixed)
+
+
+def test_the_check_counts_exactly_when_the_bound_is_over_the_budget() -> None:
+    """A transaction that fits though its bound does not passes; one a byte over is refused with its
+    exact size."""
+    size = kv.RequestSize("/sc/", 10_000)
+    compares = [kv.Compare(f"k{index}", 0) for index in range(40)]
+    def puts(length: int) -> list[kv.Operation]:
+        return [kv.Put(f"k{index}", b"x" * length) for index in range(40)]
+    fitting = max(length for length in range(300) if size.txn_bytes(compares, puts(length)) <= size.budget)
+    assert size.bound(compares, puts(fitting)) > size.budget  # the exact count decides
+    size.check(compares, puts(fitting))
+    with pytest.raises(kv.TooLarge) as raised:
+        size.check(compares, puts(fitting + 1))
+    assert raised.value.size == size.txn_bytes(compares, puts(fitting + 1)) > size.budget
