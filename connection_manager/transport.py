@@ -80,6 +80,10 @@ MAX_LINGERING_SECONDS = 10.0
 MAX_METHOD_BYTES = 16
 _METHOD = re.compile(rb"[A-Z_-]{1,%d}(?: |$)" % MAX_METHOD_BYTES)
 NOT_HTTP_EXCERPT_BYTES = 16
+# aiohttp's parser quotes the header line it refuses: from the first of these words on (a bearer
+# token, the live page's token subprotocol), the rest of the line is left out of what the SC logs
+# and answers.
+_CREDENTIAL = re.compile(r"(authorization|bearer|cookie).*", re.IGNORECASE)
 # Reasons a connection is refused or closed, as counted in Stats.refused and /metrics.
 LIMIT = "limit"  # the port is full of connections with a request in progress
 PER_ADDRESS_LIMIT = "per-address-limit"
@@ -684,7 +688,7 @@ class HttpHandler(web.RequestHandler):
     def handle_error(
         self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None, message: str | None = None
     ) -> web.StreamResponse:
-        detail = ratelimit.excerpt(message or (str(exc) if exc is not None else HTTPStatus(status).phrase))
+        detail = ratelimit.excerpt(without_credentials(message or (str(exc) if exc is not None else HTTPStatus(status).phrase)))
         if exc is not None and exc.__traceback__ is not None:
             traceback.clear_frames(exc.__traceback__)  # its frames hold the bytes being parsed
         if self.guard is not None:
@@ -704,6 +708,12 @@ class HttpHandler(web.RequestHandler):
         response = web.json_response({"error": {"code": code, "message": answer}}, status=status)
         response.force_close()
         return response
+
+
+def without_credentials(text: str) -> str:
+    """``text`` (a parser's message quoting what a client sent) without what may be a credential:
+    each line from the word that names one on."""
+    return _CREDENTIAL.sub(r"\1 (the rest of the line is not shown: it may hold a credential)", text)
 
 
 @web.middleware

@@ -13,6 +13,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import structlog
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -26,6 +27,7 @@ from tests.builders import partition, topic
 from tests.unit.api_server import server, spu  # noqa: F401 (server is a fixture)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+SECRET_TOKEN = b"QzX9tokenWm4Lp7Vb2Ns"
 SPU_BODY: dict[str, Any] = {
     "name": "s1",
     "spec": {"id": 1, "publicEndpoint": {"host": "h1", "port": 9005}, "privateEndpoint": {"host": "h1", "port": 9006}},
@@ -1118,6 +1120,36 @@ async def test_a_content_length_that_is_no_number_in_range_is_400(server: api_se
     finally:
         writer.close()
     assert status_line.split(b" ")[1] == b"400"
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"Authorization: Bearer " + SECRET_TOKEN + b"\x01",  # a control character in the value
+        b"Authorization : Bearer " + SECRET_TOKEN,  # a space before the colon
+        b"authorization: bearer " + SECRET_TOKEN + b"\nX-Next: 1",  # a bare LF ending it
+        b"Sec-WebSocket-Protocol: sc.v1, bearer." + SECRET_TOKEN + b"\x7f",
+    ],
+)
+async def test_a_malformed_credential_header_is_quoted_neither_in_the_log_nor_in_the_answer(
+    server: api_server.ApiServer, header: bytes
+) -> None:
+    """aiohttp's parser quotes the line it refuses: a token on it must not reach the SC's log."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with structlog.testing.capture_logs() as logged:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(b"GET /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n" + header + b"\r\n\r\n")
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 5)
+        finally:
+            writer.close()
+    assert answer.split(b" ")[1] == b"400"
+    refused = [line for line in logged if line.get("status") == 400]
+    assert refused, logged
+    # Not even its first characters: 16 are enough for a token.
+    assert SECRET_TOKEN[:4] not in answer
+    assert SECRET_TOKEN[:4].decode() not in repr(refused)
 
 
 def test_every_operation_with_a_query_parameter_documents_its_400() -> None:
