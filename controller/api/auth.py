@@ -18,6 +18,7 @@ from pathlib import Path
 READ = "read"
 ADMIN = "admin"
 ROLES = (READ, ADMIN)
+ROLES_HINT = "use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"
 # The third column of a credentials line naming a client certificate's subject CN, not a token.
 CERT_PREFIX = "cert:"
 # A token shorter than this is guessable: refused when the file is read.
@@ -77,7 +78,7 @@ def parse_grant(text: str) -> Grant:
     """``read``, ``admin`` or ``admin:PREFIX`` (admin on the topics whose name starts with PREFIX)."""
     role, colon, prefix = text.partition(":")
     if role not in ROLES or (colon and (role != ADMIN or not prefix)):
-        raise ValueError(f"role {text!r} is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)")
+        raise ValueError(f"role {text!r} is unknown: {ROLES_HINT}")
     return Grant(role, prefix if colon else None)
 
 
@@ -99,6 +100,10 @@ def parse(text: str, source: str) -> Credentials:
         try:
             grant = parse_grant(role)
         except ValueError as error:
+            if len(role) >= MIN_TOKEN_CHARS and not role.startswith(f"{ADMIN}:"):
+                # As long as a token: most likely one, its columns swapped.
+                shown = f"the role (field 2, {len(role)} characters, not shown: it may be a token) is unknown: {ROLES_HINT}"
+                raise CredentialsError(f"{where}: {shown}") from None
             raise CredentialsError(f"{where}: {error}") from None
         if name in names:
             raise CredentialsError(f"{where}: name {name!r} is given twice; each credential needs a name of its own")

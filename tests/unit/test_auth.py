@@ -54,6 +54,8 @@ def test_without_credentials_everyone_is_anonymous_with_every_right() -> None:
         (f"alice root {TOKEN}", "'t' line 1: role 'root' is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"),
         (f"alice read:x {TOKEN}", "'t' line 1: role 'read:x' is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"),
         (f"alice admin: {TOKEN}", "'t' line 1: role 'admin:' is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"),
+        # The columns swapped: the token is where the role goes, and is not shown there either.
+        (f"alice {TOKEN} admin", "'t' line 1: the role (field 2, 24 characters, not shown: it may be a token) is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"),
         ("alice admin short", "'t' line 1: the token of 'alice' has 5 characters, fewer than 16; make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"),
         (f"alice admin {TOKEN}\nalice read {TOKEN}x", "'t' line 2: name 'alice' is given twice; each credential needs a name of its own"),
         (f"alice admin {TOKEN}\nbob read {TOKEN}", "'t' line 2: the token of 'bob' is another name's too; give each its own"),
