@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
+import hashlib
 import hmac
+import math
 import ipaddress
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -197,6 +198,9 @@ class ConnectionManager:
         self.health = health
         self.live = live
         self.token = token
+        # What a presented token is compared with: digests are of equal lengths, so the comparison
+        # takes as long whatever the length of the token presented (it tells nothing of the token's).
+        self._token_digest = None if token is None else hashlib.sha256(token.encode()).digest()
         # Under mutual TLS each SPU's client certificate names it (CN or DNS SAN spu-<id>).
         self.certificate_identity = certificate_identity
         # Without a token or certificates, anyone who reaches the port could be any SPU: only this host may.
@@ -523,7 +527,8 @@ class ConnectionManager:
         can: the newcomer waits until the session goes silent or closes)."""
         spu_id = register.spu_id
         # Nothing about the id is looked up before this: not even the time it takes may differ.
-        if self.token is not None and not hmac.compare_digest((register.token or "").encode(), self.token.encode()):
+        presented = hashlib.sha256((register.token or "").encode()).digest()
+        if self._token_digest is not None and not hmac.compare_digest(presented, self._token_digest):
             return "unauthorized", f"SPU id {spu_id} presented a missing or wrong token"
         if self._registered(spu_id) is None:
             return "unregistered", (

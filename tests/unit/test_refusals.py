@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from connection_manager import server
+from connection_manager import health, lrs, server, wire
+from store import local
 
 
 def test_a_refusal_is_logged_once_per_cause_and_peer_per_interval_with_the_repeats_counted() -> None:
@@ -46,3 +47,23 @@ def test_refusals_from_many_peers_are_remembered_up_to_a_bound() -> None:
 )
 def test_only_loopback_addresses_count_as_this_host(peer: str | None, loopback: bool) -> None:
     assert server.is_loopback(peer) is loopback
+
+
+@pytest.mark.parametrize("presented", [None, "short", "s" * 31, "s" * 33, "s" * 32, "t" * 500])
+def test_a_wrong_spu_token_is_refused_comparing_equal_lengths_whatever_its_length(
+    presented: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """compare_digest returns at once on inputs of different lengths: comparing the token itself
+    would tell a client how long the SPU token is. Digests are compared instead, as on the public port."""
+    compared: list[tuple[int, int]] = []
+    real_compare = server.hmac.compare_digest
+
+    def recording(a: bytes, b: bytes) -> bool:
+        compared.append((len(a), len(b)))
+        return real_compare(a, b)
+
+    monkeypatch.setattr(server.hmac, "compare_digest", recording)
+    manager = server.ConnectionManager(local.LocalStore(), health.HealthView(0.0), lrs.LiveReplicas(), token="k" * 32)
+    refusal = manager._refusal(wire.Register(spu_id=1, token=presented))
+    assert refusal is not None and refusal[0] == "unauthorized"
+    assert compared and all(first == second for first, second in compared)
