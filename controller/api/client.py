@@ -118,11 +118,17 @@ class Client:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _redirected(self, url: str, location: str, redirects: list[str]) -> str:
-        """Where a 307 from ``url`` sends the request; ClientError past MAX_REDIRECTS hops, or for a
-        Location that is not an http(s) address."""
+        """Where a 307 from ``url`` sends the request; ClientError past MAX_REDIRECTS hops, for a
+        Location that is not an http(s) address, or from https to plain http."""
         target = urllib.parse.urljoin(url, location)
         if urllib.parse.urlsplit(target).scheme not in ("http", "https") or not location:
             raise ClientError(f"the SC at {url} redirected to {location[:200]!r}, which is not an http(s) address", "BadAnswer")
+        if urllib.parse.urlsplit(url).scheme == "https" and urllib.parse.urlsplit(target).scheme != "https":
+            # The credential goes along: not in clear.
+            raise ClientError(
+                f"the SC at {url} redirected to {target[:200]!r}, plain http: the request and its credential are "
+                "not sent there; call the leader with https yourself", "BadAnswer",
+            )  # fmt: skip
         redirects.append(target)
         if len(redirects) > MAX_REDIRECTS:
             raise ClientError(

@@ -91,3 +91,19 @@ async def test_a_redirect_elsewhere_than_http_is_refused(servers: Servers) -> No
     with pytest.raises(client_module.ClientError) as raised:
         await asyncio.to_thread(client_module.Client(url).call, "POST", "/v1/topics", {})
     assert raised.value.code == "BadAnswer" and "'file:///etc/passwd', which is not an http(s) address" in str(raised.value)
+
+
+@pytest.mark.parametrize("location", ["http://sc-b:9003/v1/topics", "//sc-b:9003/v1/topics", "/v1/topics"])
+def test_a_redirect_from_https_keeps_tls_or_is_refused(location: str) -> None:
+    """The token goes along with the request: a redirect from https to plain http would send it in clear."""
+    client = client_module.Client("https://sc-a:9003", token="secret")
+    if location.startswith("http:"):
+        with pytest.raises(client_module.ClientError) as raised:
+            client._redirected("https://sc-a:9003/v1/topics", location, [])
+        assert raised.value.code == "BadAnswer"
+        assert str(raised.value) == (
+            "the SC at https://sc-a:9003/v1/topics redirected to 'http://sc-b:9003/v1/topics', plain http: "
+            "the request and its credential are not sent there; call the leader with https yourself"
+        )
+    else:
+        assert client._redirected("https://sc-a:9003/v1/topics", location, []).startswith("https://")
