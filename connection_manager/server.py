@@ -16,8 +16,8 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
-import math
 import ipaddress
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -318,13 +318,19 @@ class ConnectionManager:
         if register is None:
             return websocket
         spu_id = register.spu_id
+        # Who it is, before anything else: a client without the SPU token (or the SPU's
+        # certificate) learns nothing, not even where the leader is, and is never held.
+        refusal = self._identity_refusal(spu_id, tls.peercert_of(request.transport)) or self._token_refusal(register)
+        if refusal is not None:
+            await self._refuse(websocket, peer, spu_id, *refusal)
+            return websocket
         standby = self.standby_refusal()
         if standby is not None and _worth_holding(standby, register):
             standby = await self._hold(standby, register)
         if standby is not None:
             await self._refuse(websocket, peer, spu_id, NOT_LEADER, standby[0], leader=standby[1])
             return websocket
-        refusal = self._identity_refusal(spu_id, tls.peercert_of(request.transport)) or self._refusal(register)
+        refusal = self._refusal(register)
         if refusal is not None:
             await self._refuse(websocket, peer, spu_id, *refusal)
             return websocket
@@ -518,18 +524,22 @@ class ConnectionManager:
             f"whose CN or a DNS SAN is {expected}"
         )
 
-    def _refusal(self, register: wire.Register) -> tuple[str, str] | None:
-        """(code, reason) when the Register is refused.
-
-        The token first: a client without it gets the same answer whether the id is registered
-        or not, so it cannot map the registered ids. Then a healthy session of the same id is
-        never evicted by a client that could not prove it is that SPU (without a token nobody
-        can: the newcomer waits until the session goes silent or closes)."""
-        spu_id = register.spu_id
-        # Nothing about the id is looked up before this: not even the time it takes may differ.
+    def _token_refusal(self, register: wire.Register) -> tuple[str, str] | None:
+        """(code, reason) when an SPU token is configured and the Register does not present it.
+        Checked before anything about the id is looked up, and before a standby answers: a
+        client without it gets the same answer whatever the id and whatever this SC's role, so
+        it can neither map the registered ids nor find the leader."""
         presented = hashlib.sha256((register.token or "").encode()).digest()
         if self._token_digest is not None and not hmac.compare_digest(presented, self._token_digest):
-            return "unauthorized", f"SPU id {spu_id} presented a missing or wrong token"
+            return "unauthorized", f"SPU id {register.spu_id} presented a missing or wrong token"
+        return None
+
+    def _refusal(self, register: wire.Register) -> tuple[str, str] | None:
+        """(code, reason) when the Register of a client that passed _token_refusal is refused: an
+        id no SPU holds, or a healthy session of the same id, which is never evicted by a client
+        that could not prove it is that SPU (without a token nobody can: the newcomer waits until
+        the session goes silent or closes)."""
+        spu_id = register.spu_id
         if self._registered(spu_id) is None:
             return "unregistered", (
                 f"SPU id {spu_id} is not registered with this SC; register it first "

@@ -117,3 +117,31 @@ def test_a_register_says_an_unreachable_leader_only_when_there_is_one() -> None:
     assert b'"unreachableLeader":"sc-a:9004"' in said
     parsed = wire.parse_spu_message(said)
     assert isinstance(parsed, wire.Register) and parsed.unreachable_leader == "sc-a:9004"
+
+
+@pytest.mark.parametrize("presented", [None, "wrong-token-of-32-characters-xxx"])
+async def test_a_standby_checks_the_spu_token_before_it_names_the_leader_or_holds(presented: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the token a client learns nothing from a standby: not where the leader's private port
+    is, and it cannot keep the standby holding its connection (docs/operations.md: the token is
+    checked before anything else)."""
+    store = local.LocalStore()
+    store["spus"].apply(spu(0), 1)
+    cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas(), token="the-right-token-of-32-characters")
+    role = Role()
+    role.refusal = ("this SC is a standby: the leader is elsewhere", DEAD)
+    cm.standby_refusal = role
+    monkeypatch.setattr(server, "STANDBY_HOLD", LONG_HOLD)  # a hold would outlast the wait below
+    await cm.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession() as client:
+            for unreachable in (None, DEAD):
+                websocket = await client.ws_connect(f"ws://127.0.0.1:{cm.port}{wire.SPU_PATH}")
+                await websocket.send_bytes(wire.encode(wire.Register(spu_id=0, token=presented, unreachable_leader=unreachable)))
+                frame = await websocket.receive(timeout=10)
+                message = wire.parse_sc_message(frame.data)
+                assert isinstance(message, wire.Rejected) and message.code == "unauthorized", message
+                assert message.leader is None and DEAD not in message.reason
+                await websocket.close()
+        assert cm.stats.held == 0
+    finally:
+        await cm.stop()

@@ -64,6 +64,6 @@ def test_a_wrong_spu_token_is_refused_comparing_equal_lengths_whatever_its_lengt
 
     monkeypatch.setattr(server.hmac, "compare_digest", recording)
     manager = server.ConnectionManager(local.LocalStore(), health.HealthView(0.0), lrs.LiveReplicas(), token="k" * 32)
-    refusal = manager._refusal(wire.Register(spu_id=1, token=presented))
+    refusal = manager._token_refusal(wire.Register(spu_id=1, token=presented))
     assert refusal is not None and refusal[0] == "unauthorized"
     assert compared and all(first == second for first, second in compared)
