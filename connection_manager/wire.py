@@ -321,4 +321,10 @@ def _describe(error: pydantic.ValidationError) -> tuple[str, str]:
         return "unsupported-version", (
             f"protocol version {first['input']!r} is not supported; this SC speaks version {PROTOCOL_VERSION}"
         )
+    if any(part in _SECRET_FIELDS for part in first["loc"]):
+        return "invalid", f"field {location!r}: {first['msg']} (its value is not shown: it may be a credential)"
     return "invalid", f"field {location!r}: {first['msg']} (got {first['input']!r:.80})"
+
+
+# Fields whose value a refusal never quotes (it is logged and sent back), whatever its type.
+_SECRET_FIELDS = frozenset({"token"})

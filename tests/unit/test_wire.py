@@ -60,6 +60,15 @@ def test_malformed_frames_are_refused_with_a_code_and_the_value(frame: bytes, co
     assert (raised.value.code, message in str(raised.value)) == (code, True), str(raised.value)
 
 
+@pytest.mark.parametrize("token", ['["the-secret-token-xyz"]', '{"t": "the-secret-token-xyz"}', "12345678901234567890"])
+def test_a_token_of_the_wrong_type_is_refused_without_quoting_it(token: str) -> None:
+    """The reason is logged and sent back: a token, even of the wrong type, is never in it."""
+    with pytest.raises(wire.FrameError) as raised:
+        wire.parse_spu_message(b'{"type": "register", "spuId": 1, "token": ' + token.encode() + b"}")
+    assert raised.value.code == "invalid" and "'register.token'" in str(raised.value), str(raised.value)
+    assert "secret" not in str(raised.value) and "1234567890" not in str(raised.value)
+
+
 def test_an_oversized_frame_is_refused_before_it_is_parsed() -> None:
     with pytest.raises(wire.FrameError, match="frame of 2001 bytes is over the limit of 2000 bytes") as raised:
         wire.parse_spu_message(b"x" * 2001, max_bytes=2000)
