@@ -282,8 +282,11 @@ def _decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: F
     if new_leader == leader and not changed_isr and resolution is stored.resolution and step is None and not renewed:
         return Decision(None, answer)
     # The partition epoch counts changes of the leader or of the in-sync set (and the first
-    # confirmation, and an id registered again); a move's change of the replica list alone is not one.
-    bump = new_leader != leader or changed_isr or resolution is not stored.resolution or bool(renewed)
+    # confirmation, and an id registered again); a move's change of the replica list alone is not one,
+    # except at partition epoch 0, where every replica counts as in sync: written at 0, the SPUs a
+    # move adds would count too, with none of the records. At 1 the in-sync set is written out.
+    regrown = members.fresh and step is not None and step.replicas is not None
+    bump = new_leader != leader or changed_isr or resolution is not stored.resolution or bool(renewed) or regrown
     state = State(
         new_leader,
         resolution,

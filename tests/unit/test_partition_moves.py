@@ -122,6 +122,13 @@ def test_a_leader_lost_mid_move_is_replaced_from_the_in_sync_set_and_the_move_go
     assert step(after, Spus(online_ids={1, 2, 3})) == (State(1, ONLINE, 4, 5, (1, 2, 3)), "", (3, 1, 2), True)
 
 
+def test_a_move_of_a_partition_at_partition_epoch_0_writes_its_in_sync_set_out() -> None:
+    # Stored Online at partition epoch 0 (written by someone else): every replica counts as in sync.
+    # SPU 3 joining at epoch 0 would count too, with none of the records, and could lead.
+    p = moving(partition_epoch=0)
+    assert step(p, ALL_UP) == (State(0, ONLINE, 3, 1, (0, 1, 2)), "", (0, 1, 2, 3), False)
+
+
 # ---------------------------------------------------------------------------- cancel
 
 
