@@ -127,5 +127,9 @@ def test_whatever_is_stored_a_decision_writes_a_readable_partition_that_moves_fo
         # Only a leader's proposal adds members (every SPU it adds caught up): checked by _check.
         assert facts.proposal is not None or transition.cause == ps.CAUSE_UNCLEAN, f"{before.isr} grew to {state.isr}"
     assert set(state.isr) <= set(replicas), f"in-sync set {state.isr} holds SPUs that are not replicas {replicas}"
+    # As read back (at partition epoch 0 every replica counts): a move's new SPUs never count unasked.
+    grown = set(written.in_sync()) - set(partition.in_sync())
+    if grown:
+        assert facts.proposal is not None or transition.cause == ps.CAUSE_UNCLEAN, f"{partition.in_sync()} grew to {written.in_sync()}"
     if state.resolution is models.PartitionResolution.ONLINE:
         assert state.leader in state.isr, f"leader {state.leader} outside its in-sync set {state.isr}"
