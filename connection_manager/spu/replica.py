@@ -251,7 +251,11 @@ class Replica:
                 self.leader_since = now
                 started = True
             self.role = Role.LEADER
-            for spu in [spu for spu in self.followers if spu not in self.replicas]:
+            # A follower outside the committed set may have left the replicas and come back (its
+            # log deleted) in states this leader never heard of, epochs unchanged: where it last
+            # fetched says nothing of what it holds now. It proposes one in only after a fetch made
+            # since the state it was last told. Members keep theirs: the HW counts them.
+            for spu in [spu for spu in self.followers if spu not in self.replicas or spu not in committed]:
                 del self.followers[spu]
         else:
             self.role = Role.IDLE if leader is None else Role.FOLLOWER

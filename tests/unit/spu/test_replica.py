@@ -277,3 +277,23 @@ def test_invalid_settings_and_offsets_are_refused_with_the_offending_values() ->
         leader().append(-5, now=0.0)
     with pytest.raises(ReplicaError, match=r"^partition 't-0': fetch offset -1 and max records 10 must not be negative$"):
         leader().serve_fetch(1, -1, 0, 10, 0.0, 1, -1)
+
+
+def test_a_leader_forgets_where_a_follower_outside_the_in_sync_set_was_each_time_it_is_told_the_state() -> None:
+    """A follower dropped from the replicas (it deletes its log) and added back by a later move, both
+    while the leader was cut off from the SC, looks unchanged to the leader: same replicas, same
+    leader epoch. What it last fetched says nothing of what it holds now, so the leader waits for a
+    fetch made after the state it was told before it proposes the follower in."""
+    replica = leader()
+    replica.append(100, 0.0)
+    replica.serve_fetch(1, 100, 0, 1000, 0.1, 1, 1)
+    replica.serve_fetch(2, 100, 0, 1000, 0.1, 1, 1)
+    assert replica.hw == 100
+    # Missed: SPU 2 left (in-sync set (0, 1), partition epoch 2) and came back (a move's first step,
+    # epochs unchanged). The leader hears only the end state, within the lag time of 2's last fetch.
+    replica.assign(0, [0, 1, 2], 0.5, leader_epoch=1, partition_epoch=2, isr=[0, 1])
+    assert replica.proposal(0.6, 1.0) is None
+    replica.serve_fetch(2, 0, 100, 1000, 0.7, 1, -1)  # its log is empty now
+    assert replica.proposal(0.8, 1.0) is None
+    replica.serve_fetch(2, 100, 100, 1000, 0.9, 1, 1)  # caught up again: now it may join
+    assert replica.proposal(1.0, 1.0) == replica_module.Proposal((0, 1, 2), 1, 2, 1.0, hw=100)
