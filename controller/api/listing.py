@@ -13,6 +13,7 @@ import bisect
 import collections
 import json
 import math
+import sys
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -190,10 +191,21 @@ class _Build:
 # filters (`?topic=` of topics deleted or never there) stay within the budget too; counting the
 # body alone let some 33 million empty answers pass for 64 MiB.
 ENTRY_BYTES = 600
+# The part of ENTRY_BYTES that is the group's key: a kind and a topic name. A longer key counts
+# beyond it: a Fluvio List's name filters are in its key, up to a 16 MiB frame of them, and
+# answers to lists of distinct long filters, each counted at ENTRY_BYTES, held gigabytes.
+KEY_BYTES_IN_ENTRY = 256
 
 
-def kept_bytes(answer: Answer) -> int:
-    return ENTRY_BYTES + len(answer.body)
+def key_bytes(group: Hashable) -> int:
+    """About the memory ``group`` holds: its tuples and what they hold (strings, numbers, None)."""
+    if isinstance(group, tuple):
+        return sys.getsizeof(group) + sum(key_bytes(part) for part in group)
+    return sys.getsizeof(group)
+
+
+def kept_bytes(answer: Answer, group: Hashable = ()) -> int:
+    return ENTRY_BYTES + len(answer.body) + max(0, key_bytes(group) - KEY_BYTES_IN_ENTRY)
 
 
 class Answers:
@@ -212,6 +224,10 @@ class Answers:
         self._building: dict[Hashable, _Build] = {}
         # How each answer was given: "cached" (built before), "shared" (joined a build), "built".
         self.served: Tally[str] = Tally()
+
+    def __len__(self) -> int:
+        """The answers kept now."""
+        return len(self._kept)
 
     async def get(
         self,
@@ -259,15 +275,15 @@ class Answers:
     def _keep(self, group: Hashable, kept: _Kept) -> None:
         previous = self._kept.pop(group, None)
         if previous is not None:
-            self.bytes -= kept_bytes(previous.answer)
+            self.bytes -= kept_bytes(previous.answer, group)
             if previous.epoch > kept.epoch:  # a slower, older build finished last: keep the newer
                 kept = previous
-        size = kept_bytes(kept.answer)
+        size = kept_bytes(kept.answer, group)
         if size > self.limit_bytes:
             return
         while self._kept and self.bytes + size > self.limit_bytes:
-            _, evicted = self._kept.popitem(last=False)
-            self.bytes -= kept_bytes(evicted.answer)
+            evicted_group, evicted = self._kept.popitem(last=False)
+            self.bytes -= kept_bytes(evicted.answer, evicted_group)
         self._kept[group] = kept
         self.bytes += size
 

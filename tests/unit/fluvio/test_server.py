@@ -112,6 +112,23 @@ async def test_topic_filters_are_substrings_or_ed_and_system_lists_none(store_se
     assert await client.list(fluvio_objects.TOPIC, system=True) == []
 
 
+async def test_lists_of_distinct_long_filters_keep_no_more_answers_than_the_cache_has_room_for() -> None:
+    # A List's name filters are part of the key its answer is kept under: 8 filters of 30,000
+    # characters each hold some 240 KB, however empty the answer. 1 MiB has room for 4 of them.
+    async with serving(list_cache_bytes=1 << 20) as store_server:
+        store_server.apply(topic("alpha"))
+        connected = await store_server.client()
+        try:
+            for number in range(40):
+                filters = [f"{number:02d}{index}" + "x" * 30_000 for index in range(8)]
+                assert await connected.list(fluvio_objects.TOPIC, *filters) == []
+        finally:
+            await connected.close()
+        answers = store_server.context.lists.answers
+        assert len(answers) <= 4
+        assert answers.bytes <= answers.limit_bytes
+
+
 async def test_partition_lists_ignore_filters_and_sort_by_index(store_server: StoreServer, client: client_module.Client) -> None:
     store_server.apply(builders.partition("orders-10", [1]), builders.partition("orders-2", [0]), builders.partition("audit-0", [2]))
     assert [meta.name for meta in await client.list(fluvio_objects.PARTITION, "nothing-matches")] == ["audit-0", "orders-2", "orders-10"]
