@@ -19,6 +19,7 @@ from controller.placement.codec import (
 from controller.placement.engine import check_strategy, compute
 from controller.placement.manual import validate_manual
 from controller.placement.model import (
+    CACHED_SPUS_LIMIT,
     STRATEGIES,
     ExistingPartition,
     Fix,
@@ -45,6 +46,7 @@ from controller.placement.rebalance import (
 )
 
 __all__ = [
+    "CACHED_SPUS_LIMIT",
     "STRATEGIES",
     "ClusterView",
     "ExistingPartition",

@@ -33,6 +33,8 @@ def _layout(spus: tuple[model.SpuInfo, ...], ignore_racks: bool) -> tuple[cluste
     if last is not None and last[0] is spus and last[1] == ignore_racks:
         return last[2], last[3]
     layout = cluster.rack_layout(spus, ignore_racks=ignore_racks)
+    if len(spus) > model.CACHED_SPUS_LIMIT:  # not remembered: a placement request's list may be huge
+        return layout, tuple(rack_sequence(spus)) if layout == "flat" else None
     sequence = _rack_sequence_of(tuple(spus)) if layout == "flat" else None
     if type(spus) is tuple:
         _last_layout = (spus, ignore_racks, layout, sequence)

@@ -75,6 +75,9 @@ def _check_spus_once(spus: object) -> None:
     except TypeError:
         _check_spus(spus)
         return
+    if len(key) > model.CACHED_SPUS_LIMIT:
+        _check_spus(key)  # not remembered: a placement request's list may be huge
+        return
     _checked_spus(key)
 
 
@@ -94,7 +97,10 @@ def _eligible(spus: object) -> tuple[model.SpuInfo, ...]:
     last = _last_spus
     if last is not None and last[0] is spus:
         return last[1]
-    eligible = _eligible_cached(tuple(spus))  # type: ignore[arg-type]  # checked by _check_spus_once before any placement
+    listed: tuple[model.SpuInfo, ...] = tuple(spus)  # type: ignore[arg-type]  # checked by _check_spus_once before any placement
+    if len(listed) > model.CACHED_SPUS_LIMIT:
+        return cluster.eligible_spus(listed)  # not remembered: a placement request's list may be huge
+    eligible = _eligible_cached(listed)
     if type(spus) is tuple:
         _last_spus = (spus, eligible)
     return eligible

@@ -11,6 +11,11 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 STRATEGIES = ("computed", "kafka", "least-loaded", "multi-level", "policies", "manual")
+# The longest SPU list whose checks and rack sequence placement remembers (for the last few lists:
+# a controller pass places every topic on one cluster). A longer one is worked out each time: a
+# list sent with a placement request (POST /v1/placement, a read) may hold a million SPUs, which
+# remembered for the life of the process held gigabytes.
+CACHED_SPUS_LIMIT = 10_000
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,7 +74,7 @@ def rack_violations(replica_map: Sequence[Sequence[int]], spus: Iterable[model.S
         listed = list(spus)
         rack_of = {spu.id: spu.rack for spu in listed}
         online_racks = _online_racks(rack_of, {spu.id for spu in listed if spu.online})
-        if type(spus) is tuple:
+        if type(spus) is tuple and len(listed) <= model.CACHED_SPUS_LIMIT:
             _last_racks = (spus, rack_of, online_racks)
     return _violations(replica_map, rack_of, online_racks)
 

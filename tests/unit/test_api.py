@@ -6,6 +6,7 @@ input never reaches a 500. Tests play the controllers by writing statuses to the
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import pathlib
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ import structlog
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from controller import config
+from controller import config, placement
 from controller.api import routes as api
 from controller.reconcile import topic as topic_controller
 from store import active_sc, kv, memory, models
@@ -853,6 +854,24 @@ async def test_placement_with_explicit_spus(server: api_server.ApiServer) -> Non
     request = {"spus": [{"id": 0}, {"id": 1}, {"id": 2}], "partitions": 3, "replicationFactor": 2}
     status, body = await server.call("POST", "/v1/placement", request)
     assert (status, body["replicaMap"], body["nextStartIndex"]) == (200, [[0, 1], [1, 2], [2, 0]], 3)
+
+
+async def test_placements_on_many_distinct_large_spu_lists_keep_none_of_them() -> None:
+    # Placement remembers its checks for the last few SPU lists (a controller pass places every
+    # topic on one cluster); lists sent with POST /v1/placement (a read) must not stay behind:
+    # eight of 1.3 million SPUs each (16 MiB bodies) held gigabytes for the life of the process.
+    size = 2 * placement.CACHED_SPUS_LIMIT
+    running = api_server.ApiServer()
+    await running.start()
+    try:
+        for number in range(10):
+            spus = [{"id": number * size + index} for index in range(size)]
+            status, body = await running.call("POST", "/v1/placement", {"spus": spus, "partitions": 1, "replicationFactor": 1})
+            assert (status, body["replicaMap"]) == (200, [[number * size]])
+    finally:
+        await running.stop()
+    gc.collect()
+    assert sum(1 for obj in gc.get_objects() if type(obj) is placement.SpuInfo) < size
 
 
 async def test_placement_defaults_to_the_online_spus(server: api_server.ApiServer) -> None:
