@@ -337,6 +337,23 @@ async def test_too_many_watches_close_the_connection(client: client_module.Clien
         await client.closed.wait()
 
 
+async def test_a_list_with_more_name_filters_than_any_client_sends_closes_the_connection(store_server: StoreServer) -> None:
+    # Each filter is tried on every object, on the event loop: 2 million filters (a 16 MiB frame)
+    # against 1,000 topics held the loop for two minutes, SPU heartbeats included.
+    store_server.apply(topic("alpha"), topic("beta"))
+    connected = await store_server.client()
+    try:
+        many = [f"f{index}" for index in range(10_000)]
+        allowed = many[: server_module.MAX_NAME_FILTERS - 1]
+        assert await connected.list(fluvio_objects.TOPIC, *allowed, "alp") == [item(fluvio_objects.TOPIC, topic("alpha"))]
+        with pytest.raises(ConnectionError):
+            await connected.list(fluvio_objects.TOPIC, *many)
+        async with asyncio.timeout(5):
+            await connected.closed.wait()
+    finally:
+        await connected.close()
+
+
 async def test_large_answers_are_encoded_in_chunks_between_other_work(
     store_server: StoreServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
