@@ -56,8 +56,20 @@ class CrashingStore(kv.ForwardingStore):
         self.fail_at = self.writes + nth
         self.mode = mode
 
+    held_claim = False  # a dead SC's claim is not given up: it ends with its lease
+
+    async def keep_alive(self, lease: int) -> int:
+        if self.dead and self.held_claim:
+            raise Crashed("the SC crashed")
+        return await self.inner.keep_alive(lease)
+
+    async def revoke_lease(self, lease: int) -> None:
+        if self.dead and self.held_claim:
+            raise Crashed("the SC crashed")
+        await self.inner.revoke_lease(lease)
+
     async def _write(self, keys: Sequence[str], write: Callable[[], Awaitable[int]]) -> int:
-        if all(key.startswith(CLAIM_KEYS) for key in keys):
+        if all(key.startswith(CLAIM_KEYS) for key in keys) and not (self.dead and self.held_claim):
             return await write()
         if self.dead:
             raise Crashed("the SC crashed")
@@ -96,7 +108,7 @@ class OnStore(daemon_module.Daemon):
         return self.store
 
 
-SETTINGS = config.Settings(store=config.StoreKind.MEMORY, spu_offline_grace=3600, **daemon_fixture.COMMON_SETTINGS)
+SETTINGS = config.Settings(store=config.StoreKind.MEMORY, spu_offline_grace=3600, active_sc_lease_ttl=2, **daemon_fixture.COMMON_SETTINGS)
 
 
 @contextlib.asynccontextmanager
@@ -181,7 +193,12 @@ MODES = ("crash-before", "crash-after", "refuse", "lost")
 
 
 async def crash_everywhere(
-    setup: Operation, operation: Operation, after_check: Operation | None = None, modes: Sequence[str] = MODES, standby: bool = False
+    setup: Operation,
+    operation: Operation,
+    after_check: Operation | None = None,
+    modes: Sequence[str] = MODES,
+    standby: bool = False,
+    held_claim: bool = False,
 ) -> int:
     """Fail at each write of ``operation`` in turn, in each of ``modes``; the SC (after a crash, a
     fresh one, or with ``standby`` the standby that ran beside it) must converge each time, and
@@ -193,6 +210,7 @@ async def crash_everywhere(
                 inner = await BACKEND[0]()
                 stack.push_async_callback(inner.close)
                 failing = CrashingStore(inner)
+                failing.held_claim = held_claim
                 first = contextlib.AsyncExitStack()
                 sc = await first.enter_async_context(sc_on(failing))
                 stack.push_async_exit(first)
@@ -404,3 +422,10 @@ async def test_on_etcd(on_etcd: None) -> None:
         await call_ok(sc, "DELETE", "/v1/topics/big")
 
     await crash_everywhere(three_spus, create)
+
+
+async def test_topic_create_taken_over_after_the_claim_expired() -> None:
+    async def create(sc: daemon_fixture.Running) -> None:
+        await call_ok(sc, "POST", "/v1/topics", {"name": "big", "spec": {"partitions": 300, "replicationFactor": 2}})
+
+    await crash_everywhere(three_spus, create, modes=("crash-before", "crash-after"), standby=True, held_claim=True)
