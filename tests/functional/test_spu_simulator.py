@@ -265,16 +265,19 @@ async def test_an_spu_registers_says_what_it_holds_and_sends_offsets_only_as_the
     await eventually(lambda: _assert(len(sc.offsets_of(0)) >= 6), timeout=5.0)
     [(_, leading)] = sc.frames_of(0, wire.Leading)
     assert leading == wire.Leading(partitions=[wire.Leadership(partition="t-0", leader_epoch=1)])
-    times = [at for at, _ in sc.frames_of(0, wire.Offsets)]
-    gaps = [later - earlier for earlier, later in zip(times[1:], times[2:])]
-    assert min(gaps) >= 0.15, gaps  # at most one Offsets frame per offsets interval (0.2 s)
+    # At most one Offsets frame per offsets interval (0.2 s). Timed where the fake SC read them, so
+    # one frame read late (a stall of the loop) shortens one gap: the span over the frames after
+    # the first may be short by one stall (up to 0.1 s here), and stalls do not add up.
+    times = [at for at, _ in sc.frames_of(0, wire.Offsets)][1:]
+    assert times[-1] - times[0] >= 0.2 * (len(times) - 1) - 0.1, times
     leos = [entry["leo"] for entry in sc.offsets_of(0)]
     assert leos == sorted(leos) and leos[-1] > leos[0]
     entry = sc.offsets_of(0)[-1]
     assert (entry["leader_epoch"], entry["hw"], entry["followers"]) == (1, entry["leo"], [])  # alone in its set
     # Heartbeats carry nothing about partitions; a quarter of the SC's heartbeat timeout apart.
+    # (Timed as read, as above: the span may be short by one stall, here up to 0.2 s.)
     beats = [at for at, _ in sc.frames_of(0, wire.Heartbeat)]
-    assert len(beats) >= 2 and all(later - earlier >= 0.45 for earlier, later in zip(beats, beats[1:])), beats
+    assert len(beats) >= 2 and beats[-1] - beats[0] >= 0.5 * (len(beats) - 1) - 0.2, beats
 
 
 async def test_an_idle_spu_sends_heartbeats_and_no_offsets(make_sc, running) -> None:
