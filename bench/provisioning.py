@@ -37,10 +37,11 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 import aiohttp  # noqa: E402
+
+from store import embedded_etcd, etcd, kv, models  # noqa: E402 (before gRPC is imported: see store/__init__.py)
+
 from etcd3aio.kv import KVService  # noqa: E402
 import etcd3aio  # noqa: E402
-
-from store import embedded_etcd, etcd, kv, models  # noqa: E402
 
 SPUS = 100
 

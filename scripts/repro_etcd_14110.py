@@ -15,12 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import grpc
-from etcd3aio import _protobuf as etcdpb  # the generated etcd v3 messages, as store/etcd.py uses them
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from store import embedded_etcd, etcd, kv  # noqa: E402  (the project root goes on the path first)
+from store import embedded_etcd, etcd, kv  # noqa: E402  (the project root goes on the path first; store before gRPC)
+
+import grpc  # noqa: E402
+from etcd3aio import _protobuf as etcdpb  # noqa: E402  (the generated etcd v3 messages, as store/etcd.py uses them)
 
 KEYS = 100_000
 DEADLINE = 0.02
