@@ -99,6 +99,28 @@ class SpuResolution(str, enum.Enum):
     OFFLINE = "Offline"
 
 
+def check_host(host: str) -> str:
+    """An endpoint's host (an SPU's, or the one an SPU group gives its SPUs): no whitespace."""
+    if any(char.isspace() for char in host):
+        raise ValueError(f"host {host!r} must not contain whitespace")
+    return host
+
+
+def check_rack(rack: str | None) -> str | None:
+    """An SPU's rack (its own, or the one its SPU group gives it): a label, or a path such as /dc1/r1."""
+    if rack is None:
+        return None
+    if not rack or rack.strip() != rack:
+        raise ValueError(f"rack {rack!r} must be non-empty with no leading or trailing spaces")
+    if rack.startswith("/"):
+        levels = rack.split("/")[1:]
+        if any(level == "" for level in levels):
+            raise ValueError(
+                f"rack path {rack!r} has an empty level; write it as /dc1/r1 (no trailing or double '/')"
+            )
+    return rack
+
+
 class Endpoint(Model):
     host: Annotated[str, Field(min_length=1, max_length=253)]
     port: Annotated[int, Field(ge=1, le=65535)]
@@ -106,9 +128,7 @@ class Endpoint(Model):
     @field_validator("host")
     @classmethod
     def _host_has_no_spaces(cls, host: str) -> str:
-        if any(char.isspace() for char in host):
-            raise ValueError(f"host {host!r} must not contain whitespace")
-        return host
+        return check_host(host)
 
     def address(self) -> str:
         return f"{self.host}:{self.port}"
@@ -150,17 +170,7 @@ class SpuSpec(Model):
     @field_validator("rack")
     @classmethod
     def _rack_is_label_or_path(cls, rack: str | None) -> str | None:
-        if rack is None:
-            return None
-        if not rack or rack.strip() != rack:
-            raise ValueError(f"rack {rack!r} must be non-empty with no leading or trailing spaces")
-        if rack.startswith("/"):
-            levels = rack.split("/")[1:]
-            if any(level == "" for level in levels):
-                raise ValueError(
-                    f"rack path {rack!r} has an empty level; write it as /dc1/r1 (no trailing or double '/')"
-                )
-        return rack
+        return check_rack(rack)
 
 
 class SpuStatus(Model):
@@ -201,6 +211,17 @@ class SpuGroupSpec(Model):
     host: Annotated[str, Field(min_length=1, max_length=253)] = "127.0.0.1"
     public_port_base: Annotated[int, Field(ge=1, le=65535)] = 10000
     private_port_base: Annotated[int, Field(ge=1, le=65535)] = 30000
+
+    # Given to every SPU of the group: a value an SPU refuses would stop the group controller at it.
+    @field_validator("rack")
+    @classmethod
+    def _rack_is_label_or_path(cls, rack: str | None) -> str | None:
+        return check_rack(rack)
+
+    @field_validator("host")
+    @classmethod
+    def _host_has_no_spaces(cls, host: str) -> str:
+        return check_host(host)
 
     @model_validator(mode="after")
     def _ids_fit(self) -> Self:

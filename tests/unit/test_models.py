@@ -235,6 +235,22 @@ def test_spu_group_spec_rules(spec_changes: dict[str, Any], message: str) -> Non
 
 
 @pytest.mark.parametrize(
+    ("spec_changes", "message"),
+    [
+        ({"rack": ""}, "spec.rack: rack '' must be non-empty"),
+        ({"rack": " a"}, "spec.rack: rack ' a' must be non-empty"),
+        ({"rack": "/"}, "spec.rack: rack path '/' has an empty level"),
+        ({"rack": "/dc1//r1"}, "spec.rack: rack path '/dc1//r1' has an empty level"),
+        ({"host": "a b"}, "spec.host: host 'a b' must not contain whitespace"),
+    ],
+)
+def test_spu_group_rack_and_host_follow_the_rules_of_the_spus_it_makes(spec_changes: dict[str, Any], message: str) -> None:
+    """The group's rack and host become its SPUs': a value an SPU refuses, stored on a group, would
+    make the group controller raise at every pass and the group never get its SPUs."""
+    assert error_of(models.SpuGroup, with_spec(SPU_GROUP, **spec_changes)).startswith(message)
+
+
+@pytest.mark.parametrize(
     ("document_changes", "message"),
     [
         ({"spec": {"leader": 3, "replicas": [1, 2]}}, "spec: leader 3 is not one of the replicas [1, 2]"),
