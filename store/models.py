@@ -99,6 +99,13 @@ class SpuResolution(str, enum.Enum):
     OFFLINE = "Offline"
 
 
+# The longest rack and SPU-group log directory: what a Fluvio client is shown must fit its strings
+# (32,767 bytes; 4 bytes a character at most), and a rack is a label, not a document.
+MAX_RACK_LENGTH = 255
+MAX_LOG_DIR_LENGTH = 4096
+Rack: TypeAlias = Annotated[str, Field(max_length=MAX_RACK_LENGTH)]
+
+
 def check_host(host: str) -> str:
     """An endpoint's host (an SPU's, or the one an SPU group gives its SPUs): no whitespace."""
     if any(char.isspace() for char in host):
@@ -147,7 +154,7 @@ class SpuDecommission(str, enum.Enum):
 class SpuSpec(Model):
     id: SpuId
     spu_type: SpuType = SpuType.CUSTOM
-    rack: str | None = None
+    rack: Rack | None = None
     public_endpoint: Endpoint
     private_endpoint: Endpoint
     # The operator's intent (like `kubectl cordon`): its leaderships move to other in-sync
@@ -193,8 +200,8 @@ class SpuGroupResolution(str, enum.Enum):
 
 
 class StorageConfig(Model):
-    log_dir: str = "/tmp/fluvio"
-    size: Annotated[str, Field(pattern=r"^[1-9][0-9]*(Ki|Mi|Gi|Ti)?$")] = "1Gi"
+    log_dir: Annotated[str, Field(max_length=MAX_LOG_DIR_LENGTH)] = "/tmp/fluvio"
+    size: Annotated[str, Field(max_length=24, pattern=r"^[1-9][0-9]*(Ki|Mi|Gi|Ti)?$")] = "1Gi"
 
 
 class SpuGroupSpec(Model):
@@ -206,7 +213,7 @@ class SpuGroupSpec(Model):
 
     replicas: Annotated[int, Field(ge=0, le=10_000)]
     min_id: Annotated[int, Field(ge=0, le=MAX_SPU_ID)] = 0
-    rack: str | None = None
+    rack: Rack | None = None
     storage: StorageConfig = StorageConfig()
     host: Annotated[str, Field(min_length=1, max_length=253)] = "127.0.0.1"
     public_port_base: Annotated[int, Field(ge=1, le=65535)] = 10000

@@ -592,6 +592,7 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
             "properties": {
                 "rack": {
                     "type": ["string", "null"],
+                    "maxLength": models.MAX_RACK_LENGTH,
                     "description": "A label, or a path such as /dc1/r2 (multi-level racks); null for no rack",
                 }
             },

@@ -216,6 +216,29 @@ def test_spu_spec_rules(spec_changes: dict[str, Any], message: str) -> None:
     assert error_of(models.Spu, with_spec(SPU, **spec_changes)).startswith(message)
 
 
+@pytest.mark.parametrize(
+    ("model", "document", "message"),
+    [
+        (models.Spu, with_spec(SPU, rack="r" * 256), "spec.rack: String should have at most 255 characters"),
+        (models.SpuGroup, with_spec(SPU_GROUP, rack="r" * 256), "spec.rack: String should have at most 255 characters"),
+        (
+            models.SpuGroup,
+            with_spec(SPU_GROUP, storage={"logDir": "/" + "d" * 4096}),
+            "spec.storage.logDir: String should have at most 4096 characters",
+        ),
+        (
+            models.SpuGroup,
+            with_spec(SPU_GROUP, storage={"size": "1" + "0" * 24}),
+            "spec.storage.size: String should have at most 24 characters",
+        ),
+    ],
+)
+def test_strings_a_fluvio_client_is_shown_are_bounded(model: type[models.AnyObject], document: dict[str, Any], message: str) -> None:
+    """An object with a string longer than Fluvio's (32,767 bytes) could be stored, but never listed
+    to a Fluvio client: it was left out of every answer."""
+    assert error_of(model, document).startswith(message)
+
+
 def test_spu_requires_endpoints() -> None:
     document = {"name": "s", "spec": {"id": 1}}
     assert error_of(models.Spu, document) == "spec.publicEndpoint: field required; spec.privateEndpoint: field required"

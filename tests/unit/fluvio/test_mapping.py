@@ -300,3 +300,24 @@ def test_an_spu_group_create() -> None:
 def test_spu_groups_our_models_cannot_hold(config: fluvio_objects.SpuConfig, message: str) -> None:
     failure = refused(mapping.spu_group_from_create, "main", fluvio_objects.SpuGroupSpec(3, 5000, config))
     assert (failure.code, failure.message) == (Error.SPU_ERROR, message)
+
+
+def test_the_longest_strings_an_spu_or_group_may_hold_fit_fluvio_s_strings() -> None:
+    """Racks and log directories are bounded so that every stored SPU and group can be listed: an
+    object with a longer string than the protocol's (32,767 bytes) used to be left out of answers."""
+    wide = "\U0001f600"  # four bytes of UTF-8
+    longest_rack = wide * models.MAX_RACK_LENGTH
+    spu = builders.spu(1, rack=longest_rack)
+    group = models.SpuGroup.model_validate(
+        {
+            "name": "main",
+            "spec": {
+                "replicas": 1,
+                "rack": longest_rack,
+                "storage": {"logDir": wide * models.MAX_LOG_DIR_LENGTH, "size": "9" * 22 + "Gi"},
+            },
+        }
+    )
+    for label, obj in ((fluvio_objects.SPU, spu), (fluvio_objects.CUSTOM_SPU, spu), (fluvio_objects.SPU_GROUP, group)):
+        _, _, item = mapping.ITEMS[label]
+        assert fluvio_objects.encode_metadata(label, item(obj), messages.OBJECT_MAX_VERSION)
