@@ -61,15 +61,18 @@ def _preferred(key: str, value: str) -> tuple[int, ...]:
     if not value:
         return ()
     ids: list[int] = []
+    seen: set[int] = set()  # not `in ids`: a list of n ids would take n² steps
     for item in value.split(","):
         item = item.strip()
         # ASCII digits, few enough for an SPU id, before int(): "²".isdigit() is true and int()
         # refuses it, as it refuses 4,301 digits.
         if not (item.isascii() and item.isdigit() and len(item) <= 10 and int(item) <= LARGEST_SPU_ID):
             raise model.InvalidConfig(f"placement policy {key}={_cut(value)}: {_cut(item)!r} is not an SPU id")
-        if int(item) in ids:
-            raise model.InvalidConfig(f"placement policy {key}={value}: SPU {int(item)} is listed twice")
-        ids.append(int(item))
+        spu_id = int(item)
+        if spu_id in seen:
+            raise model.InvalidConfig(f"placement policy {key}={_cut(value)}: SPU {spu_id} is listed twice")
+        seen.add(spu_id)
+        ids.append(spu_id)
     return tuple(ids)
 
 

@@ -58,6 +58,10 @@ def test_later_key_overrides_and_spaces_are_trimmed() -> None:
         ("preferred_nodes=1,²", "placement policy preferred_nodes=1,²: '²' is not an SPU id"),
         ("preferred_nodes=2147483648", "placement policy preferred_nodes=2147483648: '2147483648' is not an SPU id"),
         (
+            "preferred_nodes=" + ",".join(map(str, range(5000))) + ",0",
+            "placement policy preferred_nodes=0,1,2,3,4,5,6,7,8,9,... (23891 characters): SPU 0 is listed twice",
+        ),
+        (
             "preferred_nodes=" + "9" * 5000,
             "placement policy preferred_nodes=99999999999999999999... (5000 characters): "
             "'99999999999999999999... (5000 characters)' is not an SPU id",
@@ -70,6 +74,14 @@ def test_malformed_policies_are_clear_errors(text: str, message: str) -> None:
     assert str(caught.value) == message
     with pytest.raises(placement.InvalidConfig):
         place(SITES, 1, 1, text)
+
+
+def test_a_long_preferred_nodes_list_is_parsed_in_one_pass() -> None:
+    """Each id was looked up in the list of those before it: 40,000 ids (229 KB, in a topic's spec or a
+    placement request a read credential may send) took 13 s of the SC's CPU, 16 MiB of them days."""
+    ids = list(range(200_000))
+    text = "preferred_nodes=" + ",".join(map(str, ids))
+    assert placement.parse_policies(text).preferred_nodes == tuple(ids)
 
 
 # --------------------------------------------------------------------------- the seed's examples
