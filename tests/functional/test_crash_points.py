@@ -279,11 +279,13 @@ async def call_ok(sc: daemon_fixture.Running, method: str, path: str, body: Any 
     return answer
 
 
-async def test_topic_create_in_chunks() -> None:
-    async def create(sc: daemon_fixture.Running) -> None:
-        await call_ok(sc, "POST", "/v1/topics", {"name": "big", "spec": {"partitions": 300, "replicationFactor": 2}})
+async def create_big_topic(sc: daemon_fixture.Running) -> None:
+    """300 partitions: the topic controller writes them in several transactions."""
+    await call_ok(sc, "POST", "/v1/topics", {"name": "big", "spec": {"partitions": 300, "replicationFactor": 2}})
 
-    writes = await crash_everywhere(three_spus, create)
+
+async def test_topic_create_in_chunks() -> None:
+    writes = await crash_everywhere(three_spus, create_big_topic)
     assert writes >= 5
 
 
@@ -323,14 +325,19 @@ async def test_spu_register_and_delete() -> None:
     await crash_everywhere(three_spus, operation, reregister)
 
 
-async def test_spu_group_lifecycle() -> None:
-    group = {"name": "g", "spec": {"replicas": 3, "minId": 100}}
+GROUP = {"name": "g", "spec": {"replicas": 3, "minId": 100}}
 
+
+async def create_and_scale_down_a_group(sc: daemon_fixture.Running) -> None:
+    await call_ok(sc, "POST", "/v1/spu-groups", GROUP)
+    await builders.eventually(lambda: _group_spus(sc, 3))
+    await call_ok(sc, "POST", "/v1/spu-groups/g/scale", {"replicas": 1})
+    await builders.eventually(lambda: _group_spus(sc, 1))
+
+
+async def test_spu_group_lifecycle() -> None:
     async def operation(sc: daemon_fixture.Running) -> None:
-        await call_ok(sc, "POST", "/v1/spu-groups", group)
-        await builders.eventually(lambda: _group_spus(sc, 3))
-        await call_ok(sc, "POST", "/v1/spu-groups/g/scale", {"replicas": 1})
-        await builders.eventually(lambda: _group_spus(sc, 1))
+        await create_and_scale_down_a_group(sc)
         await call_ok(sc, "DELETE", "/v1/spu-groups/g")
         await builders.eventually(lambda: _group_spus(sc, 0))
 
@@ -338,7 +345,7 @@ async def test_spu_group_lifecycle() -> None:
         with contextlib.suppress(AssertionError):
             await call_ok(sc, "DELETE", "/v1/spu-groups/g")
         await builders.eventually(lambda: _group_spus(sc, 0))
-        await call_ok(sc, "POST", "/v1/spu-groups", group)
+        await call_ok(sc, "POST", "/v1/spu-groups", GROUP)
         await builders.eventually(lambda: _group_spus(sc, 3))
 
     await crash_everywhere(three_spus, operation, recreate)
@@ -350,22 +357,11 @@ async def _group_spus(sc: daemon_fixture.Running, count: int) -> None:
 
 
 async def test_topic_create_taken_over_by_a_standby() -> None:
-    async def create(sc: daemon_fixture.Running) -> None:
-        await call_ok(sc, "POST", "/v1/topics", {"name": "big", "spec": {"partitions": 300, "replicationFactor": 2}})
-
-    await crash_everywhere(three_spus, create, modes=("crash-before", "crash-after"), standby=True)
+    await crash_everywhere(three_spus, create_big_topic, modes=("crash-before", "crash-after"), standby=True)
 
 
 async def test_spu_group_taken_over_by_a_standby() -> None:
-    group = {"name": "g", "spec": {"replicas": 3, "minId": 100}}
-
-    async def operation(sc: daemon_fixture.Running) -> None:
-        await call_ok(sc, "POST", "/v1/spu-groups", group)
-        await builders.eventually(lambda: _group_spus(sc, 3))
-        await call_ok(sc, "POST", "/v1/spu-groups/g/scale", {"replicas": 1})
-        await builders.eventually(lambda: _group_spus(sc, 1))
-
-    await crash_everywhere(three_spus, operation, modes=("crash-before", "crash-after"), standby=True)
+    await crash_everywhere(three_spus, create_and_scale_down_a_group, modes=("crash-before", "crash-after"), standby=True)
 
 
 async def four_spus_and_a_topic(sc: daemon_fixture.Running) -> None:
@@ -416,7 +412,7 @@ def on_etcd(etcd_server: embedded_etcd.EmbeddedEtcd) -> Iterator[None]:
 @pytest.mark.etcd
 async def test_on_etcd(on_etcd: None) -> None:
     async def create(sc: daemon_fixture.Running) -> None:
-        await call_ok(sc, "POST", "/v1/topics", {"name": "big", "spec": {"partitions": 300, "replicationFactor": 2}})
+        await create_big_topic(sc)
         await call_ok(sc, "POST", "/v1/spus", spu_body(7))
         await call_ok(sc, "DELETE", "/v1/spus/spu-7")
         await call_ok(sc, "DELETE", "/v1/topics/big")
@@ -425,7 +421,4 @@ async def test_on_etcd(on_etcd: None) -> None:
 
 
 async def test_topic_create_taken_over_after_the_claim_expired() -> None:
-    async def create(sc: daemon_fixture.Running) -> None:
-        await call_ok(sc, "POST", "/v1/topics", {"name": "big", "spec": {"partitions": 300, "replicationFactor": 2}})
-
-    await crash_everywhere(three_spus, create, modes=("crash-before", "crash-after"), standby=True, held_claim=True)
+    await crash_everywhere(three_spus, create_big_topic, modes=("crash-before", "crash-after"), standby=True, held_claim=True)

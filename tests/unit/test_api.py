@@ -1130,15 +1130,21 @@ async def test_no_body_makes_a_route_answer_500(server: api_server.ApiServer, pa
 @pytest.mark.parametrize("length", [b"9" * 5000, b"\xc2\xb2", b"-1"])
 async def test_a_content_length_that_is_no_number_in_range_is_400(server: api_server.ApiServer, length: bytes) -> None:
     """aiohttp's parser answers before the API: never a 500, whatever the header holds."""
+    answer = await raw_request(server, b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + length + b"\r\n\r\n{}")
+    assert answer.split(b" ")[1] == b"400"
+
+
+async def raw_request(server: api_server.ApiServer, request: bytes) -> bytes:
+    """``request`` as bytes on a connection of its own (what no HTTP client would send), and the
+    answer until the server closes the connection."""
     host, port = server.url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
-        writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: " + length + b"\r\n\r\n{}")
+        writer.write(request)
         await writer.drain()
-        status_line = await asyncio.wait_for(reader.readline(), 5)
+        return await asyncio.wait_for(reader.read(), 5)
     finally:
         writer.close()
-    assert status_line.split(b" ")[1] == b"400"
 
 
 @pytest.mark.parametrize(
@@ -1154,15 +1160,8 @@ async def test_a_malformed_credential_header_is_quoted_neither_in_the_log_nor_in
     server: api_server.ApiServer, header: bytes
 ) -> None:
     """aiohttp's parser quotes the line it refuses: a token on it must not reach the SC's log."""
-    host, port = server.url.removeprefix("http://").split(":")
     with structlog.testing.capture_logs() as logged:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        try:
-            writer.write(b"GET /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n" + header + b"\r\n\r\n")
-            await writer.drain()
-            answer = await asyncio.wait_for(reader.read(), 5)
-        finally:
-            writer.close()
+        answer = await raw_request(server, b"GET /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\n" + header + b"\r\n\r\n")
     assert answer.split(b" ")[1] == b"400"
     refused = [line for line in logged if line.get("status") == 400]
     assert refused, logged
