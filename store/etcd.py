@@ -573,7 +573,7 @@ class EtcdStore(kv.KVStore):
 
         One etcd transaction compares each key's MOD revision (0 = absent); the request is exactly
         what a raw client would send. When a compare fails, the compared keys are read again at one
-        revision (see _read_keys) and the Conflict names the first compare that does not hold. If
+        revision (see _read_keys) and the Conflict names every compare that does not hold. If
         by then every compare holds again (a key expected absent was deleted meanwhile), the
         transaction is simply tried again, within the same deadline.
 
@@ -1227,12 +1227,15 @@ class EtcdStore(kv.KVStore):
 
 
 def _check_compares(compares: Sequence[kv.Compare], keys: Sequence[bytes], observed: dict[bytes, _EtcdKeyValue]) -> None:
-    """Raise Conflict for the first compare that ``observed`` (keys read at one revision) fails."""
+    """Raise the Conflict of every compare that ``observed`` (keys read at one revision) fails."""
+    failed = []
     for key, compare in zip(keys, compares):
         found = observed.get(key)
         actual = 0 if found is None else found.mod_revision
         if actual != compare.mod_revision:
-            raise kv.Conflict(compare.key, compare.mod_revision, actual)
+            failed.append((compare.key, compare.mod_revision, actual))
+    if failed:
+        raise kv.Conflict.of(failed)
 
 
 def _unresolved_create(key: str, failure: BaseException | None) -> kv.Unavailable:

@@ -34,13 +34,28 @@ class Conflict(StoreError):
     Retry intent: re-read and reconcile again now.
     """
 
-    def __init__(self, key: str, expected: int, actual: int) -> None:
+    def __init__(self, key: str, expected: int, actual: int, failed: Sequence[tuple[str, int, int]] = ()) -> None:
         self.key = key
         self.expected = expected
         self.actual = actual
+        # Every compare of the request that failed, (key, expected, actual) in compare order, the
+        # first being the one named above; backends that check a batch name them all, so a caller
+        # can send every stale write back at once instead of one per retry.
+        self.failed: tuple[tuple[str, int, int], ...] = tuple(failed) or ((key, expected, actual),)
         state = "absent" if actual == 0 else f"at mod revision {actual}"
         wanted = "absent" if expected == 0 else f"at mod revision {expected}"
-        super().__init__(f"conflict on key {key!r}: expected it {wanted}, found it {state}")
+        others = f" (and {len(self.failed) - 1} more compares)" if len(self.failed) > 1 else ""
+        super().__init__(f"conflict on key {key!r}: expected it {wanted}, found it {state}{others}")
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """The keys of every failed compare."""
+        return frozenset(key for key, _, _ in self.failed)
+
+    @classmethod
+    def of(cls, failed: Sequence[tuple[str, int, int]]) -> Conflict:
+        """The Conflict of a request whose compares ``failed`` (not empty), named by the first."""
+        return cls(*failed[0], failed=failed)
 
 
 class NotFound(StoreError):

@@ -114,11 +114,14 @@ class MemoryStore(kv.KVStore):
         self._check_open()
         kv.check_txn_length(compares, operations)
         self._request_size.check(compares, operations)
+        failed = []
         for compare in compares:
             record = self._data.get(compare.key)
             actual = 0 if record is None else record.mod_revision
             if actual != compare.mod_revision:
-                raise kv.Conflict(compare.key, compare.mod_revision, actual)
+                failed.append((compare.key, compare.mod_revision, actual))
+        if failed:
+            raise kv.Conflict.of(failed)
         keys = [operation.key for operation in operations]
         if len(set(keys)) != len(keys):
             raise ValueError("a transaction may not write the same key twice")

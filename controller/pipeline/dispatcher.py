@@ -232,11 +232,16 @@ class ActionDispatcher:
             revision = await self.updater.apply(batch)
             results = [Result(action, Outcome.APPLIED, revision) for action in batch]
         except kv.Conflict as conflict:
-            # One compare lost: its action goes back to its controller; the others were not
-            # applied (all or nothing) and are retried at once unless something newer is queued.
+            # Compares lost: their actions go back to their controllers, all at once (the store
+            # names every failed compare); the others were not applied (all or nothing) and are
+            # retried at once unless something newer is queued.
+            stale = {key: (expected, actual) for key, expected, actual in conflict.failed}
             for action in batch:
-                if conflict.key in action.write_keys:
-                    results.append(Result(action, Outcome.CONFLICT, conflict.actual, str(conflict)))
+                lost = next((key for key in action.write_keys if key in stale), None)
+                if lost is not None:
+                    expected, actual = stale[lost]
+                    detail = str(kv.Conflict(lost, expected, actual))
+                    results.append(Result(action, Outcome.CONFLICT, actual, detail))
                 else:
                     self._requeue(action)
         except kv.Unavailable as unavailable:

@@ -188,6 +188,28 @@ async def test_transaction_is_all_or_nothing(kv_store: kv.KVStore) -> None:
     assert (await builders.present(kv_store, "topics/t")).value == b"v2"
 
 
+async def test_a_conflict_names_every_compare_that_failed(kv_store: kv.KVStore) -> None:
+    """A transaction whose compares fail on several keys names each of them, in compare order (the
+    first is also the Conflict's own key): a caller that batched many writes sends every stale one
+    back at once, instead of one per round."""
+    revisions = [await kv_store.create(f"topics/f{index}", b"v") for index in range(6)]
+    moved = {index: await kv_store.update(f"topics/f{index}", b"v2", revisions[index]) for index in (1, 4)}
+    compares = [kv.Compare(f"topics/f{index}", revision) for index, revision in enumerate(revisions)]
+    compares.append(kv.Compare("topics/f-new", 0))
+    compares.append(kv.Compare("topics/f5-absent", 9))
+    for operations in ([kv.Put("topics/f-new", b"x")], []):
+        with pytest.raises(kv.Conflict) as raised:
+            await kv_store.txn(compares, operations)
+        assert (raised.value.key, raised.value.expected, raised.value.actual) == ("topics/f1", revisions[1], moved[1])
+        assert raised.value.failed == (
+            ("topics/f1", revisions[1], moved[1]),
+            ("topics/f4", revisions[4], moved[4]),
+            ("topics/f5-absent", 9, 0),
+        )
+        assert raised.value.keys == {"topics/f1", "topics/f4", "topics/f5-absent"}
+    assert await kv_store.get("topics/f-new") is None
+
+
 async def test_a_guarded_create_applies_only_while_its_guards_hold(kv_store: kv.KVStore) -> None:
     """``create(..., guards=...)``: the create and compares on other keys, in one step (the
     active-SC guard sends its creates this way, with its fence). A guard that fails is the Conflict,

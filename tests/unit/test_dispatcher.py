@@ -64,6 +64,32 @@ async def test_conflict_goes_back_to_the_controller_and_the_rest_of_the_batch_is
     assert await store.get("partitions/t-1") is not None
 
 
+async def test_every_stale_action_of_a_batch_goes_back_to_its_controller_in_one_round() -> None:
+    """Forty creates of keys that already exist, in one batch with ten that do not: one failed
+    transaction sends all forty back (CONFLICT) and the next applies the ten. It used to take a
+    round per stale key: a transaction of up to 127 operations each time, k rounds for k keys."""
+    store = RecordingStore(max_request_bytes=kv.DEFAULT_MAX_REQUEST_BYTES)
+    for index in range(40):
+        await store.create(f"partitions/t-{index}", models.encode(partition(f"t-{index}", [0, 1])))
+    store.sizes.clear()
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
+    results: list[dispatcher_module.Result] = []
+    dispatcher.on_result(results.append)
+    for index in range(50):
+        dispatcher.submit(actions.create(partition(f"t-{index}", [1, 0]), "test"))
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await asyncio.wait_for(dispatcher.drained(), 10)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    outcomes = {result.action.key: result.outcome for result in results}
+    assert [outcomes[f"partitions/t-{index}"] for index in range(50)] == [Outcome.CONFLICT] * 40 + [Outcome.APPLIED] * 10
+    assert len(store.sizes) == 2, store.sizes
+    await store.close()
+
+
 async def test_the_updater_leaves_an_echo_for_each_object_written_and_forgets_a_failed_write() -> None:
     store = memory.MemoryStore()
     echoes = local.Echoes()
