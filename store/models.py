@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
+import weakref
 from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeAlias, TypeVar, overload
 
 import pydantic
@@ -671,12 +672,22 @@ class Interner:
     A cluster of 100,000 partitions has a few thousand distinct replica lists and a handful of
     distinct fresh statuses; sharing them (they are immutable) more than halves the local
     store's memory. Use only on objects nobody else holds yet (just decoded).
+
+    The tables hold their parts weakly: a part no object uses any more leaves them, so a
+    long-running SC does not keep every replica list and every leaderless epoch it ever saw (a
+    weak table costs about 0.5 µs more an object than a plain one: 50 ms at 100,000 partitions).
     """
 
     def __init__(self) -> None:
-        self._specs: dict[tuple[int, tuple[int, ...]], PartitionSpec] = {}
-        self._statuses: dict[tuple[PartitionResolution, int, int, int, tuple[int, ...]], PartitionStatus] = {}
+        self._specs: weakref.WeakValueDictionary[tuple[int, tuple[int, ...]], PartitionSpec] = weakref.WeakValueDictionary()
+        self._statuses: weakref.WeakValueDictionary[
+            tuple[PartitionResolution, int, int, int, tuple[int, ...]], PartitionStatus
+        ] = weakref.WeakValueDictionary()
         self._all_fields = {"name", "spec", "status"}
+
+    def __len__(self) -> int:
+        """The shared parts held, specs and statuses together."""
+        return len(self._specs) + len(self._statuses)
 
     def intern(self, obj: AnyObject) -> AnyObject:
         if not isinstance(obj, Partition):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 from typing import Any
@@ -385,6 +386,34 @@ def test_the_interner_shares_equal_parts_without_changing_any_value() -> None:
     assert interner.intern(reported).status is reported.status
     topic = models.Topic(name="orders", spec=models.TopicSpec(partitions=1, replication_factor=1))
     assert interner.intern(topic) is topic
+
+
+def test_the_interner_keeps_nothing_its_objects_no_longer_use() -> None:
+    """Partitions come and go (topics deleted, leaders elected at ever higher epochs): the shared
+    parts of those gone must not stay in the interner's tables, or a long-running SC grows with
+    every replica list and every leaderless epoch it ever saw."""
+    interner = models.Interner()
+    kept = []
+    for index in range(2000):
+        gone = interner.intern(
+            models.decode(
+                "partitions",
+                models.encode(
+                    models.Partition(
+                        name=f"t-{index}",
+                        spec=models.PartitionSpec(leader=index, replicas=[index, index + 1]),
+                        status=models.PartitionStatus(resolution=models.PartitionResolution.OFFLINE, leader_epoch=index + 1),
+                    )
+                ),
+            )
+        )
+        if index % 500 == 0:
+            kept.append(gone)
+        del gone
+    gc.collect()
+    assert len(interner) == 2 * len(kept)  # a spec and a status each, for the four still held
+    # What is still held is still shared.
+    assert all(interner.intern(models.decode("partitions", models.encode(obj))).spec is obj.spec for obj in kept)
 
 
 @given(
