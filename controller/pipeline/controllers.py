@@ -193,7 +193,7 @@ class RebalanceController:
 
     def decide(self, snapshot: local.Snapshot, changes: local.ChangesByKind) -> list[actions.Action]:
         self._known = moves.stored(snapshot, self._known)
-        return moves.decide(snapshot, moves.Inputs(busy=self.loop.busy, known=self._known))
+        return moves.decide(snapshot, moves.Inputs(busy=self.loop.busy, known=self._known, faults=self.loop.faults))
 
 
 _PARTITIONS = "partitions/"

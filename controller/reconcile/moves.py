@@ -18,6 +18,7 @@ from typing import Any, TypeGuard
 from controller.placement import model as placement_model
 from controller.placement import rebalance
 from controller.reconcile import actions
+from controller.reconcile import faults as faults_module
 from store import local, models
 
 KEY = "meta/rebalance"
@@ -244,9 +245,16 @@ def progress(snapshot: local.Snapshot) -> Progress:
     )
 
 
-def _statuses(snapshot: local.Snapshot, run: Run) -> list[tuple[PlannedMove, str]]:
+def _statuses(snapshot: local.Snapshot, run: Run, faults: faults_module.Faults = faults_module.RAISE) -> list[tuple[PlannedMove, str]]:
+    """Each move's progress; a move whose progress raises is left out (when ``faults`` isolates)."""
     partitions = snapshot.entries("partitions")
-    return [(move, status_of(move, partitions.get(move.partition))) for move in run.moves]
+    statuses = []
+    for move in run.moves:
+        try:
+            statuses.append((move, status_of(move, partitions.get(move.partition))))
+        except Exception as error:
+            faults.record("partitions", move.partition, error)
+    return statuses
 
 
 def moving_partitions(snapshot: local.Snapshot) -> list[str]:
@@ -303,6 +311,8 @@ class Inputs:
 
     busy: Callable[[str], bool] = lambda key: False
     known: Stored | None = None  # the run as last decoded (see ``stored``)
+    # A move whose decision raises is left (and the run not marked done) when isolating.
+    faults: faults_module.Faults = faults_module.RAISE
 
 
 def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
@@ -314,13 +324,13 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     if run is None or run.state == DONE:
         return []
     partitions = snapshot.entries("partitions")
-    statuses = _statuses(snapshot, run)
+    statuses = _statuses(snapshot, run, inputs.faults)
     if run.state == CANCELLED:
         going_back = [
             (partitions[move.partition], move.before) for move, status in statuses if status == MOVING and move.partition in partitions
         ]
-        return _reassign(snapshot, going_back, CAUSE_CANCELLED)
-    if all(status in (DONE_MOVE, SKIPPED) for _, status in statuses):
+        return _reassign(snapshot, going_back, CAUSE_CANCELLED, inputs.faults)
+    if len(statuses) == len(run.moves) and all(status in (DONE_MOVE, SKIPPED) for _, status in statuses):
         skipped = [move.partition for move, status in statuses if status == SKIPPED]
         reason = f"{run.kind} done: {len(statuses) - len(skipped)} move(s) done"
         if skipped:
@@ -344,7 +354,7 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
         starts.append((partitions[move.partition], move.after))
         for spu in move.spus:
             in_flight[spu] = in_flight.get(spu, 0) + 1
-    return _reassign(snapshot, starts, CAUSE_STARTED)
+    return _reassign(snapshot, starts, CAUSE_STARTED, inputs.faults)
 
 
 # Partitions per transaction (with their topic: within kv.MAX_TXN_WRITES).
@@ -352,7 +362,10 @@ _PER_TRANSACTION = 100
 
 
 def _reassign(
-    snapshot: local.Snapshot, changes: list[tuple[local.Entry[models.Partition], tuple[int, ...]]], cause: str
+    snapshot: local.Snapshot,
+    changes: list[tuple[local.Entry[models.Partition], tuple[int, ...]]],
+    cause: str,
+    faults: faults_module.Faults,
 ) -> list[actions.Action]:
     """One transaction per topic (and per 100 partitions): each partition's reassignment to its new
     target, and the topic's replica map pointing each of them at that target, so that the topic
@@ -367,7 +380,11 @@ def _reassign(
         if topic_entry is None:
             continue  # the topic's deletion takes its partitions with it
         for start in range(0, len(items), _PER_TRANSACTION):
-            decided.append(_topic_action(topic_entry, items[start : start + _PER_TRANSACTION], cause))
+            chunk = items[start : start + _PER_TRANSACTION]
+            try:
+                decided.append(_topic_action(topic_entry, chunk, cause))
+            except Exception as error:
+                faults.record("topics", topic_name, error)
     return decided
 
 

@@ -148,3 +148,27 @@ async def test_the_loop_counts_every_fault_and_logs_each_objects_error_once() ->
         assert controller.passes == 4
     finally:
         await store.close()
+
+
+def test_a_move_whose_decision_raises_is_left_and_the_runs_other_moves_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rebalance run is one stored object, but its moves are decided one by one: a bug that one
+    move's partition triggers stops that move (and keeps the run from being marked done), not the
+    rebalance controller and every other move with it."""
+    from controller.reconcile import moves
+    from tests.unit.test_rebalance_run import run_of, store_of, stored_partition, targets
+
+    partitions = [stored_partition(f"t-{index}", [0, 1]) for index in range(3)]
+    run = run_of(*((f"t-{index}", (0, 1), (2, 1)) for index in range(3)), limit=5)
+    snapshot = store_of(*partitions, run=run.encode()).snapshot()
+    raising_for(monkeypatch, moves, "status_of", "t-1", lambda move: move.partition)
+    recorded = faults.Faults(isolate=True)
+    decided = moves.decide(snapshot, moves.Inputs(faults=recorded))
+    assert [name for name, _, _ in targets(decided)] == ["t-0", "t-2"]
+    assert taken(recorded) == [("partitions", "t-1", "injected fault for t-1")]
+    with pytest.raises(RuntimeError, match="injected fault for t-1"):
+        moves.decide(snapshot, moves.Inputs())
+    # The other moves done: the run is not marked done while one of its moves cannot be decided.
+    finished = [stored_partition("t-0", [2, 1]), partitions[1], stored_partition("t-2", [2, 1])]
+    snapshot = store_of(*finished, run=run.encode()).snapshot()
+    assert moves.decide(snapshot, moves.Inputs(faults=recorded)) == []
+    assert taken(recorded) == [("partitions", "t-1", "injected fault for t-1")]
