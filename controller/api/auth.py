@@ -83,46 +83,58 @@ def parse_grant(text: str) -> Grant:
 
 
 def parse(text: str, source: str) -> Credentials:
-    """Lines ``NAME ROLE TOKEN`` or ``NAME ROLE cert:CN``; blank lines and ``#`` comments are skipped."""
+    """Lines ``NAME ROLE TOKEN`` or ``NAME ROLE cert:CN``; blank lines and ``#`` comments are skipped.
+
+    An error names the line, the field and its length, never a name, role or token: a line with
+    its columns swapped holds a token in any of them."""
     tokens: list[_Entry] = []
     certificates: dict[str, tuple[str, Grant]] = {}
-    names: set[str] = set()
-    digests: set[bytes] = set()
+    name_lines: dict[str, int] = {}
+    digest_lines: dict[bytes, int] = {}
+    certificate_lines: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split()
         if not fields or fields[0].startswith("#"):
             continue
         where = f"{source} line {number}"
         if len(fields) != 3:
-            # The line may hold a token: it is not quoted.
             raise CredentialsError(f"{where} has {len(fields)} fields: write NAME ROLE TOKEN (or NAME ROLE cert:CN)")
         name, role, secret = fields
         try:
             grant = parse_grant(role)
-        except ValueError as error:
-            if len(role) >= MIN_TOKEN_CHARS and not role.startswith(f"{ADMIN}:"):
-                # As long as a token: most likely one, its columns swapped.
-                shown = f"the role (field 2, {len(role)} characters, not shown: it may be a token) is unknown: {ROLES_HINT}"
-                raise CredentialsError(f"{where}: {shown}") from None
-            raise CredentialsError(f"{where}: {error}") from None
-        if name in names:
-            raise CredentialsError(f"{where}: name {name!r} is given twice; each credential needs a name of its own")
-        names.add(name)
+        except ValueError:
+            raise CredentialsError(
+                f"{where}: the role (field 2, {len(role)} characters, not shown) is unknown: {ROLES_HINT}"
+            ) from None
+        if name in name_lines:
+            raise CredentialsError(
+                f"{where}: the name (field 1, {len(name)} characters) is line {name_lines[name]}'s too; "
+                "each credential needs a name of its own"
+            )
+        name_lines[name] = number
         if secret.startswith(CERT_PREFIX):
+            # A certificate's subject is no secret (every TLS handshake shows it): it is named.
             common_name = secret[len(CERT_PREFIX) :]
-            if not common_name or common_name in certificates:
-                raise CredentialsError(f"{where}: certificate CN {common_name!r} is empty or mapped twice")
+            if not common_name:
+                raise CredentialsError(f"{where}: the certificate CN (field 3) is empty: write {CERT_PREFIX}CN")
+            if common_name in certificate_lines:
+                raise CredentialsError(
+                    f"{where}: certificate CN {common_name!r} is line {certificate_lines[common_name]}'s too; map each CN once"
+                )
+            certificate_lines[common_name] = number
             certificates[common_name] = (name, grant)
             continue
         if len(secret) < MIN_TOKEN_CHARS:
             raise CredentialsError(
-                f"{where}: the token of {name!r} has {len(secret)} characters, fewer than {MIN_TOKEN_CHARS}; "
+                f"{where}: the token (field 3) has {len(secret)} characters, fewer than {MIN_TOKEN_CHARS}; "
                 "make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
             )
         digest = hashlib.sha256(secret.encode()).digest()
-        if digest in digests:
-            raise CredentialsError(f"{where}: the token of {name!r} is another name's too; give each its own")
-        digests.add(digest)
+        if digest in digest_lines:
+            raise CredentialsError(
+                f"{where}: the token (field 3) is line {digest_lines[digest]}'s too; give each credential its own"
+            )
+        digest_lines[digest] = number
         tokens.append(_Entry(name, grant, digest))
     return Credentials(tuple(tokens), certificates)
 

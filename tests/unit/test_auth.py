@@ -47,19 +47,30 @@ def test_without_credentials_everyone_is_anonymous_with_every_right() -> None:
     assert authenticator.authenticate(None, None, "10.1.2.3").name == "anonymous"
 
 
+HINT = "use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"
+MAKE_ONE = "make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("alice admin", "'t' line 1 has 2 fields: write NAME ROLE TOKEN (or NAME ROLE cert:CN)"),
-        (f"alice root {TOKEN}", "'t' line 1: role 'root' is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"),
-        (f"alice read:x {TOKEN}", "'t' line 1: role 'read:x' is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"),
-        (f"alice admin: {TOKEN}", "'t' line 1: role 'admin:' is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"),
+        (f"alice root {TOKEN}", f"'t' line 1: the role (field 2, 4 characters, not shown) is unknown: {HINT}"),
+        (f"alice read:x {TOKEN}", f"'t' line 1: the role (field 2, 6 characters, not shown) is unknown: {HINT}"),
+        (f"alice admin: {TOKEN}", f"'t' line 1: the role (field 2, 6 characters, not shown) is unknown: {HINT}"),
         # The columns swapped: the token is where the role goes, and is not shown there either.
-        (f"alice {TOKEN} admin", "'t' line 1: the role (field 2, 24 characters, not shown: it may be a token) is unknown: use read, admin, or admin:PREFIX (admin on topics starting with PREFIX)"),
-        ("alice admin short", "'t' line 1: the token of 'alice' has 5 characters, fewer than 16; make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"),
-        (f"alice admin {TOKEN}\nalice read {TOKEN}x", "'t' line 2: name 'alice' is given twice; each credential needs a name of its own"),
-        (f"alice admin {TOKEN}\nbob read {TOKEN}", "'t' line 2: the token of 'bob' is another name's too; give each its own"),
-        ("a admin cert:x\nb read cert:x", "'t' line 2: certificate CN 'x' is empty or mapped twice"),
+        (f"alice {TOKEN} admin", f"'t' line 1: the role (field 2, 24 characters, not shown) is unknown: {HINT}"),
+        ("alice admin short", f"'t' line 1: the token (field 3) has 5 characters, fewer than 16; {MAKE_ONE}"),
+        (f"alice admin {TOKEN}\nalice read {TOKEN}x", "'t' line 2: the name (field 1, 5 characters) is line 1's too; each credential needs a name of its own"),
+        (f"alice admin {TOKEN}\nbob read {TOKEN}", "'t' line 2: the token (field 3) is line 1's too; give each credential its own"),
+        ("a admin cert:x\nb read cert:x", "'t' line 2: certificate CN 'x' is line 1's too; map each CN once"),
+        ("a admin cert:", "'t' line 1: the certificate CN (field 3) is empty: write cert:CN"),
+        # The name and the token swapped: the token is in the name column, and the name too short for a token.
+        (f"{TOKEN} admin alice", f"'t' line 1: the token (field 3) has 5 characters, fewer than 16; {MAKE_ONE}"),
+        (f"{TOKEN} admin {TOKEN}-b\n{TOKEN} read {TOKEN}-c", "'t' line 2: the name (field 1, 24 characters) is line 1's too; each credential needs a name of its own"),
+        (f"{TOKEN} admin {TOKEN}-b\n{TOKEN}-x read {TOKEN}-b", "'t' line 2: the token (field 3) is line 1's too; give each credential its own"),
+        # A token in every column.
+        (f"{TOKEN} {TOKEN} {TOKEN}", f"'t' line 1: the role (field 2, 24 characters, not shown) is unknown: {HINT}"),
     ],
 )
 def test_a_bad_line_is_named_and_its_token_never_shown(text: str, message: str) -> None:
@@ -67,6 +78,26 @@ def test_a_bad_line_is_named_and_its_token_never_shown(text: str, message: str) 
         auth.parse(text, "'t'")
     assert str(refused.value) == message
     assert TOKEN not in str(refused.value)
+    assert TOKEN[:8] not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"{TOKEN} admin alice",  # name and token swapped: the token's length check quoted the name
+        f"{TOKEN} admin {TOKEN}-b\n{TOKEN} read {TOKEN}-c",  # the name given twice
+        f"{TOKEN} admin {TOKEN}-b\n{TOKEN}-x read {TOKEN}-b",  # the token given twice
+        f"alice admin {TOKEN}\n{TOKEN} read {TOKEN}",  # a token given twice, beside a name that is one
+        f"{TOKEN} {TOKEN} {TOKEN}",
+        f"short {TOKEN} x",
+    ],
+)
+def test_a_token_in_any_column_is_never_shown(text: str) -> None:
+    """Whatever column a token is in, the error names the line and the field's length only."""
+    with pytest.raises(auth.CredentialsError) as refused:
+        auth.parse(text, "'t'")
+    assert "line " in str(refused.value)
+    assert TOKEN[:8] not in str(refused.value)
 
 
 def test_an_unreadable_file_is_named(tmp_path: Path) -> None:
