@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import re
+import unicodedata
 import weakref
 from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeAlias, TypeVar, overload
 
@@ -114,10 +115,42 @@ def check_host(host: str) -> str:
     return host
 
 
+# Unicode categories a rack may not hold: controls (a newline, NUL, ESC and the terminal sequences
+# it starts), invisible format characters (bidirectional overrides that reorder what a reader sees,
+# zero-width ones that make two racks look alike), and the line and paragraph separators (line
+# breaks to many viewers). A rack is shown in logs, on the live page and in the audits. Surrogates
+# never get here: pydantic refuses a string that is not valid Unicode.
+UNPRINTABLE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+
+
+def unprintable_character(text: str) -> str | None:
+    """The first character of ``text`` in UNPRINTABLE_CATEGORIES, described as ``'\\n' (U+000A,
+    Cc)`` (None if there is none)."""
+    if text.isprintable():  # the common case, in C: no character of Cc, Cf, Zl, Zp (nor Z* but ' ')
+        return None
+    for char in text:
+        category = unicodedata.category(char)
+        if category in UNPRINTABLE_CATEGORIES:
+            return f"{char!r} (U+{ord(char):04X}, {category})"
+    return None
+
+
+def check_rack_characters(rack: str) -> None:
+    """Refuse a rack holding a character of UNPRINTABLE_CATEGORIES, naming it and the value (repr:
+    escaped, so it is visible and harmless wherever the message goes)."""
+    character = unprintable_character(rack)
+    if character is not None:
+        raise ValueError(
+            f"rack {rack!r} holds the character {character}: a rack may hold no control, format or "
+            "line-separator character"
+        )
+
+
 def check_rack(rack: str | None) -> str | None:
     """An SPU's rack (its own, or the one its SPU group gives it): a label, or a path such as /dc1/r1."""
     if rack is None:
         return None
+    check_rack_characters(rack)
     if not rack or rack.strip() != rack:
         raise ValueError(f"rack {rack!r} must be non-empty with no leading or trailing spaces")
     if rack.startswith("/"):

@@ -593,7 +593,10 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
                 "rack": {
                     "type": ["string", "null"],
                     "maxLength": models.MAX_RACK_LENGTH,
-                    "description": "A label, or a path such as /dc1/r2 (multi-level racks); null for no rack",
+                    "description": (
+                        "A label, or a path such as /dc1/r2 (multi-level racks), with no control, format or "
+                        "line-separator character (Unicode Cc, Cf, Zl, Zp); null for no rack"
+                    ),
                 }
             },
             "required": ["rack"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from controller.placement import model, rebalance, report
+from store import models
 
 _FIELDS = (
     "spus",
@@ -85,6 +86,11 @@ def _spu(index: int, value: object, allowed: Sequence[str] = ("id", "rack", "onl
     rack = spu.get("rack")
     if rack is not None and (not isinstance(rack, str) or not rack.strip()):
         raise _bad(f"{field}.rack", rack, "a non-empty string or null")
+    if rack is not None:
+        try:
+            models.check_rack_characters(rack)  # the stored SPUs' rule: a rack is logged and shown
+        except ValueError as error:
+            raise model.InvalidConfig(f"{field}.rack: {error}") from None
     return model.SpuInfo(
         id=_integer(f"{field}.id", spu["id"]),
         rack=rack,

@@ -811,6 +811,11 @@ async def test_set_an_spus_rack_and_remove_it(server: api_server.ApiServer) -> N
         ({"rack": " r1"}, 422, error("InvalidRequest", "rack: rack ' r1' must be non-empty with no leading or trailing spaces (got ' r1')")),
         ({"rack": "/dc1//r1"}, 422, error("InvalidRequest", "rack: rack path '/dc1//r1' has an empty level; write it as /dc1/r1 (no trailing or double '/') (got '/dc1//r1')")),
         ({"rack": 5}, 400, error("MalformedRequest", "rack: must be a string, or null for no rack (got 5)")),
+        (
+            {"rack": "r1\n2026-11-28 level=info msg=forged"},
+            422,
+            error("InvalidRequest", "rack: rack 'r1\\n2026-11-28 level=info msg=forged' holds the character '\\n' (U+000A, Cc): a rack may hold no control, format or line-separator character (got 'r1\\n2026-11-28 level=info msg=forged')"),
+        ),
         ({}, 422, error("InvalidRequest", "rack: field required (the SPU's rack, or null for none)")),
         ({"rack": "r1", "id": 3}, 422, error("InvalidRequest", 'id: unknown field (the body is {"rack": R})')),
     ],

@@ -240,6 +240,50 @@ def test_strings_a_fluvio_client_is_shown_are_bounded(model: type[models.AnyObje
     assert error_of(model, document).startswith(message)
 
 
+# Characters a rack must not hold: controls (Cc: a newline, NUL, ESC and its terminal sequences),
+# invisible format characters (Cf: bidirectional overrides, zero-width ones) and the line and
+# paragraph separators (Zl, Zp), all of which reach logs, the live page and the audits.
+UNPRINTABLE_RACKS = [
+    ("r1\nr2", "'\\n' (U+000A, Cc)"),
+    ("r\x00", "'\\x00' (U+0000, Cc)"),
+    ("\x1b[31mred", "'\\x1b' (U+001B, Cc)"),
+    ("r\x7f", "'\\x7f' (U+007F, Cc)"),
+    ("r\x85", "'\\x85' (U+0085, Cc)"),
+    ("/dc1/\u202er1", "'\\u202e' (U+202E, Cf)"),
+    ("r\u200b1", "'\\u200b' (U+200B, Cf)"),
+    ("r\u2028", "'\\u2028' (U+2028, Zl)"),
+    ("r\u2029", "'\\u2029' (U+2029, Zp)"),
+]
+
+
+@pytest.mark.parametrize(("rack", "character"), UNPRINTABLE_RACKS)
+@pytest.mark.parametrize(("model", "document"), [(models.Spu, SPU), (models.SpuGroup, SPU_GROUP)])
+def test_a_rack_is_printable(model: type[models.AnyObject], document: dict[str, Any], rack: str, character: str) -> None:
+    """A rack ends up in logs, the live page and the audits: a control or invisible character in it
+    is refused, the value quoted with repr (so the character shows, escaped) with the rule."""
+    message = error_of(model, with_spec(document, rack=rack))
+    assert message.startswith(
+        f"spec.rack: rack {rack!r} holds the character {character}: a rack may hold no control, "
+        "format or line-separator character"
+    )
+    assert rack not in message  # only escaped
+
+
+@pytest.mark.parametrize("rack", ["r1 r2", "zone-\u00e9", "/dc\u00a01/r1", "\U0001f600", "\ue000"])
+def test_a_rack_may_hold_any_printable_character(rack: str) -> None:
+    assert models.Spu.model_validate(with_spec(SPU, rack=rack)).spec.rack == rack
+
+
+@pytest.mark.parametrize("kind", ["spus", "spu-groups"])
+def test_a_stored_object_with_an_unprintable_rack_is_unreadable(kind: str) -> None:
+    """As over the MAX_RACK_LENGTH: the Reader keeps such a name as unreadable (nothing it owns is
+    deleted), and says why."""
+    document = with_spec(SPU if kind == "spus" else SPU_GROUP, rack="r1\x1b[2J")
+    with pytest.raises(pydantic.ValidationError) as raised:
+        models.decode(kind, json.dumps(document).encode())
+    assert "rack 'r1\\x1b[2J' holds the character" in models.describe_validation_error(raised.value)
+
+
 def test_spu_requires_endpoints() -> None:
     document = {"name": "s", "spec": {"id": 1}}
     assert error_of(models.Spu, document) == "spec.publicEndpoint: field required; spec.privateEndpoint: field required"

@@ -321,3 +321,21 @@ def test_the_longest_strings_an_spu_or_group_may_hold_fit_fluvio_s_strings() -> 
     for label, obj in ((fluvio_objects.SPU, spu), (fluvio_objects.CUSTOM_SPU, spu), (fluvio_objects.SPU_GROUP, group)):
         _, _, item = mapping.ITEMS[label]
         assert fluvio_objects.encode_metadata(label, item(obj), messages.OBJECT_MAX_VERSION)
+
+
+RACK_RULE = "a rack may hold no control, format or line-separator character"
+
+
+def test_an_spu_or_group_with_an_unprintable_rack_is_refused() -> None:
+    """A rack is logged and shown: a control or invisible character in it is refused, escaped."""
+    failure = refused(mapping.spu_from_create, "custom-spu-5001", custom_spec(rack="r1\x1b[2J"))
+    assert (failure.code, failure.message) == (
+        Error.SPU_ERROR,
+        f"spec.rack: rack 'r1\\x1b[2J' holds the character '\\x1b' (U+001B, Cc): {RACK_RULE} (got 'r1\\x1b[2J')",
+    )
+    spec = fluvio_objects.SpuGroupSpec(3, 5000, fluvio_objects.SpuConfig(rack="/dc1/\u202er1"))
+    failure = refused(mapping.spu_group_from_create, "main", spec)
+    assert (failure.code, failure.message) == (
+        Error.SPU_ERROR,
+        f"spec.rack: rack '/dc1/\\u202er1' holds the character '\\u202e' (U+202E, Cf): {RACK_RULE} (got '/dc1/\\u202er1')",
+    )

@@ -77,6 +77,7 @@ def test_default_spus_stand_in_when_the_request_has_none() -> None:
         ({"spus": [{"id": 0, "online": "yes"}], "partitions": 1, "replicationFactor": 1}, 'spus[0].online must be true or false, got "yes"'),
         ({"spus": [{"id": 0, "rack": ""}], "partitions": 1, "replicationFactor": 1}, 'spus[0].rack must be a non-empty string or null, got ""'),
         ({"spus": [{"id": 0, "zone": "a"}], "partitions": 1, "replicationFactor": 1}, "spus[0] has unknown field 'zone' (known: id, rack, online)"),
+        ({"spus": [{"id": 0, "rack": "/dc1/r\n1"}], "partitions": 1, "replicationFactor": 1}, "spus[0].rack: rack '/dc1/r\\n1' holds the character '\\n' (U+000A, Cc): a rack may hold no control, format or line-separator character"),
         ({"spus": [], "partitions": 0, "replicationFactor": 1}, "partitions must be an integer of at least 1, got 0"),
         ({"spus": [], "partitions": 2.5, "replicationFactor": 1}, "partitions must be an integer of at least 1, got 2.5"),
         ({"spus": [], "partitions": 1, "replicationFactor": True}, "replicationFactor must be an integer of at least 1, got true"),
