@@ -299,8 +299,21 @@ class TopicResolution(str, enum.Enum):
 
 
 class PartitionAssignment(Model):
+    """One partition of a manual topic: its id and its replicas, preferred leader first."""
+
     id: Annotated[int, Field(ge=0)]
-    replicas: list[SpuId]
+    # At most a computed topic's largest replication factor (the schema says so; the check below
+    # names the partition).
+    replicas: Annotated[list[SpuId], Field(json_schema_extra={"maxItems": MAX_REPLICATION_FACTOR})]
+
+    @model_validator(mode="after")
+    def _row_fits(self) -> Self:
+        if len(self.replicas) > MAX_REPLICATION_FACTOR:
+            raise ValueError(
+                f"partition {self.id} lists {len(self.replicas)} replicas; at most {MAX_REPLICATION_FACTOR} "
+                "are allowed (the largest replication factor)"
+            )
+        return self
 
 
 class PlacementSpec(Model):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from controller.placement import model
+from store import models
 
 _SHOWN_PROBLEMS = 10
 
@@ -87,6 +88,14 @@ def _replicas(
         return []
     if not replicas:
         problems.append(f"partition {partition_id}: replicas is empty, it needs at least one SPU")
+        return []
+    if len(replicas) > models.MAX_REPLICATION_FACTOR:
+        # Before looking at each id: a row of a million ids is not checked one by one (nor its
+        # size compared with the others': it is wrong already).
+        problems.append(
+            f"partition {partition_id}: replicas lists {len(replicas)} SPUs; at most "
+            f"{models.MAX_REPLICATION_FACTOR} are allowed (the largest replication factor)"
+        )
         return []
     seen: list[int] = []
     for spu_id in replicas:

@@ -509,6 +509,24 @@ async def test_manual_partition_ids_out_of_order_are_refused_before_writing(serv
     assert await server.read("topics", "manual") is None
 
 
+async def test_a_manual_row_longer_than_the_largest_replication_factor_is_refused(server: api_server.ApiServer) -> None:
+    await server.put(*(spu(index) for index in range(130)))
+    rule = "at most 128 are allowed (the largest replication factor)"
+    body = {"name": "manual", "spec": {"replicaAssignment": [{"id": 0, "replicas": list(range(129))}]}}
+    status, answer = await server.call("POST", "/v1/topics", body)
+    assert (status, answer["error"]["message"].split(" (got ")[0]) == (
+        422,
+        f"spec.replicaAssignment.0: partition 0 lists 129 replicas; {rule}",
+    ), answer
+    assert await server.read("topics", "manual") is None
+    # The placement dry run has no topic model in front of its manual check.
+    placement_body = {"replicaAssignment": [{"id": 0, "replicas": list(range(129))}]}
+    assert await server.call("POST", "/v1/placement", placement_body) == (
+        422,
+        error("InvalidConfig", f"invalid replica assignment: partition 0: replicas lists 129 SPUs; {rule}"),
+    )
+
+
 async def test_topic_deleted_while_waiting_is_409(server: api_server.ApiServer) -> None:
     async def delete_when_written() -> None:
         while (stored := await server.kv_store.get("topics/orders")) is None:

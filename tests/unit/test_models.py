@@ -173,6 +173,25 @@ def test_topic_spec_needs_a_mode() -> None:
     )
 
 
+def test_a_manual_row_has_at_most_the_largest_replication_factor() -> None:
+    """A computed topic has at most 128 replicas a partition; a manual row had no limit (200 SPU
+    ids, or a million, were accepted and stored)."""
+    longest = list(range(models.MAX_REPLICATION_FACTOR))
+    assignment = [{"id": 0, "replicas": longest}, {"id": 1, "replicas": list(range(200))}]
+    message = error_of(models.Topic, {"name": "t", "spec": {"replicaAssignment": assignment}})
+    assert message.startswith(
+        "spec.replicaAssignment.1: partition 1 lists 200 replicas; at most 128 are allowed (the largest replication factor)"
+    ), message
+    topic = models.Topic.model_validate({"name": "t", "spec": {"replicaAssignment": [{"id": 0, "replicas": longest}]}})
+    assert topic.spec.replica_assignment is not None and topic.spec.replica_assignment[0].replicas == longest
+
+
+def test_a_stored_manual_topic_with_a_longer_row_is_unreadable() -> None:
+    stored = {"name": "t", "spec": {"replicaAssignment": [{"id": 0, "replicas": list(range(129))}]}}
+    with pytest.raises(pydantic.ValidationError, match="partition 0 lists 129 replicas; at most 128 are allowed"):
+        models.decode("topics", json.dumps(stored).encode())
+
+
 @pytest.mark.parametrize("strategy", ["kafka", "zoned", "my-placer-2", "my_pkg.placers:Zoned"])
 def test_placement_strategy_is_built_in_a_plugin_name_or_a_stored_module_reference(strategy: str) -> None:
     """Whether a plug-in name is configured is not the model's to know; a module reference still

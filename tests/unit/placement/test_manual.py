@@ -157,3 +157,14 @@ def test_a_long_list_of_problems_is_cut_in_the_message_but_kept_whole() -> None:
     assert str(caught.value).endswith(
         "partition 9: SPU 9 is not registered (registered: 0, 1, 2, 3); and 2 more"
     )
+
+
+def test_a_row_has_at_most_the_largest_replication_factor() -> None:
+    """As a computed topic's: a row of a million SPU ids was checked id by id (and a POST
+    /v1/placement, which a read credential may send, has no topic model in front of it)."""
+    registered = list(range(200))
+    longest = list(range(128))
+    assert placement.validate_manual([(0, longest)], registered) == [longest]
+    assert problems([(0, longest), (1, list(range(1_000_000)))], registered) == [
+        "partition 1: replicas lists 1000000 SPUs; at most 128 are allowed (the largest replication factor)"
+    ]
