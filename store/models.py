@@ -34,6 +34,13 @@ PLACEMENT_STRATEGIES = ("computed", "kafka", "least-loaded", "multi-level", "pol
 # make the SC build a billion-entry replica map.
 MAX_PARTITIONS = 100_000
 MAX_REPLICATION_FACTOR = 128
+# The largest partition id (a manual partition's, a replica map's key, the index in a partition's
+# name): 32-bit unsigned, as Fluvio's wire carries it and its clients parse it from the name. A
+# stored object with a larger one could not be listed to a Fluvio client.
+MAX_PARTITION_ID = 2**32 - 1
+PartitionId: TypeAlias = Annotated[int, Field(ge=0, le=MAX_PARTITION_ID)]
+# An index of more digits than this is compared with MAX_PARTITION_ID; one of fewer is below it.
+_SHORT_INDEX_DIGITS = len(str(MAX_PARTITION_ID)) - 1
 
 
 def validate_plugin_name(name: str) -> str:
@@ -301,7 +308,7 @@ class TopicResolution(str, enum.Enum):
 class PartitionAssignment(Model):
     """One partition of a manual topic: its id and its replicas, preferred leader first."""
 
-    id: Annotated[int, Field(ge=0)]
+    id: PartitionId
     # At most a computed topic's largest replication factor (the schema says so; the check below
     # names the partition).
     replicas: Annotated[list[SpuId], Field(json_schema_extra={"maxItems": MAX_REPLICATION_FACTOR})]
@@ -395,7 +402,7 @@ class TopicSpec(Model):
 class TopicStatus(Model):
     resolution: TopicResolution = TopicResolution.INIT
     # Partition index -> its replicas, preferred leader first: each row can be a partition.
-    replica_map: dict[Annotated[int, Field(ge=0)], list[SpuId]] = Field(default_factory=dict)
+    replica_map: dict[PartitionId, list[SpuId]] = Field(default_factory=dict)
     reason: str = ""
 
     @field_validator("replica_map")
@@ -549,7 +556,14 @@ def split_partition_name(name: str) -> tuple[str, int]:
     match = _PARTITION_NAME.match(name)
     if not match:
         raise ValueError(f"partition name {name!r} is not of the form <topic>-<index>")
-    return match["topic"], int(match["index"])
+    digits = match["index"]
+    # Its length first: int() of thousands of digits is slow, and refused past 4,300.
+    if len(digits) > _SHORT_INDEX_DIGITS + 1 or int(digits) > MAX_PARTITION_ID:
+        raise ValueError(
+            f"partition name {name!r} has index {digits}, above {MAX_PARTITION_ID}, the largest partition id "
+            "(Fluvio's are 32-bit)"
+        )
+    return match["topic"], int(digits)
 
 
 # ---------------------------------------------------------------------------- objects
@@ -604,7 +618,11 @@ class Partition(ClusterObject[PartitionSpec, PartitionStatus]):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, name: str) -> str:
-        if _VALID_PARTITION_NAME.match(name) and name.rindex("-") <= NAME_MAX_LENGTH:
+        if (
+            _VALID_PARTITION_NAME.match(name)
+            and (dash := name.rindex("-")) <= NAME_MAX_LENGTH
+            and len(name) - dash - 1 <= _SHORT_INDEX_DIGITS
+        ):
             return name
         # The slow path only to say exactly what is wrong.
         topic, _ = split_partition_name(name)

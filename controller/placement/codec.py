@@ -41,9 +41,12 @@ def _show(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _integer(field: str, value: object, lowest: int = 0) -> int:
+def _integer(field: str, value: object, lowest: int = 0, highest: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < lowest:
-        raise _bad(field, value, f"an integer of at least {lowest}")
+        wanted = f"an integer of at least {lowest}" if highest is None else f"an integer from {lowest} to {highest}"
+        raise _bad(field, value, wanted)
+    if highest is not None and value > highest:
+        raise _bad(field, value, f"an integer from {lowest} to {highest}")
     return value
 
 
@@ -106,7 +109,7 @@ def _existing(index: int, value: object) -> model.ExistingPartition:
             raise model.InvalidConfig(f"{field} has no {key}")
     return model.ExistingPartition(
         topic=_string(f"{field}.topic", entry["topic"]),
-        partition=_integer(f"{field}.partition", entry["partition"]),
+        partition=_integer(f"{field}.partition", entry["partition"], 0, models.MAX_PARTITION_ID),
         replicas=_ids(f"{field}.replicas", entry["replicas"]),
     )
 

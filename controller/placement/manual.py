@@ -47,6 +47,12 @@ def validate_manual(replica_assignment: Iterable[object], registered_spu_ids: It
             problems.append(f"entry {position}: partition id {partition_id!r} is not a non-negative integer")
             continue
         assert isinstance(partition_id, int)
+        if partition_id > models.MAX_PARTITION_ID:
+            problems.append(
+                f"entry {position}: partition id {partition_id} is above {models.MAX_PARTITION_ID}, "
+                "the largest partition id (Fluvio's are 32-bit)"
+            )
+            continue
         if partition_id in by_id:
             problems.append(f"partition {partition_id}: the id appears more than once")
             continue

@@ -527,6 +527,19 @@ async def test_a_manual_row_longer_than_the_largest_replication_factor_is_refuse
     )
 
 
+async def test_a_manual_partition_id_past_32_bits_is_refused_with_the_limit(server: api_server.ApiServer) -> None:
+    """Fluvio's partition ids are u32: a larger one was refused only as a gap in the sequence over
+    HTTP, and a stored one kept its topic out of every Fluvio List."""
+    await server.put(spu(0))
+    body = {"name": "manual", "spec": {"replicaAssignment": [{"id": 2**32, "replicas": [0]}]}}
+    status, answer = await server.call("POST", "/v1/topics", body)
+    assert (status, answer["error"]["message"]) == (
+        422,
+        "spec.replicaAssignment.0.id: Input should be less than or equal to 4294967295 (got 4294967296)",
+    )
+    assert await server.read("topics", "manual") is None
+
+
 async def test_topic_deleted_while_waiting_is_409(server: api_server.ApiServer) -> None:
     async def delete_when_written() -> None:
         while (stored := await server.kv_store.get("topics/orders")) is None:

@@ -192,6 +192,56 @@ def test_a_stored_manual_topic_with_a_longer_row_is_unreadable() -> None:
         models.decode("topics", json.dumps(stored).encode())
 
 
+# Fluvio's partition ids are u32 (a manual PartitionMap's id, a replica map's keys, the index a
+# client parses from a partition's name): a larger one could not be shown to a Fluvio client.
+LARGEST_PARTITION_ID = 2**32 - 1
+
+
+def test_a_partition_id_fits_fluvio_s_32_bits() -> None:
+    assert models.MAX_PARTITION_ID == LARGEST_PARTITION_ID
+    too_large = LARGEST_PARTITION_ID + 1
+    assert error_of(models.Topic, {"name": "t", "spec": {"replicaAssignment": [{"id": too_large, "replicas": [0]}]}}) == (
+        "spec.replicaAssignment.0.id: Input should be less than or equal to 4294967295 (got 4294967296)"
+    )
+    assert error_of(
+        models.Topic,
+        {"name": "t", "spec": {"partitions": 1, "replicationFactor": 1}, "status": {"replicaMap": {str(too_large): [0]}}},
+    ).startswith("status.replicaMap.4294967296.[key]: Input should be less than or equal to 4294967295")
+    message = error_of(models.Partition, {**PARTITION, "name": f"orders-{too_large}"})
+    assert message.startswith(
+        "name: partition name 'orders-4294967296' has index 4294967296, above 4294967295, the largest partition id "
+        "(Fluvio's are 32-bit)"
+    ), message
+    for index in (10**10, 10**30):
+        assert error_of(models.Partition, {**PARTITION, "name": f"orders-{index}"}).startswith(
+            f"name: partition name 'orders-{index}' has index {index}, above 4294967295"
+        )
+    with pytest.raises(ValueError, match="has index 4294967296, above 4294967295"):
+        models.split_partition_name(f"orders-{too_large}")
+    # The largest is kept, in every place.
+    assert models.Partition.model_validate({**PARTITION, "name": f"orders-{LARGEST_PARTITION_ID}"}).index == LARGEST_PARTITION_ID
+    assert models.split_partition_name(f"orders-{LARGEST_PARTITION_ID}") == ("orders", LARGEST_PARTITION_ID)
+    models.Topic.model_validate({"name": "t", "spec": {"replicaAssignment": [{"id": LARGEST_PARTITION_ID, "replicas": [0]}]}})
+    models.Topic.model_validate(
+        {"name": "t", "spec": {"partitions": 1, "replicationFactor": 1}, "status": {"replicaMap": {str(LARGEST_PARTITION_ID): [0]}}}
+    )
+
+
+@pytest.mark.parametrize(
+    ("kind", "document"),
+    [
+        ("partitions", {"name": "orders-4294967296", "spec": {"leader": 1, "replicas": [1]}}),
+        ("topics", {"name": "t", "spec": {"replicaAssignment": [{"id": 2**32, "replicas": [0]}]}}),
+        ("topics", {"name": "t", "spec": {"partitions": 1, "replicationFactor": 1}, "status": {"replicaMap": {"4294967296": [0]}}}),
+    ],
+)
+def test_a_stored_object_with_a_partition_id_past_32_bits_is_unreadable(kind: str, document: dict[str, Any]) -> None:
+    """As an SPU id past 2^31 - 1 is: the Reader keeps the name as unreadable (deleting nothing),
+    rather than hold an object it could not list to a Fluvio client."""
+    with pytest.raises(pydantic.ValidationError, match="4294967295"):
+        models.decode(kind, json.dumps(document).encode())
+
+
 @pytest.mark.parametrize("strategy", ["kafka", "zoned", "my-placer-2", "my_pkg.placers:Zoned"])
 def test_placement_strategy_is_built_in_a_plugin_name_or_a_stored_module_reference(strategy: str) -> None:
     """Whether a plug-in name is configured is not the model's to know; a module reference still

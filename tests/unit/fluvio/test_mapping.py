@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from controller.api.fluvio import mapping, messages, objects as fluvio_objects
+from controller.api.fluvio import mapping, messages, objects as fluvio_objects, primitives
 from store import models
 from tests import builders
 
@@ -346,3 +346,25 @@ def test_an_spu_or_group_with_an_unprintable_rack_is_refused() -> None:
         Error.SPU_ERROR,
         f"spec.rack: rack '/dc1/\\u202er1' holds the character '\\u202e' (U+202E, Cf): {RACK_RULE} (got '/dc1/\\u202er1')",
     )
+
+
+def test_the_largest_partition_id_can_be_shown_to_a_fluvio_client_and_no_larger_one_can() -> None:
+    """Fluvio carries partition ids as u32 (a PartitionMap's id, a replica map's key) and its client
+    parses a partition's name's index as one: the models stop there."""
+    largest = models.MAX_PARTITION_ID
+    topic = models.Topic.model_validate(
+        {
+            "name": "t",
+            "spec": {"replicaAssignment": [{"id": largest, "replicas": [1]}]},
+            "status": {"resolution": "InvalidConfig", "replicaMap": {str(largest): [1]}},
+        }
+    )
+    partition = models.Partition.model_validate({"name": f"t-{largest}", "spec": {"leader": 1, "replicas": [1]}})
+    for label, obj in ((fluvio_objects.TOPIC, topic), (fluvio_objects.PARTITION, partition)):
+        _, _, item = mapping.ITEMS[label]
+        assert fluvio_objects.encode_metadata(label, item(obj), messages.OBJECT_MAX_VERSION)
+    too_large = topic.model_copy(
+        update={"spec": topic.spec.model_copy(update={"replica_assignment": [models.PartitionAssignment.model_construct(id=largest + 1, replicas=[1])]})}
+    )
+    with pytest.raises(primitives.EncodeError, match="u32 must be a whole number in \\[0, 4294967295\\], got 4294967296"):
+        fluvio_objects.encode_metadata(fluvio_objects.TOPIC, mapping.topic_item(too_large), messages.OBJECT_MAX_VERSION)

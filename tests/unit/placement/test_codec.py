@@ -86,6 +86,7 @@ def test_default_spus_stand_in_when_the_request_has_none() -> None:
         ({"spus": [], "partitions": 1, "replicationFactor": 1, "ignoreRackAssignment": 1}, "ignoreRackAssignment must be true or false, got 1"),
         ({"spus": [], "partitions": 1, "replicationFactor": 1, "policies": None, "replication_factor": 3}, "request has unknown field 'replication_factor' (known: spus, partitions, replicationFactor, strategy, startIndex, ignoreRackAssignment, policies, existing, replicaAssignment, currentReplicaMap, registeredSpuIds, plugin)"),
         ({"spus": [], "partitions": 1, "replicationFactor": 1, "existing": [{"topic": "t", "partition": 0}]}, "existing[0] has no replicas"),
+        ({"spus": [], "partitions": 1, "replicationFactor": 1, "existing": [{"topic": "t", "partition": 2**32, "replicas": [0]}]}, "existing[0].partition must be an integer from 0 to 4294967295, got 4294967296"),
         ({"spus": [], "partitions": 1, "replicationFactor": 1, "existing": [{"topic": "t", "partition": 0, "replicas": [1, None]}]}, "existing[0].replicas[1] must be an integer of at least 0, got null"),
         ({"spus": [], "partitions": 1, "replicationFactor": 1, "currentReplicaMap": [[0], "1"]}, 'currentReplicaMap[1] must be an array, got "1"'),
         ({"spus": [], "replicaAssignment": [{"id": 0, "replica": [0]}]}, "replicaAssignment[0] has unknown field 'replica' (known: id, replicas)"),

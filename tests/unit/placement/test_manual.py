@@ -168,3 +168,10 @@ def test_a_row_has_at_most_the_largest_replication_factor() -> None:
     assert problems([(0, longest), (1, list(range(1_000_000)))], registered) == [
         "partition 1: replicas lists 1000000 SPUs; at most 128 are allowed (the largest replication factor)"
     ]
+
+
+def test_a_partition_id_past_32_bits_is_named_with_the_limit() -> None:
+    """Fluvio's partition ids are u32: said as such, not only as a gap in the sequence."""
+    assert problems([(2**32, [0])])[0] == (
+        "entry 0: partition id 4294967296 is above 4294967295, the largest partition id (Fluvio's are 32-bit)"
+    )
