@@ -133,7 +133,9 @@ UNPRINTABLE_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
 def unprintable_character(text: str) -> str | None:
     """The first character of ``text`` in UNPRINTABLE_CATEGORIES, described as ``'\\n' (U+000A,
     Cc)`` (None if there is none)."""
-    if text.isprintable():  # the common case, in C: no character of Cc, Cf, Zl, Zp (nor Z* but ' ')
+    # The common case, in C: isprintable() is false for every character of those categories (and
+    # for some a rack may hold: other spaces than ' ', private-use and unassigned ones).
+    if text.isprintable():
         return None
     for char in text:
         category = unicodedata.category(char)
@@ -545,8 +547,8 @@ def new_partition(topic: Topic, index: int, replicas: list[int]) -> Partition:
         # The validated path: raises with the model's own message (or coerces, as it would).
         spec = PartitionSpec(leader=replicas[0] if replicas else 0, replicas=replicas)
         return Partition(name=partition_name(topic.name, index), spec=spec)
-    if type(index) is not int or index < 0:
-        raise ValueError(f"partition index {index!r} is not a non-negative integer")
+    if type(index) is not int or not 0 <= index <= MAX_PARTITION_ID:
+        raise ValueError(f"partition index {index!r} is not an integer from 0 to {MAX_PARTITION_ID}")
     spec = PartitionSpec.model_construct(leader=replicas[0], replicas=replicas)
     return Partition.model_construct(name=partition_name(topic.name, index), spec=spec, status=_DEFAULT_PARTITION_STATUS)
 

@@ -554,6 +554,14 @@ def test_new_partition_rejects_what_the_model_rejects(replicas: list[int], messa
         models.new_partition(topic, 0, replicas)
 
 
+def test_new_partition_refuses_an_index_past_32_bits() -> None:
+    """Its fast path builds the name unchecked: the index is bounded as the name's is."""
+    topic = models.Topic(name="orders", spec=models.TopicSpec(partitions=1, replication_factor=1))
+    assert models.new_partition(topic, models.MAX_PARTITION_ID, [1]).index == models.MAX_PARTITION_ID
+    with pytest.raises(ValueError, match="partition index 4294967296 is not an integer from 0 to 4294967295"):
+        models.new_partition(topic, 2**32, [1])
+
+
 @pytest.mark.parametrize(
     ("replica_map", "message"),
     [
