@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import ipaddress
 import math
+import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -44,6 +45,20 @@ OFFSETS_JITTER = 0.9  # an Offsets frame this share of the interval after the pr
 PUSH_LINGER = 0.02
 SEND_QUEUE_LIMIT = 1_000  # frames queued for one SPU before it is considered stuck
 HEARTBEAT_SECOND_LOOK = 0.5  # seconds
+# Incarnation numbers start at a random base in [1, 2**52] in every SC process and count up: an
+# SC restarted, or a standby taking over, does not give an SPU's new process the number its
+# previous one had under another SC (a leader's proposal naming that one would pass for the new
+# one, KIP-903). Two processes' numbers meet only if their bases fall within the connections they
+# number of each other: under 2 * 10**6 / 2**52 (about 4.4e-10) for a million connections each.
+# Below 2**53 for 2**52 connections: exact in any JSON reader's numbers, far below the wire's 2**63 - 1.
+INCARNATION_BASE_RANGE = 2**52
+
+
+def incarnation_base() -> int:
+    """The number before this process's first incarnation: random, so processes do not collide."""
+    return secrets.randbelow(INCARNATION_BASE_RANGE)
+
+
 # The code of a refusal (and of a closed session) because this SC is not the leader of its store.
 NOT_LEADER = "not-leader"
 # A standby holds an SPU's registration up to this long, instead of refusing it at once, while no
@@ -222,7 +237,7 @@ class ConnectionManager:
         self.proposals: dict[str, reports.Proposal] = {}
         # Partition -> (SPU, leader epoch) of the last leadership confirmation accepted.
         self.confirmed: dict[str, tuple[int, int]] = {}
-        self._incarnation_counter = 0
+        self._incarnation_counter = incarnation_base()
         # (partitions table epoch, SPU id -> the entries of the partitions it is a replica of):
         # built with one pass over the table and kept while the table does not change, so the
         # SPUs connecting together (an SC start, a takeover) cost their own replicas each, not a

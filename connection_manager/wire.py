@@ -42,6 +42,10 @@ Offset = Annotated[int, Field(ge=0, le=2**63 - 1)]
 # Epochs only grow by one per change, but a frame may carry anything: bounded like offsets.
 Epoch = Annotated[int, Field(ge=0, le=2**63 - 1)]
 SpuId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+# An SPU connection's number (Accepted): positive, and within the wire's integer limit. An SC
+# numbers its connections from a random base below 2**53 (connection_manager/server.py), so that
+# two SC processes of one store hardly ever give out the same number.
+IncarnationNumber = Annotated[int, Field(ge=1, le=2**63 - 1)]
 PartitionName = Annotated[str, Field(min_length=3, max_length=200)]
 
 
@@ -202,7 +206,7 @@ SpuMessages = Register | Hosted | Heartbeat | Leading | AlterIsr | Offsets
 class Accepted(Message):
     type: Literal["accepted"] = "accepted"
     spu_id: SpuId
-    incarnation: Annotated[int, Field(ge=1)]  # this connection's number: every connection is a new one
+    incarnation: IncarnationNumber  # this connection's number: every connection is a new one
     heartbeat_timeout: float  # seconds of silence after which the SC marks the SPU offline
     offsets_interval: float  # the SPU sends at most one Offsets frame this often
 

@@ -129,6 +129,7 @@ def test_random_bytes_never_raise_anything_but_a_frame_error(frame: bytes) -> No
         assert error.code in {"malformed", "unknown-type", "unsupported-version", "invalid", "frame-too-large"}
 
 
+        wire.Accepted(spu_id=1, incarnation=2**63 - 1, heartbeat_timeout=10.0, offsets_interval=1.0),
 @given(st.integers(0, 200))
 def test_every_truncation_of_a_valid_frame_is_refused_cleanly(cut: int) -> None:
     frame = wire.encode(
