@@ -120,6 +120,15 @@ class HostedReplica(TypedDict):
 
 
 @pydantic.with_config(_ENTRY)
+class MemberIncarnation(TypedDict):
+    """A follower a leader proposes into the in-sync set, and the incarnation (its connection to
+    the SC, as its fetches said) under which the leader saw it catch up."""
+
+    spu: SpuId
+    incarnation: IncarnationNumber
+
+
+@pydantic.with_config(_ENTRY)
 class Leadership(TypedDict):
     partition: PartitionName
     leader_epoch: Epoch
@@ -178,7 +187,10 @@ class AlterIsr(Message):
     """A leader's proposal of a new committed in-sync set, made at the epochs it holds. ``hw``: its
     high watermark when it proposed (absent from older SPUs): a replica it proposes into the set
     holds every record below it, and the SC knows that much committed even before the leader's
-    next Offsets frame (a move's caught-up write records it)."""
+    next Offsets frame (a move's caught-up write records it). ``incarnations``: for every SPU it
+    adds to the committed set, the incarnation its fetches carried when it caught up (KIP-903):
+    the SC adds it only if that is still its current connection (a new process may have lost
+    records). Entries for members it keeps are allowed and not checked."""
 
     type: Literal["alterIsr"] = "alterIsr"
     partition: PartitionName
@@ -186,6 +198,7 @@ class AlterIsr(Message):
     partition_epoch: Epoch
     isr: list[SpuId]
     hw: Offset | None = None
+    incarnations: list[MemberIncarnation] = []
 
 
 class Offsets(Message):

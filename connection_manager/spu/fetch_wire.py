@@ -31,10 +31,16 @@ class PartitionFetch(wire.Message):
 
 
 class FetchRequest(wire.Message):
-    """One fetch round of follower ``spu``: every partition it follows from this leader."""
+    """One fetch round of follower ``spu``: every partition it follows from this leader.
+
+    ``incarnation``: the number of the follower's current connection to the SC (its Accepted):
+    which process of the follower fetches. The leader keeps what it learns of a follower per
+    incarnation, and names it when it proposes the follower into the in-sync set (KIP-903).
+    None (left out): a follower older than the field, which its leader never proposes in."""
 
     type: Literal["fetch"] = "fetch"
     spu: wire.SpuId
+    incarnation: wire.IncarnationNumber | None = None
     max_records: Annotated[int, Field(ge=0)]
     partitions: list[PartitionFetch]
 

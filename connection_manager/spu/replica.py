@@ -124,6 +124,9 @@ class FollowerProgress:
     last_fetch_at: float
     last_fetch_leader_leo: int  # the leader's LEO when that fetch arrived
     last_caught_up_at: float | None  # last moment the follower had every record the leader had; None: never
+    # The follower's connection to the SC its fetches named (None: a follower too old to say). All
+    # of the above is of that process: a fetch under another incarnation starts the record afresh.
+    incarnation: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,8 @@ class Proposal:
     partition_epoch: int
     sent_at: float
     hw: int = 0  # the leader's HW when it proposed
+    # (SPU, incarnation) for each follower it adds to the committed set: the process it saw catch up.
+    incarnations: tuple[tuple[int, int], ...] = ()
 
 
 class Replica:
@@ -170,13 +175,16 @@ class Replica:
       to the fetch offset, the answer is ``Diverging`` (where the logs part) and nothing else.
     - A fetch at offset ``o`` tells the leader the follower holds every record below ``o``. The
       follower "caught up" at that fetch if ``o`` >= the leader's LEO, or, failing that, at its
-      previous fetch if ``o`` >= the leader's LEO at that previous fetch.
+      previous fetch if ``o`` >= the leader's LEO at that previous fetch. A fetch carries the
+      incarnation of the follower's SC connection: what the leader recorded of another
+      incarnation (another process, which may have lost records since) is forgotten first.
     - HW = the lowest LEO over the committed in-sync set the SC gave it, plus the members of its
       pending proposal (Kafka's maximal ISR, KIP-497), each follower as fetched at this epoch
       (one not heard from at this epoch holds it back). It never moves back.
     - It never changes the in-sync set itself: ``proposal`` names the set it wants (a member
       that has not caught up within ``lag_time`` leaves; a replica caught up recently whose LEO
-      reached the HW joins), one at a time, until the SC answers or its state moves past it.
+      reached the HW joins, named with the incarnation it caught up under; a follower whose
+      fetches carried none never joins), one at a time, until the SC answers or its state moves past it.
     - ``max_records`` bounds the records one fetch carries, so catching up takes several rounds.
 
     Follower rules: ``apply_fetched`` takes the leader's answer to the fetch it sent at its LEO
@@ -209,7 +217,8 @@ class Replica:
         self.replicas: tuple[int, ...] = ()
         self.followers: dict[int, FollowerProgress] = {}  # leader only: followers heard from at this epoch
         self.pending: Proposal | None = None
-        self._refused: tuple[tuple[int, ...], float] | None = None
+        # The last refused proposal's set and incarnations, and when: not repeated for a while.
+        self._refused: tuple[tuple[int, ...], tuple[tuple[int, int], ...], float] | None = None
         self.leader_since = 0.0
 
     @property
@@ -300,10 +309,12 @@ class Replica:
         now: float,
         leader_epoch: int | None = None,
         last_fetched_epoch: int = NO_EPOCH,
+        incarnation: int | None = None,
     ) -> Served | Diverging | str:
         """Answer ``follower``'s fetch at ``offset`` (its LEO, whose last record has epoch
-        ``last_fetched_epoch``), made at ``leader_epoch`` (None: this leader's own): records, where
-        its log diverges, or an error code."""
+        ``last_fetched_epoch``), made at ``leader_epoch`` (None: this leader's own) by the follower's
+        process connected to the SC as ``incarnation`` (None: it does not say): records, where its
+        log diverges, or an error code."""
         if self.role is not Role.LEADER:
             return NOT_LEADER
         if follower not in self.replicas or follower == self.spu_id:
@@ -324,8 +335,12 @@ class Replica:
                 return Diverging(offset, epoch, end)
         position = offset
         progress = self.followers.get(follower)
+        if progress is not None and progress.incarnation != incarnation:
+            # Another process of the follower (KIP-903), or the same one reconnected to the SC: it
+            # has caught up only once it does so again, under the incarnation it has now.
+            progress = None
         if progress is None:
-            progress = self.followers[follower] = FollowerProgress(position, 0, now, self.leo, None)
+            progress = self.followers[follower] = FollowerProgress(position, 0, now, self.leo, None, incarnation)
             if position >= self.leo:
                 progress.last_caught_up_at = now
         else:
@@ -385,7 +400,12 @@ class Replica:
                 never = progress is None or progress.last_caught_up_at is None
                 if self._caught_up_recently(progress, now) or (never and now - self.leader_since <= self.lag_time):
                     wanted.append(spu)
-            elif progress is not None and progress.leo >= self.hw and self._caught_up_recently(progress, now):
+            elif (
+                progress is not None
+                and progress.incarnation is not None
+                and progress.leo >= self.hw
+                and self._caught_up_recently(progress, now)
+            ):
                 wanted.append(spu)
         return tuple(wanted)
 
@@ -398,10 +418,18 @@ class Replica:
         wanted = self.wanted_isr(now)
         if set(wanted) == set(self.isr):
             return None
-        if self._refused is not None and self._refused[0] == wanted and now - self._refused[1] < retry_after:
+        # Each follower it adds, with the incarnation it caught up under (wanted_isr adds none without).
+        named = tuple(
+            (spu, progress.incarnation)
+            for spu in wanted
+            if spu not in self.isr and (progress := self.followers.get(spu)) is not None and progress.incarnation is not None
+        )
+        refused = self._refused
+        # A refused proposal is not repeated for a while; one naming another incarnation is news.
+        if refused is not None and refused[:2] == (wanted, named) and now - refused[2] < retry_after:
             return None
         assert self.leader_epoch is not None
-        self.pending = Proposal(wanted, self.leader_epoch, self.partition_epoch, now, self.hw)
+        self.pending = Proposal(wanted, self.leader_epoch, self.partition_epoch, now, self.hw, named)
         return self.pending
 
     def proposal_answered(
@@ -413,7 +441,7 @@ class Replica:
         if pending is None or self.role is not Role.LEADER or leader_epoch != self.leader_epoch:
             return
         if error is not None:
-            self._refused = (pending.isr, now)
+            self._refused = (pending.isr, pending.incarnations, now)
         self.pending = None
         if partition_epoch >= self.partition_epoch:
             self.partition_epoch = partition_epoch

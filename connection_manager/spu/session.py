@@ -258,7 +258,8 @@ class ScSession:
             # What this process holds, before anything the SC says on this connection changes it.
             await ws.send_bytes(wire.encode(self.state.hosted()))
             self.connections += 1
-            self.incarnation = answer.incarnation
+            # Fetches say it from here: a leader counts only what it sees of this connection's process.
+            self.incarnation = self.state.incarnation = answer.incarnation
             self.offsets_interval = answer.offsets_interval
             self.log.info(
                 "sc accepted", url=self.url, incarnation=answer.incarnation, heartbeat_timeout=answer.heartbeat_timeout
@@ -380,6 +381,7 @@ def _alter_isr(name: str, proposal: replica_module.Proposal) -> wire.AlterIsr:
     return wire.AlterIsr(
         partition=name, leader_epoch=proposal.leader_epoch, partition_epoch=proposal.partition_epoch, isr=list(proposal.isr),
         hw=proposal.hw,
+        incarnations=[wire.MemberIncarnation(spu=spu, incarnation=number) for spu, number in proposal.incarnations],
     )
 
 

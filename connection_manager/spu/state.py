@@ -76,6 +76,9 @@ class SpuState:
         self._followed_from: dict[str, int] = {}  # partition -> the leader it is followed from
         # Logs from a checkpoint, given to a partition the first Sync assigns; dropped after it.
         self._restored: dict[str, Offsets] = {}
+        # The number the SC gave this SPU's current connection (Accepted); None before the first.
+        # Every fetch carries it: a leader counts what this process holds, not a previous one's.
+        self.incarnation: int | None = None
 
     def restore(self, offsets: Mapping[str, Offsets]) -> None:
         """Logs saved by a previous run, resumed by the partitions the first Sync gives this SPU."""
@@ -289,7 +292,8 @@ class SpuState:
             progress = replica.followers.get(request.spu)
             before = None if progress is None else progress.leo
             answer = replica.serve_fetch(
-                request.spu, wanted.offset, wanted.hw, request.max_records, now, wanted.leader_epoch, wanted.last_fetched_epoch
+                request.spu, wanted.offset, wanted.hw, request.max_records, now, wanted.leader_epoch, wanted.last_fetched_epoch,
+                request.incarnation,
             )
             if isinstance(answer, str):
                 answers.append(fetch_wire.PartitionFetched(partition=name, offset=wanted.offset, error=answer))
@@ -317,7 +321,10 @@ class SpuState:
     # ------------------------------------------------------------------ following
 
     def fetch_request(self, leader: int, max_records: int) -> fetch_wire.FetchRequest | None:
-        """The next fetch round towards ``leader``: every partition followed from it, at its LEO; None if none."""
+        """The next fetch round towards ``leader``: every partition followed from it, at its LEO; None
+        if none, or before the SC accepted a connection of this process (it has no incarnation to say)."""
+        if self.incarnation is None:
+            return None
         partitions = []
         for name in self._following.get(leader, ()):
             replica = self.replicas[name]
@@ -334,7 +341,9 @@ class SpuState:
             )
         if not partitions:
             return None
-        return fetch_wire.FetchRequest(spu=self.spu_id, max_records=max_records, partitions=partitions)
+        return fetch_wire.FetchRequest(
+            spu=self.spu_id, incarnation=self.incarnation, max_records=max_records, partitions=partitions
+        )
 
     def apply_response(self, leader: int, response: fetch_wire.FetchResponse) -> dict[str, str]:
         """Take ``leader``'s answer partition by partition; returns partition -> why it was not applied.

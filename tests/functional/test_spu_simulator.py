@@ -67,6 +67,7 @@ class Connection:
     websocket: web.WebSocketResponse
     hosted: wire.Hosted | None = None
     frames: list[tuple[float, wire.Message]] = field(default_factory=list)
+    incarnation: int = 0  # the number Accepted gave it (0: not accepted)
 
     def of_type(self, kind: type[wire.Message]) -> list[tuple[float, wire.Message]]:
         return [(at, frame) for at, frame in self.frames if isinstance(frame, kind)]
@@ -82,7 +83,8 @@ def replica(partition: str, leader: int | None, replicas: list[int], epoch: int 
 class FakeSc:
     """Accepts the SPUs it knows (and the token, if set), sends each a Sync of its picture once it
     said what it holds, records what they send, and commits every proposal of a partition's
-    leader at its epochs (it checks nothing else: the real rules are the SC's)."""
+    leader at its epochs that names each SPU it adds under its live connection's incarnation (it
+    checks nothing else: the real rules are the SC's)."""
 
     def __init__(self, spus: list[wire.SpuInfo], replicas: list[wire.ReplicaInfo], token: str | None = None) -> None:
         self.spus = {spu.id: spu for spu in spus}
@@ -152,6 +154,7 @@ class FakeSc:
             await websocket.close()
             return websocket
         self.incarnations += 1
+        connection.incarnation = self.incarnations
         accepted = wire.Accepted(
             spu_id=register.spu_id, incarnation=self.incarnations, heartbeat_timeout=2.0, offsets_interval=self.offsets_interval
         )
@@ -176,9 +179,19 @@ class FakeSc:
         current = self.replicas[proposal.partition]
         if current.leader != spu_id or (current.leader_epoch, current.partition_epoch) != (proposal.leader_epoch, proposal.partition_epoch):
             return
-        committed = current.model_copy(update={"isr": list(proposal.isr), "partition_epoch": current.partition_epoch + 1})
         connection = self.live(spu_id)
         assert connection is not None
+        named = {entry["spu"]: entry["incarnation"] for entry in proposal.incarnations}
+        for added in set(proposal.isr) - set(current.isr):
+            live = self.live(added)
+            if live is None or named.get(added) != live.incarnation:
+                refusal = wire.AlterIsrResult(
+                    partition=proposal.partition, error="stale-incarnation", leader_epoch=current.leader_epoch,
+                    partition_epoch=current.partition_epoch, isr=current.isr,
+                )
+                await connection.websocket.send_bytes(wire.encode(refusal))
+                return
+        committed = current.model_copy(update={"isr": list(proposal.isr), "partition_epoch": current.partition_epoch + 1})
         await connection.websocket.send_bytes(
             wire.encode(
                 wire.AlterIsrResult(
@@ -551,6 +564,11 @@ async def test_three_spus_replicate_a_partition_and_a_killed_leader_stops_its_fo
     await second.start()
     await eventually(lambda: _assert(leader_status(leader).isr == (0, 1, 2)), timeout=10.0)
     assert [proposal.isr for _, proposal in sc.frames_of(0, wire.AlterIsr)] == [[0, 1], [0, 1, 2]]
+    # Named under the incarnation of its new process's connection: the leader saw that one catch up.
+    back = sc.live(2)
+    assert back is not None
+    _, last = sc.frames_of(0, wire.AlterIsr)[-1]
+    assert isinstance(last, wire.AlterIsr) and last.incarnations == [{"spu": 2, "incarnation": back.incarnation}]
     assert offsets(second)[1] >= leader_status(leader).hw - 100
 
     # The leader dies: its followers stop advancing (once they have read what was already sent,

@@ -43,6 +43,21 @@ from connection_manager import lrs, wire
         ),
         (b'{"type": "offsets", "partitions": [{"partition": "", "leaderEpoch": 0, "hw": 1, "leo": 1}]}', "invalid", "offsets.partitions.0.partition"),
         (b'{"type": "alterIsr", "partition": "t-0", "leaderEpoch": -1, "partitionEpoch": 0, "isr": [0]}', "invalid", "alterIsr.leaderEpoch"),
+        (
+            b'{"type": "alterIsr", "partition": "t-0", "leaderEpoch": 0, "partitionEpoch": 0, "isr": [0, 1], "incarnations": [{"spu": 1, "incarnation": 0}]}',
+            "invalid",
+            "field 'alterIsr.incarnations.0.incarnation': Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            b'{"type": "alterIsr", "partition": "t-0", "leaderEpoch": 0, "partitionEpoch": 0, "isr": [0, 1], "incarnations": [{"spu": 1, "incarnation": 9223372036854775808}]}',
+            "invalid",
+            "alterIsr.incarnations.0.incarnation': Input should be less than or equal to 9223372036854775807",
+        ),
+        (
+            b'{"type": "alterIsr", "partition": "t-0", "leaderEpoch": 0, "partitionEpoch": 0, "isr": [0, 1], "incarnations": [{"spu": 1}]}',
+            "invalid",
+            "field 'alterIsr.incarnations.0.incarnation': Field required",
+        ),
         (b'{"type": "hosted", "partitions": [{"partition": "t-0", "leo": 1}]}', "invalid", "hosted.partitions.0.leaderEpoch"),
         (b'{"type": "leading", "partitions": [{"partition": "t-0", "leaderEpoch": 1, "x": 1}]}', "invalid", "leading.partitions.0.x"),
         # Numbers past Python's int digit limit, or just below it: a frame error, never a ValueError.
@@ -96,9 +111,17 @@ def test_every_spu_frame_round_trips_in_camel_case() -> None:
         wire.Heartbeat(),
         wire.Leading(partitions=[wire.Leadership(partition="t-0", leader_epoch=4)]),
         wire.AlterIsr(partition="t-0", leader_epoch=4, partition_epoch=7, isr=[0, 2]),
+        wire.AlterIsr(
+            partition="t-0", leader_epoch=4, partition_epoch=7, isr=[0, 2], hw=5,
+            incarnations=[wire.MemberIncarnation(spu=2, incarnation=2**53 - 1)],
+        ),
     ]
     for message in messages:
         assert wire.parse_spu_message(wire.encode(message)) == message
+    assert wire.encode(messages[-1]) == (
+        b'{"v":2,"type":"alterIsr","partition":"t-0","leaderEpoch":4,"partitionEpoch":7,"isr":[0,2],"hw":5,'
+        b'"incarnations":[{"spu":2,"incarnation":9007199254740991}]}'
+    )
     assert wire.encode_json({"v": 2, "type": "heartbeat"}) == wire.encode(wire.Heartbeat())
 
 
@@ -106,6 +129,7 @@ def test_sc_messages_round_trip() -> None:
     endpoint = wire.Endpoint(host="10.0.0.1", port=9005)
     messages: list[wire.Message] = [
         wire.Accepted(spu_id=1, incarnation=3, heartbeat_timeout=10.0, offsets_interval=1.0),
+        wire.Accepted(spu_id=1, incarnation=2**63 - 1, heartbeat_timeout=10.0, offsets_interval=1.0),
         wire.Rejected(code="unregistered", reason="no"),
         wire.Sync(
             epoch=7,
@@ -129,7 +153,6 @@ def test_random_bytes_never_raise_anything_but_a_frame_error(frame: bytes) -> No
         assert error.code in {"malformed", "unknown-type", "unsupported-version", "invalid", "frame-too-large"}
 
 
-        wire.Accepted(spu_id=1, incarnation=2**63 - 1, heartbeat_timeout=10.0, offsets_interval=1.0),
 @given(st.integers(0, 200))
 def test_every_truncation_of_a_valid_frame_is_refused_cleanly(cut: int) -> None:
     frame = wire.encode(

@@ -11,16 +11,20 @@ from connection_manager.spu import fetch_wire
 def test_a_frame_is_a_big_endian_length_then_the_json_body() -> None:
     request = fetch_wire.FetchRequest(
         spu=2,
+        incarnation=17,
         max_records=500,
         partitions=[fetch_wire.PartitionFetch(partition="t-0", offset=70, hw=60, leader_epoch=3, last_fetched_epoch=2)],
     )
     body = (
-        b'{"v":2,"type":"fetch","spu":2,"maxRecords":500,"partitions":[{"partition":"t-0","offset":70,"hw":60,'
+        b'{"v":2,"type":"fetch","spu":2,"incarnation":17,"maxRecords":500,"partitions":[{"partition":"t-0","offset":70,"hw":60,'
         b'"leaderEpoch":3,"lastFetchedEpoch":2}]}'
     )
     assert fetch_wire.encode(request) == len(body).to_bytes(4, "big") + body
     assert fetch_wire.body_length(len(body).to_bytes(4, "big")) == len(body)
     assert fetch_wire.parse_request(body) == request
+    # A follower older than the field says no incarnation: read as None (its leader never proposes it in).
+    older = b'{"v":2,"type":"fetch","spu":2,"maxRecords":500,"partitions":[]}'
+    assert fetch_wire.parse_request(older).incarnation is None
 
 
 def test_answers_and_refusals_round_trip() -> None:
@@ -73,6 +77,21 @@ def test_a_header_announcing_an_oversized_frame_is_refused(header: bytes, code: 
             b'"leaderEpoch":0,"lastFetchedEpoch":-1}]}',
             "invalid",
             "field 'fetch.partitions.0.offset': Input should be greater than or equal to 0 (got -1)",
+        ),
+        (
+            b'{"v":2,"type":"fetch","spu":1,"incarnation":0,"maxRecords":1,"partitions":[]}',
+            "invalid",
+            "field 'fetch.incarnation': Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            b'{"v":2,"type":"fetch","spu":1,"incarnation":9223372036854775808,"maxRecords":1,"partitions":[]}',
+            "invalid",
+            "field 'fetch.incarnation': Input should be less than or equal to 9223372036854775807 (got 9223372036854775808)",
+        ),
+        (
+            b'{"v":2,"type":"fetch","spu":1,"incarnation":7.5,"maxRecords":1,"partitions":[]}',
+            "invalid",
+            "field 'fetch.incarnation': Input should be a valid integer, got a number with a fractional part (got 7.5)",
         ),
         (
             b'{"v":2,"type":"fetch","spu":1,"maxRecords":1,"partitions":[{"partition":"t-0","offset":1,"hw":0}]}',

@@ -20,6 +20,8 @@ class Cluster:
         self.replicas = replicas
         self.logs = {spu: Replica(PARTITION, spu, LAG) for spu in replicas}
         self.up = set(replicas)
+        # Each process's SC connection, as its fetches name it: a restarted process has a new one.
+        self.incarnations = {spu: 1 for spu in replicas}
         self.leader_epoch = 0
         self.partition_epoch = 0
         self.leader: int | None = None
@@ -52,6 +54,7 @@ class Cluster:
 
     def restart(self, spu: int) -> None:
         self.up.add(spu)
+        self.incarnations[spu] += 1
         self.logs[spu].assign(self.leader, self.replicas, self.now, self.leader_epoch, self.partition_epoch, self.isr)
 
     def append(self, records: int) -> None:
@@ -64,7 +67,8 @@ class Cluster:
         self.now += 0.01
         follower, leader = self.logs[spu], self.logs[self.leading]
         answer = leader.serve_fetch(
-            spu, follower.leo, follower.hw, max_records, self.now, follower.leader_epoch, follower.log.last_epoch
+            spu, follower.leo, follower.hw, max_records, self.now, follower.leader_epoch, follower.log.last_epoch,
+            self.incarnations[spu],
         )
         assert isinstance(answer, Served | Diverging), answer
         assert follower.apply_fetched(self.leading, answer) is True
@@ -178,9 +182,9 @@ def test_a_follower_restarting_with_a_truncated_log_catches_up_and_loses_nothing
     assert cluster.logs[2].leo == 8
     cluster.catch_up(2)
     cluster.assert_nothing_committed_lost_and_logs_identical()
-    # Caught up, the leader proposes it back into the in-sync set.
+    # Caught up, the leader proposes it back into the in-sync set, naming the process it saw catch up.
     proposal = cluster.logs[0].proposal(cluster.now, retry_after=1.0)
-    assert proposal is not None and proposal.isr == (0, 1, 2)
+    assert proposal is not None and (proposal.isr, proposal.incarnations) == ((0, 1, 2), ((2, 2),))
 
 
 def test_a_deposed_leader_that_kept_appending_truncates_to_the_new_leaders_log() -> None:

@@ -37,6 +37,7 @@ def roles(state: SpuState) -> dict[str, tuple[Role, int | None, int, int]]:
 
 def synced_state(spu_id: int = 0) -> SpuState:
     state = SpuState(spu_id, LAG)
+    state.incarnation = 40 + spu_id  # the SC accepted its connection (numbered so)
     state.apply_sync(
         wire.Sync(
             epoch=1,
@@ -141,10 +142,29 @@ def test_one_fetch_round_carries_every_partition_followed_from_that_leader_with_
     state.replicas["a-1"].log.append(1, 70)
     state.replicas["a-1"].hw = 60
     assert state.fetch_request(1, max_records=500) == fetch_wire.FetchRequest(
-        spu=2, max_records=500, partitions=[fetch("a-1", 70, last=1, hw=60)]
+        spu=2, incarnation=42, max_records=500, partitions=[fetch("a-1", 70, last=1, hw=60)]
     )
-    assert state.fetch_request(0, max_records=500) == fetch_wire.FetchRequest(spu=2, max_records=500, partitions=[fetch("a-0", 0)])
+    assert state.fetch_request(0, max_records=500) == fetch_wire.FetchRequest(
+        spu=2, incarnation=42, max_records=500, partitions=[fetch("a-0", 0)]
+    )
     assert state.fetch_request(2, max_records=500) is None
+
+
+def test_a_process_the_sc_never_accepted_does_not_fetch() -> None:
+    """Its fetches must name the connection the SC knows it by (KIP-903): before the first, none."""
+    state = synced_state(spu_id=2)
+    state.incarnation = None
+    assert (state.fetch_request(0, max_records=500), state.fetch_request(1, max_records=500)) == (None, None)
+
+
+def test_a_leader_records_each_follower_under_the_incarnation_its_fetch_names() -> None:
+    state = synced_state()  # SPU 0 leads a-0 (replicas 0, 1, 2)
+    state.append(100, now=0.0)
+    state.serve(fetch_wire.FetchRequest(spu=1, incarnation=7, max_records=500, partitions=[fetch("a-0", 100, last=1)]), now=0.1)
+    assert state.replicas["a-0"].followers[1].incarnation == 7
+    state.serve(fetch_wire.FetchRequest(spu=1, incarnation=8, max_records=500, partitions=[fetch("a-0", 40, last=1)]), now=0.2)
+    progress = state.replicas["a-0"].followers[1]
+    assert (progress.incarnation, progress.leo, progress.last_caught_up_at) == (8, 40, None)
 
 
 def test_a_leader_serves_the_partitions_it_can_and_names_the_others() -> None:
