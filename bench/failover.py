@@ -69,9 +69,11 @@ class BenchSpu:
     """One SPU at the protocol level: keeps its replica view, confirms what it leads, proposes
     every replica back into its in-sync sets, heartbeats; offsets only when the bench asks."""
 
-    def __init__(self, spu_id: int, url: str, session: aiohttp.ClientSession, connected: set[int]) -> None:
+    def __init__(self, spu_id: int, url: str, session: aiohttp.ClientSession, connected: dict[int, int]) -> None:
         self.spu_id = spu_id
-        self.connected = connected  # the bench SPUs connected now (shared): only those are proposed
+        # The bench SPUs connected now, each with its connection's incarnation (shared): only those
+        # are proposed, named under it (as a leader that saw that process catch up would).
+        self.connected = connected
         self.url = url
         self.session = session
         self.replicas: dict[str, wire.ReplicaInfo] = {}
@@ -107,7 +109,7 @@ class BenchSpu:
             for name, info in self.replicas.items()
         ]
         await self.websocket.send_bytes(wire.encode(wire.Hosted(partitions=held)))
-        self.connected.add(self.spu_id)
+        self.connected[self.spu_id] = accepted.incarnation
         for spu in self.peers:
             spu.look_at()  # its followers may be proposed back now
         self.tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._heartbeat()), asyncio.create_task(self._lead())]
@@ -177,7 +179,7 @@ class BenchSpu:
                 confirmed.update(fresh)
             now = time.perf_counter()
             for name, info in led.items():
-                if len(info.isr) == len(info.replicas) or not self.connected.issuperset(info.replicas):
+                if len(info.isr) == len(info.replicas) or not all(spu in self.connected for spu in info.replicas):
                     continue
                 refused = self.refused.get(name)
                 if refused is not None and refused[0] == info.partition_epoch and now - refused[1] < REFUSED_RETRY:
@@ -189,6 +191,11 @@ class BenchSpu:
                             wire.AlterIsr(
                                 partition=name, leader_epoch=info.leader_epoch, partition_epoch=info.partition_epoch,
                                 isr=list(info.replicas),
+                                incarnations=[
+                                    wire.MemberIncarnation(spu=spu, incarnation=self.connected[spu])
+                                    for spu in info.replicas
+                                    if spu not in info.isr
+                                ],
                             )
                         )
                     )
@@ -222,7 +229,7 @@ class BenchSpu:
         return ('{"v":2,"type":"offsets","partitions":[' + ",".join(entries) + "]}").encode()
 
     async def close(self) -> None:
-        self.connected.discard(self.spu_id)
+        self.connected.pop(self.spu_id, None)
         if self.websocket is not None:
             await self.websocket.close()
         for task in self.tasks:
@@ -301,7 +308,7 @@ async def main() -> int:
 
                 await wait_until(all_spus_known, 60, "every SPU in the SC's mirror")
                 url = f"ws://127.0.0.1:{private_port}{wire.SPU_PATH}"
-                connected: set[int] = set()
+                connected: dict[int, int] = {}
                 spus = [BenchSpu(spu_id, url, ws, connected) for spu_id in range(args.spus)]
                 for spu in spus:
                     spu.peers = spus

@@ -74,3 +74,6 @@ class Proposal:
     leader_epoch: int
     partition_epoch: int
     isr: tuple[int, ...]
+    # (SPU, incarnation) as the frame named them: the connection under which the leader saw each
+    # SPU it adds catch up (KIP-903). The rules add an SPU only under its current incarnation.
+    incarnations: tuple[tuple[int, int], ...] = ()

@@ -754,7 +754,8 @@ class ConnectionManager:
             # As an Offsets entry of the current leader: that much is committed.
             self.live.committed(message.partition, message.hw)
         self.proposals[message.partition] = reports.Proposal(
-            message.partition, session.spu_id, session.number, message.leader_epoch, message.partition_epoch, tuple(message.isr)
+            message.partition, session.spu_id, session.number, message.leader_epoch, message.partition_epoch, tuple(message.isr),
+            tuple((entry["spu"], entry["incarnation"]) for entry in message.incarnations),
         )
         self.on_news({message.partition})
 

@@ -38,6 +38,9 @@ STALE_EPOCH = "stale-epoch"
 INVALID = "invalid"
 MEMBER_OFFLINE = "member-offline"
 UNKNOWN_PARTITION = "unknown-partition"
+# An SPU the proposal adds is connected under another incarnation than the one the proposal names:
+# the leader saw another process of it catch up (KIP-903), which may have lost records since.
+STALE_INCARNATION = "stale-incarnation"
 
 
 class Spus(Protocol):
@@ -474,10 +477,35 @@ def _check(
             f"SPU {proposal.spu} among them"
         )
         return Answer(proposal, INVALID, message), None
-    joining = [spu for spu in proposal.isr if spu not in stored.isr and not members.sound(spu)]
+    named = dict(proposal.incarnations)
+    if len(named) != len(proposal.incarnations) or not set(named) <= set(proposal.isr):
+        message = (
+            f"incarnations must name distinct SPUs of the proposed in-sync set {list(proposal.isr)}, "
+            f"got {[spu for spu, _ in proposal.incarnations]}"
+        )
+        return Answer(proposal, INVALID, message), None
+    adding = [spu for spu in proposal.isr if spu not in stored.isr]
+    unnamed = [spu for spu in adding if spu not in named]
+    if unnamed:
+        message = (
+            f"cannot add SPU(s) {unnamed} to the in-sync set of {partition.name!r} without the incarnation "
+            "under which each caught up (incarnations)"
+        )
+        return Answer(proposal, INVALID, message), None
+    joining = [spu for spu in adding if not members.sound(spu)]
     if joining:
         reasons = ", ".join(f"SPU {spu} {members.why_not(spu)}" for spu in joining)
         return Answer(proposal, MEMBER_OFFLINE, f"cannot add to the in-sync set of {partition.name!r}: {reasons}"), None
+    stale = []
+    for spu in adding:
+        current = members.spus.incarnation(spu)
+        if current is None:
+            stale.append(f"SPU {spu} has not connected to this SC since it started (the proposal names incarnation {named[spu]})")
+        elif current.number != named[spu]:
+            stale.append(f"SPU {spu} is connected as incarnation {current.number}, the proposal names {named[spu]}")
+    if stale:
+        message = f"cannot add to the in-sync set of {partition.name!r}: {', '.join(stale)}; it must catch up again as it is now"
+        return Answer(proposal, STALE_INCARNATION, message), None
     return None, tuple(spu for spu in replicas if spu in proposal.isr)
 
 

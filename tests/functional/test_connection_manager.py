@@ -49,6 +49,15 @@ class Cluster:
         self.spus[spu_id] = spu
         return spu
 
+    def incarnations(self, spu_ids: list[int]) -> dict[int, int]:
+        """The current connection's incarnation of each of ``spu_ids`` the test connected (what a
+        leader that saw them catch up through their fetches names in its proposal)."""
+        return {
+            spu_id: spu.accepted.incarnation
+            for spu_id in spu_ids
+            if (spu := self.spus.get(spu_id)) is not None and spu.accepted is not None
+        }
+
     async def partition(self, name: str) -> models.Partition:
         stored = await self.sc.read("partitions", name)
         assert isinstance(stored, models.Partition), name
@@ -561,11 +570,57 @@ async def test_a_leaders_proposal_is_committed_written_and_answered(cluster: Clu
     assert spus[1].results("orders-0")[0].error == "not-leader"
     await spus[2].close()
     await cluster.sc.eventually(holds(lambda: 2 not in (cluster.sc.daemon.connections.sessions or {})))  # type: ignore[union-attr]  # the SC runs: its connections are up
-    await leader.propose("orders-0", [0, 1, 2])
+    await leader.propose("orders-0", [0, 1, 2], incarnations=cluster.incarnations([2]))
     await leader.wait_for(lambda: len(leader.results("orders-0")) == 3)
     offline = leader.results("orders-0")[2]
     assert (offline.error, offline.message) == ("member-offline", "cannot add to the in-sync set of 'orders-0': SPU 2 went offline")
     assert (await cluster.partition("orders-0")).status.isr == [0, 1]
+
+
+async def test_a_proposal_made_before_the_follower_reconnected_does_not_add_it(cluster: Cluster) -> None:
+    """KIP-903: leader 0 saw SPU 2 catch up, then SPU 2's machine crashed (its unflushed tail
+    lost) and its new process connected under a new incarnation before the leader's proposal
+    reached the SC. SPU 2 is outside the in-sync set, so nothing else marks it restarted: only
+    the incarnation the proposal names tells the SC it speaks of the previous process."""
+    spus = await online_topic(cluster, "orders", 3, (100, 100, {1: 100, 2: 100}))
+    leader = spus[0]
+    await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
+    await leader.propose("orders-0", [0, 1])  # SPU 2 fell behind
+    await cluster.wait_partition("orders-0", lrs=1)
+    await leader.wait_for(lambda: leader.replicas["orders-0"].isr == [0, 1])
+    seen = cluster.incarnations([2])  # the leader sees SPU 2 catch up under this incarnation ...
+    await spus[2].close()  # ... and SPU 2's machine crashes
+    back = await cluster.connect(2, hosted=[wire.HostedReplica(partition="orders-0", leo=40, leader_epoch=None)])
+    assert back.accepted is not None and back.accepted.incarnation != seen[2]
+    connections = cluster.sc.daemon.connections
+    assert connections is not None
+    await cluster.sc.eventually(holds(lambda: connections.incarnations[2].number == cluster.incarnations([2])[2]))
+    stored = await cluster.partition("orders-0")
+
+    async def answer(incarnations: dict[int, int]) -> wire.AlterIsrResult:
+        count = len(leader.results("orders-0"))
+        await leader.propose("orders-0", [0, 1, 2], incarnations=incarnations)
+        await leader.wait_for(lambda: len(leader.results("orders-0")) == count + 1)
+        return leader.results("orders-0")[-1]
+
+    refused = await answer(seen)
+    assert (refused.error, refused.message, refused.partition_epoch, refused.isr) == (
+        "stale-incarnation",
+        f"cannot add to the in-sync set of 'orders-0': SPU 2 is connected as incarnation {back.accepted.incarnation}, "
+        f"the proposal names {seen[2]}; it must catch up again as it is now",
+        stored.status.partition_epoch,
+        [0, 1],
+    )
+    # An SPU older than the field names nobody: it cannot vouch for its follower's process.
+    unnamed = await answer({})
+    assert (unnamed.error, unnamed.isr) == ("invalid", [0, 1]), unnamed
+    assert "SPU(s) [2]" in unnamed.message
+    after = await cluster.partition("orders-0")
+    assert (after.status.isr, after.status.partition_epoch) == ([0, 1], stored.status.partition_epoch)
+    # Once the leader saw the new process catch up (its fetches name the new incarnation): it joins.
+    committed = await answer({2: back.accepted.incarnation})
+    assert (committed.error, committed.isr) == (None, [0, 1, 2]), committed
+    assert (await cluster.partition("orders-0")).status.isr == [0, 1, 2]
 
 
 async def test_a_confirmation_at_a_stale_epoch_is_refused_naming_the_committed_one(cluster: Cluster) -> None:
@@ -767,7 +822,7 @@ async def test_leadership_returns_to_the_preferred_leader_once_it_is_in_the_in_s
     await asyncio.sleep(0.5)
     assert (await cluster.partition("orders-0")).spec.leader == 1
     # Caught up, its leader proposes it back: once committed, leadership returns to SPU 0.
-    await new_leader.propose("orders-0", [0, 1, 2])
+    await new_leader.propose("orders-0", [0, 1, 2], incarnations=cluster.incarnations([0, 2]))
     moved = await cluster.wait_partition("orders-0", leader=0)
     assert (moved.status.isr, moved.status.leader_epoch) == ([0, 1, 2], 2)
 
@@ -785,7 +840,7 @@ async def test_the_preferred_leader_returns_without_waiting_for_a_resync(etcd_se
         new_leader = spus[1]
         await new_leader.wait_for(lambda: new_leader.replicas["orders-0"].leader == 1)
         await cluster.connect(0)
-        await new_leader.propose("orders-0", [0, 1, 2])
+        await new_leader.propose("orders-0", [0, 1, 2], incarnations=cluster.incarnations([0, 2]))
         await cluster.wait_partition("orders-0", leader=0)
 
 
@@ -952,7 +1007,7 @@ async def test_an_spu_flapping_50_times_leaves_no_partition_stuck(cluster: Clust
             for name in led:
                 info = spu.replicas[name]
                 if sorted(info.isr) != sorted(info.replicas):
-                    await spu.propose(name, list(info.replicas))
+                    await spu.propose(name, list(info.replicas), incarnations=cluster.incarnations(list(info.replicas)))
 
     await lead_all()
     for flap in range(50):

@@ -46,7 +46,7 @@ async def report_led(cluster: Cluster, offset: int = 10) -> None:
             info = spu.replicas[name]
             wanted = [replica for replica in info.replicas if replica in online]
             if set(wanted) - set(info.isr):
-                await spu.propose(name, wanted)
+                await spu.propose(name, wanted, incarnations=cluster.incarnations(wanted))
 
 
 async def hosting(cluster: Cluster, layout: dict[int, set[str]]) -> None:

@@ -9,7 +9,8 @@ Invariants (docs/replication.md, "The guarantees" and "The rules"):
   most 1 (the same SPU may be elected again at a new epoch); an Online leader is in isr; isr is a subset of replicas;
 - a new leader comes from the committed isr of the version before;
 - the in-sync set grows only through a proposal of that version's leader at its epochs, listing
-  the new members, each of them online when the write landed;
+  the new members, each of them online when the write landed, under the incarnation the proposal
+  named (KIP-903);
 - no two different SPUs are ever told leadership of one partition at one leaderEpoch;
 - an alterIsrResult with error null means the stored set at its epochs is the proposed one;
 - once the SC settled, no proposal of a current connection is left unanswered.
@@ -58,11 +59,11 @@ def effective_leader(partition: models.Partition) -> int | None:
 class HostileSpus(DaemonMachine):
     def __init__(self) -> None:
         super().__init__()
-        # partition -> list of (version, set of SPUs ready at the time)
-        self.versions: dict[str, list[tuple[models.Partition, frozenset[int]]]] = {p: [] for p in PARTITIONS}
+        # partition -> list of (version, (SPU, incarnation) of each connection ready at the time)
+        self.versions: dict[str, list[tuple[models.Partition, frozenset[tuple[int, int]]]]] = {p: [] for p in PARTITIONS}
         self.checked: dict[str, int] = {p: 0 for p in PARTITIONS}
-        # (partition, spu, leader_epoch, partition_epoch, isr) of every proposal sent
-        self.proposals: list[tuple[str, int, int, int, tuple[int, ...]]] = []
+        # (partition, spu, leader_epoch, partition_epoch, isr, incarnations named) of every proposal sent
+        self.proposals: list[tuple[str, int, int, int, tuple[int, ...], dict[int, int]]] = []
         self.sent_marks: list[tuple[ScriptedSpu, str, int]] = []
         self.run(self._start())
 
@@ -100,7 +101,9 @@ class HostileSpus(DaemonMachine):
             if event.value is None:
                 continue
             partition = models.decode("partitions", event.value)
-            ready = frozenset(spu for spu, session in self.connections.sessions.items() if session.ready and session.closing is None)
+            ready = frozenset(
+                (spu, session.number) for spu, session in self.connections.sessions.items() if session.ready and session.closing is None
+            )
             self.versions.setdefault(partition.name, []).append((partition, ready))
 
     async def _connect(self, spu_id: int, mode: str, hosted: list[wire.HostedReplica] | None = None) -> None:
@@ -192,7 +195,12 @@ class HostileSpus(DaemonMachine):
         self.steps.append(f"confirm_all({spu_id}) {[(n, spu.replicas[n].leader_epoch) for n in led]}")
         self.run(self.step(spu.lead(*led)))
 
-    def _proposal(self, spu: ScriptedSpu, name: str, le: Any, pe: Any, isr: list[int], hw: int | None) -> wire.AlterIsr:
+    def _proposal(
+        self, spu: ScriptedSpu, name: str, le: Any, pe: Any, isr: list[int], hw: int | None, named: str = "current"
+    ) -> wire.AlterIsr:
+        """``named``: each other SPU of ``isr`` the test connected, under its current connection's
+        incarnation ("current"), the one before ("previous", as a leader that saw an earlier process
+        catch up), or nobody ("none", as an SPU older than the field)."""
         info = spu.replicas.get(name)
         stored = self.stored(name).status
         told_le = info.leader_epoch if info is not None else 0
@@ -203,19 +211,25 @@ class HostileSpus(DaemonMachine):
             partition_epoch=self.pick_epoch(pe, told_pe, stored.partition_epoch),
             isr=isr,
             hw=hw,
+            incarnations=[
+                wire.MemberIncarnation(spu=member, incarnation=accepted.incarnation - 1 if named == "previous" else accepted.incarnation)
+                for member in sorted(set(isr) - {spu.spu_id})
+                if named != "none" and (client := self.spus.get(member)) is not None and (accepted := client.accepted) is not None
+            ],
         )
-        self.proposals.append((name, spu.spu_id, message.leader_epoch, message.partition_epoch, tuple(isr)))
+        incarnations = {entry["spu"]: entry["incarnation"] for entry in message.incarnations}
+        self.proposals.append((name, spu.spu_id, message.leader_epoch, message.partition_epoch, tuple(isr), incarnations))
         if name in spu.replicas:  # else it is refused with an error frame (not-hosted)
             self.sent_marks.append((spu, name, len(spu.received)))
         return message
 
     @rule(spu_id=st.sampled_from(SPU_IDS), name=st.sampled_from(PARTITIONS), le=epoch_choice, pe=epoch_choice,
-          isr=isr_choice, hw=st.one_of(st.none(), offset_choice))
-    def alter_isr(self, spu_id: int, name: str, le: Any, pe: Any, isr: list[int], hw: int | None) -> None:
+          isr=isr_choice, hw=st.one_of(st.none(), offset_choice), named=st.sampled_from(["current", "current", "previous", "none"]))
+    def alter_isr(self, spu_id: int, name: str, le: Any, pe: Any, isr: list[int], hw: int | None, named: str) -> None:
         spu = self.connected(spu_id)
         if spu is None:
             return
-        message = self._proposal(spu, name, le, pe, isr, hw)
+        message = self._proposal(spu, name, le, pe, isr, hw, named)
         self.steps.append(f"alter_isr({spu_id}, {message!r})")
         self.run(self.step(spu.send(message)))
 
@@ -281,7 +295,7 @@ class HostileSpus(DaemonMachine):
                     assert partition.spec.leader in in_sync, (name, partition, self.steps)
             self.checked[name] = len(versions)
 
-    def _check_pair(self, name: str, old: models.Partition, new: models.Partition, ready: frozenset[int]) -> None:
+    def _check_pair(self, name: str, old: models.Partition, new: models.Partition, ready: frozenset[tuple[int, int]]) -> None:
         o, n = old.status, new.status
         context = (name, old.spec, o, new.spec, n, self.steps)
         assert n.leader_epoch >= o.leader_epoch and n.partition_epoch >= o.partition_epoch, context
@@ -303,7 +317,10 @@ class HostileSpus(DaemonMachine):
                 and grown <= set(p[4])
             ]
             assert backing, ("isr grew without a proposal of the leader at the epochs", grown, context)
-            assert grown <= ready, ("isr grew with SPUs not online", grown, ready, context)
+            assert grown <= {spu for spu, _ in ready}, ("isr grew with SPUs not online", grown, ready, context)
+            assert any(all((spu, p[5].get(spu)) in ready for spu in grown) for p in backing), (
+                "isr grew with SPUs not named under the incarnation they were connected as", grown, ready, backing, context
+            )
 
     @invariant()
     def leadership_told_once_per_epoch(self) -> None:

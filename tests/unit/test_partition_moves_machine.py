@@ -37,6 +37,7 @@ class Node:
     isr: tuple[int, ...] = ()  # the in-sync set it was told (a leader's HW counts it)
     partition_epoch: int = 0
     followers: dict[int, int] = field(default_factory=dict)  # a leader's view: follower -> offset it holds
+    seen: dict[int, int] = field(default_factory=dict)  # a leader's view: follower -> the incarnation it fetched under
     hw: int = 0
     pending: tuple[int, ...] | None = None  # a leader's proposal in flight
     number: int = 0  # the current connection's incarnation
@@ -238,6 +239,7 @@ class Moves(RuleBasedStateMachine):
             common += 1
         del node.log[common:]
         leader.followers[spu] = len(node.log)
+        leader.seen[spu] = node.number
         node.log.extend(leader.log[len(node.log):])
 
     def _told_replicas(self, leader: Node) -> list[int]:
@@ -273,7 +275,8 @@ class Moves(RuleBasedStateMachine):
         if set(proposed) == set(node.isr):
             return
         node.pending = proposed
-        self.proposals.append(reports.Proposal(NAME, spu, node.number, node.epoch, node.partition_epoch, proposed))
+        named = tuple((f, node.seen[f]) for f in proposed if f in caught_up)
+        self.proposals.append(reports.Proposal(NAME, spu, node.number, node.epoch, node.partition_epoch, proposed, named))
 
     @rule(spu=st.sampled_from(list(IDS)))
     def crash(self, spu: int) -> None:
@@ -281,6 +284,17 @@ class Moves(RuleBasedStateMachine):
         node.alive = node.online = False
         node.leader = node.epoch = node.pending = None
         node.followers, node.hw = {}, 0
+
+    @rule(spu=st.sampled_from(list(IDS)), lost=st.integers(1, 3))
+    def crash_losing_the_tail(self, spu: int, lost: int) -> None:
+        """A machine crash of a follower outside the in-sync set: its unflushed tail is gone. Its
+        leader may have seen it catch up, and proposed it, before (KIP-903). (A member's loss is
+        the rules' restart case; every member losing records is beyond any rule.)"""
+        if spu in self.partition.in_sync() or spu == self.partition.spec.leader:
+            return
+        self.crash(spu)
+        node = self.nodes[spu]
+        del node.log[max(0, len(node.log) - lost):]
 
     @rule(spu=st.sampled_from(list(IDS)))
     def disconnect(self, spu: int) -> None:
@@ -377,3 +391,38 @@ Moves.TestCase.settings = settings(
     max_examples=600, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_replica_moves_under_faults = Moves.TestCase
+
+
+
+def test_a_follower_that_lost_its_tail_is_not_added_by_a_proposal_made_before_its_crash() -> None:
+    """KIP-903, the machine's steps by hand: SPU 2 is out of the in-sync set, catches up, its leader
+    proposes it back; its machine crashes losing its tail, and its new process connects before the
+    SC reads the proposal. The proposal names the old process: refused, and every member still
+    holds every acknowledged record. Once the leader sees the new process catch up, it joins."""
+    machine = Moves()
+
+    def sc_reads_the_proposal() -> None:
+        machine._decide(machine.proposals.pop())
+        machine.the_committed_state_is_safe()
+
+    machine.leader_proposes(0, {2})
+    sc_reads_the_proposal()
+    assert machine.partition.status.isr == [0, 1]
+    for _ in range(3):
+        machine.produce(0)
+    for _ in range(2):  # the second fetch tells the leader what the first copied
+        machine.fetch(1)
+        machine.fetch(2)
+    machine.leader_commits(0)
+    assert len(machine.acked) == 3
+    machine.leader_proposes(0, set())
+    machine.crash_losing_the_tail(2, 2)
+    machine.connect(2)
+    sc_reads_the_proposal()
+    assert machine.partition.status.isr == [0, 1]
+    machine.nodes[0].pending = None  # refused: the leader may propose again
+    for _ in range(2):
+        machine.fetch(2)
+    machine.leader_proposes(0, set())
+    sc_reads_the_proposal()
+    assert machine.partition.status.isr == [0, 1, 2]

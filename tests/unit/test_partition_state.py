@@ -4,6 +4,7 @@ to a leader's proposal. No offsets decide a leader anywhere in here."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ class Spus:
     online_ids: set[int] = field(default_factory=lambda: {0, 1, 2})
     draining_ids: set[int] = field(default_factory=set)
     registered: dict[int, int] = field(default_factory=lambda: {0: 1, 1: 1, 2: 1, 3: 1})
-    incarnations: dict[int, reports.Incarnation] = field(default_factory=dict)
+    incarnations: Mapping[int, reports.Incarnation | None] = field(default_factory=dict)  # None: online, not connected
     unreadable_records: bool = False  # some SPU record in the store cannot be read
 
     def online(self, spu: int) -> bool:
@@ -37,10 +38,18 @@ class Spus:
         return self.registered.get(spu)
 
     def incarnation(self, spu: int) -> reports.Incarnation | None:
-        return self.incarnations.get(spu)
+        """The one given, else an online SPU's connection numbered ``current(spu)`` (holding nothing)."""
+        if spu in self.incarnations:
+            return self.incarnations[spu]
+        return reports.Incarnation(spu, current(spu)) if spu in self.online_ids else None
 
     def maybe_registered(self, spu: int) -> bool:
         return spu not in self.registered and self.unreadable_records
+
+
+def current(spu: int) -> int:
+    """The incarnation number of SPU ``spu``'s connection, unless a test gives another."""
+    return 20 + spu
 
 
 def restarted(spu: int, leo: int | None = None, partition_epoch: int = 4) -> reports.Incarnation:
@@ -78,8 +87,18 @@ def decide(p: models.Partition, spus: Spus, **facts: Any) -> tuple[State | None,
     return (None, "", decision.answer) if transition is None else (transition.state, transition.cause, decision.answer)
 
 
-def proposal(isr: tuple[int, ...], spu: int = 0, leader_epoch: int = 3, partition_epoch: int = 4, incarnation: int = 1) -> reports.Proposal:
-    return reports.Proposal("t-0", spu, incarnation, leader_epoch, partition_epoch, isr)
+def proposal(
+    isr: tuple[int, ...],
+    spu: int = 0,
+    leader_epoch: int = 3,
+    partition_epoch: int = 4,
+    incarnation: int = 1,
+    named: dict[int, int] | None = None,
+) -> reports.Proposal:
+    """Leader ``spu``'s proposal, naming ``named`` incarnations (default: every other member's ``current``)."""
+    if named is None:
+        named = {member: current(member) for member in isr if member != spu}
+    return reports.Proposal("t-0", spu, incarnation, leader_epoch, partition_epoch, isr, tuple(named.items()))
 
 
 # ---------------------------------------------------------------------------- nothing to do
@@ -256,6 +275,12 @@ def test_a_proposal_that_changes_nothing_is_answered_at_once() -> None:
         (proposal((0, 1, 1)), Spus(), ps.INVALID),
         (proposal((0, 1, 2)), Spus(online_ids={0, 1}), ps.MEMBER_OFFLINE),  # a new member must be up
         (proposal((0, 1, 2)), Spus(incarnations={2: restarted(2, partition_epoch=4)}), ps.MEMBER_OFFLINE),
+        # KIP-903: the leader saw another process of SPU 2 catch up (it reconnected since)
+        (proposal((0, 1, 2), named={2: current(2) - 1}), Spus(), ps.STALE_INCARNATION),
+        # a proposal that adds a member must say under which incarnation it caught up
+        (proposal((0, 1, 2), named={}), Spus(), ps.INVALID),
+        (proposal((0, 1, 2), named={1: current(1)}), Spus(), ps.INVALID),
+        (proposal((0, 1, 2), named={2: current(2), 3: 5}), Spus(), ps.INVALID),  # not in the proposed set
     ],
 )
 def test_a_proposal_is_refused_with_a_typed_error_and_nothing_changes(proposed: reports.Proposal, spus: Spus, code: str) -> None:
@@ -292,6 +317,44 @@ def test_a_refusal_says_what_is_wrong_with_the_values() -> None:
     _, _, answer = decide(partition(), Spus(), proposal=proposal((0, 2), partition_epoch=3))
     assert answer is not None and answer.message == (
         "proposal made at leader epoch 3, partition epoch 3; the partition is at leader epoch 3, partition epoch 4"
+    )
+
+
+def test_a_proposal_adds_a_member_only_under_the_incarnation_its_leader_saw_catch_up() -> None:
+    """KIP-903: leader 0 saw SPU 2 catch up through the fetches of its connection 21; SPU 2's
+    machine then crashed, its new process (a shorter log) connected as 22. SPU 2 is outside the
+    in-sync set, so it is not "restarted" for this partition: it is online and current, and only
+    the incarnation the proposal names shows the leader spoke of the previous process."""
+    spus = Spus(incarnations={2: reports.Incarnation(2, 22, {"t-0": (40, None)})})
+    stale = proposal((0, 1, 2), named={2: 21})
+    assert decide(partition(isr=(0, 1)), spus, proposal=stale) == (
+        None,
+        "",
+        ps.Answer(
+            stale,
+            ps.STALE_INCARNATION,
+            "cannot add to the in-sync set of 't-0': SPU 2 is connected as incarnation 22, the proposal names 21; "
+            "it must catch up again as it is now",
+        ),
+    )
+    # Not connected to this SC (before it reconnects after an SC start, it counts as online):
+    # whichever incarnation the proposal names is not its current one.
+    _, _, answer = decide(partition(isr=(0, 1)), Spus(incarnations={2: None}), proposal=proposal((0, 1, 2)))
+    assert answer is not None and answer.error == ps.STALE_INCARNATION, answer
+    # The leader saw the new process catch up: it names 22, and SPU 2 joins.
+    fresh = proposal((0, 1, 2), named={2: 22})
+    assert decide(partition(isr=(0, 1)), spus, proposal=fresh) == (State(0, ONLINE, 3, 5, (0, 1, 2)), "", None)
+    # Without the incarnation (an SPU older than the field): refused, naming the SPU.
+    unnamed = proposal((0, 1, 2), named={})
+    _, _, answer = decide(partition(isr=(0, 1)), spus, proposal=unnamed)
+    assert answer is not None and (answer.error, answer.message) == (
+        ps.INVALID,
+        "cannot add SPU(s) [2] to the in-sync set of 't-0' without the incarnation under which each caught up (incarnations)",
+    )
+    # Shrinking needs none; naming members it keeps is allowed and not checked.
+    assert decide(partition(), spus, proposal=proposal((0, 1), named={}))[0] == State(0, ONLINE, 3, 5, (0, 1))
+    assert decide(partition(), spus, proposal=proposal((0, 1, 2), named={1: 3}))[2] == ps.Answer(
+        proposal((0, 1, 2), named={1: 3}), None, "committed"
     )
 
 

@@ -13,7 +13,7 @@ from hypothesis import given, note, settings, strategies as st
 from connection_manager import reports
 from controller.reconcile import partition_state as ps
 from store import models
-from tests.unit.test_partition_state import Spus
+from tests.unit.test_partition_state import Spus, current
 
 SPU_IDS = st.integers(min_value=0, max_value=6)
 EPOCHS = st.one_of(st.integers(min_value=0, max_value=5), st.integers(min_value=models.MAX_EPOCH - 2, max_value=models.MAX_EPOCH))
@@ -66,13 +66,17 @@ def cases(draw: Any) -> tuple[models.Partition, Spus, ps.Facts]:
     status = partition.status
     proposal = None
     if draw(st.booleans()):
+        isr = tuple(draw(st.lists(SPU_IDS, max_size=5, unique=True)))
+        # Each member named under its current incarnation, a previous one, or not at all.
+        named = [(spu, draw(st.sampled_from([current(spu), current(spu) - 1]))) for spu in isr if draw(st.booleans())]
         proposal = reports.Proposal(
             "t-0",
             draw(st.sampled_from([partition.spec.leader, *range(7)])),
             1,
             draw(st.sampled_from([status.leader_epoch, max(status.leader_epoch - 1, 0)])),
             draw(st.sampled_from([status.partition_epoch, max(status.partition_epoch - 1, 0)])),
-            tuple(draw(st.lists(SPU_IDS, max_size=5, unique=True))),
+            isr,
+            tuple(named),
         )
     facts = ps.Facts(
         committed_hw=draw(st.integers(-1, 300)),
@@ -131,5 +135,12 @@ def test_whatever_is_stored_a_decision_writes_a_readable_partition_that_moves_fo
     grown = set(written.in_sync()) - set(partition.in_sync())
     if grown:
         assert facts.proposal is not None or transition.cause == ps.CAUSE_UNCLEAN, f"{partition.in_sync()} grew to {written.in_sync()}"
+    if grown and transition.cause != ps.CAUSE_UNCLEAN:
+        # KIP-903: each SPU a proposal adds was named under the connection it has now.
+        assert facts.proposal is not None
+        named = dict(facts.proposal.incarnations)
+        for spu in grown:
+            connection = spus.incarnation(spu)
+            assert connection is not None and named.get(spu) == connection.number, (spu, named, connection)
     if state.resolution is models.PartitionResolution.ONLINE:
         assert state.leader in state.isr, f"leader {state.leader} outside its in-sync set {state.isr}"
