@@ -116,9 +116,13 @@ Rack: TypeAlias = Annotated[str, Field(max_length=MAX_RACK_LENGTH)]
 
 
 def check_host(host: str) -> str:
-    """An endpoint's host (an SPU's, or the one an SPU group gives its SPUs): no whitespace."""
+    """An endpoint's host (an SPU's, or the one an SPU group gives its SPUs): no whitespace, and
+    none of the characters a rack may not hold (it is shown in the same places)."""
     if any(char.isspace() for char in host):
         raise ValueError(f"host {host!r} must not contain whitespace")
+    character = unprintable_character(host)
+    if character is not None:
+        raise ValueError(f"host {host!r} holds the character {character}: a host may hold no control or format character")
     return host
 
 

@@ -379,6 +379,9 @@ def test_spu_group_spec_rules(spec_changes: dict[str, Any], message: str) -> Non
         ({"rack": "/"}, "spec.rack: rack path '/' has an empty level"),
         ({"rack": "/dc1//r1"}, "spec.rack: rack path '/dc1//r1' has an empty level"),
         ({"host": "a b"}, "spec.host: host 'a b' must not contain whitespace"),
+        # A host is shown in logs, on the live page and in SPU lists, as a rack is.
+        ({"host": "spu\x1b[2Jx"}, "spec.host: host 'spu\\x1b[2Jx' holds the character '\\x1b' (U+001B, Cc)"),
+        ({"host": "spu\u202eevil"}, "spec.host: host 'spu\\u202eevil' holds the character '\\u202e' (U+202E, Cf)"),
     ],
 )
 def test_spu_group_rack_and_host_follow_the_rules_of_the_spus_it_makes(spec_changes: dict[str, Any], message: str) -> None:
