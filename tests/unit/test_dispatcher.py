@@ -64,32 +64,6 @@ async def test_conflict_goes_back_to_the_controller_and_the_rest_of_the_batch_is
     assert await store.get("partitions/t-1") is not None
 
 
-async def test_every_stale_action_of_a_batch_goes_back_to_its_controller_in_one_round() -> None:
-    """Forty creates of keys that already exist, in one batch with ten that do not: one failed
-    transaction sends all forty back (CONFLICT) and the next applies the ten. It used to take a
-    round per stale key: a transaction of up to 127 operations each time, k rounds for k keys."""
-    store = RecordingStore(max_request_bytes=kv.DEFAULT_MAX_REQUEST_BYTES)
-    for index in range(40):
-        await store.create(f"partitions/t-{index}", models.encode(partition(f"t-{index}", [0, 1])))
-    store.sizes.clear()
-    instance_metrics = metrics.Metrics()
-    dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
-    results: list[dispatcher_module.Result] = []
-    dispatcher.on_result(results.append)
-    for index in range(50):
-        dispatcher.submit(actions.create(partition(f"t-{index}", [1, 0]), "test"))
-    task = asyncio.create_task(dispatcher.run())
-    try:
-        await asyncio.wait_for(dispatcher.drained(), 10)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-    outcomes = {result.action.key: result.outcome for result in results}
-    assert [outcomes[f"partitions/t-{index}"] for index in range(50)] == [Outcome.CONFLICT] * 40 + [Outcome.APPLIED] * 10
-    assert len(store.sizes) == 2, store.sizes
-    await store.close()
-
-
 async def test_the_updater_leaves_an_echo_for_each_object_written_and_forgets_a_failed_write() -> None:
     store = memory.MemoryStore()
     echoes = local.Echoes()
@@ -127,27 +101,48 @@ class RecordingStore(memory.MemoryStore):
         return await super().txn(compares, operations)
 
 
-async def test_batches_are_cut_by_bytes_as_well_as_by_count() -> None:
-    """Ten actions of about 20 KB under a 64 KiB limit: each fits, no three together do. Every
-    transaction sent is within the limit (none refused and retried alone), all are applied."""
-    store = RecordingStore(max_request_bytes=64 * 1024)
+async def dispatch_all(store: kv.KVStore, submitted: Sequence[actions.Action]) -> list[dispatcher_module.Result]:
+    """Submit ``submitted`` to a dispatcher on ``store``, run it until nothing is left; its results."""
     instance_metrics = metrics.Metrics()
     dispatcher = dispatcher_module.ActionDispatcher(dispatcher_module.KvUpdater(store, instance_metrics), instance_metrics)
     results: list[dispatcher_module.Result] = []
     dispatcher.on_result(results.append)
-    for index in range(10):
-        dispatcher.submit(actions.create(topic_of_size(f"t{index}", 2000), "test"))
+    for action in submitted:
+        dispatcher.submit(action)
     task = asyncio.create_task(dispatcher.run())
     try:
         await asyncio.wait_for(dispatcher.drained(), 10)
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+    return results
+
+
+async def test_batches_are_cut_by_bytes_as_well_as_by_count() -> None:
+    """Ten actions of about 20 KB under a 64 KiB limit: each fits, no three together do. Every
+    transaction sent is within the limit (none refused and retried alone), all are applied."""
+    store = RecordingStore(max_request_bytes=64 * 1024)
+    results = await dispatch_all(store, [actions.create(topic_of_size(f"t{index}", 2000), "test") for index in range(10)])
     size = kv.request_size(store)
     assert [result.outcome for result in results] == [Outcome.APPLIED] * 10
     assert all(sent <= size.budget for sent in store.sizes), (store.sizes, size.budget)
     assert len(store.sizes) == 5  # two actions a transaction
     assert len((await store.list("topics/")).items) == 10
+    await store.close()
+
+
+async def test_every_stale_action_of_a_batch_goes_back_to_its_controller_in_one_round() -> None:
+    """Forty creates of keys that already exist, in one batch with ten that do not: one failed
+    transaction sends all forty back (CONFLICT) and the next applies the ten. It used to take a
+    round per stale key: a transaction of up to 127 operations each time, k rounds for k keys."""
+    store = RecordingStore(max_request_bytes=kv.DEFAULT_MAX_REQUEST_BYTES)
+    for index in range(40):
+        await store.create(f"partitions/t-{index}", models.encode(partition(f"t-{index}", [0, 1])))
+    store.sizes.clear()
+    results = await dispatch_all(store, [actions.create(partition(f"t-{index}", [1, 0]), "test") for index in range(50)])
+    outcomes = {result.action.key: result.outcome for result in results}
+    assert [outcomes[f"partitions/t-{index}"] for index in range(50)] == [Outcome.CONFLICT] * 40 + [Outcome.APPLIED] * 10
+    assert len(store.sizes) == 2, store.sizes
     await store.close()
 
 
