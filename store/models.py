@@ -120,13 +120,11 @@ def check_host(host: str) -> str:
     none of the characters a rack may not hold (it is shown in the same places)."""
     if any(char.isspace() for char in host):
         raise ValueError(f"host {host!r} must not contain whitespace")
-    character = unprintable_character(host)
-    if character is not None:
-        raise ValueError(f"host {host!r} holds the character {character}: a host may hold no control or format character")
+    check_characters("host", host)
     return host
 
 
-# Unicode categories a rack may not hold: controls (a newline, NUL, ESC and the terminal sequences
+# Unicode categories a rack or a host may not hold: controls (a newline, NUL, ESC and the terminal sequences
 # it starts), invisible format characters (bidirectional overrides that reorder what a reader sees,
 # zero-width ones that make two racks look alike), and the line and paragraph separators (line
 # breaks to many viewers). A rack is shown in logs, on the live page and in the audits. Surrogates
@@ -148,13 +146,13 @@ def unprintable_character(text: str) -> str | None:
     return None
 
 
-def check_rack_characters(rack: str) -> None:
-    """Refuse a rack holding a character of UNPRINTABLE_CATEGORIES, naming it and the value (repr:
-    escaped, so it is visible and harmless wherever the message goes)."""
-    character = unprintable_character(rack)
+def check_characters(what: str, text: str) -> None:
+    """Refuse ``text`` (a rack, a host: ``what``) holding a character of UNPRINTABLE_CATEGORIES,
+    naming it and the value (repr: escaped, so it is visible and harmless wherever the message goes)."""
+    character = unprintable_character(text)
     if character is not None:
         raise ValueError(
-            f"rack {rack!r} holds the character {character}: a rack may hold no control, format or "
+            f"{what} {text!r} holds the character {character}: a {what} may hold no control, format or "
             "line-separator character"
         )
 
@@ -163,7 +161,7 @@ def check_rack(rack: str | None) -> str | None:
     """An SPU's rack (its own, or the one its SPU group gives it): a label, or a path such as /dc1/r1."""
     if rack is None:
         return None
-    check_rack_characters(rack)
+    check_characters("rack", rack)
     if not rack or rack.strip() != rack:
         raise ValueError(f"rack {rack!r} must be non-empty with no leading or trailing spaces")
     if rack.startswith("/"):

@@ -91,7 +91,7 @@ def _spu(index: int, value: object, allowed: Sequence[str] = ("id", "rack", "onl
         raise _bad(f"{field}.rack", rack, "a non-empty string or null")
     if rack is not None:
         try:
-            models.check_rack_characters(rack)  # the stored SPUs' rule: a rack is logged and shown
+            models.check_characters("rack", rack)  # the stored SPUs' rule: a rack is logged and shown
         except ValueError as error:
             raise model.InvalidConfig(f"{field}.rack: {error}") from None
     return model.SpuInfo(
