@@ -35,8 +35,15 @@ TIMELINE_BUCKETS = 200
 PARALLEL_JOBS = 4
 
 
-def session(master: str | None = None, app_name: str = "sc-audit", shuffle_partitions: int | None = None) -> SparkSession:
-    """A SparkSession in UTC. ``master`` None: whatever spark-submit (or the environment) says."""
+def session(
+    master: str | None = None,
+    app_name: str = "sc-audit",
+    shuffle_partitions: int | None = None,
+    settings: dict[str, str] | None = None,
+) -> SparkSession:
+    """A SparkSession in UTC. ``master`` None: whatever spark-submit (or the environment) says.
+    ``settings`` come last, over these defaults; JVM options among them apply only if this starts
+    the JVM (the first session of the process)."""
     builder = SparkSession.builder.appName(app_name)
     if master:
         builder = builder.master(master)
@@ -51,6 +58,8 @@ def session(master: str | None = None, app_name: str = "sc-audit", shuffle_parti
         builder = builder.config("spark.ui.enabled", "false")
     if shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+    for key, value in (settings or {}).items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -393,11 +393,13 @@ class Demo:
                 REPORT_TIMEOUT,
                 {
                     "SPARK_LOCAL_IP": "127.0.0.1",
-                    # A history of a few hundred records: compiling generated code for each query
-                    # costs more than interpreting it (as in tests/fixtures/spark.py).
+                    # A history of a few hundred records: compiling generated code for each query,
+                    # and the JVM's optimising compiler, cost more than they save (as in
+                    # tests/fixtures/spark.py; the report took 47 s here with both, 36 s without).
                     "PYSPARK_SUBMIT_ARGS": os.environ.get(
                         "PYSPARK_SUBMIT_ARGS",
-                        "--conf spark.sql.codegen.wholeStage=false --conf spark.sql.codegen.factoryMode=NO_CODEGEN pyspark-shell",
+                        "--conf spark.sql.codegen.wholeStage=false --conf spark.sql.codegen.factoryMode=NO_CODEGEN"
+                        " --conf spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 pyspark-shell",
                     ),
                 },
             )

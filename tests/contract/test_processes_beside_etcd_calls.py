@@ -16,7 +16,9 @@ import threading
 
 from store import etcd
 
-CHILDREN = 200
+# With fork support on (GRPC_ENABLE_FORK_SUPPORT=true), 100 children failed this test in 3 runs of 3;
+# some 8% of them die, so all 100 would start by chance about once in 3,000 runs.
+CHILDREN = 100
 
 
 def _start_children(count: int, codes: list[int]) -> None:
