@@ -47,8 +47,12 @@ def calls(root: Path) -> list[str]:
 
 
 def pip_install(root: Path, extras: str) -> list[str]:
+    """The calls that install the project with ``extras``: uv, then the project with uv."""
     target = f"{root}[{extras}]" if extras else str(root)
-    return ["python -m pip install --quiet --upgrade pip", f"python -m pip install --quiet -e {target}"]
+    return [
+        "python -m pip install --quiet --disable-pip-version-check uv>=0.5",
+        f"python -m uv pip install --quiet --python {root}/.venv/bin/python -e {target}",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -92,18 +96,36 @@ def test_an_install_without_an_extra_asked_for_installs_again(tmp_path: Path) ->
     assert [path.name.rsplit("-", 1)[1] for path in (root / ".venv").glob(".installed-*")] == ["audit_dev"]
 
 
+def test_without_uv_bootstrap_installs_with_pip(tmp_path: Path) -> None:
+    root = checkout(tmp_path)
+    python = root / ".venv" / "bin" / "python"
+    # A python whose pip cannot get uv (an index without it, say).
+    python.write_text(
+        f'#!/bin/sh\necho "python $*" >> "{tmp_path}/calls.log"\ncase "$*" in *"uv>=0.5"*) exit 1 ;; esac\n'
+    )
+    done = subprocess.run([root / "scripts" / "bootstrap", "audit"], check=True, capture_output=True, text=True, timeout=60, env=NO_BROWSER)
+    assert calls(root) == [
+        "python -m pip install --quiet --disable-pip-version-check uv>=0.5",
+        "python -m pip install --quiet --upgrade pip",
+        f"python -m pip install --quiet -e {root}[audit]",
+    ]
+    assert "uv could not be installed; installing with pip" in done.stderr
+    assert [path.name.rsplit("-", 1)[1] for path in (root / ".venv").glob(".installed-*")] == ["audit"]
+
+
 def tools(tmp_path: Path, uid: int, *present: str) -> dict[str, str]:
     """An environment whose PATH holds only what bootstrap runs, with stand-ins: ``id -u`` says
     ``uid``, apt-get logs its calls, and the ``present`` programs exist."""
     directory = tmp_path / "tools"
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir()
-    for program in ("env", "bash", "dirname", "sha256sum", "cut", "basename", "sed", "rm", "touch"):
+    for program in ("env", "bash", "dirname", "sha256sum", "cut", "basename", "sed", "rm", "touch", "sleep"):
         real = shutil.which(program)
         assert real is not None, program
         (directory / program).symlink_to(real)
     (directory / "python3").symlink_to(sys.executable)
-    stand_ins = {"id": f"echo {uid}", "apt-get": f'echo "apt-get $*" >> "{tmp_path}/calls.log"'}
+    # apt-get takes a while: bootstrap runs it beside the Python install and must wait for it.
+    stand_ins = {"id": f"echo {uid}", "apt-get": f'sleep 0.3; echo "apt-get $*" >> "{tmp_path}/calls.log"'}
     stand_ins.update({program: "true" for program in present})
     for program, body in stand_ins.items():
         (directory / program).write_text(f"#!/bin/sh\n{body}\n")
@@ -115,11 +137,12 @@ def test_bootstrap_installs_the_browser_with_apt_get_only_where_it_is_missing_an
     root = checkout(tmp_path)
     installed(root, "audit,dev")
     bootstrap: list[str | Path] = [root / "scripts" / "bootstrap", "dev"]
+    apt_get = ["apt-get update -qq", "apt-get install -y -qq --no-install-recommends chromium chromium-driver"]
     done = subprocess.run(bootstrap, check=True, capture_output=True, text=True, timeout=60, env=tools(tmp_path, 0))
-    assert calls(root) == [
-        "apt-get update -qq",
-        "apt-get install -y -qq --no-install-recommends chromium chromium-driver",
-    ]
+    assert calls(root) == apt_get
+    # Done only once apt-get is (a pipe on its output would wait for apt-get anyway: none here).
+    subprocess.run(bootstrap, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, env=tools(tmp_path, 0))
+    assert calls(root) == apt_get
     assert done.stderr == "bootstrap: installing chromium and chromium-driver with apt-get (for the browser tests)\n"
     # Installed: nothing to do, nothing said.
     done = subprocess.run(bootstrap, check=True, capture_output=True, text=True, timeout=60, env=tools(tmp_path, 0, "chromium", "chromedriver"))
