@@ -356,7 +356,8 @@ class TopicSpec(Model):
     replication_factor: Annotated[int, Field(ge=1, le=MAX_REPLICATION_FACTOR)] | None = None
     ignore_rack_assignment: bool = False
     placement: PlacementSpec | None = None
-    replica_assignment: list[PartitionAssignment] | None = None
+    # One row per partition: at most MAX_PARTITIONS, as a computed topic.
+    replica_assignment: Annotated[list[PartitionAssignment], Field(max_length=MAX_PARTITIONS)] | None = None
 
     @model_validator(mode="after")
     def _one_mode(self) -> Self:

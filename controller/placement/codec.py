@@ -120,6 +120,16 @@ def _manual(index: int, value: object) -> model.ManualPartition:
     return model.ManualPartition(id=entry.get("id"), replicas=entry.get("replicas"))
 
 
+def _manual_rows(value: object) -> tuple[model.ManualPartition, ...]:
+    """A manual topic's rows: one per partition, so at most a topic's partitions."""
+    rows = _array("replicaAssignment", value)
+    if len(rows) > models.MAX_PARTITIONS:
+        raise model.InvalidConfig(
+            f"replicaAssignment lists {len(rows)} partitions, above the limit of {models.MAX_PARTITIONS} partitions a topic may have"
+        )
+    return tuple(_manual(index, entry) for index, entry in enumerate(rows))
+
+
 def request_from_json(
     obj: object, *, default_spus: Sequence[model.SpuInfo] | None = None
 ) -> model.PlacementRequest:
@@ -172,11 +182,7 @@ def request_from_json(
             _ids(f"currentReplicaMap[{index}]", row)
             for index, row in enumerate(_array("currentReplicaMap", body.get("currentReplicaMap", [])))
         ),
-        replica_assignment=(
-            None
-            if assignment is None
-            else tuple(_manual(index, entry) for index, entry in enumerate(_array("replicaAssignment", assignment)))
-        ),
+        replica_assignment=None if assignment is None else _manual_rows(assignment),
         registered_spu_ids=None if registered is None else _ids("registeredSpuIds", registered),
         plugin=None if plugin is None else _string("plugin", plugin),
     )

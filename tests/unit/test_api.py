@@ -527,6 +527,29 @@ async def test_a_manual_row_longer_than_the_largest_replication_factor_is_refuse
     )
 
 
+async def test_a_manual_topic_has_at_most_the_partitions_a_computed_one_may_have(server: api_server.ApiServer) -> None:
+    """A computed topic stops at 100,000 partitions; a manual one, and the placement dry run's
+    manual rows, were bounded only by the body's size."""
+    await server.put(spu(0))
+    rows = [{"id": index, "replicas": [0]} for index in range(models.MAX_PARTITIONS + 1)]
+    body = {"name": "manual", "spec": {"replicaAssignment": rows}}
+    status, answer = await server.call("POST", "/v1/topics", raw=json.dumps(body).encode())
+    assert (status, answer["error"]["message"].split(" (got ")[0]) == (
+        422,
+        "spec.replicaAssignment: List should have at most 100000 items after validation, not 100001",
+    ), answer
+    assert await server.read("topics", "manual") is None
+    assert await server.call("POST", "/v1/placement", raw=json.dumps({"replicaAssignment": rows}).encode()) == (
+        422,
+        error(
+            "InvalidConfig",
+            "replicaAssignment lists 100001 partitions, above the limit of 100000 partitions a topic may have",
+        ),
+    )
+    status, answer = await server.call("POST", "/v1/placement", raw=json.dumps({"replicaAssignment": rows[:-1]}).encode())
+    assert status == 200 and len(answer["replicaMap"]) == models.MAX_PARTITIONS, status
+
+
 async def test_a_manual_partition_id_past_32_bits_is_refused_with_the_limit(server: api_server.ApiServer) -> None:
     """Fluvio's partition ids are u32: a larger one was refused only as a gap in the sequence over
     HTTP, and a stored one kept its topic out of every Fluvio List."""

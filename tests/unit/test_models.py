@@ -192,6 +192,14 @@ def test_a_stored_manual_topic_with_a_longer_row_is_unreadable() -> None:
         models.decode("topics", json.dumps(stored).encode())
 
 
+def test_a_stored_manual_topic_with_more_partitions_than_a_topic_may_have_is_unreadable() -> None:
+    rows = [{"id": index, "replicas": [0]} for index in range(models.MAX_PARTITIONS + 1)]
+    stored = {"name": "t", "spec": {"replicaAssignment": rows}}
+    with pytest.raises(pydantic.ValidationError, match="should have at most 100000 items after validation, not 100001"):
+        models.decode("topics", json.dumps(stored).encode())
+    assert models.Topic.model_validate({"name": "t", "spec": {"replicaAssignment": rows[:-1]}}).spec.partition_count() == models.MAX_PARTITIONS
+
+
 # Fluvio's partition ids are u32 (a manual PartitionMap's id, a replica map's keys, the index a
 # client parses from a partition's name): a larger one could not be shown to a Fluvio client.
 LARGEST_PARTITION_ID = 2**32 - 1

@@ -109,8 +109,23 @@ def test_without_uv_bootstrap_installs_with_pip(tmp_path: Path) -> None:
         "python -m pip install --quiet --upgrade pip",
         f"python -m pip install --quiet -e {root}[audit]",
     ]
-    assert "uv could not be installed; installing with pip" in done.stderr
+    assert "uv could not install the project; installing with pip" in done.stderr
     assert [path.name.rsplit("-", 1)[1] for path in (root / ".venv").glob(".installed-*")] == ["audit"]
+
+
+def test_when_uv_cannot_install_the_project_pip_does(tmp_path: Path) -> None:
+    root = checkout(tmp_path)
+    # uv is had, but the project's install fails (an index only pip.conf names, say).
+    (root / ".venv" / "bin" / "python").write_text(
+        f'#!/bin/sh\necho "python $*" >> "{tmp_path}/calls.log"\ncase "$*" in *"uv pip install"*) exit 2 ;; esac\n'
+    )
+    done = subprocess.run([root / "scripts" / "bootstrap", "audit"], check=True, capture_output=True, text=True, timeout=60, env=NO_BROWSER)
+    assert calls(root) == [
+        *pip_install(root, "audit"),
+        "python -m pip install --quiet --upgrade pip",
+        f"python -m pip install --quiet -e {root}[audit]",
+    ]
+    assert "uv could not install the project; installing with pip" in done.stderr
 
 
 def tools(tmp_path: Path, uid: int, *present: str) -> dict[str, str]:
