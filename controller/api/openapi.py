@@ -833,7 +833,7 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
                         "additionalProperties": False,
                     },
                 },
-                "replicaAssignment": {"type": "array", "items": _ref("PartitionAssignment")},
+                "replicaAssignment": {"type": "array", "items": _ref("PartitionAssignment"), "maxItems": models.MAX_PARTITIONS},
                 "currentReplicaMap": {"type": "array", "items": spu_ids},
                 "registeredSpuIds": spu_ids,
             },
