@@ -62,6 +62,17 @@ TOPICS = (
     ),
 )
 
+# Spark settings for a history of a few hundred records (this demo's report; the tests' Spark
+# session uses them too): compiling generated code for each query, and the JVM's optimising
+# compiler, cost more than they save there (the report: 47 s with the optimising compiler, 36 s
+# without; the tests' first report: 49 s with generated code, 33 s without). JVM options apply only
+# to a session that starts the JVM.
+TINY_HISTORY_SETTINGS = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+}
+
 STEP_TITLES = (
     "Start the SC on its embedded etcd",
     "Start six SPUs in three racks",
@@ -393,13 +404,11 @@ class Demo:
                 REPORT_TIMEOUT,
                 {
                     "SPARK_LOCAL_IP": "127.0.0.1",
-                    # A history of a few hundred records: compiling generated code for each query,
-                    # and the JVM's optimising compiler, cost more than they save (as in
-                    # tests/fixtures/spark.py; the report took 47 s here with both, 36 s without).
+                    # A history of a few hundred records: Spark set for it, unless the user set Spark.
                     "PYSPARK_SUBMIT_ARGS": os.environ.get(
                         "PYSPARK_SUBMIT_ARGS",
-                        "--conf spark.sql.codegen.wholeStage=false --conf spark.sql.codegen.factoryMode=NO_CODEGEN"
-                        " --conf spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 pyspark-shell",
+                        " ".join(f"--conf {key}={value}" for key, value in TINY_HISTORY_SETTINGS.items())
+                        + " pyspark-shell",
                     ),
                 },
             )
