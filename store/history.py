@@ -53,6 +53,9 @@ TAKEOVER, STEP_DOWN = "takeover", "step-down"
 WATCH, REPLAY, LIST = "watch", "replay", "list"
 # Operations of a change record.
 CREATE, UPDATE, DELETE = "create", "update", "delete"
+# The gap of a history whose store's revision went below it (etcd restored from a backup, or
+# another cluster): the records after it have another store's revisions.
+STORE_BEHIND_HISTORY = "store-behind-history"
 
 
 class HistoryError(Exception):

@@ -569,6 +569,14 @@ def _write_chunk(table: pa.Table, out: Path) -> int:
     return len(written)
 
 
+def dataset_history_id(out: Path) -> str:
+    """The id of the history exported into the dataset at ``out`` (its state file's)."""
+    state = _read_state(out) if out.is_dir() else None
+    if state is None:
+        raise ExportError(f"{str(out)!r} holds no {STATE_FILE}: it is not a dataset `sc audit export --out` wrote")
+    return str(state["historyId"])
+
+
 def _read_state(out: Path) -> dict[str, Any] | None:
     path = out / STATE_FILE
     if not path.exists():

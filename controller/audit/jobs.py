@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from controller.audit import export, options as options_module, report
+from store.history import STORE_BEHIND_HISTORY
 
 # The causes of the leader changes the SC decided (controller/reconcile/partition_state.py names them, written as Action.cause).
 CAUSES = ("spu-offline", "preferred-leader", "drain", "unclean", "reassignment")
@@ -77,19 +78,111 @@ def load(spark: SparkSession, history_dir: Path | str) -> DataFrame:
     return spark.read.schema(from_arrow_schema(export.SCHEMA)).parquet(str(path))
 
 
+def load_histories(spark: SparkSession, history_dirs: Sequence[Path | str]) -> DataFrame:
+    """The records of one exported history, or of several SCs' histories of one store, as the jobs
+    read them: with ``history`` (the id of the history a record is from), ``order`` (the order the
+    jobs take records in; unique) and ``duplicate`` (a change record another history holds too).
+
+    One history: ``order`` is ``seq``, and nothing is a duplicate. Several (each SC of a store
+    records every change its Reader sees, and the actions of the terms it led): a change several
+    histories hold is taken once, as the first SC recorded it (a copy seen live or replayed before
+    one from a listing, then the earliest ``time``); change and sync records are ordered by the store
+    revision they stand at (a listing's records at the listing's revision), then in the order the
+    histories were given and by ``seq``. Refused: a history given twice, a history whose store went behind it (its revisions
+    after that are another store's), and histories that recorded different objects at one revision
+    (they are not of one store).
+    """
+    paths = [Path(directory) for directory in history_dirs]
+    if not paths:
+        raise ValueError("no exported history given: pass at least one `sc audit export --out` directory")
+    frames: list[DataFrame] = []
+    ids: dict[str, Path] = {}
+    for index, path in enumerate(paths):
+        frame = load(spark, path)
+        try:
+            history_id = export.dataset_history_id(path)
+        except export.ExportError as error:
+            raise ValueError(str(error)) from None
+        if history_id in ids:
+            raise ValueError(
+                f"{str(ids[history_id])!r} and {str(path)!r} are exports of the same history (id {history_id}): give each once"
+            )
+        ids[history_id] = path
+        frames.append(frame.withColumn("history", F.lit(history_id)).withColumn("history_index", F.lit(index)))
+    if len(frames) == 1:
+        return frames[0].withColumn("order", F.col("seq")).withColumn("duplicate", F.lit(False)).drop("history_index")
+    merged = frames[0]
+    for frame in frames[1:]:
+        merged = merged.unionByName(frame)
+    _check_one_store(merged)
+    is_change, listed = F.col("type") == "change", F.coalesce(F.col("source") == "list", F.lit(False))
+    copies = Window.partitionBy("kind", "name", "revision").orderBy(listed, "time", "history", "seq")
+    flagged = (
+        merged.filter(is_change)
+        .withColumn("duplicate", F.row_number().over(copies) > 1)
+        .unionByName(merged.filter(~is_change).withColumn("duplicate", F.lit(False)))
+    )
+    position = F.when(is_change, F.when(listed, F.col("snapshot_revision")).otherwise(F.col("revision"))).when(
+        F.col("type") == "sync", F.col("revision")
+    )
+    # Numbered on the three numbers that place a record, then joined back: one ordered window over
+    # every column would move the whole history into one Spark partition.
+    keys = flagged.select("history_index", "seq", position.alias("position"))
+    numbered = keys.select(
+        "history_index", "seq", F.row_number().over(Window.orderBy("position", "history_index", "seq")).alias("order")
+    )
+    return flagged.join(numbered, ["history_index", "seq"]).drop("history_index")
+
+
+def _check_one_store(merged: DataFrame) -> None:
+    behind = merged.filter((F.col("type") == "gap") & (F.col("reason") == STORE_BEHIND_HISTORY)).select("history").first()
+    if behind is not None:
+        raise ValueError(
+            f"the history {behind['history']} has a {STORE_BEHIND_HISTORY} gap: its later revisions are another "
+            "store's and cannot be merged with other histories by revision; report on it alone"
+        )
+    clash = (
+        merged.filter(F.col("type") == "change")
+        .groupBy("kind", "name", "revision")
+        .agg(
+            # A listing's copy names the change "create"; the object is the same.
+            F.count_distinct(F.xxhash64(F.coalesce("spec", F.lit("")), F.coalesce("status", F.lit("")))).alias("versions"),
+            F.sort_array(F.collect_set("history")).alias("histories"),
+        )
+        .filter(F.col("versions") > 1)
+        .first()
+    )
+    if clash is not None:
+        raise ValueError(
+            f"the histories {', '.join(clash['histories'])} recorded different objects as {clash['kind']}/{clash['name']} "
+            f"at revision {clash['revision']}: they are not histories of one store; report on each alone"
+        )
+
+
 def run(
-    spark: SparkSession, history_dir: Path | str, options: options_module.Options = options_module.Options()
+    spark: SparkSession,
+    history_dirs: Path | str | Sequence[Path | str],
+    options: options_module.Options = options_module.Options(),
 ) -> options_module.Results:
-    """Every audit over the exported history at ``history_dir``."""
-    frame = load(spark, history_dir)
-    summary = frame.agg(
+    """Every audit over the exported history at ``history_dirs``, or over several SCs' histories
+    of one store merged (``load_histories``)."""
+    dirs = [history_dirs] if isinstance(history_dirs, Path | str) else list(history_dirs)
+    frame = load_histories(spark, dirs)
+    if len(dirs) > 1:
+        # Merged, the records come from windows and joins over every history: kept, not recomputed
+        # by each job.
+        frame = frame.cache()
+    summary = frame.filter(~F.col("duplicate")).agg(
         F.count(F.lit(1)).alias("records"),
         F.min(F.unix_micros("time")).alias("first_us"),
         F.max(F.unix_micros("time")).alias("last_us"),
     ).first()
     assert summary is not None
     first_us, last_us = summary["first_us"], summary["last_us"]
-    results = options_module.Results(history={"records": summary["records"], "first_us": first_us, "last_us": last_us})
+    histories = sorted(export.dataset_history_id(Path(directory)) for directory in dirs)
+    results = options_module.Results(
+        history={"records": summary["records"], "first_us": first_us, "last_us": last_us, "histories": histories}
+    )
     at_us = _micros(options.at) if options.at is not None else last_us
     results.balance_at_us = at_us
 
@@ -104,11 +197,11 @@ def run(
     intervals = _spu_intervals(runs, last_us)
     spus, racks, violations = balance(frame, changes, at_us)
     gaps = frame.filter(F.col("type") == "gap").select(
-        "seq", F.unix_micros("time").alias("at_us"), "first_revision", F.col("revision").alias("last_revision"),
+        "history", "seq", F.unix_micros("time").alias("at_us"), "first_revision", F.col("revision").alias("last_revision"),
         "reason", "dropped",
     )
     sc_terms = frame.filter(F.col("type").isin("takeover", "step-down")).select(
-        "seq", F.unix_micros("time").alias("at_us"), F.col("type").alias("event"), F.col("name").alias("sc"), "address",
+        "history", "seq", F.unix_micros("time").alias("at_us"), F.col("type").alias("event"), F.col("name").alias("sc"), "address",
         F.col("revision").alias("epoch"), "cause", F.col("detail").alias("previous"),
         F.col("cause_revision").alias("previous_epoch"),
     )
@@ -123,9 +216,10 @@ def run(
         "balance_spus": (spus, ("spu",)),
         "balance_racks": (racks, ("rack",)),
         "rack_violations": (violations, ("partition",)),
-        "spec_changes": (_spec_changes(changes), ("seq",)),
-        "gaps": (gaps, ("seq",)),
-        "sc_terms": (sc_terms, ("seq",)),
+        "spec_changes": (_spec_changes(changes), ("order",)),
+        # By time: the records of different SCs' histories have no common sequence.
+        "gaps": (gaps, ("at_us", "history", "seq")),
+        "sc_terms": (sc_terms, ("at_us", "history", "seq")),
         "leaders_over_time": (_leaders_over_time(changes, first_us, last_us), ("bucket_us", "spu")),
         "moves": (moves, ("at_us", "partition")),
         "moves_by_spu": (_moves_by_spu(moves), ("spu",)),
@@ -136,6 +230,7 @@ def run(
         results.tables = {name: future.result() for name, future in futures.items()}
     runs.unpersist()
     changes.unpersist()
+    frame.unpersist()
     return results
 
 
@@ -163,8 +258,8 @@ def enrich(frame: DataFrame) -> DataFrame:
     requested = frame.filter(F.col("type") == "request").select(
         "kind", "name", "revision", F.col("by").alias("requested_by"), F.col("address").alias("requested_from")
     ).dropDuplicates(["kind", "name", "revision"])
-    changes = frame.filter(F.col("type") == "change").select(
-        "seq", "time", "kind", "name", "op", "revision", "source", "snapshot_revision", "resolution", "leader",
+    changes = frame.filter((F.col("type") == "change") & ~F.col("duplicate")).select(
+        "history", "seq", "order", "time", "kind", "name", "op", "revision", "source", "snapshot_revision", "resolution", "leader",
         "replicas", "spu_id", "rack", "ignore_rack_assignment", F.xxhash64("spec").alias("spec_hash"),
     )
     joined = (
@@ -172,7 +267,7 @@ def enrich(frame: DataFrame) -> DataFrame:
         .join(requested, ["kind", "name", "revision"], "left")
         .repartition("kind", "name")
     )
-    ordered = Window.partitionBy("kind", "name").orderBy("seq")
+    ordered = Window.partitionBy("kind", "name").orderBy("order")
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     enriched = joined.select(
         "*",
@@ -200,14 +295,14 @@ def enrich(frame: DataFrame) -> DataFrame:
 def _runs(changes: DataFrame) -> DataFrame:
     """Consecutive records of an object in the same ``state``: one row per run, with its start and
     end (the time of the first record after the run; None while it lasts)."""
-    ordered = Window.partitionBy("kind", "name").orderBy("seq")
+    ordered = Window.partitionBy("kind", "name").orderBy("order")
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     new_run = F.when(F.col("state").eqNullSafe(F.lag("state").over(ordered)), 0).otherwise(1)
     marked = changes.filter(F.col("kind").isin("partitions", "spus")).withColumn("run", F.sum(new_run).over(running))
     return marked.groupBy("kind", "name", "run", "state").agg(
         F.min("time").alias("start"),
-        F.max_by("next_time", "seq").alias("end"),
-        F.min_by("spu", "seq").alias("spu"),
+        F.max_by("next_time", "order").alias("end"),
+        F.min_by("spu", "order").alias("spu"),
         F.first("topic").alias("topic"),
     )
 
@@ -229,10 +324,10 @@ def _leader_changes(changes: DataFrame, frame: DataFrame) -> DataFrame:
     # Elections record the revision they were decided from (their expected revision) as cause_revision.
     in_doubt = (
         frame.filter((F.col("type") == "action") & (F.col("verb") == "elect") & (F.col("outcome") == "unavailable"))
-        .select(F.explode("keys").alias("key"), "cause_revision", "cause", "seq")
+        .select(F.explode("keys").alias("key"), "cause_revision", "cause", F.struct("time", "history", "seq").alias("decided"))
         .filter(F.col("key").startswith("partitions/"))
         .groupBy(F.split("key", "/", 2)[1].alias("name"), F.col("cause_revision").alias("prev_revision"))
-        .agg(F.max_by("cause", "seq").alias("in_doubt_cause"))  # several: the last one decided
+        .agg(F.max_by("cause", "decided").alias("in_doubt_cause"))  # several (of one SC or more): the last one decided
     )
     gap_ranges = frame.filter(F.col("type") == "gap").select(
         F.col("first_revision").alias("gap_first"), F.col("revision").alias("gap_last")
@@ -278,20 +373,20 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
     # The committed offset of the few caught-up writes, from their status (JSON, not in ``changes``).
     committed = (
         frame.filter((F.col("type") == "change") & (F.col("kind") == "partitions"))
-        .join(F.broadcast(steps.filter(caught_up).select("seq")), "seq", "left_semi")
-        .select("seq", F.get_json_object("status", "$.leader.hw").cast("long").alias("committed_hw"))
+        .join(F.broadcast(steps.filter(caught_up).select("order")), "order", "left_semi")
+        .select("order", F.get_json_object("status", "$.leader.hw").cast("long").alias("committed_hw"))
     )
     started, adding = F.col("action_cause") == MOVE_STARTED, F.col("action_cause") == MOVE_ADDING
-    ordered = Window.partitionBy("name").orderBy("seq")
+    ordered = Window.partitionBy("name").orderBy("order")
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     after_start = F.coalesce(F.col("previous_cause") == MOVE_STARTED, F.lit(False))
     opens = started | (adding & ~after_start)
     numbered = (
-        steps.join(committed, ["seq"], "left")
+        steps.join(committed, ["order"], "left")
         .withColumn("previous_cause", F.lag("action_cause").over(ordered))
         .withColumn("move", F.sum(F.when(opens, 1).otherwise(0)).over(running))
     )
-    of_move = Window.partitionBy("name", "move").orderBy("seq").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    of_move = Window.partitionBy("name", "move").orderBy("order").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     carried = numbered.select(
         "*",
         F.last(F.when(adding, F.array_except("replicas", "prev_replicas")), ignorenulls=True).over(of_move).alias("added"),
@@ -417,22 +512,35 @@ def _state_at(frame: DataFrame, changes: DataFrame, at_us: int) -> DataFrame:
     A snapshot (list records closed by a sync record, after a gap) is a barrier: an object whose
     last record is older and that the snapshot did not list had gone by then.
     """
-    barrier = frame.filter((F.col("type") == "sync") & F.col("snapshot") & (F.unix_micros("time") <= at_us)).agg(
-        F.max("seq").alias("barrier_seq"), F.max_by("revision", "seq").alias("barrier_revision")
+    barrier = (
+        frame.filter((F.col("type") == "sync") & F.col("snapshot") & (F.unix_micros("time") <= at_us))
+        .agg(F.max("order").alias("barrier_order"), F.max_by(F.struct("revision", "history"), "order").alias("barrier"))
+        .select("barrier_order", F.col("barrier.revision").alias("barrier_revision"), F.col("barrier.history").alias("barrier_history"))
     )
-    fields = ["seq", "op", "source", "snapshot_revision", "spu_id", "rack", "leader", "replicas", "ignore_rack_assignment"]
+    # The objects the last snapshot listed (from any copy: of several histories, the one kept may be another's).
+    listed = (
+        frame.filter((F.col("type") == "change") & (F.col("source") == "list"))
+        .join(
+            F.broadcast(barrier),
+            (F.col("snapshot_revision") == F.col("barrier_revision")) & (F.col("history") == F.col("barrier_history")),
+            "left_semi",
+        )
+        .select("kind", "name", F.lit(True).alias("listed"))
+        .distinct()
+    )
+    fields = ["order", "op", "source", "snapshot_revision", "spu_id", "rack", "leader", "replicas", "ignore_rack_assignment"]
     last = (
         changes.filter(F.unix_micros("time") <= at_us)
         .groupBy("kind", "name")
-        .agg(F.max_by(F.struct(*fields), "seq").alias("last"))
+        .agg(F.max_by(F.struct(*fields), "order").alias("last"))
         .select("kind", "name", "last.*")
     )
-    return last.crossJoin(F.broadcast(barrier)).filter(
-        (F.col("op") != "delete")
-        & (
-            F.col("barrier_seq").isNull()
-            | (F.col("seq") > F.col("barrier_seq"))
-            | ((F.col("source") == "list") & (F.col("snapshot_revision") == F.col("barrier_revision")))
+    return (
+        last.crossJoin(F.broadcast(barrier))
+        .join(listed, ["kind", "name"], "left")
+        .filter(
+            (F.col("op") != "delete")
+            & (F.col("barrier_order").isNull() | (F.col("order") > F.col("barrier_order")) | F.coalesce("listed", F.lit(False)))
         )
     )
 
@@ -501,6 +609,8 @@ def _spec_changes(changes: DataFrame) -> DataFrame:
         )
     )
     return kept.select(
+        "order",
+        "history",
         "seq",
         "kind",
         "name",

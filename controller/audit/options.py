@@ -42,7 +42,13 @@ class Results:
 
 def add_report_arguments(parser: argparse.ArgumentParser) -> None:
     """The report's arguments: `sc audit report`'s, and the spark-submit entry point's (controller/audit/jobs.py)."""
-    parser.add_argument("--history", type=Path, required=True, help="the exported history (sc audit export --out DIR)")
+    parser.add_argument(
+        "--history",
+        type=Path,
+        required=True,
+        action="append",
+        help="the exported history (sc audit export --out DIR); again for each SC of the store, to audit their histories as one",
+    )
     parser.add_argument("--out", type=Path, required=True, help="where the report goes (created if absent)")
     parser.add_argument("--master", help="Spark master: local[*] (the default here), spark://host:7077, ...")
     parser.add_argument("--at", help="placement balance at this ISO 8601 time (default: the end of the history)")

@@ -55,11 +55,12 @@ TABLES: dict[str, list[tuple[str, pa.DataType]]] = {
         ("racks", pa.list_(pa.string())), ("distinct_racks", pa.int64()), ("required_racks", pa.int32()),
     ],
     "spec_changes": [
-        ("seq", pa.int64()), ("kind", pa.string()), ("name", pa.string()), ("op", pa.string()), ("at_us", _TIME),
+        ("history", pa.string()), ("seq", pa.int64()), ("kind", pa.string()), ("name", pa.string()), ("op", pa.string()), ("at_us", _TIME),
         ("revision", pa.int64()), ("by", pa.string()), ("address", pa.string()),
     ],
+    # history: the id of the history holding the record (an audit may cover several SCs' histories).
     "gaps": [
-        ("seq", pa.int64()), ("at_us", _TIME), ("first_revision", pa.int64()), ("last_revision", pa.int64()),
+        ("history", pa.string()), ("seq", pa.int64()), ("at_us", _TIME), ("first_revision", pa.int64()), ("last_revision", pa.int64()),
         ("reason", pa.string()), ("dropped", pa.int64()),
     ],
     "leaders_over_time": [("bucket_us", _TIME), ("spu", pa.int32()), ("leaders", pa.int64())],
@@ -75,7 +76,7 @@ TABLES: dict[str, list[tuple[str, pa.DataType]]] = {
     # Each SC's terms as its store's leader: a takeover (cause: what became of the claim before it)
     # or a step-down (cause: why the term ended), as the SC that recorded the history saw them.
     "sc_terms": [
-        ("seq", pa.int64()), ("at_us", _TIME), ("event", pa.string()), ("sc", pa.string()), ("address", pa.string()),
+        ("history", pa.string()), ("seq", pa.int64()), ("at_us", _TIME), ("event", pa.string()), ("sc", pa.string()), ("address", pa.string()),
         ("epoch", pa.int64()), ("cause", pa.string()), ("previous", pa.string()), ("previous_epoch", pa.int64()),
     ],
 }
@@ -166,7 +167,7 @@ def to_json(results: options.Results) -> dict[str, Any]:
         "gaps": [
             {
                 "at": iso(row["at_us"]), "firstRevision": row["first_revision"], "lastRevision": row["last_revision"],
-                "reason": row["reason"], "dropped": row["dropped"],
+                "reason": row["reason"], "dropped": row["dropped"], "history": row["history"],
             }
             for row in tables["gaps"]
         ],
@@ -174,14 +175,14 @@ def to_json(results: options.Results) -> dict[str, Any]:
             {
                 "event": row["event"], "sc": row["sc"], "address": row["address"], "epoch": row["epoch"],
                 "cause": row["cause"], "previous": row["previous"], "previousEpoch": row["previous_epoch"],
-                "at": iso(row["at_us"]),
+                "at": iso(row["at_us"]), "history": row["history"],
             }
             for row in tables["sc_terms"]
         ],
         "takeovers": sum(1 for row in tables["sc_terms"] if row["event"] == "takeover"),
         "history": {
             "records": results.history["records"], "from": iso(results.history["first_us"]),
-            "to": iso(results.history["last_us"]),
+            "to": iso(results.history["last_us"]), "histories": results.history.get("histories", []),
         },
     }
 
@@ -219,22 +220,34 @@ def write(results: options.Results, out: Path) -> list[Path]:
 # ---------------------------------------------------------------------------- the human report
 
 
+def _histories(ids: list[str]) -> str:
+    """The end of the report's first line: which histories it covers, when more than one."""
+    if len(ids) < 2:
+        return "."
+    return f", merged from {len(ids)} SCs' histories ({', '.join(ids)}): a change they all recorded counts once."
+
+
 def to_markdown(results: options.Results, charts: list[str]) -> str:
     tables, summary = results.tables, results.history
     lines = [
         "# SC metadata audit",
         "",
-        f"History: {summary['records']} records from {iso(summary['first_us'])} to {iso(summary['last_us'])}.",
+        f"History: {summary['records']} records from {iso(summary['first_us'])} to {iso(summary['last_us'])}"
+        + _histories(summary.get("histories", [])),
         "Every table is also in `tables/<name>.parquet`; `report.json` holds the same figures for scripts.",
         "",
     ]
+    several = len(summary.get("histories", [])) > 1
     if tables["gaps"]:
         lines += ["**The history has gaps**: figures that span them may be incomplete.", ""]
-        lines += _markdown_table(tables["gaps"], ["at_us", "first_revision", "last_revision", "reason", "dropped"])
+        columns = ["at_us", "first_revision", "last_revision", "reason", "dropped"]
+        lines += _markdown_table(tables["gaps"], columns + ["history"] if several else columns)
 
     takeovers = [row for row in tables["sc_terms"] if row["event"] == "takeover"]
-    lines += ["## SC leadership", "", f"{len(takeovers)} takeover(s) by the SC that recorded this history.", ""]
-    lines += _markdown_table(tables["sc_terms"], ["at_us", "event", "sc", "address", "epoch", "cause", "previous", "previous_epoch"])
+    recorded = "the SCs whose histories this report covers" if several else "the SC that recorded this history"
+    lines += ["## SC leadership", "", f"{len(takeovers)} takeover(s) by {recorded}.", ""]
+    columns = ["at_us", "event", "sc", "address", "epoch", "cause", "previous", "previous_epoch"]
+    lines += _markdown_table(tables["sc_terms"], columns + ["history"] if several else columns)
 
     lines += ["## Leader changes", ""]
     lines += _markdown_table(tables["leader_changes"], ["at_us", "partition", "from_spu", "to_spu", "cause"])

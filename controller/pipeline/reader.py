@@ -131,7 +131,7 @@ class Reader:
             first = listed.revision + 1 if lost is None else min(lost.delivered, listed.revision + 1)
             last = max(resume, listed.revision)
             if first <= last:
-                self.history.record_gap(first, last, "store-behind-history")
+                self.history.record_gap(first, last, history_module.STORE_BEHIND_HISTORY)
         # What the listing holds that was created after the last record is new; after a store went
         # back, revisions say nothing of what the history saw: every object starts afresh.
         since = resume if resume is not None and compacted else 0

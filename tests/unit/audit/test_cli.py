@@ -27,9 +27,11 @@ def test_the_audit_commands_and_their_arguments() -> None:
 
     parser = cli.build_parser()
     args = parser.parse_args(["audit", "report", "--history", "h", "--out", "o", "--master", "spark://m:7077", "--flap-count", "4"])
-    assert (str(args.history), str(args.out), args.master, args.at, args.flap_count, args.flap_window) == (
-        "h", "o", "spark://m:7077", None, 4, 600.0,
+    assert ([str(path) for path in args.history], str(args.out), args.master, args.at, args.flap_count, args.flap_window) == (
+        ["h"], "o", "spark://m:7077", None, 4, 600.0,
     )
+    args = parser.parse_args(["audit", "report", "--history", "h1", "--history", "h2", "--out", "o"])
+    assert [str(path) for path in args.history] == ["h1", "h2"]
     args = parser.parse_args(["audit", "export", "--out", "o", "--since", "2026-03-01"])
     assert (str(args.history_dir), str(args.out), args.since, args.until) == ("sc-data/history", "o", "2026-03-01", None)
 

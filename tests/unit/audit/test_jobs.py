@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from controller.audit import export, jobs, options, report
+from store import history
 from tests.unit.audit import synthetic
 from tests.unit.audit.synthetic import T0, iso
 
@@ -149,7 +150,7 @@ def test_placement_balance_at_the_end_of_the_history(results: options.Results) -
 
 
 def test_placement_balance_at_a_chosen_time(spark: Any, story: Path) -> None:
-    frame = jobs.load(spark, story / "export")
+    frame = jobs.load_histories(spark, [story / "export"])
     spus, racks, violations = jobs.balance(frame, frame.filter("type = 'change'"), at(22))
     assert [tuple(row) for row in spus.orderBy("spu").collect()] == [
         (0, "r1", 1, 0), (1, "r1", 0, 0), (2, "r2", 2, 2), (3, "r3", 2, 1),
@@ -185,8 +186,9 @@ def test_spec_changes_say_who_made_them_and_leave_out_status_writes(results: opt
     ]
 
 
-def test_report_json_has_exactly_the_shape_of_the_api(report_dir: Path) -> None:
+def test_report_json_has_exactly_the_shape_of_the_api(report_dir: Path, story: Path) -> None:
     document = json.loads((report_dir / "report.json").read_text())
+    history_id = history.read_history_id(story / "history")
     assert list(document)[:6] == ["leaderChanges", "unavailability", "provisioning", "spuIntervals", "balance", "specChanges"]
     assert document["leaderChanges"][0] == {"partition": "orders-0", "from": 0, "to": 2, "cause": "spu-offline", "at": iso(20.5)}
     # The user's write is no decision of the SC: not among leaderChanges (API.md's four causes).
@@ -221,12 +223,12 @@ def test_report_json_has_exactly_the_shape_of_the_api(report_dir: Path) -> None:
     assert document["unavailabilityByTopic"] == [{"topic": "events", "windows": 3, "p50": 15.5, "p99": 19.91, "max": 20.0}]
     assert document["flappingSpus"] == [{"spu": 3, "offlineCount": 3, "maxInWindow": 3}]
     assert document["scTerms"] == [
-        {"event": "takeover", "sc": "sc-a", "address": "10.0.0.1:9003", "epoch": 99, "cause": "unclaimed", "previous": None, "previousEpoch": 0, "at": iso(0)},
-        {"event": "step-down", "sc": "sc-a", "address": None, "epoch": 99, "cause": "fenced", "previous": None, "previousEpoch": None, "at": iso(64)},
-        {"event": "takeover", "sc": "sc-a", "address": "10.0.0.1:9003", "epoch": 150, "cause": "lease-expired", "previous": "sc-b", "previousEpoch": 140, "at": iso(66)},
+        {"event": "takeover", "sc": "sc-a", "address": "10.0.0.1:9003", "epoch": 99, "cause": "unclaimed", "previous": None, "previousEpoch": 0, "at": iso(0), "history": history_id},
+        {"event": "step-down", "sc": "sc-a", "address": None, "epoch": 99, "cause": "fenced", "previous": None, "previousEpoch": None, "at": iso(64), "history": history_id},
+        {"event": "takeover", "sc": "sc-a", "address": "10.0.0.1:9003", "epoch": 150, "cause": "lease-expired", "previous": "sc-b", "previousEpoch": 140, "at": iso(66), "history": history_id},
     ]
     assert document["takeovers"] == 2
-    assert document["history"] == {"records": 86, "from": iso(0), "to": iso(120)}
+    assert document["history"] == {"records": 86, "from": iso(0), "to": iso(120), "histories": [history_id]}
 
 
 def test_the_human_report_and_its_charts(report_dir: Path) -> None:
