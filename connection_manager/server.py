@@ -654,8 +654,11 @@ class ConnectionManager:
                 raise wire.FrameError("already-hosted", f"SPU {session.spu_id} said what it holds already, on this connection")
         except wire.FrameError as error:
             self.stats.count(self.stats.frame_errors, error.code)
-            log.warning("frame refused", spu=session.spu_id, code=error.code, error=str(error))
-            session.send(wire.Error(code=error.code, message=str(error)))
+            # The message may quote the SPU's bytes (a field name, a type tag) at any length, and
+            # the SPU may send it again at will: an excerpt, logged once per kind an interval.
+            detail = ratelimit.clipped(str(error), FRAME_ERROR_CHARS)
+            self.log.warning(f"spu:frame:{error.code}", "frame refused", spu=session.spu_id, code=error.code, error=detail)
+            session.send(wire.Error(code=error.code, message=detail))
         return kind
 
     def _told(self, session: Session, name: str) -> wire.ReplicaInfo:

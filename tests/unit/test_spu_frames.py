@@ -1,0 +1,59 @@
+"""What an accepted SPU's frames can do on the SC, taken in one at a time as the connection
+manager's read loop does (``_take_frame``): a refused frame is answered with a short error, logged
+once per kind, and changes nothing."""
+
+from __future__ import annotations
+
+import structlog.testing
+
+from connection_manager import health, lrs, ratelimit, server, wire
+from store import local
+from tests.builders import partition
+
+
+def manager_with(*names: str) -> tuple[server.ConnectionManager, server.Session, list[set[str]]]:
+    """A connection manager whose SPU 0 is connected and was told it leads ``names`` (replicas 0, 1,
+    2, Online at leader epoch 0), and the partition sets the controllers were told of (on_news)."""
+    store = local.LocalStore()
+    for revision, name in enumerate(names, start=1):
+        store["partitions"].apply(partition(name, [0, 1, 2], resolution="Online"), revision)
+    news: list[set[str]] = []
+    cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas(), on_news=news.append)
+    session = server.Session(0, "spu-0", 1, None)  # type: ignore[arg-type]  # frames only go to its outbox
+    session.hosted = {entry.name: server._replica_info(entry.obj, session.incarnation) for entry in cm.replicas_of(0)}
+    session.ready = True
+    cm.sessions[0] = session
+    return cm, session, news
+
+
+def sent(session: server.Session) -> list[wire.ScMessages]:
+    frames = []
+    while not session.outbox.empty():
+        frame = session.outbox.get_nowait()
+        assert frame is not None
+        frames.append(wire.parse_sc_message(frame))
+    return frames
+
+
+async def test_a_refused_frame_is_answered_and_logged_short_and_once_per_kind() -> None:
+    """A frame may quote anything at any length (a field name, a type tag): its refusal quotes an
+    excerpt, and an SPU repeating it is logged once an interval, as a bad first frame is. A 3 MB
+    field name was sent back whole, logged whole at every frame, and queued whole for an SPU that
+    does not read (up to SEND_QUEUE_LIMIT of them: gigabytes)."""
+    cm, session, _ = manager_with("orders-0")
+    name = "A" * 3_000_000
+    excerpt = ratelimit.excerpt(f"field 'heartbeat.{name}': Extra inputs are not permitted (got 1)", server.FRAME_ERROR_CHARS)
+    assert excerpt.endswith("... (3000058 characters)") and len(excerpt) < 200
+    frame = b'{"v": 2, "type": "heartbeat", "' + name.encode() + b'": 1}'
+    with structlog.testing.capture_logs() as logged:
+        for _ in range(3):
+            assert cm._take_frame(session, frame) == "unreadable"
+    errors = sent(session)
+    assert [error.type for error in errors] == ["error"] * 3
+    assert {(error.code, error.message) for error in errors if isinstance(error, wire.Error)} == {
+        ("invalid", excerpt)
+    }
+    lines = [entry for entry in logged if entry["event"] == "frame refused"]
+    assert len(lines) == 1 and lines[0]["error"] == excerpt
+    assert cm.stats.frame_errors == {"invalid": 3}
+    assert cm.log.suppressed_total == 2
