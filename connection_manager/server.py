@@ -703,11 +703,12 @@ class ConnectionManager:
 
     def _take_leading(self, session: Session, message: wire.Leading) -> None:
         """Leadership confirmations: accepted from the leader it was told, at the epoch it was
-        told; any other is stale and the SPU is told the committed epoch (it stops leading)."""
+        told; any other is stale and the SPU is told the committed epoch (it stops leading). An
+        entry for a partition it does not host refuses the whole frame, before anything is taken."""
+        told_of = [(entry, self._told(session, entry["partition"])) for entry in message.partitions]
         news = set()
-        for entry in message.partitions:
+        for entry, told in told_of:
             name, epoch = entry["partition"], entry["leader_epoch"]
-            told = self._told(session, name)
             if told.leader != session.spu_id or told.leader_epoch != epoch:
                 self.stats.stale_entries += 1
                 session.send(

@@ -57,3 +57,22 @@ async def test_a_refused_frame_is_answered_and_logged_short_and_once_per_kind() 
     assert len(lines) == 1 and lines[0]["error"] == excerpt
     assert cm.stats.frame_errors == {"invalid": 3}
     assert cm.log.suppressed_total == 2
+
+
+async def test_a_leading_frame_with_an_entry_it_does_not_host_changes_nothing() -> None:
+    """The frame is refused whole: the confirmation before the bad entry was kept without the
+    controllers being told, and the same confirmation sent again then told them nothing either
+    (an Offline partition stayed so until something else woke the controllers for it, at the
+    latest the periodic resync)."""
+    cm, session, news = manager_with("orders-0")
+    frame = wire.Leading(
+        partitions=[
+            wire.Leadership(partition="orders-0", leader_epoch=0),
+            wire.Leadership(partition="other-0", leader_epoch=0),
+        ]
+    )
+    cm._take_frame(session, wire.encode(frame))
+    assert [(error.type, getattr(error, "code", None)) for error in sent(session)] == [("error", "not-hosted")]
+    assert (cm.confirmed, news) == ({}, [])
+    cm._take_frame(session, wire.encode(wire.Leading(partitions=[wire.Leadership(partition="orders-0", leader_epoch=0)])))
+    assert (cm.confirmed, news) == ({"orders-0": (0, 0)}, [{"orders-0"}])
