@@ -683,6 +683,7 @@ class ConnectionManager:
             followers = entry.get("followers")
             if followers:
                 replicas = told.replicas
+                seen: set[int] = set()
                 for follower in followers:
                     if follower["spu"] not in replicas or follower["spu"] == spu_id:
                         strangers = [f["spu"] for f in followers if f["spu"] not in replicas] or [spu_id]
@@ -691,6 +692,14 @@ class ConnectionManager:
                             f"SPU {spu_id} reported followers {strangers} for partition "
                             f"{entry['partition']!r}, whose replicas are {replicas}",
                         )
+                    if follower["spu"] in seen:
+                        # Each entry would be kept (live status) until the partition's next report.
+                        raise wire.FrameError(
+                            "invalid",
+                            f"SPU {spu_id} reported follower SPU {follower['spu']} of partition "
+                            f"{entry['partition']!r} more than once",
+                        )
+                    seen.add(follower["spu"])
             if told.leader == spu_id and told.leader_epoch == entry["leader_epoch"]:
                 accepted.append(entry)
             else:

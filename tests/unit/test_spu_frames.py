@@ -76,3 +76,18 @@ async def test_a_leading_frame_with_an_entry_it_does_not_host_changes_nothing() 
     assert (cm.confirmed, news) == ({}, [])
     cm._take_frame(session, wire.encode(wire.Leading(partitions=[wire.Leadership(partition="orders-0", leader_epoch=0)])))
     assert (cm.confirmed, news) == ({"orders-0": (0, 0)}, [{"orders-0"}])
+
+
+async def test_offsets_naming_a_follower_twice_are_refused_and_kept_nowhere() -> None:
+    """A partition has at most MAX_REPLICATION_FACTOR replicas, but a follower listed again and
+    again filled a whole frame: the SC kept every entry in the partition's live status until the
+    partition's next report (16 MB for one 4 MB frame, and as much again for each partition the
+    SPU leads)."""
+    cm, session, _ = manager_with("orders-0")
+    followers = [wire.ReplicaOffsets(spu=1, hw=5, leo=5)] * 1_000 + [wire.ReplicaOffsets(spu=2, hw=5, leo=5)]
+    frame = wire.Offsets(partitions=[wire.PartitionOffsets(partition="orders-0", leader_epoch=0, hw=5, leo=5, followers=followers)])
+    cm._take_frame(session, wire.encode(frame))
+    [error] = sent(session)
+    assert isinstance(error, wire.Error) and error.code == "invalid", error
+    assert error.message == "SPU 0 reported follower SPU 1 of partition 'orders-0' more than once"
+    assert cm.live.get("orders-0") is None
