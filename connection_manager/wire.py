@@ -15,6 +15,8 @@ import pydantic
 from pydantic import Field
 from pydantic.alias_generators import to_camel
 
+from store import models
+
 PROTOCOL_VERSION: Final = 2
 # Largest frame either side accepts, by default; an SPU's full sync of thousands of replicas fits.
 MAX_FRAME_BYTES = 4 * 1024 * 1024
@@ -47,6 +49,9 @@ SpuId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 # two SC processes of one store hardly ever give out the same number.
 IncarnationNumber = Annotated[int, Field(ge=1, le=2**63 - 1)]
 PartitionName = Annotated[str, Field(min_length=3, max_length=200)]
+# SPUs of one partition (distinct replicas): no more than a partition may have. Refused beyond,
+# before anything holds them: a proposal's refusal quotes its set.
+MAX_PARTITION_SPUS = models.MAX_REPLICATION_FACTOR
 
 
 # ----------------------------------------------------------------- shared pieces
@@ -196,9 +201,9 @@ class AlterIsr(Message):
     partition: PartitionName
     leader_epoch: Epoch
     partition_epoch: Epoch
-    isr: list[SpuId]
+    isr: Annotated[list[SpuId], Field(max_length=MAX_PARTITION_SPUS)]
     hw: Offset | None = None
-    incarnations: list[MemberIncarnation] = []
+    incarnations: Annotated[list[MemberIncarnation], Field(max_length=MAX_PARTITION_SPUS)] = []
 
 
 class Offsets(Message):

@@ -4,10 +4,12 @@ once per kind, and changes nothing."""
 
 from __future__ import annotations
 
+import json
+
 import structlog.testing
 
 from connection_manager import health, lrs, ratelimit, server, wire
-from store import local
+from store import local, models
 from tests.builders import partition
 
 
@@ -91,3 +93,18 @@ async def test_offsets_naming_a_follower_twice_are_refused_and_kept_nowhere() ->
     assert isinstance(error, wire.Error) and error.code == "invalid", error
     assert error.message == "SPU 0 reported follower SPU 1 of partition 'orders-0' more than once"
     assert cm.live.get("orders-0") is None
+
+
+async def test_a_proposal_listing_more_spus_than_a_partition_may_have_is_refused_at_once() -> None:
+    """A proposed set lists distinct replicas, at most MAX_REPLICATION_FACTOR of them; one listing
+    SPU 0 a million times was held for the partition controller, which refused it quoting the whole
+    list: an answer of megabytes per proposal, queued for a leader that need not read them."""
+    cm, session, news = manager_with("orders-0")
+    limit = models.MAX_REPLICATION_FACTOR
+    for field, value in (("isr", [0] * (limit + 1)), ("incarnations", [{"spu": 1, "incarnation": 5}] * (limit + 1))):
+        frame = {"v": 2, "type": "alterIsr", "partition": "orders-0", "leaderEpoch": 0, "partitionEpoch": 0, "isr": [0, 1, 2]}
+        cm._take_frame(session, json.dumps({**frame, field: value}).encode())
+        [error] = sent(session)
+        assert isinstance(error, wire.Error) and error.code == "invalid", error
+        assert f"field 'alterIsr.{field}': List should have at most {limit} items after validation, not {limit + 1}" in error.message
+    assert (cm.proposals, news) == ({}, [])
