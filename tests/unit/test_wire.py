@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
+
+import pydantic
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -88,6 +92,41 @@ def test_an_oversized_frame_is_refused_before_it_is_parsed() -> None:
     with pytest.raises(wire.FrameError, match="frame of 2001 bytes is over the limit of 2000 bytes") as raised:
         wire.parse_spu_message(b"x" * 2001, max_bytes=2000)
     assert raised.value.code == "frame-too-large"
+
+
+BAD_ENTRIES = 1_000
+
+
+@pytest.mark.parametrize(
+    ("frame", "first"),
+    [
+        ({"type": "hosted", "partitions": [[]] * BAD_ENTRIES}, "field 'hosted.partitions.0': Input should be an object"),
+        ({"type": "leading", "partitions": [[]] * BAD_ENTRIES}, "field 'leading.partitions.0': Input should be an object"),
+        ({"type": "offsets", "partitions": [[]] * BAD_ENTRIES}, "field 'offsets.partitions.0': Input should be an object"),
+        (
+            {"type": "offsets", "partitions": [{"partition": "t-0", "leaderEpoch": 0, "hw": 1, "leo": 1, "followers": [[]] * BAD_ENTRIES}]},
+            "field 'offsets.partitions.0.followers.0': Input should be an object",
+        ),
+        (
+            {"type": "alterIsr", "partition": "t-0", "leaderEpoch": 0, "partitionEpoch": 0, "isr": [-1] * 100},
+            "field 'alterIsr.isr.0': Input should be greater than or equal to 0",
+        ),
+        (
+            {"type": "alterIsr", "partition": "t-0", "leaderEpoch": 0, "partitionEpoch": 0, "isr": [0], "incarnations": [[]] * 100},
+            "field 'alterIsr.incarnations.0': Input should be an object",
+        ),
+    ],
+)
+def test_a_list_of_bad_entries_is_refused_at_its_first_one(frame: dict[str, object], first: str) -> None:
+    """Validation stops at a list's first bad entry: the frame is refused anyway, and an error
+    collected for each of the 1.4 million entries "[]" a 4 MB frame holds held the SC's event loop
+    for 7 s and 1.5 GB (before registration too: the first frame of any client)."""
+    with pytest.raises(pydantic.ValidationError) as raised:
+        wire._SPU_MESSAGES.validate_json(json.dumps({"v": 2, **frame}))
+    errors = raised.value.error_count()
+    assert errors == 1
+    with pytest.raises(wire.FrameError, match=re.escape(first)):
+        wire.parse_spu_message(json.dumps({"v": 2, **frame}))
 
 
 def test_every_spu_frame_round_trips_in_camel_case() -> None:
