@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 import structlog.testing
 
 from connection_manager import health, lrs, ratelimit, server, wire
@@ -108,3 +109,39 @@ async def test_a_proposal_listing_more_spus_than_a_partition_may_have_is_refused
         assert isinstance(error, wire.Error) and error.code == "invalid", error
         assert f"field 'alterIsr.{field}': List should have at most {limit} items after validation, not {limit + 1}" in error.message
     assert (cm.proposals, news) == ({}, [])
+
+
+class FirstFrame:
+    """A new connection's client that sends one frame; what the SC answers is recorded."""
+
+    def __init__(self, frame: bytes) -> None:
+        self.frame = frame
+        self.sent: list[wire.ScMessages] = []
+        self.closed = False
+
+    async def receive(self, timeout: float) -> aiohttp.WSMessage:
+        return aiohttp.WSMessage(aiohttp.WSMsgType.BINARY, self.frame, None)
+
+    async def send_bytes(self, data: bytes) -> None:
+        self.sent.append(wire.parse_sc_message(data))
+
+    async def close(self, message: bytes = b"") -> None:
+        self.closed = True
+
+
+async def test_a_first_frame_larger_than_a_registration_is_refused_unread() -> None:
+    """The first frame is read before the client proved anything (its token is in it): it is a
+    Register, a few hundred bytes, and one over REGISTER_MAX_BYTES is refused before it is parsed.
+    Read up to spu_max_frame_bytes (4 MB), a Register with 350,000 extra fields held the event loop
+    for 1 to 2.5 s and took 400 MB to be refused, for every connection of anyone."""
+    cm, _, _ = manager_with()
+    limit = server.REGISTER_MAX_BYTES
+    fits = wire.encode(wire.Register(spu_id=1, token="t" * (limit - 100)))
+    registered = await cm._read_register(FirstFrame(fits), "192.0.2.7")  # type: ignore[arg-type]  # a recording stand-in for the WebSocket
+    assert len(fits) <= limit and registered == wire.Register(spu_id=1, token="t" * (limit - 100))
+    client = FirstFrame(wire.encode(wire.Register(spu_id=1, token="t" * limit)))
+    assert await cm._read_register(client, "192.0.2.7") is None  # type: ignore[arg-type]  # a recording stand-in for the WebSocket
+    assert client.sent == [
+        wire.Rejected(code="frame-too-large", reason=f"frame of {limit + 46} bytes is over the limit of {limit} bytes")
+    ]
+    assert client.closed and cm.stats.frame_errors == {"frame-too-large": 1}
