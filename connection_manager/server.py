@@ -479,7 +479,8 @@ class ConnectionManager:
             parsed = wire.parse_spu_message(message.data, self.max_frame_bytes)
         except wire.FrameError as error:
             self.stats.count(self.stats.frame_errors, error.code)
-            session.close(error.code, str(error))
+            # The reason is sent, and logged when the connection ends: it may quote anything.
+            session.close(error.code, ratelimit.clipped(str(error), FRAME_ERROR_CHARS))
             return False
         if not isinstance(parsed, wire.Hosted):
             session.close("expected-hosted", f"the frame after the registration must be 'hosted', got {parsed.type!r}")

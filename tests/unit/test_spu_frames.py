@@ -1,6 +1,6 @@
-"""What an accepted SPU's frames can do on the SC, taken in one at a time as the connection
-manager's read loop does (``_take_frame``): a refused frame is answered with a short error, logged
-once per kind, and changes nothing."""
+"""What an SPU's frames can do on the SC, from its first frame on, read as the connection manager
+reads them (``_read_register``, ``_read_hosted``, ``_take_frame``; the WebSocket a stand-in): a
+refused frame is answered with a short error, logged once per kind, and changes nothing."""
 
 from __future__ import annotations
 
@@ -145,3 +145,16 @@ async def test_a_first_frame_larger_than_a_registration_is_refused_unread() -> N
         wire.Rejected(code="frame-too-large", reason=f"frame of {limit + 46} bytes is over the limit of {limit} bytes")
     ]
     assert client.closed and cm.stats.frame_errors == {"frame-too-large": 1}
+
+
+async def test_a_bad_hosted_frame_closes_the_connection_with_an_excerpt() -> None:
+    """The reason a connection closes is sent to the SPU and logged with its end ("SPU
+    disconnected"): a refused Hosted frame's reason quoted a field name of 3 MB whole, in one log
+    line per connection."""
+    cm, _, _ = manager_with()
+    name = "A" * 3_000_000
+    session = server.Session(0, "spu-0", 2, FirstFrame(b'{"v": 2, "type": "hosted", "' + name.encode() + b'": 1}'))  # type: ignore[arg-type]  # a recording stand-in for the WebSocket
+    cm.sessions[0] = session
+    assert not await cm._read_hosted(session)
+    excerpt = ratelimit.excerpt(f"field 'hosted.{name}': Extra inputs are not permitted (got 1)", server.FRAME_ERROR_CHARS)
+    assert session.closing == ("invalid", excerpt)
