@@ -9,9 +9,12 @@ Measures, in the same run:
   3. the export of that history to Parquet: rows/s, next to the rows/s of only reading and parsing
      the history (baseline: what the export costs beyond reading);
   4. the Spark report over it in local mode (jobs + report.json, tables and charts): seconds, next
-     to one full scan of the dataset by the same session (baseline).
+     to one full scan of the dataset by the same session (baseline);
+  5. with --merged: the report over that history and a standby's of the same store (the same
+     changes, each recorded 0.1 s later, no actions), merged: seconds, next to the report over the
+     first history alone (4., the baseline).
 
-    SPARK_LOCAL_IP=127.0.0.1 .venv/bin/python bench/audit.py [--topics N] [--partitions P] [--records R] [--master local[2]]
+    SPARK_LOCAL_IP=127.0.0.1 .venv/bin/python bench/audit.py [--topics N] [--partitions P] [--records R] [--master local[2]] [--merged]
 """
 
 from __future__ import annotations
@@ -96,11 +99,15 @@ async def provision(topics: int, partitions: int, history_dir: Path | None) -> t
 # ---------------------------------------------------------------------------- 2. a synthetic history
 
 
-async def synthetic_history(directory: Path, records: int, seed: int = 6) -> tuple[float, int]:
-    """A day of a cluster: topics provisioned, then SPU flaps, elections, status changes. Seconds, records."""
+async def synthetic_history(directory: Path, records: int, seed: int = 6, standby: bool = False) -> tuple[float, int]:
+    """A day of a cluster: topics provisioned, then SPU flaps, elections, status changes. Seconds, records.
+
+    ``standby``: the same day as a standby records it (the same changes, 0.1 s later; no actions).
+    """
     rng = random.Random(seed)
     now = [1_772_352_000.0]  # 2026-03-01T08:00:00Z
-    recorder = history.Recorder.open(directory, clock=lambda: now[0])
+    lag = 0.1 if standby else 0.0
+    recorder = history.Recorder.open(directory, clock=lambda: now[0] + lag)
     await recorder.start()
     revision = 0
     written = [0]
@@ -113,8 +120,9 @@ async def synthetic_history(directory: Path, records: int, seed: int = 6) -> tup
         written[0] += 1
 
     def action(kind: str, name: str, verb: str, cause: str, keys: list[str]) -> None:
-        recorder.record_action(kind, name, verb, verb, cause, revision - 1, "applied", revision, keys)
-        written[0] += 1
+        if not standby:
+            recorder.record_action(kind, name, verb, verb, cause, revision - 1, "applied", revision, keys)
+        written[0] += 1  # counted either way: both days end at the same change
 
     async def drain() -> None:
         if recorder.queue_depth >= 50_000:
@@ -184,8 +192,9 @@ def read_only(directory: Path) -> tuple[float, int]:
     return time.perf_counter() - started, count
 
 
-def spark_report(dataset: Path, out: Path, master: str) -> tuple[float, float, float, int]:
-    """Session start, one full scan (baseline), and the whole report, in seconds; rows scanned."""
+def spark_report(dataset: Path, out: Path, master: str, standby: Path | None = None) -> tuple[float, float, float, int, float]:
+    """Session start, one full scan (baseline), and the whole report, in seconds; rows scanned; and
+    the report over ``dataset`` and ``standby`` merged (0 without ``standby``)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from controller.audit import jobs, report
@@ -201,9 +210,14 @@ def spark_report(dataset: Path, out: Path, master: str) -> tuple[float, float, f
         results = jobs.run(spark, dataset)
         report.write(results, out)
         report_seconds = time.perf_counter() - started
+        merged_seconds = 0.0
+        if standby is not None:
+            started = time.perf_counter()
+            report.write(jobs.run(spark, [dataset, standby]), out.with_name(out.name + "-merged"))
+            merged_seconds = time.perf_counter() - started
     finally:
         spark.stop()
-    return session_seconds, scan_seconds, report_seconds, rows
+    return session_seconds, scan_seconds, report_seconds, rows, merged_seconds
 
 
 def main() -> None:
@@ -212,6 +226,7 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=10)
     parser.add_argument("--records", type=int, default=1_000_000, help="synthetic history size (0: only part 1)")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--merged", action="store_true", help="also report over two SCs' histories merged (5.)")
     args = parser.parse_args()
     logs.configure(config.LogFormat.CONSOLE, "warning")
     work = Path(tempfile.mkdtemp(prefix="sc-audit-bench-"))
@@ -235,12 +250,24 @@ def main() -> None:
         f"baseline read+parse only {read_rows / read_seconds:,.0f} rows/s; ratio {result.seconds / read_seconds:.2f}x the read"
     )
 
-    session_seconds, scan_seconds, report_seconds, rows = spark_report(work / "export", work / "report", args.master)
+    standby = None
+    if args.merged:
+        asyncio.run(synthetic_history(work / "history-standby", args.records, standby=True))
+        export.export(work / "history-standby", work / "export-standby")
+        standby = work / "export-standby"
+    session_seconds, scan_seconds, report_seconds, rows, merged_seconds = spark_report(
+        work / "export", work / "report", args.master, standby
+    )
     print(
         f"4. Spark report on {rows:,} records ({args.master}): {report_seconds:.1f} s "
         f"(session start {session_seconds:.1f} s not included); baseline one full scan {scan_seconds:.1f} s; "
         f"ratio {report_seconds / scan_seconds:.1f}x the scan"
     )
+    if standby is not None:
+        print(
+            f"5. Spark report on that history and a standby's, merged: {merged_seconds:.1f} s; "
+            f"baseline the first alone {report_seconds:.1f} s; ratio {merged_seconds / report_seconds:.1f}x"
+        )
 
 
 if __name__ == "__main__":
