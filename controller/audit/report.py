@@ -224,7 +224,7 @@ def _histories(ids: list[str]) -> str:
     """The end of the report's first line: which histories it covers, when more than one."""
     if len(ids) < 2:
         return "."
-    return f", merged from {len(ids)} SCs' histories ({', '.join(ids)}): a change they all recorded counts once."
+    return f", merged from {len(ids)} SCs' histories ({', '.join(ids)}): a change more than one recorded counts once."
 
 
 def to_markdown(results: options.Results, charts: list[str]) -> str:
