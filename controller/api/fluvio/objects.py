@@ -30,12 +30,20 @@ from controller.api.fluvio.primitives import (
     VecOf,
     struct,
 )
+from store import models
 
 TOPIC = "Topic"
 PARTITION = "Partition"
 SPU = "SPU"
 CUSTOM_SPU = "CustomSpu"
 SPU_GROUP = "SpuGroup"
+
+# Lists a request carries are refused by their count above what any object may hold: a topic's
+# partitions and replicas (as store.models caps them), and lists a person writes out (ingress
+# addresses, environment variables, a mirror's SPUs).
+MAX_PARTITIONS = models.MAX_PARTITIONS
+MAX_REPLICATION_FACTOR = models.MAX_REPLICATION_FACTOR
+MAX_WRITTEN_OUT = 256
 
 
 # ---------------------------------------------------------------------------- topic
@@ -133,13 +141,13 @@ class SpuMirrorConfig:
 @dataclass(frozen=True, slots=True)
 class RemoteMirrorConfig:
     home_cluster: Annotated[str, STRING]
-    home_spus: Annotated[list[SpuMirrorConfig], VecOf(struct(SpuMirrorConfig))]
+    home_spus: Annotated[list[SpuMirrorConfig], VecOf(struct(SpuMirrorConfig), MAX_WRITTEN_OUT)]
     target: Annotated[bool, BOOL, Since(18)] = False
 
 
 @dataclass(frozen=True, slots=True)
 class HomeMirrorConfig:
-    partitions: Annotated[list[HomePartitionConfig], VecOf(HOME_PARTITION_CONFIG)]
+    partitions: Annotated[list[HomePartitionConfig], VecOf(HOME_PARTITION_CONFIG, MAX_PARTITIONS)]
     source: Annotated[bool, BOOL, Since(18)] = False
 
 
@@ -149,13 +157,13 @@ MIRROR_CONFIG = Tagged("MirrorConfig", U8, {0: struct(RemoteMirrorConfig), 1: st
 @dataclass(frozen=True, slots=True)
 class PartitionMap:
     id: Annotated[int, U32]
-    replicas: Annotated[list[int], VecOf(I32)]
+    replicas: Annotated[list[int], VecOf(I32, MAX_REPLICATION_FACTOR)]
     mirror: Annotated[PartitionMirrorConfig | None, OptionOf(PARTITION_MIRROR), Since(14)] = None
 
 
 @dataclass(frozen=True, slots=True)
 class AssignedReplicas:
-    maps: Annotated[list[PartitionMap], VecOf(struct(PartitionMap))]
+    maps: Annotated[list[PartitionMap], VecOf(struct(PartitionMap), MAX_PARTITIONS)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +305,7 @@ class IngressAddr:
 @dataclass(frozen=True, slots=True)
 class IngressPort:
     port: Annotated[int, U16]
-    ingress: Annotated[list[IngressAddr], VecOf(struct(IngressAddr))] = field(default_factory=list)
+    ingress: Annotated[list[IngressAddr], VecOf(struct(IngressAddr), MAX_WRITTEN_OUT)] = field(default_factory=list)
     encryption: Annotated[Encryption, ENCRYPTION] = Encryption.PLAINTEXT
 
 
@@ -378,7 +386,7 @@ class SpuConfig:
     rack: Annotated[str | None, OptionOf(STRING)] = None
     replication: Annotated[ReplicationConfig | None, OptionOf(struct(ReplicationConfig))] = None
     storage: Annotated[SpuStorageConfig | None, OptionOf(struct(SpuStorageConfig))] = None
-    env: Annotated[list[EnvVar], VecOf(struct(EnvVar))] = field(default_factory=list)
+    env: Annotated[list[EnvVar], VecOf(struct(EnvVar), MAX_WRITTEN_OUT)] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,9 +70,10 @@ class Codec:
 
 
 class Int(Codec):
-    __slots__ = ("packer", "name", "low", "high")
+    __slots__ = ("fmt", "packer", "name", "low", "high")
 
     def __init__(self, fmt: str, name: str) -> None:
+        self.fmt = fmt
         self.packer = struct_module.Struct(">" + fmt)
         self.name = name
         bits = self.packer.size * 8
@@ -180,12 +181,14 @@ class OptionOf(Codec):
 
 
 class VecOf(Codec):
-    """Count written as u32 and read as i32 (< 1 is empty), then the elements."""
+    """Count written as u32 and read as i32 (< 1 is empty), then the elements; a count above
+    ``limit`` (None: any) is refused before any element is decoded."""
 
-    __slots__ = ("inner",)
+    __slots__ = ("inner", "limit")
 
-    def __init__(self, inner: Codec) -> None:
+    def __init__(self, inner: Codec, limit: int | None = None) -> None:
         self.inner = inner
+        self.limit = limit
 
     def encode(self, out: bytearray, value: Any, version: int) -> None:
         if not isinstance(value, (list, tuple)):
@@ -201,7 +204,16 @@ class VecOf(Codec):
         # Every element takes at least one byte: a count beyond the bytes left is a lie.
         if count > reader.remaining:
             raise DecodeError(f"list of {count} elements at offset {reader.pos - 4}, only {reader.remaining} bytes left")
+        # Decoding costs ten to forty times the bytes, on the event loop: a list longer than any
+        # request needs is refused by its count, not after its elements were built.
+        if self.limit is not None and count > self.limit:
+            raise DecodeError(f"list of {count} elements at offset {reader.pos - 4} is above the limit of {self.limit}")
         inner = self.inner
+        if isinstance(inner, Int):
+            # A list of integers (replicas, SPU ids) in one call: a million of them in 0.05 s, not 1.
+            pos = reader.pos
+            reader.take(count * inner.packer.size, f"list of {count} {inner.name}")
+            return list(struct_module.unpack_from(f">{count}{inner.fmt}", reader.data, pos))
         return [inner.decode(reader, version) for _ in range(count)]
 
 

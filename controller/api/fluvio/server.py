@@ -38,10 +38,6 @@ MAX_QUEUED_REPLIES = 64
 # Watches per connection (the real client opens three, plus one per watch_topic()); a client that
 # asks for more is closed rather than given a listener each.
 MAX_WATCHES = 256
-# Name filters of one List (the real client sends one or none); a List with more closes the
-# connection: each filter is tried on every object, on the event loop (two million of them in a
-# 16 MiB frame held it two minutes against 1,000 topics).
-MAX_NAME_FILTERS = 64
 # A watch waits this long after a change before building its frame, so a burst goes out as one
 # frame: the client buffers only 10 frames per watch before its whole connection stalls.
 WATCH_LINGER_SECONDS = 0.02
@@ -369,12 +365,6 @@ class Session:
         if isinstance(body, (messages.ListRequest, messages.WatchRequest)):
             # Before the store has synced a list would be empty, not true.
             await self.server.context.synced.wait()
-        if isinstance(body, messages.ListRequest) and len(body.name_filters) > MAX_NAME_FILTERS:
-            self.server.log.warning(
-                "fluvio:too-many-filters", "closing Fluvio connections: a List with too many name filters",
-                peer=self.peer, filters=len(body.name_filters), limit=MAX_NAME_FILTERS,
-            )  # fmt: skip
-            return False
         if isinstance(body, messages.ListRequest):
             gate = self.server.context.gate
             try:

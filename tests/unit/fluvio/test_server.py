@@ -344,7 +344,7 @@ async def test_a_list_with_more_name_filters_than_any_client_sends_closes_the_co
     connected = await store_server.client()
     try:
         many = [f"f{index}" for index in range(10_000)]
-        allowed = many[: server_module.MAX_NAME_FILTERS - 1]
+        allowed = many[: messages.MAX_NAME_FILTERS - 1]
         assert await connected.list(fluvio_objects.TOPIC, *allowed, "alp") == [item(fluvio_objects.TOPIC, topic("alpha"))]
         with pytest.raises(ConnectionError):
             await connected.list(fluvio_objects.TOPIC, *many)
