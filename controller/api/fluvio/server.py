@@ -33,7 +33,7 @@ SERVED_APIS = (messages.CREATE, messages.DELETE, messages.LIST, messages.WATCH, 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 # Writes (create, delete, update) answered concurrently per connection; beyond, reading waits.
 MAX_IN_FLIGHT = 32
-# Answers queued for a client that is not reading them; beyond, reading its requests waits.
+# Answers queued for a client that is not reading them; beyond, its next frame is not read.
 MAX_QUEUED_REPLIES = 64
 # Watches per connection (the real client opens three, plus one per watch_topic()); a client that
 # asks for more is closed rather than given a listener each.
@@ -262,6 +262,11 @@ class Session:
         settings = self.server.context.settings
         guard = transport.guard_of(self.writer.transport)
         while True:
+            # Room first, then the frame: a request decoded and then held while its client reads
+            # nothing is ten to forty times its frame, outside max_buffered_request_bytes.
+            while len(self._replies) >= MAX_QUEUED_REPLIES:
+                self._room.clear()
+                await self._room.wait()
             try:
                 first = await self._first_byte(settings.client_idle_timeout)
                 if first is None:
@@ -350,9 +355,6 @@ class Session:
 
     async def _dispatch(self, request: messages.Request) -> bool:
         """Start answering one request; False when the connection must close."""
-        while len(self._replies) >= MAX_QUEUED_REPLIES:
-            self._room.clear()
-            await self._room.wait()
         header, body = request.header, request.body
         correlation_id, version = header.correlation_id, header.api_version
         if isinstance(body, messages.ApiVersionsRequest):

@@ -249,12 +249,23 @@ async def test_several_watches_and_replies_share_one_connection(store_server: St
 # ---------------------------------------------------------------------------- the writer
 
 
+class UnguardedTransport:
+    """The transport of a connection no Listener accepted (no guard)."""
+
+    def get_protocol(self) -> None:
+        return None
+
+    def abort(self) -> None:
+        return None
+
+
 class RecordingWriter:
     """A StreamWriter stand-in that records what the session writes."""
 
     def __init__(self) -> None:
         self.frames: list[bytes] = []
         self.written = asyncio.Event()
+        self.transport = UnguardedTransport()
 
     def write(self, data: bytes) -> None:
         self.frames.append(data)
@@ -308,23 +319,39 @@ class BlockedWriter(RecordingWriter):
 
 
 async def test_a_client_that_stops_reading_stops_being_read(store_server: StoreServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its next frame is left unread, not decoded and held while the queue waits: a decoded request
+    is ten to forty times its frame (a 16 MiB create held 170 MB for client_stall_seconds)."""
     monkeypatch.setattr(server_module, "MAX_QUEUED_REPLIES", 2)
+    decoded: list[bytes] = []
+    decode = messages.decode_request
+
+    def counting(message: bytes) -> messages.Request:
+        decoded.append(message)
+        return decode(message)
+
+    monkeypatch.setattr(messages, "decode_request", counting)
+    reader = asyncio.StreamReader()
     writer = BlockedWriter()
-    session = server_module.Session(store_server.server, asyncio.StreamReader(), writer)  # type: ignore[arg-type]  # a recording stand-in for the StreamWriter
-    request = messages.Request(messages.RequestHeader(messages.LIST, 19, 1), messages.ListRequest(fluvio_objects.TOPIC))
-    loop = asyncio.create_task(session._write_loop())
+    session = server_module.Session(store_server.server, reader, writer)  # type: ignore[arg-type]  # a recording stand-in for the StreamWriter
+    for correlation_id in range(1, 5):
+        reader.feed_data(messages.encode_request(messages.RequestHeader(messages.LIST, 19, correlation_id), messages.ListRequest(fluvio_objects.TOPIC)))
+    running = asyncio.create_task(session.run())
     try:
-        for _ in range(3):  # one being written (its drain blocks), two queued
-            assert await asyncio.wait_for(session._dispatch(request), 1) is True
-        fourth = asyncio.create_task(session._dispatch(request))
+        async with asyncio.timeout(5):
+            while len(session._replies) < 2:  # one being written (its drain blocks), two queued
+                await asyncio.sleep(0.01)
         await asyncio.sleep(0.1)
-        assert not fourth.done() and len(writer.frames) == 1
+        assert len(decoded) == 3 and len(writer.frames) == 1
         writer.reading.set()
-        assert await asyncio.wait_for(fourth, 1) is True
+        async with asyncio.timeout(5):
+            while len(writer.frames) < 4:
+                writer.written.clear()
+                await writer.written.wait()
+        assert len(decoded) == 4
     finally:
-        loop.cancel()
+        running.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await loop
+            await running
 
 
 async def test_too_many_watches_close_the_connection(client: client_module.Client, monkeypatch: pytest.MonkeyPatch) -> None:
