@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from connection_manager import ratelimit
 from controller import context as context_module
 from controller.api import admin_ops, admission, auth
 from controller.api.fluvio import forward, mapping, messages, objects
@@ -145,7 +146,8 @@ class Admin:
         if leader is not None:
             if not leader:
                 return failure(name, Error.OTHER, "this SC is a standby and no SC leads the store now (an election is under way); try again shortly")
-            log.info("fluvio write sent on to the leader", leader=leader, name=name, by=None if who is None else who.name)
+            # The name is the client's, unchecked here (up to 32 KB): the log gets an excerpt.
+            log.info("fluvio write sent on to the leader", leader=leader, name=ratelimit.excerpt(name), by=None if who is None else who.name)
             return await self.forwarder.forward(leader, request, version, name)
         if who is None:
             return await self._answer(request, name)

@@ -8,7 +8,9 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+import structlog
 
+from connection_manager import ratelimit
 from controller import config
 from controller import daemon as daemon_module
 from controller.api.fluvio import admin, client as client_module, messages, objects
@@ -375,6 +377,19 @@ async def test_a_standby_sends_fluvio_writes_on_to_the_leader(fluvio_sc: daemon_
             assert await fluvio_sc.read("topics", "orders") is not None
         finally:
             await connected.close()
+
+
+async def test_a_standby_logs_an_excerpt_of_the_name_it_sends_on(fluvio_sc: daemon_fixtures.Running) -> None:
+    """One line per write sent on, not rate-limited: a client's 32 KB name (control characters
+    included) must not reach the log whole, each time."""
+    assert fluvio_sc.daemon.fluvio is not None
+    fluvio_admin = fluvio_sc.daemon.fluvio.admin
+    fluvio_admin.forward_to = lambda: f"127.0.0.1:{daemon_fixtures.embedded_etcd.free_ports(1)[0]}"
+    name = "\x1b[2J" + "x" * 32_000
+    with structlog.testing.capture_logs() as logged:
+        await fluvio_admin.answer(messages.DeleteRequest(objects.TOPIC, name))
+    sent_on = [line for line in logged if line["event"] == "fluvio write sent on to the leader"]
+    assert [line["name"] for line in sent_on] == [ratelimit.excerpt(name)]
 
 
 async def test_a_create_waiting_for_its_verdict_when_the_sc_stops_is_answered_not_dropped() -> None:
