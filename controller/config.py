@@ -160,10 +160,10 @@ class Settings(BaseSettings):
     rebalance_max_moves_per_spu: Annotated[int, Field(ge=1, le=10_000)] = Field(
         2, description="replica moves of a rebalance or decommission in flight per SPU at once (the API body may say otherwise)"
     )
-    # Expensive reads (whole lists, placement and dry runs, Fluvio List) admitted at once, how many
+    # Expensive reads (whole lists, placement and dry runs, rebalance plans, Fluvio List) admitted at once, how many
     # more may wait for a slot and for how long; beyond, HTTP 429 with Retry-After.
     max_expensive_requests: Annotated[int, Field(ge=1)] = Field(
-        8, description="whole lists, pages, placements and dry runs (HTTP and Fluvio) computed at once"
+        8, description="whole lists, pages, placements, dry runs and rebalance plans (HTTP and Fluvio) computed at once"
     )
     max_expensive_queue: Annotated[int, Field(ge=0)] = Field(
         64, description="more of them that may wait for a slot; beyond, 429 with Retry-After"

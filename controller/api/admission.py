@@ -26,7 +26,8 @@ LIST = "list"
 PLACEMENT = "placement"
 DRY_RUN = "dry-run"
 FLUVIO_LIST = "fluvio-list"
-PURPOSES = (LIST, PLACEMENT, DRY_RUN, FLUVIO_LIST)
+REBALANCE = "rebalance"  # a rebalance or decommission plan, dry run or not
+PURPOSES = (LIST, PLACEMENT, DRY_RUN, FLUVIO_LIST, REBALANCE)
 
 
 class Busy(Exception):

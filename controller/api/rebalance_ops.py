@@ -7,14 +7,13 @@ starts and cancels the moves, the partition controller carries them out.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 
 from controller import context as context_module
-from controller.api import admin_ops
+from controller.api import admin_ops, admission
 from controller.placement import codec, planner
 from controller.placement import model as placement_model
 from controller.reconcile import moves, partition
@@ -66,13 +65,16 @@ def _online(context: context_module.Context, snapshot: local.Snapshot) -> Callab
 
 
 async def _plan(context: context_module.Context, decommissioning: tuple[int, ...] = ()) -> Any:
-    """The plan for the cluster as this SC's mirror has it (computed off the event loop)."""
-    snapshot = context.local_store.snapshot()
-    request = moves.plan_request(snapshot, _online(context, snapshot), decommissioning)
-    try:
-        return await asyncio.to_thread(planner.plan, request)
-    except placement_model.PlacementError as error:
-        raise ApiError(422, "CannotPlan", f"no rebalance plan: {error}") from None
+    """The plan for the cluster as this SC's mirror has it, in a slot of the expensive-work gate and
+    its worker thread: a large cluster's plan is seconds of CPU, and the read role may ask for dry
+    runs (Busy beyond the slots and the queue)."""
+    async with context.gate.slot(admission.REBALANCE):
+        snapshot = context.local_store.snapshot()
+        request = moves.plan_request(snapshot, _online(context, snapshot), decommissioning)
+        try:
+            return await context.gate.offload(planner.plan, request)
+        except placement_model.PlacementError as error:
+            raise ApiError(422, "CannotPlan", f"no rebalance plan: {error}") from None
 
 
 def _refuse_if_busy(context: context_module.Context, current: moves.Run | None) -> None:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from controller import config
 from controller.api import auth
+from controller.placement import planner, rebalance
 from controller.reconcile import moves
 from store import history, models
 from tests.builders import partition, topic
@@ -156,6 +159,42 @@ async def test_the_writes_need_the_admin_role_and_a_dry_run_only_read() -> None:
         assert await call("POST", "/v1/spus/spu-0/decommission", READ_TOKEN) == 403
         assert await server.kv_store.get(moves.KEY) is None
         assert await call("POST", "/v1/cluster/rebalance", ADMIN_TOKEN) == 202
+
+
+async def test_plans_take_a_slot_of_the_gate_and_are_computed_in_its_worker_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan is seconds of CPU on a large cluster (30,000 partitions: 16 s), and a read credential
+    may ask for dry runs: beyond the gate's slots and queue they are 429, not queued without end."""
+    threads: list[str] = []
+    real = planner.plan
+
+    def recorded(request: rebalance.RebalanceRequest) -> rebalance.RebalancePlan:
+        threads.append(threading.current_thread().name)
+        return real(request)
+
+    monkeypatch.setattr(planner, "plan", recorded)
+    server = ApiServer(settings=config.Settings(max_expensive_requests=1, max_expensive_queue=0))
+    await server.start()
+    try:
+        await three_on_four(server)
+        async with server.context.gate.slot("placement"):
+            for path in (
+                "/v1/cluster/rebalance?dryRun=true",
+                "/v1/cluster/rebalance",
+                "/v1/spus/spu-3/decommission?dryRun=true",
+                "/v1/spus/spu-3/decommission",
+            ):
+                status, body = await server.call("POST", path)
+                assert (status, body["error"]["code"]) == (429, "TooManyRequests"), path
+        assert (threads, server.context.gate.refused) == ([], {"rebalance": 4})
+        assert await server.kv_store.get(moves.KEY) is None
+        spu_3 = await server.read("spus", "spu-3")
+        assert isinstance(spu_3, models.Spu) and not spu_3.spec.decommission
+        assert (await server.call("POST", "/v1/cluster/rebalance?dryRun=true"))[0] == 200
+        assert (await server.call("POST", "/v1/spus/spu-3/decommission?dryRun=true"))[0] == 200
+        assert len(threads) == 2 and all(name.startswith("sc-expensive") for name in threads), threads
+        assert (server.context.gate.running, server.context.gate.admitted["rebalance"]) == (0, 2)
+    finally:
+        await server.stop()
 
 
 async def test_a_decommission_dry_run_writes_nothing_and_needs_only_read() -> None:
