@@ -46,6 +46,12 @@ PLACEMENT_ROWS_PER_ENCODE = 2000
 DRAIN_STALL_SECONDS = 3.0
 # Bodies may carry large manual replica assignments.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# An error message names the values it refuses, each cut where the message is written; this bounds
+# what any refusal sends back (kept whole until the client takes it) whatever it quotes. Above the
+# longest message of ours: ten validation problems, each with its field and value shortened.
+MAX_ERROR_MESSAGE_CHARS = 8192
+# Kept from a message's end when it is cut: messages end with the limit or the way out.
+ERROR_MESSAGE_TAIL_CHARS = 1024
 
 CONTEXT = web.AppKey("context", context_module.Context)
 STOPPING = web.AppKey("stopping", asyncio.Event)
@@ -71,7 +77,17 @@ class ClientGone(Exception):
 
 
 def error_response(status: int, code: str, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message}, **extra}, status=status)
+    return web.json_response({"error": {"code": code, "message": _bounded(message)}, **extra}, status=status)
+
+
+def _bounded(message: str) -> str:
+    """``message``, or its start and end around how much was left out when it is longer than
+    MAX_ERROR_MESSAGE_CHARS (a value it quotes whole: a megabyte key, a long list)."""
+    if len(message) <= MAX_ERROR_MESSAGE_CHARS:
+        return message
+    head = MAX_ERROR_MESSAGE_CHARS - ERROR_MESSAGE_TAIL_CHARS - 64  # room for the note
+    left_out = len(message) - head - ERROR_MESSAGE_TAIL_CHARS
+    return f"{message[:head]} ... ({left_out} characters left out) ... {message[-ERROR_MESSAGE_TAIL_CHARS:]}"
 
 
 def _http_error(error: web.HTTPException, request: web.Request) -> web.Response:

@@ -962,6 +962,49 @@ async def test_placement_errors(server: api_server.ApiServer, request_body: Any,
     assert await server.call("POST", "/v1/placement", request_body) == (422, expected)
 
 
+MEGABYTE = 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("path", "request_body", "start", "end"),
+    [
+        (
+            "/v1/placement",
+            {"spus": [{"id": 0}], "partitions": 1, "replicationFactor": 1, "policies": "x" * MEGABYTE},
+            "placement policy 'xxx",
+            "' is not key=value",
+        ),
+        (
+            "/v1/placement",
+            {"spus": [{"id": 0}], "partitions": 1, "replicationFactor": 1, "currentReplicaMap": [[0] * MEGABYTE]},
+            "current partition 0 repeats an SPU: [0, 0, 0",
+            "0, 0, 0]",
+        ),
+        (
+            "/v1/placement",
+            {"spus": [{"id": 0}], "partitions": 1, "replicationFactor": 1, "strategy": "s" * MEGABYTE},
+            "placement strategy 'sss",
+            "",
+        ),
+        ("/v1/placement", {"z" * MEGABYTE: 1}, "request has unknown field 'zzz", ""),
+        ("/v1/cluster/rebalance?dryRun=true", {"z" * MEGABYTE: 1}, "zzz", "(the body is {\"maxMovesPerSpu\": N}, or empty)"),
+        ("/v1/spus/s/rack", {"rack": "r", "z" * MEGABYTE: 1}, "zzz", 'unknown field (the body is {"rack": R})'),
+    ],
+)
+async def test_a_refusal_quotes_a_megabyte_value_in_a_few_kilobytes(
+    server: api_server.ApiServer, path: str, request_body: Any, start: str, end: str
+) -> None:
+    """An answer is kept whole until the client takes it: a refusal that quoted a value whole would
+    keep three times the body (repr) for a client that does not read it."""
+    await server.put(spu(0, "s"))
+    status, body = await server.call("POST", path, raw=json.dumps(request_body).encode())
+    assert status == 422, body
+    message = body["error"]["message"]
+    assert len(message) <= api.MAX_ERROR_MESSAGE_CHARS, len(message)
+    assert message.startswith(start) and message.endswith(end), (message[:100], message[-100:])
+    assert "characters left out" in message
+
+
 # ---------------------------------------------------------------------------- watch
 
 
