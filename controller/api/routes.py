@@ -245,12 +245,15 @@ async def read_body(request: web.Request) -> bytes:
     port's buffered bytes (503 after the body timeout). A pause longer than the body timeout, or a
     body slower than transport.MIN_BODY_BYTES_PER_SECOND on average, gets a 408. A client that
     leaves midway raises ClientGone, the bytes received let go at once: nothing the failure leaves
-    behind (an exception, its traceback) holds them until a collection."""
-    length = request.content_length
-    if length is not None and length > MAX_BODY_BYTES:
+    behind (an exception, its traceback) holds them until a collection. A compressed body
+    (Content-Encoding) is read decompressed: its Content-Length does not say how large it grows, so
+    it is counted as a body without one."""
+    declared = request.content_length
+    if declared is not None and declared > MAX_BODY_BYTES:
         raise ApiError(
-            413, "RequestTooLarge", f"the request body is {length} bytes (Content-Length); the limit is {MAX_BODY_BYTES} bytes"
+            413, "RequestTooLarge", f"the request body is {declared} bytes (Content-Length); the limit is {MAX_BODY_BYTES} bytes"
         )
+    length = declared if request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower() == "identity" else None
     guard = transport.guard_of(request.transport)
     pause = request.app[CONTEXT].settings.client_body_timeout
     size = MAX_BODY_BYTES if length is None else length

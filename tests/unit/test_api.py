@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import gzip
 import json
 import pathlib
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ import structlog
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from connection_manager import transport
 from controller import config, placement
 from controller.api import routes as api
 from controller.reconcile import topic as topic_controller
@@ -1166,6 +1168,41 @@ async def test_routing_errors_are_json(server: api_server.ApiServer) -> None:
             f"the request body is {api.MAX_BODY_BYTES + 2} bytes (Content-Length); the limit is {api.MAX_BODY_BYTES} bytes",
         ),
     )
+
+
+async def test_a_compressed_body_holds_the_buffered_bytes_it_may_grow_to_not_its_content_length(
+    server: api_server.ApiServer,
+) -> None:
+    """aiohttp decompresses a body sent with Content-Encoding: 15 KB of gzip are 15 MiB read. Counted
+    at its Content-Length, it held nothing of max_buffered_request_bytes (bodies of 64 KiB or less
+    hold none): forty such requests held 600 MB."""
+    raw = b'{"maxMovesPerSpu": 1' + b" " * (15 * 1024 * 1024) + b"}"
+    compressed = gzip.compress(raw)
+    assert len(compressed) <= transport.SMALL_BODY_BYTES
+    host, port = server.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(
+            b"POST /v1/cluster/rebalance?dryRun=true HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Encoding: gzip\r\n"
+            + f"Content-Length: {len(compressed)}\r\n\r\n".encode()
+            + compressed[:-8]
+        )
+        await writer.drain()
+        assert server.runner.server is not None
+        budget = None
+        for _ in range(500):  # until the server has read what was sent
+            guards = [transport.guard_of(handler.transport) for handler in server.runner.server.connections]
+            budget = next((guard.port.budget for guard in guards if guard is not None), None)
+            if budget is not None and budget.held:
+                break
+            await asyncio.sleep(0.01)
+        assert budget is not None and budget.held == api.MAX_BODY_BYTES
+        writer.write(compressed[-8:])
+        await writer.drain()
+        assert (await asyncio.wait_for(reader.readline(), 5)).startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()
+    assert budget.held == 0
 
 
 async def test_an_unavailable_store_is_503(server: api_server.ApiServer) -> None:
