@@ -36,6 +36,9 @@ DEFAULT_WAIT_MS = 30_000
 MAX_WAIT_MS = 600_000
 # How often an idle JSON-lines watch checks that its client is still connected.
 WATCH_DISCONNECT_POLL_SECONDS = 1.0
+# The largest message a watch WebSocket takes from its client, which has nothing to say (a
+# message is kept whole until its last byte: aiohttp's default, 4 MiB, per watcher).
+WATCH_MAX_CLIENT_MESSAGE_BYTES = 1024
 # A large answer is written in pieces of this size, each waiting for the client to take the previous
 # ones: a client that reads slowly holds one piece in the SC's memory, not a copy of the answer.
 WRITE_CHUNK = 64 * 1024
@@ -1052,7 +1055,9 @@ async def _serve_watch(
     # Not compressed: compressing would cost every watcher its own CPU for the same bytes. The one
     # subprotocol is the live page's (auth.WEBSOCKET_PROTOCOL): a browser that offers subprotocols
     # closes a WebSocket that picks none.
-    websocket = web.WebSocketResponse(heartbeat=30.0, compress=False, protocols=(auth.WEBSOCKET_PROTOCOL,))
+    websocket = web.WebSocketResponse(
+        heartbeat=30.0, compress=False, protocols=(auth.WEBSOCKET_PROTOCOL,), max_msg_size=WATCH_MAX_CLIENT_MESSAGE_BYTES
+    )
     upgrade = websocket.can_prepare(request).ok
     watcher = context.watchers.admit("websocket" if upgrade else "http", kind, request.remote or "unknown")
     try:

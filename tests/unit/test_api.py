@@ -1071,6 +1071,22 @@ async def test_watch_over_websocket(server: api_server.ApiServer) -> None:
         assert (event["type"], event["object"]) == ("MODIFIED", offline.to_json_dict())
 
 
+async def test_a_watch_websocket_takes_no_large_message_from_its_client(server: api_server.ApiServer) -> None:
+    """A watcher has nothing to say, but aiohttp takes messages of up to 4 MiB by default, kept
+    whole until their last byte: 40 watchers each a byte short of one held 158 MB (and a client
+    may open max_watchers_per_address of them)."""
+    await server.put(spu(1, "s1"))
+    assert server.session is not None
+    async with server.session.ws_connect("/v1/watch/spus") as websocket:
+        assert (await asyncio.wait_for(websocket.receive_json(), 5))["type"] == "ADDED"
+        assert (await asyncio.wait_for(websocket.receive_json(), 5))["type"] == "SYNC"
+        await websocket.send_str("x" * (api.WATCH_MAX_CLIENT_MESSAGE_BYTES + 1))
+        await server.put(spu(1, "s1", resolution="Offline"))  # a change it would otherwise get
+        closing = await asyncio.wait_for(websocket.receive(), 5)
+        assert (closing.type, closing.data) == (aiohttp.WSMsgType.CLOSE, aiohttp.WSCloseCode.MESSAGE_TOO_BIG), closing
+    assert server.context.watchers.total == 0
+
+
 async def test_watch_errors(server: api_server.ApiServer) -> None:
     assert await server.call("GET", "/v1/watch/brokers") == (
         404,
