@@ -408,6 +408,7 @@ def _json_type(value: object) -> str:
 
 TOPIC_WAITS = web.AppKey("topic_waits", admin_ops.Waits)
 GROUP_WAITS = web.AppKey("group_waits", admin_ops.Waits)
+REBALANCE_PROGRESS = web.AppKey("rebalance_progress", rebalance_ops.Progress)
 
 
 # ---------------------------------------------------------------------------- handlers: health, metrics, docs
@@ -739,7 +740,7 @@ async def rebalance(request: web.Request) -> web.Response:
 
 
 async def rebalance_progress(request: web.Request) -> web.Response:
-    return web.json_response(rebalance_ops.progress(request.app[CONTEXT]))
+    return web.json_response(request.app[REBALANCE_PROGRESS].answer(request.app[CONTEXT]))
 
 
 async def cancel_rebalance(request: web.Request) -> web.Response:
@@ -1137,6 +1138,7 @@ def build_app(context: context_module.Context) -> web.Application:
     app[FEEDS] = fanout.Feeds(context.local_store, context.watchers.encodings)
     app[TOPIC_WAITS] = admin_ops.Waits(context.local_store["topics"])
     app[GROUP_WAITS] = admin_ops.Waits(context.local_store["spu-groups"])
+    app[REBALANCE_PROGRESS] = rebalance_ops.Progress()
     app[UI_CACHE] = {}
     app.cleanup_ctx.append(_settlements)
     app.on_shutdown.append(_stop_streams)

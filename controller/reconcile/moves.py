@@ -226,9 +226,10 @@ class Progress:
         return shown
 
 
-def progress(snapshot: local.Snapshot) -> Progress:
-    """GET /v1/cluster/rebalance: the run's state and its moves by progress (idle without a run)."""
-    found = stored(snapshot)
+def progress(snapshot: local.Snapshot, found: Stored | None = None) -> Progress:
+    """GET /v1/cluster/rebalance: the run's state and its moves by progress (idle without a run);
+    ``found``: the snapshot's run, if the caller has it decoded already."""
+    found = stored(snapshot) if found is None else found
     run = found.run
     if run is None:
         return Progress("idle", 0, 0, (), 0, (), problem=found.problem)
