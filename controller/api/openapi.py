@@ -926,8 +926,9 @@ def document() -> dict[str, Any]:
             "422 well-formed but invalid, 401 no or bad credentials and 403 a right the credential's role lacks "
             "(when credentials are configured: read may GET, watch and compute placements and dry runs; admin may "
             "do everything), 429 too many expensive requests or watchers (with Retry-After), 503 "
-            "store unavailable or not synced; a standby SC answers every write with 307 to the leader; a request body is refused with 413 above 16 MiB (before it is read "
-            "when its Content-Length says so), 408 when it pauses longer than client_body_timeout, 503 (Busy) when "
+            "store unavailable or not synced; a standby SC answers every write with 307 to the leader; a request body is refused with 413 above 16 MiB, or 64 KiB "
+            "where it is a few fields (every POST but topic creates and placements; before it is read when its "
+            "Content-Length says so), 408 when it pauses longer than client_body_timeout, 503 (Busy) when "
             "max_buffered_request_bytes are being received already. An integer is a JSON number written without a "
             "fraction or exponent (1.0 is malformed), of at most 20 digits.",
         },

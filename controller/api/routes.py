@@ -49,6 +49,9 @@ PLACEMENT_ROWS_PER_ENCODE = 2000
 DRAIN_STALL_SECONDS = 3.0
 # Bodies may carry large manual replica assignments.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# The body of a route that takes a few fields (an SPU, a group, a count, a rack, a move limit):
+# parsing 16 MiB of JSON is seconds on the event loop before a field is looked at.
+MAX_SMALL_BODY_BYTES = 64 * 1024
 # An error message names the values it refuses, each cut where the message is written; this bounds
 # what any refusal sends back (kept whole until the client takes it) whatever it quotes. Above the
 # longest message of ours: ten validation problems, each with its field and value shortened.
@@ -242,9 +245,9 @@ def _check_topic_right(request: web.Request, topic_name: str) -> None:
 # ---------------------------------------------------------------------------- request parsing
 
 
-async def read_body(request: web.Request) -> bytes:
+async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """The request's body. Refused (413) before a byte is read when its Content-Length is above
-    MAX_BODY_BYTES, and cut there when it has none; a body over 64 KiB first waits for room in the
+    ``limit``, and cut there when it has none; a body over 64 KiB first waits for room in the
     port's buffered bytes (503 after the body timeout). A pause longer than the body timeout, or a
     body slower than transport.MIN_BODY_BYTES_PER_SECOND on average, gets a 408. A client that
     leaves midway raises ClientGone, the bytes received let go at once: nothing the failure leaves
@@ -252,14 +255,14 @@ async def read_body(request: web.Request) -> bytes:
     (Content-Encoding) is read decompressed: its Content-Length does not say how large it grows, so
     it is counted as a body without one."""
     declared = request.content_length
-    if declared is not None and declared > MAX_BODY_BYTES:
+    if declared is not None and declared > limit:
         raise ApiError(
-            413, "RequestTooLarge", f"the request body is {declared} bytes (Content-Length); the limit is {MAX_BODY_BYTES} bytes"
+            413, "RequestTooLarge", f"the request body is {declared} bytes (Content-Length); the limit is {limit} bytes"
         )
     length = declared if request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower() == "identity" else None
     guard = transport.guard_of(request.transport)
     pause = request.app[CONTEXT].settings.client_body_timeout
-    size = MAX_BODY_BYTES if length is None else length
+    size = limit if length is None else length
     loop = asyncio.get_running_loop()
     body = bytearray()
     received = 0
@@ -277,8 +280,8 @@ async def read_body(request: web.Request) -> bytes:
                 if not chunk:
                     return bytes(body)
                 end = received + len(chunk)
-                if end > MAX_BODY_BYTES:
-                    raise ApiError(413, "RequestTooLarge", f"the request body is larger than {MAX_BODY_BYTES} bytes")
+                if end > limit:
+                    raise ApiError(413, "RequestTooLarge", f"the request body is larger than {limit} bytes")
                 if length is None:
                     body += chunk
                 else:
@@ -733,7 +736,7 @@ async def rebalance(request: web.Request) -> web.Response:
     """Plan a rebalance from the cluster as it is; unless ?dryRun=true, store the plan and start it."""
     context = request.app[CONTEXT]
     dry_run = _dry_run(request)
-    body = _optional_body(await read_body(request), rebalance_ops.BODY_SHAPE)
+    body = _optional_body(await read_body(request, MAX_SMALL_BODY_BYTES), rebalance_ops.BODY_SHAPE)
     limit = rebalance_ops.max_moves_per_spu(body, context.settings.rebalance_max_moves_per_spu)
     status, answer = await rebalance_ops.rebalance(context, limit, dry_run)
     return web.json_response(answer, status=status)
@@ -752,7 +755,7 @@ async def decommission_spu(request: web.Request) -> web.Response:
     ``?dryRun=true``: the plan only (the read role may ask for it), nothing written."""
     context = request.app[CONTEXT]
     dry_run = _dry_run(request)
-    body = _optional_body(await read_body(request), rebalance_ops.BODY_SHAPE)
+    body = _optional_body(await read_body(request, MAX_SMALL_BODY_BYTES), rebalance_ops.BODY_SHAPE)
     limit = rebalance_ops.max_moves_per_spu(body, context.settings.rebalance_max_moves_per_spu)
     status, answer = await rebalance_ops.decommission(context, request.match_info["name"], limit, dry_run)
     return web.json_response(answer, status=status)
@@ -760,7 +763,7 @@ async def decommission_spu(request: web.Request) -> web.Response:
 
 async def register_spu(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
-    spu = parse_object(models.Spu, await read_body(request))
+    spu = parse_object(models.Spu, await read_body(request, MAX_SMALL_BODY_BYTES))
     await admin_ops.register_spu(context, spu)
     return web.json_response(spu.to_json_dict(), status=201)
 
@@ -768,7 +771,7 @@ async def register_spu(request: web.Request) -> web.Response:
 async def create_spu_group(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
-    group = parse_object(models.SpuGroup, await read_body(request))
+    group = parse_object(models.SpuGroup, await read_body(request, MAX_SMALL_BODY_BYTES))
     with _budget(timeout_ms) as remaining_ms:
         revision = await admin_ops.create(context, group)
     current, settled = await admin_ops.wait_settled(
@@ -841,7 +844,7 @@ async def add_partitions(request: web.Request) -> web.Response:
     context = request.app[CONTEXT]
     name = request.match_info["name"]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
-    count = _integer_body(await read_body(request), "count", "the number of partitions to add")
+    count = _integer_body(await read_body(request, MAX_SMALL_BODY_BYTES), "count", "the number of partitions to add")
     with _budget(timeout_ms) as remaining_ms:
         grown, revision = await admin_ops.add_partitions(context, name, count)
     return await _topic_answer(request, grown, revision, remaining_ms(), created=False)
@@ -865,7 +868,7 @@ async def scale_spu_group(request: web.Request) -> web.Response:
     """Set a group's replica count; the SPU-group controller creates or deletes its SPUs."""
     context = request.app[CONTEXT]
     name = request.match_info["name"]
-    replicas = _integer_body(await read_body(request), "replicas", "the number of SPUs the group should have")
+    replicas = _integer_body(await read_body(request, MAX_SMALL_BODY_BYTES), "replicas", "the number of SPUs the group should have")
 
     def scale(current: models.SpuGroup) -> models.SpuGroup:
         try:
@@ -886,7 +889,7 @@ async def scale_spu_group(request: web.Request) -> web.Response:
 async def set_spu_rack(request: web.Request) -> web.Response:
     """Give an SPU a rack, or take it away (``{"rack": null}``); compare-and-swap on its spec."""
     context = request.app[CONTEXT]
-    body = parse_json_object(await read_body(request), '{"rack": R}')
+    body = parse_json_object(await read_body(request, MAX_SMALL_BODY_BYTES), '{"rack": R}')
     unknown = sorted(set(body) - {"rack"})
     if unknown:
         raise ApiError(422, "InvalidRequest", f'{unknown[0]}: unknown field (the body is {{"rack": R}})')
