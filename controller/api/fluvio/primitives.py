@@ -211,9 +211,7 @@ class VecOf(Codec):
         inner = self.inner
         if isinstance(inner, Int):
             # A list of integers (replicas, SPU ids) in one call: a million of them in 0.05 s, not 1.
-            pos = reader.pos
-            reader.take(count * inner.packer.size, f"list of {count} {inner.name}")
-            return list(struct_module.unpack_from(f">{count}{inner.fmt}", reader.data, pos))
+            return list(struct_module.unpack(f">{count}{inner.fmt}", reader.take(count * inner.packer.size, f"list of {count} {inner.name}")))
         return [inner.decode(reader, version) for _ in range(count)]
 
 
