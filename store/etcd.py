@@ -176,7 +176,7 @@ def above_grpc_limit(details: str | None) -> kv.TooLarge | None:
 class _Create:
     """One caller's create waiting for its group commit."""
 
-    __slots__ = ("key", "value", "op", "future", "size", "deadline", "guards")
+    __slots__ = ("key", "value", "op", "future", "size", "began", "deadline", "guards")
 
     def __init__(
         self,
@@ -185,6 +185,7 @@ class _Create:
         op: etcdpb.RequestOp,
         future: asyncio.Future[int],
         size: int,
+        began: float,
         deadline: float,
         guards: tuple[kv.Compare, ...],
     ) -> None:
@@ -193,6 +194,7 @@ class _Create:
         self.op = op
         self.future = future
         self.size = size  # its bytes in the group's transaction
+        self.began = began  # when the caller asked: its request's time runs from then, not from its group commit
         self.deadline = deadline
         self.guards = guards  # only creates under the same guards share a transaction
 
@@ -351,7 +353,7 @@ class EtcdStore(kv.KVStore):
         # Encoded here, so that a value etcd cannot take fails its own caller at once, not its batch.
         op = _create_op(self._prefix_bytes + key.encode(), value)
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending_creates.append(_Create(key, value, op, future, size, self._deadline(), guarded))
+        self._pending_creates.append(_Create(key, value, op, future, size, asyncio.get_running_loop().time(), self._deadline(), guarded))
         self._schedule_creates()
         return await future
 
@@ -424,7 +426,8 @@ class EtcdStore(kv.KVStore):
         deadline = max(create.deadline for create in batch)
         try:
             response = await self._request(
-                "create", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write, txn_request=request
+                "create", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write, txn_request=request,
+                began=min(create.began for create in batch),
             )
         except ValueError as refused:  # TooLarge too
             if len(batch) > 1:
@@ -608,6 +611,7 @@ class EtcdStore(kv.KVStore):
             ],
             success=[_request_op(key, operation) for key, operation in zip(written_keys, operations)],
         )
+        began = asyncio.get_running_loop().time()
         deadline = self._deadline()
         if not operations:
             # Only compares: read the keys at one revision rather than send a read-only
@@ -621,7 +625,8 @@ class EtcdStore(kv.KVStore):
         write = _Write()
         while True:
             response = await self._request(
-                "txn", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write, txn_request=request
+                "txn", lambda timeout: self._kv.Txn(request, timeout=timeout), deadline=deadline, write=write, txn_request=request,
+                began=began,
             )
             if response.succeeded:
                 return int(response.header.revision)
@@ -1079,6 +1084,7 @@ class EtcdStore(kv.KVStore):
         write: _Write | None = None,
         sized: bool = False,
         txn_request: etcdpb.TxnRequest | None = None,
+        began: float | None = None,
     ) -> _T:
         """``call(timeout)`` until it answers, retrying transient failures until the deadline.
 
@@ -1088,11 +1094,13 @@ class EtcdStore(kv.KVStore):
         grows with the data, so attempts are not cut until one answer has been timed. Raises
         Unavailable at the deadline and the mapped typed error for anything not transient; marks
         ``write`` when an attempt failed in a way that may have applied it. ``txn_request``: the
-        transaction ``call`` sends, whose size a refusal as too large names.
+        transaction ``call`` sends, whose size a refusal as too large names. ``began``: when the
+        caller asked (a create may wait for the group commit before its own): Unavailable says how
+        long the operation had from then, the caller's whole budget.
         """
         self._check_open()
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = loop.time() if began is None else began
         if deadline is None:
             deadline = self._deadline()
         attempt_timeout = self._attempt_timeout(operation, sized)

@@ -418,6 +418,19 @@ async def test_a_request_while_etcd_is_down_raises_unavailable_within_a_bounded_
         assert all(seconds < 10 for seconds in elapsed.values()), elapsed
         # The same store works again once etcd is back.
         assert await store.get("topics/a") is None
+
+
+async def test_a_create_that_waited_for_its_group_commit_names_its_whole_budget(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """A busy loop between the create and its group commit (a 2 s budget): Unavailable names the
+    caller's budget, not only what was left of it when its transaction began (it said 1.8 s)."""
+    async with store_on(etcd_server.endpoints[0], etcd_store.prefix, 2.0) as store:
+        with etcd_down(etcd_server):
+            asyncio.get_running_loop().call_soon(time.sleep, 0.2)  # runs before the group commit starts
+            with pytest.raises(kv.Unavailable) as raised:
+                await store.create("topics/a", b"x")
+        assert "create failed after" in str(raised.value) and "attempt(s) within 2 s:" in str(raised.value), raised.value
         assert await store.create("topics/a", b"x") > 0
 
 
