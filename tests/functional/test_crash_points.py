@@ -108,16 +108,19 @@ class OnStore(daemon_module.Daemon):
         return self.store
 
 
-SETTINGS = config.Settings(store=config.StoreKind.MEMORY, spu_offline_grace=3600, active_sc_lease_ttl=2, **daemon_fixture.COMMON_SETTINGS)
-# The settings each case's SCs start with: a 2 s lease, so that a claim left by a dead SC
-# (held_claim) ends soon. On etcd, where no case leaves its claim, a longer one: a loaded machine
-# (a CI run beside other work) once kept etcd from renewing a 2 s lease during a setup.
-SC_SETTINGS = [SETTINGS]
+SETTINGS = config.Settings(store=config.StoreKind.MEMORY, spu_offline_grace=3600, active_sc_lease_ttl=15, **daemon_fixture.COMMON_SETTINGS)
+# The settings each case's SCs start with: a 15 s lease, so that a loaded machine does not end a
+# live SC's term in the middle of a case (a CI run beside other work once kept etcd from renewing
+# a 2 s lease during a setup, and a memory store's 2 s lease once expired while three test workers
+# and Spark shared two cores). Where a dead SC's claim is left (held_claim), a 3 s lease instead:
+# the standby takes over when it ends.
+HELD_CLAIM_LEASE_TTL = 3
 
 
 @contextlib.asynccontextmanager
-async def sc_on(store: kv.KVStore) -> AsyncIterator[daemon_fixture.Running]:
-    daemon = OnStore(SC_SETTINGS[0], store)
+async def sc_on(store: kv.KVStore, lease_ttl: int | None = None) -> AsyncIterator[daemon_fixture.Running]:
+    settings = SETTINGS if lease_ttl is None else SETTINGS.model_copy(update={"active_sc_lease_ttl": lease_ttl})
+    daemon = OnStore(settings, store)
     await daemon.start()
     session = aiohttp.ClientSession(f"http://127.0.0.1:{daemon.public_port}")
     try:
@@ -216,10 +219,11 @@ async def crash_everywhere(
                 failing = CrashingStore(inner)
                 failing.held_claim = held_claim
                 first = contextlib.AsyncExitStack()
-                sc = await first.enter_async_context(sc_on(failing))
+                lease_ttl = HELD_CLAIM_LEASE_TTL if held_claim else None
+                sc = await first.enter_async_context(sc_on(failing, lease_ttl))
                 stack.push_async_exit(first)
                 if standby:
-                    survivor = await stack.enter_async_context(sc_on(kv.ForwardingStore(inner)))
+                    survivor = await stack.enter_async_context(sc_on(kv.ForwardingStore(inner), lease_ttl))
                 await setup(sc)
                 await builders.eventually(functools.partial(converged, sc, inner))
                 failing.arm(nth, mode)
@@ -257,7 +261,7 @@ async def crash_everywhere(
                 if failing.dead:
                     await first.aclose()
                     if not standby:
-                        survivor = await stack.enter_async_context(sc_on(kv.ForwardingStore(inner)))
+                        survivor = await stack.enter_async_context(sc_on(kv.ForwardingStore(inner), lease_ttl))
                     try:
                         await builders.eventually(lambda: converged(survivor, inner))
                         await answers(survivor)
@@ -415,12 +419,10 @@ def on_etcd(etcd_server: embedded_etcd.EmbeddedEtcd) -> Iterator[None]:
         return await etcd.EtcdStore.open(etcd_server.endpoints, f"/crash-points/{uuid.uuid4().hex}/", 10.0)
 
     BACKEND[0] = fresh
-    SC_SETTINGS[0] = SETTINGS.model_copy(update={"active_sc_lease_ttl": 15})
     try:
         yield
     finally:
         BACKEND[0] = _memory
-        SC_SETTINGS[0] = SETTINGS
 
 
 @pytest.mark.etcd
