@@ -53,9 +53,8 @@ def session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.parquet.mergeSchema", "false")
     )
-    if master and master.startswith("local"):
-        # One machine: a few shuffle partitions per core, not Spark's cluster default of 200.
-        shuffle_partitions = shuffle_partitions or 2 * (os.cpu_count() or 1)
+    local = bool(master and master.startswith("local"))
+    if local:
         builder = builder.config("spark.ui.enabled", "false")
     if shuffle_partitions is not None:
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions))
@@ -63,6 +62,10 @@ def session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if local and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        # One machine: a few shuffle partitions per core, not Spark's cluster default of 200; unless
+        # set here or where Spark was launched (spark-submit --conf, PYSPARK_SUBMIT_ARGS).
+        spark.conf.set("spark.sql.shuffle.partitions", str(2 * (os.cpu_count() or 1)))
     return spark
 
 

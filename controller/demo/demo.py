@@ -63,14 +63,20 @@ TOPICS = (
 )
 
 # Spark settings for a history of a few hundred records (this demo's report; the tests' Spark
-# session uses them too): compiling generated code for each query, and the JVM's optimising
-# compiler, cost more than they save there (the report: 47 s with the optimising compiler, 36 s
-# without; the tests' first report: 49 s with generated code, 33 s without). JVM options apply only
-# to a session that starts the JVM.
+# session uses them too). There the cost is each query's fixed overhead, not its data: compiling
+# generated code for each query and the JVM's optimising compiler cost more than they save (the
+# report: 47 s with the optimising compiler, 36 s without; the tests' first report: 49 s with
+# generated code, 33 s without); so do the jobs that one shuffle partition per core, adaptive
+# execution's re-planning and broadcasts of small join sides add (bench/audit_tiny.py, a 600-record
+# history: 36 Spark jobs per report instead of 107; 0.79x the time cold, 0.82x warm). JVM options
+# apply only to a session that starts the JVM.
 TINY_HISTORY_SETTINGS = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
+    "spark.sql.shuffle.partitions": "1",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
 }
 
 STEP_TITLES = (

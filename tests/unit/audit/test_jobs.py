@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from controller.audit import export, jobs, options, report
+from controller.demo import demo
 from store import history
 from tests.unit.audit import synthetic
 from tests.unit.audit.synthetic import T0, iso
@@ -58,6 +59,16 @@ def test_the_dataset_is_read_with_the_schema_of_the_export_not_one_inferred(spar
         "string", "string", "timestamp", "array<int>", "int"
     )
     assert [field.name for field in frame.schema] == export.SCHEMA.names
+
+
+def test_a_tiny_historys_settings_are_not_overridden_by_the_local_default(spark: Any) -> None:
+    """The session's own local default (two shuffle partitions per core) yields to settings given
+    to it: the demo's and these tests' one shuffle partition, no adaptive execution or broadcasts."""
+    again = jobs.session("local[2]", settings=demo.TINY_HISTORY_SETTINGS)
+    assert again is spark
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "1"
+    assert spark.conf.get("spark.sql.adaptive.enabled") == "false"
+    assert spark.conf.get("spark.sql.autoBroadcastJoinThreshold") == "-1"
 
 
 @pytest.fixture(scope="module")
