@@ -1106,6 +1106,7 @@ class EtcdStore(kv.KVStore):
         attempt_timeout = self._attempt_timeout(operation, sized)
         backoff = _RETRY_BACKOFF_INITIAL
         attempts = abandoned_attempts = 0
+        cause: grpc.aio.AioRpcError | None = None  # the last failure that was not our own deadline
         while True:
             attempts += 1
             sent = loop.time()
@@ -1128,6 +1129,8 @@ class EtcdStore(kv.KVStore):
                     raise self._store_error(operation, error, txn_request) from None
                 if write is not None and code in _MAYBE_APPLIED_CODES:
                     write.maybe_applied = True
+                if code is not grpc.StatusCode.DEADLINE_EXCEEDED:
+                    cause = error
                 abandoned = code is grpc.StatusCode.DEADLINE_EXCEEDED and timeout < remaining
                 if abandoned:
                     abandoned_attempts += 1
@@ -1135,7 +1138,7 @@ class EtcdStore(kv.KVStore):
                         attempt_timeout *= 2  # slow rather than stuck, perhaps: give the next one longer
                 left = deadline - loop.time()
                 if left <= 0:
-                    raise self._unavailable(operation, attempts, error, write, deadline - started) from None
+                    raise self._unavailable(operation, attempts, error, cause, write, deadline - started) from None
                 if not abandoned:
                     await asyncio.sleep(min(backoff, left))
                     backoff = min(backoff * 2, _RETRY_BACKOFF_MAX)
@@ -1176,14 +1179,23 @@ class EtcdStore(kv.KVStore):
         slowest[operation] = max(seconds, slowest.get(operation, 0.0) * _SLOWEST_DECAY)
 
     def _unavailable(
-        self, operation: str, attempts: int, error: grpc.aio.AioRpcError, write: _Write | None, budget: float
+        self,
+        operation: str,
+        attempts: int,
+        error: grpc.aio.AioRpcError,
+        cause: grpc.aio.AioRpcError | None,
+        write: _Write | None,
+        budget: float,
     ) -> kv.Unavailable:
+        """``error``: the last attempt's failure; ``cause``: the last that was not the deadline (a
+        refused connection says why, where the deadline that cut the next attempt does not)."""
         outcome = ""
         if write is not None and write.maybe_applied:
             outcome = " The write may or may not have been applied: re-read before retrying."
+        described = _describe(error) if cause is None or cause is error else f"{_describe(cause)} (the last attempt: {_describe(error)})"
         return kv.Unavailable(
             f"etcd at {self._endpoints_text()} is unavailable: {operation} failed after {attempts} "
-            f"attempt(s) within {budget:.3g} s: {_describe(error)}.{outcome}"
+            f"attempt(s) within {budget:.3g} s: {described}.{outcome}"
         )
 
     def _store_error(

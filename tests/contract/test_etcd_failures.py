@@ -472,6 +472,39 @@ async def test_opening_a_store_on_an_unreachable_endpoint_raises_unavailable() -
     assert "UNAVAILABLE" in str(raised.value)
 
 
+async def test_unavailable_names_what_refused_the_request_not_only_the_deadline_that_ended_it(
+    etcd_server: embedded_etcd.EmbeddedEtcd, etcd_store: etcd.EtcdStore
+) -> None:
+    """Attempts refused at once (etcd down), then one cut by the request's deadline: the message
+    named only DEADLINE_EXCEEDED, which hides why (seen when a loaded machine noticed the refusal
+    late). It names the refusal, and the last attempt's deadline beside it."""
+    async with store_on(etcd_server.endpoints[0], etcd_store.prefix, 0.5) as store:
+        range_ = store._kv.Range
+        calls = [0]
+
+        def failed(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+            return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details=details)
+
+        async def unanswered(timeout: float) -> Any:
+            await asyncio.sleep(timeout)
+            raise failed(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+        def refused_then_slow(*args: Any, timeout: float, **kwargs: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == 1:
+                raise failed(grpc.StatusCode.UNAVAILABLE, "connection refused")
+            return unanswered(timeout)
+
+        store._kv.Range = refused_then_slow
+        try:
+            with pytest.raises(kv.Unavailable) as raised:
+                await store.get("topics/a")
+        finally:
+            store._kv.Range = range_
+    message = str(raised.value)
+    assert "within 0.5 s: UNAVAILABLE: connection refused (the last attempt: DEADLINE_EXCEEDED" in message, message
+
+
 # ---------------------------------------------------------------------- ambiguous writes
 
 
