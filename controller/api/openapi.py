@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any
 
+from controller import placement
 from controller.api import auth, listing
 from store import models
 
@@ -823,7 +824,7 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
                     **PLUGIN_NAME,
                     "description": "A configured plug-in asked before a built-in strategy, which runs if it defers",
                 },
-                "startIndex": {"type": "integer", "minimum": 0},
+                "startIndex": {"type": "integer", "minimum": 0, "maximum": placement.MAX_START_INDEX},
                 "ignoreRackAssignment": {"type": "boolean"},
                 "policies": {"type": "string"},
                 "existing": {

@@ -20,6 +20,7 @@ from controller.placement.engine import check_strategy, compute
 from controller.placement.manual import validate_manual
 from controller.placement.model import (
     CACHED_SPUS_LIMIT,
+    MAX_START_INDEX,
     STRATEGIES,
     ExistingPartition,
     Fix,
@@ -47,6 +48,7 @@ from controller.placement.rebalance import (
 
 __all__ = [
     "CACHED_SPUS_LIMIT",
+    "MAX_START_INDEX",
     "STRATEGIES",
     "ClusterView",
     "ExistingPartition",

@@ -78,7 +78,8 @@ def _object(field: str, value: object, allowed: Sequence[str]) -> dict[str, obje
 
 
 def _ids(field: str, value: object) -> tuple[int, ...]:
-    return tuple(_integer(f"{field}[{index}]", item) for index, item in enumerate(_array(field, value)))
+    """SPU ids: within the stored SPUs' range."""
+    return tuple(_integer(f"{field}[{index}]", item, 0, models.MAX_SPU_ID) for index, item in enumerate(_array(field, value)))
 
 
 def _spu(index: int, value: object, allowed: Sequence[str] = ("id", "rack", "online")) -> model.SpuInfo:
@@ -95,7 +96,7 @@ def _spu(index: int, value: object, allowed: Sequence[str] = ("id", "rack", "onl
         except ValueError as error:
             raise model.InvalidConfig(f"{field}.rack: {error}") from None
     return model.SpuInfo(
-        id=_integer(f"{field}.id", spu["id"]),
+        id=_integer(f"{field}.id", spu["id"], 0, models.MAX_SPU_ID),
         rack=rack,
         online=_boolean(f"{field}.online", spu.get("online", True)),
     )
@@ -172,7 +173,7 @@ def request_from_json(
         partitions=counts.get("partitions", 0),
         replication_factor=counts.get("replicationFactor", 0),
         strategy=strategy,
-        start_index=_integer("startIndex", body.get("startIndex", 0)),
+        start_index=_integer("startIndex", body.get("startIndex", 0), 0, model.MAX_START_INDEX),
         ignore_rack_assignment=_boolean("ignoreRackAssignment", body.get("ignoreRackAssignment", False)),
         policies=policies,
         existing=tuple(

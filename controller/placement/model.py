@@ -16,6 +16,9 @@ STRATEGIES = ("computed", "kafka", "least-loaded", "multi-level", "policies", "m
 # list sent with a placement request (POST /v1/placement, a read) may hold a million SPUs, which
 # remembered for the life of the process held gigabytes.
 CACHED_SPUS_LIMIT = 10_000
+# The largest start index a request may give: the largest the cluster's chain key keeps (a signed
+# 64-bit integer, as Fluvio's and Kafka's own counters).
+MAX_START_INDEX = 2**63 - 1
 
 
 @dataclasses.dataclass(frozen=True)

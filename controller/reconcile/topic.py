@@ -20,7 +20,7 @@ CHAIN_KEY = "meta/placement-start-index"
 # The largest start index read back as it is: the next one (it, plus the partitions a pass
 # places) still fits in topic_size.CHAIN_VALUE_MAX bytes; a larger one, or a negative one, restarts
 # at 0 (placement refuses a negative index, and one too long for text cannot be written back).
-MAX_START_INDEX = 2**63 - 1
+MAX_START_INDEX = placement.MAX_START_INDEX
 INIT = models.TopicResolution.INIT
 PENDING = models.TopicResolution.PENDING
 INSUFFICIENT = models.TopicResolution.INSUFFICIENT_RESOURCES

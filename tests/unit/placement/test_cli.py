@@ -135,7 +135,7 @@ def test_missing_input_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap
 def test_malformed_field(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     status, answer, _ = run(["placement", "compute"], '{"spus": [{"id": -1}], "partitions": 1, "replicationFactor": 1}', monkeypatch, capsys)
     assert status == 1
-    assert answer == {"error": {"code": "InvalidConfig", "message": "spus[0].id must be an integer of at least 0, got -1"}}
+    assert answer == {"error": {"code": "InvalidConfig", "message": "spus[0].id must be an integer from 0 to 2147483647, got -1"}}
 
 
 def test_placement_needs_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
