@@ -329,7 +329,9 @@ def parse_with(adapter: pydantic.TypeAdapter[Parsed], frame: bytes | str, max_by
     if size > max_bytes:
         raise FrameError("frame-too-large", f"frame of {size} bytes is over the limit of {max_bytes} bytes")
     try:
-        return adapter.validate_json(frame)
+        # Strict: an integer is a JSON integer, not "3", true or 3.0 (the protocol's types as
+        # written, one reading of a frame whoever sent it).
+        return adapter.validate_json(frame, strict=True)
     except pydantic.ValidationError as error:
         raise FrameError(*_describe(error)) from None
 

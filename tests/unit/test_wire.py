@@ -70,7 +70,14 @@ from connection_manager import lrs, wire
         (b'{"type": "offsets", "partitions": [{"partition": "t-0", "leaderEpoch": 0, "hw": ' + b"9" * 4299 + b', "leo": 1}]}', "invalid", "(got 9999999999"),
         (b'{"type": "offsets", "partitions": [{"partition": "t-0", "leaderEpoch": 0, "hw": 1, "leo": 9223372036854775808}]}', "invalid", "less than or equal to 9223372036854775807"),
         (b'{"type": "leading", "partitions": [{"partition": "t-0", "leaderEpoch": 9223372036854775808}]}', "invalid", "less than or equal to 9223372036854775807"),
-        (b'{"type": "register", "spuId": 1e400}', "invalid", "finite number"),
+        (b'{"type": "register", "spuId": 1e400}', "invalid", "register.spuId': Input should be a valid integer (got inf)"),
+        # Integers are JSON integers: not strings, booleans or floats that happen to hold one (the
+        # protocol says integers; a lax reading would let two SPUs' frames mean one thing two ways).
+        (b'{"type": "register", "spuId": "3"}', "invalid", "register.spuId': Input should be a valid integer"),
+        (b'{"type": "register", "spuId": true}', "invalid", "register.spuId': Input should be a valid integer"),
+        (b'{"type": "register", "spuId": 3.0}', "invalid", "register.spuId': Input should be a valid integer"),
+        (b'{"type": "offsets", "partitions": [{"partition": "t-0", "leaderEpoch": "0", "hw": 1, "leo": 1}]}', "invalid", "offsets.partitions.0.leaderEpoch"),
+        (b'{"type": "leading", "partitions": [{"partition": "t-0", "leaderEpoch": false}]}', "invalid", "leading.partitions.0.leaderEpoch"),
     ],
 )
 def test_malformed_frames_are_refused_with_a_code_and_the_value(frame: bytes, code: str, message: str) -> None:
