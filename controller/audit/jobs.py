@@ -62,7 +62,10 @@ def session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    if local and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+    # A session that was running already keeps its context's launch settings: those given here
+    # are only in this session's conf, so they are looked at too.
+    chosen = shuffle_partitions is not None or "spark.sql.shuffle.partitions" in (settings or {})
+    if local and not chosen and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         # One machine: a few shuffle partitions per core, not Spark's cluster default of 200; unless
         # set here or where Spark was launched (spark-submit --conf, PYSPARK_SUBMIT_ARGS).
         spark.conf.set("spark.sql.shuffle.partitions", str(2 * (os.cpu_count() or 1)))
