@@ -47,7 +47,13 @@ OFFSETS_JITTER = 0.9  # an Offsets frame this share of the interval after the pr
 # at once took 22-25 s to be Online on 100 live SPUs (the SPUs' process read ~1,500 Updates and
 # confirmed each); with 20 ms, 5.9-7.5 s (docs/replication.md). It adds at most that to a failover.
 PUSH_LINGER = 0.02
-SEND_QUEUE_LIMIT = 1_000  # frames queued for one SPU before it is considered stuck
+# Bytes queued for one SPU before it is considered stuck (it does not read). In bytes, not frames:
+# the answers to one legitimate frame may be thousands of small frames (a refusal per stale
+# leadership of a `leading` frame: about 20 MB for the most entries a 4 MiB frame holds), and a
+# count of frames bounded neither that nor the memory of a few large ones.
+SEND_QUEUE_BYTES = 32 * 1024 * 1024
+# Counted for every queued frame beside its length: the bytes object and its place in the queue.
+FRAME_OVERHEAD_BYTES = 100
 HEARTBEAT_SECOND_LOOK = 0.5  # seconds
 # Incarnation numbers start at a random base in [1, 2**52] in every SC process and count up: an
 # SC restarted, or a standby taking over, does not give an SPU's new process the number its
@@ -113,6 +119,7 @@ class Session:
         self.hosted: dict[str, wire.ReplicaInfo] = {}  # partition -> what it was last told of it
         self.told_spus: dict[int, wire.SpuInfo] = {}
         self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.queued_bytes = 0  # in the outbox, with FRAME_OVERHEAD_BYTES a frame
         self.closing: tuple[str, str] | None = None
         self.last_frame_at = asyncio.get_running_loop().time()
         self.ready = False  # it said what it holds (Hosted): online, synced
@@ -128,10 +135,19 @@ class Session:
         return self.closing is None and not self.websocket.closed and now - self.last_frame_at <= heartbeat_timeout
 
     def send(self, message: wire.Message) -> None:
-        if self.outbox.qsize() >= SEND_QUEUE_LIMIT:
-            self.close("too-slow", f"SPU {self.spu_id} is not reading its frames ({SEND_QUEUE_LIMIT} queued)")
+        if self.closing is not None:
+            return  # its connection is being closed: nobody will read more
+        frame = wire.encode(message)
+        cost = len(frame) + FRAME_OVERHEAD_BYTES
+        if self.queued_bytes + cost > SEND_QUEUE_BYTES:
+            self.close(
+                "too-slow",
+                f"SPU {self.spu_id} is not reading its frames ({self.outbox.qsize()} frames of "
+                f"{self.queued_bytes} bytes queued; at most {SEND_QUEUE_BYTES} bytes)",
+            )
             return
-        self.outbox.put_nowait(wire.encode(message))
+        self.queued_bytes += cost
+        self.outbox.put_nowait(frame)
 
     def close(self, code: str, reason: str) -> None:
         if self.closing is None:
@@ -141,6 +157,8 @@ class Session:
     async def write_loop(self) -> None:
         while True:
             frame = await self.outbox.get()
+            if frame is not None:
+                self.queued_bytes -= len(frame) + FRAME_OVERHEAD_BYTES
             if frame is None:
                 code, reason = self.closing or ("closed", "closed by the SC")
                 with contextlib.suppress(ConnectionError, RuntimeError):

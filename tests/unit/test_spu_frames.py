@@ -4,6 +4,7 @@ refused frame is answered with a short error, logged once per kind, and changes 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -42,7 +43,7 @@ async def test_a_refused_frame_is_answered_and_logged_short_and_once_per_kind() 
     """A frame may quote anything at any length (a field name, a type tag): its refusal quotes an
     excerpt, and an SPU repeating it is logged once an interval, as a bad first frame is. A 3 MB
     field name was sent back whole, logged whole at every frame, and queued whole for an SPU that
-    does not read (up to SEND_QUEUE_LIMIT of them: gigabytes)."""
+    does not read (up to a thousand of them: gigabytes)."""
     cm, session, _ = manager_with("orders-0")
     name = "A" * 3_000_000
     excerpt = ratelimit.excerpt(f"field 'heartbeat.{name}': Extra inputs are not permitted (got 1)", server.FRAME_ERROR_CHARS)
@@ -79,6 +80,70 @@ async def test_a_leading_frame_with_an_entry_it_does_not_host_changes_nothing() 
     assert (cm.confirmed, news) == ({}, [])
     cm._take_frame(session, wire.encode(wire.Leading(partitions=[wire.Leadership(partition="orders-0", leader_epoch=0)])))
     assert (cm.confirmed, news) == ({"orders-0": (0, 0)}, [{"orders-0"}])
+
+
+async def test_a_leading_frame_of_many_stale_leaderships_is_answered_in_full() -> None:
+    """An SPU that confirms thousands of leaderships the SC has since moved (it was paused while a
+    failover moved them: 2,000 per SPU at 100,000 partitions on 50 SPUs) gets one refusal per
+    partition and stays connected. The outbox was bounded by a count of frames (1,000), so the
+    answers to one legitimate frame closed the SPU as `too-slow`."""
+    names = [f"orders-{index}" for index in range(2_000)]
+    cm, session, news = manager_with(*names)
+    frame = wire.Leading(partitions=[wire.Leadership(partition=name, leader_epoch=1) for name in names])
+    cm._take_frame(session, wire.encode(frame))
+    assert session.closing is None
+    errors = sent(session)
+    assert [(error.type, getattr(error, "partition", None)) for error in errors] == [("error", name) for name in names]
+    assert (cm.confirmed, news, cm.stats.stale_entries) == ({}, [], 2_000)
+
+
+async def test_an_spu_that_does_not_read_is_closed_once_its_outbox_holds_too_many_bytes() -> None:
+    """What waits for an SPU is bounded in bytes (small frames counted with their overhead): past
+    SEND_QUEUE_BYTES it is closed as `too-slow`, and nothing more is queued for it."""
+    cm, session, _ = manager_with("orders-0")
+    message = wire.Error(code="invalid", message="x" * 1_000_000)
+    frame_bytes = len(wire.encode(message)) + server.FRAME_OVERHEAD_BYTES
+    fits = server.SEND_QUEUE_BYTES // frame_bytes
+    for _ in range(fits):
+        session.send(message)
+    assert session.closing is None and session.queued_bytes == fits * frame_bytes
+    session.send(message)
+    assert session.closing is not None and session.closing[0] == "too-slow"
+    assert f"{server.SEND_QUEUE_BYTES} bytes" in session.closing[1], session.closing
+    queued = session.outbox.qsize()
+    session.send(message)
+    assert session.outbox.qsize() == queued  # closed: nothing more is queued
+
+
+class Reading:
+    """A WebSocket whose SPU reads everything it is sent."""
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.closed = False
+
+    async def send_bytes(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+    async def close(self, message: bytes = b"") -> None:
+        self.closed = True
+
+
+async def test_what_an_spu_reads_leaves_its_outbox_count() -> None:
+    """The bytes counted for an SPU are those still waiting: an SPU that reads everything it is sent
+    can be sent more than SEND_QUEUE_BYTES over its connection's life."""
+    websocket = Reading()
+    session = server.Session(0, "spu-0", 1, websocket)  # type: ignore[arg-type]  # only send_bytes and close are used
+    message = wire.Error(code="invalid", message="x" * 1_000_000)
+    writer = asyncio.create_task(session.write_loop())
+    for _ in range(3 * server.SEND_QUEUE_BYTES // 1_000_000):
+        session.send(message)
+        await asyncio.sleep(0)
+    session.close("closed", "done")
+    await writer
+    assert session.queued_bytes == 0 and websocket.closed
+    assert len(websocket.frames) == 3 * server.SEND_QUEUE_BYTES // 1_000_000 + 1  # and the Rejected
+    assert session.closing == ("closed", "done")
 
 
 async def test_offsets_naming_a_follower_twice_are_refused_and_kept_nowhere() -> None:
