@@ -327,9 +327,14 @@ class PartitionAssignment(Model):
         return self
 
 
+# The longest placement policies (`key=value;...`): a few settings and a list of preferred SPUs,
+# stored with the topic and parsed at each of its placements.
+MAX_POLICIES_LENGTH = 65_536
+
+
 class PlacementSpec(Model):
     strategy: str = "computed"
-    policies: str | None = None
+    policies: Annotated[str, Field(max_length=MAX_POLICIES_LENGTH)] | None = None
 
     @field_validator("strategy")
     @classmethod

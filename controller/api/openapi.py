@@ -826,7 +826,7 @@ def _extra_schemas(objects: dict[str, Any]) -> dict[str, Any]:
                 },
                 "startIndex": {"type": "integer", "minimum": 0, "maximum": placement.MAX_START_INDEX},
                 "ignoreRackAssignment": {"type": "boolean"},
-                "policies": {"type": "string"},
+                "policies": {"type": "string", "maxLength": models.MAX_POLICIES_LENGTH},
                 "existing": {
                     "type": "array",
                     "items": {

@@ -11,6 +11,7 @@ import heapq
 from collections.abc import Sequence
 
 from controller.placement import cluster, model
+from store import models
 
 AFFINITIES = ("colocated", "balanced", "exclusive")
 LARGEST_SPU_ID = 2**31 - 1
@@ -33,6 +34,11 @@ class Policies:
 
 def _segments(text: str) -> list[tuple[str, str]]:
     """(canonical key, `key=value` as written) for each non-empty segment, validated."""
+    if len(text) > models.MAX_POLICIES_LENGTH:
+        raise model.InvalidConfig(
+            f"placement policies are {len(text)} characters long ({_cut(text)!r}): at most "
+            f"{models.MAX_POLICIES_LENGTH} are allowed"
+        )
     segments: list[tuple[str, str]] = []
     for raw in text.split(";"):
         segment = raw.strip()

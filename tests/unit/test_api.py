@@ -619,6 +619,23 @@ async def test_a_preferred_spu_that_is_no_id_is_422_not_500(server: api_server.A
     assert answer["error"]["message"].endswith(" is not an SPU id")
 
 
+@pytest.mark.parametrize("path", ["/v1/topics?timeout=0", "/v1/topics?dryRun=true", "/v1/placement"])
+async def test_policies_longer_than_the_limit_are_refused_naming_it(server: api_server.ApiServer, path: str) -> None:
+    """Valid policies repeated until they are megabytes long were stored as they were sent and
+    parsed again at every placement of the topic: policies are a few settings, bounded."""
+    await server.put(spu(0))
+    policies = "node=balanced;" * (models.MAX_POLICIES_LENGTH // 14 + 1)
+    sizes = {"partitions": 1, "replicationFactor": 1}
+    spec = {**sizes, "placement": {"strategy": "policies", "policies": policies}}
+    body = {"name": "t", "spec": spec} if path.startswith("/v1/topics") else {**sizes, "strategy": "policies", "policies": policies}
+    status, answer = await server.call("POST", path, body)
+    assert status == 422, answer
+    message = answer["error"]["message"]
+    assert f"{len(policies)} characters" in message and f"at most {models.MAX_POLICIES_LENGTH}" in message, message
+    assert len(message) < 400
+    assert await server.read("topics", "t") is None
+
+
 @pytest.mark.parametrize(
     ("path", "body", "expected"),
     [
@@ -973,7 +990,8 @@ MEGABYTE = 1024 * 1024
     [
         (
             "/v1/placement",
-            {"spus": [{"id": 0}], "partitions": 1, "replicationFactor": 1, "policies": "x" * MEGABYTE},
+            # Policies are at most 64 KiB (past that the refusal names only the length).
+            {"spus": [{"id": 0}], "partitions": 1, "replicationFactor": 1, "policies": "x" * 60_000},
             "placement policy 'xxx",
             "' is not key=value",
         ),

@@ -590,3 +590,14 @@ def test_a_replica_map_row_that_cannot_be_a_partition_is_refused_with_the_value(
         models.Topic.model_validate(
             {"name": "t", "spec": {"partitions": 1, "replicationFactor": 1}, "status": {"resolution": "Provisioned", "replicaMap": replica_map}}
         )
+
+
+def test_a_stored_topic_with_policies_past_the_limit_is_unreadable() -> None:
+    """Policies are parsed at each placement of the topic: a stored topic may not carry megabytes
+    of them (the Reader keeps it as unreadable, saying why)."""
+    policies = "node=balanced;" * (models.MAX_POLICIES_LENGTH // 14 + 1)
+    document = with_spec(TOPIC, placement={"strategy": "policies", "policies": policies})
+    with pytest.raises(pydantic.ValidationError) as raised:
+        models.decode("topics", json.dumps(document).encode())
+    message = models.describe_validation_error(raised.value)
+    assert f"at most {models.MAX_POLICIES_LENGTH} characters" in message and len(message) < 400, message
