@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, TypeVar
 
 import pydantic
 
 from controller import context as context_module, placement
 from controller.api import admission
-from controller.reconcile import actions, spu_group, spu_ids, topic as topic_controller
+from controller.reconcile import actions, partition, spu_group, spu_ids, topic as topic_controller
 from store import kv, local, models, spu_index
 
 T = TypeVar("T")
@@ -199,6 +199,45 @@ async def wait_settled(
         # Deleted after our write, or not even mirrored yet when the time ran out.
         return (None, False) if table.revision >= written_revision else (written, False)
     return entry.obj, settled(entry)
+
+
+# Seconds a waiting drain lets a burst of partition changes land before it looks again: a failover
+# writes its elections in batches, and each look goes over every partition.
+DRAIN_LOOK_COALESCE = 0.05
+
+
+async def wait_led_away(
+    local_store: local.LocalStore, spu_id: int, blocked: Collection[str], timeout: float, stall: float
+) -> list[str]:
+    """What ``spu_id`` still leads once a drain's wait ends: when that is no more than ``blocked``
+    (what could not move from the start), at ``timeout`` seconds, or once it has not changed for
+    ``stall`` seconds (what is left has no other replica that may lead now). It looks at the
+    partitions again only after they change: a drain that waits costs nothing while nothing does."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    listener = local_store["partitions"].listener()
+    listener.skip()
+    try:
+        led = partition.led_by(local_store.snapshot(), spu_id)
+        progress_at = loop.time()
+        while not set(led) <= blocked:
+            wait_until = min(deadline, progress_at + stall)
+            if loop.time() >= wait_until:
+                break
+            try:
+                async with asyncio.timeout_at(wait_until):
+                    await listener.wait()
+                    await asyncio.sleep(DRAIN_LOOK_COALESCE)
+            except TimeoutError:
+                # A change may have come while the time ran out: say what is led now.
+                return partition.led_by(local_store.snapshot(), spu_id) if listener.has_changes() else led
+            listener.skip()
+            now_led = partition.led_by(local_store.snapshot(), spu_id)
+            if now_led != led:
+                led, progress_at = now_led, loop.time()
+        return led
+    finally:
+        listener.close()
 
 
 class _Gone:

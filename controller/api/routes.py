@@ -655,19 +655,7 @@ async def drain_spu(request: web.Request) -> web.Response:
             )
         await admin_ops.set_drain(context, name, True)
         log.info("draining SPU", spu=spu_id, name=name, leading=len(leading_before), forced_past=sorted(blocked))
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_ms / 1000
-    previous: list[str] = []
-    progress_at = loop.time()
-    while True:
-        led = partition.led_by(context.local_store.snapshot(), spu_id)
-        if led != previous:
-            previous, progress_at = led, loop.time()
-        # Done once what is left is what could not move from the start, or nothing has moved
-        # for a while (what is left has no other replica that may lead now).
-        if set(led) <= blocked.keys() or loop.time() >= deadline or loop.time() - progress_at >= DRAIN_STALL_SECONDS:
-            break
-        await asyncio.sleep(0.05)
+    led = await admin_ops.wait_led_away(context.local_store, spu_id, blocked.keys(), timeout_ms / 1000, DRAIN_STALL_SECONDS)
     snapshot = context.local_store.snapshot()
     partitions = snapshot.entries("partitions")
     # Moved: led by another SPU now (not deleted meanwhile, nor left leaderless by a crash).

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from controller.api import admin_ops
 from store import local, models
+from tests import builders
 from tests.builders import partition, topic
 
 
@@ -55,3 +58,42 @@ async def test_wait_settled_answers_the_object_as_it_is_when_the_time_runs_out()
     assert (current.status.resolution, settled) == (models.TopicResolution.PENDING, False)
     # Not mirrored yet when the time ran out: the object as written.
     assert await admin_ops.wait_settled(waits, topic("late"), 9, admin_ops.topic_settled(9), 10) == (topic("late"), False)
+
+
+async def test_a_waiting_drain_looks_again_only_when_partitions_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drain waiting for its SPU's leaderships to move looked at every partition every 50 ms
+    (100,000 of them, for as long as the drain's timeout) though nothing had changed. It looks
+    again after a change of the partitions only, and ends when they moved, at its deadline, or
+    once nothing moved for ``stall`` seconds."""
+    store = local.LocalStore()
+    for revision, name in enumerate(("a-0", "a-1"), start=1):
+        store["partitions"].apply(partition(name, [0, 1], resolution="Online"), revision)
+    looks: list[list[str]] = []
+    led_by = admin_ops.partition.led_by
+
+    def counted(snapshot: local.Snapshot, spu: int) -> list[str]:
+        looks.append(led_by(snapshot, spu))
+        return looks[-1]
+
+    monkeypatch.setattr(admin_ops.partition, "led_by", counted)
+    waiting = asyncio.ensure_future(admin_ops.wait_led_away(store, 0, frozenset(), timeout=30.0, stall=30.0))
+    await asyncio.sleep(0.5)  # nothing changes: ten looks at the old pace
+    store["spus"].apply(builders.spu(1), 3)  # another table changes
+    await asyncio.sleep(0.2)
+    assert looks == [["a-0", "a-1"]] and not waiting.done()
+    store["partitions"].apply(partition("a-0", [0, 1], leader=1, resolution="Online"), 4)
+    await asyncio.sleep(0.3)
+    assert looks == [["a-0", "a-1"], ["a-1"]] and not waiting.done()
+    store["partitions"].apply(partition("a-1", [0, 1], leader=1, resolution="Online"), 5)
+    assert await asyncio.wait_for(waiting, 5.0) == []
+    assert looks[-1] == []
+
+
+async def test_a_waiting_drain_ends_at_its_deadline_or_when_nothing_moved_for_a_while() -> None:
+    store = local.LocalStore()
+    store["partitions"].apply(partition("a-0", [0, 1], resolution="Online"), 1)
+    assert await admin_ops.wait_led_away(store, 0, frozenset(), timeout=0.0, stall=30.0) == ["a-0"]
+    assert await asyncio.wait_for(admin_ops.wait_led_away(store, 0, frozenset(), timeout=30.0, stall=0.2), 5.0) == ["a-0"]
+    # What could not move from the start does not keep it waiting.
+    assert await asyncio.wait_for(admin_ops.wait_led_away(store, 0, frozenset({"a-0"}), timeout=30.0, stall=30.0), 5.0) == ["a-0"]
+    assert store["partitions"]._listeners == set()
