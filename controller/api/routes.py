@@ -396,7 +396,7 @@ def parse_object(model: type[Parsed], raw: bytes) -> Parsed:
 
 
 def _validation_error(error: pydantic.ValidationError) -> ApiError:
-    problems = error.errors(include_url=False)
+    problems = models.validation_problems(error) or []  # too many to read: InvalidObject
     wrong_type = any(problem["type"].endswith("_type") or problem["type"] in _TYPE_ERRORS for problem in problems)
     message = models.describe_validation_error(error)
     if wrong_type:
