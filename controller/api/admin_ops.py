@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable, Set
 from typing import Any, TypeVar
 
 import pydantic
@@ -207,7 +207,7 @@ DRAIN_LOOK_COALESCE = 0.05
 
 
 async def wait_led_away(
-    local_store: local.LocalStore, spu_id: int, blocked: Collection[str], timeout: float, stall: float
+    local_store: local.LocalStore, spu_id: int, blocked: Set[str], timeout: float, stall: float
 ) -> list[str]:
     """What ``spu_id`` still leads once a drain's wait ends: when that is no more than ``blocked``
     (what could not move from the start), at ``timeout`` seconds, or once it has not changed for
