@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from connection_manager import transport
 from controller import config, placement
 from controller.api import json_input, routes as api
-from controller.reconcile import topic as topic_controller
+from controller.reconcile import topic as topic_controller, topic_size
 from store import active_sc, kv, memory, models
 from tests import builders
 from tests.unit import api_server
@@ -1281,6 +1281,66 @@ async def test_a_route_whose_body_is_a_few_fields_refuses_a_large_one_unread(
     limit = f" {api.MAX_SMALL_BODY_BYTES} bytes"
     assert (status, body["error"]["code"], body["error"]["message"].endswith(limit)) == (413, "RequestTooLarge", True), body
     assert parsed == []
+
+
+SMALL_STORE_REQUEST_BYTES = 64 * 1024
+# Twice the store's request limit and 64 KiB: what a topic body may take on a store of 64 KiB requests.
+SMALL_STORE_TOPIC_BODY_BYTES = 2 * SMALL_STORE_REQUEST_BYTES + 64 * 1024
+
+
+def _topic_body_refusal(received: str) -> dict[str, Any]:
+    return error(
+        "RequestTooLarge",
+        f"the request body is {received}; the limit is {SMALL_STORE_TOPIC_BODY_BYTES} bytes for a topic: a topic is "
+        f"stored in one etcd request of at most {SMALL_STORE_REQUEST_BYTES} bytes (etcd_max_request_bytes), and its "
+        "body may take twice that and 65536 bytes more; send it without indentation, or raise etcd_max_request_bytes "
+        "for a larger topic",
+    )
+
+
+@pytest.mark.parametrize("path", ["/v1/topics?timeout=0", "/v1/topics?dryRun=true"])
+@pytest.mark.parametrize("declared", [True, False])
+async def test_a_topic_body_larger_than_the_store_holds_is_refused_unread(path: str, declared: bool) -> None:
+    """A topic is one etcd request: a create (or a dry run, open to the read role) of 16 MiB was
+    parsed and validated for seconds on the event loop before TopicTooLarge refused it. The body is
+    bounded by the store's request limit, before a byte of it is parsed."""
+    server = api_server.ApiServer(memory.MemoryStore(max_request_bytes=SMALL_STORE_REQUEST_BYTES))
+    await server.start()
+    try:
+        await server.put(spu(0))
+        valid = json.dumps({"name": "t", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0]}]}}).encode()
+        at_limit = valid[:-1] + b" " * (SMALL_STORE_TOPIC_BODY_BYTES - len(valid)) + b"}"
+        over = at_limit[:-1] + b" }"
+
+        async def chunked(raw: bytes) -> AsyncIterator[bytes]:  # no Content-Length
+            for start in range(0, len(raw), 4096):
+                yield raw[start : start + 4096]
+
+        assert server.session is not None
+        async with server.session.post(path, data=io.BytesIO(over) if declared else chunked(over)) as response:
+            refused = (response.status, await response.json())
+        received = f"{len(over)} bytes (Content-Length)" if declared else f"larger than {SMALL_STORE_TOPIC_BODY_BYTES} bytes"
+        assert refused == (413, _topic_body_refusal(received))
+        async with server.session.post(path, data=io.BytesIO(at_limit) if declared else chunked(at_limit)) as response:
+            assert response.status == (200 if "dryRun" in path else 202), await response.text()
+    finally:
+        await server.stop()
+
+
+@pytest.mark.parametrize("replication_factor", [1, 3, 8, 32, 128])
+def test_the_largest_topic_the_store_holds_fits_its_body_limit(replication_factor: int) -> None:
+    """The bound refuses no topic the store could hold, as clients send it (json.dumps' separators,
+    SPU ids of as few digits as there are distinct SPUs)."""
+    store = memory.MemoryStore()
+    request_size = kv.request_size(store)
+    probe = models.Topic.model_validate({"name": "t", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0]}]}})
+    digits = len(str(replication_factor - 1))
+    largest = topic_size.max_topic_bytes(request_size, "t", topic_controller.CHAIN_KEY)
+    count = topic_size.largest_count(probe, replication_factor, digits, largest)
+    rows = [{"id": index, "replicas": list(range(replication_factor))} for index in range(count)]
+    body = json.dumps({"name": "t", "spec": {"replicaAssignment": rows}}).encode()
+    limit = api.topic_body_limit(store)
+    assert (count > 0, len(body) * 2 <= limit) == (True, True), (count, len(body), limit)
 
 
 async def test_an_unavailable_store_is_503(server: api_server.ApiServer) -> None:
