@@ -520,7 +520,7 @@ async def test_a_manual_row_longer_than_the_largest_replication_factor_is_refuse
     status, answer = await server.call("POST", "/v1/topics", body)
     assert (status, answer["error"]["message"].split(" (got ")[0]) == (
         422,
-        f"spec.replicaAssignment.0: partition 0 lists 129 replicas; {rule}",
+        f"spec.replicaAssignment: partition 0 lists 129 replicas; {rule}",
     ), answer
     assert await server.read("topics", "manual") is None
     # The placement dry run has no topic model in front of its manual check.
