@@ -230,8 +230,8 @@ async def send_then_abort(host: str, port: int, head: bytes, size: int, seconds:
 
 
 async def aborted_uploads(target: Target, options: Options) -> str:
-    """Item 1: 100 POSTs to /v1/topics announcing 16,000,000 bytes, sending 15 MiB, then a reset; three times."""
-    head = b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 16000000\r\n\r\n"
+    """Item 1: 100 POSTs to /v1/placement (a topic create takes no more than its store holds) announcing 16,000,000 bytes, sending 15 MiB, then a reset; three times."""
+    head = b"POST /v1/placement HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 16000000\r\n\r\n"
     for _ in range(3):
         await asyncio.gather(
             *(send_then_abort(ATTACKERS[index % len(ATTACKERS)], target.public_port, head, 15 * MiB, 4 * options.seconds) for index in range(100))

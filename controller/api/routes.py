@@ -50,6 +50,11 @@ PLACEMENT_ROWS_PER_ENCODE = 2000
 DRAIN_STALL_SECONDS = 3.0
 # Bodies may carry large manual replica assignments.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# A topic is one etcd request: a topic create (or dry run) body may take twice the store's request
+# limit and this much more, then it is refused unread. The largest topic a store holds, as json.dumps
+# writes it, takes at most the limit (a 100,000-row create of 4 MB is never stored on etcd's default
+# 1.5 MiB): what is left is room for whitespace, and the room is the floor of a small store's limit.
+TOPIC_BODY_ROOM_BYTES = 64 * 1024
 # The body of a route that takes a few fields (an SPU, a group, a count, a rack, a move limit):
 # parsing 16 MiB of JSON is seconds on the event loop before a field is looked at.
 MAX_SMALL_BODY_BYTES = 64 * 1024
@@ -246,9 +251,10 @@ def _check_topic_right(request: web.Request, topic_name: str) -> None:
 # ---------------------------------------------------------------------------- request parsing
 
 
-async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
+async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES, why: str = "") -> bytes:
     """The request's body. Refused (413) before a byte is read when its Content-Length is above
-    ``limit``, and cut there when it has none; a body over 64 KiB first waits for room in the
+    ``limit``, and cut there when it has none (``why`` follows the limit in the message); a body
+    over 64 KiB first waits for room in the
     port's buffered bytes (503 after the body timeout). A pause longer than the body timeout, or a
     body slower than transport.MIN_BODY_BYTES_PER_SECOND on average, gets a 408. A client that
     leaves midway raises ClientGone, the bytes received let go at once: nothing the failure leaves
@@ -258,7 +264,7 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
     declared = request.content_length
     if declared is not None and declared > limit:
         raise ApiError(
-            413, "RequestTooLarge", f"the request body is {declared} bytes (Content-Length); the limit is {limit} bytes"
+            413, "RequestTooLarge", f"the request body is {declared} bytes (Content-Length); the limit is {limit} bytes{why}"
         )
     length = declared if request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower() == "identity" else None
     guard = transport.guard_of(request.transport)
@@ -282,7 +288,7 @@ async def read_body(request: web.Request, limit: int = MAX_BODY_BYTES) -> bytes:
                     return bytes(body)
                 end = received + len(chunk)
                 if end > limit:
-                    raise ApiError(413, "RequestTooLarge", f"the request body is larger than {limit} bytes")
+                    raise ApiError(413, "RequestTooLarge", f"the request body is larger than {limit} bytes{why}")
                 if length is None:
                     body += chunk
                 else:
@@ -799,7 +805,7 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
     context = request.app[CONTEXT]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
     dry_run = _bool_param(request, "dryRun")
-    topic = parse_object(models.Topic, await read_body(request))
+    topic = parse_object(models.Topic, await read_body(request, topic_body_limit(context.kv_store), _topic_body_why(context.kv_store)))
     if dry_run:
         async with context.gate.slot(admission.DRY_RUN):
             placement_request, _ = admin_ops.dry_run_request(context, topic)
@@ -809,6 +815,23 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
     with _budget(timeout_ms) as remaining_ms:
         revision = await admin_ops.create_topic(context, topic)
     return await _topic_answer(request, topic, revision, remaining_ms(), created=True)
+
+
+def topic_body_limit(kv_store: kv.KVStore) -> int:
+    """The largest topic create (or dry run) body read: what one request of ``kv_store`` holds,
+    twice, and TOPIC_BODY_ROOM_BYTES (at most MAX_BODY_BYTES)."""
+    return min(MAX_BODY_BYTES, 2 * kv.request_size(kv_store).max_request_bytes + TOPIC_BODY_ROOM_BYTES)
+
+
+def _topic_body_why(kv_store: kv.KVStore) -> str:
+    max_request_bytes = kv.request_size(kv_store).max_request_bytes
+    if topic_body_limit(kv_store) == MAX_BODY_BYTES:
+        return ""
+    return (
+        f" for a topic: a topic is stored in one etcd request of at most {max_request_bytes} bytes "
+        f"(etcd_max_request_bytes), and its body may take twice that and {TOPIC_BODY_ROOM_BYTES} bytes more; "
+        "send it without indentation, or raise etcd_max_request_bytes for a larger topic"
+    )
 
 
 @contextlib.contextmanager

@@ -207,7 +207,7 @@ BUFFERED = 64 * MiB
 
 async def aborted_http_upload(port: int, host: str) -> None:
     _, writer = await connect_from(host, port)
-    writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n")
+    writer.write(b"POST /v1/placement HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n")
     writer.write(b"Content-Length: %d\r\n\r\n" % ANNOUNCED)
     await _send_then_abort(writer)
 
@@ -269,7 +269,7 @@ async def test_a_content_length_above_the_limit_is_refused_before_the_body_is_re
     async with daemon_fixtures.running(settings()) as sc:
         reader, writer = await asyncio.open_connection("127.0.0.1", sc.daemon.public_port)
         try:
-            writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % (api.MAX_BODY_BYTES + 1))
+            writer.write(b"POST /v1/placement HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % (api.MAX_BODY_BYTES + 1))
             head, body = await read_response(reader)  # answered with no body byte sent
         finally:
             writer.transport.abort()
@@ -288,7 +288,7 @@ async def test_a_chunked_body_is_cut_at_the_limit() -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", sc.daemon.public_port)
         chunk = b" " * MiB
         try:
-            writer.write(b"POST /v1/topics HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(b"POST /v1/placement HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n")
             with contextlib.suppress(ConnectionError):
                 for _ in range(api.MAX_BODY_BYTES // MiB + 1):
                     writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))

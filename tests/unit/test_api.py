@@ -1198,7 +1198,7 @@ async def test_routing_errors_are_json(server: api_server.ApiServer) -> None:
         error("MethodNotAllowed", "POST is not allowed on /v1/partitions (allowed: GET, HEAD)"),
     )
     too_large = b"[" + b" " * api.MAX_BODY_BYTES + b"]"
-    assert await server.call("POST", "/v1/topics", raw=too_large) == (
+    assert await server.call("POST", "/v1/placement", raw=too_large) == (
         413,
         error(
             "RequestTooLarge",
@@ -1291,10 +1291,9 @@ SMALL_STORE_TOPIC_BODY_BYTES = 2 * SMALL_STORE_REQUEST_BYTES + 64 * 1024
 def _topic_body_refusal(received: str) -> dict[str, Any]:
     return error(
         "RequestTooLarge",
-        f"the request body is {received}; the limit is {SMALL_STORE_TOPIC_BODY_BYTES} bytes for a topic: a topic is "
-        f"stored in one etcd request of at most {SMALL_STORE_REQUEST_BYTES} bytes (etcd_max_request_bytes), and its "
-        "body may take twice that and 65536 bytes more; send it without indentation, or raise etcd_max_request_bytes "
-        "for a larger topic",
+        f"the request body is {received} bytes for a topic: a topic is stored in one etcd request of at most "
+        f"{SMALL_STORE_REQUEST_BYTES} bytes (etcd_max_request_bytes), and its body may take twice that and 65536 bytes "
+        "more; send it without indentation, or raise etcd_max_request_bytes for a larger topic",
     )
 
 
@@ -1319,7 +1318,11 @@ async def test_a_topic_body_larger_than_the_store_holds_is_refused_unread(path: 
         assert server.session is not None
         async with server.session.post(path, data=io.BytesIO(over) if declared else chunked(over)) as response:
             refused = (response.status, await response.json())
-        received = f"{len(over)} bytes (Content-Length)" if declared else f"larger than {SMALL_STORE_TOPIC_BODY_BYTES} bytes"
+        received = (
+            f"{len(over)} bytes (Content-Length); the limit is {SMALL_STORE_TOPIC_BODY_BYTES}"
+            if declared
+            else f"larger than {SMALL_STORE_TOPIC_BODY_BYTES}"
+        )
         assert refused == (413, _topic_body_refusal(received))
         async with server.session.post(path, data=io.BytesIO(at_limit) if declared else chunked(at_limit)) as response:
             assert response.status == (200 if "dryRun" in path else 202), await response.text()
