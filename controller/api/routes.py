@@ -394,6 +394,7 @@ def parse_object(model: type[Parsed], raw: bytes) -> Parsed:
     too (json_input), whose checks come first and say what is wrong (tests/unit/test_request_parse.py
     holds the two paths to the same answers).
     """
+    refusal: pydantic.ValidationError | None = None
     try:
         # Strict: "3" is not a partition count and true is not a port. Validating the raw bytes
         # (not a re-serialised copy) keeps pydantic's own limits on deeply nested input.
@@ -406,15 +407,14 @@ def parse_object(model: type[Parsed], raw: bytes) -> Parsed:
         # Digits in a string match too: they only take the slow path.
         if "status" not in parsed.model_fields_set and _LONG_DIGITS.search(raw) is None:
             return parsed
-        refusal = None
     body = parse_json_object(raw, '{"name": ..., "spec": {...}}')
     if "status" in body:
         raise ApiError(
             422, "InvalidObject", "status: is written by the SC, not by users; send only name and spec"
         )
-    if refusal is None:
-        return parsed
-    raise _validation_error(refusal) from None
+    if refusal is not None:
+        raise _validation_error(refusal) from None
+    return parsed
 
 
 def _validation_error(error: pydantic.ValidationError) -> ApiError:
