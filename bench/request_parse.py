@@ -1,0 +1,125 @@
+"""A topic create's body through `routes.parse_object` against the path it replaced, in the same run.
+
+The baseline is the old parse: Python's parser with its integer bound (a Python call per integer),
+the shape and status checks, then `model_validate_json` of a topic model whose rows each had a
+Python validator (the old `PartitionAssignment._row_fits`, re-declared here). Three bodies: the
+issue's 100,000 partitions x RF 3 (4.4 MB, above the create limit now, parsed here all the same),
+a valid body at the create limit of the default store (`topic_body_limit`, 3 MiB + 64 KiB), and
+the same with its last row invalid (a refusal takes the Python checks too: the worst case a client
+can send). Pure CPU, on the calling thread, as on the event loop, with `sc run`'s collector
+threshold (`daemon.GC_GEN0_THRESHOLD`: at Python's default, collections are half of the time);
+best of ``--repeat``.
+
+    .venv/bin/python bench/request_parse.py [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Self
+
+import pydantic
+
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from controller import daemon  # noqa: E402 (after the path set-up above)
+from controller.api import routes  # noqa: E402
+from store import memory, models  # noqa: E402
+
+REPLICATION_FACTOR = 3
+SPUS = 1_000
+
+
+class RowCheckedAssignment(models.PartitionAssignment):
+    """A manual row as it was: a Python validator called for each one."""
+
+    @pydantic.model_validator(mode="after")
+    def _row_fits(self) -> Self:
+        if len(self.replicas) > models.MAX_REPLICATION_FACTOR:
+            raise ValueError(f"partition {self.id} lists {len(self.replicas)} replicas")
+        return self
+
+
+class RowCheckedSpec(models.TopicSpec):
+    replica_assignment: Annotated[list[RowCheckedAssignment], pydantic.Field(max_length=models.MAX_PARTITIONS)] | None = None  # type: ignore[assignment]  # the same field, rows of the old model
+
+
+class RowCheckedTopic(models.ClusterObject[RowCheckedSpec, models.TopicStatus]):
+    pass
+
+
+def old_parse(raw: bytes) -> object:
+    """The parse before: both parsers on every body, the Python one first."""
+    body = routes.parse_json_object(raw, '{"name": ..., "spec": {...}}')
+    if "status" in body:
+        raise routes.ApiError(422, "InvalidObject", "status: is written by the SC")
+    try:
+        return RowCheckedTopic.model_validate_json(raw, strict=True)
+    except pydantic.ValidationError as error:
+        raise routes.ApiError(422, "InvalidObject", models.describe_validation_error(error)) from None
+
+
+def new_parse(raw: bytes) -> object:
+    return routes.parse_object(models.Topic, raw)
+
+
+def body(rows: int, invalid_last: bool = False) -> bytes:
+    """A manual topic of ``rows`` rows; its last replica is -1 when ``invalid_last``."""
+    assignment = [[(index + step) % SPUS for step in range(REPLICATION_FACTOR)] for index in range(rows)]
+    if invalid_last:
+        assignment[-1][-1] = -1
+    rows_json = [{"id": index, "replicas": replicas} for index, replicas in enumerate(assignment)]
+    return json.dumps({"name": "large", "spec": {"replicaAssignment": rows_json}}).encode()
+
+
+def at_limit(limit: int) -> int:
+    """The most rows whose body fits in ``limit`` bytes."""
+    low, high = 1, models.MAX_PARTITIONS
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if len(body(middle)) <= limit else (low, middle - 1)
+    return low
+
+
+def best(parse: Callable[[bytes], object], raw: bytes, repeat: int) -> float:
+    fastest = float("inf")
+    for _ in range(repeat):
+        started = time.perf_counter()
+        try:
+            parse(raw)
+        except routes.ApiError:
+            pass
+        fastest = min(fastest, time.perf_counter() - started)
+    return fastest
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    gc.set_threshold(daemon.GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
+    limit = routes.topic_body_limit(memory.MemoryStore())
+    fitting = at_limit(limit)
+    cases = [
+        (f"100,000 x RF {REPLICATION_FACTOR}", body(100_000)),
+        (f"at the limit ({fitting:,} rows)", body(fitting)),
+        ("at the limit, last row invalid", body(fitting - 1, invalid_last=True)),
+    ]
+    print(f"create body limit of the default store: {limit:,} bytes")
+    print(f"{'body':34} {'bytes':>11} {'new (s)':>8} {'old (s)':>8} {'new/old':>8}")
+    for label, raw in cases:
+        new = best(new_parse, raw, args.repeat)
+        old = best(old_parse, raw, args.repeat)
+        print(f"{label:34} {len(raw):11,} {new:8.3f} {old:8.3f} {new / old:8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
