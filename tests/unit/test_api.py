@@ -1342,8 +1342,35 @@ def test_the_largest_topic_the_store_holds_fits_its_body_limit(replication_facto
     count = topic_size.largest_count(probe, replication_factor, digits, largest)
     rows = [{"id": index, "replicas": list(range(replication_factor))} for index in range(count)]
     body = json.dumps({"name": "t", "spec": {"replicaAssignment": rows}}).encode()
-    limit = api.topic_body_limit(store)
-    assert (count > 0, len(body) * 2 <= limit) == (True, True), (count, len(body), limit)
+    content = len(json.dumps({"name": "t", "spec": {"replicaAssignment": rows}}, separators=(",", ":")))
+    limit, content_limit = api.topic_body_limit(store), api.topic_content_limit(store)
+    assert (count > 0, len(body) * 2 <= limit, content <= content_limit) == (True, True, True), (count, len(body), content)
+
+
+@pytest.mark.parametrize("path", ["/v1/topics?timeout=0", "/v1/topics?dryRun=true"])
+async def test_a_topic_body_holding_more_than_the_store_holds_besides_whitespace_is_refused_unparsed(path: str) -> None:
+    """What a body holds besides JSON's whitespace is what a stored topic holds at least (its
+    assignment is stored twice, in the spec and as the replica map): above the store's request
+    limit and 64 KiB it can never be stored, and is refused before it is parsed."""
+    server = api_server.ApiServer(memory.MemoryStore(max_request_bytes=SMALL_STORE_REQUEST_BYTES))
+    await server.start()
+    try:
+        rows = [{"id": index, "replicas": [0]} for index in range(5_600)]
+        raw = json.dumps({"name": "t", "spec": {"replicaAssignment": rows}}).encode()
+        content = len(raw) - sum(raw.count(space) for space in (b" ", b"\n", b"\r", b"\t"))
+        assert SMALL_STORE_REQUEST_BYTES + 64 * 1024 < content < len(raw) <= SMALL_STORE_TOPIC_BODY_BYTES
+        assert await server.call("POST", path, raw=raw) == (
+            413,
+            error(
+                "RequestTooLarge",
+                f"the request body holds {content} bytes besides whitespace; the limit is "
+                f"{SMALL_STORE_REQUEST_BYTES + 64 * 1024} bytes for a topic: a topic is stored in one etcd request of "
+                f"at most {SMALL_STORE_REQUEST_BYTES} bytes (etcd_max_request_bytes), its replica assignment twice; "
+                "raise etcd_max_request_bytes for a larger topic",
+            ),
+        )
+    finally:
+        await server.stop()
 
 
 async def test_an_unavailable_store_is_503(server: api_server.ApiServer) -> None:
