@@ -50,11 +50,14 @@ PLACEMENT_ROWS_PER_ENCODE = 2000
 DRAIN_STALL_SECONDS = 3.0
 # Bodies may carry large manual replica assignments.
 MAX_BODY_BYTES = 16 * 1024 * 1024
-# A topic is one etcd request: a topic create (or dry run) body may take twice the store's request
-# limit and this much more, then it is refused unread. The largest topic a store holds, as json.dumps
-# writes it, takes at most the limit (a 100,000-row create of 4 MB is never stored on etcd's default
-# 1.5 MiB): what is left is room for whitespace, and the room is the floor of a small store's limit.
+# A topic is one etcd request (a 100,000-row create of 4 MB is never stored on etcd's default 1.5
+# MiB). A topic create (or dry run) body may hold the store's request limit and this much more
+# besides whitespace (what a stored topic holds at least), and take twice the limit and this much
+# more with its whitespace (read no further): the largest topic a store holds, as json.dumps writes
+# it, takes at most the limit, so an indent of two spaces fits too.
 TOPIC_BODY_ROOM_BYTES = 64 * 1024
+# What JSON skips between tokens: a body's bytes besides these are at most what its topic stores.
+_JSON_WHITESPACE = (b" ", b"\n", b"\r", b"\t")
 # The body of a route that takes a few fields (an SPU, a group, a count, a rack, a move limit):
 # parsing 16 MiB of JSON is seconds on the event loop before a field is looked at.
 MAX_SMALL_BODY_BYTES = 64 * 1024
@@ -805,7 +808,9 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
     context = request.app[CONTEXT]
     timeout_ms = _int_param(request, "timeout", DEFAULT_WAIT_MS, MAX_WAIT_MS)
     dry_run = _bool_param(request, "dryRun")
-    topic = parse_object(models.Topic, await read_body(request, topic_body_limit(context.kv_store), _topic_body_why(context.kv_store)))
+    raw = await read_body(request, topic_body_limit(context.kv_store), _topic_body_why(context.kv_store))
+    check_topic_content(raw, context.kv_store)
+    topic = parse_object(models.Topic, raw)
     if dry_run:
         async with context.gate.slot(admission.DRY_RUN):
             placement_request, _ = admin_ops.dry_run_request(context, topic)
@@ -832,6 +837,28 @@ def _topic_body_why(kv_store: kv.KVStore) -> str:
         f"(etcd_max_request_bytes), and its body may take twice that and {TOPIC_BODY_ROOM_BYTES} bytes more; "
         "send it without indentation, or raise etcd_max_request_bytes for a larger topic"
     )
+
+
+def topic_content_limit(kv_store: kv.KVStore) -> int:
+    """The most bytes a topic create (or dry run) body may hold besides JSON's whitespace: one
+    request of ``kv_store``, and TOPIC_BODY_ROOM_BYTES. The stored topic holds at least what the
+    body holds (its assignment twice: in the spec and as the replica map)."""
+    return kv.request_size(kv_store).max_request_bytes + TOPIC_BODY_ROOM_BYTES
+
+
+def check_topic_content(raw: bytes, kv_store: kv.KVStore) -> None:
+    """Refuse (413), before it is parsed, a topic body that could never be stored."""
+    # Counted in C, a pass per character: a few ms for 3 MiB.
+    content = len(raw) - sum(raw.count(space) for space in _JSON_WHITESPACE)
+    limit = topic_content_limit(kv_store)
+    if content > limit:
+        raise ApiError(
+            413,
+            "RequestTooLarge",
+            f"the request body holds {content} bytes besides whitespace; the limit is {limit} bytes for a topic: "
+            f"a topic is stored in one etcd request of at most {kv.request_size(kv_store).max_request_bytes} bytes "
+            "(etcd_max_request_bytes), its replica assignment twice; raise etcd_max_request_bytes for a larger topic",
+        )
 
 
 @contextlib.contextmanager
