@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, strategies as st
 
 from controller.reconcile import topic as topic_controller, topic_size
 from store import active_sc, kv, models
@@ -101,3 +102,18 @@ def test_the_largest_partition_action_fits_the_smallest_request_limit() -> None:
     prefix = "/sc/" + "p" * 200 + "/"
     request_size = kv.RequestSize(prefix, floor, kv.RequestSize(prefix, floor).compare_bytes(active_sc.KEY, 2**63 - 1))
     assert request_size.writes_bound(len(action.writes), action.key_bytes, action.value_bytes) <= request_size.budget
+
+
+@given(st.lists(st.lists(st.integers(0, models.MAX_SPU_ID), max_size=5), min_size=1, max_size=30))
+def test_the_least_bytes_of_an_assignment_are_at_most_what_its_topic_takes(assignment: list[list[int]]) -> None:
+    """A Fluvio create is refused unbuilt when this bound is above the store's request limit: it
+    must never be above what the topic really takes."""
+    topic = manual(assignment)
+    stored = len(models.encode(provisioned(topic, dict(enumerate(assignment)))))
+    least = topic_size.least_assignment_bytes(len(assignment), sum(map(len, assignment)))
+    assert least <= stored, (least, stored)
+
+
+def test_the_least_bytes_of_an_assignment_count_each_row_and_each_id() -> None:
+    # [{"id":0,"replicas":[1,2]},{"id":1,"replicas":[2,1]}] and {"0":[1,2],"1":[2,1]}: 25 and 9 a row.
+    assert topic_size.least_assignment_bytes(2, 4) == 2 * 26 + 4 * 4 <= 2 * (25 + 9)

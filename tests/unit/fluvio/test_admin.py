@@ -102,6 +102,26 @@ async def test_topic_create_failures_in_fluvios_order(fluvio_sc: daemon_fixtures
     assert set(await fluvio_sc.read_all("topics")) == {"taken"}
 
 
+@pytest.mark.parametrize("dry_run", [False, True])
+async def test_an_assignment_larger_than_one_etcd_request_is_refused_before_its_model_is_built(
+    fluvio_sc: daemon_fixtures.Running, client: client_module.Client, dry_run: bool
+) -> None:
+    """A Fluvio create carries its assignment decoded, not as JSON: 32,000 rows of 16 replicas took
+    seconds to become our model before TopicTooLarge refused it (the HTTP body limit does not apply).
+    What its rows take in the store at least is counted first, in C."""
+    rows = [objects.PartitionMap(index, list(range(16))) for index in range(32_000)]
+    request = create(objects.TOPIC, "wide", objects.TopicSpec(objects.AssignedReplicas(rows)), dry_run=dry_run)
+    least = 26 * 32_000 + 4 * 32_000 * 16
+    assert await client.status(messages.CREATE, request) == error(
+        "wide",
+        Error.TOPIC_ERROR,
+        f"topic 'wide' assigns 32000 partitions 512000 replicas, at least {least} bytes in the store: above the "
+        f"{config.Settings().etcd_max_request_bytes} bytes of one etcd request (etcd_max_request_bytes), which holds "
+        "the whole topic; use fewer partitions or replicas, or raise etcd_max_request_bytes",
+    )
+    assert await fluvio_sc.read_all("topics") == {}
+
+
 async def test_a_topic_without_enough_spus_is_kept_and_answered_not_provisioned(
     fluvio_sc: daemon_fixtures.Running, client: client_module.Client
 ) -> None:
