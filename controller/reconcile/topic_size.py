@@ -47,6 +47,13 @@ def map_bytes(replica_map: Mapping[int, Sequence[int]]) -> int:
     return total
 
 
+def least_assignment_bytes(partitions: int, replicas: int) -> int:
+    """At least the bytes a manual topic of ``partitions`` rows holding ``replicas`` SPU ids in all
+    takes stored Provisioned: each row in the spec (``{"id":0,"replicas":[]}`` less one) and in the
+    replica map (``"0":[]`` less one), each id a digit and a comma in both."""
+    return 26 * partitions + 4 * replicas
+
+
 def replication_factor(topic: models.Topic) -> int:
     """The computed topic's, or the manual topic's longest row."""
     spec = topic.spec

@@ -104,7 +104,7 @@ def test_the_largest_partition_action_fits_the_smallest_request_limit() -> None:
     assert request_size.writes_bound(len(action.writes), action.key_bytes, action.value_bytes) <= request_size.budget
 
 
-@given(st.lists(st.lists(st.integers(0, models.MAX_SPU_ID), max_size=5), min_size=1, max_size=30))
+@given(st.lists(st.lists(st.integers(0, models.MAX_SPU_ID), min_size=1, max_size=5, unique=True), min_size=1, max_size=30))
 def test_the_least_bytes_of_an_assignment_are_at_most_what_its_topic_takes(assignment: list[list[int]]) -> None:
     """A Fluvio create is refused unbuilt when this bound is above the store's request limit: it
     must never be above what the topic really takes."""

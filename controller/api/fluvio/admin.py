@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import operator
 import secrets
 import ssl
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from connection_manager import ratelimit
 from controller import context as context_module
 from controller.api import admin_ops, admission, auth
 from controller.api.fluvio import forward, mapping, messages, objects
+from controller.reconcile import topic_size
 from store import attribution, kv, local, models
 
 log = structlog.get_logger(__name__)
@@ -85,11 +87,27 @@ def _forward_tls(context: context_module.Context) -> Callable[[], ssl.SSLContext
     return build
 
 
+def _check_assignment_size(name: str, rows: list[objects.PartitionMap], max_request_bytes: int) -> None:
+    """Building our model of a 16 MiB assignment takes seconds on the event loop: one that can never
+    be stored (a topic is one etcd request) is refused first (TopicError, as TopicTooLarge), its
+    replicas counted in C."""
+    replicas = sum(map(len, map(_REPLICAS, rows)))
+    least = topic_size.least_assignment_bytes(len(rows), replicas)
+    if least > max_request_bytes:
+        raise mapping.Refused(
+            Error.TOPIC_ERROR,
+            f"topic {name!r} assigns {len(rows)} partitions {replicas} replicas, at least {least} bytes in the store: "
+            f"above the {max_request_bytes} bytes of one etcd request (etcd_max_request_bytes), which holds the whole "
+            "topic; use fewer partitions or replicas, or raise etcd_max_request_bytes",
+        )
+
+
 def failure(name: str, code: Error, message: str) -> messages.Status:
     args = (message,) if code is Error.OTHER else ()
     return messages.Status(name, messages.ErrorCode(code, args), message)
 
 
+_REPLICAS = operator.attrgetter("replicas")
 # What an admin operation's error (its API.md code) is for the Fluvio client, per object type.
 _TOPIC_ERRORS = {"AlreadyExists": Error.TOPIC_ALREADY_EXISTS, "NotFound": Error.TOPIC_NOT_FOUND, "ManualTopic": Error.TOPIC_INVALID_REPLICA_TYPE}
 _SPU_ERRORS = {"AlreadyExists": Error.SPU_ALREADY_EXISTS, "SpuIdInUse": Error.SPU_ALREADY_EXISTS, "NotFound": Error.SPU_NOT_FOUND}
@@ -211,6 +229,9 @@ class Admin:
         if self.context.local_store["topics"].get(name) is not None:
             return failure(name, Error.TOPIC_ALREADY_EXISTS, f"Topic {name!r} already exists")
         mapping.check_topic_config(request.spec)
+        rows = mapping.assigned_rows(request.spec)
+        if rows is not None:
+            _check_assignment_size(name, rows, kv.request_size(self.context.kv_store).max_request_bytes)
         topic = mapping.topic_from_create(name, request.spec)
         if request.dry_run:
             await admin_ops.dry_run_topic(self.context, topic)

@@ -191,12 +191,12 @@ def check_topic_config(spec: objects.TopicSpec) -> None:
         raise Refused(invalid, "system topics are the cluster's own; create the topic with system = false")
 
 
-def topic_from_create(name: str, spec: objects.TopicSpec) -> models.Topic:
-    """Our topic for a Fluvio create (after check_topic_name and check_topic_config)."""
+def assigned_rows(spec: objects.TopicSpec) -> list[objects.PartitionMap] | None:
+    """The rows of an assigned create (None for a computed one), after the refusals that need no
+    model: mirrors, and more partitions than Fluvio's wire describes."""
     replicas = spec.replicas
     if isinstance(replicas, objects.MirrorReplicas):
         raise Refused(messages.Error.TOPIC_INVALID_REPLICA_TYPE, "mirror topics are not supported by this SC: use computed or assigned replicas")
-    fields: dict[str, object]
     if isinstance(replicas, objects.AssignedReplicas):
         mirrored = [row.id for row in replicas.maps if row.mirror is not None]
         if mirrored:
@@ -206,14 +206,24 @@ def topic_from_create(name: str, spec: objects.TopicSpec) -> models.Topic:
             )
         if len(replicas.maps) > MAX_WIRE_PARTITIONS:
             raise Refused(messages.Error.TOPIC_ERROR, _too_many_partitions(len(replicas.maps)))
-        fields = {"replicaAssignment": [{"id": row.id, "replicas": list(row.replicas)} for row in replicas.maps]}
+        return replicas.maps
+    if replicas.partitions > MAX_WIRE_PARTITIONS:
+        raise Refused(messages.Error.TOPIC_ERROR, _too_many_partitions(replicas.partitions))
+    return None
+
+
+def topic_from_create(name: str, spec: objects.TopicSpec) -> models.Topic:
+    """Our topic for a Fluvio create (after check_topic_name and check_topic_config)."""
+    rows = assigned_rows(spec)
+    fields: dict[str, object]
+    if rows is not None:
+        fields = {"replicaAssignment": [{"id": row.id, "replicas": list(row.replicas)} for row in rows]}
     else:
-        if replicas.partitions > MAX_WIRE_PARTITIONS:
-            raise Refused(messages.Error.TOPIC_ERROR, _too_many_partitions(replicas.partitions))
+        assert isinstance(spec.replicas, objects.ComputedReplicas)
         fields = {
-            "partitions": replicas.partitions,
-            "replicationFactor": replicas.replication_factor,
-            "ignoreRackAssignment": replicas.ignore_rack_assignment,
+            "partitions": spec.replicas.partitions,
+            "replicationFactor": spec.replicas.replication_factor,
+            "ignoreRackAssignment": spec.replicas.ignore_rack_assignment,
         }
     try:
         return models.Topic.model_validate({"name": name, "spec": fields})
