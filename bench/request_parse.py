@@ -7,7 +7,8 @@ issue's 100,000 partitions x RF 3 (4.4 MB: a create refuses it unread now, parse
 same), the largest body a create parses on the default store (`topic_content_limit`: 1.5 MiB +
 64 KiB besides whitespace), and the same with its last row invalid (a refusal takes the Python
 checks too: the worst a client can send). Then the check that refuses a denser body unparsed, on
-the 4.4 MB one. Pure CPU, on the calling thread, as on the event loop, with `sc run`'s collector
+the 4.4 MB one, and a Fluvio create's assignment of 32,000 rows x 128 (a 16 MiB frame, decoded):
+the check that refuses it now against building the model it got before. Pure CPU, on the calling thread, as on the event loop, with `sc run`'s collector
 threshold (`daemon.GC_GEN0_THRESHOLD`: at Python's default, collections are half of the time);
 best of ``--repeat``.
 
@@ -32,7 +33,8 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 
 from controller import daemon  # noqa: E402 (after the path set-up above)
 from controller.api import routes  # noqa: E402
-from store import memory, models  # noqa: E402
+from controller.api.fluvio import admin as fluvio_admin, mapping, objects  # noqa: E402
+from store import kv, memory, models  # noqa: E402
 
 REPLICATION_FACTOR = 3
 SPUS = 1_000
@@ -100,7 +102,7 @@ def best(parse: Callable[[bytes], object], raw: bytes, repeat: int) -> float:
         started = time.perf_counter()
         try:
             parse(raw)
-        except routes.ApiError:
+        except (routes.ApiError, mapping.Refused):
             pass
         fastest = min(fastest, time.perf_counter() - started)
     return fastest
@@ -128,6 +130,11 @@ def main() -> int:
         print(f"{label:34} {len(raw):11,} {new:8.3f} {old:8.3f} {new / old:8.2f}")
     check = best(lambda raw: routes.check_topic_content(raw, store), largest, args.repeat)
     print(f"{'refused unparsed: 100,000 x RF 3':34} {len(largest):11,} {check:8.3f}")
+    wide = [objects.PartitionMap(index, [(index + step) % SPUS for step in range(128)]) for index in range(32_000)]
+    spec = objects.TopicSpec(objects.AssignedReplicas(wide))
+    refused = best(lambda _: fluvio_admin._check_assignment_size("wide", wide, kv.DEFAULT_MAX_REQUEST_BYTES), b"", args.repeat)
+    built = best(lambda _: mapping.topic_from_create("wide", spec), b"", args.repeat)
+    print(f"{'Fluvio 32,000 x 128: refused / built':34} {'':11} {refused:8.3f} {built:8.3f} {refused / built:8.3f}")
     return 0
 
 
