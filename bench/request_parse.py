@@ -6,7 +6,8 @@ Python validator (the old `PartitionAssignment._row_fits`, re-declared here). Th
 issue's 100,000 partitions x RF 3 (4.4 MB: a create refuses it unread now, parsed here all the
 same), the largest body a create parses on the default store (`topic_content_limit`: 1.5 MiB +
 64 KiB besides whitespace), and the same with its last row invalid (a refusal takes the Python
-checks too: the worst a client can send). Then the check that refuses a denser body unparsed, on
+checks too), and a body of unknown fields at that limit (pydantic reports each one, and a
+refusal read them all out, twice: the worst a client can send). Then the check that refuses a denser body unparsed, on
 the 4.4 MB one, and a Fluvio create's assignment of 32,000 rows x 128 (a 16 MiB frame, decoded):
 the check that refuses it now against building the model it got before. Pure CPU, on the calling thread, as on the event loop, with `sc run`'s collector
 threshold (`daemon.GC_GEN0_THRESHOLD`: at Python's default, collections are half of the time);
@@ -66,7 +67,16 @@ def old_parse(raw: bytes) -> object:
     try:
         return RowCheckedTopic.model_validate_json(raw, strict=True)
     except pydantic.ValidationError as error:
-        raise routes.ApiError(422, "InvalidObject", models.describe_validation_error(error)) from None
+        raise routes.ApiError(422, "InvalidObject", old_describe(error)) from None
+
+
+def old_describe(error: pydantic.ValidationError) -> str:
+    """A refusal's message as it was: every problem read out, twice (the status code's choice, then
+    the message), whatever their number."""
+    wrong_type = any(problem["type"].endswith("_type") for problem in error.errors(include_url=False))
+    problems = error.errors(include_url=False)
+    lines = [f"{'.'.join(map(str, problem['loc']))}: {problem['msg']}" for problem in problems[: models.MAX_PROBLEMS_DESCRIBED]]
+    return ("400: " if wrong_type else "") + "; ".join(lines)
 
 
 def new_parse(raw: bytes) -> object:
@@ -80,6 +90,13 @@ def body(rows: int, invalid_last: bool = False) -> bytes:
         assignment[-1][-1] = -1
     rows_json = [{"id": index, "replicas": replicas} for index, replicas in enumerate(assignment)]
     return json.dumps({"name": "large", "spec": {"replicaAssignment": rows_json}}).encode()
+
+
+def unknown_fields(limit: int) -> bytes:
+    """A computed topic followed by as many unknown fields as ``limit`` bytes besides whitespace hold."""
+    count = limit // len('"x100000":1,')
+    extras = ",".join(f'"x{index}":1' for index in range(count))
+    return ('{"name":"t","spec":{"partitions":1,"replicationFactor":1},' + extras + "}").encode()
 
 
 def content(raw: bytes) -> int:
@@ -121,6 +138,7 @@ def main() -> int:
         (f"100,000 x RF {REPLICATION_FACTOR}", largest),
         (f"at the limit ({fitting:,} rows)", body(fitting)),
         ("at the limit, last row invalid", body(fitting, invalid_last=True)),
+        ("at the limit, unknown fields", unknown_fields(limit)),
     ]
     print(f"default store: read limit {routes.topic_body_limit(store):,} bytes, {limit:,} besides whitespace")
     print(f"{'body':34} {'bytes':>11} {'new (s)':>8} {'old (s)':>8} {'new/old':>8}")
