@@ -66,6 +66,8 @@ class Sc:
     def __init__(self, workdir: Path, endpoints: list[str] | None, settings: dict[str, str] | None = None) -> None:
         self.public_port, self.private_port = embedded_etcd.free_ports(2)
         self.log_path = workdir / f"sc-{self.public_port}.log"
+        # Its simulator SPUs' warnings (why one reconnected: the SC closed it, a ping went unanswered).
+        self.spus_log_path = workdir / f"spus-{self.private_port}.log"
         environment = {name: value for name, value in os.environ.items() if not name.startswith("SC_")}
         environment.update(
             SC_BIND_HOST="127.0.0.1",
@@ -148,13 +150,14 @@ class Spus:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "controller.cli", "spu", "run", "--count", str(len(SPU_IDS)), "--first-id", str(SPU_IDS[0]),
-             "--sc-private", f"127.0.0.1:{self.sc.private_port}", "--log-format", "json", "--log-level", "warning",
-             *SPU_RATES],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        with self.sc.spus_log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "controller.cli", "spu", "run", "--count", str(len(SPU_IDS)), "--first-id", str(SPU_IDS[0]),
+                 "--sc-private", f"127.0.0.1:{self.sc.private_port}", "--log-format", "json", "--log-level", "warning",
+                 *SPU_RATES],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
 
     async def wait_online(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

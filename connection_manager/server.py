@@ -140,11 +140,12 @@ class Session:
         frame = wire.encode(message)
         cost = len(frame) + FRAME_OVERHEAD_BYTES
         if self.queued_bytes + cost > SEND_QUEUE_BYTES:
-            self.close(
-                "too-slow",
+            reason = (
                 f"SPU {self.spu_id} is not reading its frames ({self.outbox.qsize()} frames of "
-                f"{self.queued_bytes} bytes queued; at most {SEND_QUEUE_BYTES} bytes)",
+                f"{self.queued_bytes} bytes queued; at most {SEND_QUEUE_BYTES} bytes)"
             )
+            log.warning("closing a connection of an SPU that does not read", spu=self.spu_id, incarnation=self.number, reason=reason)
+            self.close("too-slow", reason)
             return
         self.queued_bytes += cost
         self.outbox.put_nowait(frame)

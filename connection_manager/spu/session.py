@@ -291,11 +291,13 @@ class ScSession:
                 for task in done:
                     error = task.exception()
                     # Without heartbeats the SC will mark this SPU offline: end the connection, start again.
-                    self.log.info("sc connection lost while sending; reconnecting", error=_describe(error) if error else "ended")
+                    self.log.warning("sc connection lost while sending; reconnecting", error=_describe(error) if error else "ended")
                 return
             message = receiving.result()
             if message is None:
-                self.log.info("sc closed the connection", close_code=ws.close_code)
+                # A warning: the SC stopping, or a ping it did not answer in time (aiohttp's heartbeat).
+                error = ws.exception()
+                self.log.warning("sc connection closed; reconnecting", close_code=ws.close_code, error=_describe(error) if error else None)
                 return
             if isinstance(message, wire.Sync):
                 self.state.apply_sync(message, loop.time())

@@ -66,13 +66,15 @@ def check_list(path: str, body: bytes) -> None:
         assert names == partition_names(range(TOPICS)), path
 
 
-def assert_unharmed(during: overload_reads.Figures, baseline: int, health: bool = True) -> None:
+def assert_unharmed(during: overload_reads.Figures, baseline: int, sc: overload_reads.Sc, health: bool = True) -> None:
     assert during.health, "the probe answered nothing"
     if health:
         # Probed on new connections (as a liveness probe does) and on a kept-alive one.
         assert during.health_worst() < HEALTH_WORST, f"/healthz took {during.health_worst():.2f} s"
         assert during.health_worst(kept=True) < HEALTH_WORST, f"/healthz took {during.health_worst(kept=True):.2f} s"
-    assert during.spu_disconnects == 0
+    assert during.spu_disconnects == 0, "\n".join(
+        f"{path.name}:\n{path.read_text(errors='replace')[-3000:]}" for path in (sc.log_path, sc.spus_log_path) if path.exists()
+    )
     assert during.rss_peak - baseline < PEAK_MEMORY_ABOVE_BASELINE, (during.rss_peak, baseline)
 
 
@@ -89,7 +91,7 @@ async def test_lists_and_fluvio_lists_beyond_the_gate_are_refused_and_nothing_el
     assert set(same) <= {"200", "429 with Retry-After"} and same["200"] >= 1, same
     assert set(different) <= {"200", "429 with Retry-After"} and different["200"] >= 2, different
     assert set(fluvio) <= {"ok", "Busy"} and sum(fluvio.values()) == 100, fluvio
-    assert_unharmed(during, baseline)
+    assert_unharmed(during, baseline, sc)
     metrics = await sc.metrics()
     # The identical lists shared answers: far fewer were built than served.
     built = metrics['sc_list_answers_total{source="built"}']
@@ -107,7 +109,7 @@ async def test_placements_run_off_the_loop_within_the_gate(sc: overload_reads.Sc
     async with overload_reads.measured(sc) as during:
         outcomes = await overload_reads.placement_attack(sc.url, 10, 20_000, 8)
     assert set(outcomes) <= {"200", "429"} and outcomes["200"] >= 2, outcomes
-    assert_unharmed(during, baseline)
+    assert_unharmed(during, baseline, sc)
     assert (await sc.metrics())["sc_expensive_requests_running"] == 0
 
 
@@ -146,7 +148,7 @@ async def test_a_watcher_that_reads_nothing_is_dropped_and_the_others_get_everyt
                         break
             # Not /healthz: here the controllers provision thousands of partitions, and their own
             # passes (not the watchers) hold the loop for a few hundred ms each on a busy machine.
-            assert_unharmed(during, baseline, health=False)
+            assert_unharmed(during, baseline, sc, health=False)
             dropped = await dropped_watchers(sc)
             assert list(dropped.values()) == [1.0] and 'protocol="http"' in next(iter(dropped)), dropped
             metrics = await sc.metrics()
