@@ -599,11 +599,23 @@ class ConnectionManager:
         proposals, confirmations and offset deltas all count). Taking a frame in never waits on
         anything, so a slow SPU only slows its own connection."""
         websocket = session.websocket
+        loop = asyncio.get_running_loop()
+        held: wire.Offsets | None = None  # an Offsets frame that came before its time
         while session.closing is None:
+            if held is not None and loop.time() >= self._offsets_due(session):
+                self._take_offsets_at_its_time(session, held)
+                held = None
+                await asyncio.sleep(0)
+                continue
+            # Until the heartbeat timeout since its last frame, or the held frame's time.
+            silence_ends = session.last_frame_at + self.heartbeat_timeout
+            wait = silence_ends - loop.time() if held is None else min(silence_ends, self._offsets_due(session)) - loop.time()
             try:
                 try:
-                    message = await websocket.receive(timeout=self.heartbeat_timeout)
+                    message = await websocket.receive(timeout=max(wait, 0.0))
                 except asyncio.TimeoutError:
+                    if held is not None and loop.time() < silence_ends:
+                        continue  # the held frame's time came
                     # The timer may have fired only because this loop was busy while the SPU's
                     # frames sat in the socket buffer: a short second look tells the two apart.
                     message = await websocket.receive(timeout=HEARTBEAT_SECOND_LOOK)
@@ -620,11 +632,27 @@ class ConnectionManager:
                 session.closing = ("protocol-error", str(websocket.exception()))
                 log.warning("SPU connection error", spu=session.spu_id, error=str(websocket.exception()))
                 return
-            session.last_frame_at = asyncio.get_running_loop().time()
+            session.last_frame_at = loop.time()
             if self.sessions.get(session.spu_id) is not session:
                 return  # replaced: what it says is not its SPU's current word
             try:
-                kind = self._take_frame(session, message.data)
+                parsed = self._read_frame(session, message.data)
+                if isinstance(parsed, wire.Offsets) and loop.time() < self._offsets_due(session):
+                    # Sooner than the protocol allows. Held, and the SPU read on (its heartbeats,
+                    # confirmations, proposals, and the WebSocket pings that are answered only
+                    # as it is read); a second one before the first's time is a flood: reading
+                    # stops until then, its frames waiting in its own socket.
+                    self.stats.offsets_paced += 1
+                    if held is not None:
+                        await asyncio.sleep(max(0.0, self._offsets_due(session) - loop.time()))
+                        if session.closing is not None or self.sessions.get(session.spu_id) is not session:
+                            return
+                        self._take_offsets_at_its_time(session, held)
+                    held = parsed
+                elif isinstance(parsed, wire.Offsets):
+                    self._take_offsets_at_its_time(session, parsed)
+                elif parsed is not None:
+                    self._take(session, parsed)
             except Exception as error:
                 # A bug here must not leave the SPU connected but unheard: drop it (it reconnects
                 # and gets a fresh Sync).
@@ -633,7 +661,7 @@ class ConnectionManager:
                 return
             # One frame at a time per SPU, then let everybody else run: fifty SPUs reporting
             # never starve the controllers, the API or the heartbeats.
-            await asyncio.sleep(self._pace(session) if kind == "offsets" else 0)
+            await asyncio.sleep(0)
 
     def offsets_interval_now(self) -> float:
         """The offsets interval for an SPU connecting now: the setting, or longer, so that all SPUs
@@ -641,31 +669,40 @@ class ConnectionManager:
         partitions = len(self.local_store["partitions"].view)
         return min(MAX_OFFSETS_INTERVAL, max(self.offsets_interval, partitions / self.offsets_entries_per_second))
 
-    def _pace(self, session: Session) -> float:
-        """How long to leave an SPU's next frames in its socket after an Offsets frame: the
-        protocol allows one per offsets interval; one sooner than that (less some jitter) makes
-        the SC read that SPU no faster. Its frames wait in its own socket: flooding costs the SC
-        what the SPU may send anyway, not its core (its claim on the store lapsed under 50
-        flooding SPUs), and the SPU's heartbeats still come well within the timeout."""
-        now = asyncio.get_running_loop().time()
+    def _offsets_due(self, session: Session) -> float:
+        """When an SPU's next Offsets frame may be taken in: the protocol allows one per offsets
+        interval (less some jitter). One sooner is held until then: flooding costs the SC what the
+        SPU may send anyway, not its core (its claim on the store lapsed under 50 flooding SPUs)."""
         # Capped well within the heartbeat timeout: any frame read counts as the SPU's sign of life.
-        gap = min(session.offsets_interval * OFFSETS_JITTER, self.heartbeat_timeout / 2)
-        early = session.last_offsets_at + gap - now
-        session.last_offsets_at = max(now, session.last_offsets_at + gap)
-        if early <= 0:
-            return 0
-        self.stats.offsets_paced += 1
-        return early
+        return session.last_offsets_at + min(session.offsets_interval * OFFSETS_JITTER, self.heartbeat_timeout / 2)
+
+    def _take_offsets_at_its_time(self, session: Session, message: wire.Offsets) -> None:
+        session.last_offsets_at = max(asyncio.get_running_loop().time(), self._offsets_due(session))
+        self._take(session, message)
 
     def _take_frame(self, session: Session, frame: bytes | str) -> str:
         """Take one frame in; its type, refused or not (``unreadable`` if it has none)."""
-        kind = "unreadable"
+        parsed = self._read_frame(session, frame)
+        if parsed is None:
+            return "unreadable"
+        self._take(session, parsed)
+        return parsed.type
+
+    def _read_frame(self, session: Session, frame: bytes | str) -> wire.SpuMessages | None:
+        """The frame's message, counted; None if it is unreadable (the SPU is told why)."""
         try:
             parsed = wire.parse_spu_message(frame, self.max_frame_bytes)
-            kind = parsed.type
-            self.stats.count(self.stats.frames, kind)
+        except wire.FrameError as error:
+            self._frame_refused(session, error)
+            return None
+        self.stats.count(self.stats.frames, parsed.type)
+        return parsed
+
+    def _take(self, session: Session, parsed: wire.SpuMessages) -> None:
+        """Take one message in (a refused one is answered, and changes nothing)."""
+        try:
             if isinstance(parsed, wire.Heartbeat):
-                return kind
+                return
             if isinstance(parsed, wire.Offsets):
                 self._take_offsets(session, parsed)
             elif isinstance(parsed, wire.Leading):
@@ -677,13 +714,15 @@ class ConnectionManager:
             else:
                 raise wire.FrameError("already-hosted", f"SPU {session.spu_id} said what it holds already, on this connection")
         except wire.FrameError as error:
-            self.stats.count(self.stats.frame_errors, error.code)
-            # The message may quote the SPU's bytes (a field name, a type tag) at any length, and
-            # the SPU may send it again at will: an excerpt, logged once per kind an interval.
-            detail = ratelimit.clipped(str(error), FRAME_ERROR_CHARS)
-            self.log.warning(f"spu:frame:{error.code}", "frame refused", spu=session.spu_id, code=error.code, error=detail)
-            session.send(wire.Error(code=error.code, message=detail))
-        return kind
+            self._frame_refused(session, error)
+
+    def _frame_refused(self, session: Session, error: wire.FrameError) -> None:
+        self.stats.count(self.stats.frame_errors, error.code)
+        # The message may quote the SPU's bytes (a field name, a type tag) at any length, and
+        # the SPU may send it again at will: an excerpt, logged once per kind an interval.
+        detail = ratelimit.clipped(str(error), FRAME_ERROR_CHARS)
+        self.log.warning(f"spu:frame:{error.code}", "frame refused", spu=session.spu_id, code=error.code, error=detail)
+        session.send(wire.Error(code=error.code, message=detail))
 
     def _told(self, session: Session, name: str) -> wire.ReplicaInfo:
         told = session.hosted.get(name)
