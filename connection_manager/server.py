@@ -612,7 +612,8 @@ class ConnectionManager:
             wait = silence_ends - loop.time() if held is None else min(silence_ends, self._offsets_due(session)) - loop.time()
             try:
                 try:
-                    message = await websocket.receive(timeout=max(wait, 0.0))
+                    # Never 0: aiohttp takes a timeout of 0 for none at all (a silent SPU kept forever).
+                    message = await websocket.receive(timeout=max(wait, 0.001))
                 except asyncio.TimeoutError:
                     if held is not None and loop.time() < silence_ends:
                         continue  # the held frame's time came

@@ -9,6 +9,7 @@ import ipaddress
 import math
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -714,6 +715,34 @@ async def test_silence_longer_than_the_heartbeat_timeout_marks_the_spu_offline(c
     await cluster.sc.eventually(lambda: resolution(models.SpuResolution.OFFLINE))
     connections = cluster.sc.daemon.connections
     assert connections is not None and connections.stats.heartbeat_timeouts == 1
+
+
+async def test_silence_after_a_frame_taken_in_past_the_timeout_still_marks_the_spu_offline(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for an SPU's next frame is what is left of the heartbeat timeout since its last
+    one. When taking a frame in held the loop past the timeout (a long parse elsewhere), nothing was
+    left: and aiohttp takes a receive timeout of 0 for none at all, so the SC would have waited for
+    that silent SPU forever, never marking it offline."""
+    spu = await cluster.connect(0, heartbeat=None)
+    connections = cluster.sc.daemon.connections
+    assert connections is not None and spu.websocket is not None
+    take = connections._take
+
+    def slow_heartbeat(session: server_module.Session, parsed: wire.SpuMessages) -> None:
+        if isinstance(parsed, wire.Heartbeat):
+            time.sleep(1.2)  # the event loop held past the heartbeat timeout (1 s here)
+        take(session, parsed)
+
+    monkeypatch.setattr(connections, "_take", slow_heartbeat)
+    await spu.websocket.send_bytes(wire.encode(wire.Heartbeat()))  # then silence
+    await cluster.sc.eventually(lambda: _offline(cluster.sc), timeout=15.0)
+    assert connections.stats.heartbeat_timeouts == 1
+
+
+async def _offline(sc: Running) -> None:
+    spu = await sc.read("spus", "spu-0")
+    assert spu is not None and spu.status.resolution is models.SpuResolution.OFFLINE
 
 
 # ---------------------------------------------------------------------------- elections
