@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from connection_manager import lrs, wire
+from store import models
 
 
 @pytest.mark.parametrize(
@@ -248,7 +249,7 @@ def test_a_frame_of_many_problems_is_refused_without_describing_each() -> None:
     """A field is refused at each place it is not allowed, and pydantic reports every extra field of
     an object (lists stop at their first bad entry, objects do not): 320,000 of them in a 4 MB frame.
     Turning them all into Python to name the first took 1.3 s and 220 MB of the SC's event loop for
-    each such frame, before registration too. Past WIRE_PROBLEMS_NAMED problems, the refusal says
+    each such frame, before registration too. Past models.MAX_PROBLEMS_READ problems, the refusal says
     how many and names none."""
     extras = ",".join(f"\"x{index}\":1" for index in range(320_000))
     frame = ('{"v": 2, "type": "heartbeat", ' + extras + "}").encode()
@@ -262,11 +263,11 @@ def test_a_frame_of_many_problems_is_refused_without_describing_each() -> None:
         tracemalloc.stop()
     assert raised.value.code == "invalid"
     assert str(raised.value) == (
-        f"frame has 320000 problems, more than the {wire.WIRE_PROBLEMS_NAMED} a refusal names (unknown fields "
+        f"frame has 320000 problems, more than the {models.MAX_PROBLEMS_READ} a refusal names (unknown fields "
         "in one object, each a problem)"
     )
     assert peak < 32 * 1024 * 1024, peak
     # Below the bound, the first problem is still named.
-    few = ('{"v": 2, "type": "heartbeat", ' + ", ".join(f'"x{index}": 1' for index in range(wire.WIRE_PROBLEMS_NAMED)) + "}").encode()
+    few = ('{"v": 2, "type": "heartbeat", ' + ", ".join(f'"x{index}": 1' for index in range(models.MAX_PROBLEMS_READ)) + "}").encode()
     with pytest.raises(wire.FrameError, match=re.escape("field 'heartbeat.x0': Extra inputs are not permitted (got 1)")):
         wire.parse_spu_message(few)
