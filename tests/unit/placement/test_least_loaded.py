@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller import placement
+from controller.placement import spread
 from tests.unit.placement import helpers
 
 
@@ -207,3 +208,101 @@ def test_rack_aware_picks_spread_racks_and_first_followers(
         if firsts:
             assert set(firsts) <= set(allowed)
             assert max(firsts.values()) - min(firsts[spu_id] for spu_id in allowed) <= 1
+
+
+def _rack_aware_by_the_rules(
+    spus: list[placement.SpuInfo], partitions: int, replication_factor: int, existing: list[tuple[str, int, tuple[int, ...]]]
+) -> list[list[int]]:
+    """The rack-aware picks, written as the rules read, with no heap: each pick scans every SPU.
+
+    The leader is the SPU with the fewest leaders (lowest id on ties). Each follower is, among the
+    SPUs not yet in the partition whose site, then leaf rack, holds the fewest of its replicas
+    (any unused site while one is left), the one with the smallest (followers, (position +
+    followers) mod n, position); the first follower also must not have followed this leader
+    first more often than the level, which rises to the fewest when every allowed SPU is above it.
+    """
+    online = sorted((spu for spu in spus if spu.online), key=lambda spu: spu.id)
+    size = len(online)
+    position_of = {spu.id: position for position, spu in enumerate(online)}
+    keys = [spread.rack_keys(spu) for spu in online]
+    site = [entry[0] for entry in keys]
+    leaf = [entry[-1] for entry in keys]
+    site_size, leaf_size = Counter(site), Counter(leaf)
+    leaders, followers = [0] * size, [0] * size
+    first_followers: list[Counter[int]] = [Counter() for _ in online]
+    for _topic, _partition, replicas in existing:
+        held = [position_of.get(spu_id) for spu_id in replicas]
+        for index, position in enumerate(held):
+            if position is not None:
+                (leaders if index == 0 else followers)[position] += 1
+        if len(held) > 1 and held[0] is not None and held[1] is not None:
+            first_followers[held[0]][held[1]] += 1
+    level = [0] * size
+    replica_map = []
+    for _ in range(partitions):
+        leader = min(range(size), key=lambda position: (leaders[position], position))
+        leaders[leader] += 1
+        chosen = [leader]
+        for replica in range(1, replication_factor):
+            sites = Counter(site[position] for position in chosen)
+            leaves = Counter(leaf[position] for position in chosen)
+            if len(site_size) >= replication_factor or len(sites) < len(site_size):
+                allowed = [position for position in range(size) if site[position] not in sites]
+            else:
+                fewest_site = min(count for name, count in sites.items() if count < site_size[name])
+                fewest_leaf = min(
+                    leaves[leaf[position]]
+                    for position in range(size)
+                    if sites[site[position]] == fewest_site and leaves[leaf[position]] < leaf_size[leaf[position]]
+                )
+                allowed = [
+                    position
+                    for position in range(size)
+                    if sites[site[position]] == fewest_site and leaves[leaf[position]] == fewest_leaf
+                ]
+            allowed = [position for position in allowed if position not in chosen]
+            if replica == 1:
+                paired = first_followers[leader]
+                if all(paired[position] > level[leader] for position in allowed):
+                    level[leader] = min(paired[position] for position in allowed)
+                allowed = [position for position in allowed if paired[position] <= level[leader]]
+                pick = min(allowed, key=lambda position: (followers[position], (position + followers[position]) % size, position))
+                paired[pick] += 1
+            else:
+                pick = min(allowed, key=lambda position: (followers[position], (position + followers[position]) % size, position))
+            followers[pick] += 1
+            chosen.append(pick)
+        replica_map.append([online[position].id for position in chosen])
+    return replica_map
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    layout=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), min_size=1, max_size=14),
+    paths=st.booleans(),
+    partitions=st.integers(1, 40),
+    data=st.data(),
+)
+def test_rack_aware_picks_are_those_the_rules_name(
+    layout: list[tuple[int, int]], paths: bool, partitions: int, data: st.DataObject
+) -> None:
+    """Whatever the heaps do to go faster, each pick is the one a scan of every SPU makes."""
+    spus = [
+        placement.SpuInfo(
+            id=index * 2 + 1,
+            rack=f"/dc{site}/r{rack}" if paths else f"r{site}",
+            online=data.draw(st.booleans()) if index > 0 else True,
+        )
+        for index, (site, rack) in enumerate(layout)
+    ]
+    online = [spu.id for spu in spus if spu.online]
+    replication_factor = data.draw(st.integers(1, len(online)))
+    existing = data.draw(
+        st.lists(
+            st.lists(st.sampled_from([spu.id for spu in spus] + [99]), min_size=1, max_size=4, unique=True).map(tuple),
+            max_size=12,
+        )
+    )
+    rows = [("other", index, replicas) for index, replicas in enumerate(existing)]
+    placed = helpers.place(spus, partitions, replication_factor, strategy="least-loaded", existing=rows)
+    assert placed == _rack_aware_by_the_rules(spus, partitions, replication_factor, rows)
