@@ -33,7 +33,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from controller import daemon  # noqa: E402 (after the path set-up above)
-from controller.api import routes  # noqa: E402
+from controller.api import admin_ops, routes  # noqa: E402
 from controller.api.fluvio import admin as fluvio_admin, mapping, objects  # noqa: E402
 from store import kv, memory, models  # noqa: E402
 
@@ -131,7 +131,7 @@ def main() -> int:
     args = parser.parse_args()
     gc.set_threshold(daemon.GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
     store = memory.MemoryStore()
-    limit = routes.topic_content_limit(store)
+    limit = admin_ops.topic_content_limit(store)
     fitting = at_limit(limit)
     largest = body(100_000)
     cases = [

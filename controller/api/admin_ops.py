@@ -27,6 +27,11 @@ CAS_ATTEMPTS = 5
 
 KIND_LABELS = {"spus": "SPU", "spu-groups": "SPU group", "topics": "topic", "partitions": "partition"}
 
+# A topic is one etcd request (a 100,000-row create of 4 MB is never stored on etcd's default 1.5
+# MiB). A topic create (or dry run) may hold the store's request limit and this much more (its
+# name, settings and encoding) before it is parsed: what a stored topic holds at least.
+TOPIC_BODY_ROOM_BYTES = 64 * 1024
+
 
 class ApiError(Exception):
     """An answer in the error shape of API.md: ``{"error": {"code", "message"}}`` (+ extra keys)."""
@@ -49,6 +54,14 @@ def decoded(kind: str, item: kv.KeyValue) -> models.AnyObject | None:
         return models.decode(kind, item.value)
     except pydantic.ValidationError:
         return None
+
+
+def topic_content_limit(kv_store: kv.KVStore) -> int:
+    """The most bytes a topic create (or dry run) may hold before it is parsed, in either front end
+    (an HTTP body besides JSON's whitespace, a Fluvio frame): one request of ``kv_store``, and
+    TOPIC_BODY_ROOM_BYTES. The stored topic holds at least what the create holds (its assignment
+    twice: in the spec and as the replica map)."""
+    return kv.request_size(kv_store).max_request_bytes + TOPIC_BODY_ROOM_BYTES
 
 
 def require_synced(context: context_module.Context) -> None:

@@ -50,12 +50,6 @@ PLACEMENT_ROWS_PER_ENCODE = 2000
 DRAIN_STALL_SECONDS = 3.0
 # Bodies may carry large manual replica assignments.
 MAX_BODY_BYTES = 16 * 1024 * 1024
-# A topic is one etcd request (a 100,000-row create of 4 MB is never stored on etcd's default 1.5
-# MiB). A topic create (or dry run) body may hold the store's request limit and this much more
-# besides whitespace (what a stored topic holds at least), and take twice the limit and this much
-# more with its whitespace (read no further): the largest topic a store holds, as json.dumps writes
-# it, takes at most the limit, so an indent of two spaces fits too.
-TOPIC_BODY_ROOM_BYTES = 64 * 1024
 # What JSON skips between tokens: a body's bytes besides these are at most what its topic stores.
 _JSON_WHITESPACE = (b" ", b"\n", b"\r", b"\t")
 # The body of a route that takes a few fields (an SPU, a group, a count, a rack, a move limit):
@@ -824,8 +818,9 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
 
 def topic_body_limit(kv_store: kv.KVStore) -> int:
     """The largest topic create (or dry run) body read: what one request of ``kv_store`` holds,
-    twice, and TOPIC_BODY_ROOM_BYTES (at most MAX_BODY_BYTES)."""
-    return min(MAX_BODY_BYTES, 2 * kv.request_size(kv_store).max_request_bytes + TOPIC_BODY_ROOM_BYTES)
+    twice, and TOPIC_BODY_ROOM_BYTES (at most MAX_BODY_BYTES): the largest topic a store holds, as
+    json.dumps writes it, takes at most the limit, so an indent of two spaces fits too."""
+    return min(MAX_BODY_BYTES, 2 * kv.request_size(kv_store).max_request_bytes + admin_ops.TOPIC_BODY_ROOM_BYTES)
 
 
 def _topic_body_why(kv_store: kv.KVStore) -> str:
@@ -834,23 +829,16 @@ def _topic_body_why(kv_store: kv.KVStore) -> str:
         return ""
     return (
         f" for a topic: a topic is stored in one etcd request of at most {max_request_bytes} bytes "
-        f"(etcd_max_request_bytes), and its body may take twice that and {TOPIC_BODY_ROOM_BYTES} bytes more; "
+        f"(etcd_max_request_bytes), and its body may take twice that and {admin_ops.TOPIC_BODY_ROOM_BYTES} bytes more; "
         "send it without indentation, or raise etcd_max_request_bytes for a larger topic"
     )
-
-
-def topic_content_limit(kv_store: kv.KVStore) -> int:
-    """The most bytes a topic create (or dry run) body may hold besides JSON's whitespace: one
-    request of ``kv_store``, and TOPIC_BODY_ROOM_BYTES. The stored topic holds at least what the
-    body holds (its assignment twice: in the spec and as the replica map)."""
-    return kv.request_size(kv_store).max_request_bytes + TOPIC_BODY_ROOM_BYTES
 
 
 def check_topic_content(raw: bytes, kv_store: kv.KVStore) -> None:
     """Refuse (413), before it is parsed, a topic body that could never be stored."""
     # Counted in C, a pass per character: a few ms for 3 MiB.
     content = len(raw) - sum(raw.count(space) for space in _JSON_WHITESPACE)
-    limit = topic_content_limit(kv_store)
+    limit = admin_ops.topic_content_limit(kv_store)
     if content > limit:
         raise ApiError(
             413,
