@@ -55,6 +55,15 @@ OBJECT_MAX_VERSION = 19
 
 # fluvio-protocol's own MAX_BYTES; servers may cap lower.
 MAX_FRAME_BYTES = 52_428_800
+# A request's header starts with its API key (u16): read ahead of the rest of its frame, it says how
+# large that frame may be.
+API_KEY_BYTES = 2
+# The largest frame of a request other than a Create, refused above it before it is read. They carry
+# a few names and numbers: the largest a client sends, a List of MAX_NAME_FILTERS filters as long as
+# the longest name (63 characters), is under 5 KiB, and one String at Fluvio's longest (32,767
+# bytes) fits besides; a larger frame is only work for the event loop (a Create is bounded by what
+# the store could hold instead: check_request_size).
+MAX_SMALL_REQUEST_BYTES = 64 * 1024
 # Name filters of one List (the real client sends one or none); a List with more is undecodable,
 # which closes the connection: each filter is tried on every object, on the event loop (two million
 # of them in a 16 MiB frame held it two minutes against 1,000 topics).
@@ -163,6 +172,30 @@ def frame_length(prefix: bytes, limit: int = MAX_FRAME_BYTES) -> int:
     if length > limit:
         raise DecodeError(f"frame of {length} bytes is above the limit of {limit} bytes")
     return length
+
+
+class FrameTooLarge(DecodeError):
+    """A request frame larger than its API allows, known from its length and API key alone."""
+
+    def __init__(self, api_key: int, length: int, limit: int) -> None:
+        super().__init__(f"{API_NAMES[api_key]} frame of {length} bytes is above the limit of {limit} bytes for that API")
+        self.api_key = api_key
+        self.length = length
+        self.limit = limit
+
+
+def check_request_size(head: bytes, length: int, create_limit: int) -> None:
+    """Judge a request frame of ``length`` bytes by its first bytes ``head`` (its API key, the rest
+    unread): DecodeError if it cannot hold an API key or its API is not served, FrameTooLarge above
+    its API's limit, ``create_limit`` for a Create and MAX_SMALL_REQUEST_BYTES for the others."""
+    if len(head) < API_KEY_BYTES:
+        raise DecodeError(f"a frame of {length} bytes cannot hold a request header")
+    api_key = int.from_bytes(head[:API_KEY_BYTES], "big")
+    if api_key not in API_NAMES:
+        raise _unserved(api_key)
+    limit = create_limit if api_key == CREATE else MAX_SMALL_REQUEST_BYTES
+    if length > limit:
+        raise FrameTooLarge(api_key, length, limit)
 
 
 # ---------------------------------------------------------------------------- ApiVersions
@@ -327,6 +360,10 @@ _BY_KEY = {api.key: api for api in APIS}
 _REQUEST_TYPES = {api.request: api.key for api in APIS}
 
 
+def _unserved(api_key: int) -> DecodeError:
+    return DecodeError(f"API key {api_key} is not one this SC serves (known: {sorted(API_NAMES)})")
+
+
 def _payload(api_key: int, label: str) -> Struct:
     api = _BY_KEY.get(api_key)
     if api is None or api.payload is None:
@@ -350,7 +387,7 @@ def decode_request(message: bytes) -> Request:
             raise DecodeError(f"ApiVersions version {version} is negative")
         return Request(header, API_VERSIONS_REQUEST.decode(reader, version))
     if header.api_key not in OBJECT_APIS:
-        raise DecodeError(f"API key {header.api_key} is not one this SC serves (known: {sorted(API_NAMES)})")
+        raise _unserved(header.api_key)
     if not OBJECT_MIN_VERSION <= version <= OBJECT_MAX_VERSION:
         raise DecodeError(
             f"{API_NAMES[header.api_key]} version {version} is outside {OBJECT_MIN_VERSION}..{OBJECT_MAX_VERSION}, "

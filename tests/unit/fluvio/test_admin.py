@@ -106,19 +106,33 @@ async def test_topic_create_failures_in_fluvios_order(fluvio_sc: daemon_fixtures
 async def test_an_assignment_larger_than_one_etcd_request_is_refused_before_its_model_is_built(
     fluvio_sc: daemon_fixtures.Running, client: client_module.Client, dry_run: bool
 ) -> None:
-    """A Fluvio create carries its assignment decoded, not as JSON: 32,000 rows of 16 replicas took
-    seconds to become our model before TopicTooLarge refused it (the HTTP body limit does not apply).
-    What its rows take in the store at least is counted first, in C."""
-    rows = [objects.PartitionMap(index, list(range(16))) for index in range(32_000)]
+    """A Fluvio create carries its assignment decoded, not as JSON: building our model of tens of
+    thousands of rows takes seconds before TopicTooLarge refuses it. What its rows take in the store
+    at least is counted first, in C. This frame is just below the largest a Create may take on this
+    store (one etcd request and 64 KiB), so it is read and answered, not closed."""
+    rows = [objects.PartitionMap(index, [0, 1, 2, 3]) for index in range(65_000)]
     request = create(objects.TOPIC, "wide", objects.TopicSpec(objects.AssignedReplicas(rows)), dry_run=dry_run)
-    least = 26 * 32_000 + 4 * 32_000 * 16
+    frame = messages.encode_request(messages.RequestHeader(messages.CREATE, 19, 1, "fluvio"), request)
+    assert 1_572_864 + 65_536 - 16_384 < len(frame) - 4 <= 1_572_864 + 65_536
+    least = 26 * 65_000 + 4 * 65_000 * 4
     assert await client.status(messages.CREATE, request) == error(
         "wide",
         Error.TOPIC_ERROR,
-        f"topic 'wide' assigns 32000 partitions 512000 replicas, at least {least} bytes in the store: above the "
+        f"topic 'wide' assigns 65000 partitions 260000 replicas, at least {least} bytes in the store: above the "
         f"{config.Settings().etcd_max_request_bytes} bytes of one etcd request (etcd_max_request_bytes), which holds "
         "the whole topic; use fewer partitions or replicas, or raise etcd_max_request_bytes",
     )
+    assert await fluvio_sc.read_all("topics") == {}
+
+
+async def test_an_assignment_whose_frame_is_above_one_etcd_request_closes_the_connection_unread(
+    fluvio_sc: daemon_fixtures.Running, client: client_module.Client
+) -> None:
+    """32,000 rows of 16 replicas take 2.3 MB on the wire, more than any stored topic: the frame is
+    refused at its header, as an undecodable one (a Status answers only a decoded request)."""
+    rows = [objects.PartitionMap(index, list(range(16))) for index in range(32_000)]
+    with pytest.raises(ConnectionError):
+        await client.status(messages.CREATE, create(objects.TOPIC, "wide", objects.TopicSpec(objects.AssignedReplicas(rows))))
     assert await fluvio_sc.read_all("topics") == {}
 
 

@@ -113,14 +113,15 @@ async def test_topic_filters_are_substrings_or_ed_and_system_lists_none(store_se
 
 
 async def test_lists_of_distinct_long_filters_keep_no_more_answers_than_the_cache_has_room_for() -> None:
-    # A List's name filters are part of the key its answer is kept under: 8 filters of 30,000
-    # characters each hold some 240 KB, however empty the answer. 1 MiB has room for 4 of them.
-    async with serving(list_cache_bytes=1 << 20) as store_server:
+    # A List's name filters are part of the key its answer is kept under: 8 filters of 7,000
+    # characters each (in a frame below the 64 KiB a List may take) hold some 56 KB, however empty
+    # the answer. 256 KiB has room for 4 of them.
+    async with serving(list_cache_bytes=1 << 18) as store_server:
         store_server.apply(topic("alpha"))
         connected = await store_server.client()
         try:
             for number in range(40):
-                filters = [f"{number:02d}{index}" + "x" * 30_000 for index in range(8)]
+                filters = [f"{number:02d}{index}" + "x" * 7_000 for index in range(8)]
                 assert await connected.list(fluvio_objects.TOPIC, *filters) == []
         finally:
             await connected.close()

@@ -357,6 +357,27 @@ def test_frame_lengths_are_capped(prefix: str, problem: str) -> None:
         messages.frame_length(unhex(prefix))
 
 
+@pytest.mark.parametrize(
+    ("head", "length", "problem"),
+    [
+        ("03eb", 65_537, "List frame of 65537 bytes is above the limit of 65536 bytes for that API"),
+        ("0012", 65_537, "ApiVersions frame of 65537 bytes is above the limit of 65536 bytes for that API"),
+        ("03e9", 1_000_001, "Create frame of 1000001 bytes is above the limit of 1000000 bytes for that API"),
+        ("03ed", 10, r"API key 1005 is not one this SC serves \(known: \[18, 1001, 1002, 1003, 1004, 1006\]\)"),
+        ("00", 1, "a frame of 1 bytes cannot hold a request header"),
+    ],
+)
+def test_request_frames_are_judged_by_their_api_key_before_they_are_read(head: str, length: int, problem: str) -> None:
+    with pytest.raises(primitives.DecodeError, match=f"^{problem}$"):
+        messages.check_request_size(unhex(head), length, create_limit=1_000_000)
+
+
+def test_request_frames_up_to_their_apis_limit_pass() -> None:
+    for api_key in (messages.API_VERSIONS, messages.DELETE, messages.LIST, messages.WATCH, messages.UPDATE):
+        messages.check_request_size(api_key.to_bytes(2, "big"), messages.MAX_SMALL_REQUEST_BYTES, create_limit=0)
+    messages.check_request_size(messages.CREATE.to_bytes(2, "big"), 1_000_000, create_limit=1_000_000)
+
+
 def test_values_the_wire_cannot_carry_are_refused_with_their_path() -> None:
     too_many = objects.Metadata("t", A_TOPIC.spec, objects.TopicStatus(replica_map={index: [0] for index in range(65_536)}))
     with pytest.raises(primitives.EncodeError, match="TopicStatus.replica_map: a map holds at most 65535 entries"):
