@@ -99,7 +99,7 @@ REASONS = (LIMIT, PER_ADDRESS_LIMIT, EVICTED, NOT_HTTP, HEADER_TIMEOUT, BODY_TIM
 class Timeouts:
     """Seconds a client may take (the defaults are controller/config.py's client_*_timeout)."""
 
-    header: float = 10.0  # first bytes, a request's line and headers, a Fluvio frame's length
+    header: float = 10.0  # first bytes, a request's line and headers, a Fluvio frame's length and API key
     body: float = 30.0  # a pause in a request body or Fluvio frame
     idle: float = 60.0  # between two requests
 

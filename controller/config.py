@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     )
     # Slow or silent clients on both ports (connection_manager/transport.py).
     client_header_timeout: Seconds = Field(
-        10.0, description="seconds a client has to send a request's line and headers, or a Fluvio frame's length"
+        10.0, description="seconds a client has to send a request's line and headers, or a Fluvio frame's length and API key"
     )
     client_body_timeout: Seconds = Field(
         30.0, description="seconds a request body or Fluvio frame may pause; the whole may take this plus 1 s per 64 KiB"
