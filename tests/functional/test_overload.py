@@ -334,7 +334,7 @@ async def trickled_body(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
 
 
 async def fluvio_trickled_frame(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> asyncio.Task[None]:
-    writer.write((1000).to_bytes(4, "big"))
+    writer.write((1000).to_bytes(4, "big") + messages.LIST.to_bytes(2, "big"))
     return asyncio.create_task(_trickle(writer))
 
 
@@ -353,7 +353,11 @@ async def idle_after_a_request(reader: asyncio.StreamReader, writer: asyncio.Str
 
 
 async def fluvio_length_prefix_alone(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    writer.write((1000).to_bytes(4, "big"))
+    writer.write((1000).to_bytes(4, "big"))  # the API key, read with the length, never comes
+
+
+async def fluvio_header_start_alone(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    writer.write((1000).to_bytes(4, "big") + messages.LIST.to_bytes(2, "big"))
 
 
 async def fluvio_partial_prefix(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -380,7 +384,8 @@ async def partial_websocket_upgrade(reader: asyncio.StreamReader, writer: asynci
         (transport.PUBLIC, slow_body, transport.BODY_TIMEOUT, b"HTTP/1.1 408 Request Timeout\r\n"),
         (transport.PUBLIC, trickled_body, transport.BODY_TIMEOUT, b"HTTP/1.1 408 Request Timeout\r\n"),
         (transport.PUBLIC, idle_after_a_request, transport.IDLE_TIMEOUT, b""),
-        (transport.PUBLIC, fluvio_length_prefix_alone, transport.BODY_TIMEOUT, b""),
+        (transport.PUBLIC, fluvio_length_prefix_alone, transport.HEADER_TIMEOUT, b""),
+        (transport.PUBLIC, fluvio_header_start_alone, transport.BODY_TIMEOUT, b""),
         (transport.PUBLIC, fluvio_partial_prefix, transport.HEADER_TIMEOUT, b""),
         (transport.PUBLIC, fluvio_trickled_frame, transport.BODY_TIMEOUT, b""),
         (transport.PUBLIC, fluvio_idle_after_a_request, transport.IDLE_TIMEOUT, b""),
