@@ -40,6 +40,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 import aiohttp  # noqa: E402
 
 from connection_manager import wire  # noqa: E402
+from controller.api.fluvio import messages  # noqa: E402
 from store import embedded_etcd  # noqa: E402
 
 MiB = 1024 * 1024
@@ -240,8 +241,11 @@ async def aborted_uploads(target: Target, options: Options) -> str:
 
 
 async def fluvio_large_frames(target: Target, options: Options) -> str:
-    """Item 2: 100 Fluvio connections announcing 16 MiB frames and sending 15 MiB, then silent."""
-    head = (16 * MiB).to_bytes(4, "big")  # the largest frame the SC takes
+    """Item 2: 100 Fluvio connections announcing 16 MiB Create frames and sending 15 MiB, then silent.
+
+    A Create is the only request that may be large, up to what one store request holds (1.6 MB on
+    the default limits): these are refused at their header, before any of their bytes is read."""
+    head = (16 * MiB).to_bytes(4, "big") + messages.CREATE.to_bytes(2, "big")
     sent: list[socket.socket] = []
 
     async def one(index: int) -> None:
