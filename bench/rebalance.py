@@ -31,6 +31,9 @@ TOPICS = 300
 PARTITIONS_PER_TOPIC = 100
 REPLICATION_FACTOR = 3
 RACKS = 5
+# The few-SPU case: the same partitions on 12 SPUs, 2 added (every receiver soon holds a large share).
+FEW_SPUS = 12
+FEW_ADDED = 2
 
 
 def spus(count: int, racks: int | None, first: int = 0) -> list[placement.SpuInfo]:
@@ -81,14 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=3.0, help="most seconds the first case's plan may take")
     args = parser.parse_args(argv)
 
-    rack_free, racked = spus(SPUS, None), spus(SPUS, RACKS)
-    current = {None: place_topics(rack_free), RACKS: place_topics(racked)}
-    cases: list[tuple[str, int | None, list[placement.SpuInfo], list[int], bool]] = [
-        # (name, racks, SPUs after, decommissioning, the plan must meet the lower bound)
+    rack_free, racked, few = spus(SPUS, None), spus(SPUS, RACKS), spus(FEW_SPUS, None)
+    current = {None: place_topics(rack_free), RACKS: place_topics(racked), "few": place_topics(few)}
+    cases: list[tuple[str, int | str | None, list[placement.SpuInfo], list[int], bool]] = [
+        # (name, the current placement (by racks, or few SPUs), SPUs after, decommissioning, the plan must meet the lower bound)
         (f"add {ADDED} SPUs", None, rack_free + spus(ADDED, None, SPUS), [], True),
         (f"add {ADDED} SPUs, {RACKS} racks", RACKS, racked + spus(ADDED, RACKS, SPUS), [], True),
         ("decommission 1 SPU", None, rack_free, [7], True),
         (f"decommission 1 SPU, {RACKS} racks", RACKS, racked, [7], True),
+        (f"{FEW_SPUS} SPUs, add {FEW_ADDED}", "few", few + spus(FEW_ADDED, None, FEW_SPUS), [], True),
     ]
     print(
         f"{SPUS} SPUs, {TOPICS * PARTITIONS_PER_TOPIC:,} partitions at RF {REPLICATION_FACTOR} "
