@@ -41,6 +41,12 @@ DEFAULT_OFFSETS_INTERVAL = 1.0  # seconds: an SPU sends at most one Offsets fram
 DEFAULT_OFFSETS_ENTRIES_PER_SECOND = 20_000  # all SPUs together, at most (the interval grows to keep it)
 MAX_OFFSETS_INTERVAL = 60.0  # seconds: the longest interval the partition count makes
 OFFSETS_JITTER = 0.9  # an Offsets frame this share of the interval after the previous one is on time
+# Seconds of Offsets frames taken at once beyond that pace. Frames an SPU sent on time queue in its
+# socket while the SC's loop is busy, and arrive together: taken for a flood, they were paced, and
+# the SC stopped reading until each next one's time, so a ping behind them waited an interval per
+# frame (an SPU waits 2.5 s for its pong: after a stall of a second or two it could give up).
+# A flood is still read at the pace after this much.
+OFFSETS_BURST_SECONDS = 3.0
 # Seconds the pusher waits after the first change it wakes for, so that the changes a burst makes
 # together (a thousand topics created, a failover's elections coming back 256 at a time) go to each
 # SPU in one Update rather than one per store apply. With none, 1,000 topics created by 32 clients
@@ -123,7 +129,8 @@ class Session:
         self.closing: tuple[str, str] | None = None
         self.last_frame_at = asyncio.get_running_loop().time()
         self.ready = False  # it said what it holds (Hosted): online, synced
-        self.last_offsets_at = -math.inf  # when its last Offsets frame was taken in
+        # When its Offsets frames, taken one per pace from now on, would have caught up (see _offsets_due).
+        self.offsets_caught_up_at = -math.inf
         self.offsets_interval = DEFAULT_OFFSETS_INTERVAL  # what it was told at its Accepted
 
     @property
@@ -670,15 +677,27 @@ class ConnectionManager:
         partitions = len(self.local_store["partitions"].view)
         return min(MAX_OFFSETS_INTERVAL, max(self.offsets_interval, partitions / self.offsets_entries_per_second))
 
+    def _offsets_pace(self, session: Session) -> float:
+        """Seconds per Offsets frame the protocol allows an SPU: its offsets interval, less some jitter;
+        capped well within the heartbeat timeout (any frame read counts as the SPU's sign of life)."""
+        return min(session.offsets_interval * OFFSETS_JITTER, self.heartbeat_timeout / 2)
+
     def _offsets_due(self, session: Session) -> float:
-        """When an SPU's next Offsets frame may be taken in: the protocol allows one per offsets
-        interval (less some jitter). One sooner is held until then: flooding costs the SC what the
-        SPU may send anyway, not its core (its claim on the store lapsed under 50 flooding SPUs)."""
-        # Capped well within the heartbeat timeout: any frame read counts as the SPU's sign of life.
-        return session.last_offsets_at + min(session.offsets_interval * OFFSETS_JITTER, self.heartbeat_timeout / 2)
+        """When an SPU's next Offsets frame may be taken in: one per pace, and a burst of
+        OFFSETS_BURST_SECONDS' worth (at least one frame) when the SPU sent fewer before (what queued
+        while the SC was busy). One sooner is held until then: flooding costs the SC what the SPU may
+        send anyway, not its core (its claim on the store lapsed under 50 flooding SPUs).
+
+        A virtual schedule (the generic cell rate algorithm): each frame taken moves the time its
+        frames would have caught up one pace later; a frame is on time while that time is at most a
+        burst ahead of now."""
+        pace = self._offsets_pace(session)
+        burst = max(1, int(OFFSETS_BURST_SECONDS / pace)) if pace > 0 else 1
+        return session.offsets_caught_up_at - (burst - 1) * pace
 
     def _take_offsets_at_its_time(self, session: Session, message: wire.Offsets) -> None:
-        session.last_offsets_at = max(asyncio.get_running_loop().time(), self._offsets_due(session))
+        now = asyncio.get_running_loop().time()
+        session.offsets_caught_up_at = max(session.offsets_caught_up_at, now) + self._offsets_pace(session)
         self._take(session, message)
 
     def _take_frame(self, session: Session, frame: bytes | str) -> str:
