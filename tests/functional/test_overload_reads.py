@@ -73,7 +73,8 @@ def assert_unharmed(during: overload_reads.Figures, baseline: int, sc: overload_
         assert during.health_worst() < HEALTH_WORST, f"/healthz took {during.health_worst():.2f} s"
         assert during.health_worst(kept=True) < HEALTH_WORST, f"/healthz took {during.health_worst(kept=True):.2f} s"
     assert during.spu_disconnects == 0, "\n".join(
-        f"{path.name}:\n{path.read_text(errors='replace')[-3000:]}" for path in (sc.log_path, sc.spus_log_path) if path.exists()
+        [during.row()]
+        + [f"{path.name}:\n{path.read_text(errors='replace')[-3000:]}" for path in (sc.log_path, sc.spus_log_path) if path.exists()]
     )
     assert during.rss_peak - baseline < PEAK_MEMORY_ABOVE_BASELINE, (during.rss_peak, baseline)
 
