@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -768,8 +768,12 @@ class _Planner:
         changed = [index for index, row in enumerate(rows) if tuple(row) != self.original[index]]
         unchanged = [index for index, row in enumerate(rows) if tuple(row) == self.original[index]]
         self.led_by: dict[int, dict[int, None]] = {spu_id: {} for spu_id in self.ids}
+        # Per leader, how many of the partitions it leads each SPU follows in (see _handover_path).
+        self.followers_of: dict[int, Counter[int]] = {spu_id: Counter() for spu_id in self.ids}
         for index in changed + unchanged:
-            self.led_by[rows[index][0]][index] = None
+            row = rows[index]
+            self.led_by[row[0]][index] = None
+            self.followers_of[row[0]].update(row[1:])
         # Direct: a leader above target hands a partition to one of its replicas below target.
         for giver in sorted(self.counted, key=lambda spu_id: (target[spu_id] - self.leaders[spu_id], spu_id)):
             for index in list(self.led_by[giver]):
@@ -794,8 +798,10 @@ class _Planner:
         self.leaders[new_leader] += 1
         del self.led_by[old_leader][index]
         self.led_by[new_leader][index] = None
+        self.followers_of[old_leader].subtract(row[1:])
         row.remove(new_leader)
         row.insert(0, new_leader)
+        self.followers_of[new_leader].update(row[1:])
 
     def _lead_along_a_path(self) -> bool:
         """Move one leadership along the shortest chain of handovers that brings an SPU into range.
@@ -827,6 +833,11 @@ class _Planner:
         rows, takers = self.rows, self.taker_set
         while queue:
             giver = queue.popleft()
+            # The takers this giver can reach that nothing reached yet: once each has been met, its
+            # other partitions cannot add one (with few SPUs, that is after a few dozen of thousands).
+            unmet = sum(1 for spu_id, count in self.followers_of[giver].items() if count and spu_id in takers and spu_id not in parent)
+            if not unmet:
+                continue
             for index in self.led_by[giver]:
                 for receiver in rows[index][1:]:
                     if receiver in parent or receiver not in takers:
@@ -839,6 +850,9 @@ class _Planner:
                             node = link[0]
                         return True
                     queue.append(receiver)
+                    unmet -= 1
+                if not unmet:
+                    break
         return False
 
     # ------------------------------------------------------------------ the answer

@@ -291,3 +291,37 @@ def test_a_pick_passes_over_the_replicas_its_receiver_holds_without_judging_each
     result = plan(spus, partitions)
     assert result.replica_moves == result.lower_bound > 12_000
     assert judged < result.replica_moves * (planner._PREFERENCE_LOOKAHEAD + 2), judged / result.replica_moves
+
+
+def test_a_leadership_path_stops_reading_a_leaders_partitions_once_they_can_reach_no_one_new(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The search for a chain of leadership handovers read every partition each leader on its way
+    led, although a leader's partitions reach only the few SPUs that follow in them: here 16,005
+    partition reads per search (249 searches), and 3.2 s of the 12-SPU, 3-rack plan of
+    bench/rebalance.py's shape. A leader's partitions are now read only until every SPU they can
+    hand a leadership to has been reached: 1,378 per search here."""
+    spus = [Spu(spu_id, rack=f"r{spu_id % 3}") for spu_id in range(14)]
+    partitions = [(f"t-{index}", [index % 12, (index + 1) % 12, (index + 5) % 12]) for index in range(30_000)]
+    read = searches = 0
+    search = planner._Planner._handover_path
+
+    class Counted(list[list[int]]):
+        def __getitem__(self, index: Any) -> Any:
+            nonlocal read
+            read += 1
+            return super().__getitem__(index)
+
+    def counted(self: planner._Planner, *args: Any) -> bool:
+        nonlocal searches
+        searches += 1
+        rows, self.rows = self.rows, Counted(self.rows)
+        try:
+            return search(self, *args)
+        finally:
+            self.rows = rows
+
+    monkeypatch.setattr(planner._Planner, "_handover_path", counted)
+    result = plan(spus, partitions)
+    assert result.replica_moves > 1_000 and searches > 100, (result.replica_moves, searches)
+    assert read < searches * 4_000, read / searches
