@@ -34,6 +34,7 @@ RACKS = 5
 # The few-SPU case: the same partitions on 12 SPUs, 2 added (every receiver soon holds a large share).
 FEW_SPUS = 12
 FEW_ADDED = 2
+FEW_RACKS = 3
 
 
 def spus(count: int, racks: int | None, first: int = 0) -> list[placement.SpuInfo]:
@@ -84,8 +85,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=3.0, help="most seconds the first case's plan may take")
     args = parser.parse_args(argv)
 
-    rack_free, racked, few = spus(SPUS, None), spus(SPUS, RACKS), spus(FEW_SPUS, None)
-    current = {None: place_topics(rack_free), RACKS: place_topics(racked), "few": place_topics(few)}
+    rack_free, racked, few, few_racked = spus(SPUS, None), spus(SPUS, RACKS), spus(FEW_SPUS, None), spus(FEW_SPUS, FEW_RACKS)
+    current = {
+        None: place_topics(rack_free),
+        RACKS: place_topics(racked),
+        "few": place_topics(few),
+        "few racked": place_topics(few_racked),
+    }
     cases: list[tuple[str, int | str | None, list[placement.SpuInfo], list[int], bool]] = [
         # (name, the current placement (by racks, or few SPUs), SPUs after, decommissioning, the plan must meet the lower bound)
         (f"add {ADDED} SPUs", None, rack_free + spus(ADDED, None, SPUS), [], True),
@@ -93,6 +99,14 @@ def main(argv: list[str] | None = None) -> int:
         ("decommission 1 SPU", None, rack_free, [7], True),
         (f"decommission 1 SPU, {RACKS} racks", RACKS, racked, [7], True),
         (f"{FEW_SPUS} SPUs, add {FEW_ADDED}", "few", few + spus(FEW_ADDED, None, FEW_SPUS), [], True),
+        # Racks keep it from the bound: 3 racks of 4 SPUs, 2 added, cannot all take their share.
+        (
+            f"{FEW_SPUS} SPUs, add {FEW_ADDED}, {FEW_RACKS} racks",
+            "few racked",
+            few_racked + spus(FEW_ADDED, FEW_RACKS, FEW_SPUS),
+            [],
+            False,
+        ),
     ]
     print(
         f"{SPUS} SPUs, {TOPICS * PARTITIONS_PER_TOPIC:,} partitions at RF {REPLICATION_FACTOR} "
