@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter
 from typing import Any
+from unittest import mock
+
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controller import placement
-from controller.placement import spread
+from controller.placement import least_loaded, spread
 from tests.unit.placement import helpers
 
 
@@ -304,5 +307,35 @@ def test_rack_aware_picks_are_those_the_rules_name(
         )
     )
     rows = [("other", index, replicas) for index, replicas in enumerate(existing)]
-    placed = helpers.place(spus, partitions, replication_factor, strategy="least-loaded", existing=rows)
+    # Both implementations, whichever `_by_rows` would choose for this cluster.
+    by_rows = data.draw(st.booleans())
+    with mock.patch.object(least_loaded, "_by_rows", lambda leaves, factor: by_rows):
+        placed = helpers.place(spus, partitions, replication_factor, strategy="least-loaded", existing=rows)
     assert placed == _rack_aware_by_the_rules(spus, partitions, replication_factor, rows)
+
+
+def test_a_replication_factor_near_the_spu_count_does_not_pop_refused_spus_at_every_pick() -> None:
+    """At RF 64 on 64 SPUs in 4 racks, each pick popped every SPU the racks or the partition
+    refused (2,839 heap pops for 10 partitions); the picks now read rows per rack, and the only
+    heap left is the leaders'."""
+    spus = [placement.SpuInfo(spu_id, rack=f"r{spu_id % 4}") for spu_id in range(64)]
+    pops = 0
+    real_pop = heapq.heappop
+
+    def counting_pop(heap: list[int]) -> int:
+        nonlocal pops
+        pops += 1
+        return real_pop(heap)
+
+    with mock.patch.object(heapq, "heappop", counting_pop):
+        replica_map = helpers.place(spus, 10, 64, strategy="least-loaded")
+    assert all(sorted(row) == list(range(64)) for row in replica_map)
+    assert all(len({spu_id % 4 for spu_id in row[:4]}) == 4 for row in replica_map)
+    assert pops <= 10 * 64
+
+
+def test_the_rows_are_chosen_from_three_replicas_per_leaf_rack_on() -> None:
+    assert not least_loaded._by_rows(50, 3)
+    assert not least_loaded._by_rows(8, 16)
+    assert least_loaded._by_rows(8, 24)
+    assert least_loaded._by_rows(3, 128)
