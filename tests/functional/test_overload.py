@@ -27,7 +27,7 @@ import pytest
 from connection_manager import transport, wire
 from controller import config
 from controller.api import routes as api
-from controller.api.fluvio import client as client_module, messages, objects
+from controller.api.fluvio import client as client_module, messages, objects, server as fluvio_server
 from store import embedded_etcd
 from tests.builders import eventually
 from tests.fixtures import daemon as daemon_fixtures
@@ -356,6 +356,11 @@ async def fluvio_length_prefix_alone(reader: asyncio.StreamReader, writer: async
     writer.write((1000).to_bytes(4, "big"))  # the API key, read with the length, never comes
 
 
+async def fluvio_oversized_length_alone(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    # Above the port's largest frame (16 MiB): refused by its API's limit, once the API key comes.
+    writer.write((fluvio_server.MAX_FRAME_BYTES + 1).to_bytes(4, "big"))
+
+
 async def fluvio_header_start_alone(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     writer.write((1000).to_bytes(4, "big") + messages.LIST.to_bytes(2, "big"))
 
@@ -385,6 +390,7 @@ async def partial_websocket_upgrade(reader: asyncio.StreamReader, writer: asynci
         (transport.PUBLIC, trickled_body, transport.BODY_TIMEOUT, b"HTTP/1.1 408 Request Timeout\r\n"),
         (transport.PUBLIC, idle_after_a_request, transport.IDLE_TIMEOUT, b""),
         (transport.PUBLIC, fluvio_length_prefix_alone, transport.HEADER_TIMEOUT, b""),
+        (transport.PUBLIC, fluvio_oversized_length_alone, transport.HEADER_TIMEOUT, b""),
         (transport.PUBLIC, fluvio_header_start_alone, transport.BODY_TIMEOUT, b""),
         (transport.PUBLIC, fluvio_partial_prefix, transport.HEADER_TIMEOUT, b""),
         (transport.PUBLIC, fluvio_trickled_frame, transport.BODY_TIMEOUT, b""),

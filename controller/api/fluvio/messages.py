@@ -55,6 +55,8 @@ OBJECT_MAX_VERSION = 19
 
 # fluvio-protocol's own MAX_BYTES; servers may cap lower.
 MAX_FRAME_BYTES = 52_428_800
+# The largest length a frame's i32 prefix can announce.
+LARGEST_FRAME_LENGTH = 2**31 - 1
 # A request's header starts with its API key (u16): read ahead of the rest of its frame, it says how
 # large that frame may be.
 API_KEY_BYTES = 2
@@ -184,16 +186,18 @@ class FrameTooLarge(DecodeError):
         self.limit = limit
 
 
-def check_request_size(head: bytes, length: int, create_limit: int) -> None:
+def check_request_size(
+    head: bytes, length: int, create_limit: int, small_limit: int = MAX_SMALL_REQUEST_BYTES
+) -> None:
     """Judge a request frame of ``length`` bytes by its first bytes ``head`` (its API key, the rest
     unread): DecodeError if it cannot hold an API key or its API is not served, FrameTooLarge above
-    its API's limit, ``create_limit`` for a Create and MAX_SMALL_REQUEST_BYTES for the others."""
+    its API's limit, ``create_limit`` for a Create and ``small_limit`` for the others."""
     if len(head) < API_KEY_BYTES:
         raise DecodeError(f"a frame of {length} bytes cannot hold a request header")
     api_key = int.from_bytes(head[:API_KEY_BYTES], "big")
     if api_key not in API_NAMES:
         raise _unserved(api_key)
-    limit = create_limit if api_key == CREATE else MAX_SMALL_REQUEST_BYTES
+    limit = create_limit if api_key == CREATE else small_limit
     if length > limit:
         raise FrameTooLarge(api_key, length, limit)
 

@@ -285,13 +285,17 @@ class Session:
                 try:
                     async with asyncio.timeout(settings.client_header_timeout):
                         prefix = first + await self.reader.readexactly(3)
-                        length = messages.frame_length(prefix, self.server.max_frame_bytes)
+                        # Any length: the API key comes first, so that a refusal names the API.
+                        length = messages.frame_length(prefix, messages.LARGEST_FRAME_LENGTH)
                         head = await self.reader.readexactly(min(length, messages.API_KEY_BYTES))
                 except TimeoutError:
                     self._timed_out(guard, transport.HEADER_TIMEOUT)
                     return
-                # Before the frame has room in the port's budget or memory: most APIs need very little.
-                messages.check_request_size(head, length, self.server.create_frame_limit)
+                # Before the frame has room in the port's budget or memory: most APIs need very little,
+                # and none more than max_frame_bytes.
+                messages.check_request_size(
+                    head, length, self.server.create_frame_limit, min(messages.MAX_SMALL_REQUEST_BYTES, self.server.max_frame_bytes)
+                )
                 try:
                     message = await self._read_frame(head, length, settings.client_body_timeout, guard)
                 except TimeoutError:

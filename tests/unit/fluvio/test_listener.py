@@ -64,7 +64,8 @@ async def test_raw_http_bytes_still_get_an_http_answer(fluvio_sc: daemon_fixture
         pytest.param(messages.frame(bytes.fromhex("03eb 0013 00000002 0000 0005546f706963 00000003 000000")), id="short-list-payload"),
         pytest.param(messages.frame(bytes.fromhex("03ed 0013 00000002 0000")), id="unserved-api-key"),
         pytest.param(messages.frame(bytes.fromhex("03eb 0013 00000002 0000 0005546f706963 00000006 00000000 0200")), id="bad-bool"),
-        pytest.param((server_module.MAX_FRAME_BYTES + 1).to_bytes(4, "big"), id="oversized"),
+        # A length alone waits for its API key, up to the header timeout (test_overload.py).
+        pytest.param((server_module.MAX_FRAME_BYTES + 1).to_bytes(4, "big") + messages.LIST.to_bytes(2, "big"), id="oversized"),
     ],
 )
 async def test_a_bad_frame_closes_only_its_connection(fluvio_sc: daemon_fixtures.Running, bad: bytes) -> None:
@@ -147,6 +148,9 @@ CREATE_LIMIT = 1_572_864 + 65_536
         pytest.param(messages.API_VERSIONS, "ApiVersions", 1_000_000, 65_536, id="api-versions"),
         pytest.param(messages.CREATE, "Create", CREATE_LIMIT + 1, CREATE_LIMIT, id="create-above-one-etcd-request"),
         pytest.param(messages.CREATE, "Create", server_module.MAX_FRAME_BYTES, CREATE_LIMIT, id="create-of-16-MiB"),
+        # Above every frame the port takes: still named by its API and judged by that API's limit.
+        pytest.param(messages.LIST, "List", server_module.MAX_FRAME_BYTES + 1, 65_536, id="list-above-the-port-limit"),
+        pytest.param(messages.CREATE, "Create", 2**31 - 1, CREATE_LIMIT, id="create-of-2-GiB"),
     ],
 )
 async def test_a_frame_larger_than_its_api_allows_is_refused_at_its_header(
