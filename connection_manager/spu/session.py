@@ -31,6 +31,11 @@ from connection_manager.spu import (
 
 
 NOT_LEADER = "not-leader"  # the refusal of a standby SC (connection_manager/server.py)
+# How often an SPU waiting for the SC's answer to its ping looks whether it came. A look later than
+# this by more than LOOP_HELD_SLACK means this SPU's own event loop was held (a long step, a busy
+# host): the time it was held does not count against the SC, whose answer may be in the socket unread.
+PING_LOOK_INTERVAL = 0.1
+LOOP_HELD_SLACK = 0.1
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -93,6 +98,7 @@ class ScSession:
         self.last_rejection: wire.Rejected | None = None
         self._outbox: asyncio.Queue[bytes] | None = None
         self._confirmed: set[tuple[str, int]] = set()  # leaderships said on this connection
+        self._heard_at = 0.0  # loop time of the last frame of any kind read from the SC
         self.log = structlog.get_logger(__name__).bind(spu=state.spu_id)
 
     @property
@@ -227,7 +233,10 @@ class ScSession:
         self._reached = False
         async with http.ws_connect(
             self.url,
-            heartbeat=self.settings.sc_ping_interval,
+            # Pings are this session's own (_watch_sc), and so are the answers to the SC's: aiohttp's
+            # heartbeat gives up on an SC whose pong came while this process's loop was held.
+            heartbeat=None,
+            autoping=False,
             max_msg_size=wire.MAX_FRAME_BYTES,
             ssl=self.tls if self.tls is not None else True,
             # A stopping SPU waits this long at most for the SC to acknowledge the close.
@@ -271,6 +280,7 @@ class ScSession:
                 asyncio.create_task(self._write(ws, outbox), name=f"spu-{self.state.spu_id}-sc-writer"),
                 asyncio.create_task(self._heartbeat(answer.heartbeat_timeout), name=f"spu-{self.state.spu_id}-heartbeat"),
                 asyncio.create_task(self._offsets(), name=f"spu-{self.state.spu_id}-offsets"),
+                asyncio.create_task(self._watch_sc(ws), name=f"spu-{self.state.spu_id}-sc-pings"),
             ]
             try:
                 await self._apply_messages(ws, tasks)
@@ -290,12 +300,13 @@ class ScSession:
                 await asyncio.gather(receiving, return_exceptions=True)
                 for task in done:
                     error = task.exception()
-                    # Without heartbeats the SC will mark this SPU offline: end the connection, start again.
-                    self.log.warning("sc connection lost while sending; reconnecting", error=_describe(error) if error else "ended")
+                    # Without heartbeats the SC will mark this SPU offline, and an SC that does not
+                    # answer pings is gone: end the connection, start again.
+                    self.log.warning("sc connection lost; reconnecting", error=_describe(error) if error else "ended")
                 return
             message = receiving.result()
             if message is None:
-                # A warning: the SC stopping, or a ping it did not answer in time (aiohttp's heartbeat).
+                # A warning: the SC stopping, or the connection failing.
                 error = ws.exception()
                 self.log.warning("sc connection closed; reconnecting", close_code=ws.close_code, error=_describe(error) if error else None)
                 return
@@ -353,11 +364,43 @@ class ScSession:
             self.send(wire.Offsets(partitions=entries))
 
     async def _receive(self, ws: aiohttp.ClientWebSocketResponse, timeout: float | None) -> wire.ScMessages | None:
-        """The next SC message, or None once the connection is closed."""
-        frame = await ws.receive(timeout)
-        if frame.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
-            return wire.parse_sc_message(frame.data)
-        return None
+        """The next SC message, or None once the connection is closed. Pings are answered and
+        pongs taken on the way; every frame read is a sign the SC is there."""
+        async with asyncio.timeout(timeout):
+            while True:
+                frame = await ws.receive()
+                self._heard_at = asyncio.get_running_loop().time()
+                if frame.type is aiohttp.WSMsgType.PING:
+                    await ws.pong(frame.data)
+                elif frame.type is aiohttp.WSMsgType.PONG:
+                    continue
+                elif frame.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                    return wire.parse_sc_message(frame.data)
+                else:
+                    return None
+
+    async def _watch_sc(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Ping the SC every ``sc_ping_interval``; SessionError if nothing comes back within half
+        of it, to notice a dead connection that TCP has not reported.
+
+        Only time this process's loop was free to read counts: a look that comes late (the loop
+        was held) gives the SC's answer, maybe in the socket already, another look."""
+        loop = asyncio.get_running_loop()
+        interval = self.settings.sc_ping_interval
+        window = interval / 2
+        while True:
+            await asyncio.sleep(interval)
+            asked_at = loop.time()
+            await ws.ping()
+            waited = 0.0
+            while self._heard_at < asked_at:
+                if waited >= window:
+                    raise SessionError(f"no answer from the SC within {window:g} s of a ping")
+                step = min(PING_LOOK_INTERVAL, window - waited)
+                before = loop.time()
+                await asyncio.sleep(step)
+                # The step, or a little more; the rest of a late look was this loop's, not the SC's.
+                waited += min(loop.time() - before, step + LOOP_HELD_SLACK)
 
     async def _heartbeat(self, heartbeat_timeout: float) -> None:
         """A small frame with no per-partition payload, four times per heartbeat timeout."""
