@@ -10,6 +10,7 @@ it answers while the test holds the SPU's loop right after each ping.
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -87,14 +88,14 @@ async def test_an_sc_that_stops_answering_pings_is_left_within_the_window(sc: sc
     await spu.start()
     try:
         await eventually(lambda: _assert(spu.session.connected), timeout=10.0)
-        sc.process.send_signal(19)  # SIGSTOP
+        sc.process.send_signal(signal.SIGSTOP)
         try:
             started = time.monotonic()
             await eventually(lambda: _assert(not spu.session.connected), timeout=10.0)
             # A ping at most an interval later, and half an interval for its answer (with looks).
             assert time.monotonic() - started < 1.5 * PING_INTERVAL + 1.0
         finally:
-            sc.process.send_signal(18)  # SIGCONT
+            sc.process.send_signal(signal.SIGCONT)
         await eventually(lambda: _assert(spu.session.connected and spu.session.connections == 2), timeout=15.0)
     finally:
         await spu.stop()
