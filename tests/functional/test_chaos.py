@@ -101,6 +101,14 @@ class Cluster:
         elif how is signal.SIGCONT:
             self.paused.discard(spu_id)
 
+    def kill_spus(self) -> None:
+        """SIGKILL to every SPU still running (frozen ones die as they stand), and wait for each."""
+        for process in self.spus.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+        self.paused.clear()
+
     def stop_all(self) -> None:
         self.paused.clear()  # stop_all continues them first
         processes.stop_all([*self.spus.values(), *([self.sc] if self.sc is not None else [])])
@@ -245,15 +253,31 @@ async def test_no_committed_record_is_lost_and_no_epoch_has_two_leaders_under_ch
             await chaos(cluster, steps)
 
             # Everything back: every partition led, every replica in sync again, and each leader
-            # has acknowledged past the highest offset ever acknowledged.
+            # has acknowledged past the highest offset ever acknowledged. Then the SPUs are frozen
+            # and the SC's view read again: once the record agrees with it (no leader change under
+            # way), they are killed where they stand, and their logs are those of its leaders.
+            final: dict[str, acknowledged.Placed] = {}
+            pids = [process.pid for process in cluster.spus.values() if process.poll() is None]
+
             async def recovered() -> bool:
                 if not await _settled(client, cluster):
                     return False
                 placed = {p["name"]: acknowledged.Placed.from_json(p) for p in await partitions(client, cluster)}
-                return acknowledged.caught_up(acknowledged.read(cluster.record), placed)
+                if not acknowledged.caught_up(acknowledged.read(cluster.record), placed):
+                    return False
+                await processes.freeze(pids)
+                frozen = False
+                try:
+                    final.clear()
+                    final.update({p["name"]: acknowledged.Placed.from_json(p) for p in await partitions(client, cluster)})
+                    frozen = acknowledged.settled(acknowledged.read(cluster.record), final)
+                finally:
+                    if not frozen:
+                        processes.thaw(pids)
+                return frozen
 
             await until(recovered, 90, f"recovery after chaos ({'; '.join(cluster.log)})")
-            final = {p["name"]: acknowledged.Placed.from_json(p) for p in await partitions(client, cluster)}
+            cluster.kill_spus()
     finally:
         cluster.stop_all()
     highest = acknowledged.check(cluster.record, cluster.work / "data", range(SPUS), final)

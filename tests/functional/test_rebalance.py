@@ -27,7 +27,7 @@ from connection_manager import wire
 from controller import config
 from controller.reconcile import moves
 from store import embedded_etcd, history, models
-from tests.fixtures import acknowledged
+from tests.fixtures import acknowledged, processes as processes_module
 from tests.fixtures.daemon import COMMON_SETTINGS, Running, etcd_settings, running
 from tests.fixtures.scripted_spu import ScriptedSpu
 
@@ -62,18 +62,28 @@ class Disk:
     def record(self) -> Path:
         return self.work / "record.jsonl"
 
+    @property
+    def spu_logs(self) -> list[Path]:
+        """The SPU processes' logs (warnings and errors, JSON lines), oldest process first."""
+        return sorted(self.work.glob("spu-process-*.log"))
+
+    def next_spu_log(self) -> Path:
+        return self.work / f"spu-process-{len(self.spu_logs):02d}.log"
+
 
 @contextlib.asynccontextmanager
 async def spu_run(private_port: int, first_id: int, count: int, disk: Disk) -> AsyncIterator[asyncio.subprocess.Process]:
     """`sc spu run --count` for SPUs already registered, talking to whichever SC has ``private_port``."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "controller.cli", "spu", "run", "--first-id", str(first_id), "--count", str(count),
-        "--sc-private", f"127.0.0.1:{private_port}", "--append-interval", "0.2", "--append-records", "10",
-        "--fetch-interval", "0.05", "--replica-lag-time", "30", "--log-format", "json", "--log-level", "warning",
-        "--data-dir", str(disk.data_dir), "--record", str(disk.record),
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    disk.work.mkdir(parents=True, exist_ok=True)
+    with open(disk.next_spu_log(), "ab") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "controller.cli", "spu", "run", "--first-id", str(first_id), "--count", str(count),
+            "--sc-private", f"127.0.0.1:{private_port}", "--append-interval", "0.2", "--append-records", "10",
+            "--fetch-interval", "0.05", "--replica-lag-time", "30", "--log-format", "json", "--log-level", "warning",
+            "--data-dir", str(disk.data_dir), "--record", str(disk.record),
+            stdout=asyncio.subprocess.DEVNULL, stderr=log,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     try:
         yield process
     finally:
@@ -106,22 +116,57 @@ async def no_acknowledged_record_lost(
     sc: Running, disk: Disk, spu_ids: range, *processes: asyncio.subprocess.Process, partitions: int = PARTITIONS
 ) -> dict[str, int]:
     """Once each partition's current leader has acknowledged as far as any leader ever did, the SPU
-    processes stop, all at once (none is left running to lead what another led), and what was
-    acknowledged is checked against their logs on disk. The highest offset acknowledged, per partition."""
-    placed: dict[str, acknowledged.Placed] = {}
+    processes are frozen, all at once, and the SC's view is read again: when the record the frozen
+    SPUs wrote agrees with it (``acknowledged.settled``), they are killed where they stand (what they
+    journaled is what they acted on) and what was acknowledged is checked against their logs on
+    disk; otherwise they go on and it is tried again. The highest offset acknowledged, per partition.
 
-    async def leaders_caught_up() -> None:
+    Stopping them right after a read instead left a window in which a leader could change (an SPU's
+    connection replaced: the SC elects another, the old leader follows it), and the check then read
+    the log of a leader that had become a follower, its HW below what it had acknowledged."""
+    placed: dict[str, acknowledged.Placed] = {}
+    pids = [process.pid for process in processes if process.returncode is None]
+
+    async def read_placed() -> None:
         status, listed = await sc.call("GET", "/v1/partitions")
         assert status == 200, listed
         placed.clear()
         placed.update({item["name"]: acknowledged.Placed.from_json(item) for item in listed})
-        assert acknowledged.caught_up(acknowledged.read(disk.record), placed), "a leader has not acknowledged that far yet"
 
-    await sc.eventually(leaders_caught_up, timeout=30)
-    await stop(*processes)
-    highest = acknowledged.check(disk.record, disk.data_dir, spu_ids, placed)
+    async def frozen_where_the_sc_says() -> None:
+        await read_placed()
+        assert acknowledged.caught_up(acknowledged.read(disk.record), placed), "a leader has not acknowledged that far yet"
+        await processes_module.freeze(pids)
+        try:
+            await read_placed()
+            assert acknowledged.settled(acknowledged.read(disk.record), placed), "a leader change is under way"
+        except BaseException:
+            processes_module.thaw(pids)
+            await asyncio.sleep(0.1)
+            raise
+
+    await sc.eventually(frozen_where_the_sc_says, timeout=30)
+    await kill(*processes)
+    try:
+        highest = acknowledged.check(disk.record, disk.data_dir, spu_ids, placed)
+    except AssertionError as error:
+        raise AssertionError(f"{error}\nthe SPU processes' warnings:\n{spu_warnings(disk)}") from None
     assert len(highest) == partitions, highest
     return highest
+
+
+async def kill(*processes: asyncio.subprocess.Process) -> None:
+    for process in processes:
+        if process.returncode is None:
+            process.kill()
+    for process in processes:
+        await asyncio.wait_for(process.wait(), 20)
+
+
+def spu_warnings(disk: Disk, most: int = 30) -> str:
+    """The last ``most`` lines the SPU processes logged (warnings and errors), for a failure's message."""
+    lines = [f"{path.name}: {line}" for path in disk.spu_logs for line in path.read_text(errors="replace").splitlines()]
+    return "\n".join(lines[-most:]) or "(none)"
 
 
 async def caught_up_offsets(sc: Running) -> dict[str, list[int]]:

@@ -71,3 +71,28 @@ def test_replicas_whose_logs_part_fail(tmp_path: Path) -> None:
     record = write(tmp_path, {0: follower, 1: GOOD}, LINES)
     with pytest.raises(AssertionError, match="t-0"):
         acknowledged.check(record, tmp_path / "data", range(2), PLACED)
+
+
+def test_settled_needs_the_newest_leaderships_recorded_to_be_those_of_the_sc() -> None:
+    """Read with the SPUs frozen and the SC's view read after: a leader change the SC decided and no
+    SPU took yet, or one taken after the view was read, is not settled (the check would read the
+    log of a leader that is, or is becoming, a follower)."""
+    assert acknowledged.settled(LINES, PLACED)
+    # The SC elected SPU 0 at epoch 3; nobody has taken it yet.
+    assert not acknowledged.settled(LINES, {"t-0": acknowledged.Placed(leader=0, leader_epoch=3, replicas=(0, 1))})
+    # SPU 0 took epoch 3 after the view (leader 1 at epoch 2) was read.
+    taken_since = [*LINES, {"spu": 0, "event": "lead", "partition": "t-0", "epoch": 3}, ack(0, 3, 20, 2)]
+    assert acknowledged.caught_up(taken_since, PLACED)
+    assert not acknowledged.settled(taken_since, PLACED)
+    # A process of the leader started again takes the same leadership again: still settled.
+    assert acknowledged.settled([*LINES, {"spu": 1, "event": "lead", "partition": "t-0", "epoch": 2}], PLACED)
+    # Not caught up: not settled either.
+    assert not acknowledged.settled(LINES[:3], PLACED)
+    assert acknowledged.newest_leaderships(taken_since) == {"t-0": (0, 3)}
+
+
+def test_a_leader_hw_below_its_acknowledgements_names_the_leaderships_taken(tmp_path: Path) -> None:
+    """What the CI failure of a rebalance test said (a leader whose log ends as a follower's)."""
+    record = write(tmp_path, {0: GOOD, 1: state.Offsets(leo=25, hw=19, epochs=((1, 0), (2, 10)))}, LINES)
+    with pytest.raises(AssertionError, match=r"HW of leader 1 \(leader epoch 2\) on disk is 19, below .* 20.*\(0, 1\), \(1, 2\)"):
+        acknowledged.check(record, tmp_path / "data", range(2), PLACED)
