@@ -139,11 +139,14 @@ async def no_acknowledged_record_lost(
         await processes_module.freeze(pids)
         try:
             await read_placed()
-            assert acknowledged.settled(acknowledged.read(disk.record), placed), "a leader change is under way"
+            settled = acknowledged.settled(acknowledged.read(disk.record), placed)
         except BaseException:
             processes_module.thaw(pids)
-            await asyncio.sleep(0.1)
             raise
+        if not settled:
+            processes_module.thaw(pids)
+            await asyncio.sleep(0.1)  # time for the change under way, the SPUs running
+            raise AssertionError("a leader change is under way")
 
     await sc.eventually(frozen_where_the_sc_says, timeout=30)
     await kill(*processes)
