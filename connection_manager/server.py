@@ -44,7 +44,8 @@ OFFSETS_JITTER = 0.9  # an Offsets frame this share of the interval after the pr
 # Seconds of Offsets frames taken at once beyond that pace. Frames an SPU sent on time queue in its
 # socket while the SC's loop is busy, and arrive together: taken for a flood, they were paced, and
 # the SC stopped reading until each next one's time, so a ping behind them waited an interval per
-# frame (an SPU waits 2.5 s for its pong: after a stall of a second or two it could give up).
+# frame (an SPU then waited 2.5 s for its pong, the heartbeat timeout now: after a stall of a
+# second or two it could give up).
 # A flood is still read at the pace after this much.
 OFFSETS_BURST_SECONDS = 3.0
 # Seconds the pusher waits after the first change it wakes for, so that the changes a burst makes

@@ -230,8 +230,9 @@ class Accepted(Message):
     type: Literal["accepted"] = "accepted"
     spu_id: SpuId
     incarnation: IncarnationNumber  # this connection's number: every connection is a new one
-    heartbeat_timeout: float  # seconds of silence after which the SC marks the SPU offline
-    offsets_interval: float  # the SPU sends at most one Offsets frame this often
+    # Seconds of silence after which the SC marks the SPU offline (the SPU waits as long for the SC).
+    heartbeat_timeout: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    offsets_interval: Annotated[float, Field(gt=0, allow_inf_nan=False)]  # the SPU sends at most one Offsets frame this often
 
 
 class Rejected(Message):

@@ -280,7 +280,9 @@ class ScSession:
                 asyncio.create_task(self._write(ws, outbox), name=f"spu-{self.state.spu_id}-sc-writer"),
                 asyncio.create_task(self._heartbeat(answer.heartbeat_timeout), name=f"spu-{self.state.spu_id}-heartbeat"),
                 asyncio.create_task(self._offsets(), name=f"spu-{self.state.spu_id}-offsets"),
-                asyncio.create_task(self._watch_sc(ws), name=f"spu-{self.state.spu_id}-sc-pings"),
+                asyncio.create_task(
+                    self._watch_sc(ws, self.settings.sc_ping_timeout or answer.heartbeat_timeout), name=f"spu-{self.state.spu_id}-sc-pings"
+                ),
             ]
             try:
                 await self._apply_messages(ws, tasks)
@@ -379,15 +381,15 @@ class ScSession:
                 else:
                     return None
 
-    async def _watch_sc(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        """Ping the SC every ``sc_ping_interval``; SessionError if nothing comes back within half
-        of it, to notice a dead connection that TCP has not reported.
+    async def _watch_sc(self, ws: aiohttp.ClientWebSocketResponse, window: float) -> None:
+        """Ping the SC every ``sc_ping_interval``; SessionError if nothing comes back within
+        ``window`` seconds (the SC's heartbeat timeout, unless ``sc_ping_timeout`` says otherwise),
+        to notice a dead connection that TCP has not reported.
 
         Only time this process's loop was free to read counts: a look that comes late (the loop
         was held) gives the SC's answer, maybe in the socket already, another look."""
         loop = asyncio.get_running_loop()
         interval = self.settings.sc_ping_interval
-        window = interval / 2
         while True:
             await asyncio.sleep(interval)
             asked_at = loop.time()

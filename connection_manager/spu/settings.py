@@ -40,6 +40,11 @@ class SpuSettings:
     request_timeout: float = 5.0
     # WebSocket ping period towards the SC, to notice a dead connection that TCP has not reported.
     sc_ping_interval: float = 5.0
+    # How long a ping may go unanswered (counting only time this SPU's loop was free to read) before
+    # the SPU leaves the connection. None: the SC's heartbeat timeout, as its Accepted says, so that
+    # the SPU waits for the SC as long as the SC waits for the SPU (leaving sooner only makes it a
+    # new incarnation, a restart to the SC, and no other SC may lead before the claim's lease ends).
+    sc_ping_timeout: float | None = None
     # With --data-dir every change of a log is journaled at once (before anything depends on it);
     # the journal is folded into a snapshot this often (and on a clean exit).
     checkpoint_interval: float = 1.0
@@ -54,6 +59,8 @@ class SpuSettings:
             value = getattr(self, name)
             if not 0 < value < math.inf:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if self.sc_ping_timeout is not None and not 0 < self.sc_ping_timeout < math.inf:
+            raise ValueError(f"sc_ping_timeout must be a positive number of seconds or None, got {self.sc_ping_timeout!r}")
         for name in ("append_records", "fetch_max_records"):
             value = getattr(self, name)
             if value < 0:

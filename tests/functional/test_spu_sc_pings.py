@@ -27,13 +27,15 @@ from store import embedded_etcd
 from tests.builders import eventually
 from tests.fixtures import sc_run
 
-PING_INTERVAL = 2.0  # the SPU's answer window is half of it: room for an SC slowed by a busy CI machine
-HOLD = 1.5  # seconds the SPU's loop is held after each ping: past the window
+PING_INTERVAL = 2.0
+PING_TIMEOUT = 1.0  # the answer window of the first test: room for an SC slowed by a busy CI machine
+HOLD = 1.5  # seconds the SPU's loop is held after each ping: past that window
+SC_HEARTBEAT_TIMEOUT = 4.0  # the SC's: by default an SPU waits as long for the SC's answer
 
 
 @pytest.fixture
 async def sc(tmp_path: Path) -> AsyncIterator[sc_run.ScRun]:
-    server = sc_run.ScRun(tmp_path / "sc", None, "--store", "memory")
+    server = sc_run.ScRun(tmp_path / "sc", None, "--store", "memory", "--spu-heartbeat-timeout", str(SC_HEARTBEAT_TIMEOUT))
     server.start(logs_to_file=True)
     try:
         await server.wait_healthy()
@@ -65,7 +67,8 @@ def holding_after_pings(held: list[float]) -> Callable[..., Awaitable[None]]:
 
 
 async def test_a_pong_read_late_because_the_spus_own_loop_was_held_keeps_the_connection(sc: sc_run.ScRun) -> None:
-    spu = SimulatedSpu(0, ("127.0.0.1", sc.private_port), settings=SpuSettings(sc_ping_interval=PING_INTERVAL))
+    settings = SpuSettings(sc_ping_interval=PING_INTERVAL, sc_ping_timeout=PING_TIMEOUT)
+    spu = SimulatedSpu(0, ("127.0.0.1", sc.private_port), settings=settings)
     held: list[float] = []
     await spu.start()
     try:
@@ -74,8 +77,29 @@ async def test_a_pong_read_late_because_the_spus_own_loop_was_held_keeps_the_con
             deadline = time.monotonic() + 4 * (PING_INTERVAL + HOLD)
             while len(held) < 3 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(PING_INTERVAL / 2)  # past the last ping's window
+            await asyncio.sleep(PING_TIMEOUT)  # past the last ping's window
         assert len(held) >= 3, held
+        assert spu.session.connections == 1 and spu.session.connected
+    finally:
+        await spu.stop()
+
+
+async def test_an_sc_paused_for_less_than_its_heartbeat_timeout_keeps_its_spus(sc: sc_run.ScRun) -> None:
+    """The SC waits for an SPU's frames for its heartbeat timeout; the SPU waits as long for the
+    SC's answer. Before, it gave up after half its ping interval (2.5 s by default, against the
+    SC's 10 s): an SC held that long (a long step, a starved process) saw its SPUs leave and come
+    back as new incarnations, each a restart with its leaderships elected away and back."""
+    assert sc.process is not None
+    spu = SimulatedSpu(0, ("127.0.0.1", sc.private_port), settings=SpuSettings(sc_ping_interval=1.0))
+    await spu.start()
+    try:
+        await eventually(lambda: _assert(spu.session.connected), timeout=10.0)
+        sc.process.send_signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(SC_HEARTBEAT_TIMEOUT - 1.5)
+        finally:
+            sc.process.send_signal(signal.SIGCONT)
+        await asyncio.sleep(2.0)  # pings answered again; the SC read the SPU's frames queued meanwhile
         assert spu.session.connections == 1 and spu.session.connected
     finally:
         await spu.stop()
@@ -92,8 +116,8 @@ async def test_an_sc_that_stops_answering_pings_is_left_within_the_window(sc: sc
         try:
             started = time.monotonic()
             await eventually(lambda: _assert(not spu.session.connected), timeout=10.0)
-            # A ping at most an interval later, and half an interval for its answer (with looks).
-            assert time.monotonic() - started < 1.5 * PING_INTERVAL + 1.0
+            # A ping at most an interval later, and the SC's heartbeat timeout for its answer (with looks).
+            assert time.monotonic() - started < PING_INTERVAL + SC_HEARTBEAT_TIMEOUT + 1.0
         finally:
             sc.process.send_signal(signal.SIGCONT)
         await eventually(lambda: _assert(spu.session.connected and spu.session.connections == 2), timeout=15.0)

@@ -193,6 +193,18 @@ def test_sc_messages_round_trip() -> None:
         assert wire.parse_sc_message(wire.encode(message)) == message
 
 
+@pytest.mark.parametrize("seconds", [0, -1, "NaN", "Infinity"])
+def test_an_accepted_with_a_timeout_or_interval_that_is_no_duration_is_refused(seconds: object) -> None:
+    """An SPU paces its heartbeats and offsets by them, and waits the heartbeat timeout for the SC's
+    answer to a ping: none of them may be zero (a busy loop), negative or endless."""
+    for field in ("heartbeatTimeout", "offsetsInterval"):
+        accepted: dict[str, object] = {"type": "accepted", "spuId": 1, "incarnation": 3, "heartbeatTimeout": 10.0, "offsetsInterval": 1.0}
+        accepted[field] = seconds
+        text = json.dumps(accepted) if not isinstance(seconds, str) else json.dumps(accepted).replace(f'"{seconds}"', seconds)
+        with pytest.raises(wire.FrameError, match=field):
+            wire.parse_sc_message(text.encode())
+
+
 @given(st.binary(max_size=300))
 def test_random_bytes_never_raise_anything_but_a_frame_error(frame: bytes) -> None:
     try:
