@@ -73,6 +73,8 @@ def test_invalid_backoffs_are_refused(arguments: tuple[float, float, float], mes
         ({"append_interval": 0}, "append_interval must be a positive number of seconds, got 0"),
         ({"replica_lag_time": float("nan")}, "replica_lag_time must be a positive number of seconds, got nan"),
         ({"fetch_max_records": -1}, "fetch_max_records must be 0 or more, got -1"),
+        ({"sc_ping_timeout": 0.0}, "sc_ping_timeout must be a positive number of seconds or None, got 0.0"),
+        ({"sc_ping_timeout": float("inf")}, "sc_ping_timeout must be a positive number of seconds or None, got inf"),
         ({"reconnect_initial": 2.0, "reconnect_max": 1.0}, "reconnect_max (1.0 s) must be at least reconnect_initial (2.0 s)"),
         (
             {"fetch_retry_initial": 2.0, "fetch_retry_max": 1.0},
