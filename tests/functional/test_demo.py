@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from controller.demo import demo
+from tests.fixtures import processes
 
 pytestmark = pytest.mark.etcd
 
@@ -49,9 +50,6 @@ def marked_at_least(mark: str, count: int, seconds: float = 10.0) -> list[str]:
     return found
 
 
-PF_KTHREAD = 0x00200000  # in /proc/PID/stat's flags: a kernel thread (no environment)
-
-
 def _read_process(entry: Path, attempts: int = 20) -> tuple[bytes, str] | None:
     """(environment, command line) of the process at /proc/PID; None for a zombie, a kernel thread, or
     one gone. On a loaded machine a read of a living process's files failed for a moment (ESRCH,
@@ -59,9 +57,8 @@ def _read_process(entry: Path, attempts: int = 20) -> tuple[bytes, str] | None:
     made again while /proc/PID is there."""
     for _ in range(attempts):
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            state, flags = fields[0], int(fields[6])
-            if state in ("Z", "X") or flags & PF_KTHREAD:
+            state, flags = processes.read_stat(entry)
+            if state in ("Z", "X") or flags & processes.PF_KTHREAD:
                 return None
             environment = (entry / "environ").read_bytes()
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
