@@ -4,6 +4,7 @@ starts inherits this test's environment mark, so /proc tells what is left)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -42,7 +43,11 @@ def marked(mark: str) -> list[str]:
 
 
 def marked_at_least(mark: str, count: int, seconds: float = 10.0) -> list[str]:
-    """``marked(mark)`` once it lists at least ``count`` processes (looked at again until ``seconds``)."""
+    """``marked(mark)`` once it lists at least ``count`` processes (looked at again until ``seconds``).
+
+    After ``Demo.hold`` at the second step, 8 is the demo, the SC, etcd and at least five SPUs: the
+    demo may have gone on to its fourth step (which kills an SPU, and the fifth restarts it) before
+    the line of the second reached the test and the hold."""
     deadline = time.monotonic() + seconds
     while len(found := marked(mark)) < count and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -52,9 +57,8 @@ def marked_at_least(mark: str, count: int, seconds: float = 10.0) -> list[str]:
 
 def _read_process(entry: Path, attempts: int = 20) -> tuple[bytes, str] | None:
     """(environment, command line) of the process at /proc/PID; None for a zombie, a kernel thread, or
-    one gone. On a loaded machine a read of a living process's files failed for a moment (ESRCH,
-    ENOENT: a check at the demo's second step once missed an SPU that ran on), so a failed read is
-    made again while /proc/PID is there."""
+    one gone. A read that fails (ESRCH, ENOENT) while /proc/PID is there is made again: the process
+    may be exiting, and is then gone at the next look."""
     for _ in range(attempts):
         try:
             state, flags = processes.read_stat(entry)
@@ -123,6 +127,13 @@ class Demo:
     @property
     def output(self) -> str:
         return "\n".join(self.lines)
+
+    def hold(self) -> None:
+        """Stop the demo process itself (SIGSTOP, until the kernel says so); what it started runs on.
+        The demo goes on by itself (the SPU it kills at its fourth step, its end): a test that looks at
+        its processes, then signals it, must hold it first, or on a busy machine the demo is further on
+        (or done) by then. SIGKILL ends it held; thaw it to let it take another signal."""
+        asyncio.run(processes.freeze([self.process.pid]))
 
     def cleanup(self) -> None:
         """Whatever a failed test left running goes, so one failure does not load the next tests."""
@@ -232,8 +243,10 @@ def test_ctrl_c_stops_the_sc_its_etcd_and_every_spu_and_exits_130(tmp_path: Path
     steps = len(demo.STEP_TITLES)
     first = run.wait_for_line(f"[1/{steps}] ok (")
     run.wait_for_line(f"[2/{steps}] ok (")  # the SC, its etcd and six SPUs are up
-    marked_at_least(run.mark, 8)  # demo aside: the SC, etcd, six SPUs
+    run.hold()
+    marked_at_least(run.mark, 8)
     os.killpg(run.process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the demo's group
+    processes.thaw([run.process.pid])  # the demo takes its SIGINT as it goes on
     assert run.finish(timeout=120) == 130, run.output
     assert "interrupted: the SC, its etcd and the SPUs are stopped" in run.output
     run.assert_nothing_left()
@@ -246,8 +259,9 @@ def test_a_demo_killed_outright_leaves_no_sc_etcd_or_spu_behind(tmp_path: Path, 
     runs.append(run)
     steps = len(demo.STEP_TITLES)
     run.wait_for_line(f"[2/{steps}] ok (")  # the SC, its etcd and six SPUs are up
-    marked_at_least(run.mark, 9)  # the demo, the SC, etcd, six SPUs
-    run.process.kill()  # SIGKILL to the demo alone: no handler, no cleanup of its own
+    run.hold()
+    marked_at_least(run.mark, 8)
+    run.process.kill()  # SIGKILL to the demo alone (stopped or not): no handler, no cleanup of its own
     run.finish(timeout=60)
     # Linux tells each child (PR_SET_PDEATHSIG); they stop as on Ctrl-C, the SC taking its etcd.
     deadline = time.monotonic() + 60
