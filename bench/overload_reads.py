@@ -22,6 +22,7 @@ import asyncio
 import collections
 import contextlib
 import http.client
+import io
 import json
 import os
 import signal
@@ -501,6 +502,21 @@ async def placement_attack(url: str, clients: int, partitions: int, replication_
 
         async def one() -> None:
             async with session.post("/v1/placement", json=request) as response:
+                await read_all(response)
+                outcomes[str(response.status)] += 1
+
+        await asyncio.gather(*(one() for _ in range(clients)))
+    return outcomes
+
+
+async def placement_bodies_attack(url: str, clients: int, body: bytes) -> collections.Counter[str]:
+    """``clients`` POST /v1/placement of ``body`` at once (bytes as they are: a hostile body)."""
+    outcomes: collections.Counter[str] = collections.Counter()
+    async with aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=600)) as session:
+
+        async def one() -> None:
+            sent = io.BytesIO(body)  # not bytes: aiohttp warns that it would send them in one write
+            async with session.post("/v1/placement", data=sent, headers={"Content-Type": "application/json"}) as response:
                 await read_all(response)
                 outcomes[str(response.status)] += 1
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from connection_manager import server as cm_server
 from controller import config, metrics, placement
-from controller.api import admission, auth, decisions as decisions_module, listing, read_metrics
+from controller.api import admission, auth, decisions as decisions_module, listing, placement_worker as placement_worker_module, read_metrics
 from store import active_sc, history, kv, local, supervisor as supervisor_module
 
 
@@ -41,10 +41,13 @@ class Context:
     gate: admission.Gate = field(init=False)
     watchers: admission.Watchers = field(init=False)
     lists: listing.Lists = field(init=False)
+    # POST /v1/placement's child process (started at its first request).
+    placement_worker: placement_worker_module.PlacementWorker = field(init=False)
 
     def __post_init__(self) -> None:
         settings = self.settings
         self.gate = admission.Gate(settings.max_expensive_requests, settings.max_expensive_queue, settings.expensive_queue_seconds)
         self.watchers = admission.Watchers(settings.max_watchers, settings.max_watchers_per_address)
         self.lists = listing.Lists(self.local_store, self.gate, settings.list_cache_bytes)
+        self.placement_worker = placement_worker_module.PlacementWorker(settings.placement_plugins, settings.placement_entry_points)
         self.metrics.watch(read_metrics.ReadsCollector(self.gate, self.watchers, self.lists))

@@ -5,6 +5,7 @@ Each implements ReplicaPlacer (or fails to, on purpose); none reads or writes an
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from controller import placement
@@ -18,6 +19,23 @@ class HighestFirst:
     ) -> list[list[int]]:
         ordered = sorted(spu_ids, reverse=True)
         return [ordered[: spec.replication_factor] for _ in range(spec.count)]
+
+
+class Chatty(HighestFirst):
+    """Prints as it places, as a plug-in under development might: what it prints is its own affair."""
+
+    def place(
+        self, spec: placement.PlacementSpec, cluster: placement.ClusterView, spu_ids: Sequence[int]
+    ) -> list[list[int]]:
+        print("placing", spec.count, "partitions")
+        return super().place(spec, cluster, spu_ids)
+
+
+class Hangs:
+    """Answers after a minute, as a plug-in stuck on something would."""
+
+    def place(self, spec: placement.PlacementSpec, cluster: placement.ClusterView, spu_ids: Sequence[int]) -> None:
+        time.sleep(60)
 
 
 class Defers:

@@ -71,3 +71,23 @@ def _dotted(steps: tuple[str | int, ...]) -> str:
     for step in steps:
         text += f"[{step}]" if isinstance(step, int) else (f".{step}" if text else step)
     return text or "(the document)"
+
+
+def load_object(raw: bytes, shape: str) -> dict[str, Any]:
+    """The request body ``raw`` as a JSON object; JsonInputError with the whole sentence (what is
+    wrong, and ``shape``, the object expected) otherwise."""
+    if not raw.strip():
+        raise JsonInputError(f"the request body is empty: send a JSON object {shape}")
+    try:
+        body = loads(raw)
+    except JsonInputError as error:
+        raise JsonInputError(f"the request body {error}") from None
+    if not isinstance(body, dict):
+        raise JsonInputError(f"the request body must be a JSON object {shape}, got {json_type(body)}")
+    return body
+
+
+def json_type(value: object) -> str:
+    """How a parsed JSON value is named in a message: "an array", "a number", "null"..."""
+    names = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)

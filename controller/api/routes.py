@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import math
 import re
 import secrets
@@ -24,8 +23,8 @@ from aiohttp import hdrs, web
 from prometheus_client import exposition as prometheus_exposition
 
 from connection_manager import ratelimit, tls, transport
-from controller import context as context_module, placement
-from controller.api import admin_ops, admission, auth, cluster, fanout, json_input, listing, openapi, rebalance_ops
+from controller import context as context_module
+from controller.api import admin_ops, admission, auth, cluster, fanout, json_input, listing, openapi, placement_answer, rebalance_ops
 from controller.reconcile import partition, topic as topic_controller
 from store import active_sc, attribution, kv, models
 from store import supervisor as supervisor_module
@@ -43,9 +42,6 @@ WATCH_MAX_CLIENT_MESSAGE_BYTES = 1024
 # A large answer is written in pieces of this size, each waiting for the client to take the previous
 # ones: a client that reads slowly holds one piece in the SC's memory, not a copy of the answer.
 WRITE_CHUNK = 64 * 1024
-# Rows of a replica map encoded to JSON per call: each call holds the GIL, and the loop gets it
-# back between calls (a 100,000-row map is 0.5 s of encoding in one call).
-PLACEMENT_ROWS_PER_ENCODE = 2000
 # A drain answers once no leadership has moved for this long (the rest cannot move).
 DRAIN_STALL_SECONDS = 3.0
 # Bodies may carry large manual replica assignments.
@@ -365,17 +361,10 @@ def _bool_param(request: web.Request, name: str) -> bool:
 
 def parse_json_object(raw: bytes, shape: str) -> dict[str, Any]:
     """The body as a JSON object, or a 400 saying what is wrong with it."""
-    if not raw.strip():
-        raise ApiError(400, "MalformedRequest", f"the request body is empty: send a JSON object {shape}")
     try:
-        body = json_input.loads(raw)
+        return json_input.load_object(raw, shape)
     except json_input.JsonInputError as error:
-        raise ApiError(400, "MalformedRequest", f"the request body {error}") from None
-    if not isinstance(body, dict):
-        raise ApiError(
-            400, "MalformedRequest", f"the request body must be a JSON object {shape}, got {_json_type(body)}"
-        )
-    return body
+        raise ApiError(400, "MalformedRequest", str(error)) from None
 
 
 Parsed = TypeVar("Parsed", bound=models.Model)
@@ -421,11 +410,6 @@ def _validation_error(error: pydantic.ValidationError) -> ApiError:
     if wrong_type:
         return ApiError(400, "MalformedRequest", message)
     return ApiError(422, "InvalidObject", message)
-
-
-def _json_type(value: object) -> str:
-    names = {list: "an array", str: "a string", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 TOPIC_WAITS = web.AppKey("topic_waits", admin_ops.Waits)
@@ -808,7 +792,10 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
     if dry_run:
         async with context.gate.slot(admission.DRY_RUN):
             placement_request, _ = admin_ops.dry_run_request(context, topic)
-            body = await context.gate.offload(_placement_answer, placement_request, context.placers)
+            try:
+                body = await context.gate.offload(placement_answer.for_request, placement_request, context.placers)
+            except placement_answer.Refused as refused:
+                raise ApiError(refused.status, refused.code, refused.message) from None
             return await _send_json(request, body, {})
     _check_topic_right(request, topic.name)
     with _budget(timeout_ms) as remaining_ms:
@@ -957,8 +944,9 @@ async def delete_object(request: web.Request) -> web.Response:
 
 
 async def compute_placement(request: web.Request) -> web.StreamResponse:
-    """Parsing, placing and encoding run in the gate's worker thread: 100,000 partitions at RF 32 are
-    most of a second of CPU, which must not stop the loop (SPU heartbeats, /healthz)."""
+    """Parsing, placing and encoding run in the placement worker, a process of its own
+    (controller/api/placement_worker.py): a 16 MiB body, 100,000 partitions at RF 32, are seconds of
+    CPU and hundreds of MB, which must not stop the loop (SPU heartbeats, /healthz) or swell the SC."""
     context = request.app[CONTEXT]
     raw = await read_body(request)
     live_spus = None
@@ -966,47 +954,11 @@ async def compute_placement(request: web.Request) -> web.StreamResponse:
         snapshot = context.local_store.snapshot()
         live_spus = [spu for spu in topic_controller.spu_infos(snapshot) if spu.online]
     async with context.gate.slot(admission.PLACEMENT):
-        body = await context.gate.offload(_placement_for, raw, live_spus, context.placers)
+        try:
+            body = await context.placement_worker.answer(raw, live_spus)
+        except placement_answer.Refused as refused:
+            raise ApiError(refused.status, refused.code, refused.message) from None
         return await _send_json(request, body, {})
-
-
-def _placement_for(raw: bytes, live_spus: list[placement.SpuInfo] | None, placers: placement.Placers) -> bytes:
-    """The answer to a placement request body (in the worker thread; pure)."""
-    body = parse_json_object(raw, "(a placement request, as for `sc placement compute`)")
-    if "spus" not in body and live_spus is None:
-        raise ApiError(503, "NotSynced", "the SC is still loading its store; retry shortly (see /healthz)")
-    try:
-        placement_request = placement.request_from_json(body, default_spus=live_spus)
-        _check_placement_size(placement_request)
-    except placement.PlacementError as error:
-        raise ApiError(422, error.code, error.message) from None
-    return _placement_answer(placement_request, placers)
-
-
-def _placement_answer(placement_request: placement.PlacementRequest, placers: placement.Placers) -> bytes:
-    """Place and encode ``{"replicaMap", "nextStartIndex", "balance"}`` (in the worker thread; pure)."""
-    try:
-        result = placement.compute(placement_request, placers)
-    except placement.PlacementError as error:
-        raise ApiError(422, error.code, error.message) from None
-    answer = placement.result_to_json(result, placement_request.spus)
-    rows = answer.pop("replicaMap")
-    assert isinstance(rows, list)
-    pieces = [
-        json.dumps(rows[start : start + PLACEMENT_ROWS_PER_ENCODE])[1:-1]
-        for start in range(0, len(rows), PLACEMENT_ROWS_PER_ENCODE)
-    ]
-    return ('{"replicaMap": [' + ", ".join(pieces) + "], " + json.dumps(answer)[1:]).encode()
-
-
-def _check_placement_size(placement_request: placement.PlacementRequest) -> None:
-    """The topic limits apply here too: one request must not make the loop build a huge map."""
-    for field, value, limit in (
-        ("partitions", placement_request.partitions, models.MAX_PARTITIONS),
-        ("replicationFactor", placement_request.replication_factor, models.MAX_REPLICATION_FACTOR),
-    ):
-        if value > limit:
-            raise placement.InvalidConfig(f"{field} must be at most {limit}, got {value}")
 
 
 # ---------------------------------------------------------------------------- watch
@@ -1230,6 +1182,7 @@ async def _settlements(app: web.Application) -> Any:
     # share them are closed before the application is cleaned up).
     await app[CONTEXT].lists.close()
     app[CONTEXT].gate.close()
+    await app[CONTEXT].placement_worker.close()
 
 
 async def _stop_streams(app: web.Application) -> None:

@@ -114,6 +114,20 @@ async def test_placements_run_off_the_loop_within_the_gate(sc: overload_reads.Sc
     assert (await sc.metrics())["sc_expensive_requests_running"] == 0
 
 
+async def test_placement_bodies_of_millions_of_empty_arrays_do_not_stop_the_sc(sc: overload_reads.Sc) -> None:
+    # A read credential may send 16 MiB. Parsed in the SC (even in a worker thread: the parser holds
+    # the GIL), each such body held the event loop 3-20 s and over 300 MB; the placement worker
+    # process takes them now, and the SC only holds the bodies.
+    body = b'{"existing": [' + b"[]," * (5 * 2**20) + b"[]]}"
+    baseline = sc.rss_bytes()
+    async with overload_reads.measured(sc) as during:
+        outcomes = await overload_reads.placement_bodies_attack(sc.url, 3, body)
+    assert outcomes == {"422": 3}, outcomes  # "request has no partitions", once the body is parsed
+    assert_unharmed(during, baseline, sc)
+    # Service as usual: a placement is computed.
+    assert await overload_reads.placement_attack(sc.url, 1, 10, 3) == {"200": 1}
+
+
 async def dropped_watchers(sc: overload_reads.Sc) -> dict[str, float]:
     metrics = await sc.metrics()
     return {name: value for name, value in metrics.items() if name.startswith("sc_watchers_dropped_total") and value}
