@@ -380,13 +380,22 @@ def parse_object(model: type[Parsed], raw: bytes) -> Parsed:
     too (json_input), whose checks come first and say what is wrong (tests/unit/test_request_parse.py
     holds the two paths to the same answers).
     """
+    # A refusal builds the whole input as Python objects, more than once (pydantic's error, Python's
+    # parser, the problems listed): without collections meanwhile (json_input.collector_paused).
+    with json_input.collector_paused():
+        return _parse_object(model, raw)
+
+
+def _parse_object(model: type[Parsed], raw: bytes) -> Parsed:
     refusal: pydantic.ValidationError | None = None
     try:
         # Strict: "3" is not a partition count and true is not a port. Validating the raw bytes
         # (not a re-serialised copy) keeps pydantic's own limits on deeply nested input.
         parsed = model.model_validate_json(raw, strict=True)
     except pydantic.ValidationError as error:
-        refusal = error
+        # Without its traceback: its frame (this one) holds it, a cycle that kept the whole input
+        # (a Python object per JSON value) until a full collection.
+        refusal = error.with_traceback(None)
     else:
         # What pydantic-core takes but the checks refuse: a status, and a long integer (under a key
         # given twice, pydantic-core keeps the last value, Python's parser still sees the first).

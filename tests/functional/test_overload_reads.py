@@ -122,7 +122,9 @@ async def test_placement_bodies_of_millions_of_empty_arrays_do_not_stop_the_sc(s
     baseline = sc.rss_bytes()
     async with overload_reads.measured(sc) as during:
         outcomes = await overload_reads.placement_bodies_attack(sc.url, 3, body)
-    assert outcomes == {"422": 3}, outcomes  # "request has no partitions", once the body is parsed
+    # "request has no partitions" once a body is parsed; 429 for one that waited for a slot (two
+    # here) longer than expensive_queue_seconds (2 s), the worker taking one body at a time.
+    assert set(outcomes) <= {"422", "429"} and outcomes["422"] >= 1 and sum(outcomes.values()) == 3, outcomes
     assert_unharmed(during, baseline, sc)
     # Service as usual: a placement is computed.
     assert await overload_reads.placement_attack(sc.url, 1, 10, 3) == {"200": 1}
