@@ -9,7 +9,11 @@ same), the largest body a create parses on the default store (`topic_content_lim
 checks too), and a body of unknown fields at that limit (pydantic reports each one, and a
 refusal read them all out, twice: the worst a client can send). Then the check that refuses a denser body unparsed, on
 the 4.4 MB one, and a Fluvio create's assignment of 32,000 rows x 128 (a 16 MiB frame, decoded):
-the check that refuses it now against building the model it got before. Pure CPU, on the calling thread, as on the event loop, with `sc run`'s collector
+the check that refuses it now against building the model it got before. Last, eight refusals in a
+row of a body of nested empty arrays at the limit (the costliest shape to refuse: a Python object
+per array, built twice), beside a heap of a million objects made after start, with the cyclic
+collector held off during each parse (as `parse_object` does) and without (the baseline): total
+and worst. Pure CPU, on the calling thread, as on the event loop, with `sc run`'s collector
 threshold (`daemon.GC_GEN0_THRESHOLD`: at Python's default, collections are half of the time);
 best of ``--repeat``.
 
@@ -19,6 +23,7 @@ best of ``--repeat``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -33,7 +38,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from controller import daemon  # noqa: E402 (after the path set-up above)
-from controller.api import admin_ops, routes  # noqa: E402
+from controller.api import admin_ops, json_input, routes  # noqa: E402
 from controller.api.fluvio import admin as fluvio_admin, mapping, objects  # noqa: E402
 from store import kv, memory, models  # noqa: E402
 
@@ -153,7 +158,26 @@ def main() -> int:
     refused = best(lambda _: fluvio_admin._check_assignment_size("wide", wide, kv.DEFAULT_MAX_REQUEST_BYTES), b"", args.repeat)
     built = best(lambda _: mapping.topic_from_create("wide", spec), b"", args.repeat)
     print(f"{'Fluvio 32,000 x 128: refused / built':34} {'':11} {refused:8.3f} {built:8.3f} {refused / built:8.3f}")
+    nested = b'{"name": "x", "spec": {"partitions": [' + b"[]," * (limit // 3 - 20) + b"[]]}}"
+    heap = [[index] for index in range(1_000_000)]  # a busy SC's objects made after start
+    paused = refusals(nested, paused=True)
+    unpaused = refusals(nested, paused=False)
+    del heap
+    print(f"{'8 x nested empty arrays: total':34} {len(nested):11,} {sum(paused):8.3f} {sum(unpaused):8.3f} {sum(paused) / sum(unpaused):8.2f}")
+    print(f"{'  the worst of the 8':34} {'':11} {max(paused):8.3f} {max(unpaused):8.3f} {max(paused) / max(unpaused):8.2f}")
     return 0
+
+
+def refusals(raw: bytes, paused: bool) -> list[float]:
+    """Seconds of eight refusals of ``raw`` in a row, the collector held off during each parse or not."""
+    real = json_input.collector_paused
+    if not paused:
+        json_input.collector_paused = contextlib.nullcontext  # type: ignore[assignment]  # the baseline: no pause
+    try:
+        gc.collect()
+        return [best(new_parse, raw, 1) for _ in range(8)]
+    finally:
+        json_input.collector_paused = real
 
 
 if __name__ == "__main__":
