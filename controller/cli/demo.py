@@ -23,6 +23,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-data", action="store_true", help="keep the temporary data dir (etcd data, history) and print where it is")
     parser.add_argument("--no-audit", dest="audit", action="store_false", help="skip the history export and the Spark report")
     parser.add_argument(
+        "--pause", action="store_true",
+        help="wait for Enter after each step (to talk through a step while its cluster runs); Ctrl-C still stops everything",
+    )
+    parser.add_argument(
         "--tls-dir", type=Path, metavar="DIR",
         help="run both ports over mutual TLS with DIR's ca.pem, sc.crt and sc.key (for 127.0.0.1), spu.crt and spu.key "
         "(DNS SANs spu-0 .. spu-5); the API then needs a token, which the demo makes",

@@ -114,7 +114,7 @@ def handle_demo(args: argparse.Namespace) -> int:
     titles = STEP_TITLES + (AUDIT_STEP_TITLES if args.audit else ())
     output = demo_output.for_stream(sys.stdout, len(titles))
     work_dir = Path(tempfile.mkdtemp(prefix="sc-demo-")).resolve()
-    demo = Demo(output, out_dir, work_dir, args.audit, tls_dir)
+    demo = Demo(output, out_dir, work_dir, args.audit, tls_dir, pause=args.pause)
     previous_sigterm = signal.signal(signal.SIGTERM, _terminated)
     previous_sigint = signal.getsignal(signal.SIGINT)
     code, problem = 0, ""
@@ -196,8 +196,17 @@ def prepare_out_dir(path: Path) -> Path:
 
 
 class Demo:
-    def __init__(self, output: demo_output.Output, out_dir: Path, work_dir: Path, audit: bool, tls_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        output: demo_output.Output,
+        out_dir: Path,
+        work_dir: Path,
+        audit: bool,
+        tls_dir: Path | None = None,
+        pause: bool = False,
+    ) -> None:
         self.output = output
+        self.pause = pause  # wait for a line on stdin after each step (a presenter's Enter)
         # With TLS: the files of both ports and the SPUs, and a token of the demo's own for its API calls.
         self.tls_dir = tls_dir
         self.token = secrets.token_urlsafe(32) if tls_dir is not None else None
@@ -220,15 +229,29 @@ class Demo:
             f"{', '.join(RACKS)}; every process it starts is stopped at the end (Ctrl-C stops them too)."
         )
         self.start_sc()
+        self.between_steps()
         self.start_spus()
+        self.between_steps()
         self.create_topics()
+        self.between_steps()
         victim, led = self.kill_busiest_spu()
+        self.between_steps()
         self.restart(victim, led)
+        self.between_steps()
         self.stop_cluster()
         if self.audit:
+            self.between_steps()
             history = self.export_history()
+            self.between_steps()
             self.report(history)
         self.closing_notes()
+
+    def between_steps(self) -> None:
+        """With --pause: wait for a line on stdin (Enter; its end goes on too). The cluster runs on
+        meanwhile, and Ctrl-C stops everything as at any other time."""
+        if self.pause:
+            self.output.note("Press Enter for the next step (Ctrl-C stops the demo and everything it started).")
+            sys.stdin.readline()
 
     # ------------------------------------------------------------------ steps
 

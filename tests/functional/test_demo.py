@@ -4,7 +4,6 @@ starts inherits this test's environment mark, so /proc tells what is left)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import queue
@@ -43,11 +42,7 @@ def marked(mark: str) -> list[str]:
 
 
 def marked_at_least(mark: str, count: int, seconds: float = 10.0) -> list[str]:
-    """``marked(mark)`` once it lists at least ``count`` processes (looked at again until ``seconds``).
-
-    After ``Demo.hold`` at the second step, 8 is the demo, the SC, etcd and at least five SPUs: the
-    demo may have gone on to its fourth step (which kills an SPU, and the fifth restarts it) before
-    the line of the second reached the test and the hold."""
+    """``marked(mark)`` once it lists at least ``count`` processes (looked at again until ``seconds``)."""
     deadline = time.monotonic() + seconds
     while len(found := marked(mark)) < count and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -85,7 +80,8 @@ class Demo:
         environment.pop("SC_ADDR", None)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "controller.cli", "demo", *arguments],
-            stdin=subprocess.DEVNULL,
+            # With --pause the demo waits for a line after each step: the test's to send (go_on).
+            stdin=subprocess.PIPE if "--pause" in arguments else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=environment,
@@ -128,12 +124,11 @@ class Demo:
     def output(self) -> str:
         return "\n".join(self.lines)
 
-    def hold(self) -> None:
-        """Stop the demo process itself (SIGSTOP, until the kernel says so); what it started runs on.
-        The demo goes on by itself (the SPU it kills at its fourth step, its end): a test that looks at
-        its processes, then signals it, must hold it first, or on a busy machine the demo is further on
-        (or done) by then. SIGKILL ends it held; thaw it to let it take another signal."""
-        asyncio.run(processes.freeze([self.process.pid]))
+    def go_on(self) -> None:
+        """Enter, for a demo run with --pause that waits after a step."""
+        assert self.process.stdin is not None
+        self.process.stdin.write("\n")
+        self.process.stdin.flush()
 
     def cleanup(self) -> None:
         """Whatever a failed test left running goes, so one failure does not load the next tests."""
@@ -143,6 +138,8 @@ class Demo:
         self._reader.join(LINE_TIMEOUT)
         assert self.process.stdout is not None
         self.process.stdout.close()
+        if self.process.stdin is not None:
+            self.process.stdin.close()
         for line in marked(self.mark):
             os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
 
@@ -238,15 +235,17 @@ def test_a_tls_dir_without_the_files_is_refused_before_anything_starts(tmp_path:
 
 @pytest.mark.timeout(600)
 def test_ctrl_c_stops_the_sc_its_etcd_and_every_spu_and_exits_130(tmp_path: Path, runs: list[Demo]) -> None:
-    run = Demo("--no-audit", "--out", str(tmp_path / "out"))
+    # --pause: the demo waits after each step, so that it is where the test looks, however slowly
+    # the test reads (without, on a busy machine it was at its end by the time of the SIGINT).
+    run = Demo("--no-audit", "--pause", "--out", str(tmp_path / "out"))
     runs.append(run)
     steps = len(demo.STEP_TITLES)
     first = run.wait_for_line(f"[1/{steps}] ok (")
+    run.go_on()
     run.wait_for_line(f"[2/{steps}] ok (")  # the SC, its etcd and six SPUs are up
-    run.hold()
-    marked_at_least(run.mark, 8)
+    run.wait_for_line("Press Enter")
+    marked_at_least(run.mark, 9)  # the demo, the SC, etcd, six SPUs
     os.killpg(run.process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the demo's group
-    processes.thaw([run.process.pid])  # the demo takes its SIGINT as it goes on
     assert run.finish(timeout=120) == 130, run.output
     assert "interrupted: the SC, its etcd and the SPUs are stopped" in run.output
     run.assert_nothing_left()
@@ -255,13 +254,15 @@ def test_ctrl_c_stops_the_sc_its_etcd_and_every_spu_and_exits_130(tmp_path: Path
 
 @pytest.mark.timeout(300)
 def test_a_demo_killed_outright_leaves_no_sc_etcd_or_spu_behind(tmp_path: Path, runs: list[Demo]) -> None:
-    run = Demo("--no-audit", "--out", str(tmp_path / "out"))
+    run = Demo("--no-audit", "--pause", "--out", str(tmp_path / "out"))  # waiting where the test looks
     runs.append(run)
     steps = len(demo.STEP_TITLES)
+    run.wait_for_line(f"[1/{steps}] ok (")
+    run.go_on()
     run.wait_for_line(f"[2/{steps}] ok (")  # the SC, its etcd and six SPUs are up
-    run.hold()
-    marked_at_least(run.mark, 8)
-    run.process.kill()  # SIGKILL to the demo alone (stopped or not): no handler, no cleanup of its own
+    run.wait_for_line("Press Enter")
+    marked_at_least(run.mark, 9)  # the demo, the SC, etcd, six SPUs
+    run.process.kill()  # SIGKILL to the demo alone: no handler, no cleanup of its own
     run.finish(timeout=60)
     # Linux tells each child (PR_SET_PDEATHSIG); they stop as on Ctrl-C, the SC taking its etcd.
     deadline = time.monotonic() + 60
