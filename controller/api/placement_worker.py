@@ -15,7 +15,8 @@ requests on its stdin and answers on its stdout, in frames:
   (``[[id, rack, online], ...]``, or ``null`` while the SC has not loaded its store), the body;
 - answer: ``>HI`` (HTTP status, length), then the answer's bytes (200) or ``{"code", "message"}``.
 
-It ends when its stdin closes (the SC stopped, or died). A child that dies mid-request (killed, out
+It ends when its stdin closes (the SC stopped, or died). Under memory pressure the kernel's OOM
+killer takes it before the SC (its ``oom_score_adj`` is 1000). A child that dies mid-request (killed, out
 of memory) makes that request a 503 and the next one starts another; a request cancelled mid-way
 kills it (its frames would be out of step).
 """
@@ -23,6 +24,7 @@ kills it (its frames would be out of step).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -168,6 +170,11 @@ def _read_exactly(stream: BinaryIO, length: int) -> bytes:
 
 
 def main() -> None:
+    # Under memory pressure (a pod's limit, a host's), the kernel's OOM killer picks this process
+    # before the SC: its request fails with a 503, and the SC goes on. Linux only.
+    with contextlib.suppress(OSError):
+        with open("/proc/self/oom_score_adj", "w") as adjust:
+            adjust.write("1000")
     # The frames own stdout: what a plug-in prints goes to stderr (the SC's log) instead.
     answers = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)

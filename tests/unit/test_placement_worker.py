@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import json
 import os
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -34,6 +35,8 @@ async def test_answers_are_those_computed_in_process(worker: placement_worker.Pl
     chatty = json.dumps({"partitions": 2, "replicationFactor": 2, "strategy": "chatty"}).encode()
     assert json.loads(await worker.answer(chatty, SPUS))["replicaMap"] == [[3, 2], [3, 2]]
     assert worker.started == 1 and worker.pid not in (None, os.getpid())
+    # The OOM killer's first choice, before the SC.
+    assert Path(f"/proc/{worker.pid}/oom_score_adj").read_text().strip() == "1000"
 
 
 @pytest.mark.parametrize(
