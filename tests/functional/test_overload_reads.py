@@ -114,6 +114,7 @@ async def test_placements_run_off_the_loop_within_the_gate(sc: overload_reads.Sc
     assert (await sc.metrics())["sc_expensive_requests_running"] == 0
 
 
+@pytest.mark.parametrize("sc", ["memory"], indirect=True)  # placement reads no store: one backend is enough
 async def test_placement_bodies_of_millions_of_empty_arrays_do_not_stop_the_sc(sc: overload_reads.Sc) -> None:
     # A read credential may send 16 MiB. Parsed in the SC (even in a worker thread: the parser holds
     # the GIL), each such body held the event loop 3-20 s and over 300 MB; the placement worker
