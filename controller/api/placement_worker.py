@@ -91,14 +91,20 @@ class PlacementWorker:
         raise placement_answer.Refused(status, str(error["code"]), str(error["message"]))
 
     async def close(self) -> None:
-        async with self._lock:
-            await self._stop()
+        """Stop the child, at once: a request it is computing gets its 503 (the SC is stopping)."""
+        await self._stop()
 
     async def _running(self) -> asyncio.subprocess.Process:
         if self._process is None or self._process.returncode is not None:
-            self._process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", __name__, self._config, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
-            )
+            try:
+                self._process = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", __name__, self._config, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+                )
+            except OSError as error:  # out of processes or descriptors, an interpreter gone
+                log.warning("placement worker could not be started", error=str(error))
+                raise placement_answer.Refused(
+                    503, "PlacementWorkerGone", f"the process that computes placements could not be started ({error}); retry shortly"
+                ) from None
             self.started += 1
             log.info("placement worker started", pid=self._process.pid)
         return self._process

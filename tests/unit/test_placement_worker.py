@@ -103,3 +103,29 @@ async def test_a_child_whose_plug_in_cannot_load_answers_503() -> None:
         assert (refused.value.status, refused.value.code) == (503, "PlacementWorkerGone")
     finally:
         await broken.close()
+
+
+async def test_a_child_that_cannot_be_started_answers_503(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(placement_worker.sys, "executable", "/nonexistent/python")
+    worker = placement_worker.PlacementWorker({}, entry_points=False)
+    with pytest.raises(placement_answer.Refused) as refused:
+        await worker.answer(b'{"partitions": 1, "replicationFactor": 1}', SPUS)
+    assert (refused.value.status, refused.value.code) == (503, "PlacementWorkerGone")
+    assert "could not be started" in refused.value.message
+    monkeypatch.undo()
+    assert json.loads(await worker.answer(b'{"partitions": 1, "replicationFactor": 1}', SPUS))["replicaMap"] == [[0]]
+    await worker.close()
+
+
+async def test_closing_stops_a_child_in_the_middle_of_a_request(worker: placement_worker.PlacementWorker) -> None:
+    request = asyncio.create_task(worker.answer(SLOW, SPUS))
+    while worker.pid is None:
+        await asyncio.sleep(0.01)
+    child = worker.pid
+    await asyncio.sleep(0.2)
+    await asyncio.wait_for(worker.close(), 10)  # not after the plug-in's minute
+    with pytest.raises(placement_answer.Refused) as refused:
+        await request
+    assert (refused.value.status, refused.value.code) == (503, "PlacementWorkerGone")
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)
