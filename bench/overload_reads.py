@@ -497,16 +497,7 @@ async def fluvio_lists_attack(port: int, clients: int, label: str = fluvio_objec
 
 async def placement_attack(url: str, clients: int, partitions: int, replication_factor: int, spus: int = 64) -> collections.Counter[str]:
     request = {"spus": [{"id": spu_id} for spu_id in range(spus)], "partitions": partitions, "replicationFactor": replication_factor}
-    outcomes: collections.Counter[str] = collections.Counter()
-    async with aiohttp.ClientSession(url, timeout=aiohttp.ClientTimeout(total=600)) as session:
-
-        async def one() -> None:
-            async with session.post("/v1/placement", json=request) as response:
-                await read_all(response)
-                outcomes[str(response.status)] += 1
-
-        await asyncio.gather(*(one() for _ in range(clients)))
-    return outcomes
+    return await placement_bodies_attack(url, clients, json.dumps(request).encode())
 
 
 async def placement_bodies_attack(url: str, clients: int, body: bytes) -> collections.Counter[str]:

@@ -158,7 +158,8 @@ def serve(config: str, requests: BinaryIO, answers: BinaryIO) -> None:
         except placement_answer.Refused as refused:
             status, payload = refused.status, json.dumps({"code": refused.code, "message": refused.message}).encode()
         except Exception as error:  # a bug, or a plug-in's: the SC answers 500, the child goes on
-            print(f"placement worker: unexpected error: {error!r}", file=sys.stderr, flush=True)
+            # Cut: an exception may quote its input, which is up to 16 MiB of the client's.
+            print(f"placement worker: unexpected error: {repr(error)[:500]}", file=sys.stderr, flush=True)
             status, payload = 500, json.dumps({"code": "InternalError", "message": "the placement could not be computed"}).encode()
         del raw, live
         answers.write(_ANSWER.pack(status, len(payload)))

@@ -247,6 +247,7 @@ def test_ctrl_c_stops_the_sc_its_etcd_and_every_spu_and_exits_130(tmp_path: Path
     marked_at_least(run.mark, 9)  # the demo, the SC, etcd, six SPUs
     os.killpg(run.process.pid, signal.SIGINT)  # what a terminal's Ctrl-C does to the demo's group
     assert run.finish(timeout=120) == 130, run.output
+    assert f"[3/{steps}]" not in run.output  # it waited after the second step, as --pause says
     assert "interrupted: the SC, its etcd and the SPUs are stopped" in run.output
     run.assert_nothing_left()
     assert not data_dir_of(first).parent.exists()
