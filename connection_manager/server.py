@@ -281,6 +281,11 @@ class ConnectionManager:
         self.log = ratelimit.RateLimitedLog(log)
         self._runner: web.AppRunner | None = None
         self._pusher: asyncio.Task[None] | None = None
+        # The partitions table's epoch its last push covered, while the pusher runs (see
+        # pushed_through), and who is told after each push (the partition controller).
+        self.pushed_epoch = 0
+        self._pushing = False
+        self.on_pushed: Callable[[], None] = lambda: None
         self.port: int | None = None
         # Why this SC takes no SPU now (None: it does), and the leader's private HOST:PORT when
         # known: a standby SC refuses every SPU, naming the leader to go to. Asked at each connection.
@@ -887,6 +892,8 @@ class ConnectionManager:
         for session in list(self.sessions.values()):
             if session.closing is None and session.ready:
                 self._send_sync(session)
+        self.pushed_epoch = self.local_store["partitions"].epoch
+        self._pushing = True
         try:
             while True:
                 waiters = [asyncio.ensure_future(spu_listener.wait()), asyncio.ensure_future(partition_listener.wait())]
@@ -900,13 +907,20 @@ class ConnectionManager:
                 await asyncio.sleep(self.push_linger)
                 self.push(spu_listener.changes(), partition_listener.changes())
         finally:
+            self._pushing = False
             spu_listener.close()
             partition_listener.close()
+
+    def pushed_through(self, epoch: int) -> bool:
+        """Whether every connected SPU was told the partitions as of the partitions table's
+        ``epoch`` (True when no pusher runs: nobody is waiting to be told)."""
+        return not self._pushing or self.pushed_epoch >= epoch
 
     def push(self, spu_changes: local.Changes[models.Spu], partition_changes: local.Changes[models.Partition]) -> None:
         """Tell each connected SPU what changed for it (one Update per SPU, only if non-empty)."""
         epoch = self.local_store.revision
-        partitions = self.local_store["partitions"].view
+        partitions_table = self.local_store["partitions"]
+        partitions = partitions_table.view
         held = self._holders()
         concerned = Concerned(partition_changes)
         # A partition's replicas are told the same state: built once per push, not per SPU.
@@ -949,6 +963,8 @@ class ConnectionManager:
         for name in partition_changes.deleted:
             self.live.forget(name)
             self.confirmed.pop(name, None)
+        self.pushed_epoch = partitions_table.epoch
+        self.on_pushed()
 
 
 def _worth_holding(standby: tuple[str, str | None], register: wire.Register) -> bool:

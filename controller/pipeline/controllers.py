@@ -231,6 +231,12 @@ class PartitionController:
         # the local store: meanwhile only leaderless partitions are decided (see _hold), so the
         # SPUs hear of their new leaders before the in-sync changes take the event loop.
         self._electing: set[str] = set()
+        # Once they are all back: the partitions table's epoch then, until the SPUs are told of it
+        # (the pusher waits PUSH_LINGER for the rest of a burst; the in-sync changes wait for it).
+        self._back_at: int | None = None
+        # Partitions a pass of the hold (or the split before it) found with a leader that can lead:
+        # decided once the hold ends, looked at meanwhile only if they or their SPUs change.
+        self._held: set[str] = set()
         self._holding_since: float | None = None
         self._hold_ends: asyncio.TimerHandle | None = None  # wakes the loop when a hold times out
         # Partitions left out of a pass because a write to them was in flight: looked at again
@@ -239,6 +245,12 @@ class PartitionController:
         self._hosting = partition.HostingIndex()
         self._spu_ids: dict[str, int] = {}  # SPU name -> id, to find a deleted SPU's partitions
         self.loop = _loop(context, dispatcher, "partition", self.decide, {"partitions": ALL, "spus": ALL})
+        if connections is not None:
+            connections.on_pushed = self._on_pushed
+
+    def _on_pushed(self) -> None:
+        if self._back_at is not None:
+            self.loop.kick()  # a hold waiting for this push may end
 
     async def run(self) -> None:
         """One run of the loop; after a crash the next one starts from a full pass."""
@@ -274,12 +286,18 @@ class PartitionController:
             self._spu_ids = {entry.name: entry.obj.spec.id for entry in snapshot.entries("spus").values()}
         due = self._due
         busy = self.loop.busy
-        if due is None or partition_changes.full or spu_changes.full or self.loop.resyncing:
+        full = due is None or partition_changes.full or spu_changes.full or self.loop.resyncing
+        hold = self._hold(full, snapshot.epochs["partitions"])
+        if full:
             names = None
             self._set_aside = set()
+            self._held = set()
         else:
             names = due | {entry.name for entry in partition_changes.updated} | self._of_spus(spu_changes, snapshot.entries("partitions"))
             names |= self._set_aside
+            if not hold:
+                names |= self._held
+                self._held = set()
             in_flight = {name for name in names if busy(_PARTITIONS + name)}
             names -= in_flight
             self._set_aside = in_flight
@@ -289,7 +307,6 @@ class PartitionController:
         self._due = set()
         settings = self._settings
         view = cluster_view(settings, self._health, self._live, self._connections)
-        hold = self._hold(names)
         decided = partition.decide(
             snapshot,
             partition.Inputs(view, names, urgent_first=self._urgent_first or hold, hold_others=hold, faults=self.loop.faults),
@@ -306,7 +323,10 @@ class PartitionController:
                 self._refused[name] = why
                 log.error("a partition change is due but cannot be written", partition=name, reason=why)
         if decided.postponed:
-            self._due = None if self._due is None else self._due | decided.postponed
+            # Those found with a leader that can lead: the hold's passes need not look at them again.
+            self._held |= decided.not_urgent
+            if self._due is not None:
+                self._due |= decided.postponed - decided.not_urgent
             if not hold:
                 self.loop.kick()  # else the elections' writes coming back are the next pass's cue
         if _drain_news(snapshot, partition_changes) or _decommission_news(snapshot, partition_changes):
@@ -318,14 +338,21 @@ class PartitionController:
             self._due |= decided.preferred_waiting
         return decided.actions
 
-    def _hold(self, names: set[str] | None) -> bool:
+    def _hold(self, full: bool, epoch: int) -> bool:
         """Whether this pass decides only leaderless partitions: while elections it submitted are
         not all back in the local store (each batch of them that comes back is pushed to the SPUs
-        at once), for at most HOLD_SECONDS; never in a full pass."""
-        busy = self.loop.busy
-        self._electing = {name for name in self._electing if busy(_PARTITIONS + name)}
-        if names is None or not self._electing:
+        at once), then until the push of the last of them (``epoch``: the partitions table's now),
+        for at most HOLD_SECONDS in all; never in a full pass."""
+        if self._electing:
+            busy = self.loop.busy
+            self._electing = {name for name in self._electing if busy(_PARTITIONS + name)}
+            if not self._electing:
+                self._back_at = epoch
+        if self._back_at is not None and (self._connections is None or self._connections.pushed_through(self._back_at)):
+            self._back_at = None
+        if full or (not self._electing and self._back_at is None):
             self._holding_since = None
+            self._back_at = None
             return False
         loop = asyncio.get_running_loop()
         now = loop.time()

@@ -78,6 +78,9 @@ class Decided:
     postponed: set[str] = field(default_factory=set)
     # Whether this pass decided only the partitions whose leader cannot lead, postponing the others.
     split: bool = False
+    # Those others (part of ``postponed``): each has a leader that can lead, so it stays out of
+    # the urgent ones until it changes or an SPU hosting it does.
+    not_urgent: set[str] = field(default_factory=set)
     # Partitions led by another SPU than their preferred one, looked at after this pass's batch of
     # preferred-leader moves was full: due again once the moves decided here are written.
     preferred_waiting: set[str] = field(default_factory=set)
@@ -107,7 +110,8 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> Decided:
         ]
         if inputs.hold_others or (urgent and len(urgent) < len(candidates)):
             chosen = set(urgent)
-            decided.postponed.update(name for name in candidates if name not in chosen)
+            decided.not_urgent.update(name for name in candidates if name not in chosen)
+            decided.postponed.update(decided.not_urgent)
             decided.split = True
             candidates = urgent
     for name in candidates:
