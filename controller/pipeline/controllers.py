@@ -288,7 +288,7 @@ class PartitionController:
         busy = self.loop.busy
         full = due is None or partition_changes.full or spu_changes.full or self.loop.resyncing
         hold = self._hold(full, snapshot.epochs["partitions"])
-        if full:
+        if full or due is None:  # (a due of None makes the pass full: said again for mypy)
             names = None
             self._set_aside = set()
             self._held = set()
