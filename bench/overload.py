@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import resource
 import signal
 import socket
@@ -95,6 +96,10 @@ class Target:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
         return 0
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def descriptors(self) -> int:
         return len(list(Path(f"/proc/{self.pid}/fd").iterdir()))
@@ -350,6 +355,55 @@ async def spu_impostors(target: Target, options: Options) -> str:
     return f"({counts['refused']} impostor registrations refused, {counts['accepted']} accepted)"
 
 
+async def refused_frames(target: Target) -> float:
+    """SPU frames the SC refused as invalid so far (none yet: no such series)."""
+    try:
+        return await target.metric('sc_spu_frame_errors_total{code="invalid"}')
+    except RuntimeError:
+        return 0.0
+
+
+async def spu_large_frames(target: Target, options: Options) -> str:
+    """For ``--seconds``, one more registered SPU (id 100, from this host: no token needed there)
+    sends the largest frames the SC takes, back to back: heartbeats with a third of a million
+    unknown fields, each refused after a full parse (0.7-0.8 s of the SC's loop, as a valid
+    `leading` frame of that size). The SC reads them no faster than `spu_frame_bytes_per_second`
+    beyond its burst; the real SPUs must stay connected and /healthz answer."""
+    fields = ",".join(f'"x{index}":[]' for index in range((wire.MAX_FRAME_BYTES - 64) // 14))
+    frame = ('{"v":2,"type":"heartbeat",' + fields + "}").encode()
+    assert len(frame) <= wire.MAX_FRAME_BYTES, len(frame)
+    spec = {"id": 100, "publicEndpoint": {"host": "127.0.0.1", "port": 1}, "privateEndpoint": {"host": "127.0.0.1", "port": 2}}
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{target.public_port}") as api:
+        async with api.post("/v1/spus", json={"name": "spu-flooder", "spec": spec}) as response:
+            assert response.status == 201, await response.text()
+        refused_before = await refused_frames(target)
+        cpu_before, started = target.cpu_seconds(), time.monotonic()
+        sent = 0
+        async with aiohttp.ClientSession() as session:
+            for _attempt in range(50):  # until the SC's mirror has the new SPU
+                ws = await session.ws_connect(f"ws://127.0.0.1:{target.private_port}{wire.SPU_PATH}", max_msg_size=0)
+                await ws.send_bytes(wire.encode(wire.Register(spu_id=100)))
+                if b'"accepted"' in (await ws.receive(timeout=10)).data:
+                    break
+                await ws.close()
+                await asyncio.sleep(0.1)
+            else:
+                raise RuntimeError("SPU 100 was not accepted")
+            await ws.send_bytes(wire.encode(wire.Hosted(partitions=[])))
+            deadline = asyncio.get_running_loop().time() + options.seconds
+            while asyncio.get_running_loop().time() < deadline:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.01, deadline - asyncio.get_running_loop().time())):
+                        await ws.send_bytes(frame)  # waits once the SC stops reading and the socket is full
+                        sent += 1
+            cpu = (target.cpu_seconds() - cpu_before) / (time.monotonic() - started)
+            refused = await refused_frames(target) - refused_before
+            await ws.close()
+        async with api.delete("/v1/spus/spu-flooder") as response:
+            assert response.status in (200, 202, 204), await response.text()
+    return f"({sent} frames of {len(frame) / MiB:.1f} MiB sent, {refused:.0f} read by the SC; SC CPU {cpu * 100:.0f}% of a core)"
+
+
 def _open(sock: socket.socket) -> bool:
     """Whether the server has not closed ``sock`` (nothing to read and no EOF)."""
     try:
@@ -368,6 +422,7 @@ ATTACKS: list[tuple[str, Attack]] = [
     ("fluvio-large-frames", fluvio_large_frames),
     ("junk", junk),
     ("spu-impostors", spu_impostors),
+    ("spu-large-frames", spu_large_frames),
 ]
 
 

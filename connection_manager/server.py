@@ -54,6 +54,13 @@ OFFSETS_BURST_SECONDS = 3.0
 # at once took 22-25 s to be Online on 100 live SPUs (the SPUs' process read ~1,500 Updates and
 # confirmed each); with 20 ms, 5.9-7.5 s (docs/replication.md). It adds at most that to a failover.
 PUSH_LINGER = 0.02
+# Bytes per second an SPU's frames other than `offsets` (paced by their interval) may come in at,
+# its `hosted` frame included, beyond a burst of two of the largest: reading the SPU stops until it
+# is back within (its frames wait in its own socket). The SC spends 0.7-0.8 s of its loop on a
+# 4 MB frame, valid or not: one SPU sending them back to back kept it busy with little else. An
+# SPU sends a few MB at most at once (its `hosted` and `leading` frames after a connection, a
+# leader's proposals after a follower's return); one flooding costs the SC ~20% of its core.
+FRAME_BYTES_PER_SECOND = 1024 * 1024
 # Bytes queued for one SPU before it is considered stuck (it does not read). In bytes, not frames:
 # the answers to one legitimate frame may be thousands of small frames (a refusal per stale
 # leadership of a `leading` frame: about 20 MB for the most entries a 4 MiB frame holds), and a
@@ -109,6 +116,7 @@ class Stats:
     heartbeat_timeouts: int = 0
     updates_sent: int = 0
     offsets_paced: int = 0  # Offsets frames that came sooner than the protocol allows (see _pace)
+    frames_paced: int = 0  # times an SPU's reading stopped because its frames came over their bytes' rate
     held: int = 0  # registrations a standby held before answering (see STANDBY_HOLD)
 
     def count(self, table: dict[str, int], code: str) -> None:
@@ -239,6 +247,7 @@ class ConnectionManager:
         listener: transport.Port | None = None,
         certificate_identity: bool = False,
         push_linger: float = PUSH_LINGER,
+        frame_bytes_per_second: int = FRAME_BYTES_PER_SECOND,
     ) -> None:
         self.local_store = local_store
         self.health = health
@@ -256,6 +265,11 @@ class ConnectionManager:
         self.offsets_entries_per_second = offsets_entries_per_second
         self.max_frame_bytes = max_frame_bytes
         self.push_linger = push_linger
+        self.frame_bytes_per_second = frame_bytes_per_second
+        self.frame_bytes_burst = 2 * max_frame_bytes  # the largest frames, two of them at once
+        # SPU id -> when the bytes of its frames so far are paid for at that rate (kept across its
+        # connections while in the future: a reconnection does not refill the burst).
+        self._frame_bytes_due: dict[int, float] = {}
         # Told the partitions a leader's confirmation or proposal is about: the partition
         # controller looks at them (offsets never wake it: no decision depends on them).
         self.on_news = on_news
@@ -416,6 +430,8 @@ class ConnectionManager:
                 )
                 await self._read_frames(session)
         finally:
+            if self._frame_bytes_due.get(spu_id, 0.0) <= asyncio.get_running_loop().time():
+                self._frame_bytes_due.pop(spu_id, None)
             if self.sessions.get(spu_id) is session:
                 del self.sessions[spu_id]
                 # An SC stopping says nothing of its SPUs.
@@ -507,6 +523,7 @@ class ConnectionManager:
             return False
         if message.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
             return False
+        self._spend(session.spu_id, len(message.data))  # paid for before the next frame is read
         try:
             parsed = wire.parse_spu_message(message.data, self.max_frame_bytes)
         except wire.FrameError as error:
@@ -614,6 +631,7 @@ class ConnectionManager:
         websocket = session.websocket
         loop = asyncio.get_running_loop()
         held: wire.Offsets | None = None  # an Offsets frame that came before its time
+        await asyncio.sleep(self._frames_wait(session.spu_id))  # its `hosted` frame's bytes
         while session.closing is None:
             if held is not None and loop.time() >= self._offsets_due(session):
                 self._take_offsets_at_its_time(session, held)
@@ -667,6 +685,8 @@ class ConnectionManager:
                     self._take_offsets_at_its_time(session, parsed)
                 elif parsed is not None:
                     self._take(session, parsed)
+                if not isinstance(parsed, wire.Offsets):  # those have their own pace
+                    self._spend(session.spu_id, len(message.data))
             except Exception as error:
                 # A bug here must not leave the SPU connected but unheard: drop it (it reconnects
                 # and gets a fresh Sync).
@@ -674,8 +694,26 @@ class ConnectionManager:
                 session.close("internal-error", f"the SC failed to take a frame of SPU {session.spu_id} in: {error!r}")
                 return
             # One frame at a time per SPU, then let everybody else run: fifty SPUs reporting
-            # never starve the controllers, the API or the heartbeats.
-            await asyncio.sleep(0)
+            # never starve the controllers, the API or the heartbeats. Longer for an SPU whose
+            # frames came over their bytes' rate.
+            await asyncio.sleep(self._frames_wait(session.spu_id))
+
+    def _spend(self, spu_id: int, size: int) -> None:
+        """Count a frame of ``size`` bytes against its SPU's rate (the generic cell rate algorithm,
+        as for offsets: the time its bytes so far are paid for moves on by this frame's share)."""
+        now = asyncio.get_running_loop().time()
+        due = self._frame_bytes_due.get(spu_id, now)
+        self._frame_bytes_due[spu_id] = max(due, now) + size / self.frame_bytes_per_second
+
+    def _frames_wait(self, spu_id: int) -> float:
+        """Seconds before the SPU's next frame is read: 0 within the burst, else until it is back
+        within (capped well within the heartbeat timeout; the next frame's wait takes the rest)."""
+        ahead = self._frame_bytes_due.get(spu_id, 0.0) - asyncio.get_running_loop().time()
+        over = ahead - self.frame_bytes_burst / self.frame_bytes_per_second
+        if over <= 0:
+            return 0.0
+        self.stats.frames_paced += 1
+        return min(over, self.heartbeat_timeout / 2)
 
     def offsets_interval_now(self) -> float:
         """The offsets interval for an SPU connecting now: the setting, or longer, so that all SPUs

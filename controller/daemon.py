@@ -115,6 +115,7 @@ class Daemon:
                 offsets_interval=self.settings.spu_offsets_interval,
                 offsets_entries_per_second=self.settings.spu_offsets_entries_per_second,
                 max_frame_bytes=self.settings.spu_max_frame_bytes,
+                frame_bytes_per_second=self.settings.spu_frame_bytes_per_second,
                 supervisor=self.context.supervisor,
                 listener=private,
                 certificate_identity=self.settings.tls_client_ca is not None,

@@ -304,6 +304,12 @@ class _ConnectionsCollector(Collector):
         )
         paced.add_metric([], stats.offsets_paced)
         yield paced
+        frames_paced = CounterMetricFamily(
+            "sc_spu_frames_paced",
+            "Times an SPU's reading stopped because its frames other than offsets came over spu_frame_bytes_per_second",
+        )
+        frames_paced.add_metric([], stats.frames_paced)
+        yield frames_paced
         held = CounterMetricFamily(
             "sc_spu_registrations_held",
             "SPU registrations a standby held before answering (no leader to name, or the SPU could not reach it)",

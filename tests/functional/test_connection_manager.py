@@ -1113,6 +1113,41 @@ async def test_an_spu_sending_offsets_faster_than_its_interval_is_read_no_faster
         assert 0 in connections.sessions  # still connected: its heartbeats come through
 
 
+async def test_an_spu_flooding_large_frames_is_read_no_faster_than_its_byte_budget(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    """Only Offsets frames were paced. A connected SPU (a bug, or an attacker holding the token)
+    could send 4 MB frames back to back, each costing the SC's loop 0.7-0.8 s to parse (a valid
+    `leading` frame, or a refused one with a third of a million unknown fields), and stay
+    connected: the SC did little else. Every other frame now counts against a byte budget per
+    SPU: beyond a burst, the SC reads it no faster than its rate (the rest waits in the SPU's own
+    socket), and the SPU stays connected. Tried here with a small budget; the defaults are far
+    above what an SPU sends (a takeover's `leading` frame is at most one frame)."""
+    async for cluster in start_cluster(etcd_server, range(1)):
+        connections = cluster.sc.daemon.connections
+        assert connections is not None
+        connections.frame_bytes_per_second, connections.frame_bytes_burst = 40_000, 100_000
+        spu = await cluster.connect(0)
+        assert spu.websocket is not None
+        frame = wire.encode(wire.Heartbeat()).replace(b"}", b', "pad": "' + b"x" * 20_000 + b'"}')
+        assert len(frame) > 20_000
+        refused_before = connections.stats.frame_errors.get("invalid", 0)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        # 280 KB. The ones not read by the end are, at the pace, before the SPU's close frame.
+        for _ in range(14):
+            await spu.websocket.send_bytes(frame)
+        await cluster.sc.eventually(
+            holds(lambda: connections.stats.frames_paced >= 1 and connections.stats.frame_errors.get("invalid", 0) - refused_before >= 9)
+        )
+        read = connections.stats.frame_errors.get("invalid", 0) - refused_before
+        elapsed = loop.time() - started
+        # The burst, then no faster than the rate (read unpaced, all 14 would be in at once).
+        assert read * len(frame) <= 100_000 + elapsed * 40_000 + 2 * len(frame), (read, elapsed)
+        async with cluster.sc.session.get("/metrics") as response:
+            paced = [line for line in (await response.text()).splitlines() if line.startswith("sc_spu_frames_paced_total ")]
+        assert paced and float(paced[0].split()[1]) >= 1, paced
+        assert 0 in connections.sessions  # still connected
+
+
 async def test_offsets_that_queued_while_the_sc_was_busy_are_taken_at_once_and_the_ping_behind_them_answered(
     etcd_server: embedded_etcd.EmbeddedEtcd,
 ) -> None:

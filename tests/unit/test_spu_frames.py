@@ -8,6 +8,7 @@ import asyncio
 import json
 
 import aiohttp
+import pytest
 import structlog.testing
 
 from connection_manager import health, lrs, ratelimit, server, wire
@@ -223,3 +224,25 @@ async def test_a_bad_hosted_frame_closes_the_connection_with_an_excerpt() -> Non
     assert not await cm._read_hosted(session)
     excerpt = ratelimit.excerpt(f"field 'hosted.{name}': Extra inputs are not permitted (got 1)", server.FRAME_ERROR_CHARS)
     assert session.closing == ("invalid", excerpt)
+
+
+@pytest.mark.looptime
+async def test_an_spus_frames_are_paced_by_their_bytes_only_past_two_of_the_largest() -> None:
+    """What an SPU sends at once after connecting (its `hosted` and `leading` frames, each at most
+    spu_max_frame_bytes) is read at once; beyond that, the SC reads it no faster than
+    spu_frame_bytes_per_second, and the schedule is kept by SPU id: reconnecting refills nothing."""
+    cm, session, _ = manager_with("orders-0")
+    largest = cm.max_frame_bytes
+    cm._spend(0, largest)  # its `hosted` frame
+    cm._spend(0, largest)  # its `leading` frame
+    assert cm._frames_wait(0) == 0.0 and cm.stats.frames_paced == 0
+    cm._spend(0, cm.frame_bytes_per_second)  # a second's worth more
+    assert cm._frames_wait(0) == pytest.approx(1.0) and cm.stats.frames_paced == 1
+    assert cm._frames_wait(1) == 0.0  # another SPU pays for nothing of it
+    # A new connection of SPU 0 finds the same schedule; a second later it is back within.
+    assert cm._frames_wait(0) > 0
+    await asyncio.sleep(1.0)
+    assert cm._frames_wait(0) == 0.0
+    # Capped well within the heartbeat timeout: its frames, pings and heartbeats are read again by then.
+    cm._spend(0, 100 * cm.frame_bytes_per_second)
+    assert cm._frames_wait(0) == cm.heartbeat_timeout / 2
