@@ -54,12 +54,13 @@ OFFSETS_BURST_SECONDS = 3.0
 # at once took 22-25 s to be Online on 100 live SPUs (the SPUs' process read ~1,500 Updates and
 # confirmed each); with 20 ms, 5.9-7.5 s (docs/replication.md). It adds at most that to a failover.
 PUSH_LINGER = 0.02
-# Bytes per second an SPU's frames other than `offsets` (paced by their interval) may come in at,
-# its `hosted` frame included, beyond a burst of two of the largest: reading the SPU stops until it
-# is back within (its frames wait in its own socket). The SC spends 0.7-0.8 s of its loop on a
-# 4 MB frame, valid or not: one SPU sending them back to back kept it busy with little else. An
-# SPU sends a few MB at most at once (its `hosted` and `leading` frames after a connection, a
-# leader's proposals after a follower's return); one flooding costs the SC ~20% of its core.
+# Bytes per second an SPU's frames may come in at, its `hosted` frame included, beyond a burst of
+# two of the largest: reading the SPU stops until it is back within (its frames wait in its own
+# socket). The SC spends 0.7-0.8 s of its loop on a 4 MB frame, valid or not: one SPU sending them
+# back to back kept it busy with little else (`offsets` frames, paced by their count, could be 4 MB
+# each too). An SPU sends a few MB at most at once (its `hosted` and `leading` frames after a
+# connection, a leader's proposals after a follower's return), and its offsets under the
+# cluster's entries budget; one flooding costs the SC ~20% of its core.
 FRAME_BYTES_PER_SECOND = 1024 * 1024
 # Bytes queued for one SPU before it is considered stuck (it does not read). In bytes, not frames:
 # the answers to one legitimate frame may be thousands of small frames (a refusal per stale
@@ -669,6 +670,7 @@ class ConnectionManager:
                 return  # replaced: what it says is not its SPU's current word
             try:
                 parsed = self._read_frame(session, message.data)
+                self._spend(session.spu_id, len(message.data))
                 if isinstance(parsed, wire.Offsets) and loop.time() < self._offsets_due(session):
                     # Sooner than the protocol allows. Held, and the SPU read on (its heartbeats,
                     # confirmations, proposals, and the WebSocket pings that are answered only
@@ -685,8 +687,6 @@ class ConnectionManager:
                     self._take_offsets_at_its_time(session, parsed)
                 elif parsed is not None:
                     self._take(session, parsed)
-                if not isinstance(parsed, wire.Offsets):  # those have their own pace
-                    self._spend(session.spu_id, len(message.data))
             except Exception as error:
                 # A bug here must not leave the SPU connected but unheard: drop it (it reconnects
                 # and gets a fresh Sync).

@@ -100,11 +100,11 @@ class Settings(BaseSettings):
     spu_offsets_entries_per_second: Annotated[int, Field(ge=1)] = Field(
         20_000, description="per-partition offsets all SPUs together send per second at most (the interval grows with the partitions)"
     )
-    # An SPU's other frames, by their bytes: far above what an SPU sends, a bound on what one that
-    # floods (a bug, a stolen token) costs the SC (~20% of its core at the default).
+    # An SPU's frames by their bytes: far above what an SPU sends, a bound on what one that floods
+    # (a bug, a stolen token) costs the SC (~20% of its core at the default).
     spu_frame_bytes_per_second: Annotated[int, Field(ge=1)] = Field(
         1024 * 1024,
-        description="bytes per second of an SPU's frames other than offsets the SC reads, beyond a burst of twice spu_max_frame_bytes",
+        description="bytes per second of an SPU's frames the SC reads, beyond a burst of twice spu_max_frame_bytes",
     )
     spu_token_file: Path | None = Field(None, description="file holding a shared token every SPU must present")
     # Without a token the private port accepts SPUs from loopback only, unless this says otherwise.

@@ -306,7 +306,7 @@ class _ConnectionsCollector(Collector):
         yield paced
         frames_paced = CounterMetricFamily(
             "sc_spu_frames_paced",
-            "Times an SPU's reading stopped because its frames other than offsets came over spu_frame_bytes_per_second",
+            "Times an SPU's reading stopped because its frames came over spu_frame_bytes_per_second",
         )
         frames_paced.add_metric([], stats.frames_paced)
         yield frames_paced

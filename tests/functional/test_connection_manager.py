@@ -1114,12 +1114,12 @@ async def test_an_spu_sending_offsets_faster_than_its_interval_is_read_no_faster
 
 
 async def test_an_spu_flooding_large_frames_is_read_no_faster_than_its_byte_budget(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
-    """Only Offsets frames were paced. A connected SPU (a bug, or an attacker holding the token)
-    could send 4 MB frames back to back, each costing the SC's loop 0.7-0.8 s to parse (a valid
-    `leading` frame, or a refused one with a third of a million unknown fields), and stay
-    connected: the SC did little else. Every other frame now counts against a byte budget per
-    SPU: beyond a burst, the SC reads it no faster than its rate (the rest waits in the SPU's own
-    socket), and the SPU stays connected. Tried here with a small budget; the defaults are far
+    """Only Offsets frames were paced, by their count. A connected SPU (a bug, or an attacker
+    holding the token) could send 4 MB frames back to back, each costing the SC's loop 0.7-0.8 s to
+    parse (a valid `leading` frame, or a refused one with a third of a million unknown fields), and
+    stay connected: the SC did little else. Every frame, read or refused, now counts against a byte
+    budget per SPU: beyond a burst, the SC reads it no faster than its rate (the rest waits in the
+    SPU's own socket), and the SPU stays connected. Tried here with a small budget; the defaults are far
     above what an SPU sends (a takeover's `leading` frame is at most one frame)."""
     async for cluster in start_cluster(etcd_server, range(1)):
         connections = cluster.sc.daemon.connections
