@@ -90,6 +90,8 @@ class Target:
     private_port: int
     pid: int
     log_path: Path
+    # SPU connections an attack itself had accepted (not the real SPUs' reconnections).
+    own_spu_connections: int = 0
 
     def rss(self) -> int:
         for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
@@ -157,6 +159,7 @@ class Measure:
         phase = Phase(name, started=time.monotonic())
         logged_before = self.target.log_bytes()
         accepted_before = await self.target.metric("sc_spu_connections_accepted_total")
+        own_before = self.target.own_spu_connections
         stop = asyncio.Event()
 
         async def sample() -> None:
@@ -176,7 +179,8 @@ class Measure:
             await sampler
             phase.probes = [seconds for at, seconds in self.probes if phase.started <= at < phase.ended]
             phase.logged = self.target.log_bytes() - logged_before
-            phase.spu_reconnects = await self.target.metric("sc_spu_connections_accepted_total") - accepted_before
+            accepted = await self.target.metric("sc_spu_connections_accepted_total") - accepted_before
+            phase.spu_reconnects = accepted - (self.target.own_spu_connections - own_before)
             self.phases.append(phase)
             print(f"  {name}: done in {phase.ended - phase.started:.1f} s {phase.note}", flush=True)
 
@@ -384,6 +388,7 @@ async def spu_large_frames(target: Target, options: Options) -> str:
                 ws = await session.ws_connect(f"ws://127.0.0.1:{target.private_port}{wire.SPU_PATH}", max_msg_size=0)
                 await ws.send_bytes(wire.encode(wire.Register(spu_id=100)))
                 if b'"accepted"' in (await ws.receive(timeout=10)).data:
+                    target.own_spu_connections += 1
                     break
                 await ws.close()
                 await asyncio.sleep(0.1)
