@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import resource
 import signal
 import socket
@@ -40,6 +39,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 
 import aiohttp  # noqa: E402
 
+from bench import provisioning  # noqa: E402
 from connection_manager import wire  # noqa: E402
 from controller.api.fluvio import messages  # noqa: E402
 from store import embedded_etcd  # noqa: E402
@@ -100,8 +100,7 @@ class Target:
         return 0
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.pid}/stat").read_text().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return provisioning.process_cpu_seconds(self.pid)
 
     def descriptors(self) -> int:
         return len(list(Path(f"/proc/{self.pid}/fd").iterdir()))

@@ -1146,6 +1146,11 @@ async def test_an_spu_flooding_large_frames_is_read_no_faster_than_its_byte_budg
             paced = [line for line in (await response.text()).splitlines() if line.startswith("sc_spu_frames_paced_total ")]
         assert paced and float(paced[0].split()[1]) >= 1, paced
         assert 0 in connections.sessions  # still connected
+        # Gone once its frames before the close are read: its schedule, still ahead, is kept for
+        # its next connection (reconnecting does not refill the burst).
+        await spu.close()
+        await cluster.sc.eventually(holds(lambda: 0 not in connections.sessions))
+        assert connections._frame_bytes_due.get(0, 0.0) > loop.time()
 
 
 async def test_offsets_that_queued_while_the_sc_was_busy_are_taken_at_once_and_the_ping_behind_them_answered(
