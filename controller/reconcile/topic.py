@@ -84,14 +84,25 @@ def _spu_infos(snapshot: local.Snapshot) -> tuple[placement.SpuInfo, ...]:
 
 
 def current_map(topic: models.Topic) -> list[list[int]]:
-    """The topic's existing partitions in index order (an unbroken prefix 0..n-1)."""
-    replica_map = topic.status.replica_map
-    rows = []
-    for index in range(len(replica_map)):
-        if index not in replica_map:
-            break
-        rows.append(list(replica_map[index]))
-    return rows
+    """The rows of the topic's replica map below its partition count, in index order: the
+    partitions it keeps, as placement takes them (a row lost from a map leaves a gap here, which
+    ``_Rows`` fills in place)."""
+    count = topic.spec.partition_count()
+    return [list(row) for index, row in sorted(topic.status.replica_map.items()) if index < count]
+
+
+def short_of_rows(topic: models.Topic) -> bool:
+    """Whether the topic's replica map lacks a row below its partition count (a topic being
+    grown, or a map with a gap written behind the SC's back).
+
+    Cheap when nothing is missing: distinct indexes, as many as the count, the largest below it,
+    are exactly 0..count-1 (``max`` runs in C over a map of 100,000 rows)."""
+    replica_map, count = topic.status.replica_map, topic.spec.partition_count()
+    if len(replica_map) < count:
+        return True
+    if max(replica_map) < count:
+        return False
+    return sum(1 for index in replica_map if index < count) < count
 
 
 def placement_request(
@@ -99,15 +110,20 @@ def placement_request(
     spus: Sequence[placement.SpuInfo],
     start_index: int,
     existing: Iterable[tuple[str, int, list[int]]],
+    current: Sequence[Sequence[int]] | None = None,
 ) -> placement.PlacementRequest:
+    """``current``: the rows the topic keeps, in index order (``current_map`` when not given);
+    placement places the others, as many as the partition count leaves."""
     spec = topic.spec
+    if current is None:
+        current = current_map(topic)
     if spec.replica_assignment is not None:
         return placement.PlacementRequest(
             spus=spus,
             strategy="manual",
             replica_assignment=[(row.id, list(row.replicas)) for row in spec.replica_assignment],
             registered_spu_ids=[spu.id for spu in spus],
-            current_replica_map=current_map(topic),
+            current_replica_map=current,
         )
     strategy = spec.placement.strategy if spec.placement is not None else "computed"
     if not _load_aware(topic):
@@ -121,7 +137,7 @@ def placement_request(
         ignore_rack_assignment=spec.ignore_rack_assignment,
         policies=spec.placement.policies if spec.placement is not None else None,
         existing=list(existing),
-        current_replica_map=current_map(topic),
+        current_replica_map=current,
     )
 
 
@@ -380,15 +396,16 @@ def _place(snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, spus: Sequen
             if problem is not None:
                 provision.statuses += _status(entry, INVALID, problem)  # known without placing it
                 continue
+            rows = _Rows.of(entry, snapshot)
             try:
-                request = placement_request(topic, spus, provision.cursor, assignment.for_topic(topic))
+                request = placement_request(topic, spus, provision.cursor, assignment.for_topic(topic), rows.current())
                 result = placement.compute(request, inputs.placers)
             except placement.PlacementError as error:
                 target = INSUFFICIENT if isinstance(error, placement.InsufficientResources) else INVALID
                 provision.statuses += _status(entry, target, unplaced_reason(error))
                 continue
-            kept = len(current_map(topic))
-            provisioned, value = _provisioned(topic, result, spus)
+            placed = rows.placed(result)
+            provisioned, value = _provisioned(topic, rows.filled(placed), spus)
             problem = _too_large_placed(topic, len(value), spus, inputs.request_size)
             if problem is not None:
                 provision.statuses += _status(entry, INVALID, problem)
@@ -396,10 +413,9 @@ def _place(snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, spus: Sequen
             cost = inputs.request_size.writes_bound(1, len(topic.key), len(value))
             if cost > provision.room_bytes:
                 break  # this transaction is full: the next pass, once it is written
-            reason = _placed_reason(result, kept)
-            rows = [(topic.name, index, list(replicas)) for index, replicas in enumerate(result.replica_map) if index >= kept]
+            reason = rows.reason(placed)
             provision.add(actions.TopicProvision(provisioned, entry.mod_revision, (), reason, value), cost, result.next_start_index)
-            assignment.add(rows)
+            assignment.add([(topic.name, index, replicas) for index, replicas in placed.items()])
             if inputs.alone(topic.key):
                 break
         except Exception as error:  # this topic only (faults.py): nothing of it was added
@@ -414,30 +430,116 @@ def _due(topic: models.Topic, inputs: Inputs, scope: _Scope, provision: _Provisi
     resolution = topic.status.resolution
     if resolution is INSUFFICIENT and not (scope.retry or topic.name in scope.touched):
         return False  # only SPU changes or its own spec can change the outcome
-    if resolution is PROVISIONED and (topic.spec.partitions or 0) <= len(current_map(topic)):
+    if resolution is PROVISIONED and not short_of_rows(topic):
         return False
     if inputs.alone(topic.key) and provision.provisions:
         return False  # in a transaction of its own, at the next pass
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """What placing a topic keeps and fills of its replica map.
+
+    A partition, once it exists, moves only by the user's hand, so every row of the stored map
+    is kept as it is, whatever else is wrong with the map. Of the indexes below the partition
+    count that have no row (new partitions, or a row lost behind the SC's back), one whose
+    partition exists, created after the topic, gets its row back from that partition (one older
+    than the topic is an earlier topic's of the same name, and goes); the others are placed.
+    Rows at or past the count stay in the map but are no partitions (never created).
+    """
+
+    topic: models.Topic
+    kept: dict[int, list[int]]  # the stored map's rows below the count
+    rebuilt: dict[int, list[int]]  # missing rows, from the partitions that exist
+    missing: list[int]  # the indexes left to place, in order
+    past: list[int]  # the stored map's rows at or past the count
+
+    @classmethod
+    def of(cls, entry: local.Entry[models.Topic], snapshot: local.Snapshot) -> _Rows:
+        topic = entry.obj
+        count = topic.spec.partition_count()
+        replica_map = topic.status.replica_map
+        indexes = sorted(replica_map)  # ascending already, as written: linear
+        # The rows themselves are shared, not copied: nothing here changes them (placement takes
+        # tuples of them, and the status written validates its own copy).
+        kept = {index: replica_map[index] for index in indexes if index < count}
+        past = [index for index in indexes if index >= count]
+        if not kept:
+            missing = list(range(count))  # a new topic: every row
+        else:
+            missing = [index for index in range(count) if index not in kept] if len(kept) < count else []
+        rebuilt: dict[int, list[int]] = {}
+        names = snapshot.partitions_of(topic.name) if missing else frozenset()
+        if names:  # a new topic has none: nothing to look up
+            partitions: Mapping[str, local.Entry[models.Partition]] = snapshot.entries("partitions")
+            for index in missing:
+                name = models.partition_name(topic.name, index)
+                found = partitions.get(name) if name in names else None
+                if found is not None and found.create_revision > entry.create_revision:
+                    rebuilt[index] = mapped_replicas(found.obj)
+            missing = [index for index in missing if index not in rebuilt]
+        return cls(topic, kept, rebuilt, missing, past)
+
+    def current(self) -> list[list[int]]:
+        """The rows placement keeps, in index order (it places as many more as are missing)."""
+        if not self.rebuilt:
+            return list(self.kept.values())
+        rows = {**self.kept, **self.rebuilt}
+        return [rows[index] for index in sorted(rows)]
+
+    def placed(self, result: placement.PlacementResult) -> dict[int, list[int]]:
+        """The rows placed for the missing indexes: a manual assignment gives each index its own
+        row; a strategy places its run after the rows kept, given to the missing indexes in order."""
+        if self.topic.spec.is_manual:
+            return {index: list(result.replica_map[index]) for index in self.missing}
+        new_rows = result.replica_map[len(self.kept) + len(self.rebuilt) :]
+        return {index: list(row) for index, row in zip(self.missing, new_rows, strict=True)}
+
+    def filled(self, placed: Mapping[int, list[int]]) -> dict[int, list[int]]:
+        """The stored map (every row of it), with the missing rows rebuilt or placed."""
+        replica_map = {**self.topic.status.replica_map, **self.rebuilt, **placed}
+        return {index: replica_map[index] for index in sorted(replica_map)}
+
+    def reason(self, placed: Mapping[int, list[int]]) -> str:
+        """What placing the topic did (the provision's log line)."""
+        said = []
+        if placed and not self.kept and not self.rebuilt:
+            said.append(f"placed {len(placed)} partitions x {len(next(iter(placed.values())))} replicas")
+        elif placed:
+            spread = len({spu for row in placed.values() for spu in row})
+            said.append(f"placed {_describe(list(placed), limit=10)} on {spread} SPUs")
+        if self.rebuilt:
+            one = len(self.rebuilt) == 1
+            said.append(
+                f"replica map {'row' if one else 'rows'} {placement.format_ids(list(self.rebuilt))} rebuilt from the "
+                f"{'partition that exists' if one else 'partitions that exist'}"
+            )
+        if self.past:
+            one = len(self.past) == 1
+            said.append(
+                f"replica map {'row' if one else 'rows'} {placement.format_ids(self.past)} {'is' if one else 'are'} "
+                f"past the topic's {self.topic.spec.partition_count()} partitions: not created"
+            )
+        return "; ".join(said)
+
+
+def mapped_replicas(partition: models.Partition) -> list[int]:
+    """The replicas a topic's map names for ``partition``: where a partition being moved goes (the
+    rebalance controller writes the map's row in the same transaction as the reassignment)."""
+    moving = partition.spec.reassignment
+    return list(partition.spec.replicas if moving is None else moving.target)
+
+
 def _provisioned(
-    topic: models.Topic, result: placement.PlacementResult, spus: Sequence[placement.SpuInfo]
+    topic: models.Topic, replica_map: dict[int, list[int]], spus: Sequence[placement.SpuInfo]
 ) -> tuple[models.Topic, bytes]:
-    """The topic Provisioned with the replica map placed, and its encoding (what will be written)."""
-    replica_map = {index: list(replicas) for index, replicas in enumerate(result.replica_map)}
-    note = placed_note(topic, result.replica_map, spus)
+    """The topic Provisioned with ``replica_map``, and its encoding (what will be written)."""
+    note = placed_note(topic, [replica_map[index] for index in range(topic.spec.partition_count())], spus)
     provisioned = topic.model_copy(
         update={"status": models.TopicStatus(resolution=PROVISIONED, replica_map=replica_map, reason=note)}
     )
     return provisioned, models.encode(provisioned)
-
-
-def _placed_reason(result: placement.PlacementResult, kept: int) -> str:
-    if kept:
-        spread = len({spu for row in result.replica_map for spu in row})
-        return f"placed partitions {kept}..{len(result.replica_map) - 1} on {spread} SPUs"
-    return f"placed {len(result.replica_map)} partitions x {len(result.replica_map[0])} replicas"
 
 
 def _reconcile_partitions(
@@ -461,10 +563,11 @@ def _unvalidated(topic: models.Topic) -> bool:
 
 
 def _unplaced(topic: models.Topic) -> bool:
-    """Pending, InsufficientResources, or Provisioned with fewer partitions than it asks for."""
-    status, spec = topic.status, topic.spec
+    """Pending, InsufficientResources, or Provisioned with a row missing below its partition count
+    (partitions added, or a row lost behind the SC's back: manual topics too)."""
+    status = topic.status
     if status.resolution is PROVISIONED:
-        return not spec.is_manual and (spec.partitions or 0) > len(status.replica_map)
+        return short_of_rows(topic)
     return status.resolution in (PENDING, INSUFFICIENT)
 
 
@@ -616,14 +719,22 @@ def _partition_actions(
 
 def _describe_indexes(partitions: list[models.Partition]) -> str:
     """``partition 3``, ``partitions 0..9`` or ``partitions 0..4, 6, 8..9``."""
-    indexes = [partition.index for partition in partitions]
+    return _describe([partition.index for partition in partitions])
+
+
+def _describe(indexes: list[int], limit: int | None = None) -> str:
+    """``partition 3``, ``partitions 0..9`` or ``partitions 0..4, 6, 8..9`` (ascending indexes);
+    past ``limit`` runs, ``partitions 0..4, 6, ... and 7 more``."""
     runs: list[list[int]] = []
     for index in indexes:
         if runs and index == runs[-1][-1] + 1:
-            runs[-1].append(index)
+            runs[-1][1] = index
         else:
-            runs.append([index])
-    text = ", ".join(f"{run[0]}..{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+            runs.append([index, index])
+    shown = runs if limit is None else runs[:limit]
+    text = ", ".join(f"{first}..{last}" if last > first else str(first) for first, last in shown)
+    if len(shown) < len(runs):
+        text += f", ... and {len(runs) - len(shown)} more"
     return f"{'partition' if len(indexes) == 1 else 'partitions'} {text}"
 
 
@@ -636,14 +747,14 @@ def _orphan(
         if partition.topic in unreadable_topics:
             return []  # its topic is there, in a value this SC cannot read: not deleted
         return [actions.delete("partitions", partition.name, entry.mod_revision, f"topic {partition.topic} was deleted")]
-    wanted = topic_entry.obj.status.replica_map.get(partition.index)
-    # A partition being moved is mapped to where it goes: the rebalance controller writes the map's
-    # row in the same transaction as the partition's reassignment (moves.py).
-    moving = partition.spec.reassignment
-    placed = partition.spec.replicas if moving is None else moving.target
+    topic: models.Topic = topic_entry.obj
+    wanted = topic.status.replica_map.get(partition.index)
+    placed = mapped_replicas(partition)
     if wanted is None:
+        if partition.index < topic.spec.partition_count() and entry.create_revision > topic_entry.create_revision:
+            return []  # its row was lost behind the SC's back: placing the topic rebuilds it from this partition
         reason = f"topic {partition.topic} has no partition {partition.index} in its replica map"
-    elif list(wanted) != list(placed):
+    elif list(wanted) != placed:
         reason = f"replicas {placed} differ from the topic's replica map {wanted}"
     else:
         return []

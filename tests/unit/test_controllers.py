@@ -423,6 +423,90 @@ def test_missing_partitions_of_a_topic_that_cannot_grow_are_created_again() -> N
     ]
 
 
+# ---------------------------------------------------------------------------- replica maps with a gap
+
+
+def provisioned_map(decided: list[actions.Action], name: str) -> dict[int, list[int]]:
+    """The replica map the pass's provision writes for topic ``name``."""
+    (provision,) = [action for action in decided if action.verb is actions.Verb.PROVISION]
+    written = models.decode("topics", builders.written(next(write for write in provision.writes if write.key == f"topics/{name}")))
+    return dict(written.status.replica_map)
+
+
+def test_a_row_removed_from_the_map_behind_the_sc_is_placed_alone_and_no_partition_moves() -> None:
+    """Row 1 of a 3-row map removed by hand, and its partition gone too: only row 1 is placed;
+    partitions 0 and 2 keep their rows, and none of them is deleted (their records stay)."""
+    gapped = make_topic("t", {"resolution": "Provisioned", "replicaMap": {"0": [0], "2": [2]}}, partitions=3, replicationFactor=1)
+    present = [(builders.partition("t-0", [0]), 10), (builders.partition("t-2", [2]), 12)]
+    decided = topic.decide(snapshot_of(*three_spus(), (gapped, 5), *present), topic.Inputs())
+    assert [(action.verb.value, action.name, action.reason) for action in decided] == [
+        ("provision", "t", "t: placed partition 1 on 1 SPUs")
+    ]
+    replica_map = provisioned_map(decided, "t")
+    assert (replica_map[0], replica_map[2], sorted(replica_map)) == ([0], [2], [0, 1, 2])
+    # Once the map is seen, the next pass creates partition 1 alone and deletes nothing.
+    filled = make_topic("t", {"resolution": "Provisioned", "replicaMap": replica_map}, partitions=3, replicationFactor=1)
+    assert [(action.verb.value, action.name, action.write_keys) for action in topic.decide(snapshot_of(*three_spus(), (filled, 20), *present), topic.Inputs())] == [
+        ("create-partitions", "t", ("partitions/t-1",))
+    ]
+
+
+def test_a_row_removed_from_the_map_whose_partition_exists_is_rebuilt_from_it() -> None:
+    """Row 1 removed by hand, partition t-1 still there: the row is written back as the partition
+    is (nothing is placed), and t-1 is not deleted, not even while the chain key is busy."""
+    gapped = make_topic("t", {"resolution": "Provisioned", "replicaMap": {"0": [0], "2": [2]}}, partitions=3, replicationFactor=1)
+    present = [(builders.partition(f"t-{index}", [index]), 10 + index) for index in range(3)]
+    snapshot = snapshot_of(*three_spus(), (gapped, 5), *present)
+    decided = topic.decide(snapshot, topic.Inputs())
+    assert [(action.verb.value, action.name, action.reason) for action in decided] == [
+        ("provision", "t", "t: replica map row 1 rebuilt from the partition that exists")
+    ]
+    assert provisioned_map(decided, "t") == {0: [0], 1: [1], 2: [2]}
+    assert topic.decide(snapshot, topic.Inputs(busy=lambda key: key == topic.CHAIN_KEY)) == []
+
+
+def test_a_partition_left_by_an_earlier_topic_of_the_same_name_is_not_taken_for_a_missing_row() -> None:
+    """Created before the topic, it is not the topic's: the row is placed, not rebuilt from it."""
+    recreated = make_topic("t", {"resolution": "Pending"}, partitions=1, replicationFactor=1)
+    leftover = builders.partition("t-0", [2])
+    decided = topic.decide(snapshot_of(*three_spus(), (leftover, 4), (recreated, 5)), topic.Inputs())
+    assert provisioned_map(decided, "t") == {0: [0]}
+
+
+def test_a_map_of_the_right_length_with_a_gap_is_filled_and_a_row_past_the_count_is_not_created() -> None:
+    """Rows {0, 5} for 2 partitions: row 1 is placed (the topic is short of it), row 5 stays in
+    the map but is no partition, and the log line says so."""
+    gapped = make_topic("t", {"resolution": "Provisioned", "replicaMap": {"0": [0], "5": [1]}}, partitions=2, replicationFactor=1)
+    decided = topic.decide(snapshot_of(*three_spus(), (gapped, 5), (builders.partition("t-0", [0]), 10)), topic.Inputs())
+    assert [(action.verb.value, action.name, action.reason) for action in decided] == [
+        (
+            "provision",
+            "t",
+            "t: placed partition 1 on 1 SPUs; replica map row 5 is past the topic's 2 partitions: not created",
+        )
+    ]
+    replica_map = provisioned_map(decided, "t")
+    assert (replica_map[0], replica_map[5], sorted(replica_map)) == ([0], [1], [0, 1, 5])
+    filled = make_topic("t", {"resolution": "Provisioned", "replicaMap": replica_map}, partitions=2, replicationFactor=1)
+    follow_up = topic.decide(snapshot_of(*three_spus(), (filled, 20), (builders.partition("t-0", [0]), 10)), topic.Inputs())
+    assert [(action.verb.value, action.name, action.write_keys) for action in follow_up] == [
+        ("create-partitions", "t", ("partitions/t-1",))
+    ]
+
+
+def test_a_manual_topic_s_map_with_a_gap_is_filled_from_its_assignment_and_keeps_its_rows() -> None:
+    """Rows {0, 2} of a 3-partition manual topic, row 0 moved from the assignment's [0] to [1]:
+    row 1 comes from the assignment, row 0 stays where its partition is."""
+    assignment = [{"id": index, "replicas": [index]} for index in range(3)]
+    gapped = make_topic("m", {"resolution": "Provisioned", "replicaMap": {"0": [1], "2": [2]}}, replicaAssignment=assignment)
+    present = [(builders.partition("m-0", [1]), 10), (builders.partition("m-2", [2]), 12)]
+    decided = topic.decide(snapshot_of(*three_spus(), (gapped, 5), *present), topic.Inputs())
+    assert [(action.verb.value, action.name, action.reason) for action in decided] == [
+        ("provision", "m", "m: placed partition 1 on 1 SPUs")
+    ]
+    assert provisioned_map(decided, "m") == {0: [1], 1: [1], 2: [2]}
+
+
 # ---------------------------------------------------------------------------- topics too large to store
 
 HUGE_REASON = (

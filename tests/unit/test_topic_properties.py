@@ -80,3 +80,27 @@ def test_whatever_is_stored_the_topic_controller_writes_readable_objects_once(sn
                 assert topic is not None, f"{obj.name} created for a topic that does not exist"
                 assert obj.index < topic.obj.spec.partition_count(), f"{obj.name}: the topic has {topic.obj.spec.partition_count()} partitions"
     assert len(written) == len(set(written)), f"a key written twice in one pass: {sorted(written)}"
+
+
+@settings(max_examples=1500, deadline=None)
+@given(snapshots())
+def test_whatever_map_is_stored_its_rows_and_the_partitions_they_name_stay(snapshot: local.Snapshot) -> None:
+    """A partition, once it exists, moves only by the user's hand: whatever a stored replica map
+    holds (a gap, a row past the topic's partitions), every status written keeps each of its rows
+    as it is, and no partition that its topic's map names as it is is deleted."""
+    note(repr({kind: [entry.obj for entry in snapshot.entries(kind).values()] for kind in ("spus", "topics", "partitions")}))
+    decided = topic_controller.decide(snapshot, topic_controller.Inputs())
+    topics_stored, partitions_stored = snapshot.entries("topics"), snapshot.entries("partitions")
+    for action in decided:
+        for write in action.writes:
+            kind, _, name = write.key.partition("/")
+            if kind == "topics" and write.value is not None:
+                written = models.decode("topics", write.value)
+                assert isinstance(written, models.Topic)
+                for index, row in topics_stored[name].obj.status.replica_map.items():
+                    assert written.status.replica_map.get(index) == row, f"{name}: row {index} {row} written as {written.status.replica_map.get(index)}"
+            elif kind == "partitions" and write.value is None:
+                partition: models.Partition = partitions_stored[name].obj
+                topic = topics_stored.get(partition.topic)
+                mapped = None if topic is None else topic.obj.status.replica_map.get(partition.index)
+                assert mapped != list(partition.spec.replicas), f"{name} deleted though its topic's map names it: {mapped}"
