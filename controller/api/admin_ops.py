@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Set
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pydantic
 
@@ -162,10 +162,11 @@ def topic_settled(written_revision: int) -> Callable[[local.Entry[models.AnyObje
     def settled(entry: local.Entry[models.AnyObject]) -> bool:
         if entry.mod_revision <= written_revision:
             return False
-        status: models.TopicStatus = entry.obj.status
+        topic = cast(models.Topic, entry.obj)  # the topics table
+        status = topic.status
         if status.resolution is models.TopicResolution.PROVISIONED:
-            partitions: int = entry.obj.spec.partition_count()
-            return len(status.replica_map) >= partitions
+            # Every row below the count, not as many rows: a map with a gap still has one to fill.
+            return not topic_controller.short_of_rows(topic)
         return status.resolution in (
             models.TopicResolution.INVALID_CONFIG,
             models.TopicResolution.INSUFFICIENT_RESOURCES,

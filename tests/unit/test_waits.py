@@ -97,3 +97,20 @@ async def test_a_waiting_drain_ends_at_its_deadline_or_when_nothing_moved_for_a_
     # What could not move from the start does not keep it waiting.
     assert await asyncio.wait_for(admin_ops.wait_led_away(store, 0, frozenset({"a-0"}), timeout=30.0, stall=30.0), 5.0) == ["a-0"]
     assert store["partitions"]._listeners == set()
+
+
+def test_a_provisioned_topic_whose_map_has_a_gap_is_not_settled_until_the_gap_is_filled() -> None:
+    """A create's (or add-partitions') wait ended on any Provisioned map as long as the count asked
+    for: a map of that length with a gap (written behind the SC's back, or a write racing one) was
+    taken for every partition placed, though the topic controller still had a row to fill."""
+    settled = admin_ops.topic_settled(5)
+    provisioned = models.TopicResolution.PROVISIONED
+
+    def entry(replica_map: dict[int, list[int]]) -> local.Entry[models.AnyObject]:
+        status = models.TopicStatus(resolution=provisioned, replica_map=replica_map)
+        return local.Entry(topic("orders", partitions=2).model_copy(update={"status": status}), 6, 1, 1)
+
+    assert not settled(entry({0: [0], 5: [1]}))  # two rows, but row 1 is missing
+    assert not settled(entry({0: [0]}))
+    assert settled(entry({0: [0], 1: [1]}))
+    assert settled(entry({0: [0], 1: [1], 5: [2]}))  # a row past the count is never made: not waited for
