@@ -807,6 +807,15 @@ class ConnectionManager:
                 raise wire.FrameError(
                     "not-hosted", f"SPU {spu_id} reported partition {entry['partition']!r}, which it does not host"
                 )
+            if entry["hw"] > entry["leo"]:
+                # A replica's HW never passes its log end. The highest HW reported counts as
+                # committed for good (it is stored, and a restarted replica must hold that much
+                # to lead): one above every log would leave the partition leaderless.
+                raise wire.FrameError(
+                    "invalid",
+                    f"SPU {spu_id} reported hw {entry['hw']} above its log end (leo {entry['leo']}) "
+                    f"for partition {entry['partition']!r}",
+                )
             followers = entry.get("followers")
             if followers:
                 replicas = told.replicas
@@ -825,6 +834,13 @@ class ConnectionManager:
                             "invalid",
                             f"SPU {spu_id} reported follower SPU {follower['spu']} of partition "
                             f"{entry['partition']!r} more than once",
+                        )
+                    if follower["hw"] > follower["leo"]:
+                        # Nor does a follower's: what the SC shows and stores of it would be false.
+                        raise wire.FrameError(
+                            "invalid",
+                            f"SPU {spu_id} reported hw {follower['hw']} above the log end (leo {follower['leo']}) "
+                            f"of follower SPU {follower['spu']} for partition {entry['partition']!r}",
                         )
                     seen.add(follower["spu"])
             if told.leader == spu_id and told.leader_epoch == entry["leader_epoch"]:

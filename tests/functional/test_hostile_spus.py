@@ -24,6 +24,8 @@ took the place of its leader's, which was then never answered) has its own examp
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -33,7 +35,7 @@ from hypothesis.stateful import invariant, rule
 from connection_manager import wire
 from controller import config
 from store import models
-from tests.fixtures.daemon import COMMON_SETTINGS, running
+from tests.fixtures.daemon import COMMON_SETTINGS, Running, running
 from tests.fixtures.machines import TOKEN, DaemonMachine, machine_settings
 from tests.fixtures.scripted_spu import ScriptedSpu
 
@@ -408,3 +410,92 @@ async def test_a_followers_proposal_does_not_take_the_place_of_its_leaders() -> 
         finally:
             for spu in spus.values():
                 await spu.close()
+
+
+@contextlib.asynccontextmanager
+async def led_by_spu_0(settings: config.Settings) -> AsyncIterator[tuple[Running, dict[int, ScriptedSpu]]]:
+    """The SC with SPUs 0 and 1 connected, and partition t-0 (replicas [0, 1]) Online, led by 0
+    with isr [0, 1] (partition epoch 1)."""
+    async with running(settings) as sc, aiohttp.ClientSession() as client:
+        for spu_id in (0, 1):
+            await sc.register_spu(spu_id, online=False)
+        assert sc.daemon.connections is not None
+        port = sc.daemon.connections.port or 0
+        spus = {spu_id: ScriptedSpu(client, port, spu_id) for spu_id in (0, 1)}
+        try:
+            for spu in spus.values():
+                assert isinstance(await spu.connect(), wire.Accepted)
+            status, body = await sc.call("POST", "/v1/topics", {"name": "t", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}]}})
+            assert status == 201, body
+            leader = spus[0]
+            await leader.wait_for(lambda: "t-0" in leader.replicas and leader.replicas["t-0"].leader == 0)
+            await leader.lead("t-0")
+            await leader.wait_for(lambda: leader.replicas["t-0"].partition_epoch == 1)
+            yield sc, spus
+        finally:
+            for spu in spus.values():
+                await spu.close()
+
+
+async def shown_hw(sc: Running) -> int:
+    status, body = await sc.call("GET", "/v1/partitions/t-0")
+    assert status == 200, body
+    return int(body["status"]["leader"]["hw"])
+
+
+async def shows_hw(sc: Running, expected: int) -> None:
+    assert await shown_hw(sc) == expected
+
+
+async def test_a_high_watermark_above_the_log_end_is_refused_and_leaves_no_partition_leaderless(settings: config.Settings) -> None:
+    """A leader reported hw 2^63 - 1 with leo 5 (and a follower at that hw with leo 0): the SC took
+    it, showed it, and wrote it with the partition's next status write, never to go back. When
+    both replicas came back as new processes holding 10 records, neither held "every committed
+    record", so the partition stayed leaderless with an empty in-sync set (only an unclean election
+    could lead it). Now each such frame is refused, naming the values, and the HW stays the last
+    one a well-formed report gave."""
+    settings = settings.model_copy(update={"spu_offsets_interval": 0.1})
+    async with led_by_spu_0(settings) as (sc, spus):
+        leader = spus[0]
+        await leader.report(("t-0", 5, 5, {1: 5}))
+        await sc.eventually(lambda: shows_hw(sc, 5))
+        epoch = leader.epoch("t-0")
+        for (hw, leo), (follower_hw, follower_leo) in (((BIG, 5), (5, 5)), ((5, 5), (BIG, 0))):
+            entry = wire.PartitionOffsets(
+                partition="t-0", leader_epoch=epoch, hw=hw, leo=leo,
+                followers=[wire.ReplicaOffsets(spu=1, hw=follower_hw, leo=follower_leo)],
+            )
+            await leader.send(wire.Offsets(partitions=[entry]))
+
+        def errors() -> list[tuple[str, str]]:
+            return [(m.code, m.message) for m in leader.received if isinstance(m, wire.Error)]
+
+        await leader.wait_for(lambda: len(errors()) == 2)
+        assert errors() == [
+            ("invalid", f"SPU 0 reported hw {BIG} above its log end (leo 5) for partition 't-0'"),
+            ("invalid", f"SPU 0 reported hw {BIG} above the log end (leo 0) of follower SPU 1 for partition 't-0'"),
+        ]
+        assert await shown_hw(sc) == 5
+        # Both replicas go: nobody leads, and the status written holds the HW known.
+        for spu in spus.values():
+            await spu.close()
+
+        async def leaderless() -> None:
+            stored = await sc.read("partitions", "t-0")
+            assert isinstance(stored, models.Partition) and stored.status.resolution is LEADER_OFFLINE, stored
+            assert stored.status.leader is not None and stored.status.leader.hw == 5, stored.status
+
+        await sc.eventually(leaderless)
+        # Both come back as new processes holding 10 records, more than the 5 committed: one leads.
+        assert sc.daemon.connections is not None
+        for spu_id in (0, 1):
+            spus[spu_id] = ScriptedSpu(spus[spu_id].session, sc.daemon.connections.port or 0, spu_id)
+            held = [wire.HostedReplica(partition="t-0", leo=10, leader_epoch=None)]
+            assert isinstance(await spus[spu_id].connect(hosted=held), wire.Accepted)
+
+        async def led_again() -> None:
+            stored = await sc.read("partitions", "t-0")
+            assert isinstance(stored, models.Partition) and stored.status.resolution is ONLINE, stored
+            assert stored.spec.leader in stored.status.isr, stored
+
+        await sc.eventually(led_again)

@@ -162,6 +162,46 @@ async def test_offsets_naming_a_follower_twice_are_refused_and_kept_nowhere() ->
     assert cm.live.get("orders-0") is None
 
 
+@pytest.mark.parametrize(
+    ("leader", "follower", "message"),
+    [
+        (
+            (2**63 - 1, 5), (5, 5),
+            "SPU 0 reported hw 9223372036854775807 above its log end (leo 5) for partition 'orders-1'",
+        ),
+        (
+            (5, 5), (2**63 - 1, 0),
+            "SPU 0 reported hw 9223372036854775807 above the log end (leo 0) of follower SPU 1 for partition 'orders-1'",
+        ),
+    ],
+    ids=["leader", "follower"],
+)
+async def test_offsets_with_a_high_watermark_above_the_log_end_are_refused_and_kept_nowhere(
+    leader: tuple[int, int], follower: tuple[int, int], message: str
+) -> None:
+    """A replica's HW never passes its LEO (every committed record is in its log). An entry saying
+    so was kept, and its HW counted committed: written with the partition's next status write, never
+    to go back, and a replica that restarted with fewer records than that could not lead again (the
+    partition stayed leaderless). The frame is refused whole, as for the other malformed entries:
+    the good entry before it is not taken either."""
+    cm, session, _ = manager_with("orders-0", "orders-1")
+    (hw, leo), (follower_hw, follower_leo) = leader, follower
+    frame = wire.Offsets(
+        partitions=[
+            wire.PartitionOffsets(partition="orders-0", leader_epoch=0, hw=5, leo=5, followers=[wire.ReplicaOffsets(spu=1, hw=5, leo=5)]),
+            wire.PartitionOffsets(
+                partition="orders-1", leader_epoch=0, hw=hw, leo=leo,
+                followers=[wire.ReplicaOffsets(spu=1, hw=follower_hw, leo=follower_leo)],
+            ),
+        ]
+    )
+    cm._take_frame(session, wire.encode(frame))
+    assert (cm.live.max_hw("orders-0"), cm.live.max_hw("orders-1")) == (-1, -1)
+    assert (cm.live.get("orders-0"), cm.live.get("orders-1")) == (None, None)
+    [error] = sent(session)
+    assert isinstance(error, wire.Error) and (error.code, error.message) == ("invalid", message), error
+
+
 async def test_a_proposal_listing_more_spus_than_a_partition_may_have_is_refused_at_once() -> None:
     """A proposed set lists distinct replicas, at most MAX_REPLICATION_FACTOR of them; one listing
     SPU 0 a million times was held for the partition controller, which refused it quoting the whole
