@@ -2,8 +2,11 @@
 
 Purely computational, no I/O. Offsets are for people (the API) and audits only: no decision of
 the SC depends on them, so they never reach the KV store on their own. ``LiveReplicas`` also
-keeps the highest high watermark any leader reported per partition, which the SC shows and
-writes with the partition's next status write, so the committed offset it shows never goes back.
+keeps the highest high watermark any leader reported per partition (in an Offsets entry, or with a
+proposal the SC committed), which the SC shows and writes with the partition's next status write,
+so the committed offset it shows never goes back; a restarted replica leads again only if it holds
+that much (the one decision an offset takes part in). The connection manager checks what it merges
+(a HW never passes its log end).
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ class LiveReplicas:
             self._max_hw[name] = hw
 
     def committed(self, partition: str, hw: int) -> None:
-        """The current leader of ``partition`` said (in a proposal) that its HW reached ``hw``."""
+        """The current leader of ``partition`` said (in a proposal the SC committed) that its HW reached ``hw``."""
         if hw > self._max_hw.get(partition, UNKNOWN_OFFSET):
             self._max_hw[partition] = hw
 

@@ -77,3 +77,5 @@ class Proposal:
     # (SPU, incarnation) as the frame named them: the connection under which the leader saw each
     # SPU it adds catch up (KIP-903). The rules add an SPU only under its current incarnation.
     incarnations: tuple[tuple[int, int], ...] = ()
+    # The leader's HW when it proposed (None: an SPU older than the field): committed once the set is.
+    hw: int | None = None

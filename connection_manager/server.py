@@ -906,19 +906,22 @@ class ConnectionManager:
                 )
             )
             return
-        if message.hw is not None:
-            # As an Offsets entry of the current leader: that much is committed.
-            self.live.committed(message.partition, message.hw)
+        # Its HW counts as committed only with its set (rule 4 may refuse it): the write that
+        # commits the set carries it, and ``answer`` takes it in.
         self.proposals[message.partition] = reports.Proposal(
             message.partition, session.spu_id, session.number, message.leader_epoch, message.partition_epoch, tuple(message.isr),
-            tuple((entry["spu"], entry["incarnation"]) for entry in message.incarnations),
+            tuple((entry["spu"], entry["incarnation"]) for entry in message.incarnations), message.hw,
         )
         self.on_news({message.partition})
 
     def answer(self, proposal: reports.Proposal, message: wire.AlterIsrResult) -> None:
         """Send the answer to ``proposal``'s connection, if it is still its SPU's current one, and
-        forget the proposal (unless a newer one replaced it)."""
+        forget the proposal (unless a newer one replaced it). A committed proposal's HW counts as an
+        Offsets entry's of its leader (its set may have been the committed one already: no write
+        carried it)."""
         name = message.partition
+        if message.error is None and proposal.hw is not None:
+            self.live.committed(name, proposal.hw)
         if self.proposals.get(name) == proposal:
             del self.proposals[name]
         session = self.sessions.get(proposal.spu)

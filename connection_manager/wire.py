@@ -196,11 +196,12 @@ class Leading(Message):
 class AlterIsr(Message):
     """A leader's proposal of a new committed in-sync set, made at the epochs it holds. ``hw``: its
     high watermark when it proposed (absent from older SPUs): a replica it proposes into the set
-    holds every record below it, and the SC knows that much committed even before the leader's
-    next Offsets frame (a move's caught-up write records it). ``incarnations``: for every SPU it
-    adds to the committed set, the incarnation its fetches carried when it caught up (KIP-903):
-    the SC adds it only if that is still its current connection (a new process may have lost
-    records). Entries for members it keeps are allowed and not checked."""
+    holds every record below it, and once the SC commits the set it knows that much committed,
+    even before the leader's next Offsets frame (the write that commits the set records it, a
+    move's caught-up write too); a refused proposal's counts for nothing. ``incarnations``: for
+    every SPU it adds to the committed set, the incarnation its fetches carried when it caught up
+    (KIP-903): the SC adds it only if that is still its current connection (a new process may have
+    lost records). Entries for members it keeps are allowed and not checked."""
 
     type: Literal["alterIsr"] = "alterIsr"
     partition: PartitionName

@@ -147,8 +147,14 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> Decided:
             if transition is not None and not transition.cause and changes >= view.changes_batch:
                 decided.postponed.add(name)
                 continue
+            hw = facts.committed_hw
+            accepted = decision.accepted
+            if accepted is not None and accepted.hw is not None:
+                # Written with the set it was proposed with (a move's caught-up write records what
+                # the new replicas copied); a refused proposal's HW is never written.
+                hw = max(hw, accepted.hw)
             # Built before anything of it is kept: a step that raises leaves nothing behind.
-            write = None if transition is None else _write(entry, transition, view, facts.committed_hw)
+            write = None if transition is None else _write(entry, transition, view, hw)
         except Exception as error:  # this partition only (faults.py); its proposal waits
             inputs.faults.record("partitions", name, error)
             continue

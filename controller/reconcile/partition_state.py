@@ -110,6 +110,9 @@ class Decision:
     transition: Transition | None = None
     answer: Answer | None = None
     refused: str = ""  # why a transition that is due cannot be written (its epochs are spent)
+    # The proposal rule 4 accepted: the transition commits its set (or it is the committed set
+    # already). Its HW is committed with it, and with no other decision.
+    accepted: reports.Proposal | None = None
 
 
 NOTHING = Decision()
@@ -204,7 +207,7 @@ def decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: Fa
     answer = decision.answer
     if facts.proposal is not None and (answer is None or answer.error is None):
         answer = Answer(facts.proposal, INVALID, refused)
-    return Decision(None, answer, refused)
+    return Decision(None, answer, refused)  # nothing accepted: the set is not committed
 
 
 def _decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: Facts) -> Decision:
@@ -282,8 +285,9 @@ def _decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: F
             f"SPU(s) {renewed} registered again since the partition's last write: "
             f"proposals made at partition epoch {stored.partition_epoch} cannot add them"
         )
+    accepted = None if proposed is None else facts.proposal
     if new_leader == leader and not changed_isr and resolution is stored.resolution and step is None and not renewed:
-        return Decision(None, answer)
+        return Decision(None, answer, accepted=accepted)
     # The partition epoch counts changes of the leader or of the in-sync set (and the first
     # confirmation, and an id registered again); a move's change of the replica list alone is not one,
     # except at partition epoch 0, where every replica counts as in sync: written at 0, the SPUs a
@@ -307,8 +311,8 @@ def _decide(partition: models.Partition, mod_revision: int, spus: Spus, facts: F
         if move is not None and changed_isr and _caught_up(move, isr) and not _caught_up(move, stored.isr):
             event = MOVE_CAUGHT_UP
             reason += f"; move to {move.target}: every new replica is in the in-sync set"
-        return Decision(Transition(state, cause, reason, move_event=event), answer)
-    return Decision(Transition(state, cause, reason, step.replicas, step.ends, step.event), answer)
+        return Decision(Transition(state, cause, reason, move_event=event), answer, accepted=accepted)
+    return Decision(Transition(state, cause, reason, step.replicas, step.ends, step.event), answer, accepted=accepted)
 
 
 def _caught_up(move: models.Reassignment, isr: Sequence[int]) -> bool:

@@ -499,3 +499,27 @@ async def test_a_high_watermark_above_the_log_end_is_refused_and_leaves_no_parti
             assert stored.spec.leader in stored.status.isr, stored
 
         await sc.eventually(led_again)
+
+
+async def test_a_refused_proposals_hw_does_not_count_committed(settings: config.Settings) -> None:
+    """A proposal's HW is written with the write that commits its set (rule 4). A refused one's
+    (here: it names SPU 5, no replica) raised the HW the SC knows from 7 to 2^63 - 1 all the same,
+    and the next status write stored it for good."""
+    async with led_by_spu_0(settings) as (sc, spus):
+        leader = spus[0]
+        await leader.report(("t-0", 7, 7, {1: 7}))
+        await sc.eventually(lambda: shows_hw(sc, 7))
+        await leader.propose("t-0", [0, 5], hw=BIG, incarnations={5: 1})
+        await leader.wait_for(lambda: leader.results("t-0"))
+        [refused] = leader.results("t-0")
+        assert refused.error == "invalid", refused
+        assert await shown_hw(sc) == 7
+        # A shrink at HW 8 is committed: its write records 8 (the leader's next offsets have not come).
+        await leader.propose("t-0", [0], hw=8)
+        await leader.wait_for(lambda: len(leader.results("t-0")) == 2)
+        committed = leader.results("t-0")[1]
+        assert (committed.error, committed.isr) == (None, [0]), committed
+        stored = await sc.read("partitions", "t-0")
+        assert isinstance(stored, models.Partition) and stored.status.leader is not None
+        assert (stored.status.isr, stored.status.leader.hw) == ([0], 8), stored.status
+        assert await shown_hw(sc) == 8

@@ -237,6 +237,32 @@ def test_proposals_are_answered_committed_or_refused_with_the_stored_state() -> 
     assert (answer.error, answer.message) == ("unknown-partition", "partition 'gone-0' does not exist")
 
 
+def test_a_proposals_hw_is_written_with_the_write_that_commits_its_set_and_with_no_other() -> None:
+    """The SC learns the HW of a proposal it commits from the proposal itself (a move's caught-up
+    write records what the new replicas copied before the leader's next offsets): the write that
+    commits the set carries it. A refused proposal's HW is not written, even by a write due anyway
+    (here SPU 2 went offline: it leaves the in-sync set)."""
+    stored = part(0, [0, 1, 2])  # hw 10
+    shrink = reports.Proposal("orders-0", 0, 1, 1, 1, (0, 1), hw=25)
+    decided = partition.decide(snapshot_of(*SPUS, stored), partition.Inputs(partition.ClusterView(ALL_ONLINE, {}, proposals={"orders-0": shrink})))
+    [action] = decided.actions
+    status = action.objects[0].status
+    assert (status.isr, status.leader.hw) == ([0, 1], 25)
+    # Never below the highest HW known, though.
+    decided = partition.decide(
+        snapshot_of(*SPUS, stored),
+        partition.Inputs(partition.ClusterView(ALL_ONLINE, {}, proposals={"orders-0": shrink}, max_hw={"orders-0": 30})),
+    )
+    assert decided.actions[0].objects[0].status.leader.hw == 30
+    refused = reports.Proposal("orders-0", 0, 1, 1, 1, (0, 7), hw=2**63 - 1)
+    view = partition.ClusterView(health(s0=ONLINE, s1=ONLINE, s2=OFFLINE), {}, proposals={"orders-0": refused})
+    decided = partition.decide(snapshot_of(*SPUS, stored), partition.Inputs(view))
+    [action] = decided.actions
+    [(_, answer, _)] = decided.answers
+    status = action.objects[0].status
+    assert (answer.error, status.isr, status.leader.hw) == ("invalid", [0, 1], 10)
+
+
 def test_leader_changes_come_before_in_sync_changes_in_a_pass() -> None:
     led_by_0 = part(0, [0, 1, 2]).model_copy(update={"name": "a-0"})
     led_by_1 = part(1, [1, 2, 0]).model_copy(update={"name": "b-0"})

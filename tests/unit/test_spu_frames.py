@@ -202,6 +202,30 @@ async def test_offsets_with_a_high_watermark_above_the_log_end_are_refused_and_k
     assert isinstance(error, wire.Error) and (error.code, error.message) == ("invalid", message), error
 
 
+async def test_a_proposals_hw_counts_committed_only_once_its_set_is_committed() -> None:
+    """A proposal's HW tells the SC that much is committed only if the SC commits its set (rule 4):
+    it is written with the write that commits the set. It counted as soon as the frame came in, so
+    a refused proposal (here, naming SPU 5, no replica) still raised the HW the SC writes, for good."""
+    cm, session, news = manager_with("orders-0")
+    refused = wire.AlterIsr(
+        partition="orders-0", leader_epoch=0, partition_epoch=0, isr=[0, 5], hw=2**63 - 1,
+        incarnations=[wire.MemberIncarnation(spu=5, incarnation=1)],
+    )
+    cm._take_frame(session, wire.encode(refused))
+    assert cm.live.max_hw("orders-0") == -1
+    [proposal] = cm.proposals.values()
+    assert (proposal.hw, news) == (2**63 - 1, [{"orders-0"}])
+    answer = {"partition": "orders-0", "leader_epoch": 0, "partition_epoch": 0, "isr": [0, 1, 2]}
+    cm.answer(proposal, wire.AlterIsrResult(error="invalid", message="SPU 5 is no replica", **answer))
+    assert (cm.live.max_hw("orders-0"), cm.proposals) == (-1, {})
+    # A committed set's HW counts (also when it is the committed set already: no write carries it).
+    cm._take_frame(session, wire.encode(wire.AlterIsr(partition="orders-0", leader_epoch=0, partition_epoch=0, isr=[0, 1, 2], hw=7)))
+    [proposal] = cm.proposals.values()
+    cm.answer(proposal, wire.AlterIsrResult(error=None, message="committed", **answer))
+    assert cm.live.max_hw("orders-0") == 7
+    assert [frame.type for frame in sent(session)] == ["alterIsrResult", "alterIsrResult"]
+
+
 async def test_a_proposal_listing_more_spus_than_a_partition_may_have_is_refused_at_once() -> None:
     """A proposed set lists distinct replicas, at most MAX_REPLICATION_FACTOR of them; one listing
     SPU 0 a million times was held for the partition controller, which refused it quoting the whole
