@@ -13,6 +13,8 @@ Invariants (docs/replication.md, "The guarantees" and "The rules"):
   named (KIP-903);
 - no two different SPUs are ever told leadership of one partition at one leaderEpoch;
 - an alterIsrResult with error null means the stored set at its epochs is the proposed one;
+- the committed HW the SC knows (stored, or reported since it started) is one an SPU sent in a
+  well-formed offsets entry (hw at most leo) or in a proposal answered committed;
 - once the SC settled, no proposal of a current connection is left unanswered.
 
 It runs a handful of examples in the suite (the same ones on every run: the deterministic
@@ -67,6 +69,10 @@ class HostileSpus(DaemonMachine):
         # (partition, spu, leader_epoch, partition_epoch, isr, incarnations named) of every proposal sent
         self.proposals: list[tuple[str, int, int, int, tuple[int, ...], dict[int, int]]] = []
         self.sent_marks: list[tuple[ScriptedSpu, str, int]] = []
+        # (client, partition, how many frames it had received, hw) of every proposal sent
+        self.proposal_hws: list[tuple[ScriptedSpu, str, int, int | None]] = []
+        # partition -> the HWs sent in offsets entries whose HW was at most their log end
+        self.reported_hws: dict[str, set[int]] = {p: set() for p in PARTITIONS}
         self.run(self._start())
 
     async def _start(self) -> None:
@@ -220,6 +226,7 @@ class HostileSpus(DaemonMachine):
             ],
         )
         incarnations = {entry["spu"]: entry["incarnation"] for entry in message.incarnations}
+        self.proposal_hws.append((spu, name, len(spu.received), hw))
         self.proposals.append((name, spu.spu_id, message.leader_epoch, message.partition_epoch, tuple(isr), incarnations))
         if name in spu.replicas:  # else it is refused with an error frame (not-hosted)
             self.sent_marks.append((spu, name, len(spu.received)))
@@ -264,6 +271,8 @@ class HostileSpus(DaemonMachine):
             partition=name, leader_epoch=self.pick_epoch(le, told, self.stored(name).status.leader_epoch), hw=hw, leo=leo,
             followers=[wire.ReplicaOffsets(spu=f, hw=min(hw, leo), leo=leo) for f in followers],
         )
+        if hw <= leo:
+            self.reported_hws[name].add(hw)
         self.steps.append(f"offsets({spu_id}, {entry})")
         self.run(self.step(spu.send(wire.Offsets(partitions=[entry]))))
 
@@ -347,6 +356,21 @@ class HostileSpus(DaemonMachine):
                 if isinstance(message, wire.AlterIsrResult) and message.error is None:
                     key = (message.partition, message.leader_epoch, message.partition_epoch)
                     assert stored_at.get(key) == set(message.isr), (message, stored_at.get(key), self.steps)
+
+    @invariant()
+    def committed_hw_comes_from_a_well_formed_report(self) -> None:
+        may_count = {name: {-1, *hws} for name, hws in self.reported_hws.items()}
+        for index, (client, name, mark, hw) in enumerate(self.proposal_hws):
+            # Its answer comes before the client's next proposal for the partition (steps settle).
+            later = [m for c, n, m, _ in self.proposal_hws[index + 1:] if c is client and n == name]
+            answers = client.received[mark:later[0] if later else len(client.received)]
+            committed = any(isinstance(m, wire.AlterIsrResult) and m.partition == name and m.error is None for m in answers)
+            if committed and hw is not None:
+                may_count[name].add(hw)
+        for name in PARTITIONS:
+            known = [self.connections.live.max_hw(name)]
+            known += [p.status.leader.hw for p, _ in self.versions[name] if p.status.leader is not None]
+            assert max(known) <= max(may_count[name]), (name, known, may_count[name], self.steps)
 
     @invariant()
     def proposals_answered(self) -> None:
