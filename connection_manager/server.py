@@ -968,6 +968,14 @@ class ConnectionManager:
             spu_listener.close()
             partition_listener.close()
 
+    def forget_partition(self, name: str) -> None:
+        """A deleted partition (maybe created again since, a new one): its leader's confirmation,
+        offsets and held proposal go. The partition controller calls it too, when a pass sees the
+        change before the pusher does, so the new partition is never decided on the old one's."""
+        self.live.forget(name)
+        self.confirmed.pop(name, None)
+        self.proposals.pop(name, None)
+
     def pushed_through(self, epoch: int) -> bool:
         """Whether every connected SPU was told the partitions as of the partitions table's
         ``epoch`` (True when no pusher runs: nobody is waiting to be told)."""
@@ -1018,8 +1026,7 @@ class ConnectionManager:
             for name in [name for name in self.confirmed if name not in partitions]:
                 del self.confirmed[name]
         for name in partition_changes.deleted:
-            self.live.forget(name)
-            self.confirmed.pop(name, None)
+            self.forget_partition(name)
         self.pushed_epoch = partitions_table.epoch
         self.on_pushed()
 
@@ -1119,6 +1126,12 @@ def _replica_delta(
     else:
         entries = (concerned or Concerned(changes)).of(session)
     changed, deleted = [], []
+    # Deletions first: a partition also changed was deleted and created again, and the SPU is told
+    # both in one Update (it applies the deletions first): the new one starts from nothing there.
+    gone = changes.deleted if not changes.full else [name for name in session.hosted if name not in partitions]
+    for name in gone:
+        if session.hosted.pop(name, None) is not None:
+            deleted.append(name)
     restarted = session.incarnation.restarted
     for entry in entries:
         partition: models.Partition = entry.obj
@@ -1133,10 +1146,6 @@ def _replica_delta(
                 changed.append(info)
         elif told is not None:
             del session.hosted[name]
-            deleted.append(name)
-    gone = changes.deleted if not changes.full else [name for name in session.hosted if name not in partitions]
-    for name in gone:
-        if session.hosted.pop(name, None) is not None:
             deleted.append(name)
     return changed, deleted
 

@@ -62,6 +62,10 @@ class Changes(Generic[O_co]):
 
     ``full`` is True when the listener was behind a resync fence (or too far behind to be
     given a delta): ``updated`` is then every object and ``deleted`` is empty.
+
+    A name in both ``deleted`` and ``updated`` was deleted and created again since the listener
+    last read: the object in ``updated`` is a new one (its entry's ``create_revision`` is new),
+    which inherits nothing of the old one's. Take ``deleted`` first.
     """
 
     full: bool
@@ -206,7 +210,8 @@ class KindStore(Generic[O]):
             self._grouped(obj.name, True)
         if self._indexes:
             self._indexed(obj, obj.name)
-        self._tombstones.pop(obj.name, None)
+        # A tombstone stays when its name is created again: a listener that has not read the
+        # delete gets the name in both lists, so it does not take the new object for the old one.
         self._notify(changed)
         return _PARTS[changed]
 

@@ -207,9 +207,16 @@ class Feed:
                 if telling:
                     lines.append(event_line(b"DELETED", revision, encoded))
         encoded_now = 0
+        recreated = {entry.name for entry in updated} & set(changes.deleted) if changes.deleted else set()
         for entry in updated:
             if encoded_now and encoded_now % ENCODE_CHUNK == 0:
                 await asyncio.sleep(0)
+            if entry.name in recreated:
+                # Deleted and created again: the old object's end first (by the new one's creation
+                # it was gone), then the new one.
+                gone = known.pop(entry.name, None)
+                if gone is not None and telling:
+                    lines.append(event_line(b"DELETED", entry.create_revision, gone[1]))
             previous = known.get(entry.name)
             if previous is not None and (previous[0].obj is entry.obj or previous[0].obj == entry.obj):
                 known[entry.name] = (entry, previous[1])  # same object written again: nothing to tell
@@ -222,6 +229,8 @@ class Feed:
                 lines.append(event_line(b"ADDED" if previous is None else b"MODIFIED", entry.mod_revision, encoded))
         self.encodings[self.table.kind] += encoded_now
         for name in changes.deleted:
+            if name in recreated:
+                continue
             gone = known.pop(name, None)
             if gone is not None and telling:
                 lines.append(event_line(b"DELETED", revision, gone[1]))

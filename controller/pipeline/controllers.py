@@ -281,6 +281,11 @@ class PartitionController:
         that changed (health, registration, drain); a relist or a periodic resync looks at every one.
         Proposals decided are answered on the spot (on 9004, not through the store)."""
         partition_changes, spu_changes = changes["partitions"], changes["spus"]
+        if self._connections is not None:
+            # The pusher forgets them too, but this pass may come first: a partition deleted and
+            # created again must not be decided on its predecessor's confirmation or offsets.
+            for name in partition_changes.deleted:
+                self._connections.forget_partition(name)
         self._hosting.update(snapshot, partition_changes)
         if spu_changes.full:
             self._spu_ids = {entry.name: entry.obj.spec.id for entry in snapshot.entries("spus").values()}
@@ -370,13 +375,14 @@ class PartitionController:
         if spu_changes.empty:
             return set()
         ids = set()
+        # Deletions first: a name also updated was registered again, maybe under another id.
+        for name in spu_changes.deleted:
+            if name in self._spu_ids:
+                ids.add(self._spu_ids.pop(name))
         for entry in spu_changes.updated:
             spu_id = entry.obj.spec.id
             self._spu_ids[entry.name] = spu_id
             ids.add(spu_id)
-        for name in spu_changes.deleted:
-            if name in self._spu_ids:
-                ids.add(self._spu_ids.pop(name))
         return self._hosting.of(ids, partitions)
 
 

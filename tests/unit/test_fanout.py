@@ -147,3 +147,17 @@ async def test_a_feed_that_fails_drops_its_subscribers(written: Written, monkeyp
     written.apply(topic("a"))
     assert await asyncio.wait_for(subscriber.next(), 5) == []
     assert subscriber.dropped == "error"
+
+
+async def test_an_object_deleted_and_created_again_between_two_batches_is_deleted_then_added(written: Written) -> None:
+    """Even with the very same content: the object created again is a new one. Before, the
+    watchers were told nothing (the re-creation hid the delete)."""
+    written.apply(topic("a"), topic("b"))
+    subscriber = await written.subscribe()
+    subscriber.snapshot_batches()
+    written.delete("topics", "a")
+    written.apply(topic("a"))
+    written.apply(topic("b", reason="changed"))
+    # The old one's end at the new one's creation (it was gone by then), then the new one.
+    assert await received(subscriber) == [("DELETED", 4, "a"), ("ADDED", 4, "a"), ("MODIFIED", 5, "b")]
+    subscriber.close()

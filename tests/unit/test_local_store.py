@@ -231,3 +231,27 @@ def test_a_name_is_unreadable_until_a_readable_version_or_its_deletion_comes() -
     assert set(table.unreadable) == {"c"} and table.get("a") is not None and table.revision == 9
     table.resync([(topic("a"), 6, 6)], 10)
     assert set(table.unreadable) == set()
+
+
+def test_a_name_deleted_and_created_again_between_two_reads_is_both_deleted_and_updated() -> None:
+    """A listener that did not read the delete must still see it: the object created again under
+    the name is a new one (its partition's confirmation, offsets and SPU sessions are not the old
+    one's), not an update of the old one. Before, the re-creation dropped the tombstone."""
+    table: local.KindStore[models.Topic] = local.KindStore("topics")
+    table.apply(topic("a"), 1)
+    behind, caught_up = table.listener(), table.listener()
+    behind.changes()
+    caught_up.changes()
+    table.delete("a", 2)
+    assert caught_up.changes().deleted == ["a"]
+    table.apply(topic("a"), 3)  # the very same content, created again
+    changes = behind.changes()
+    assert (changes.deleted, [entry.name for entry in changes.updated]) == (["a"], ["a"])
+    entry = table.get("a")
+    assert entry is not None and entry.create_revision == 3
+    # One that saw the delete sees a plain create.
+    after = caught_up.changes()
+    assert (after.deleted, [entry.name for entry in after.updated]) == ([], ["a"])
+    # An update since is an update.
+    table.apply(topic("a", resolution="Pending"), 4)
+    assert (behind.changes().deleted, caught_up.changes().deleted) == ([], [])

@@ -18,7 +18,7 @@ from controller import config, context as context_module, metrics
 from controller.pipeline import controllers, dispatcher as dispatcher_module
 from controller.reconcile import actions
 from store import local, memory, models
-from tests.unit.test_election import SPUS, part
+from tests.unit.test_election import SPUS, fresh, part
 
 ONLINE, OFFLINE = health_module.Health.ONLINE, health_module.Health.OFFLINE
 
@@ -245,3 +245,24 @@ async def test_a_partition_whose_epochs_are_spent_is_left_as_it_is_and_said_once
     refused = [entry for entry in logged if entry["event"] == "a partition change is due but cannot be written"]
     assert [(entry["partition"], entry["log_level"]) for entry in refused] == [("spent-0", "error")]
     assert f"its epochs would pass {models.MAX_EPOCH}" in refused[0]["reason"]
+
+
+@pytest.mark.looptime
+async def test_a_partition_deleted_and_created_again_is_not_decided_on_its_predecessors_confirmation() -> None:
+    """The pass may see the change before the pusher (which waits PUSH_LINGER) forgets what the
+    old partition's leader said: the new one, at the same leader and epoch, was written Online
+    though its leader had never confirmed it (rule 5), and with the old one's HW."""
+    old = named(part(0, [0, 1], leader_epoch=0, partition_epoch=1, hw=1000), "t-0")
+    passes = Passes(partitions=(old,), states=(ONLINE, ONLINE, ONLINE), pushing=True)
+    connections = passes.connections
+    assert connections is not None
+    connections.confirmed["t-0"] = (0, 0)
+    connections.live.committed("t-0", 1000)
+    table = passes.local_store["partitions"]
+    listener = table.listener()
+    listener.changes()
+    table.delete("t-0", 40)
+    table.apply(named(fresh([0, 1]), "t-0"), 41)  # as the topic controller creates it: Offline, epochs 0
+    decided = passes.controller.decide(passes.local_store.snapshot(), {"partitions": listener.changes(), "spus": no_changes()["spus"]})
+    assert decided == []  # waits for its leader's confirmation
+    assert "t-0" not in connections.confirmed and connections.live.max_hw("t-0") == lrs.UNKNOWN_OFFSET

@@ -22,8 +22,12 @@ SPUS = range(6)
 def reference_delta(
     session: server.Session, changes: local.Changes[models.Partition], partitions: dict[str, local.Entry[models.Partition]]
 ) -> tuple[list[wire.ReplicaInfo], list[str]]:
-    """Every changed partition looked at for this session, in the order of the changes."""
+    """Every changed partition looked at for this session, in the order of the changes, after the
+    deletions (a name in both was deleted and created again: the SPU is told of a new partition)."""
     changed, deleted = [], []
+    for name in changes.deleted:
+        if session.hosted.pop(name, None) is not None:
+            deleted.append(name)
     restarted = session.incarnation.restarted
     for entry in changes.updated:
         obj, name = entry.obj, entry.name
@@ -37,9 +41,6 @@ def reference_delta(
                 changed.append(info)
         elif told is not None:
             del session.hosted[name]
-            deleted.append(name)
-    for name in changes.deleted:
-        if session.hosted.pop(name, None) is not None:
             deleted.append(name)
     return changed, deleted
 

@@ -588,6 +588,11 @@ class WatchStream:
             fresh = {obj.name for obj in updated}
             for name in [name for name in known if name not in fresh]:
                 changed.append((messages.MessageType.DELETE, known.pop(name)))
+        # Deletions first: a name also updated was created again, and the client is told of a new object.
+        for name in changes.deleted:
+            gone = known.pop(name, None)
+            if gone is not None:
+                changed.append((messages.MessageType.DELETE, gone))
         for obj in updated:
             previous = known.get(obj.name)
             if self.keep is not None and not self.keep(obj):
@@ -597,9 +602,5 @@ class WatchStream:
             if previous is None or (previous is not obj and previous != obj):
                 changed.append((messages.MessageType.UPDATE, obj))
                 known[obj.name] = obj
-        for name in changes.deleted:
-            gone = known.pop(name, None)
-            if gone is not None:
-                changed.append((messages.MessageType.DELETE, gone))
         return changed
 

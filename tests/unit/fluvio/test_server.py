@@ -221,6 +221,23 @@ async def test_a_resync_that_lost_an_object_sends_its_delete(store_server: Store
     ]
 
 
+async def test_an_object_deleted_and_created_again_between_two_frames_is_deleted_then_updated(
+    store_server: StoreServer, client: client_module.Client
+) -> None:
+    """Even with the very same content: the client is told the old object is gone and a new one
+    is there. Before, it was told nothing (the re-creation hid the delete)."""
+    store_server.apply(topic("a"))
+    frames = client.watch(fluvio_objects.TOPIC)
+    await next_frame(frames)
+    store_server.delete("topics", "a")
+    store_server.apply(topic("a"))  # no await between: one frame
+    frame = await next_frame(frames)
+    assert [(message.header, message.content.name) for message in frame.changes] == [
+        (messages.MessageType.DELETE, "a"),
+        (messages.MessageType.UPDATE, "a"),
+    ]
+
+
 async def test_custom_spu_watch_shows_only_custom_spus(store_server: StoreServer, client: client_module.Client) -> None:
     custom = builders.spu(7, name="edge-7")
     store_server.apply(custom, builders.spu(2, name="main-0", spu_type="Managed"))
