@@ -127,9 +127,13 @@ class Stats:
 class Session:
     """One connected SPU: its incarnation, what it has been told, and its outgoing frames (sent in order)."""
 
-    def __init__(self, spu_id: int, name: str, incarnation: int, websocket: web.WebSocketResponse) -> None:
+    def __init__(self, spu_id: int, name: str, incarnation: int, websocket: web.WebSocketResponse, registered_at: int = 0) -> None:
         self.spu_id = spu_id
-        self.name = name  # the SPU object holding the id when it connected
+        # The registration it was accepted for: the SPU object holding the id when it connected, and
+        # that object's create revision. Once another object holds the id (even under the same
+        # name, deleted and registered again), this connection is not that SPU's.
+        self.name = name
+        self.registered_at = registered_at
         self.incarnation = reports.Incarnation(spu_id, incarnation)
         self.websocket = websocket
         self.hosted: dict[str, wire.ReplicaInfo] = {}  # partition -> what it was last told of it
@@ -403,7 +407,7 @@ class ConnectionManager:
         registered = self._registered(spu_id)
         assert registered is not None  # _refusal refused an id no SPU holds, and nothing awaited since
         self._incarnation_counter += 1
-        session = Session(spu_id, registered.name, self._incarnation_counter, websocket)
+        session = Session(spu_id, registered.name, self._incarnation_counter, websocket, registered.create_revision)
         previous = self.sessions.get(spu_id)
         now = asyncio.get_running_loop().time()
         self.sessions[spu_id] = session
@@ -571,11 +575,10 @@ class ConnectionManager:
             cached = self._replicas_by_spu = (table.epoch, by_spu)
         return cached[1].get(spu_id, [])
 
-    def _registered(self, spu_id: int) -> models.Spu | None:
+    def _registered(self, spu_id: int) -> local.Entry[models.Spu] | None:
         """The SPU that holds ``spu_id``: of SPUs sharing it (written behind the SC's back), the
         one placement uses too (store/spu_index.py)."""
-        entry = spu_index.holder(self.local_store["spus"].view, self.local_store.meta.values.get, spu_id)
-        return None if entry is None else entry.obj
+        return spu_index.holder(self.local_store["spus"].view, self.local_store.meta.values.get, spu_id)
 
     def _holders(self) -> dict[int, local.Entry[models.Spu]]:
         return spu_index.holders(self.local_store["spus"].view, self.local_store.meta.values.get)
@@ -992,8 +995,17 @@ class ConnectionManager:
         built: BuiltStates = {}
         interval = self.offsets_interval_now()
         for session in list(self.sessions.values()):
-            if session.spu_id not in held:
+            holder = held.get(session.spu_id)
+            if holder is None:
                 session.close("unregistered", f"SPU {session.spu_id} was unregistered")
+                continue
+            if holder.name != session.name or holder.create_revision != session.registered_at:
+                # Deleted and registered again (or taken by another object sharing the id) since
+                # this connection was accepted: a new SPU, which starts from nothing.
+                session.close(
+                    "unregistered",
+                    f"SPU {session.spu_id} ({session.name}) was unregistered, and the id registered again as {holder.name}",
+                )
                 continue
             if not session.ready:
                 continue  # its Sync, once it said what it holds, will have everything

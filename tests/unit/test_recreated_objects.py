@@ -1,0 +1,92 @@
+"""An object deleted and created again under the same name is a new object for the connection
+manager, however soon it comes back (within one push): a partition inherits neither its
+predecessor's leadership confirmation, nor its offsets, nor a held proposal, and its SPUs are told
+the old replica is gone and the new one assigned; a session accepted for an SPU registration that
+is gone is closed, even if another SPU object holds the id now ("An id deleted and registered
+again is a new SPU", docs/replication.md)."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+from connection_manager import health, lrs, reports, server, wire
+from store import local, models
+from tests import builders
+from tests.builders import partition
+
+
+def manager() -> tuple[server.ConnectionManager, local.Listener[models.Spu], local.Listener[models.Partition]]:
+    store = local.LocalStore()
+    cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas())
+    return cm, store["spus"].listener(local.Part.SPEC), store["partitions"].listener(local.Part.ALL)
+
+
+def connected(cm: server.ConnectionManager, spu_id: int, name: str, registered_at: int) -> server.Session:
+    """A ready session of ``spu_id``, accepted for the registration ``(name, registered_at)``."""
+    session = server.Session(spu_id, name, 1, mock.Mock(closed=False), registered_at=registered_at)
+    session.ready = True
+    cm.sessions[spu_id] = session
+    return session
+
+
+async def test_a_partition_deleted_and_created_again_within_one_push_starts_from_nothing() -> None:
+    cm, spus, partitions = manager()
+    store = cm.local_store
+    store["spus"].apply(builders.spu(0), 1)
+    store["partitions"].apply(partition("t-0", [0], resolution="Online"), 2)
+    session = connected(cm, 0, "spu-0", 1)
+    cm.push(spus.changes(), partitions.changes())
+    told = session.hosted["t-0"]
+    # The old partition: confirmed by its leader, offsets reported, a proposal held.
+    cm.confirmed["t-0"] = (0, 0)
+    cm.live.merge(0, wire.PartitionOffsets(partition="t-0", leader_epoch=0, hw=1000, leo=1000), 1.0)
+    cm.proposals["t-0"] = reports.Proposal("t-0", 0, session.number, 0, 0, (0,), ())
+    sent: list[wire.Message] = []
+    session.send = sent.append  # type: ignore[method-assign,assignment]  # what it is told, unencoded
+
+    store["partitions"].delete("t-0", 3)
+    store["partitions"].apply(partition("t-0", [0]), 4)  # the same name, replicas and epochs
+    cm.push(spus.changes(), partitions.changes())
+
+    assert "t-0" not in cm.confirmed
+    assert cm.live.get("t-0") is None and cm.live.max_hw("t-0") == lrs.UNKNOWN_OFFSET
+    assert "t-0" not in cm.proposals
+    # Told that the replica it held is gone and a new one of the name assigned, in one Update.
+    assert len(sent) == 1 and isinstance(sent[0], wire.Update)
+    assert sent[0].deleted_replicas == ["t-0"] and [info.partition for info in sent[0].replicas] == ["t-0"]
+    assert session.hosted["t-0"] == told  # the same state: only its being new tells it apart
+
+
+async def test_a_session_of_an_spu_deleted_and_registered_again_within_one_push_is_closed() -> None:
+    cm, spus, partitions = manager()
+    store = cm.local_store
+    store["spus"].apply(builders.spu(1), 1)
+    store["spus"].apply(builders.spu(2), 2)
+    old, other = connected(cm, 1, "spu-1", 1), connected(cm, 2, "spu-2", 2)
+    cm.push(spus.changes(), partitions.changes())
+    assert old.closing is None
+
+    store["spus"].delete("spu-1", 3)
+    store["spus"].apply(builders.spu(1, name="spu-1-new", host="127.0.0.2"), 4)
+    cm.push(spus.changes(), partitions.changes())
+    assert old.closing is not None and old.closing[0] == "unregistered"
+    assert "registered again" in old.closing[1]
+    assert other.closing is None
+
+    # Under the very same name too.
+    again = connected(cm, 1, "spu-1-new", 4)
+    store["spus"].delete("spu-1-new", 5)
+    store["spus"].apply(builders.spu(1, name="spu-1-new"), 6)
+    cm.push(spus.changes(), partitions.changes())
+    assert again.closing is not None and again.closing[0] == "unregistered"
+
+
+async def test_a_session_stays_through_updates_of_its_registration() -> None:
+    cm, spus, partitions = manager()
+    store = cm.local_store
+    store["spus"].apply(builders.spu(1), 1)
+    session = connected(cm, 1, "spu-1", 1)
+    cm.push(spus.changes(), partitions.changes())
+    store["spus"].apply(builders.spu(1, rack="r2"), 2)  # an update: the same registration
+    cm.push(spus.changes(), partitions.changes())
+    assert session.closing is None
