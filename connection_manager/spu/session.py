@@ -97,7 +97,9 @@ class ScSession:
         self.offsets_interval = 1.0  # seconds between offsets frames: the SC says (Accepted, Update)
         self.last_rejection: wire.Rejected | None = None
         self._outbox: asyncio.Queue[bytes] | None = None
-        self._confirmed: set[tuple[str, int]] = set()  # leaderships said on this connection
+        # Leaderships said on this connection: partition -> leader epoch. A replica removed from
+        # this SPU is forgotten, so a new partition of the name is confirmed at the same epoch.
+        self._confirmed: dict[str, int] = {}
         self._heard_at = 0.0  # loop time of the last frame of any kind read from the SC
         self.log = structlog.get_logger(__name__).bind(spu=state.spu_id)
 
@@ -209,13 +211,16 @@ class ScSession:
 
     def tell(self, changes: state_module.Changes) -> None:
         """What the SC must hear of ``changes``: new leaderships and new proposals."""
+        for name in changes.removed:
+            self._confirmed.pop(name, None)
         self._confirm(changes.leaderships.items())
         for name, proposal in changes.proposals:
             self.send(_alter_isr(name, proposal))
 
     def _confirm(self, leaderships: Iterable[tuple[str, int]]) -> None:
-        """Say each leadership once per connection."""
-        fresh = sorted(item for item in leaderships if item not in self._confirmed)
+        """Say each leadership once per connection (and again for a partition of the same name
+        assigned after the replica was removed: a new partition, which its leader must confirm)."""
+        fresh = sorted(item for item in leaderships if self._confirmed.get(item[0]) != item[1])
         if fresh and self.send(
             wire.Leading(partitions=[wire.Leadership(partition=name, leader_epoch=epoch) for name, epoch in fresh])
         ):
@@ -275,7 +280,7 @@ class ScSession:
             )
             outbox: asyncio.Queue[bytes] = asyncio.Queue()
             self._outbox = outbox
-            self._confirmed = set()
+            self._confirmed = {}
             tasks = [
                 asyncio.create_task(self._write(ws, outbox), name=f"spu-{self.state.spu_id}-sc-writer"),
                 asyncio.create_task(self._heartbeat(answer.heartbeat_timeout), name=f"spu-{self.state.spu_id}-heartbeat"),

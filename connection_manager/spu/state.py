@@ -52,6 +52,9 @@ class Changes:
     acked: dict[str, tuple[int, int, int]] = field(default_factory=dict)
     proposals: list[tuple[str, replica_module.Proposal]] = field(default_factory=list)
     stepped_down: dict[str, int] = field(default_factory=dict)  # the SC said a newer epoch exists: -> that epoch
+    # Replicas the SC took off this SPU (an Update's deletions, a Sync that left them out): a
+    # partition of the same name assigned later is a new one, whose leadership is said again.
+    removed: set[str] = field(default_factory=set)
 
 
 class SyncRequired(ValueError):
@@ -99,6 +102,8 @@ class SpuState:
         for name in [name for name in self.replicas if name not in listed]:
             del self.replicas[name]
             self.offsets_changed.discard(name)
+            self.changes.removed.add(name)
+            self.changes.leaderships.pop(name, None)
         for info in sync.replicas:
             self._assign(info, now)
         self._restored.clear()
@@ -115,7 +120,9 @@ class SpuState:
         for spu in update.spus:
             self.spus[spu.id] = spu
         for name in update.deleted_replicas:
-            self.replicas.pop(name, None)
+            if self.replicas.pop(name, None) is not None:
+                self.changes.removed.add(name)
+                self.changes.leaderships.pop(name, None)  # not to be said: it leads it no more
             self.offsets_changed.discard(name)
         for info in update.replicas:
             self._assign(info, now)
