@@ -1,5 +1,6 @@
 """Failover with simulator SPUs: the daemon on a real etcd, SPUs replicating offsets over real sockets,
-SPU processes killed with SIGKILL; every result read back from etcd."""
+SPU processes killed with SIGKILL; every result read back from etcd. Also a topic, and an SPU,
+deleted and created again under the same name while the SPU processes stay connected."""
 
 from __future__ import annotations
 
@@ -357,3 +358,125 @@ async def test_an_impostor_cannot_take_over_a_live_spu_and_its_death_is_noticed(
             for process in processes.values():
                 stop(process)
     assert [process.returncode for _, process in sorted(processes.items())] == [0, 0, 0]
+
+
+def fast_spu_process(sc: Running, spu_id: int) -> subprocess.Popen[bytes]:
+    """An SPU process whose leaders append 10,000 records a second: a partition's HW is soon far
+    above what a new log of the same name reaches in the moments after it is created."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", "spu", "run", "--id", str(spu_id), "--sc-private", private_address(sc),
+         "--append-interval", "0.1", "--append-records", "1000", "--log-format", "json", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def test_a_topic_deleted_and_created_again_through_the_api_is_a_new_topic(sc: Running) -> None:
+    """Its leader stays connected throughout. Created again after the delete was pushed (its leader
+    had confirmed the old partition at the same epoch), the new partition stayed Offline for good:
+    the simulator never said `leading` again. Created again at once (within one push), it was
+    written Online though its leader never confirmed it, with the old partition's HW, and its SPUs
+    were told nothing (they kept the old log)."""
+    processes = {spu_id: fast_spu_process(sc, spu_id) for spu_id in (0, 1)}
+    body = {"name": "again", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}]}}
+    try:
+        await sc.eventually(lambda: spus_online(sc, 2), timeout=30)
+        for at_once in (False, True, True):
+            status, answer = await sc.call("POST", "/v1/topics", body)
+            assert status == 201, answer
+            await sc.eventually(lambda: all_online_in_sync(sc, lrs=1), timeout=20)
+            old_hw = await live_hw_at_least(sc, "again-0", 20_000)
+            status, answer = await sc.call("DELETE", "/v1/topics/again")
+            assert status in (200, 202), answer
+            if not at_once:
+                await sc.eventually(lambda: gone(sc, "again-0"), timeout=10)
+                await asyncio.sleep(0.2)  # the SPUs are told it is gone
+            # The API may refuse the name until the delete is through: ask again at once.
+            for _ in range(400):
+                status, answer = await sc.call("POST", "/v1/topics", body)
+                if status == 201:
+                    break
+                await asyncio.sleep(0.005)
+            assert status == 201, answer
+
+            async def confirmed_anew() -> models.Partition:
+                partition = (await partitions(sc)).get("again-0")
+                assert partition is not None and partition.status.resolution is models.PartitionResolution.ONLINE, partition
+                return partition
+
+            online = await eventually_value(sc, confirmed_anew, timeout=20)
+            # Written Online with what the new partition's leader reported, not the old one's HW.
+            assert online.status.leader is not None and online.status.leader.hw < old_hw, (online, old_hw)
+            await sc.eventually(lambda: all_online_in_sync(sc, lrs=1), timeout=20)
+            status, answer = await sc.call("DELETE", "/v1/topics/again")
+            assert status in (200, 202), answer
+            await sc.eventually(lambda: gone(sc, "again-0"), timeout=10)
+    finally:
+        for process in processes.values():
+            stop(process)
+    assert [process.returncode for _, process in sorted(processes.items())] == [0, 0]
+
+
+async def live_hw_at_least(sc: Running, name: str, hw: int) -> int:
+    """Once the API shows ``name``'s leader at ``hw`` or beyond: the HW it shows."""
+
+    async def reached() -> int:
+        status, answer = await sc.call("GET", f"/v1/partitions/{name}")
+        assert status == 200, answer
+        shown = (answer["status"].get("leader") or {}).get("hw", -1)
+        assert shown >= hw, answer
+        return int(shown)
+
+    return await eventually_value(sc, reached, timeout=20)
+
+
+async def gone(sc: Running, name: str) -> None:
+    assert name not in await partitions(sc)
+
+
+async def eventually_value(sc: Running, check: Any, timeout: float) -> Any:
+    """``sc.eventually`` that returns what ``check`` returned when it passed."""
+    found: list[Any] = []
+
+    async def passes() -> None:
+        found.append(await check())
+
+    await sc.eventually(passes, timeout=timeout)
+    return found[-1]
+
+
+async def test_an_spu_deleted_and_registered_again_through_the_api_is_a_new_spu(sc: Running) -> None:
+    """Its process stays connected throughout. The registration its connection was accepted for is
+    gone: the SC closes that connection, and the process joins again as the new SPU (a new
+    incarnation). Before, when the new object came within one push, the old connection stayed and
+    the new object went Online on it."""
+    process = spu_process(sc, 2)
+    connections = sc.daemon.connections
+    assert connections is not None
+    try:
+        await sc.eventually(lambda: spu_online(sc, "spu-2"), timeout=30)
+        old = connections.sessions[2]
+        spec = (await sc.read("spus", "spu-2")).spec.model_dump(mode="json", by_alias=True)  # type: ignore[union-attr]  # read back: it exists
+        status, answer = await sc.call("DELETE", "/v1/spus/spu-2")
+        assert status in (200, 202), answer
+        status, answer = await sc.call("POST", "/v1/spus", {"name": "spu-2", "spec": spec})
+        assert status == 201, answer
+        registered = await sc.kv_store.get(models.object_key("spus", "spu-2"))
+        assert registered is not None
+
+        async def joined_anew() -> None:
+            assert old.closing is not None and old.closing[0] == "unregistered", old.closing
+            session = connections.sessions.get(2)
+            assert session is not None and session is not old and session.ready, session
+            assert session.registered_at == registered.create_revision
+            await spu_online(sc, "spu-2")
+
+        await sc.eventually(joined_anew, timeout=20)
+    finally:
+        stop(process)
+    assert process.returncode == 0
+
+
+async def spu_online(sc: Running, name: str) -> None:
+    spu = await sc.read("spus", name)
+    assert spu is not None and spu.status.resolution is models.SpuResolution.ONLINE, spu
