@@ -369,11 +369,17 @@ async def test_of_spus_sharing_an_id_the_one_the_index_names_is_the_one_connecte
     ]
 
     # The indexed one goes (with its index key): the other one holds 7 now, and everybody is told.
+    # The connection accepted as spu-a is not spu-b's: it is closed, and 7 connects again as spu-b.
+    old_session = connections.sessions[7]
     await store.txn([], [kv.Delete(models.object_key("spus", "spu-a")), kv.Delete(index)])
     await watcher.wait_for(lambda: told(watcher, "spu-b"))
-    await spu.wait_for(lambda: told(spu, "spu-b"))
-    assert watcher.spus[7].private_endpoint.port == spu.spus[7].private_endpoint.port == 7003
-    assert 7 in connections.sessions  # its id is still registered
+    assert watcher.spus[7].private_endpoint.port == 7003
+    await spu.wait_for(lambda: spu.websocket is None or spu.websocket.closed)
+    assert old_session.closing is not None and old_session.closing[0] == "unregistered", old_session.closing
+    again = await cluster.connect(7)
+    assert connections.sessions[7].name == "spu-b"
+    await again.wait_for(lambda: told(again, "spu-b"))
+    assert again.spus[7].private_endpoint.port == 7003
 
 
 async def test_with_the_token_a_new_connection_replaces_the_old_one_as_a_restart(
