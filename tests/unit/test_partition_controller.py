@@ -18,6 +18,7 @@ from controller import config, context as context_module, metrics
 from controller.pipeline import controllers, dispatcher as dispatcher_module
 from controller.reconcile import actions
 from store import local, memory, models
+from tests import builders
 from tests.unit.test_election import SPUS, fresh, part
 
 ONLINE, OFFLINE = health_module.Health.ONLINE, health_module.Health.OFFLINE
@@ -266,3 +267,21 @@ async def test_a_partition_deleted_and_created_again_is_not_decided_on_its_prede
     decided = passes.controller.decide(passes.local_store.snapshot(), {"partitions": listener.changes(), "spus": no_changes()["spus"]})
     assert decided == []  # waits for its leader's confirmation
     assert "t-0" not in connections.confirmed and connections.live.max_hw("t-0") == lrs.UNKNOWN_OFFSET
+
+
+@pytest.mark.looptime
+async def test_an_spu_name_registered_again_under_another_id_concerns_the_partitions_of_both_ids() -> None:
+    """The partitions of the id it gave up are looked at too (they lost a replica's SPU): the
+    controller's name -> id record takes the delete first. Before, the delete was not seen, or the
+    new id replaced the old before the delete was read."""
+    passes = Passes()
+    controller, table = passes.controller, passes.local_store["spus"]
+    snapshot = passes.local_store.snapshot()
+    controller._hosting.update(snapshot, passes.local_store["partitions"].listener().changes())
+    listener = table.listener()
+    controller._spu_ids = {entry.name: entry.obj.spec.id for entry in listener.changes().updated}
+    table.delete("spu-0", 50)
+    table.apply(builders.spu(4, name="spu-0"), 51)
+    concerned = controller._of_spus(listener.changes(), passes.local_store.snapshot().entries("partitions"))
+    assert concerned == {"led-0", "followed-0"}
+    assert controller._spu_ids["spu-0"] == 4
