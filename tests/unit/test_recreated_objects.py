@@ -42,7 +42,7 @@ async def test_a_partition_deleted_and_created_again_within_one_push_starts_from
     cm.live.merge(0, wire.PartitionOffsets(partition="t-0", leader_epoch=0, hw=1000, leo=1000), 1.0)
     cm.proposals["t-0"] = reports.Proposal("t-0", 0, session.number, 0, 0, (0,), ())
     sent: list[wire.Message] = []
-    session.send = sent.append  # type: ignore[method-assign,assignment]  # what it is told, unencoded
+    session.send = sent.append  # type: ignore[method-assign, assignment]  # what it is told, unencoded
 
     store["partitions"].delete("t-0", 3)
     store["partitions"].apply(partition("t-0", [0]), 4)  # the same name, replicas and epochs
