@@ -83,19 +83,41 @@ async def test_a_leading_frame_with_an_entry_it_does_not_host_changes_nothing() 
     assert (cm.confirmed, news) == ({"orders-0": (0, 0)}, [{"orders-0"}])
 
 
-async def test_a_leading_frame_of_many_stale_leaderships_is_answered_in_full() -> None:
+async def test_a_leading_frame_of_many_stale_leaderships_is_answered_in_a_few_frames() -> None:
     """An SPU that confirms thousands of leaderships the SC has since moved (it was paused while a
-    failover moved them: 2,000 per SPU at 100,000 partitions on 50 SPUs) gets one refusal per
-    partition and stays connected. The outbox was bounded by a count of frames (1,000), so the
-    answers to one legitimate frame closed the SPU as `too-slow`."""
+    failover moved them: 2,000 per SPU at 100,000 partitions on 50 SPUs) stays connected, and the
+    first few are refused one by one; the rest in one frame naming how many. One refusal per
+    entry made a 4 MB frame of 90,000 stale entries cost the SC 2.2 s of its loop and 90,001
+    frames back (20 MB), beyond what the SPU's byte budget bounds."""
     names = [f"orders-{index}" for index in range(2_000)]
     cm, session, news = manager_with(*names)
     frame = wire.Leading(partitions=[wire.Leadership(partition=name, leader_epoch=1) for name in names])
     cm._take_frame(session, wire.encode(frame))
     assert session.closing is None
     errors = sent(session)
-    assert [(error.type, getattr(error, "partition", None)) for error in errors] == [("error", name) for name in names]
+    first = names[: server.STALE_ANSWERS_PER_FRAME]
+    assert [(error.type, getattr(error, "partition", None)) for error in errors] == [("error", name) for name in first] + [
+        ("error", None)
+    ]
+    rest = errors[-1]
+    assert isinstance(rest, wire.Error) and rest.code == "stale-leaderships", rest
+    assert rest.message.startswith(f"SPU 0 does not lead {2_000 - len(first)} more partitions of this frame "), rest.message
     assert (cm.confirmed, news, cm.stats.stale_entries) == ({}, [], 2_000)
+
+
+async def test_the_answer_to_a_frame_of_stale_leaderships_is_bounded_whatever_its_entries() -> None:
+    """The frames and bytes sent back for one `leading` frame do not grow with its stale entries
+    (90,000: nearly the most a 4 MiB frame holds): an SPU gets a few kilobytes back."""
+    entries = 90_000
+    cm, session, _ = manager_with("orders-0")
+    frame = wire.Leading(partitions=[wire.Leadership(partition="orders-0", leader_epoch=7)] * entries)
+    cm._take_frame(session, wire.encode(frame))
+    assert session.closing is None
+    assert session.outbox.qsize() <= 20 and session.queued_bytes <= 16 * 1024, (session.outbox.qsize(), session.queued_bytes)
+    errors = sent(session)
+    assert all(isinstance(error, wire.Error) for error in errors)
+    assert f"{entries - (len(errors) - 1)} more" in errors[-1].message  # type: ignore[union-attr]
+    assert cm.stats.stale_entries == entries
 
 
 async def test_an_spu_that_does_not_read_is_closed_once_its_outbox_holds_too_many_bytes() -> None:
