@@ -92,7 +92,13 @@ NOT_HTTP = "not-http"  # the first bytes are no HTTP method: answered 400 withou
 HEADER_TIMEOUT = "header-timeout"
 BODY_TIMEOUT = "body-timeout"
 IDLE_TIMEOUT = "idle-timeout"
-REASONS = (LIMIT, PER_ADDRESS_LIMIT, EVICTED, NOT_HTTP, HEADER_TIMEOUT, BODY_TIMEOUT, IDLE_TIMEOUT)
+CLOSE_TIMEOUT = "close-timeout"  # closed, but its client did not take what was left to send: aborted
+REASONS = (LIMIT, PER_ADDRESS_LIMIT, EVICTED, NOT_HTTP, HEADER_TIMEOUT, BODY_TIMEOUT, IDLE_TIMEOUT, CLOSE_TIMEOUT)
+# Seconds a connection its protocol closed (a WebSocket's end: an SPU dropped, a watch ended) has
+# to take the bytes still queued for it, before it is aborted and they are dropped. A polite close
+# waits for them to be sent: a client that keeps its socket open and reads nothing held the
+# connection, its descriptor and megabytes of the kernel's queue for as long as it liked.
+CLOSE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -314,6 +320,7 @@ class Phase(enum.Enum):
     HEADERS = "headers"  # an HTTP request has begun: its line and headers are due
     BUSY = "busy"  # a request is being handled (its body timeout is the handler's)
     IDLE = "idle"  # between two HTTP requests
+    CLOSING = "closing"  # closed by its protocol, sending what it was left (up to CLOSE_SECONDS)
     DELEGATED = "delegated"  # a protocol with timeouts of its own (Fluvio) has the connection
 
 
@@ -414,8 +421,17 @@ class Guard(asyncio.Protocol):
         self._unread = None
         self.port.evictable.pop(self, None)
 
-    def request_finished(self, body: streams.StreamReader) -> None:
-        if self.transport is None or self.transport.is_closing():
+    def request_finished(self, body: streams.StreamReader, closing: bool = False) -> None:
+        """The request is handled; ``closing``: its connection ends with it (a WebSocket's)."""
+        if self.transport is None:
+            return
+        if closing or self.transport.is_closing():
+            # What is left to send (a close frame, the frames queued before it) is sent within
+            # CLOSE_SECONDS, like any wait on the client, and the connection is the first to make
+            # room for a new one.
+            self.phase = Phase.CLOSING
+            self.port.evictable[self] = None
+            self._arm(CLOSE_SECONDS)
             return
         self._unread = None if body.is_eof() else body
         self.phase = Phase.IDLE
@@ -447,11 +463,15 @@ class Guard(asyncio.Protocol):
             self.transport.abort()
 
     def timed_out(self, reason: str) -> None:
-        """Count the connection as closed for ``reason`` and close it at once (unsent bytes dropped)."""
+        """Count the connection as closed for ``reason`` and close it at once (unsent bytes dropped).
+        One closed politely already and still here is stuck sending to a client that takes nothing:
+        aborted too, counted as CLOSE_TIMEOUT."""
         self._disarm()
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if transport is None:
             return
+        if transport.is_closing():
+            reason = CLOSE_TIMEOUT
         self.port.refuse(reason, seconds=self._timeout_of(reason))
         transport.abort()
 
@@ -475,11 +495,11 @@ class Guard(asyncio.Protocol):
                 self._write_backlog = backlog
                 self._arm(self.port.timeouts.idle)
                 return
-        self.timed_out(IDLE_TIMEOUT if self.phase is Phase.IDLE else HEADER_TIMEOUT)
+        self.timed_out({Phase.IDLE: IDLE_TIMEOUT, Phase.CLOSING: CLOSE_TIMEOUT}.get(self.phase, HEADER_TIMEOUT))
 
     def _timeout_of(self, reason: str) -> float:
         timeouts = self.port.timeouts
-        return {HEADER_TIMEOUT: timeouts.header, BODY_TIMEOUT: timeouts.body}.get(reason, timeouts.idle)
+        return {HEADER_TIMEOUT: timeouts.header, BODY_TIMEOUT: timeouts.body, CLOSE_TIMEOUT: CLOSE_SECONDS}.get(reason, timeouts.idle)
 
 
 def guard_of(transport: asyncio.BaseTransport | None) -> Guard | None:
@@ -726,10 +746,13 @@ async def middleware(
     if guard is None:
         return await handler(request)
     guard.request_started()
+    response: web.StreamResponse | None = None
     try:
-        return await handler(request)
+        response = await handler(request)
+        return response
     finally:
-        guard.request_finished(request.content)
+        # A WebSocket's connection ends with its handler: aiohttp closes it next.
+        guard.request_finished(request.content, closing=isinstance(response, web.WebSocketResponse))
 
 
 class GuardedSite(web.BaseSite):

@@ -21,6 +21,7 @@ import structlog.testing
 from connection_manager import health as health_module
 from connection_manager import server as server_module
 from connection_manager import ratelimit, tls, wire
+from connection_manager import transport as transport_module
 from store import embedded_etcd, kv, models, spu_index
 from tests.fixtures import certs
 from tests.fixtures.daemon import Running, etcd_settings, running
@@ -1243,3 +1244,56 @@ async def test_an_spu_whose_offsets_come_early_still_has_its_pings_answered(etcd
             # The early one is taken in at its time, not dropped.
             await cluster.sc.eventually(holds(lambda: connections.stats.frames.get("offsets", 0) - taken_before == 2))
             assert connections.stats.offsets_paced >= 1
+
+
+async def test_an_spu_closed_for_not_reading_is_disconnected_though_its_client_keeps_the_socket(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SPU that reads nothing is closed `too-slow`; its client keeps its socket open, still
+    reading nothing. The polite close (a close frame, then the bytes queued before it) waited for
+    the client to take them, which it never did: the TCP connection, its descriptor and megabytes
+    of the kernel's queue stayed for as long as the client liked, and a token holder piled them
+    up. The connection is now aborted once the close has waited a while."""
+    # A small queue, so that a few thousand refusals fill it behind the socket's own buffers.
+    monkeypatch.setattr(server_module, "SEND_QUEUE_BYTES", 256 * 1024)
+    connections = cluster.sc.daemon.connections
+    assert connections is not None
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", cluster.private_port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        writer.write(
+            f"GET {wire.SPU_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 101 ")
+        writer.transport.pause_reading()  # type: ignore[attr-defined]  # a socket transport: it can pause reading
+        writer.write(_client_frame(wire.encode(wire.Register(spu_id=0))) + _client_frame(wire.encode(wire.Hosted())))
+        await cluster.sc.eventually(holds(lambda: 0 in connections.sessions and connections.sessions[0].ready))
+        session = connections.sessions[0]
+        assert connections.listener.stats.open == 1
+        # Each frame refused (`already-registered`): an error back each, never read.
+        refused = _client_frame(wire.encode(wire.Register(spu_id=0)))
+        for _ in range(200):
+            if session.closing is not None:
+                break
+            writer.write(refused * 500)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        assert session.closing is not None and session.closing[0] == "too-slow", session.closing
+        # The client still holds its socket, reading nothing: the SC's side is closed all the same.
+        await cluster.sc.eventually(holds(lambda: connections.listener.stats.open == 0), timeout=60.0)
+        assert connections.listener.stats.refused[transport_module.CLOSE_TIMEOUT] == 1
+        assert 0 not in connections.sessions
+    finally:
+        writer.transport.abort()
+
+
+def _client_frame(payload: bytes) -> bytes:
+    """One masked binary WebSocket frame (RFC 6455 5.2), as a client sends it."""
+    mask = b"\x01\x02\x03\x04"
+    size = len(payload)
+    header = bytes([0x82, 0x80 | size]) if size < 126 else bytes([0x82, 0x80 | 126]) + size.to_bytes(2, "big")
+    return header + mask + bytes(byte ^ mask[index % 4] for index, byte in enumerate(payload))
