@@ -63,9 +63,8 @@ PUSH_LINGER = 0.02
 # cluster's entries budget; one flooding costs the SC ~20% of its core.
 FRAME_BYTES_PER_SECOND = 1024 * 1024
 # Bytes queued for one SPU before it is considered stuck (it does not read). In bytes, not frames:
-# the answers to one legitimate frame may be thousands of small frames (a refusal per stale
-# leadership of a `leading` frame: about 20 MB for the most entries a 4 MiB frame holds), and a
-# count of frames bounded neither that nor the memory of a few large ones.
+# a count of frames bounds not the memory of a few large ones (a Sync of thousands of replicas).
+# Its connection is then aborted if it does not take the close either (transport.CLOSE_SECONDS).
 SEND_QUEUE_BYTES = 32 * 1024 * 1024
 # Counted for every queued frame beside its length: the bytes object and its place in the queue.
 FRAME_OVERHEAD_BYTES = 100
