@@ -428,6 +428,65 @@ async def test_slow_and_silent_clients_are_closed_within_their_timeout(
         await sc.eventually(released)
 
 
+async def test_a_connection_closing_after_an_answer_its_client_does_not_read_is_aborted() -> None:
+    """A client asks with `Connection: close` once the socket's buffers are full of the answers it
+    did not read, and keeps the socket open, reading nothing. aiohttp closes the connection
+    politely after the answer, which waits for the client to take it: the idle timer that fired
+    then left a closing connection be, so it stayed for as long as the client liked. It is
+    aborted now, counted as `close-timeout`."""
+    tight = settings(client_header_timeout=HEADER, client_body_timeout=BODY, client_idle_timeout=IDLE)
+    async with daemon_fixtures.running(tight) as sc:
+        ports, number = sc.daemon.ports, sc.daemon.public_port
+        assert ports is not None and number is not None
+        port = ports[0]
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.bind(("127.0.0.2", 0))
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", number))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        writer.transport.pause_reading()  # type: ignore[attr-defined]  # a socket transport: it can pause reading
+        try:
+
+            # The SC's side of this connection (it has no request in progress before the first),
+            # counting the requests it answered.
+            [guard] = [guard for guard in port.evictable if guard.host == "127.0.0.2"]
+            answered = 0
+            finished = guard.request_finished
+
+            def counted(*args: Any, **kwargs: Any) -> None:
+                nonlocal answered
+                answered += 1
+                finished(*args, **kwargs)
+
+            guard.request_finished = counted  # type: ignore[method-assign]
+
+            def backlog() -> int:
+                """What the SC's socket did not take of its answers."""
+                return guard.transport.get_write_buffer_size() if guard.transport is not None else 0
+
+            # Answers until the socket's buffers are full (a few MB), fifty at a time: fewer than
+            # the SC writes before it stops answering (64 KiB left in its own buffer).
+            for batch in range(1, 2_000):
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 50)
+                await writer.drain()
+                await sc.eventually(lambda: answered == 50 * batch)  # noqa: B023  # this batch's
+                await asyncio.sleep(0.01)  # its last answer is written after its handler's end
+                if backlog():
+                    break
+            assert 0 < backlog() < 64 * 1024, backlog()
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+
+            async def released() -> None:
+                assert "127.0.0.2" not in port.by_address
+
+            await sc.eventually(released, timeout=30.0)
+            assert port.stats.refused[transport.CLOSE_TIMEOUT] == 1, {k: v for k, v in port.stats.refused.items() if v}
+        finally:
+            writer.transport.abort()
+
+
 async def test_requests_watches_and_spus_outlast_the_timeouts() -> None:
     """Only a client that is slow to send is cut: a watch, a Fluvio watch and an SPU stay for longer."""
     tight = settings(client_header_timeout=HEADER, client_body_timeout=BODY, client_idle_timeout=IDLE, spu_heartbeat_timeout=5.0)
