@@ -1,7 +1,7 @@
 """The listening sockets of both SC ports and a guard on every connection: an accept loop that keeps
 each port under its connection limits (and each client address under its own) and backs off when
 accepting fails, and timers that close a client too slow to send its first bytes, a request's
-headers, or its next request. It reads no more than a connection's first bytes (to pick its
+headers, or its next request, and abort a closed connection whose client does not take the rest. It reads no more than a connection's first bytes (to pick its
 protocol) and knows HTTP only through aiohttp's hooks (a request handler whose errors stay short, a
 middleware marking a request in progress): the protocols spoken over it enforce their own body and
 frame timeouts, and report through its guard.
