@@ -1,10 +1,10 @@
 """The listening sockets of both SC ports and a guard on every connection: an accept loop that keeps
 each port under its connection limits (and each client address under its own) and backs off when
 accepting fails, and timers that close a client too slow to send its first bytes, a request's
-headers, or its next request, and abort a closed connection whose client does not take the rest. It reads no more than a connection's first bytes (to pick its
-protocol) and knows HTTP only through aiohttp's hooks (a request handler whose errors stay short, a
-middleware marking a request in progress): the protocols spoken over it enforce their own body and
-frame timeouts, and report through its guard.
+headers, or its next request, or to take what is left once its connection was closed. It reads no
+more than a connection's first bytes (to pick its protocol) and knows HTTP only through aiohttp's
+hooks (a request handler whose errors stay short, a middleware marking a request in progress): the
+protocols spoken over it enforce their own body and frame timeouts, and report through its guard.
 """
 
 from __future__ import annotations
@@ -427,8 +427,8 @@ class Guard(asyncio.Protocol):
             return
         if closing or self.transport.is_closing():
             # What is left to send (a close frame, the frames queued before it) is sent within
-            # CLOSE_SECONDS, like any wait on the client, and the connection is the first to make
-            # room for a new one.
+            # CLOSE_SECONDS, like any wait on the client; meanwhile the connection may make room
+            # for a new one, as an idle one does.
             self.phase = Phase.CLOSING
             self.port.evictable[self] = None
             self._arm(CLOSE_SECONDS)
