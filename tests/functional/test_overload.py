@@ -459,7 +459,7 @@ async def test_a_connection_closing_after_an_answer_its_client_does_not_read_is_
                 answered += 1
                 finished(*args, **kwargs)
 
-            guard.request_finished = counted  # type: ignore[method-assign]
+            guard.request_finished = counted  # type: ignore[method-assign]  # wrapped to count the answers, as the guard calls it
 
             def backlog() -> int:
                 """What the SC's socket did not take of its answers."""
