@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -373,13 +374,54 @@ async def spu_large_frames(target: Target, options: Options) -> str:
     `leading` frame of that size). The SC reads them no faster than `spu_frame_bytes_per_second`
     beyond its burst; the real SPUs must stay connected and /healthz answer."""
     fields = ",".join(f'"x{index}":[]' for index in range((wire.MAX_FRAME_BYTES - 64) // 14))
-    frame = ('{"v":2,"type":"heartbeat",' + fields + "}").encode()
+    return await _flood_spu_frames(target, options, ('{"v":2,"type":"heartbeat",' + fields + "}").encode(), refused_frames)
+
+
+async def spu_stale_leaderships(target: Target, options: Options) -> str:
+    """As spu-large-frames, with well-formed `leading` frames of 90,000 confirmations the SC never
+    told the flooding SPU (a partition it follows, at an epoch that does not exist): each entry is
+    stale, and each once earned an error frame of its own (90,000 answers to build, encode and send
+    per frame); the SC now answers a frame's first 16 and the rest in one."""
+    entry = '{"partition":"flooded-0","leaderEpoch":999}'
+    count = (wire.MAX_FRAME_BYTES - 64) // (len(entry) + 1)
+    entries = ",".join([entry] * count)
+
+    async def frames_read(target: Target) -> float:
+        try:
+            return await target.metric("sc_spu_stale_entries_total") / count
+        except RuntimeError:
+            return 0.0  # no such series yet
+
+    frame = ('{"v":2,"type":"leading","partitions":[' + entries + "]}").encode()
+    # A partition SPU 100 hosts (an entry for one it does not refuses the whole frame at once).
+    topic = {"name": "flooded", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 100]}]}}
+    return await _flood_spu_frames(target, options, frame, frames_read, topic)
+
+
+async def _flood_spu_frames(
+    target: Target,
+    options: Options,
+    frame: bytes,
+    frames_read: Callable[[Target], Awaitable[float]],
+    topic: dict[str, Any] | None = None,
+) -> str:
+    """Registers SPU 100 and sends ``frame`` back to back for ``--seconds``; ``frames_read``: how
+    many such frames the SC has read so far (from its metrics); ``topic``: created once SPU 100 is
+    registered (deleted after), its partition 0 waited for before SPU 100 connects."""
     assert len(frame) <= wire.MAX_FRAME_BYTES, len(frame)
     spec = {"id": 100, "publicEndpoint": {"host": "127.0.0.1", "port": 1}, "privateEndpoint": {"host": "127.0.0.1", "port": 2}}
     async with aiohttp.ClientSession(f"http://127.0.0.1:{target.public_port}") as api:
         async with api.post("/v1/spus", json={"name": "spu-flooder", "spec": spec}) as response:
             assert response.status == 201, await response.text()
-        refused_before = await refused_frames(target)
+        if topic is not None:
+            async with api.post("/v1/topics?timeout=10000", json=topic) as response:
+                assert response.status == 201, await response.text()
+            for _attempt in range(100):
+                async with api.get(f"/v1/partitions/{topic['name']}-0") as response:
+                    if response.status == 200:
+                        break
+                await asyncio.sleep(0.1)
+        read_before = await frames_read(target)
         cpu_before, started = target.cpu_seconds(), time.monotonic()
         sent = 0
         async with aiohttp.ClientSession() as session:
@@ -401,11 +443,14 @@ async def spu_large_frames(target: Target, options: Options) -> str:
                         await ws.send_bytes(frame)  # waits once the SC stops reading and the socket is full
                         sent += 1
             cpu = (target.cpu_seconds() - cpu_before) / (time.monotonic() - started)
-            refused = await refused_frames(target) - refused_before
+            read = await frames_read(target) - read_before
             await ws.close()
+        if topic is not None:
+            async with api.delete(f"/v1/topics/{topic['name']}") as response:
+                assert response.status in (200, 202, 204), await response.text()
         async with api.delete("/v1/spus/spu-flooder") as response:
             assert response.status in (200, 202, 204), await response.text()
-    return f"({sent} frames of {len(frame) / MiB:.1f} MiB sent, {refused:.0f} read by the SC; SC CPU {cpu * 100:.0f}% of a core)"
+    return f"({sent} frames of {len(frame) / MiB:.1f} MiB sent, {read:.0f} read by the SC; SC CPU {cpu * 100:.0f}% of a core)"
 
 
 def _open(sock: socket.socket) -> bool:
@@ -427,6 +472,7 @@ ATTACKS: list[tuple[str, Attack]] = [
     ("junk", junk),
     ("spu-impostors", spu_impostors),
     ("spu-large-frames", spu_large_frames),
+    ("spu-stale-leaderships", spu_stale_leaderships),
 ]
 
 
