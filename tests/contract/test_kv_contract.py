@@ -144,6 +144,26 @@ async def test_delete_with_and_without_revision(kv_store: kv.KVStore) -> None:
     assert await kv_store.get("topics/b") is None
 
 
+async def test_a_key_deleted_and_created_again_lists_and_watches_under_its_new_create_revision(kv_store: kv.KVStore) -> None:
+    """How the SC tells a new object from an update of the old one of the same name, whether the
+    watch brings it or a relist finds it (store/local.py): both backends must give the new key's
+    creation, also when its value is the very same."""
+    first = await kv_store.create("topics/a", b"same")
+    await kv_store.update("topics/a", b"same", first)
+    updated = await builders.present(kv_store, "topics/a")
+    assert updated.create_revision == first
+    deleted_at = await kv_store.delete("topics/a")
+    again = await kv_store.create("topics/a", b"same")
+    [listed] = (await kv_store.list("topics/")).items
+    assert (listed.create_revision, listed.mod_revision) == (again, again)
+    async with contextlib.aclosing(kv_store.watch("topics/", deleted_at)) as watch:
+        events = await take(watch, 2)
+    assert [(event.type, event.revision, event.create_revision) for event in events] == [
+        (DELETE, deleted_at, 0),
+        (PUT, again, again),
+    ]
+
+
 async def test_list_by_prefix_is_sorted_and_bounded(kv_store: kv.KVStore) -> None:
     for key in ["topics/b", "topics/a", "topicsx/c", "spus/z", "topics/c"]:
         await kv_store.create(key, key.encode())
