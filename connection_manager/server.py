@@ -1169,7 +1169,11 @@ def _replica_delta(
     changed, deleted = [], []
     # Deletions first: a partition also changed was deleted and created again, and the SPU is told
     # both in one Update (it applies the deletions first): the new one starts from nothing there.
-    gone = changes.deleted if not changes.full else [name for name in session.hosted if name not in partitions]
+    # A full set names only those (a relist found them under a new create revision); what else is
+    # gone, it leaves out.
+    gone = changes.deleted
+    if changes.full:
+        gone = [*gone, *(name for name in session.hosted if name not in partitions)]
     for name in gone:
         if session.hosted.pop(name, None) is not None:
             deleted.append(name)

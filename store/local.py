@@ -61,11 +61,13 @@ class Changes(Generic[O_co]):
     """What a listener has not seen yet.
 
     ``full`` is True when the listener was behind a resync fence (or too far behind to be
-    given a delta): ``updated`` is then every object and ``deleted`` is empty.
+    given a delta): ``updated`` is then every object, and ``deleted`` only the names among them
+    that were deleted and created again (what else is gone, the full set says by leaving it out).
 
     A name in both ``deleted`` and ``updated`` was deleted and created again since the listener
-    last read: the object in ``updated`` is a new one (its entry's ``create_revision`` is new),
-    which inherits nothing of the old one's. Take ``deleted`` first.
+    last read, whether the watch brought it or a relist found it under a new create revision: the
+    object in ``updated`` is a new one (its entry's ``create_revision`` is new), which inherits
+    nothing of the old one's. Take ``deleted`` first.
     """
 
     full: bool
@@ -233,19 +235,25 @@ class KindStore(Generic[O]):
         if self._indexes:
             self._indexed(None, name)
         self.epoch += 1
+        self._bury(name)
+        self._notify(_ALL)
+        return True
+
+    def _bury(self, name: str) -> None:
+        """Remember that ``name`` was deleted at the current epoch, for the listeners behind it."""
         self._tombstones.pop(name, None)
         self._tombstones[name] = self.epoch
         while len(self._tombstones) > self._tombstone_limit:
             oldest = next(iter(self._tombstones))
             self._forgotten_up_to = self._tombstones.pop(oldest)
-        self._notify(_ALL)
-        return True
 
     def resync(self, objects: Iterable[tuple[O, int, int]], revision: int, unreadable: Iterable[str] = ()) -> None:
         """Replace the whole table with a fresh listing of (object, mod revision, create revision),
         and the names listed whose value could not be read.
 
-        Fences every listener.
+        Fences every listener. A name listed under another create revision than the one mirrored
+        was deleted and created again while the watch was down: it is a new object, and the
+        listeners get it as deleted too, as if the watch had brought the delete and the create.
         """
         self.unreadable = set(unreadable)
         self.epoch += 1
@@ -254,9 +262,22 @@ class KindStore(Generic[O]):
         for name in [name for name in self._entries if name not in fresh]:
             del self._entries[name]
             self._grouped(name, False)
+        # Behind the fence everybody gets the full set: the tombstones of names absent from it
+        # are not needed (the full set leaves them out), those of names there again still are
+        # (a listener that had not read the delete is to be told the object there is new).
+        for name in [name for name in self._tombstones if name not in fresh]:
+            del self._tombstones[name]
         for name, (obj, mod_revision, create_revision) in fresh.items():
             current = self._entries.get(name)
-            if current is not None and current.obj == obj:
+            # (A create revision of 0 is one the caller did not know: it tells nothing.)
+            recreated = (
+                current is not None
+                and current.create_revision != create_revision
+                and 0 not in (current.create_revision, create_revision)
+            )
+            if recreated:
+                self._bury(name)
+            if current is not None and current.obj == obj and not recreated:
                 self._entries[name] = Entry(obj, mod_revision, current.spec_epoch, current.status_epoch, create_revision)
             else:
                 if self._entries.pop(name, None) is None:
@@ -264,9 +285,6 @@ class KindStore(Generic[O]):
                 self._entries[name] = Entry(obj, mod_revision, self.epoch, self.epoch, create_revision)
         for name, (predicate, _) in list(self._indexes.items()):
             self._indexes[name] = (predicate, self._members(predicate))
-        # Behind a fence everybody gets the full set, so the tombstones are not needed.
-        self._tombstones.clear()
-        self._forgotten_up_to = self.epoch
         self.revision = revision
         self.synced = True
         self._notify(_ALL)
@@ -281,7 +299,18 @@ class KindStore(Generic[O]):
 
     def changes_since(self, epoch: int, part: Part) -> Changes[O]:
         if epoch < self.fence or epoch < self._forgotten_up_to:
-            return Changes(True, list(self._entries.values()), [], self.epoch)
+            # Of what was deleted since, only the names there again: new objects (see Changes).
+            # A listener that never read knew no old object.
+            recreated = []
+            if epoch >= 0:
+                entries = self._entries
+                for name, deleted_at in reversed(self._tombstones.items()):
+                    if deleted_at <= epoch:
+                        break
+                    if name in entries:
+                        recreated.append(name)
+                recreated.reverse()
+            return Changes(True, list(self._entries.values()), recreated, self.epoch)
         updated: list[Entry[O]] = []
         spec, status = bool(part.value & _SPEC), bool(part.value & _STATUS)
         for entry in reversed(self._entries.values()):

@@ -287,10 +287,11 @@ class ControllerLoop:
     def _forget_changed_failures(self, changes: local.ChangesByKind) -> None:
         """Someone else changed (or deleted) an object whose write failed: decide it afresh."""
         for kind, change in changes.items():
-            if change.full:
-                continue  # a relist or a resync says nothing about one object
-            for entry in change.updated:
-                self._failures.pop(models.object_key(kind, entry.name), None)
+            # A relist says nothing about one object, except that those it names deleted were
+            # deleted and created again.
+            if not change.full:
+                for entry in change.updated:
+                    self._failures.pop(models.object_key(kind, entry.name), None)
             for name in change.deleted:
                 self._failures.pop(models.object_key(kind, name), None)
 

@@ -1,6 +1,7 @@
 """Failover with simulator SPUs: the daemon on a real etcd, SPUs replicating offsets over real sockets,
 SPU processes killed with SIGKILL; every result read back from etcd. Also a topic, and an SPU,
-deleted and created again under the same name while the SPU processes stay connected."""
+deleted and created again under the same name while the SPU processes stay connected, also while the
+SC's watch was down (it learns of it by relisting)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import collections
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,9 @@ import pytest
 
 from connection_manager import wire
 from connection_manager.spu import settings as settings_module, simulator
-from store import embedded_etcd, models
+from controller import config
+from store import embedded_etcd, etcd, kv, models
+from tests.fixtures import daemon as daemon_fixture, tcp_proxy
 from tests.fixtures.daemon import Running, etcd_settings, running
 
 pytestmark = pytest.mark.etcd
@@ -414,6 +418,68 @@ async def test_a_topic_deleted_and_created_again_through_the_api_is_a_new_topic(
     finally:
         for process in processes.values():
             stop(process)
+    assert [process.returncode for _, process in sorted(processes.items())] == [0, 0]
+
+
+async def test_a_topic_deleted_and_created_again_while_the_scs_watch_was_down_is_a_new_topic(
+    etcd_server: embedded_etcd.EmbeddedEtcd,
+) -> None:
+    """The SC's connection to etcd is cut; meanwhile the topic and its partition are deleted and
+    created again in etcd (as another SC would: the topic as it was, a new partition Offline at
+    epochs 0), and etcd compacts its history: the SC's watch cannot resume, and the SC relists. Its
+    leader stays connected throughout. Before, the relist was taken for an update of the old
+    partition: the new one was written Online at once (its leader had confirmed the old one at the
+    same epoch) with the old one's HW, and its SPUs were not told the old replica was gone (they
+    kept the old log)."""
+    async with tcp_proxy.TcpProxy(etcd_server.host, etcd_server.client_port) as proxy:
+        settings = config.Settings(
+            store=config.StoreKind.ETCD, etcd_endpoints=[proxy.endpoint], key_prefix=f"/sc-test/{uuid.uuid4().hex}/",
+            spu_heartbeat_timeout=2.0, spu_offline_grace=5.0, **daemon_fixture.COMMON_SETTINGS,
+        )  # fmt: skip
+        async with (
+            running(settings) as sc,
+            await etcd.EtcdStore.open(etcd_server.endpoints, settings.key_prefix, 2.0) as direct,
+        ):
+            for spu_id, ports in enumerate(zip(*[iter(embedded_etcd.free_ports(4))] * 2)):
+                await sc.register_spu(spu_id, online=False, ports=ports)
+            processes = {spu_id: fast_spu_process(sc, spu_id) for spu_id in (0, 1)}
+            try:
+                await sc.eventually(lambda: spus_online(sc, 2), timeout=30)
+                body = {"name": "again", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}]}}
+                status, answer = await sc.call("POST", "/v1/topics", body)
+                assert status == 201, answer
+                await sc.eventually(lambda: all_online_in_sync(sc, lrs=1), timeout=20)
+                old_hw = await live_hw_at_least(sc, "again-0", 20_000)
+                topic_key, partition_key = models.object_key("topics", "again"), models.object_key("partitions", "again-0")
+                stored_topic = await direct.get(topic_key)
+                assert stored_topic is not None
+                new = models.new_partition(models.decode("topics", stored_topic.value), 0, [0, 1])
+
+                proxy.hold()
+                proxy.sever()
+                await direct.txn([], [kv.Delete(partition_key), kv.Delete(topic_key)])
+                await direct.txn([], [kv.Put(topic_key, stored_topic.value), kv.Put(partition_key, models.encode(new))])
+                await direct.compact(await direct.revision())
+                proxy.release()
+
+                async def confirmed_anew() -> models.Partition:
+                    stored = await direct.get(partition_key)
+                    assert stored is not None
+                    partition = models.decode("partitions", stored.value)
+                    assert partition.status.resolution is models.PartitionResolution.ONLINE, partition
+                    return partition
+
+                online = await eventually_value(sc, confirmed_anew, timeout=20)
+                # Written Online with what the new partition's leader reported, not the old one's HW.
+                assert online.status.leader is not None and online.status.leader.hw < old_hw, (online, old_hw)
+                await sc.eventually(lambda: all_online_in_sync(sc, lrs=1), timeout=20)
+                context = sc.daemon.context
+                assert context is not None
+                # The first listing, and the relist: the change came through no watch.
+                assert context.metrics.registry.get_sample_value("sc_reader_relists_total", {"kind": "partitions"}) == 2.0
+            finally:
+                for process in processes.values():
+                    stop(process)
     assert [process.returncode for _, process in sorted(processes.items())] == [0, 0]
 
 

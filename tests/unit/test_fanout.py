@@ -161,3 +161,14 @@ async def test_an_object_deleted_and_created_again_between_two_batches_is_delete
     # The old one's end at the new one's creation (it was gone by then), then the new one.
     assert await received(subscriber) == [("DELETED", 4, "a"), ("ADDED", 4, "a"), ("MODIFIED", 5, "b")]
     subscriber.close()
+
+
+async def test_an_object_deleted_and_created_again_while_the_watch_was_down_is_deleted_then_added(written: Written) -> None:
+    """The same, learnt from a relist: the listing holds "a" under a new create revision. Before,
+    the watchers were told nothing (the relist was taken for an update of the same content)."""
+    written.apply(topic("a"), topic("b"))
+    subscriber = await written.subscribe()
+    subscriber.snapshot_batches()
+    written.store["topics"].resync([(topic("a"), 7, 7), (topic("b"), 2, 2)], 8)
+    assert await received(subscriber) == [("DELETED", 7, "a"), ("ADDED", 7, "a")]
+    subscriber.close()

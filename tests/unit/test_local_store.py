@@ -255,3 +255,45 @@ def test_a_name_deleted_and_created_again_between_two_reads_is_both_deleted_and_
     # An update since is an update.
     table.apply(topic("a", resolution="Pending"), 4)
     assert (behind.changes().deleted, caught_up.changes().deleted) == ([], [])
+
+
+def test_a_name_deleted_and_created_again_while_the_watch_was_down_is_both_deleted_and_updated() -> None:
+    """A relist finds the name under a new create revision: the object there is a new one, as
+    when the watch brings the delete and the create. A listener behind the fence gets the full set
+    and the name as deleted too (what else is gone the full set says by leaving it out). Before,
+    the relist took the new object for an update of the old one."""
+    table: local.KindStore[models.Topic] = local.KindStore("topics")
+    table.apply(topic("a"), 1)
+    table.apply(topic("b"), 2)
+    table.apply(topic("c"), 3)
+    listener = table.listener()
+    listener.changes()
+    # "a" deleted and created again (the very same content), "b" untouched, "c" deleted.
+    table.resync([(topic("a"), 7, 7), (topic("b"), 2, 2)], revision=7)
+    changes = listener.changes()
+    # The new "a" is the last change.
+    assert (changes.full, [entry.name for entry in changes.updated], changes.deleted) == (True, ["b", "a"], ["a"])
+    entry = table.get("a")
+    assert entry is not None and entry.create_revision == 7
+    assert listener.changes().empty
+    # Another relist that finds the same objects: nothing was deleted.
+    table.resync([(topic("a"), 7, 7), (topic("b"), 2, 2)], revision=8)
+    assert listener.changes().deleted == []
+    # A listener that never read knew no old object: nothing deleted for it.
+    assert table.listener().changes().deleted == []
+
+
+def test_a_delete_the_watch_brought_is_still_seen_through_a_relist_that_follows() -> None:
+    """A listener that had not read a delete and the re-creation after it when the watch broke:
+    the relist's full set still tells it the name was deleted (before, the relist dropped every
+    tombstone). One that had read the delete is not told again."""
+    table: local.KindStore[models.Topic] = local.KindStore("topics")
+    table.apply(topic("a"), 1)
+    behind, caught_up = table.listener(), table.listener()
+    behind.changes()
+    caught_up.changes()
+    table.delete("a", 2)
+    assert caught_up.changes().deleted == ["a"]
+    table.apply(topic("a"), 3)
+    table.resync([(topic("a"), 3, 3)], revision=5)
+    assert (behind.changes().deleted, caught_up.changes().deleted) == (["a"], [])

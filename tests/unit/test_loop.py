@@ -211,3 +211,30 @@ async def test_a_write_that_loses_its_compare_twice_to_the_same_value_backs_off(
             task.cancel()
         await asyncio.gather(*tasks, *waits, return_exceptions=True)
         await store.close()
+
+
+async def test_a_failed_write_is_decided_afresh_once_its_object_was_deleted_and_created_again_while_the_watch_was_down() -> None:
+    """As when the watch brings the delete and the create: the object the write failed on is gone,
+    and the new one is decided without waiting for the old one's backoff. A relist that finds the
+    name under a new create revision says so; before, a relist said nothing of any one object."""
+    store = memory.MemoryStore()
+    local_store = local.LocalStore()
+    local_store["topics"].apply(topic_of_size("a", 1), 1)
+    _, controller = controller_on(store, local_store)
+    controller.listeners = {"topics": local_store.tables["topics"].listener()}  # what run() starts with
+    controller.run_pass()  # the first pass, full
+    failing = actions.create(topic_of_size("a", 1), "test")
+    controller._submitted.add(failing.key)
+    controller._on_result(dispatcher_module.Result(failing, dispatcher_module.Outcome.FAILED, 0))
+    assert controller.failed(failing.key) and controller.busy(failing.key)
+
+    local_store["topics"].resync([(topic_of_size("a", 1), 5, 5)], 5)  # deleted and created again meanwhile
+    controller.run_pass()
+    assert not controller.failed(failing.key) and not controller.busy(failing.key)
+    # A relist that finds the same object says nothing of it: a failure since stays.
+    controller._submitted.add(failing.key)
+    controller._on_result(dispatcher_module.Result(failing, dispatcher_module.Outcome.FAILED, 0))
+    local_store["topics"].resync([(topic_of_size("a", 1), 5, 5)], 6)
+    controller.run_pass()
+    assert controller.failed(failing.key)
+    await store.close()

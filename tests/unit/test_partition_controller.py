@@ -285,3 +285,28 @@ async def test_an_spu_name_registered_again_under_another_id_concerns_the_partit
     concerned = controller._of_spus(listener.changes(), passes.local_store.snapshot().entries("partitions"))
     assert concerned == {"led-0", "followed-0"}
     assert controller._spu_ids["spu-0"] == 4
+
+
+@pytest.mark.looptime
+async def test_a_partition_deleted_and_created_again_while_the_watch_was_down_is_not_decided_on_its_predecessors() -> None:
+    """The same, learnt from a relist (the listing holds the name under a new create revision):
+    the pass that reads the full set must forget the old partition's confirmation and offsets too.
+    Before, the relist was taken for an update of the old partition."""
+    old = named(part(0, [0, 1], leader_epoch=0, partition_epoch=1, hw=1000), "t-0")
+    passes = Passes(partitions=(old,), states=(ONLINE, ONLINE, ONLINE), pushing=True)
+    connections = passes.connections
+    assert connections is not None
+    connections.confirmed["t-0"] = (0, 0)
+    connections.live.committed("t-0", 1000)
+    table = passes.local_store["partitions"]
+    listener = table.listener()
+    listener.changes()
+    created = table.get("t-0")
+    assert created is not None
+    again = created.create_revision + 10
+    table.resync([(named(fresh([0, 1]), "t-0"), again, again)], again)  # deleted and created again meanwhile
+    changes = listener.changes()
+    assert changes.full
+    decided = passes.controller.decide(passes.local_store.snapshot(), {"partitions": changes, "spus": no_changes()["spus"]})
+    assert decided == []  # waits for its leader's confirmation
+    assert "t-0" not in connections.confirmed and connections.live.max_hw("t-0") == lrs.UNKNOWN_OFFSET

@@ -57,6 +57,37 @@ async def test_a_partition_deleted_and_created_again_within_one_push_starts_from
     assert session.hosted["t-0"] == told  # the same state: only its being new tells it apart
 
 
+async def test_a_partition_deleted_and_created_again_while_the_watch_was_down_starts_from_nothing() -> None:
+    """The same, learnt from a relist (the watch broke meanwhile): the listing holds the name under
+    a new create revision. Before, the relist was taken for an update: the new partition kept the
+    old one's confirmation, offsets and proposal, and its SPU was told nothing (the state told is
+    the same), so it kept the old replica's log."""
+    cm, spus, partitions = manager()
+    store = cm.local_store
+    store["spus"].apply(builders.spu(0), 1)
+    store["partitions"].apply(partition("t-0", [0], resolution="Online"), 2)
+    session = connected(cm, 0, "spu-0", 1)
+    cm.push(spus.changes(), partitions.changes())
+    told = session.hosted["t-0"]
+    cm.confirmed["t-0"] = (0, 0)
+    cm.live.merge(0, wire.PartitionOffsets(partition="t-0", leader_epoch=0, hw=1000, leo=1000), 1.0)
+    cm.proposals["t-0"] = reports.Proposal("t-0", 0, session.number, 0, 0, (0,), ())
+    sent: list[wire.Message] = []
+    session.send = sent.append  # type: ignore[method-assign, assignment]  # what it is told, unencoded
+
+    # Deleted at 3 and created again at 4, the same name, replicas and epochs: a relist at 5.
+    store["spus"].resync([(builders.spu(0), 1, 1)], 5)
+    store["partitions"].resync([(partition("t-0", [0]), 4, 4)], 5)
+    cm.push(spus.changes(), partitions.changes())
+
+    assert "t-0" not in cm.confirmed
+    assert cm.live.get("t-0") is None and cm.live.max_hw("t-0") == lrs.UNKNOWN_OFFSET
+    assert "t-0" not in cm.proposals
+    assert len(sent) == 1 and isinstance(sent[0], wire.Update)
+    assert sent[0].deleted_replicas == ["t-0"] and [info.partition for info in sent[0].replicas] == ["t-0"]
+    assert session.hosted["t-0"] == told
+
+
 async def test_a_session_of_an_spu_deleted_and_registered_again_within_one_push_is_closed() -> None:
     cm, spus, partitions = manager()
     store = cm.local_store

@@ -238,6 +238,22 @@ async def test_an_object_deleted_and_created_again_between_two_frames_is_deleted
     ]
 
 
+async def test_an_object_deleted_and_created_again_while_the_watch_was_down_is_deleted_then_updated(
+    store_server: StoreServer, client: client_module.Client
+) -> None:
+    """The same, learnt from a relist: the listing holds "a" under a new create revision. Before,
+    the client was told nothing (the relist was taken for an update of the same content)."""
+    store_server.apply(topic("a"), topic("b"))
+    frames = client.watch(fluvio_objects.TOPIC)
+    await next_frame(frames)
+    store_server.local_store["topics"].resync([(topic("a"), 7, 7), (topic("b"), 2, 2)], 8)
+    frame = await next_frame(frames)
+    assert [(message.header, message.content.name) for message in frame.changes] == [
+        (messages.MessageType.DELETE, "a"),
+        (messages.MessageType.UPDATE, "a"),
+    ]
+
+
 async def test_custom_spu_watch_shows_only_custom_spus(store_server: StoreServer, client: client_module.Client) -> None:
     custom = builders.spu(7, name="edge-7")
     store_server.apply(custom, builders.spu(2, name="main-0", spu_type="Managed"))
