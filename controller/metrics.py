@@ -155,6 +155,13 @@ class _ActiveCollector(Collector):
         losses = CounterMetricFamily("sc_claim_losses", "Times this SC lost its store's claim while holding it")
         losses.add_metric([], self.active.losses)
         yield losses
+        no_space = CounterMetricFamily(
+            "sc_etcd_no_space_refusals",
+            "Writes etcd refused because its database reached its space quota (NOSPACE alarm: an operator must "
+            "compact, defragment and disarm it)",
+        )
+        no_space.add_metric([], self.active.kv_store.no_space_refusals)
+        yield no_space
 
 
 class _HistoryCollector(Collector):

@@ -62,9 +62,9 @@ WATCH_PROBE_INTERVAL = 30.0
 _PROGRESS_REQUEST = etcdpb.WatchRequest()
 _PROGRESS_REQUEST.progress_request.SetInParent()  # etcd3aio exports no WatchProgressRequest class
 
-# Codes worth retrying within the deadline. RESOURCE_EXHAUSTED is etcd's "too many requests"
-# (and "database space exceeded", which retrying does not fix, so it ends as Unavailable), except
-# gRPC's refusal of a message above its limit (see above_grpc_limit), which is terminal.
+# Codes worth retrying within the deadline. RESOURCE_EXHAUSTED is etcd's "too many requests",
+# except gRPC's refusal of a message above its limit (see above_grpc_limit), which is terminal, and
+# etcd's "database space exceeded" (_ETCD_NO_SPACE), which only an operator ends: NoSpace at once.
 # INTERNAL is gRPC's C core failing a call on our side ("Internal error from Core", seen under load
 # on a lease keep-alive): one attempt lost, like a dropped connection, not an answer from etcd.
 _RETRYABLE_CODES = frozenset(
@@ -79,6 +79,9 @@ _GRPC_TOO_LARGE = re.compile(r"grpc: received message (?:after decompression )?l
 # etcd's refusal of a request above its --max-request-bytes (rpctypes.ErrRequestTooLarge): a
 # message, as etcd's own Go client matches it, with no sizes in it.
 _ETCD_TOO_LARGE = "etcdserver: request is too large"
+# etcd's refusal of every write once its NOSPACE alarm is raised (rpctypes.ErrNoSpace), as etcd's
+# own Go client matches it: the alarm stays until an operator disarms it, whatever the request.
+_ETCD_NO_SPACE = "etcdserver: mvcc: database space exceeded"
 # An error that comes this late in an attempt (share of its timeout) is the attempt's deadline.
 _DEADLINE_REACHED = 0.9
 # Codes after which a write may or may not have been applied: the request may have reached etcd.
@@ -269,6 +272,10 @@ class EtcdStore(kv.KVStore):
         self._create_tasks: set[asyncio.Task[None]] = set()
         self._creating: set[str] = set()  # keys of the creates in flight
         self._limit_reported: int | None = None  # the cluster's request limit, once found below ours
+        # Writes etcd refused because its database is full (NOSPACE alarm), for /metrics; whether
+        # the current spell of them has been logged (a write that goes through ends it).
+        self.no_space_refusals = 0
+        self._no_space_reported = False
         self.cluster_id: int | None = None  # the etcd cluster of the first answer: the only one we use
         self._wrong_cluster: kv.WrongCluster | None = None
 
@@ -1125,6 +1132,8 @@ class EtcdStore(kv.KVStore):
                     if too_large is not None:
                         self._report_limit(too_large.limit)
                         raise too_large from None
+                    if error.details() == _ETCD_NO_SPACE:
+                        raise self._no_space(write) from None
                 if code not in _RETRYABLE_CODES:
                     raise self._store_error(operation, error, txn_request) from None
                 if write is not None and code in _MAYBE_APPLIED_CODES:
@@ -1147,6 +1156,8 @@ class EtcdStore(kv.KVStore):
                     raise kv.Unavailable(f"etcd store closed during {operation}") from None
                 raise
             else:
+                if write is not None:
+                    self._no_space_reported = False  # a write went through: the next refusal is news
                 self._timed(operation, loop.time() - sent)
                 self._check_cluster(response.header.cluster_id)
                 revision = response.header.revision
@@ -1164,6 +1175,19 @@ class EtcdStore(kv.KVStore):
                 "%d of etcd_max_request_bytes: set etcd_max_request_bytes to %d",
                 self._endpoints_text(), limit, self.max_request_bytes, limit,
             )
+
+    def _no_space(self, write: _Write | None) -> kv.NoSpace:
+        """etcd refused a write for space: said at once (retrying within the request cannot help),
+        counted, and logged once per spell (every write until an operator frees space gets it)."""
+        self.no_space_refusals += 1
+        outcome = ""
+        if write is not None and write.maybe_applied:
+            outcome = " An earlier attempt of this write may or may not have been applied: re-read before retrying."
+        refused = kv.NoSpace(self._endpoints_text(), outcome)
+        if not self._no_space_reported:
+            self._no_space_reported = True
+            _log.error("%s", refused)
+        return refused
 
     def _attempt_timeout(self, operation: str, sized: bool) -> float | None:
         """How long the first attempt of ``operation`` may take (None: all the time there is)."""

@@ -106,6 +106,24 @@ class Unavailable(StoreError):
     """The store could not be reached within the request timeout; back off and retry."""
 
 
+class NoSpace(Unavailable):
+    """etcd refuses every write: its database reached its space quota and its NOSPACE alarm is
+    raised. Only an operator ends it; nothing was written.
+
+    Retry intent: back off and retry, as for Unavailable (the SC writes again by itself once etcd
+    takes writes), but not within one request: waiting does not free the space.
+    """
+
+    def __init__(self, endpoints: str, outcome: str = "") -> None:
+        super().__init__(
+            f"etcd at {endpoints} refuses writes: its database reached its space quota (--quota-backend-bytes) "
+            "and its NOSPACE alarm is raised. An operator must free space: compact its history (etcdctl compact "
+            "<its current revision>), defragment every member (etcdctl defrag), then disarm the alarm (etcdctl alarm "
+            "disarm), and raise --quota-backend-bytes if the data needs it; the SC writes again by itself once etcd "
+            f"takes writes.{outcome}"
+        )
+
+
 class LeaseExpired(StoreError):
     """The lease is gone (expired, revoked, or never granted by this store): its keys are deleted."""
 
@@ -244,6 +262,8 @@ class KVStore(abc.ABC):
     # Bytes of every request a wrapper adds to what its caller sends (the active-SC guard's fence):
     # a caller's request must fit in the limit less these.
     reserved_request_bytes: int = 0
+    # Writes refused with NoSpace so far (only etcd has a space quota), for /metrics.
+    no_space_refusals: int = 0
 
     @abc.abstractmethod
     async def get(self, key: str) -> KeyValue | None:
@@ -351,6 +371,10 @@ class ForwardingStore(KVStore):
     @property
     def reserved_request_bytes(self) -> int:  # type: ignore[override]  # as prefix: the inner store's
         return self.inner.reserved_request_bytes
+
+    @property
+    def no_space_refusals(self) -> int:  # type: ignore[override]  # as prefix: the inner store's
+        return self.inner.no_space_refusals
 
     async def get(self, key: str) -> KeyValue | None:
         return await self.inner.get(key)

@@ -139,6 +139,9 @@ async def error_middleware(
         if error.status < 400:
             raise
         response = _http_error(error, request)
+    except kv.NoSpace as error:
+        # Not "retry shortly": it lasts until an operator frees space, as the message says.
+        response = error_response(503, "Unavailable", f"the KV store refuses writes: {error}")
     except kv.Unavailable as error:
         response = error_response(503, "Unavailable", f"the KV store is unavailable ({error}); retry shortly")
     except Exception:

