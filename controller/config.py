@@ -39,6 +39,8 @@ class LogFormat(str, enum.Enum):
 Port = Annotated[int, Field(ge=0, le=65535)]
 # Finite: an infinite timeout or interval would reach asyncio, etcd and the SPUs' frames.
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# The least etcd_max_request_bytes (see the setting): a cluster taking smaller requests is refused at start.
+MIN_ETCD_REQUEST_BYTES = 512 * 1024
 
 
 class Settings(BaseSettings):
@@ -84,7 +86,7 @@ class Settings(BaseSettings):
     )
     # The memory store enforces it too. At least 512 KiB: a transaction of 128 partitions of the
     # largest shape (replication factor 128, 10-digit SPU ids) must fit.
-    etcd_max_request_bytes: Annotated[int, Field(ge=512 * 1024)] = Field(
+    etcd_max_request_bytes: Annotated[int, Field(ge=MIN_ETCD_REQUEST_BYTES)] = Field(
         kv.DEFAULT_MAX_REQUEST_BYTES,
         description="etcd's --max-request-bytes (the embedded etcd runs with it; set it to an external cluster's own); at least 524288",
     )

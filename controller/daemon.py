@@ -304,13 +304,20 @@ class Daemon:
             self._etcd_supervision = self.supervisor.spawn("etcd-supervisor", self.etcd_server.supervise)
             endpoints = self.etcd_server.endpoints
             log.info("embedded etcd started", data_dir=str(data_dir), endpoints=endpoints)
-        return await etcd.EtcdStore.open(
+        store = await etcd.EtcdStore.open(
             endpoints,
             settings.key_prefix,
             settings.etcd_request_timeout,
             max_request_bytes=settings.etcd_max_request_bytes,
             attempt_timeout=settings.etcd_attempt_timeout,
         )
+        try:
+            # Now rather than at the first transaction too long or too large, which would fail for ever.
+            await store.check_limits(config.MIN_ETCD_REQUEST_BYTES)
+        except BaseException:
+            await store.close()
+            raise
+        return store
 
     async def _open_history(self) -> None:
         settings = self.settings

@@ -79,6 +79,13 @@ _GRPC_TOO_LARGE = re.compile(r"grpc: received message (?:after decompression )?l
 # etcd's refusal of a request above its --max-request-bytes (rpctypes.ErrRequestTooLarge): a
 # message, as etcd's own Go client matches it, with no sizes in it.
 _ETCD_TOO_LARGE = "etcdserver: request is too large"
+# etcd's refusal of a transaction with more compares, or operations in a branch, than its
+# --max-txn-ops (rpctypes.ErrTooManyOps), before anything else is checked.
+_ETCD_TOO_MANY_OPS = "etcdserver: too many operations in txn request"
+# The request check_limits sends: a transaction whose compares never hold (no key reaches this
+# mod revision), so it writes nothing, and whose put keeps etcd from serving it as read-only.
+_LIMITS_CHECK = "limits check"
+_NEVER_REVISION = 2**62
 # etcd's refusal of every write once its NOSPACE alarm is raised (rpctypes.ErrNoSpace), as etcd's
 # own Go client matches it: the alarm stays until an operator disarms it, whatever the request.
 _ETCD_NO_SPACE = "etcdserver: mvcc: database space exceeded"
@@ -304,6 +311,63 @@ class EtcdStore(kv.KVStore):
             await channel.close()
             raise
         return store
+
+    async def check_limits(self, least_request_bytes: int) -> None:
+        """Raise ClusterLimitTooLow if the cluster takes fewer operations per transaction than the
+        SC sends (kv.MAX_TXN_OPS) or smaller requests than ``max_request_bytes``: every write above
+        its limits would fail for ever (a topic's partitions never created, the topic Pending).
+        ``least_request_bytes``: the least request limit the SC works with (the setting's floor).
+
+        Writes nothing: the checks are transactions whose compares never hold. etcd names no
+        --max-txn-ops, so it is found by halving; gRPC's refusal of a message above the cluster's
+        --max-request-bytes and 512 KiB names that limit. A full etcd (NoSpace) answers only after
+        both checks passed. One member answers, the one the request reaches.
+        """
+        key = self._prefix_bytes + b"meta/limits-check"
+
+        async def takes(operations: int, value_length: int = 0) -> bool:
+            never = etcdpb.Compare(result=_EQUAL, target=_MOD, key=key, mod_revision=_NEVER_REVISION)
+            request = etcdpb.TxnRequest(
+                compare=[never] * operations, success=[etcdpb.RequestOp(request_put=etcdpb.PutRequest(key=key, value=bytes(value_length)))]
+            )
+            try:
+                await self._request(_LIMITS_CHECK, lambda timeout: self._kv.Txn(request, timeout=timeout), txn_request=request)
+            except kv.TooManyOperations:
+                return False
+            except kv.NoSpace:
+                pass  # refused when applied, after etcd's checks of its length and size
+            return True
+
+        if not await takes(kv.MAX_TXN_OPS):
+            fewest_refused, most_taken = kv.MAX_TXN_OPS, 0
+            while fewest_refused - most_taken > 1:
+                middle = (fewest_refused + most_taken) // 2
+                if await takes(middle):
+                    most_taken = middle
+                else:
+                    fewest_refused = middle
+            raise kv.ClusterLimitTooLow(
+                f"etcd at {self._endpoints_text()} takes at most {most_taken} operations in a transaction (its "
+                f"--max-txn-ops), fewer than the {kv.MAX_TXN_OPS} the SC sends (etcd's default): start etcd with "
+                f"--max-txn-ops={kv.MAX_TXN_OPS} or more"
+            )
+        # A message gRPC refuses unless the cluster's limit is at least ours: its answer names it.
+        try:
+            await takes(1, self.max_request_bytes + _ETCD_GRPC_OVERHEAD_BYTES + 1)
+        except kv.TooLargeForCluster:
+            return  # gRPC took it, so the cluster's limit is above ours, and etcd refused it as above that
+        except kv.TooLarge as refused:
+            if refused.limit >= self.max_request_bytes:
+                return
+            advice = (
+                f"set etcd_max_request_bytes to {refused.limit}"
+                if refused.limit >= least_request_bytes
+                else f"raise the cluster's --max-request-bytes to at least {least_request_bytes}, the least the SC works with"
+            )
+            raise kv.ClusterLimitTooLow(
+                f"etcd at {self._endpoints_text()} takes requests of at most {refused.limit} bytes (its "
+                f"--max-request-bytes), less than the {self.max_request_bytes} of the setting etcd_max_request_bytes: {advice}"
+            ) from None
 
     async def __aenter__(self) -> EtcdStore:
         return self
@@ -1130,7 +1194,8 @@ class EtcdStore(kv.KVStore):
                 if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
                     too_large = above_grpc_limit(error.details())
                     if too_large is not None:
-                        self._report_limit(too_large.limit)
+                        if operation != _LIMITS_CHECK:  # which reports it as a refusal to start
+                            self._report_limit(too_large.limit)
                         raise too_large from None
                     if error.details() == _ETCD_NO_SPACE:
                         raise self._no_space(write) from None
@@ -1231,6 +1296,10 @@ class EtcdStore(kv.KVStore):
         if code == grpc.StatusCode.INVALID_ARGUMENT and error.details() == _ETCD_TOO_LARGE and txn_request is not None:
             # Below our limit but above the cluster's: the size is ours to name, the limit etcd's to keep.
             return kv.TooLargeForCluster(txn_request.ByteSize(), self.max_request_bytes)
+        if code == grpc.StatusCode.INVALID_ARGUMENT and error.details() == _ETCD_TOO_MANY_OPS and txn_request is not None:
+            # etcd counts the compares and each branch apart, and refuses the largest above its limit.
+            operations = max(len(txn_request.compare), len(txn_request.success), len(txn_request.failure))
+            return kv.TooManyOperations(self._endpoints_text(), operations)
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return ValueError(f"etcd rejected {operation}: {error.details()}")
         return kv.StoreError(f"etcd at {self._endpoints_text()} failed {operation}: {_describe(error)}")

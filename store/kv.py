@@ -165,6 +165,28 @@ class TooLargeForCluster(TooLarge):
         )
 
 
+class TooManyOperations(StoreError, ValueError):
+    """A transaction etcd refused as holding more operations than its --max-txn-ops; nothing was
+    written.
+
+    Retry intent: none, the same transaction fails the same way until the cluster takes more (the
+    SC sends up to MAX_TXN_OPS, etcd's default, and checks the cluster takes them when it starts).
+    """
+
+    def __init__(self, endpoints: str, operations: int) -> None:
+        self.operations = operations
+        super().__init__(
+            f"etcd at {endpoints} refused a transaction of {operations} operations as too many: its --max-txn-ops "
+            f"is below that, and the SC sends up to {MAX_TXN_OPS} (etcd's default): start etcd with "
+            f"--max-txn-ops={MAX_TXN_OPS} or more"
+        )
+
+
+class ClusterLimitTooLow(StoreError):
+    """The cluster takes fewer operations per transaction, or smaller requests, than the SC sends:
+    found when the SC starts, so that it stops then rather than fail those writes for ever."""
+
+
 class WrongCluster(StoreError):
     """The store's endpoint answers for another etcd cluster than the one it first answered for.
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from connection_manager import health as health_module
-from controller import daemon as daemon_module
 from store import embedded_etcd, etcd, kv, models
 from tests.fixtures.daemon import Running, etcd_settings, running
+from tests.fixtures.sc_run import ScRun
 
 pytestmark = pytest.mark.etcd
 
@@ -139,3 +139,72 @@ async def test_a_full_etcd_refuses_writes_with_what_to_do_and_the_sc_catches_up_
 
         await sc.eventually(after_placed)
         assert sc.daemon.context is not None and not sc.daemon.context.supervisor.failing()
+
+
+# ---------------------------------------------------------------------- limits the SC cannot work with
+
+
+def sc_run_against(server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> tuple[int, str]:
+    """`sc run` on ``server`` with its default settings: its exit code and its stderr."""
+    sc = ScRun(tmp_path / "sc", None, "--etcd-endpoints", f"http://{server.endpoints[0]}")
+    sc.start()
+    try:
+        return sc.wait_exit(timeout=60)
+    finally:
+        sc.stop()
+
+
+def test_an_etcd_taking_fewer_operations_per_transaction_than_the_sc_sends_is_refused_at_start(tmp_path: Path) -> None:
+    """etcd started with --max-txn-ops=16: the SC ran, and every transaction of more than 16
+    writes (a topic's partitions, 127 at a time) failed for ever, the topic Pending without a
+    reason. Now `sc run` stops at once, naming etcd's limit and the SC's."""
+    for server in small_etcd(tmp_path, "--max-txn-ops=16"):
+        code, stderr = sc_run_against(server, tmp_path)
+        assert code == 1, stderr
+        assert (
+            f"error: etcd at {server.endpoints[0]} takes at most 16 operations in a transaction (its --max-txn-ops), "
+            f"fewer than the {kv.MAX_TXN_OPS} the SC sends (etcd's default): start etcd with --max-txn-ops={kv.MAX_TXN_OPS} or more"
+        ) in stderr, stderr
+
+
+async def test_a_transaction_etcd_refuses_as_too_many_operations_names_its_count_and_the_setting(tmp_path: Path) -> None:
+    """A cluster whose --max-txn-ops was lowered after the SC started: the refused write says how many
+    operations it held and what etcd must take (it said "etcd rejected txn: etcdserver: too many
+    operations in txn request"); nothing is written."""
+    for server in small_etcd(tmp_path, "--max-txn-ops=16"):
+        store = await etcd.EtcdStore.open(server.endpoints, "/sc-test/", request_timeout=5.0)
+        try:
+            with pytest.raises(kv.TooManyOperations) as raised:
+                await store.txn([kv.Compare(f"topics/t{index}", 0) for index in range(20)], [kv.Put(f"topics/t{index}", b"x") for index in range(20)])
+            assert str(raised.value) == (
+                f"etcd at {server.endpoints[0]} refused a transaction of 20 operations as too many: its --max-txn-ops "
+                f"is below that, and the SC sends up to {kv.MAX_TXN_OPS} (etcd's default): start etcd with "
+                f"--max-txn-ops={kv.MAX_TXN_OPS} or more"
+            )
+            assert (await store.list("topics/")).items == []
+        finally:
+            await store.close()
+
+
+@pytest.mark.parametrize(
+    ("cluster_limit", "advice"),
+    [
+        (600 * 1024, "set etcd_max_request_bytes to 614400"),
+        # Below the setting's floor: only the cluster can change.
+        (256 * 1024, "raise the cluster's --max-request-bytes to at least 524288, the least the SC works with"),
+    ],
+)
+def test_an_etcd_taking_smaller_requests_than_the_setting_is_refused_at_start(tmp_path: Path, cluster_limit: int, advice: str) -> None:
+    """etcd started with a smaller --max-request-bytes than etcd_max_request_bytes (1.5 MiB): the
+    SC ran, took a topic the cluster cannot store and retried its provisioning for ever, the topic
+    Pending without a reason. Now `sc run` stops at once, naming both values and what to change."""
+    server = embedded_etcd.EmbeddedEtcd(
+        tmp_path / "etcd", *embedded_etcd.free_port_pair(), extra_args=("--unsafe-no-fsync",), max_request_bytes=cluster_limit
+    )
+    with server:
+        code, stderr = sc_run_against(server, tmp_path)
+    assert code == 1, stderr
+    assert (
+        f"error: etcd at {server.endpoints[0]} takes requests of at most {cluster_limit} bytes (its --max-request-bytes), "
+        f"less than the 1572864 of the setting etcd_max_request_bytes: {advice}"
+    ) in stderr, stderr
