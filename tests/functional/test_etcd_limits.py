@@ -208,3 +208,16 @@ def test_an_etcd_taking_smaller_requests_than_the_setting_is_refused_at_start(tm
         f"error: etcd at {server.endpoints[0]} takes requests of at most {cluster_limit} bytes (its --max-request-bytes), "
         f"less than the 1572864 of the setting etcd_max_request_bytes: {advice}"
     ) in stderr, stderr
+
+
+async def test_the_start_checks_pass_on_etcds_defaults_and_write_nothing(etcd_server: embedded_etcd.EmbeddedEtcd) -> None:
+    """What every start on a well-made cluster does: both checks pass, and the store's revision
+    does not move (no key written, no event for a watcher)."""
+    store = await etcd.EtcdStore.open(etcd_server.endpoints, f"/sc-test/{os.urandom(8).hex()}/", request_timeout=5.0)
+    try:
+        before = await store.revision()
+        await store.check_limits(512 * 1024)
+        assert await store.revision() == before
+        assert (await store.list("")).items == []
+    finally:
+        await store.close()
