@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from connection_manager import health as health_module
+from controller.api.fluvio import client as fluvio_client, messages, objects
 from store import embedded_etcd, etcd, kv, models
 from tests.fixtures.daemon import Running, etcd_settings, running
 from tests.fixtures.sc_run import ScRun
@@ -72,7 +73,7 @@ async def test_a_full_etcd_refuses_writes_with_what_to_do_and_the_sc_catches_up_
 ) -> None:
     """etcd's space quota reached (the NOSPACE alarm): a topic create answers 503 at once saying
     what the operator must do (it said "retry shortly", after retrying for the request's whole
-    budget); the SPU going offline meanwhile is decided but refused, counted on /metrics, and kept;
+    budget; over Fluvio's protocol likewise); the SPU going offline meanwhile is decided but refused, counted on /metrics, and kept;
     once the operator compacts, defragments and disarms the alarm, the SC writes its decisions
     by itself and takes creates again. Nothing crashes, no partition is lost or made twice."""
     async with running(etcd_settings(quota_etcd)) as sc:
@@ -99,6 +100,16 @@ async def test_a_full_etcd_refuses_writes_with_what_to_do_and_the_sc_catches_up_
             message = body["error"]["message"]
             assert "space quota" in message and "etcdctl alarm disarm" in message and "retry shortly" not in message, message
             assert await sc.read("topics", "during") is None
+            assert sc.daemon.public_port is not None
+            fluvio = await fluvio_client.Client.connect("127.0.0.1", sc.daemon.public_port)
+            try:
+                request = messages.CreateRequest(objects.TOPIC, "fluvio-during", spec=objects.TopicSpec(objects.ComputedReplicas(3, 2, False)))
+                answer = await fluvio.status(messages.CREATE, request)
+            finally:
+                await fluvio.close()
+            assert answer.error_code.code is messages.Error.OTHER, answer
+            [said] = answer.error_code.args  # Fluvio's Other carries its message
+            assert said.startswith("the KV store refuses writes: etcd at ") and "etcdctl alarm disarm" in said, answer
 
             # A decision the SC must write while etcd is full: SPU 3 goes offline.
             pipeline = sc.daemon.pipeline
