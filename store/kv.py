@@ -108,7 +108,8 @@ class Unavailable(StoreError):
 
 class NoSpace(Unavailable):
     """etcd refuses every write: its database reached its space quota and its NOSPACE alarm is
-    raised. Only an operator ends it; nothing was written.
+    raised. Only an operator ends it. The refused attempt wrote nothing (an earlier attempt of the
+    same write that failed otherwise may have: ``outcome`` then says so).
 
     Retry intent: back off and retry, as for Unavailable (the SC writes again by itself once etcd
     takes writes), but not within one request: waiting does not free the space.
