@@ -89,6 +89,7 @@ _NEVER_REVISION = 2**62
 # etcd's refusal of every write once its NOSPACE alarm is raised (rpctypes.ErrNoSpace), as etcd's
 # own Go client matches it: the alarm stays until an operator disarms it, whatever the request.
 _ETCD_NO_SPACE = "etcdserver: mvcc: database space exceeded"
+_NO_SPACE_LOG_INTERVAL = 60.0  # seconds between two logs of the refusals of one spell
 # An error that comes this late in an attempt (share of its timeout) is the attempt's deadline.
 _DEADLINE_REACHED = 0.9
 # Codes after which a write may or may not have been applied: the request may have reached etcd.
@@ -279,10 +280,10 @@ class EtcdStore(kv.KVStore):
         self._create_tasks: set[asyncio.Task[None]] = set()
         self._creating: set[str] = set()  # keys of the creates in flight
         self._limit_reported: int | None = None  # the cluster's request limit, once found below ours
-        # Writes etcd refused because its database is full (NOSPACE alarm), for /metrics; whether
-        # the current spell of them has been logged (a write that goes through ends it).
+        # Writes etcd refused because its database is full (NOSPACE alarm), for /metrics; when the
+        # last was logged (None: none of the current spell, which a write that goes through ends).
         self.no_space_refusals = 0
-        self._no_space_reported = False
+        self._no_space_logged: float | None = None
         self.cluster_id: int | None = None  # the etcd cluster of the first answer: the only one we use
         self._wrong_cluster: kv.WrongCluster | None = None
 
@@ -1222,7 +1223,7 @@ class EtcdStore(kv.KVStore):
                 raise
             else:
                 if write is not None:
-                    self._no_space_reported = False  # a write went through: the next refusal is news
+                    self._no_space_logged = None  # a write went through: the next refusal is news
                 self._timed(operation, loop.time() - sent)
                 self._check_cluster(response.header.cluster_id)
                 revision = response.header.revision
@@ -1243,14 +1244,16 @@ class EtcdStore(kv.KVStore):
 
     def _no_space(self, write: _Write | None) -> kv.NoSpace:
         """etcd refused a write for space: said at once (retrying within the request cannot help),
-        counted, and logged once per spell (every write until an operator frees space gets it)."""
+        counted, and logged at the first refusal of a spell and then once a minute at most (every
+        write until an operator frees space gets it; the callers retrying theirs log it below info)."""
         self.no_space_refusals += 1
         outcome = ""
         if write is not None and write.maybe_applied:
             outcome = " An earlier attempt of this write may or may not have been applied: re-read before retrying."
         refused = kv.NoSpace(self._endpoints_text(), outcome)
-        if not self._no_space_reported:
-            self._no_space_reported = True
+        now = asyncio.get_running_loop().time()
+        if self._no_space_logged is None or now - self._no_space_logged >= _NO_SPACE_LOG_INTERVAL:
+            self._no_space_logged = now
             _log.error("%s", refused)
         return refused
 

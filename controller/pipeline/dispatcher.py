@@ -248,7 +248,10 @@ class ActionDispatcher:
             for action in batch:
                 self._requeue(action, backoff=True)
             results = [Result(action, Outcome.UNAVAILABLE, 0, str(unavailable)) for action in batch]
-            log.warning(
+            # A full etcd refuses every batch at once until an operator frees it: the store logs
+            # that, with the remedy, once a minute; a line per batch would only bury it.
+            say = log.debug if isinstance(unavailable, kv.NoSpace) else log.warning
+            say(
                 "store unavailable, actions kept and retried with backoff",
                 actions=len(batch), keys=[action.key for action in batch[:5]], error=str(unavailable),
             )

@@ -10,12 +10,14 @@ start, naming its value and the one the SC needs.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from connection_manager import health as health_module
 from controller.api.fluvio import client as fluvio_client, messages, objects
@@ -69,13 +71,15 @@ def no_space_refusals(sc: Running) -> float:
 
 
 async def test_a_full_etcd_refuses_writes_with_what_to_do_and_the_sc_catches_up_once_it_is_freed(
-    quota_etcd: embedded_etcd.EmbeddedEtcd,
+    quota_etcd: embedded_etcd.EmbeddedEtcd, caplog: pytest.LogCaptureFixture
 ) -> None:
     """etcd's space quota reached (the NOSPACE alarm): a topic create answers 503 at once saying
     what the operator must do (it said "retry shortly", after retrying for the request's whole
-    budget; over Fluvio's protocol likewise); the SPU going offline meanwhile is decided but refused, counted on /metrics, and kept;
+    budget; over Fluvio's protocol likewise); the SPU going offline meanwhile is decided but
+    refused, counted on /metrics, kept, and logged with the remedy, not once per retried batch;
     once the operator compacts, defragments and disarms the alarm, the SC writes its decisions
     by itself and takes creates again. Nothing crashes, no partition is lost or made twice."""
+    caplog.set_level(logging.ERROR, logger="store.etcd")
     async with running(etcd_settings(quota_etcd)) as sc:
         for spu_id in range(1, 4):
             await sc.register_spu(spu_id)
@@ -114,12 +118,17 @@ async def test_a_full_etcd_refuses_writes_with_what_to_do_and_the_sc_catches_up_
             # A decision the SC must write while etcd is full: SPU 3 goes offline.
             pipeline = sc.daemon.pipeline
             assert pipeline is not None
-            pipeline.health.set(3, health_module.Health.OFFLINE, asyncio.get_running_loop().time())
+            with structlog.testing.capture_logs() as logged:
+                pipeline.health.set(3, health_module.Health.OFFLINE, asyncio.get_running_loop().time())
 
-            async def refused_and_counted() -> None:
-                assert no_space_refusals(sc) >= 2  # the create and at least one of the controllers' writes
+                async def refused_and_counted() -> None:
+                    assert no_space_refusals(sc) >= 6  # the creates and the controllers' writes, retried
 
-            await sc.eventually(refused_and_counted)
+                await sc.eventually(refused_and_counted)
+            retried = [entry["log_level"] for entry in logged if entry["event"] == "store unavailable, actions kept and retried with backoff"]
+            assert retried and set(retried) == {"debug"}, retried
+            remedies = [record for record in caplog.records if "etcdctl alarm disarm" in record.getMessage()]
+            assert 1 <= len(remedies) < no_space_refusals(sc), remedies  # the first of a spell, then once a minute
             spu = await sc.read("spus", "spu-3")
             assert spu is not None and spu.status.resolution is models.SpuResolution.ONLINE  # not written: etcd is full
             status, health = await sc.call("GET", "/healthz")
