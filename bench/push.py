@@ -51,7 +51,7 @@ def plain(sessions: list[server.Session], changes: local.Changes[models.Partitio
         for entry in changes.updated:
             told = session.hosted.get(entry.name)
             if session.spu_id in entry.obj.spec.replicas:
-                info = server._replica_info(entry.obj, session.incarnation)
+                info = server._replica_info(entry, session.incarnation)
                 if told != info:
                     session.hosted[entry.name] = info
                     changed.append(info)

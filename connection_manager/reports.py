@@ -36,8 +36,18 @@ class Incarnation:
         return None if held is None else held[0]
 
 
-def hosted_map(entries: Iterable[wire.HostedReplica]) -> dict[str, tuple[int, int | None]]:
-    return {entry["partition"]: (entry["leo"], entry["leader_epoch"]) for entry in entries}
+def hosted_map(entries: Iterable[wire.HostedReplica], identities: Mapping[str, int]) -> dict[str, tuple[int, int | None]]:
+    """What a process holds of the partitions ``identities`` names (name -> create revision, the
+    current ones): an entry naming another create revision is of another partition of that name,
+    deleted since (its log holds none of the current one's records), and is left out. An entry
+    naming none (an SPU older than the field) is taken as it is."""
+    held = {}
+    for entry in entries:
+        name = entry["partition"]
+        if "create_revision" in entry and entry["create_revision"] != identities.get(name, entry["create_revision"]):
+            continue
+        held[name] = (entry["leo"], entry["leader_epoch"])
+    return held
 
 
 def has_role(partition: models.Partition, spu: int) -> bool:

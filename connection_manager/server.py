@@ -107,6 +107,9 @@ FRAME_ERROR_CHARS = 160
 # SC 2.2 s of its loop and 90,001 frames back (20 MB), beyond what its bytes' rate bounds.
 STALE_ANSWERS_PER_FRAME = 16
 STALE_LEADERSHIPS = "stale-leaderships"
+# The code of a refusal of a leadership confirmation or proposal about a partition that is no
+# longer the one of that name (deleted, maybe created again: another create revision).
+STALE_PARTITION = "stale-partition"
 
 
 @dataclass
@@ -292,6 +295,10 @@ class ConnectionManager:
         self.proposals: dict[str, reports.Proposal] = {}
         # Partition -> (SPU, leader epoch) of the last leadership confirmation accepted.
         self.confirmed: dict[str, tuple[int, int]] = {}
+        # Partition -> the create revision of the partition of that name that what this SC keeps
+        # of it (confirmation, proposal, offsets) is about: a relist of the store may show it was
+        # deleted and created again without naming it deleted (see forget_recreated).
+        self.identities: dict[str, int] = {}
         self._incarnation_counter = incarnation_base()
         # (partitions table epoch, SPU id -> the entries of the partitions it is a replica of):
         # built with one pass over the table and kept while the table does not change, so the
@@ -548,8 +555,9 @@ class ConnectionManager:
             return False  # replaced meanwhile
         session.last_frame_at = asyncio.get_running_loop().time()
         self.stats.count(self.stats.frames, "hosted")
-        hosted = reports.hosted_map(parsed.partitions)
-        partitions = [entry.obj for entry in self.replicas_of(session.spu_id)]
+        entries = self.replicas_of(session.spu_id)
+        hosted = reports.hosted_map(parsed.partitions, {entry.name: entry.create_revision for entry in entries})
+        partitions = [entry.obj for entry in entries]
         restarted = reports.roles_not_continued(session.spu_id, hosted, partitions)
         session.incarnation = reports.Incarnation(session.spu_id, session.number, hosted, restarted)
         self.incarnations[session.spu_id] = session.incarnation
@@ -805,9 +813,12 @@ class ConnectionManager:
     def _take_offsets(self, session: Session, message: wire.Offsets) -> None:
         """Check the whole frame first, so a bad entry changes nothing at all. An entry from a
         leader at an epoch that is not the one it was told (a race with a leader change) is
-        dropped and counted: only the current leader's offsets are shown."""
+        dropped and counted: only the current leader's offsets are shown. So is one about another
+        partition of the name than the current one (its create revision, named or told): sent
+        about a partition deleted (and maybe created again) before the SPU read the news."""
         accepted = []
         spu_id, told_by_name = session.spu_id, session.hosted
+        partitions = self.local_store["partitions"].view
         stale = 0
         for entry in message.partitions:
             told = told_by_name.get(entry["partition"])
@@ -852,14 +863,19 @@ class ConnectionManager:
                         )
                     seen.add(follower["spu"])
             if told.leader == spu_id and told.leader_epoch == entry["leader_epoch"]:
-                accepted.append(entry)
-            else:
-                stale += 1
+                # Of the partition it was told, and that partition is still the current one.
+                current = partitions.get(entry["partition"])
+                identity = entry.get("create_revision", told.create_revision)
+                if current is not None and current.create_revision == identity:
+                    accepted.append((entry, current.create_revision))
+                    continue
+            stale += 1
         self.stats.stale_entries += stale
         now = asyncio.get_running_loop().time()
-        merge = self.live.merge
-        for entry in accepted:
+        merge, identities = self.live.merge, self.identities
+        for entry, identity in accepted:
             merge(spu_id, entry, now)
+            identities[entry["partition"]] = identity
 
     def _take_leading(self, session: Session, message: wire.Leading) -> None:
         """Leadership confirmations: accepted from the leader it was told, at the epoch it was
@@ -869,24 +885,35 @@ class ConnectionManager:
         connection: what the SC compares with is what it told). An entry for a partition it does
         not host refuses the whole frame, before anything is taken."""
         told_of = [(entry, self._told(session, entry["partition"])) for entry in message.partitions]
+        partitions = self.local_store["partitions"].view
         news = set()
         stale = 0
         first_of_the_rest = ""
         for entry, told in told_of:
             name, epoch = entry["partition"], entry["leader_epoch"]
-            if told.leader != session.spu_id or told.leader_epoch != epoch:
+            current = _current_identity(partitions, name)
+            identity = entry.get("create_revision", told.create_revision)
+            if current is None or identity != current:
+                code = STALE_PARTITION
+            elif told.leader != session.spu_id or told.leader_epoch != epoch:
+                code = _stale_code(told, session.spu_id)
+            else:
+                self.identities[name] = current
+                code = ""
+            if code:
                 stale += 1
-                if stale <= STALE_ANSWERS_PER_FRAME:
-                    session.send(
-                        wire.Error(
-                            code=_stale_code(told, session.spu_id),
-                            message=_not_leading(session.spu_id, name, epoch, told),
-                            partition=name,
-                            leader_epoch=told.leader_epoch,
-                        )
+                if stale > STALE_ANSWERS_PER_FRAME + 1:
+                    continue  # counted, and answered together (nothing more is built for it)
+                if code == STALE_PARTITION:
+                    refusal = wire.Error(code=code, message=_another_partition(session.spu_id, name, identity, current), partition=name)
+                else:
+                    refusal = wire.Error(
+                        code=code, message=_not_leading(session.spu_id, name, epoch, told), partition=name, leader_epoch=told.leader_epoch
                     )
-                elif stale == STALE_ANSWERS_PER_FRAME + 1:
-                    first_of_the_rest = _not_leading(session.spu_id, name, epoch, told)
+                if stale <= STALE_ANSWERS_PER_FRAME:
+                    session.send(refusal)
+                else:
+                    first_of_the_rest = refusal.message
                 continue
             log.debug("leadership confirmed", spu=session.spu_id, partition=name, leader_epoch=epoch, incarnation=session.number)
             if self.confirmed.get(name) != (session.spu_id, epoch):
@@ -899,8 +926,9 @@ class ConnectionManager:
                     code=STALE_LEADERSHIPS,
                     message=(
                         f"SPU {session.spu_id} does not lead {stale - STALE_ANSWERS_PER_FRAME} more partitions of this "
-                        f"frame at the leader epochs it named (the first: {ratelimit.clipped(first_of_the_rest, FRAME_ERROR_CHARS)}); "
-                        "the sync and updates this SC sent before this error say each one's committed leader and epoch"
+                        f"frame at the leader epochs it named, or of the partitions it named (the first: "
+                        f"{ratelimit.clipped(first_of_the_rest, FRAME_ERROR_CHARS)}); the sync and updates this SC sent "
+                        "before this error say each one's committed leader and epoch, and which partition of the name it is"
                     ),
                 )
             )
@@ -915,22 +943,31 @@ class ConnectionManager:
         would then never be answered, and a leader waits for its answer before it proposes again)."""
         told = self._told(session, message.partition)
         self.stats.proposals += 1
-        if told.leader != session.spu_id or told.leader_epoch != message.leader_epoch:
+        current = _current_identity(self.local_store["partitions"].view, message.partition)
+        identity = told.create_revision if message.create_revision is None else message.create_revision
+        if current is None or identity != current:
+            error, why = STALE_PARTITION, _another_partition(session.spu_id, message.partition, identity, current)
+        elif told.leader != session.spu_id or told.leader_epoch != message.leader_epoch:
+            error, why = _stale_code(told, session.spu_id), (
+                f"SPU {session.spu_id} does not lead partition {message.partition!r} at leader epoch "
+                f"{message.leader_epoch}: the committed leader is {told.leader} at leader epoch {told.leader_epoch}"
+            )
+        else:
+            error = why = ""
+        if error or current is None:
             self.stats.stale_entries += 1
             session.send(
                 wire.AlterIsrResult(
                     partition=message.partition,
-                    error=_stale_code(told, session.spu_id),
-                    message=(
-                        f"SPU {session.spu_id} does not lead partition {message.partition!r} at leader epoch "
-                        f"{message.leader_epoch}: the committed leader is {told.leader} at leader epoch {told.leader_epoch}"
-                    ),
+                    error=error,
+                    message=why,
                     leader_epoch=told.leader_epoch,
                     partition_epoch=told.partition_epoch,
                     isr=list(told.isr),
                 )
             )
             return
+        self.identities[message.partition] = current
         # Its HW counts as committed only with its set (rule 4 may refuse it): the write that
         # commits the set carries it, and ``answer`` takes it in.
         self.proposals[message.partition] = reports.Proposal(
@@ -958,7 +995,7 @@ class ConnectionManager:
     def _send_sync(self, session: Session) -> None:
         spus = [_spu_info(entry.obj) for entry in self._holders().values()]
         incarnation = session.incarnation
-        hosted = {entry.name: _replica_info(entry.obj, incarnation) for entry in self.replicas_of(session.spu_id)}
+        hosted = {entry.name: _replica_info(entry, incarnation) for entry in self.replicas_of(session.spu_id)}
         session.hosted = hosted
         session.told_spus = {info.id: info for info in spus}
         session.send(wire.Sync(epoch=self.local_store.revision, spus=spus, replicas=list(hosted.values())))
@@ -1000,6 +1037,15 @@ class ConnectionManager:
         self.live.forget(name)
         self.confirmed.pop(name, None)
         self.proposals.pop(name, None)
+        self.identities.pop(name, None)
+
+    def forget_recreated(self, partitions: Mapping[str, local.Entry[models.Partition]]) -> None:
+        """Forget what this SC keeps of partitions that ``partitions`` (the current ones) no longer
+        hold under the create revision it was kept for: deleted, or created again. A full listing
+        (a relist of the store) names nothing deleted; the pusher and the partition controller
+        call this after one, each before it acts on the listing."""
+        for name in [name for name, identity in self.identities.items() if _current_identity(partitions, name) != identity]:
+            self.forget_partition(name)
 
     def pushed_through(self, epoch: int) -> bool:
         """Whether every connected SPU was told the partitions as of the partitions table's
@@ -1055,7 +1101,9 @@ class ConnectionManager:
                     self.health.forget(spu_id)
         if partition_changes.full:
             # A full listing names nothing deleted (a relist, or more deletions than the mirror
-            # keeps tombstones for): whatever the current partitions do not hold is forgotten.
+            # keeps tombstones for): whatever the current partitions do not hold is forgotten,
+            # and so is what was kept of a partition of a name created again since.
+            self.forget_recreated(partitions)
             self.live.keep_only(partitions)
             for name in [name for name in self.confirmed if name not in partitions]:
                 del self.confirmed[name]
@@ -1077,6 +1125,22 @@ def _not_leading(spu_id: int, name: str, epoch: int, told: wire.ReplicaInfo) -> 
         f"SPU {spu_id} does not lead partition {name!r} at leader epoch {epoch}: "
         f"the committed leader is {told.leader} at leader epoch {told.leader_epoch}"
     )
+
+
+def _current_identity(partitions: Mapping[str, local.Entry[models.Partition]], name: str) -> int | None:
+    """The create revision of the partition of that name now (None: there is none)."""
+    current = partitions.get(name)
+    return None if current is None else current.create_revision
+
+
+def _recreated(told: wire.ReplicaInfo, partitions: Mapping[str, local.Entry[models.Partition]]) -> bool:
+    """The partition ``told`` describes is not the current one of its name (deleted, maybe created again)."""
+    return _current_identity(partitions, told.partition) != told.create_revision
+
+
+def _another_partition(spu_id: int, name: str, named: int | None, current: int | None) -> str:
+    now = "; there is none of that name now" if current is None else f"; the current one has create revision {current}"
+    return f"SPU {spu_id} named partition {name!r} of create revision {named}: that partition was deleted{now}"
 
 
 def _stale_code(told: wire.ReplicaInfo, spu_id: int) -> str:
@@ -1169,11 +1233,12 @@ def _replica_delta(
     changed, deleted = [], []
     # Deletions first: a partition also changed was deleted and created again, and the SPU is told
     # both in one Update (it applies the deletions first): the new one starts from nothing there.
-    # A full set names only those (a relist found them under a new create revision); what else is
-    # gone, it leaves out.
+    # A full set names only those a relist found under a new create revision; what else is gone
+    # it leaves out, and a partition the SPU was told of under another create revision than the
+    # current one's was deleted too (and created again).
     gone = changes.deleted
     if changes.full:
-        gone = [*gone, *(name for name in session.hosted if name not in partitions)]
+        gone = [*gone, *(name for name, told in session.hosted.items() if _recreated(told, partitions))]
     for name in gone:
         if session.hosted.pop(name, None) is not None:
             deleted.append(name)
@@ -1185,7 +1250,7 @@ def _replica_delta(
             del restarted[name]  # decided again since: the fact is spent
         told = session.hosted.get(name)
         if session.spu_id in partition.spec.replicas:
-            info = _replica_info(partition, session.incarnation, built)
+            info = _replica_info(entry, session.incarnation, built)
             if told != info:
                 session.hosted[name] = info
                 changed.append(info)
@@ -1207,16 +1272,18 @@ def _spu_info(spu: models.Spu) -> wire.SpuInfo:
 
 
 def _replica_info(
-    partition: models.Partition,
+    entry: local.Entry[models.Partition],
     incarnation: reports.Incarnation,
     built: BuiltStates | None = None,
 ) -> wire.ReplicaInfo:
-    """What an SPU is told of a partition it hosts: the committed state. A leadership its current
-    process was not told of when it connected is withheld (no leader) until the SC decides the
-    partition again, so a restarted process never leads at an epoch granted to its predecessor.
+    """What an SPU is told of a partition it hosts: which one (its key's create revision), and the
+    committed state. A leadership its current process was not told of when it connected is
+    withheld (no leader) until the SC decides the partition again, so a restarted process never
+    leads at an epoch granted to its predecessor.
 
-    ``built``: the states already built from this same ``partition`` object (one push), by name
-    and leader told; the messages are frozen, so the SPUs of a partition share one."""
+    ``built``: the states already built from this same ``entry`` (one push), by name and leader
+    told; the messages are frozen, so the SPUs of a partition share one."""
+    partition = entry.obj
     status = partition.status
     leader: int | None = partition.spec.leader
     if status.resolution is models.PartitionResolution.LEADER_OFFLINE:
@@ -1226,15 +1293,16 @@ def _replica_info(
     if built is not None:
         shared = built.get((partition.name, leader))
         if shared is None:
-            shared = built[(partition.name, leader)] = _build_replica_info(partition, leader)
+            shared = built[(partition.name, leader)] = _build_replica_info(partition, leader, entry.create_revision)
         return shared
-    return _build_replica_info(partition, leader)
+    return _build_replica_info(partition, leader, entry.create_revision)
 
 
-def _build_replica_info(partition: models.Partition, leader: int | None) -> wire.ReplicaInfo:
+def _build_replica_info(partition: models.Partition, leader: int | None, create_revision: int) -> wire.ReplicaInfo:
     status = partition.status
     return wire.ReplicaInfo(
         partition=partition.name,
+        create_revision=create_revision,
         leader=leader,
         leader_epoch=status.leader_epoch,
         partition_epoch=status.partition_epoch,

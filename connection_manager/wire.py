@@ -44,6 +44,9 @@ Offset = Annotated[int, Field(ge=0, le=2**63 - 1)]
 # Epochs only grow by one per change, but a frame may carry anything: bounded like offsets.
 Epoch = Annotated[int, Field(ge=0, le=2**63 - 1)]
 SpuId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+# A partition's identity: the create revision of its key in the store (etcd's 64-bit revision),
+# new each time a partition of that name is created, the same for every SC of the store.
+Revision = Annotated[int, Field(ge=0, le=2**63 - 1)]
 # An SPU connection's number (Accepted): positive, and within the wire's integer limit. An SC
 # numbers its connections from a random base below 2**53 (connection_manager/server.py), so that
 # two SC processes of one store hardly ever give out the same number.
@@ -81,10 +84,13 @@ class SpuInfo(Message):
 
 class ReplicaInfo(Message):
     """A partition this SPU hosts, as the SC committed it: who leads at which leader epoch, the
-    committed in-sync set at which partition epoch, and the replica list (preferred leader first)."""
+    committed in-sync set at which partition epoch, and the replica list (preferred leader first).
+    ``create_revision``: which partition of that name (a partition deleted and created again is
+    another one, with its own log); the SC always sends it, None only from an SC older than it."""
 
     v: Literal[2] = Field(default=PROTOCOL_VERSION, exclude=True)
     partition: PartitionName
+    create_revision: Revision | None = None
     leader: SpuId | None  # None while the partition has no leader the SPU may follow (LeaderOffline)
     leader_epoch: Epoch = 0
     partition_epoch: Epoch = 0
@@ -96,6 +102,8 @@ class ReplicaInfo(Message):
 # models but built as plain dicts: an SPU hosting thousands of partitions lists thousands of them,
 # and building a model instance for each would cost the SC twice the parsing time.
 # Their keys are camelCase on the wire like the models' (``leaderEpoch``), snake_case in Python.
+# ``create_revision`` in an entry about a partition: the one the SPU was told (ReplicaInfo) for the
+# partition it speaks of; optional (an SPU older than it names none, and is read as before).
 _ENTRY = pydantic.ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
 
 
@@ -117,6 +125,7 @@ class PartitionOffsets(TypedDict):
     hw: Offset
     leo: Offset
     followers: NotRequired[Entries[ReplicaOffsets]]
+    create_revision: NotRequired[Revision]
 
 
 @pydantic.with_config(_ENTRY)
@@ -127,6 +136,7 @@ class HostedReplica(TypedDict):
     partition: PartitionName
     leo: Offset
     leader_epoch: Epoch | None
+    create_revision: NotRequired[Revision]
 
 
 @pydantic.with_config(_ENTRY)
@@ -142,7 +152,7 @@ class MemberIncarnation(TypedDict):
 class Leadership(TypedDict):
     partition: PartitionName
     leader_epoch: Epoch
-
+    create_revision: NotRequired[Revision]
 
 
 # ----------------------------------------------------------------- SPU -> SC
@@ -201,7 +211,8 @@ class AlterIsr(Message):
     move's caught-up write too); a refused proposal's counts for nothing. ``incarnations``: for
     every SPU it adds to the committed set, the incarnation its fetches carried when it caught up
     (KIP-903): the SC adds it only if that is still its current connection (a new process may have
-    lost records). Entries for members it keeps are allowed and not checked."""
+    lost records). Entries for members it keeps are allowed and not checked. ``create_revision``:
+    the partition's it was told (left out of the frame when None, so an SC older than it reads it)."""
 
     type: Literal["alterIsr"] = "alterIsr"
     partition: PartitionName
@@ -210,6 +221,15 @@ class AlterIsr(Message):
     isr: Annotated[Entries[SpuId], Field(max_length=MAX_PARTITION_SPUS)]
     hw: Offset | None = None
     incarnations: Annotated[Entries[MemberIncarnation], Field(max_length=MAX_PARTITION_SPUS)] = []
+    create_revision: Revision | None = None
+
+    @pydantic.model_serializer(mode="wrap")
+    def _without_unset_revision(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        if self.create_revision is None:
+            data.pop("createRevision", None)
+            data.pop("create_revision", None)
+        return data
 
 
 class Offsets(Message):

@@ -34,7 +34,11 @@ def journal_path(snapshot: Path) -> Path:
 
 
 def _entry(value: state.Offsets) -> dict[str, object]:
-    return {"leo": value.leo, "hw": value.hw, "epochs": [list(run) for run in value.epochs]}
+    entry: dict[str, object] = {"leo": value.leo, "hw": value.hw, "epochs": [list(run) for run in value.epochs]}
+    if value.create_revision is not None:
+        # Which partition of the name the log is of (a file without it is read as before).
+        entry["createRevision"] = value.create_revision
+    return entry
 
 
 def encode(offsets: Mapping[str, state.Offsets]) -> bytes:
@@ -79,7 +83,13 @@ def _offsets(name: str, value: object, source: str) -> state.Offsets:
             "and epochs as [[epoch, start offset], ...]"
         )
     assert isinstance(value, dict) and isinstance(epochs, list)
-    return state.Offsets(value["leo"], value["hw"], tuple((run[0], run[1]) for run in epochs))
+    identity = value.get("createRevision")
+    if identity is not None and not _offset(identity):
+        raise CheckpointError(
+            f"checkpoint {source}: partition {name!r} has createRevision {identity!r}; expected a whole number "
+            "(the create revision of the partition the log is of)"
+        )
+    return state.Offsets(value["leo"], value["hw"], tuple((run[0], run[1]) for run in epochs), identity)
 
 
 def replay(offsets: dict[str, state.Offsets], journal: bytes, source: str) -> dict[str, state.Offsets]:

@@ -162,6 +162,7 @@ class Proposal:
     hw: int = 0  # the leader's HW when it proposed
     # (SPU, incarnation) for each follower it adds to the committed set: the process it saw catch up.
     incarnations: tuple[tuple[int, int], ...] = ()
+    create_revision: int | None = None  # the partition's, as the SC told it (None: not told)
 
 
 class Replica:
@@ -195,13 +196,23 @@ class Replica:
     """
 
     def __init__(
-        self, partition: str, spu_id: int, lag_time: float, leo: int = 0, hw: int = 0, epochs: Iterable[tuple[int, int]] = ()
+        self,
+        partition: str,
+        spu_id: int,
+        lag_time: float,
+        leo: int = 0,
+        hw: int = 0,
+        epochs: Iterable[tuple[int, int]] = (),
+        create_revision: int | None = None,
     ) -> None:
         if lag_time <= 0:
             raise ReplicaError(f"replica lag time must be positive, got {lag_time!r} seconds")
         if leo < 0 or hw < 0:
             raise ReplicaError(f"offsets of partition {partition!r} cannot be negative: leo {leo}, hw {hw}")
         self.partition = partition
+        # Which partition of that name this log is of: its key's create revision, as the SC told
+        # it (None: not told, by an SC older than the field). Another one is another log.
+        self.create_revision = create_revision
         self.spu_id = spu_id
         self.lag_time = lag_time
         runs = list(epochs) or ([(0, 0)] if leo > 0 else [])
@@ -429,7 +440,7 @@ class Replica:
         if refused is not None and refused[:2] == (wanted, named) and now - refused[2] < retry_after:
             return None
         assert self.leader_epoch is not None
-        self.pending = Proposal(wanted, self.leader_epoch, self.partition_epoch, now, self.hw, named)
+        self.pending = Proposal(wanted, self.leader_epoch, self.partition_epoch, now, self.hw, named, self.create_revision)
         return self.pending
 
     def proposal_answered(

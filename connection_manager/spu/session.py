@@ -221,10 +221,16 @@ class ScSession:
         """Say each leadership once per connection (and again for a partition of the same name
         assigned after the replica was removed: a new partition, which its leader must confirm)."""
         fresh = sorted(item for item in leaderships if self._confirmed.get(item[0]) != item[1])
-        if fresh and self.send(
-            wire.Leading(partitions=[wire.Leadership(partition=name, leader_epoch=epoch) for name, epoch in fresh])
-        ):
+        if fresh and self.send(wire.Leading(partitions=[self._leadership(name, epoch) for name, epoch in fresh])):
             self._confirmed.update(fresh)
+
+    def _leadership(self, name: str, epoch: int) -> wire.Leadership:
+        """A leadership naming its partition's create revision when the SC told it."""
+        leadership = wire.Leadership(partition=name, leader_epoch=epoch)
+        replica = self.state.replicas.get(name)
+        if replica is not None and replica.create_revision is not None:
+            leadership["create_revision"] = replica.create_revision
+        return leadership
 
     async def _write(self, ws: aiohttp.ClientWebSocketResponse, outbox: asyncio.Queue[bytes]) -> None:
         while True:
@@ -434,6 +440,7 @@ def _alter_isr(name: str, proposal: replica_module.Proposal) -> wire.AlterIsr:
         partition=name, leader_epoch=proposal.leader_epoch, partition_epoch=proposal.partition_epoch, isr=list(proposal.isr),
         hw=proposal.hw,
         incarnations=[wire.MemberIncarnation(spu=spu, incarnation=number) for spu, number in proposal.incarnations],
+        create_revision=proposal.create_revision,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from connection_manager import wire
 from connection_manager.spu import fetch_wire, replica as replica_module
@@ -20,11 +21,13 @@ Role = replica_module.Role
 
 @dataclass(frozen=True, slots=True)
 class Offsets:
-    """A replica's log as a checkpoint keeps it: its end, HW, and leader epoch runs."""
+    """A replica's log as a checkpoint keeps it: its end, HW, leader epoch runs, and the create
+    revision of the partition it is of (None: never told one)."""
 
     leo: int
     hw: int
     epochs: tuple[tuple[int, int], ...] = ()
+    create_revision: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +103,7 @@ class SpuState:
         self.spus = {spu.id: spu for spu in sync.spus}
         listed = {info.partition for info in sync.replicas}
         for name in [name for name in self.replicas if name not in listed]:
-            del self.replicas[name]
-            self.offsets_changed.discard(name)
-            self.changes.removed.add(name)
-            self.changes.leaderships.pop(name, None)
+            self._remove(name)
         for info in sync.replicas:
             self._assign(info, now)
         self._restored.clear()
@@ -120,23 +120,41 @@ class SpuState:
         for spu in update.spus:
             self.spus[spu.id] = spu
         for name in update.deleted_replicas:
-            if self.replicas.pop(name, None) is not None:
-                self.changes.removed.add(name)
-                self.changes.leaderships.pop(name, None)  # not to be said: it leads it no more
-            self.offsets_changed.discard(name)
+            self._remove(name)
         for info in update.replicas:
             self._assign(info, now)
         self.epoch = update.epoch
         self._reindex([*update.deleted_replicas, *(info.partition for info in update.replicas)])
 
+    def _remove(self, name: str) -> None:
+        """The SC took the replica off this SPU, or it is of another partition of the name than the
+        one the SC describes now: a partition of that name assigned later is a new one."""
+        if self.replicas.pop(name, None) is not None:
+            self.changes.removed.add(name)
+            self.changes.leaderships.pop(name, None)  # not to be said: it leads it no more
+        self.offsets_changed.discard(name)
+
     def _assign(self, info: wire.ReplicaInfo, now: float) -> None:
-        replica = self.replicas.get(info.partition)
+        name, identity = info.partition, info.create_revision
+        replica = self.replicas.get(name)
+        replaced = replica is not None and _another(replica.create_revision, identity)
+        if replaced:
+            # Deleted and created again while this SPU did not hear of it (it was away, or the SC
+            # relisted its store): the records it holds are the old partition's, not this one's.
+            self._remove(name)
+            replica = None
         if replica is None:
-            restored = self._restored.pop(info.partition, Offsets(0, 0))
-            replica = replica_module.Replica(
-                info.partition, self.spu_id, self.lag_time, restored.leo, restored.hw, restored.epochs
-            )
-            self.replicas[info.partition] = replica
+            restored = self._restored.pop(name, None)
+            if restored is not None:
+                replaced = replaced or _another(restored.create_revision, identity)
+            kept = Offsets(0, 0) if restored is None or replaced else restored
+            replica = replica_module.Replica(name, self.spu_id, self.lag_time, kept.leo, kept.hw, kept.epochs, identity)
+            self.replicas[name] = replica
+            if restored is not None or replaced:
+                self.changes.logs.add(name)  # the journal holds this name's old log: it is this one now
+        elif identity is not None and replica.create_revision != identity:
+            replica.create_revision = identity  # told at last (an older SC, or a log saved without it)
+            self.changes.logs.add(name)
         hw = replica.hw
         started = replica.assign(info.leader, info.replicas, now, info.leader_epoch, info.partition_epoch, info.isr)
         if started:
@@ -215,12 +233,12 @@ class SpuState:
     def hosted(self) -> wire.Hosted:
         """Every replica this process holds, with the leader epoch it was told with its role."""
         entries = [
-            wire.HostedReplica(partition=name, leo=offsets.leo, leader_epoch=None)
+            _identified(wire.HostedReplica(partition=name, leo=offsets.leo, leader_epoch=None), offsets.create_revision)
             for name, offsets in sorted(self._restored.items())
             if name not in self.replicas
         ]
         entries += [
-            wire.HostedReplica(partition=name, leo=replica.leo, leader_epoch=replica.told_epoch)
+            _identified(wire.HostedReplica(partition=name, leo=replica.leo, leader_epoch=replica.told_epoch), replica.create_revision)
             for name, replica in sorted(self.replicas.items())
         ]
         return wire.Hosted(partitions=entries)
@@ -228,7 +246,10 @@ class SpuState:
     def leaderships(self) -> wire.Leading | None:
         """Every partition it leads, at its epoch (said again after each Sync)."""
         led = [
-            wire.Leadership(partition=name, leader_epoch=replica.leader_epoch)  # type: ignore[typeddict-item]  # a leader has its epoch
+            _identified(
+                wire.Leadership(partition=name, leader_epoch=replica.leader_epoch),  # type: ignore[typeddict-item]  # a leader has its epoch
+                replica.create_revision,
+            )
             for name, replica in sorted(self.replicas.items())
             if replica.role is Role.LEADER
         ]
@@ -251,18 +272,17 @@ class SpuState:
             replica = self.replicas.get(name)
             if replica is None or replica.role is not Role.LEADER:
                 continue
-            entries.append(
-                wire.PartitionOffsets(
-                    partition=name,
-                    leader_epoch=replica.leader_epoch,  # type: ignore[typeddict-item]  # a leader has its epoch
-                    hw=replica.hw,
-                    leo=replica.leo,
-                    followers=[
-                        wire.ReplicaOffsets(spu=spu, hw=progress.hw, leo=progress.leo)
-                        for spu, progress in sorted(replica.followers.items())
-                    ],
-                )
+            entry = wire.PartitionOffsets(
+                partition=name,
+                leader_epoch=replica.leader_epoch,  # type: ignore[typeddict-item]  # a leader has its epoch
+                hw=replica.hw,
+                leo=replica.leo,
+                followers=[
+                    wire.ReplicaOffsets(spu=spu, hw=progress.hw, leo=progress.leo)
+                    for spu, progress in sorted(replica.followers.items())
+                ],
             )
+            entries.append(_identified(entry, replica.create_revision))
         return entries
 
     # ------------------------------------------------------------------ leading
@@ -384,7 +404,7 @@ class SpuState:
     def logs(self, names: Iterable[str] | None = None) -> dict[str, Offsets]:
         """Replicas' logs (``names``, or all), for the checkpoint; restored ones not yet assigned are kept."""
         current = {
-            name: Offsets(replica.leo, replica.hw, tuple(replica.log.runs))
+            name: Offsets(replica.leo, replica.hw, tuple(replica.log.runs), replica.create_revision)
             for name, replica in self.replicas.items()
             if names is None or name in names
         }
@@ -410,3 +430,19 @@ class SpuState:
             followers={spu: progress.leo for spu, progress in sorted(replica.followers.items())},
             isr=replica.isr,
         )
+
+
+def _another(held: int | None, told: int | None) -> bool:
+    """A log of partition ``held`` is of another partition than ``told`` (both known, and differ)."""
+    return held is not None and told is not None and held != told
+
+
+Identified = TypeVar("Identified", wire.HostedReplica, wire.Leadership, wire.PartitionOffsets)
+
+
+def _identified(entry: Identified, create_revision: int | None) -> Identified:
+    """``entry`` naming the partition it is about, when the SC told which (an SC older than the
+    field, never told, would refuse the key)."""
+    if create_revision is not None:
+        entry["create_revision"] = create_revision
+    return entry

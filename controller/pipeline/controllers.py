@@ -286,6 +286,9 @@ class PartitionController:
             # created again must not be decided on its predecessor's confirmation or offsets.
             for name in partition_changes.deleted:
                 self._connections.forget_partition(name)
+            if partition_changes.full:
+                # A relist names nothing deleted: a name created again is known by its create revision.
+                self._connections.forget_recreated(snapshot.entries("partitions"))
         self._hosting.update(snapshot, partition_changes)
         if spu_changes.full:
             self._spu_ids = {entry.name: entry.obj.spec.id for entry in snapshot.entries("spus").values()}

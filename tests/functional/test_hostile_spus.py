@@ -547,3 +547,57 @@ async def test_a_refused_proposals_hw_does_not_count_committed(settings: config.
         assert isinstance(stored, models.Partition) and stored.status.leader is not None
         assert (stored.status.isr, stored.status.leader.hw) == ([0], 8), stored.status
         assert await shown_hw(sc) == 8
+
+
+async def test_a_leaders_frames_about_a_topic_deleted_and_created_again_count_for_nothing(settings: config.Settings) -> None:
+    """Topic t is deleted and created again with the same placement: its partition t-0 starts
+    again at leader epoch 0 on the same leader. The leader's frames about the old t-0 that reach
+    the SC after it told the leader of the new one (sent before the leader read that update) named
+    the partition by name and epoch alone, so the old leadership confirmed the new partition, and
+    the old log's HW became the new one's, shown and written for good. Each names the partition's
+    create revision now: those about the old one are refused (`stale-partition`) or dropped."""
+    settings = settings.model_copy(update={"spu_offsets_interval": 0.1})
+    async with led_by_spu_0(settings) as (sc, spus):
+        leader = spus[0]
+        await leader.report(("t-0", 7, 7, {1: 7}))
+        await sc.eventually(lambda: shows_hw(sc, 7))
+        old = leader.replicas["t-0"]
+        assert old.create_revision is not None
+        status, body = await sc.call("DELETE", "/v1/topics/t")
+        assert status in (200, 202, 204), body
+
+        async def gone() -> None:
+            assert await sc.read("partitions", "t-0") is None
+
+        await sc.eventually(gone)
+        status, body = await sc.call("POST", "/v1/topics", {"name": "t", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}]}})
+        assert status == 201, body
+        await leader.wait_for(lambda: "t-0" in leader.replicas and leader.replicas["t-0"].create_revision != old.create_revision)
+        new = leader.replicas["t-0"]
+        assert (new.leader, new.leader_epoch, new.partition_epoch) == (0, 0, 0)  # as old was: only the create revision tells them apart
+        # What the leader said of the old partition before it read that update.
+        identity = old.create_revision
+        leadership = wire.Leadership(partition="t-0", leader_epoch=0, create_revision=identity)
+        await leader.send(wire.Leading(partitions=[leadership]))
+        offsets = wire.PartitionOffsets(partition="t-0", leader_epoch=0, hw=1_000, leo=1_000, create_revision=identity)
+        await leader.send(wire.Offsets(partitions=[offsets]))
+        await leader.send(wire.AlterIsr(partition="t-0", leader_epoch=0, partition_epoch=1, isr=[0], hw=1_000, create_revision=identity))
+        await leader.wait_for(lambda: leader.results("t-0"))
+        [refused] = leader.results("t-0")
+        assert refused.error == "stale-partition", refused
+        [error] = [m for m in leader.received if isinstance(m, wire.Error)]
+        assert (error.code, error.partition) == ("stale-partition", "t-0"), error
+        stored = await sc.read("partitions", "t-0")
+        assert isinstance(stored, models.Partition) and stored.status.resolution is models.PartitionResolution.OFFLINE, stored
+        # Confirmed by its leader, it is Online, with none of the old partition's HW.
+        await leader.lead("t-0")
+
+        async def online() -> None:
+            stored = await sc.read("partitions", "t-0")
+            assert isinstance(stored, models.Partition) and stored.status.resolution is ONLINE, stored
+            assert stored.status.leader is not None and stored.status.leader.hw < 7, stored.status
+
+        await sc.eventually(online)
+        assert await shown_hw(sc) < 7
+        await leader.report(("t-0", 3, 3, {1: 3}))
+        await sc.eventually(lambda: shows_hw(sc, 3))

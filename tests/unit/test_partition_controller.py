@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from connection_manager import health as health_module
-from connection_manager import lrs
+from connection_manager import lrs, wire
 from connection_manager import server as cm_server
 from controller import config, context as context_module, metrics
 from controller.pipeline import controllers, dispatcher as dispatcher_module
@@ -20,6 +20,7 @@ from controller.reconcile import actions
 from store import local, memory, models
 from tests import builders
 from tests.unit.test_election import SPUS, fresh, part
+from tests.unit.test_spu_frames import about
 
 ONLINE, OFFLINE = health_module.Health.ONLINE, health_module.Health.OFFLINE
 
@@ -267,6 +268,52 @@ async def test_a_partition_deleted_and_created_again_is_not_decided_on_its_prede
     decided = passes.controller.decide(passes.local_store.snapshot(), {"partitions": listener.changes(), "spus": no_changes()["spus"]})
     assert decided == []  # waits for its leader's confirmation
     assert "t-0" not in connections.confirmed and connections.live.max_hw("t-0") == lrs.UNKNOWN_OFFSET
+
+
+@pytest.mark.looptime
+async def test_a_leaders_frames_about_a_partition_deleted_and_created_again_decide_nothing_for_the_new_one() -> None:
+    """The leader of t-0 (leader epoch 0, the epoch a partition created again starts at, on the
+    same SPUs) confirms it, reports HW 1000 and proposes with HW 1000 about the old partition, in
+    frames that come in after the SC re-created it: before the push told it (the partition
+    controller's pass came first, and forgot the old one's), and after. The new partition is
+    not confirmed by them (it stays Offline until its leader confirms it), nor is its HW raised,
+    nor is anything committed: before, the pass after them wrote it Online at HW 1000, for good."""
+    old = named(part(0, [0, 1, 2], leader_epoch=0, partition_epoch=1, hw=7), "t-0")
+    passes = Passes(partitions=(old,), states=(ONLINE, ONLINE, ONLINE), pushing=True)
+    connections = passes.connections
+    assert connections is not None
+    connections.on_news = passes.controller.on_news
+    registration = passes.local_store["spus"].view["spu-0"].create_revision
+    session = cm_server.Session(0, "spu-0", 1, None, registration)  # type: ignore[arg-type]  # frames only go to its outbox
+    session.ready = True
+    connections.sessions[0] = session
+    connections._send_sync(session)
+    told = session.hosted["t-0"].create_revision
+    table = passes.local_store["partitions"]
+    pushed, seen = table.listener(), table.listener()
+    spus_pushed = passes.local_store["spus"].listener(local.Part.SPEC)
+    for listener in (pushed, seen, spus_pushed):
+        listener.changes()
+    assert passes.decide() == []
+    table.delete("t-0", 40)
+    table.apply(named(fresh([0, 1, 2]), "t-0"), 41)
+    assert passes.controller.decide(passes.local_store.snapshot(), {"partitions": seen.changes(), "spus": no_changes()["spus"]}) == []
+    for frame in about("t-0", None) + about("t-0", told):
+        connections._take_frame(session, wire.encode(frame))
+    assert passes.decide() == []
+    connections.push(spus_pushed.changes(), pushed.changes())
+    assert session.hosted["t-0"].create_revision == 41
+    for frame in about("t-0", told):
+        connections._take_frame(session, wire.encode(frame))
+    assert passes.decide() == []
+    assert (connections.confirmed, connections.live.max_hw("t-0"), connections.proposals) == ({}, lrs.UNKNOWN_OFFSET, {})
+    assert connections.stats.stale_entries == 9
+    # Its leader's confirmation of the new one counts.
+    connections._take_frame(session, wire.encode(about("t-0", 41, hw=0)[0]))
+    [write] = passes.controller.decide(passes.local_store.snapshot(), no_changes())
+    stored = models.decode("partitions", builders.written(write.writes[0]))
+    assert isinstance(stored, models.Partition) and stored.status.resolution is models.PartitionResolution.ONLINE
+    assert stored.status.leader is not None and stored.status.leader.hw == lrs.UNKNOWN_OFFSET, stored.status
 
 
 @pytest.mark.looptime

@@ -35,7 +35,7 @@ def reference_delta(
             del restarted[name]
         told = session.hosted.get(name)
         if session.spu_id in obj.spec.replicas:
-            info = server._replica_info(obj, session.incarnation)
+            info = server._replica_info(entry, session.incarnation)
             if told != info:
                 session.hosted[name] = info
                 changed.append(info)
@@ -108,4 +108,4 @@ def test_every_partition_the_sc_can_read_can_be_told_to_its_spus(replicas: list[
         )
     except pydantic.ValidationError:
         return
-    server._build_replica_info(partition, partition.spec.leader)
+    server._build_replica_info(partition, partition.spec.leader, 1)

@@ -54,7 +54,8 @@ async def test_a_partition_deleted_and_created_again_within_one_push_starts_from
     # Told that the replica it held is gone and a new one of the name assigned, in one Update.
     assert len(sent) == 1 and isinstance(sent[0], wire.Update)
     assert sent[0].deleted_replicas == ["t-0"] and [info.partition for info in sent[0].replicas] == ["t-0"]
-    assert session.hosted["t-0"] == told  # the same state: only its being new tells it apart
+    # The same state but for which partition of the name it is: its create revision.
+    assert (told.create_revision, session.hosted["t-0"]) == (2, told.model_copy(update={"create_revision": 4}))
 
 
 async def test_a_partition_deleted_and_created_again_while_the_watch_was_down_starts_from_nothing() -> None:

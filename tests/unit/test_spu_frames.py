@@ -25,7 +25,7 @@ def manager_with(*names: str) -> tuple[server.ConnectionManager, server.Session,
     news: list[set[str]] = []
     cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas(), on_news=news.append)
     session = server.Session(0, "spu-0", 1, None)  # type: ignore[arg-type]  # frames only go to its outbox
-    session.hosted = {entry.name: server._replica_info(entry.obj, session.incarnation) for entry in cm.replicas_of(0)}
+    session.hosted = {entry.name: server._replica_info(entry, session.incarnation) for entry in cm.replicas_of(0)}
     session.ready = True
     cm.sessions[0] = session
     return cm, session, news
@@ -332,3 +332,125 @@ async def test_an_spus_frames_are_paced_by_their_bytes_only_past_two_of_the_larg
     # Capped well within the heartbeat timeout: its frames, pings and heartbeats are read again by then.
     cm._spend(0, 100 * cm.frame_bytes_per_second)
     assert cm._frames_wait(0) == cm.heartbeat_timeout / 2
+
+
+def recreate(cm: server.ConnectionManager, session: server.Session, name: str, revision: int, told: bool = True) -> int:
+    """``name`` deleted and created again at ``revision`` as the topic controller creates it (same
+    replicas, leader 0, Offline at epochs 0: deterministic placement gives the same), its create
+    revision returned; with ``told`` the SC pushed it to ``session`` (deletion first, as push does)."""
+    table = cm.local_store["partitions"]
+    listener = table.listener()
+    listener.changes()
+    table.delete(name, revision - 1)
+    table.apply(partition(name, [0, 1, 2]), revision)
+    changes = listener.changes()
+    if told:
+        server._replica_delta(session, changes, table.view)
+    entry = table.view[name]
+    assert entry.create_revision == revision
+    return entry.create_revision
+
+
+def about(name: str, create_revision: int | None, hw: int = 1_000) -> list[wire.Message]:
+    """What a leader of ``name`` at leader epoch 0 says of the partition of ``create_revision``
+    (None: an SPU older than the field, which names none)."""
+    leadership = wire.Leadership(partition=name, leader_epoch=0)
+    offsets = wire.PartitionOffsets(partition=name, leader_epoch=0, hw=hw, leo=hw)
+    if create_revision is not None:
+        leadership["create_revision"] = offsets["create_revision"] = create_revision
+    return [
+        wire.Leading(partitions=[leadership]),
+        wire.Offsets(partitions=[offsets]),
+        wire.AlterIsr(partition=name, leader_epoch=0, partition_epoch=1, isr=[0, 1], hw=hw, create_revision=create_revision),
+    ]
+
+
+async def test_frames_about_a_partition_deleted_and_created_again_count_for_nothing_for_the_new_one() -> None:
+    """A leader's frames about the old partition, sent before it read the update that deleted it
+    and assigned the new one (same name, same leader, same epochs: a topic deleted and created
+    again), came in after the SC had told it the new one. They named it by name alone, so the old
+    log's HW counted as the new partition's (shown, and written with its next status write, for
+    good), the old leadership confirmed the new partition, and the old proposal was held for it.
+    Each names the create revision of the partition it is about: another than the one the SPU was
+    told is stale, dropped or answered `stale-partition` with the state the SPU was told."""
+    cm, session, news = manager_with("orders-0")
+    old = session.hosted["orders-0"].create_revision
+    new = recreate(cm, session, "orders-0", 3)
+    assert (old, session.hosted["orders-0"].create_revision) == (1, new)
+    for frame in about("orders-0", old):
+        cm._take_frame(session, wire.encode(frame))
+    assert (cm.live.max_hw("orders-0"), cm.live.get("orders-0"), cm.confirmed, cm.proposals, news) == (-1, None, {}, {}, [])
+    assert cm.stats.stale_entries == 3
+    leading, proposal = sent(session)
+    assert isinstance(leading, wire.Error) and (leading.code, leading.partition) == ("stale-partition", "orders-0"), leading
+    assert leading.message == (
+        f"SPU 0 named partition 'orders-0' of create revision {old}: that partition was deleted; "
+        f"the current one has create revision {new}"
+    )
+    assert isinstance(proposal, wire.AlterIsrResult) and proposal.error == "stale-partition", proposal
+    assert (proposal.leader_epoch, proposal.partition_epoch, proposal.isr) == (0, 0, [0, 1, 2])
+    # The same frames about the new partition count.
+    for frame in about("orders-0", new, hw=5):
+        cm._take_frame(session, wire.encode(frame))
+    assert (cm.live.max_hw("orders-0"), cm.confirmed, list(cm.proposals)) == (5, {"orders-0": (0, 0)}, ["orders-0"])
+    assert sent(session) == [] and cm.stats.stale_entries == 3
+
+
+async def test_frames_about_a_partition_the_sc_created_again_before_telling_the_spu_count_for_nothing() -> None:
+    """Between the store's delete and re-create and the push that tells the SPU (PUSH_LINGER, the
+    partition controller's pass running first), the SPU's frames are about the partition it was
+    told, the old one, whether they name it or not (an SPU older than the field): the SC takes
+    in none of them, though they match what it told that SPU. One taken in was forgotten only
+    at the push, after a pass of the partition controller may have decided on it."""
+    for identity in (1, None):
+        cm, session, news = manager_with("orders-0")
+        recreate(cm, session, "orders-0", 3, told=False)
+        for frame in about("orders-0", identity):
+            cm._take_frame(session, wire.encode(frame))
+        assert (cm.live.max_hw("orders-0"), cm.confirmed, cm.proposals, news) == (-1, {}, {}, []), identity
+        assert [(frame.type, getattr(frame, "code", None) or getattr(frame, "error", None)) for frame in sent(session)] == [
+            ("error", "stale-partition"), ("alterIsrResult", "stale-partition")
+        ]
+        assert cm.stats.stale_entries == 3
+
+
+async def test_a_process_holding_another_partition_of_the_name_does_not_hold_the_current_one() -> None:
+    """An SPU away while its partition was deleted and created again (same name, leader, epochs)
+    came back saying it holds the name at the leader epoch it was told, with the old log's end:
+    the SC took it for the same process in the same role (not restarted), holding the new
+    partition's records. Its `hosted` entry names the create revision it holds: another one is
+    another partition's log, so the role it has in the current one is one it was not told of."""
+    cm, _, _ = manager_with("orders-0")
+    recreate(cm, cm.sessions[0], "orders-0", 3)
+    cm.local_store["partitions"].apply(partition("orders-0", [0, 1, 2], resolution="Online"), 4)  # its leader confirmed
+    for identity, restarted in ((1, {"orders-0": 0}), (3, {}), (None, {})):
+        held = wire.HostedReplica(partition="orders-0", leo=1_000, leader_epoch=0)
+        if identity is not None:
+            held["create_revision"] = identity
+        session = server.Session(0, "spu-0", 2, FirstFrame(wire.encode(wire.Hosted(partitions=[held]))))  # type: ignore[arg-type]  # a recording stand-in for the WebSocket
+        cm.sessions[0] = session
+        assert await cm._read_hosted(session), session.closing
+        assert session.incarnation.restarted == restarted, identity
+        assert session.incarnation.leo("orders-0") == (None if restarted else 1_000), identity
+
+
+async def test_a_relist_showing_a_partition_created_again_tells_its_spus_and_forgets_what_the_old_one_said() -> None:
+    """A relist of the store (the SC's watch was broken meanwhile) names nothing deleted: a
+    partition deleted and created again under its name was taken for an update of the old one.
+    Its SPUs were told the new state as the old partition's, and the old one's confirmation and HW
+    stayed the SC's for the new one. Its create revision tells them apart: the SPUs are told the
+    old one is gone and the new one assigned, and what the old one's leader said is forgotten."""
+    cm, session, _ = manager_with("orders-0")
+    for frame in about("orders-0", 1)[:2]:
+        cm._take_frame(session, wire.encode(frame))
+    assert (cm.confirmed, cm.live.max_hw("orders-0")) == ({"orders-0": (0, 0)}, 1_000)
+    table = cm.local_store["partitions"]
+    listener = table.listener()
+    listener.changes()
+    table.resync([(partition("orders-0", [0, 1, 2]), 8, 8)], revision=8)
+    changes = listener.changes()
+    assert changes.full and changes.deleted == []
+    changed, deleted = server._replica_delta(session, changes, table.view)
+    assert (deleted, [(info.partition, info.create_revision) for info in changed]) == (["orders-0"], [("orders-0", 8)])
+    cm.forget_recreated(table.view)
+    assert (cm.confirmed, cm.live.max_hw("orders-0"), cm.identities) == ({}, -1, {})

@@ -69,13 +69,15 @@ def test_a_replica_is_told_as_committed() -> None:
     fresh = partition("orders-4", [1, 2])  # partition epoch 0: every replica is in sync
     leaderless = partition("orders-5", [0, 1], resolution="LeaderOffline")
     incarnation = reports.Incarnation(0, 1)
-    for told in (online, fresh, leaderless):
+    stored = {obj.name: local.Entry(obj, 9, 1, 1, create_revision=5) for obj in (online, fresh, leaderless)}
+    for told in stored.values():
         built = server._replica_info(told, incarnation)
         validated = wire.ReplicaInfo.model_validate(built.model_dump())
         assert built == validated
         assert wire.encode(built) == wire.encode(validated)
-    assert server._replica_info(online, incarnation).isr == [2, 1]
-    assert server._replica_info(fresh, incarnation).isr == [1, 2]
-    assert server._replica_info(leaderless, incarnation).leader is None
+        assert built.create_revision == 5  # which partition of the name: its key's create revision
+    assert server._replica_info(stored["orders-3"], incarnation).isr == [2, 1]
+    assert server._replica_info(stored["orders-4"], incarnation).isr == [1, 2]
+    assert server._replica_info(stored["orders-5"], incarnation).leader is None
     restarted = reports.Incarnation(2, 5, {}, {"orders-3": 7})
-    assert server._replica_info(online, restarted).leader is None  # withheld from a restarted process
+    assert server._replica_info(stored["orders-3"], restarted).leader is None  # withheld from a restarted process

@@ -83,3 +83,17 @@ def test_an_unusable_checkpoint_is_refused_naming_the_file_and_the_problem(data:
 def test_a_journal_line_broken_in_the_middle_is_refused(tmp_path: Path) -> None:
     with pytest.raises(checkpoint.CheckpointError, match=r"^journal J: line 1 is not valid JSON; delete the data directory"):
         checkpoint.replay({}, b'{"partition"\n{"partition":"a-0","leo":1,"hw":0,"epochs":[[0,0]]}\n', "J")
+
+
+def test_a_log_is_saved_with_the_create_revision_of_its_partition(tmp_path: Path) -> None:
+    """So that a restarted process knows which partition of the name each log is of (one deleted
+    and created again meanwhile is another). A file without it (written before) is read as before."""
+    path = checkpoint.path_for(tmp_path, 0)
+    journal = checkpoint.Journal(path)
+    journal.compact({"a-0": Offsets(10, 10, ((1, 0),), 5), "b-0": Offsets(3, 3, ((0, 0),))})
+    journal.write({"a-0": Offsets(0, 0, (), 9)})  # created again: another log
+    journal.close()
+    assert checkpoint.load(path) == {"a-0": Offsets(0, 0, (), 9), "b-0": Offsets(3, 3, ((0, 0),))}
+    assert b'"createRevision": 5' in path.read_bytes() and b"createRevision" not in path.read_bytes().split(b'"b-0"')[1]
+    with pytest.raises(checkpoint.CheckpointError, match=r"^checkpoint F: partition 't-0' has createRevision -1; expected a whole number"):
+        checkpoint.decode(b'{"version": 2, "partitions": {"t-0": {"leo": 0, "hw": 0, "epochs": [], "createRevision": -1}}}', "F")
