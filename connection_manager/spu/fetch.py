@@ -194,7 +194,7 @@ class Fetchers:
                 response = fetch_wire.parse_response(body)
                 if isinstance(response, fetch_wire.FetchError):
                     raise LeaderRefused(f"leader refused the fetch: {response.code}: {response.message}")
-                problems = self.state.apply_response(leader, response)
+                problems = self.state.apply_response(leader, response, request)
                 self.on_change()
                 if problems != reported:
                     # Logged when they change: "not-leader" repeats until the SC's update reaches both SPUs.

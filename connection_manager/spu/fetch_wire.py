@@ -28,6 +28,17 @@ class PartitionFetch(wire.Message):
     hw: wire.Offset
     leader_epoch: wire.Epoch  # the epoch the SC told the follower: the leader refuses any other
     last_fetched_epoch: Annotated[int, Field(ge=-1)]  # the epoch of its record at offset - 1; -1: empty log
+    # Which partition of the name, as the SC told the follower: the leader refuses another one. Left
+    # out when None (told none), so a leader older than the field reads the frame.
+    create_revision: wire.Revision | None = None
+
+    @pydantic.model_serializer(mode="wrap")
+    def _without_unset_revision(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, object]:
+        data: dict[str, object] = handler(self)
+        if self.create_revision is None:
+            data.pop("createRevision", None)
+            data.pop("create_revision", None)
+        return data
 
 
 class FetchRequest(wire.Message):
@@ -56,7 +67,9 @@ class PartitionFetched(wire.Message):
     ``not-leader`` (it does not lead it now), ``not-a-replica`` (the follower is not in its replica
     list), ``fenced-leader-epoch`` (the follower's epoch is older than the leader's: it waits for
     the SC's update), ``unknown-leader-epoch`` (newer: this leader was replaced and has not heard
-    yet; the follower waits for its new leader).
+    yet; the follower waits for its new leader), ``inconsistent-partition`` (the leader holds
+    another partition of that name than the fetch's create revision: deleted and created again,
+    and one of the two has not read the SC's update yet; only to a fetch that names one).
     """
 
     v: Literal[2] = Field(default=wire.PROTOCOL_VERSION, exclude=True)
@@ -68,7 +81,7 @@ class PartitionFetched(wire.Message):
     epochs: list[tuple[wire.Epoch, wire.Offset]] = []
     diverging_epoch: Annotated[int, Field(ge=-1)] | None = None
     diverging_end_offset: wire.Offset | None = None
-    error: Literal["not-leader", "not-a-replica", "fenced-leader-epoch", "unknown-leader-epoch"] | None = None
+    error: Literal["not-leader", "not-a-replica", "fenced-leader-epoch", "unknown-leader-epoch", "inconsistent-partition"] | None = None
 
 
 class FetchResponse(wire.Message):

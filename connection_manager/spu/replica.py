@@ -16,6 +16,7 @@ NOT_LEADER = "not-leader"
 NOT_A_REPLICA = "not-a-replica"
 FENCED_LEADER_EPOCH = "fenced-leader-epoch"  # the follower's epoch is older than the leader's
 UNKNOWN_LEADER_EPOCH = "unknown-leader-epoch"  # newer: this leader has probably been replaced
+INCONSISTENT_PARTITION = "inconsistent-partition"  # another partition of that name (another create revision)
 NO_EPOCH = -1  # the last epoch of an empty log
 
 

@@ -315,6 +315,12 @@ class SpuState:
             if replica is None:
                 answers.append(fetch_wire.PartitionFetched(partition=name, offset=wanted.offset, error="not-leader"))
                 continue
+            if _another(replica.create_revision, wanted.create_revision):
+                # The same name and maybe epoch, but another partition: its log says nothing of this one.
+                answers.append(
+                    fetch_wire.PartitionFetched(partition=name, offset=wanted.offset, error=replica_module.INCONSISTENT_PARTITION)
+                )
+                continue
             hw, leo = replica.hw, replica.leo
             progress = replica.followers.get(request.spu)
             before = None if progress is None else progress.leo
@@ -364,6 +370,7 @@ class SpuState:
                     hw=replica.hw,
                     leader_epoch=replica.leader_epoch,
                     last_fetched_epoch=replica.log.last_epoch,
+                    create_revision=replica.create_revision,
                 )
             )
         if not partitions:
@@ -372,19 +379,23 @@ class SpuState:
             spu=self.spu_id, incarnation=self.incarnation, max_records=max_records, partitions=partitions
         )
 
-    def apply_response(self, leader: int, response: fetch_wire.FetchResponse) -> dict[str, str]:
+    def apply_response(
+        self, leader: int, response: fetch_wire.FetchResponse, request: fetch_wire.FetchRequest | None = None
+    ) -> dict[str, str]:
         """Take ``leader``'s answer partition by partition; returns partition -> why it was not applied.
 
-        A stale answer (the replica moved on, or follows another leader now) is skipped silently;
-        a refusal or an inconsistent answer is returned, and the other partitions still apply.
+        A stale answer (the replica moved on, or follows another leader now, or is another
+        partition of the name than the one ``request`` fetched for) is skipped silently; a
+        refusal or an inconsistent answer is returned, and the other partitions still apply.
         """
         problems: dict[str, str] = {}
+        asked = {} if request is None else {wanted.partition: wanted.create_revision for wanted in request.partitions}
         for answer in response.partitions:
             if answer.error is not None:
                 problems[answer.partition] = answer.error
                 continue
             replica = self.replicas.get(answer.partition)
-            if replica is None:
+            if replica is None or _another(replica.create_revision, asked.get(answer.partition)):
                 continue
             taken: replica_module.Served | replica_module.Diverging
             if answer.diverging_epoch is not None and answer.diverging_end_offset is not None:

@@ -381,3 +381,38 @@ def test_what_an_spu_says_of_a_partition_names_the_create_revision_it_was_told()
     assert (proposals["a-0"].create_revision, proposals["b-0"].create_revision) == (5, None)
     for frame in (state.hosted(), leading, wire.Offsets(partitions=state.offsets(only_changed=False))):
         assert wire.parse_spu_message(wire.encode(frame)) == frame
+
+
+def test_a_fetch_between_two_partitions_of_one_name_is_refused_and_an_answer_for_a_replaced_replica_is_dropped() -> None:
+    """The partition's leader and a follower read the SC's update that deleted it and assigned a
+    new one of the name (same leader, leader epoch 0 again) at different times. Meanwhile the
+    follower fetched for the old partition from the leader of the new one, at the same epoch: the
+    leader answered from its new log and recorded the follower as holding every record below its
+    old log's end (which it would count for its HW, and propose into the in-sync set), the
+    follower took the new partition's records into its old log, or an answer to its old replica's
+    fetch into its new one. A fetch names the partition's create revision: the leader refuses
+    another one (`inconsistent-partition`), and the follower drops an answer to a fetch it made
+    for a replica it no longer holds."""
+    leader = SpuState(0, LAG)
+    leader.incarnation = 40
+    leader.apply_sync(wire.Sync(epoch=1, spus=[spu_info(0), spu_info(1)], replicas=[identified(hosted("a-0", 0, [0, 1], epoch=0), 9)]), now=0.0)
+    leader.append(5, now=0.0)  # the new partition's first records, at leader epoch 0
+    follower = SpuState(1, LAG)
+    follower.incarnation = 41
+    follower.apply_sync(wire.Sync(epoch=1, spus=[spu_info(0), spu_info(1)], replicas=[identified(hosted("a-0", 0, [0, 1], epoch=0), 5)]), now=0.0)
+    follower.replicas["a-0"].log.append(0, 3)  # the old partition's records, at leader epoch 0
+    request = follower.fetch_request(0, max_records=500)
+    assert request is not None and request.partitions[0].create_revision == 5
+    answer = leader.serve(request, now=1.0)
+    assert answer.partitions == [fetch_wire.PartitionFetched(partition="a-0", offset=3, error="inconsistent-partition")]
+    assert leader.replicas["a-0"].followers == {}
+    # The follower reads the update; its old replica's answer (had the leader been on the old one too) goes nowhere.
+    served = fetch_wire.FetchResponse(partitions=[fetch_wire.PartitionFetched(partition="a-0", offset=0, leo=9, hw=3, records=9, epochs=[(0, 0)])])
+    follower.apply_update(wire.Update(epoch=2, deleted_replicas=["a-0"], replicas=[identified(hosted("a-0", 0, [0, 1], epoch=0), 9)]), now=1.0)
+    assert follower.apply_response(0, served, request) == {}
+    assert follower.replicas["a-0"].leo == 0
+    # Now both are on the new one: served and applied.
+    request = follower.fetch_request(0, max_records=500)
+    assert request is not None
+    follower.apply_response(0, leader.serve(request, now=2.0), request)
+    assert (follower.replicas["a-0"].leo, leader.replicas["a-0"].followers[1].leo) == (5, 0)
