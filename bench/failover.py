@@ -105,7 +105,10 @@ class BenchSpu:
         accepted = wire.parse_sc_message((await self.websocket.receive(timeout=30)).data)
         assert isinstance(accepted, wire.Accepted), accepted
         held = [
-            wire.HostedReplica(partition=name, leo=self.offset, leader_epoch=info.leader_epoch if info.leader is not None else None)
+            identified(
+                wire.HostedReplica(partition=name, leo=self.offset, leader_epoch=info.leader_epoch if info.leader is not None else None),
+                info,
+            )
             for name, info in self.replicas.items()
         ]
         await self.websocket.send_bytes(wire.encode(wire.Hosted(partitions=held)))
@@ -174,7 +177,7 @@ class BenchSpu:
             led = {info.partition: info for info in infos if info.leader == self.spu_id}
             fresh = [(name, info.leader_epoch) for name, info in led.items() if (name, info.leader_epoch) not in confirmed]
             if fresh:
-                entries = ",".join(f'{{"partition":"{name}","leaderEpoch":{epoch}}}' for name, epoch in fresh)
+                entries = ",".join(f'{{"partition":"{name}","leaderEpoch":{epoch}{revision(led[name])}}}' for name, epoch in fresh)
                 await self.websocket.send_bytes(('{"v":2,"type":"leading","partitions":[' + entries + "]}").encode())
                 confirmed.update(fresh)
             now = time.perf_counter()
@@ -190,7 +193,7 @@ class BenchSpu:
                         wire.encode(
                             wire.AlterIsr(
                                 partition=name, leader_epoch=info.leader_epoch, partition_epoch=info.partition_epoch,
-                                isr=list(info.replicas),
+                                isr=list(info.replicas), create_revision=info.create_revision,
                                 incarnations=[
                                     wire.MemberIncarnation(spu=spu, incarnation=self.connected[spu])
                                     for spu in info.replicas
@@ -223,7 +226,8 @@ class BenchSpu:
                 f'{{"spu":{spu},"hw":{offset},"leo":{offset}}}' for spu in info.replicas if spu != self.spu_id
             )
             entries.append(
-                f'{{"partition":"{name}","leaderEpoch":{info.leader_epoch},"hw":{offset},"leo":{offset},"followers":[{followers}]}}'
+                f'{{"partition":"{name}","leaderEpoch":{info.leader_epoch},"hw":{offset},"leo":{offset},"followers":[{followers}]'
+                f"{revision(info)}}}"
             )
         self.reports_sent += len(entries)
         return ('{"v":2,"type":"offsets","partitions":[' + ",".join(entries) + "]}").encode()
@@ -235,6 +239,18 @@ class BenchSpu:
         for task in self.tasks:
             task.cancel()
         await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def identified(entry: wire.HostedReplica, info: wire.ReplicaInfo) -> wire.HostedReplica:
+    """``entry`` naming the partition's create revision, as an SPU does when its SC told one."""
+    if info.create_revision is not None:
+        entry["create_revision"] = info.create_revision
+    return entry
+
+
+def revision(info: wire.ReplicaInfo) -> str:
+    """The create revision an entry written as JSON text names (nothing if the SC told none)."""
+    return "" if info.create_revision is None else f',"createRevision":{info.create_revision}'
 
 
 def percentile(values: list[float], fraction: float) -> float:
