@@ -21,11 +21,14 @@ class Incarnation:
     spu: int
     number: int
     # Partition -> (its log end offset, the leader epoch this process was last told; None: never).
-    hosted: Mapping[str, tuple[int, int | None]] = field(default_factory=dict)
+    # The connection manager forgets an entry once the partition is deleted: a new one of the name
+    # is another partition, of which this process held nothing.
+    hosted: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     # Partition -> the partition epoch at which the SC saw that this process had not been told of
     # the role the committed state gives it (leader, or in-sync member): it restarted since. The
     # fact holds while the partition stays at that epoch (the SC's next write takes it into account).
-    # The connection manager forgets an entry once the partition moved on (so it stays small).
+    # The connection manager forgets an entry once the partition moved on (so it stays small), or
+    # was deleted.
     restarted: dict[str, int] = field(default_factory=dict)
 
     def restarted_at(self, partition: str, partition_epoch: int) -> bool:
@@ -34,6 +37,12 @@ class Incarnation:
     def leo(self, partition: str) -> int | None:
         held = self.hosted.get(partition)
         return None if held is None else held[0]
+
+    def forget(self, partition: str) -> None:
+        """The partition was deleted: what this process held of it, and the role it missed, were
+        of that partition only."""
+        self.hosted.pop(partition, None)
+        self.restarted.pop(partition, None)
 
 
 def hosted_map(entries: Iterable[wire.HostedReplica], identities: Mapping[str, int]) -> dict[str, tuple[int, int | None]]:

@@ -1242,6 +1242,7 @@ def _replica_delta(
     for name in gone:
         if session.hosted.pop(name, None) is not None:
             deleted.append(name)
+        session.incarnation.forget(name)
     restarted = session.incarnation.restarted
     for entry in entries:
         partition: models.Partition = entry.obj

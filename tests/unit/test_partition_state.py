@@ -54,7 +54,7 @@ def current(spu: int) -> int:
 
 def restarted(spu: int, leo: int | None = None, partition_epoch: int = 4) -> reports.Incarnation:
     """SPU ``spu``'s connection found not to have been told of its role at ``partition_epoch``."""
-    hosted = {} if leo is None else {"t-0": (leo, None)}
+    hosted: dict[str, tuple[int, int | None]] = {} if leo is None else {"t-0": (leo, None)}
     return reports.Incarnation(spu, 7, hosted, {"t-0": partition_epoch})
 
 

@@ -48,7 +48,7 @@ def spu_views(draw: Any, partition: models.Partition) -> Spus:
     restarted: dict[int, reports.Incarnation] = {}
     for spu in draw(st.lists(SPU_IDS, max_size=3, unique=True)):
         leo = draw(st.one_of(st.none(), st.integers(0, 300)))
-        hosted = {} if leo is None else {"t-0": (leo, None)}
+        hosted: dict[str, tuple[int, int | None]] = {} if leo is None else {"t-0": (leo, None)}
         restarted[spu] = reports.Incarnation(spu, 7, hosted, {"t-0": partition.status.partition_epoch})
     return Spus(
         online_ids=set(draw(st.lists(SPU_IDS, max_size=7, unique=True))),

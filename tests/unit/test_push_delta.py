@@ -28,6 +28,7 @@ def reference_delta(
     for name in changes.deleted:
         if session.hosted.pop(name, None) is not None:
             deleted.append(name)
+        session.incarnation.forget(name)
     restarted = session.incarnation.restarted
     for entry in changes.updated:
         obj, name = entry.obj, entry.name

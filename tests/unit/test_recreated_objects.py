@@ -122,3 +122,25 @@ async def test_a_session_stays_through_updates_of_its_registration() -> None:
     store["spus"].apply(builders.spu(1, rack="r2"), 2)  # an update: the same registration
     cm.push(spus.changes(), partitions.changes())
     assert session.closing is None
+
+
+async def test_what_a_process_held_of_a_partition_deleted_since_says_nothing_of_a_new_one() -> None:
+    """An SPU connected holding t-0's log up to 1,000, and was not told of its role at the
+    partition epoch (restarted). t-0 was then deleted and created again: the SC still read the
+    old log's end as what the process holds of the new partition (it may lead as 'returned', an
+    unclean election ranks it first), and the restart fact held for the new one at that partition
+    epoch (its leadership withheld from a process that had never heard of it). Both go with the
+    partition."""
+    cm, spus, partitions = manager()
+    store = cm.local_store
+    store["spus"].apply(builders.spu(0), 1)
+    store["partitions"].apply(partition("t-0", [0], resolution="Online"), 2)
+    session = connected(cm, 0, "spu-0", 1)
+    session.incarnation = reports.Incarnation(0, 1, {"t-0": (1_000, None)}, {"t-0": 0})
+    cm.push(spus.changes(), partitions.changes())
+    assert session.incarnation.restarted_at("t-0", 0) and session.incarnation.leo("t-0") == 1_000
+
+    store["partitions"].delete("t-0", 3)
+    store["partitions"].apply(partition("t-0", [0]), 4)  # the same name, replicas and epochs
+    cm.push(spus.changes(), partitions.changes())
+    assert not session.incarnation.restarted_at("t-0", 0) and session.incarnation.leo("t-0") is None
