@@ -879,11 +879,13 @@ class ConnectionManager:
 
     def _take_leading(self, session: Session, message: wire.Leading) -> None:
         """Leadership confirmations: accepted from the leader it was told, at the epoch it was
-        told; any other is stale and the SPU is told the committed epoch (it stops leading): the
-        first STALE_ANSWERS_PER_FRAME one by one, the rest of the frame's in one `error` naming how
-        many (each one's committed state is in the Sync and Updates sent before it on this
-        connection: what the SC compares with is what it told). An entry for a partition it does
-        not host refuses the whole frame, before anything is taken."""
+        told, about the partition of that name in the store now (its create revision, named or
+        told: one about a partition deleted since is refused STALE_PARTITION, and confirms no new
+        one of the name); any other is stale and the SPU is told the committed epoch (it stops
+        leading). The first STALE_ANSWERS_PER_FRAME refusals go one by one, the rest of the
+        frame's in one `error` naming how many (each one's committed state is in the Sync and
+        Updates sent before it on this connection: what the SC compares with is what it told). An
+        entry for a partition it does not host refuses the whole frame, before anything is taken."""
         told_of = [(entry, self._told(session, entry["partition"])) for entry in message.partitions]
         partitions = self.local_store["partitions"].view
         news = set()
@@ -940,7 +942,8 @@ class ConnectionManager:
         answers (through ``answer``); a newer proposal of the same leader replaces it. One of an
         SPU that was not told it leads the partition at that leader epoch is refused at once: only
         a leader proposes, and another SPU's proposal must not take its leader's place (which
-        would then never be answered, and a leader waits for its answer before it proposes again)."""
+        would then never be answered, and a leader waits for its answer before it proposes again).
+        So is one about another partition of the name than the current one (STALE_PARTITION)."""
         told = self._told(session, message.partition)
         self.stats.proposals += 1
         current = _current_identity(self.local_store["partitions"].view, message.partition)
@@ -953,28 +956,26 @@ class ConnectionManager:
                 f"{message.leader_epoch}: the committed leader is {told.leader} at leader epoch {told.leader_epoch}"
             )
         else:
-            error = why = ""
-        if error or current is None:
-            self.stats.stale_entries += 1
-            session.send(
-                wire.AlterIsrResult(
-                    partition=message.partition,
-                    error=error,
-                    message=why,
-                    leader_epoch=told.leader_epoch,
-                    partition_epoch=told.partition_epoch,
-                    isr=list(told.isr),
-                )
+            self.identities[message.partition] = current
+            # Its HW counts as committed only with its set (rule 4 may refuse it): the write that
+            # commits the set carries it, and ``answer`` takes it in.
+            self.proposals[message.partition] = reports.Proposal(
+                message.partition, session.spu_id, session.number, message.leader_epoch, message.partition_epoch, tuple(message.isr),
+                tuple((entry["spu"], entry["incarnation"]) for entry in message.incarnations), message.hw,
             )
+            self.on_news({message.partition})
             return
-        self.identities[message.partition] = current
-        # Its HW counts as committed only with its set (rule 4 may refuse it): the write that
-        # commits the set carries it, and ``answer`` takes it in.
-        self.proposals[message.partition] = reports.Proposal(
-            message.partition, session.spu_id, session.number, message.leader_epoch, message.partition_epoch, tuple(message.isr),
-            tuple((entry["spu"], entry["incarnation"]) for entry in message.incarnations), message.hw,
+        self.stats.stale_entries += 1
+        session.send(
+            wire.AlterIsrResult(
+                partition=message.partition,
+                error=error,
+                message=why,
+                leader_epoch=told.leader_epoch,
+                partition_epoch=told.partition_epoch,
+                isr=list(told.isr),
+            )
         )
-        self.on_news({message.partition})
 
     def answer(self, proposal: reports.Proposal, message: wire.AlterIsrResult) -> None:
         """Send the answer to ``proposal``'s connection, if it is still its SPU's current one, and
