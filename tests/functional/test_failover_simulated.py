@@ -546,3 +546,60 @@ async def test_an_spu_deleted_and_registered_again_through_the_api_is_a_new_spu(
 async def spu_online(sc: Running, name: str) -> None:
     spu = await sc.read("spus", name)
     assert spu is not None and spu.status.resolution is models.SpuResolution.ONLINE, spu
+
+
+def spu_process_with_logs(sc: Running, spu_id: int, data_dir: Path, append_records: int) -> subprocess.Popen[bytes]:
+    """An SPU process that keeps its logs in ``data_dir`` (a restarted one resumes them), its
+    leaders appending ``append_records`` records every 0.1 s."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", "spu", "run", "--id", str(spu_id), "--sc-private", private_address(sc),
+         "--data-dir", str(data_dir), "--append-interval", "0.1", "--append-records", str(append_records),
+         "--log-format", "json", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def test_an_spu_back_from_away_does_not_take_its_old_log_for_a_partition_created_again(sc: Running, tmp_path: Path) -> None:
+    """SPU 0 alone holds topic `again`; its process is killed, the topic deleted and created again
+    with the same placement (its partition starts again at leader epoch 0), and the process
+    restarted from its data directory. It said it held `again-0` up to the old log's end, and the
+    simulator resumed that log for the new partition: SPU 0 came back as a replica holding the
+    committed records, led the new partition with the old one's, and the SC showed and wrote the
+    old HW for a partition just created. Its log names the partition's create revision now: the
+    SC takes it for no record of the new partition, and the simulator starts the new one empty
+    (the restarted process appends nothing: its HW stays 0)."""
+    body = {"name": "again", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0]}]}}
+    process = spu_process_with_logs(sc, 0, tmp_path, append_records=1_000)
+    try:
+        await sc.eventually(lambda: spu_online(sc, "spu-0"), timeout=30)
+        status, answer = await sc.call("POST", "/v1/topics", body)
+        assert status == 201, answer
+        old_hw = await live_hw_at_least(sc, "again-0", 5_000)
+        stop(process, signal.SIGKILL)
+
+        async def leaderless() -> None:
+            partition = (await partitions(sc)).get("again-0")
+            assert partition is not None and partition.status.resolution is models.PartitionResolution.LEADER_OFFLINE, partition
+
+        await sc.eventually(leaderless, timeout=20)
+        status, answer = await sc.call("DELETE", "/v1/topics/again")
+        assert status in (200, 202), answer
+        await sc.eventually(lambda: gone(sc, "again-0"), timeout=10)
+        status, answer = await sc.call("POST", "/v1/topics", body)
+        assert status == 201, answer
+        process = spu_process_with_logs(sc, 0, tmp_path, append_records=0)
+
+        async def led_by_0() -> None:
+            partition = (await partitions(sc)).get("again-0")
+            assert partition is not None and partition.status.resolution is models.PartitionResolution.ONLINE, partition
+            assert partition.spec.leader == 0, partition
+
+        await sc.eventually(led_by_0, timeout=30)
+        # Its leader's first report: what it holds of the new partition.
+        assert await live_hw_at_least(sc, "again-0", 0) == 0 < old_hw
+        stored = (await partitions(sc))["again-0"]
+        assert stored.status.leader is not None and stored.status.leader.hw < old_hw, stored.status
+    finally:
+        stop(process)
+    assert process.returncode == 0
