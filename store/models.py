@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import operator
 import re
+import secrets
 import unicodedata
 import weakref
 from typing import Annotated, Any, ClassVar, Generic, Literal, Self, TypeAlias, TypeVar, overload
@@ -482,12 +483,32 @@ class Reassignment(Model):
         return self.target == self.previous
 
 
+# A partition's identity (``spec.uid``): drawn at random by the SC that creates the partition, and
+# kept by every rewrite of it. Stored in the object, it survives any copy of the store (a snapshot
+# restored, or every key written anew into another store, as `etcdctl make-mirror` does), where a
+# key's create revision does not. 63 bits, at least 1: a positive 64-bit integer, as on 9004's wire.
+MAX_PARTITION_UID = 2**63 - 1
+PartitionUid: TypeAlias = Annotated[int, Field(ge=1, le=MAX_PARTITION_UID, strict=True)]
+
+
+def new_partition_uid() -> int:
+    return secrets.randbelow(MAX_PARTITION_UID) + 1
+
+
 class PartitionSpec(Model):
     leader: SpuId
     replicas: Annotated[list[SpuId], Field(min_length=1)]
     # While a move is in progress: replicas is previous, then previous + the SPUs target adds (in
     # target's order), then target once the move ends (and this is gone).
     reassignment: Reassignment | None = None
+    uid: PartitionUid | None = Field(
+        None,
+        description=(
+            "the partition's identity, read-only: chosen at random by the SC when it creates the partition and kept "
+            "by every change of it, so a partition deleted and created again under its name is another one to its "
+            "SPUs. Absent from partitions created before SC versions that set it: those have no identity"
+        ),
+    )
 
     @model_validator(mode="after")
     def _leader_is_a_replica(self) -> Self:
@@ -551,7 +572,8 @@ def partition_name(topic: str, index: int) -> str:
 
 
 def new_partition(topic: Topic, index: int, replicas: list[int]) -> Partition:
-    """Partition ``index`` of the stored ``topic``: leader = first replica, status Offline.
+    """Partition ``index`` of the stored ``topic``: leader = first replica, status Offline, and an
+    identity of its own (``spec.uid``, drawn here).
 
     Equal to ``Partition(name=..., spec=PartitionSpec(...))`` but built without pydantic's
     validation, which is most of the cost of provisioning (one per partition). The topic's
@@ -559,14 +581,15 @@ def new_partition(topic: Topic, index: int, replicas: list[int]) -> Partition:
     with the same message as the validator.
     """
     replicas = list(replicas)
+    uid = new_partition_uid()
     plain = all(type(replica) is int and replica >= 0 for replica in replicas)
     if not replicas or not plain or len(set(replicas)) != len(replicas):
         # The validated path: raises with the model's own message (or coerces, as it would).
-        spec = PartitionSpec(leader=replicas[0] if replicas else 0, replicas=replicas)
+        spec = PartitionSpec(leader=replicas[0] if replicas else 0, replicas=replicas, uid=uid)
         return Partition(name=partition_name(topic.name, index), spec=spec)
     if type(index) is not int or not 0 <= index <= MAX_PARTITION_ID:
         raise ValueError(f"partition index {index!r} is not an integer from 0 to {MAX_PARTITION_ID}")
-    spec = PartitionSpec.model_construct(leader=replicas[0], replicas=replicas)
+    spec = PartitionSpec.model_construct(leader=replicas[0], replicas=replicas, uid=uid)
     return Partition.model_construct(name=partition_name(topic.name, index), spec=spec, status=_DEFAULT_PARTITION_STATUS)
 
 
@@ -798,7 +821,16 @@ class Interner:
         fields = obj.__dict__  # frozen for users; the values put back here are equal
         spec = obj.spec
         if spec.reassignment is None:  # a move in progress is rare, and not shared
-            fields["spec"] = self._specs.setdefault((spec.leader, tuple(spec.replicas)), spec)
+            shared = self._specs.setdefault((spec.leader, tuple(spec.replicas)), spec)
+            if spec.uid is None:
+                fields["spec"] = shared
+            elif shared is not spec:
+                # A partition's identity is its own: the spec is not shared, its replica list is
+                # (the list, its few ints and the fields set are most of a spec's memory).
+                spec_fields = spec.__dict__
+                spec_fields["replicas"] = shared.replicas
+                if spec.__pydantic_fields_set__ == shared.__pydantic_fields_set__:
+                    object.__setattr__(spec, "__pydantic_fields_set__", shared.__pydantic_fields_set__)
         status = obj.status
         if status.leader is None and not status.replicas:
             key = (status.resolution, status.lrs, status.leader_epoch, status.partition_epoch, tuple(status.isr))

@@ -430,7 +430,17 @@ async def test_idle_restart_writes_nothing(kv_store: kv.KVStore) -> None:
 
 
 @pytest.mark.looptime
-async def test_a_value_the_sc_cannot_read_is_not_written_against(memory_store: kv.KVStore) -> None:
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"written by hand",
+        # A partition whose identity is none the SC gives: 0, a string, past 63 bits.
+        b'{"name":"t-0","spec":{"leader":0,"replicas":[0,1],"uid":0}}',
+        b'{"name":"t-0","spec":{"leader":0,"replicas":[0,1],"uid":"7"}}',
+        b'{"name":"t-0","spec":{"leader":0,"replicas":[0,1],"uid":9223372036854775808}}',
+    ],
+)
+async def test_a_value_the_sc_cannot_read_is_not_written_against(memory_store: kv.KVStore, value: bytes) -> None:
     """A partition key holds a value written by hand that the SC cannot decode: the mirror lists it
     as unreadable, so the topic controller neither creates the partition over it (a create that
     would lose its compare again and again) nor deletes it. (A write that loses its compare twice
@@ -442,7 +452,7 @@ async def test_a_value_the_sc_cannot_read_is_not_written_against(memory_store: k
         {"name": "t", "spec": {"partitions": 1, "replicationFactor": 2}, "status": {"resolution": "Provisioned", "replicaMap": {"0": [0, 1]}}}
     )
     await memory_store.create(stored.key, models.encode(stored))
-    await memory_store.create("partitions/t-0", b"written by hand")
+    await memory_store.create("partitions/t-0", value)
     cluster = Cluster(memory_store, resync_interval=3600.0)
     written: list[str] = []
     cluster.pipeline.dispatcher.on_result(lambda result: written.extend(result.action.write_keys))
@@ -451,6 +461,6 @@ async def test_a_value_the_sc_cannot_read_is_not_written_against(memory_store: k
         await asyncio.sleep(2.0)
         assert "partitions/t-0" not in written
         assert cluster.context.local_store["partitions"].unreadable == {"t-0"}
-        assert (await memory_store.get("partitions/t-0")).value == b"written by hand"  # type: ignore[union-attr]  # the test wrote it
+        assert (await memory_store.get("partitions/t-0")).value == value  # type: ignore[union-attr]  # the test wrote it
     finally:
         await cluster.pipeline.stop()

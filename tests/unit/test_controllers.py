@@ -173,7 +173,11 @@ def test_pending_topic_is_provisioned_with_partitions_and_chain_in_one_action() 
     # Once the status is seen, the next pass creates the partitions (create-if-absent).
     provisioned = models.decode("topics", builders.written(decided[0].writes[1]))
     follow_up = topic.decide(snapshot_of(*spus, (provisioned, 10), meta={topic.CHAIN_KEY: (b'{"nextStartIndex": 3}', 10)}), topic.Inputs())
-    assert summary(follow_up) == [
+    found = summary(follow_up)
+    # Each partition gets an identity of its own, drawn at random: compared apart.
+    uids = [value["spec"].pop("uid") for _, value, _ in found[0][3]]
+    assert len(set(uids)) == 2 and all(1 <= uid < 2**63 for uid in uids), uids
+    assert found == [
         (
             "create-partitions",
             "topics",

@@ -590,8 +590,9 @@ def test_the_interner_keeps_nothing_its_objects_no_longer_use() -> None:
 def test_new_partition_is_the_validated_partition(index: int, replicas: list[int]) -> None:
     topic = models.Topic(name="orders", spec=models.TopicSpec(partitions=1, replication_factor=1))
     built = models.new_partition(topic, index, replicas)
+    assert built.spec.uid is not None and 1 <= built.spec.uid <= models.MAX_PARTITION_UID
     validated = models.Partition(
-        name=f"orders-{index}", spec=models.PartitionSpec(leader=replicas[0], replicas=replicas)
+        name=f"orders-{index}", spec=models.PartitionSpec(leader=replicas[0], replicas=replicas, uid=built.spec.uid)
     )
     assert built == validated
     assert models.encode(built) == models.encode(validated)
@@ -644,3 +645,53 @@ def test_a_stored_topic_with_policies_past_the_limit_is_unreadable() -> None:
         models.decode("topics", json.dumps(document).encode())
     message = models.describe_validation_error(raised.value)
     assert f"at most {models.MAX_POLICIES_LENGTH} characters" in message and len(message) < 400, message
+
+
+def test_each_partition_created_has_an_identity_of_its_own() -> None:
+    """Drawn at random when the SC creates the partition: a partition deleted and created again
+    under its name is another one, and any copy of the store keeps each one's (it is in the object)."""
+    topic = models.Topic(name="orders", spec=models.TopicSpec(partitions=1, replication_factor=1))
+    uids = [models.new_partition(topic, 0, [1, 2]).spec.uid for _ in range(1000)]
+    assert len(set(uids)) == 1000 and all(uid is not None and 1 <= uid <= 2**63 - 1 for uid in uids)
+    # The validated path (replicas the fast path does not take) draws one too.
+    assert models.new_partition(topic, 0, [True, 2]).spec.uid is not None  # coerced, as the model does
+    partition = models.new_partition(topic, 3, [1, 2])
+    assert models.decode("partitions", models.encode(partition)).spec.uid == partition.spec.uid
+    assert b'"uid":' in models.encode(partition)
+
+
+def test_a_partition_without_a_uid_is_read_as_one_without_an_identity() -> None:
+    """Written by an SC older than the field (or by anyone): valid, with no identity, and written
+    back as it was."""
+    raw = b'{"name":"orders-0","spec":{"leader":1,"replicas":[1,2]}}'
+    partition = models.decode("partitions", raw)
+    assert partition.spec.uid is None
+    assert b"uid" not in models.encode(partition)
+
+
+@pytest.mark.parametrize(
+    ("uid", "problem"),
+    [
+        ("0", "greater than or equal to 1"),
+        ("-5", "greater than or equal to 1"),
+        (str(2**63), "less than or equal to 9223372036854775807"),
+        ('"12"', "valid integer"),
+        ("1.5", "valid integer"),
+        ("true", "valid integer"),
+    ],
+)
+def test_a_stored_partition_with_an_odd_uid_is_refused_like_any_invalid_object(uid: str, problem: str) -> None:
+    raw = b'{"name":"orders-0","spec":{"leader":1,"replicas":[1,2],"uid":%s}}' % uid.encode()
+    with pytest.raises(pydantic.ValidationError, match=problem):
+        models.decode("partitions", raw)
+
+
+def test_the_interner_shares_no_identity() -> None:
+    """Partitions of one replica list share its list, never their spec: each keeps its own uid."""
+    interner = models.Interner()
+    topic = models.Topic(name="orders", spec=models.TopicSpec(partitions=3, replication_factor=2))
+    created = [models.new_partition(topic, index, [1, 2]) for index in range(3)]
+    read = [interner.intern(models.decode("partitions", models.encode(partition))) for partition in created]
+    assert [partition.spec.uid for partition in read] == [partition.spec.uid for partition in created]
+    assert read[0].spec.replicas is read[1].spec.replicas is read[2].spec.replicas
+    assert [models.encode(partition) for partition in read] == [models.encode(partition) for partition in created]
