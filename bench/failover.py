@@ -193,7 +193,7 @@ class BenchSpu:
                         wire.encode(
                             wire.AlterIsr(
                                 partition=name, leader_epoch=info.leader_epoch, partition_epoch=info.partition_epoch,
-                                isr=list(info.replicas), create_revision=info.create_revision,
+                                isr=list(info.replicas), uid=info.uid,
                                 incarnations=[
                                     wire.MemberIncarnation(spu=spu, incarnation=self.connected[spu])
                                     for spu in info.replicas
@@ -242,15 +242,15 @@ class BenchSpu:
 
 
 def identified(entry: wire.HostedReplica, info: wire.ReplicaInfo) -> wire.HostedReplica:
-    """``entry`` naming the partition's create revision, as an SPU does when its SC told one."""
-    if info.create_revision is not None:
-        entry["create_revision"] = info.create_revision
+    """``entry`` naming the partition's uid, as an SPU does when its SC told one."""
+    if info.uid is not None:
+        entry["uid"] = info.uid
     return entry
 
 
 def revision(info: wire.ReplicaInfo) -> str:
-    """The create revision an entry written as JSON text names (nothing if the SC told none)."""
-    return "" if info.create_revision is None else f',"createRevision":{info.create_revision}'
+    """The uid an entry written as JSON text names (nothing if the SC told none)."""
+    return "" if info.uid is None else f',"uid":{info.uid}'
 
 
 def percentile(values: list[float], fraction: float) -> float:

@@ -46,14 +46,14 @@ class Incarnation:
 
 
 def hosted_map(entries: Iterable[wire.HostedReplica], identities: Mapping[str, int]) -> dict[str, tuple[int, int | None]]:
-    """What a process holds of the partitions ``identities`` names (name -> create revision, the
-    current ones): an entry naming another create revision is of another partition of that name,
-    deleted since (its log holds none of the current one's records), and is left out. An entry
-    naming none (an SPU older than the field) is taken as it is."""
+    """What a process holds of the partitions ``identities`` names (name -> uid, the current ones
+    that have one): an entry naming another uid is of another partition of that name, deleted
+    since (its log holds none of the current one's records), and is left out. An entry naming
+    none (an SPU older than the field), or about a partition without a uid, is taken as it is."""
     held = {}
     for entry in entries:
         name = entry["partition"]
-        if "create_revision" in entry and entry["create_revision"] != identities.get(name, entry["create_revision"]):
+        if "uid" in entry and entry["uid"] != identities.get(name, entry["uid"]):
             continue
         held[name] = (entry["leo"], entry["leader_epoch"])
     return held

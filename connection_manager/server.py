@@ -108,7 +108,7 @@ FRAME_ERROR_CHARS = 160
 STALE_ANSWERS_PER_FRAME = 16
 STALE_LEADERSHIPS = "stale-leaderships"
 # The code of a refusal of a leadership confirmation or proposal about a partition that is no
-# longer the one of that name (deleted, maybe created again: another create revision).
+# longer the one of that name (deleted, maybe created again: another uid).
 STALE_PARTITION = "stale-partition"
 
 
@@ -295,9 +295,10 @@ class ConnectionManager:
         self.proposals: dict[str, reports.Proposal] = {}
         # Partition -> (SPU, leader epoch) of the last leadership confirmation accepted.
         self.confirmed: dict[str, tuple[int, int]] = {}
-        # Partition -> the create revision of the partition of that name that what this SC keeps
-        # of it (confirmation, proposal, offsets) is about: a relist of the store may show it was
-        # deleted and created again without naming it deleted (see forget_recreated).
+        # Partition -> the uid of the partition of that name that what this SC keeps of it
+        # (confirmation, proposal, offsets) is about, for partitions that have one: a relist of the
+        # store may show it was deleted and created again without naming it deleted (see
+        # forget_recreated).
         self.identities: dict[str, int] = {}
         self._incarnation_counter = incarnation_base()
         # (partitions table epoch, SPU id -> the entries of the partitions it is a replica of):
@@ -556,7 +557,7 @@ class ConnectionManager:
         session.last_frame_at = asyncio.get_running_loop().time()
         self.stats.count(self.stats.frames, "hosted")
         entries = self.replicas_of(session.spu_id)
-        hosted = reports.hosted_map(parsed.partitions, {entry.name: entry.create_revision for entry in entries})
+        hosted = reports.hosted_map(parsed.partitions, {entry.name: uid for entry in entries if (uid := entry.obj.spec.uid) is not None})
         partitions = [entry.obj for entry in entries]
         restarted = reports.roles_not_continued(session.spu_id, hosted, partitions)
         session.incarnation = reports.Incarnation(session.spu_id, session.number, hosted, restarted)
@@ -814,7 +815,7 @@ class ConnectionManager:
         """Check the whole frame first, so a bad entry changes nothing at all. An entry from a
         leader at an epoch that is not the one it was told (a race with a leader change) is
         dropped and counted: only the current leader's offsets are shown. So is one about another
-        partition of the name than the current one (its create revision, named or told): sent
+        partition of the name than the current one (its uid, named or told): sent
         about a partition deleted (and maybe created again) before the SPU read the news."""
         accepted = []
         spu_id, told_by_name = session.spu_id, session.hosted
@@ -865,9 +866,8 @@ class ConnectionManager:
             if told.leader == spu_id and told.leader_epoch == entry["leader_epoch"]:
                 # Of the partition it was told, and that partition is still the current one.
                 current = partitions.get(entry["partition"])
-                identity = entry.get("create_revision", told.create_revision)
-                if current is not None and current.create_revision == identity:
-                    accepted.append((entry, current.create_revision))
+                if current is not None and _is_current(current.obj, entry.get("uid", told.uid)):
+                    accepted.append((entry, current.obj.spec.uid))
                     continue
             stale += 1
         self.stats.stale_entries += stale
@@ -875,11 +875,12 @@ class ConnectionManager:
         merge, identities = self.live.merge, self.identities
         for entry, identity in accepted:
             merge(spu_id, entry, now)
-            identities[entry["partition"]] = identity
+            if identity is not None:
+                identities[entry["partition"]] = identity
 
     def _take_leading(self, session: Session, message: wire.Leading) -> None:
         """Leadership confirmations: accepted from the leader it was told, at the epoch it was
-        told, about the partition of that name in the store now (its create revision, named or
+        told, about the partition of that name in the store now (its uid, named or
         told: one about a partition deleted since is refused STALE_PARTITION, and confirms no new
         one of the name); any other is stale and the SPU is told the committed epoch (it stops
         leading). The first STALE_ANSWERS_PER_FRAME refusals go one by one, the rest of the
@@ -893,14 +894,14 @@ class ConnectionManager:
         first_of_the_rest = ""
         for entry, told in told_of:
             name, epoch = entry["partition"], entry["leader_epoch"]
-            current = _current_identity(partitions, name)
-            identity = entry.get("create_revision", told.create_revision)
-            if current is None or identity != current:
+            current = partitions.get(name)
+            identity = entry.get("uid", told.uid)
+            if current is None or not _is_current(current.obj, identity):
                 code = STALE_PARTITION
             elif told.leader != session.spu_id or told.leader_epoch != epoch:
                 code = _stale_code(told, session.spu_id)
             else:
-                self.identities[name] = current
+                self._keep_identity(current.obj)
                 code = ""
             if code:
                 stale += 1
@@ -946,9 +947,9 @@ class ConnectionManager:
         So is one about another partition of the name than the current one (STALE_PARTITION)."""
         told = self._told(session, message.partition)
         self.stats.proposals += 1
-        current = _current_identity(self.local_store["partitions"].view, message.partition)
-        identity = told.create_revision if message.create_revision is None else message.create_revision
-        if current is None or identity != current:
+        current = self.local_store["partitions"].view.get(message.partition)
+        identity = told.uid if message.uid is None else message.uid
+        if current is None or not _is_current(current.obj, identity):
             error, why = STALE_PARTITION, _another_partition(session.spu_id, message.partition, identity, current)
         elif told.leader != session.spu_id or told.leader_epoch != message.leader_epoch:
             error, why = _stale_code(told, session.spu_id), (
@@ -956,7 +957,7 @@ class ConnectionManager:
                 f"{message.leader_epoch}: the committed leader is {told.leader} at leader epoch {told.leader_epoch}"
             )
         else:
-            self.identities[message.partition] = current
+            self._keep_identity(current.obj)
             # Its HW counts as committed only with its set (rule 4 may refuse it): the write that
             # commits the set carries it, and ``answer`` takes it in.
             self.proposals[message.partition] = reports.Proposal(
@@ -1042,11 +1043,16 @@ class ConnectionManager:
 
     def forget_recreated(self, partitions: Mapping[str, local.Entry[models.Partition]]) -> None:
         """Forget what this SC keeps of partitions that ``partitions`` (the current ones) no longer
-        hold under the create revision it was kept for: deleted, or created again. A full listing
-        (a relist of the store) names nothing deleted; the pusher and the partition controller
-        call this after one, each before it acts on the listing."""
-        for name in [name for name, identity in self.identities.items() if _current_identity(partitions, name) != identity]:
+        hold under the uid it was kept for: deleted, or created again. A full listing (a relist of
+        the store) names nothing deleted; the pusher and the partition controller call this after
+        one, each before it acts on the listing."""
+        for name in [name for name, identity in self.identities.items() if _current_uid(partitions, name) != identity]:
             self.forget_partition(name)
+
+    def _keep_identity(self, partition: models.Partition) -> None:
+        """What this SC keeps of ``partition`` from now on is about that one (if it has an identity)."""
+        if partition.spec.uid is not None:
+            self.identities[partition.name] = partition.spec.uid
 
     def pushed_through(self, epoch: int) -> bool:
         """Whether every connected SPU was told the partitions as of the partitions table's
@@ -1128,20 +1134,29 @@ def _not_leading(spu_id: int, name: str, epoch: int, told: wire.ReplicaInfo) -> 
     )
 
 
-def _current_identity(partitions: Mapping[str, local.Entry[models.Partition]], name: str) -> int | None:
-    """The create revision of the partition of that name now (None: there is none)."""
+def _current_uid(partitions: Mapping[str, local.Entry[models.Partition]], name: str) -> int | None:
+    """The uid of the partition of that name now (None: there is none, or it has no uid)."""
     current = partitions.get(name)
-    return None if current is None else current.create_revision
+    return None if current is None else current.obj.spec.uid
+
+
+def _is_current(current: models.Partition, named: int | None) -> bool:
+    """Whether what names partition uid ``named`` (or was told it) is about ``current``, the
+    partition of that name now: it has that uid, or none (created before partitions had one:
+    there is no identity to check, and what names its name is taken as about it, as before)."""
+    uid = current.spec.uid
+    return uid is None or uid == named
 
 
 def _recreated(told: wire.ReplicaInfo, partitions: Mapping[str, local.Entry[models.Partition]]) -> bool:
     """The partition ``told`` describes is not the current one of its name (deleted, maybe created again)."""
-    return _current_identity(partitions, told.partition) != told.create_revision
+    current = partitions.get(told.partition)
+    return current is None or current.obj.spec.uid != told.uid
 
 
-def _another_partition(spu_id: int, name: str, named: int | None, current: int | None) -> str:
-    now = "; there is none of that name now" if current is None else f"; the current one has create revision {current}"
-    return f"SPU {spu_id} named partition {name!r} of create revision {named}: that partition was deleted{now}"
+def _another_partition(spu_id: int, name: str, named: int | None, current: local.Entry[models.Partition] | None) -> str:
+    now = "; there is none of that name now" if current is None else f"; the current one has uid {current.obj.spec.uid}"
+    return f"SPU {spu_id} named partition {name!r} of uid {named}: that partition was deleted{now}"
 
 
 def _stale_code(told: wire.ReplicaInfo, spu_id: int) -> str:
@@ -1234,8 +1249,8 @@ def _replica_delta(
     changed, deleted = [], []
     # Deletions first: a partition also changed was deleted and created again, and the SPU is told
     # both in one Update (it applies the deletions first): the new one starts from nothing there.
-    # A full set names only those a relist found under a new create revision; what else is gone
-    # it leaves out, and a partition the SPU was told of under another create revision than the
+    # A full set names only those a relist found under a new create revision of their key; what
+    # else is gone it leaves out, and a partition the SPU was told of under another uid than the
     # current one's was deleted too (and created again).
     gone = changes.deleted
     if changes.full:
@@ -1278,7 +1293,7 @@ def _replica_info(
     incarnation: reports.Incarnation,
     built: BuiltStates | None = None,
 ) -> wire.ReplicaInfo:
-    """What an SPU is told of a partition it hosts: which one (its key's create revision), and the
+    """What an SPU is told of a partition it hosts: which one (its uid, if it has one), and the
     committed state. A leadership its current process was not told of when it connected is
     withheld (no leader) until the SC decides the partition again, so a restarted process never
     leads at an epoch granted to its predecessor.
@@ -1295,16 +1310,16 @@ def _replica_info(
     if built is not None:
         shared = built.get((partition.name, leader))
         if shared is None:
-            shared = built[(partition.name, leader)] = _build_replica_info(partition, leader, entry.create_revision)
+            shared = built[(partition.name, leader)] = _build_replica_info(partition, leader)
         return shared
-    return _build_replica_info(partition, leader, entry.create_revision)
+    return _build_replica_info(partition, leader)
 
 
-def _build_replica_info(partition: models.Partition, leader: int | None, create_revision: int) -> wire.ReplicaInfo:
+def _build_replica_info(partition: models.Partition, leader: int | None) -> wire.ReplicaInfo:
     status = partition.status
     return wire.ReplicaInfo(
         partition=partition.name,
-        create_revision=create_revision,
+        uid=partition.spec.uid,
         leader=leader,
         leader_epoch=status.leader_epoch,
         partition_epoch=status.partition_epoch,

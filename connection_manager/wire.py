@@ -44,9 +44,9 @@ Offset = Annotated[int, Field(ge=0, le=2**63 - 1)]
 # Epochs only grow by one per change, but a frame may carry anything: bounded like offsets.
 Epoch = Annotated[int, Field(ge=0, le=2**63 - 1)]
 SpuId = Annotated[int, Field(ge=0, le=2**31 - 1)]
-# A partition's identity: the create revision of its key in the store (etcd's 64-bit revision),
-# new each time a partition of that name is created, the same for every SC of the store.
-Revision = Annotated[int, Field(ge=0, le=2**63 - 1)]
+# A partition's identity: its spec's uid (store/models.py), drawn at random by the SC that created
+# it, stored in the partition, the same for every SC of the store and for any copy of the store.
+Uid = Annotated[int, Field(ge=1, le=2**63 - 1)]
 # An SPU connection's number (Accepted): positive, and within the wire's integer limit. An SC
 # numbers its connections from a random base below 2**53 (connection_manager/server.py), so that
 # two SC processes of one store hardly ever give out the same number.
@@ -85,12 +85,14 @@ class SpuInfo(Message):
 class ReplicaInfo(Message):
     """A partition this SPU hosts, as the SC committed it: who leads at which leader epoch, the
     committed in-sync set at which partition epoch, and the replica list (preferred leader first).
-    ``create_revision``: which partition of that name (a partition deleted and created again is
-    another one, with its own log); the SC always sends it, None only from an SC older than it."""
+    ``uid``: which partition of that name (a partition deleted and created again is another one,
+    with its own log); None for a partition created before SCs gave partitions an identity (or
+    from an SC older than it): the SPU keeps the log it has of that name."""
 
     v: Literal[2] = Field(default=PROTOCOL_VERSION, exclude=True)
     partition: PartitionName
-    create_revision: Revision | None = None
+    # Left out when None, so an SPU older than the field reads what the SC says of such partitions.
+    uid: Uid | None = Field(None, exclude_if=lambda uid: uid is None)
     leader: SpuId | None  # None while the partition has no leader the SPU may follow (LeaderOffline)
     leader_epoch: Epoch = 0
     partition_epoch: Epoch = 0
@@ -102,7 +104,7 @@ class ReplicaInfo(Message):
 # models but built as plain dicts: an SPU hosting thousands of partitions lists thousands of them,
 # and building a model instance for each would cost the SC twice the parsing time.
 # Their keys are camelCase on the wire like the models' (``leaderEpoch``), snake_case in Python.
-# ``create_revision`` in an entry about a partition: the one the SPU was told (ReplicaInfo) for the
+# ``uid`` in an entry about a partition: the one the SPU was told (ReplicaInfo) for the
 # partition it speaks of; optional (an SPU older than it names none, and is read as before).
 _ENTRY = pydantic.ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
 
@@ -125,7 +127,7 @@ class PartitionOffsets(TypedDict):
     hw: Offset
     leo: Offset
     followers: NotRequired[Entries[ReplicaOffsets]]
-    create_revision: NotRequired[Revision]
+    uid: NotRequired[Uid]
 
 
 @pydantic.with_config(_ENTRY)
@@ -136,7 +138,7 @@ class HostedReplica(TypedDict):
     partition: PartitionName
     leo: Offset
     leader_epoch: Epoch | None
-    create_revision: NotRequired[Revision]
+    uid: NotRequired[Uid]
 
 
 @pydantic.with_config(_ENTRY)
@@ -152,7 +154,7 @@ class MemberIncarnation(TypedDict):
 class Leadership(TypedDict):
     partition: PartitionName
     leader_epoch: Epoch
-    create_revision: NotRequired[Revision]
+    uid: NotRequired[Uid]
 
 
 # ----------------------------------------------------------------- SPU -> SC
@@ -211,8 +213,8 @@ class AlterIsr(Message):
     move's caught-up write too); a refused proposal's counts for nothing. ``incarnations``: for
     every SPU it adds to the committed set, the incarnation its fetches carried when it caught up
     (KIP-903): the SC adds it only if that is still its current connection (a new process may have
-    lost records). Entries for members it keeps are allowed and not checked. ``create_revision``:
-    the partition's it was told (left out of the frame when None, so an SC older than it reads it)."""
+    lost records). Entries for members it keeps are allowed and not checked. ``uid``: the
+    partition's it was told (left out of the frame when None, so an SC older than it reads it)."""
 
     type: Literal["alterIsr"] = "alterIsr"
     partition: PartitionName
@@ -221,14 +223,13 @@ class AlterIsr(Message):
     isr: Annotated[Entries[SpuId], Field(max_length=MAX_PARTITION_SPUS)]
     hw: Offset | None = None
     incarnations: Annotated[Entries[MemberIncarnation], Field(max_length=MAX_PARTITION_SPUS)] = []
-    create_revision: Revision | None = None
+    uid: Uid | None = None
 
     @pydantic.model_serializer(mode="wrap")
-    def _without_unset_revision(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, object]:
+    def _without_unset_uid(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, object]:
         data: dict[str, object] = handler(self)
-        if self.create_revision is None:
-            data.pop("createRevision", None)
-            data.pop("create_revision", None)
+        if self.uid is None:
+            data.pop("uid", None)
         return data
 
 

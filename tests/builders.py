@@ -63,15 +63,14 @@ def partition(
     replicas: Sequence[int] = (0,),
     leader: int | None = None,
     resolution: str = "Offline",
+    uid: int | None = None,
 ) -> models.Partition:
-    """The leader defaults to the first replica, as the topic controller assigns it."""
-    return models.Partition.model_validate(
-        {
-            "name": name,
-            "spec": {"leader": replicas[0] if leader is None else leader, "replicas": list(replicas)},
-            "status": {"resolution": resolution},
-        }
-    )
+    """The leader defaults to the first replica, as the topic controller assigns it. No ``uid``: a
+    partition without an identity, as created before SCs gave partitions one."""
+    spec: dict[str, object] = {"leader": replicas[0] if leader is None else leader, "replicas": list(replicas)}
+    if uid is not None:
+        spec["uid"] = uid
+    return models.Partition.model_validate({"name": name, "spec": spec, "status": {"resolution": resolution}})
 
 
 def spu_group(

@@ -18,6 +18,7 @@ from typing import IO
 from connection_manager.spu import state
 
 FORMAT_VERSION = 2
+MAX_UID = 2**63 - 1  # as on the wire (connection_manager/wire.py Uid)
 
 
 class CheckpointError(ValueError):
@@ -35,9 +36,9 @@ def journal_path(snapshot: Path) -> Path:
 
 def _entry(value: state.Offsets) -> dict[str, object]:
     entry: dict[str, object] = {"leo": value.leo, "hw": value.hw, "epochs": [list(run) for run in value.epochs]}
-    if value.create_revision is not None:
+    if value.uid is not None:
         # Which partition of the name the log is of (a file without it is read as before).
-        entry["createRevision"] = value.create_revision
+        entry["uid"] = value.uid
     return entry
 
 
@@ -83,11 +84,14 @@ def _offsets(name: str, value: object, source: str) -> state.Offsets:
             "and epochs as [[epoch, start offset], ...]"
         )
     assert isinstance(value, dict) and isinstance(epochs, list)
-    identity = value.get("createRevision")
-    if identity is not None and not _offset(identity):
+    # Files of an earlier version of this format may name a "createRevision" instead: the create
+    # revision of the partition's key in the SC's store, which is no uid (a copy of the store gives
+    # every key another one). It is not read: such a log takes the uid the SC tells next as its own.
+    identity = value.get("uid")
+    if identity is not None and not (_offset(identity) and 1 <= identity <= MAX_UID):
         raise CheckpointError(
-            f"checkpoint {source}: partition {name!r} has createRevision {identity!r}; expected a whole number "
-            "(the create revision of the partition the log is of)"
+            f"checkpoint {source}: partition {name!r} has uid {identity!r}; expected a whole number from 1 to "
+            f"{MAX_UID} (the uid of the partition the log is of)"
         )
     return state.Offsets(value["leo"], value["hw"], tuple((run[0], run[1]) for run in epochs), identity)
 

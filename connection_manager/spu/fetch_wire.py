@@ -30,14 +30,13 @@ class PartitionFetch(wire.Message):
     last_fetched_epoch: Annotated[int, Field(ge=-1)]  # the epoch of its record at offset - 1; -1: empty log
     # Which partition of the name, as the SC told the follower: the leader refuses another one. Left
     # out when None (told none), so a leader older than the field reads the frame.
-    create_revision: wire.Revision | None = None
+    uid: wire.Uid | None = None
 
     @pydantic.model_serializer(mode="wrap")
-    def _without_unset_revision(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, object]:
+    def _without_unset_uid(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, object]:
         data: dict[str, object] = handler(self)
-        if self.create_revision is None:
-            data.pop("createRevision", None)
-            data.pop("create_revision", None)
+        if self.uid is None:
+            data.pop("uid", None)
         return data
 
 
@@ -68,7 +67,7 @@ class PartitionFetched(wire.Message):
     list), ``fenced-leader-epoch`` (the follower's epoch is older than the leader's: it waits for
     the SC's update), ``unknown-leader-epoch`` (newer: this leader was replaced and has not heard
     yet; the follower waits for its new leader), ``inconsistent-partition`` (the leader holds
-    another partition of that name than the fetch's create revision: deleted and created again,
+    another partition of that name than the fetch's uid: deleted and created again,
     and one of the two has not read the SC's update yet; only to a fetch that names one).
     """
 

@@ -16,7 +16,7 @@ NOT_LEADER = "not-leader"
 NOT_A_REPLICA = "not-a-replica"
 FENCED_LEADER_EPOCH = "fenced-leader-epoch"  # the follower's epoch is older than the leader's
 UNKNOWN_LEADER_EPOCH = "unknown-leader-epoch"  # newer: this leader has probably been replaced
-INCONSISTENT_PARTITION = "inconsistent-partition"  # another partition of that name (another create revision)
+INCONSISTENT_PARTITION = "inconsistent-partition"  # another partition of that name (another uid)
 NO_EPOCH = -1  # the last epoch of an empty log
 
 
@@ -163,7 +163,7 @@ class Proposal:
     hw: int = 0  # the leader's HW when it proposed
     # (SPU, incarnation) for each follower it adds to the committed set: the process it saw catch up.
     incarnations: tuple[tuple[int, int], ...] = ()
-    create_revision: int | None = None  # the partition's, as the SC told it (None: not told)
+    uid: int | None = None  # the partition's, as the SC told it (None: not told)
 
 
 class Replica:
@@ -204,16 +204,16 @@ class Replica:
         leo: int = 0,
         hw: int = 0,
         epochs: Iterable[tuple[int, int]] = (),
-        create_revision: int | None = None,
+        uid: int | None = None,
     ) -> None:
         if lag_time <= 0:
             raise ReplicaError(f"replica lag time must be positive, got {lag_time!r} seconds")
         if leo < 0 or hw < 0:
             raise ReplicaError(f"offsets of partition {partition!r} cannot be negative: leo {leo}, hw {hw}")
         self.partition = partition
-        # Which partition of that name this log is of: its key's create revision, as the SC told
-        # it (None: not told, by an SC older than the field). Another one is another log.
-        self.create_revision = create_revision
+        # Which partition of that name this log is of: its uid, as the SC told it (None: not told,
+        # by an SC older than the field, or of a partition that has none). Another one is another log.
+        self.uid = uid
         self.spu_id = spu_id
         self.lag_time = lag_time
         runs = list(epochs) or ([(0, 0)] if leo > 0 else [])
@@ -441,7 +441,7 @@ class Replica:
         if refused is not None and refused[:2] == (wanted, named) and now - refused[2] < retry_after:
             return None
         assert self.leader_epoch is not None
-        self.pending = Proposal(wanted, self.leader_epoch, self.partition_epoch, now, self.hw, named, self.create_revision)
+        self.pending = Proposal(wanted, self.leader_epoch, self.partition_epoch, now, self.hw, named, self.uid)
         return self.pending
 
     def proposal_answered(

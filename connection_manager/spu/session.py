@@ -225,11 +225,11 @@ class ScSession:
             self._confirmed.update(fresh)
 
     def _leadership(self, name: str, epoch: int) -> wire.Leadership:
-        """A leadership naming its partition's create revision when the SC told it."""
+        """A leadership naming its partition's uid when the SC told it."""
         leadership = wire.Leadership(partition=name, leader_epoch=epoch)
         replica = self.state.replicas.get(name)
-        if replica is not None and replica.create_revision is not None:
-            leadership["create_revision"] = replica.create_revision
+        if replica is not None and replica.uid is not None:
+            leadership["uid"] = replica.uid
         return leadership
 
     async def _write(self, ws: aiohttp.ClientWebSocketResponse, outbox: asyncio.Queue[bytes]) -> None:
@@ -440,7 +440,7 @@ def _alter_isr(name: str, proposal: replica_module.Proposal) -> wire.AlterIsr:
         partition=name, leader_epoch=proposal.leader_epoch, partition_epoch=proposal.partition_epoch, isr=list(proposal.isr),
         hw=proposal.hw,
         incarnations=[wire.MemberIncarnation(spu=spu, incarnation=number) for spu, number in proposal.incarnations],
-        create_revision=proposal.create_revision,
+        uid=proposal.uid,
     )
 
 

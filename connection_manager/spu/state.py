@@ -21,13 +21,13 @@ Role = replica_module.Role
 
 @dataclass(frozen=True, slots=True)
 class Offsets:
-    """A replica's log as a checkpoint keeps it: its end, HW, leader epoch runs, and the create
-    revision of the partition it is of (None: never told one)."""
+    """A replica's log as a checkpoint keeps it: its end, HW, leader epoch runs, and the uid of the
+    partition it is of (None: never told one)."""
 
     leo: int
     hw: int
     epochs: tuple[tuple[int, int], ...] = ()
-    create_revision: int | None = None
+    uid: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +135,9 @@ class SpuState:
         self.offsets_changed.discard(name)
 
     def _assign(self, info: wire.ReplicaInfo, now: float) -> None:
-        name, identity = info.partition, info.create_revision
+        name, identity = info.partition, info.uid
         replica = self.replicas.get(name)
-        replaced = replica is not None and _another(replica.create_revision, identity)
+        replaced = replica is not None and _another(replica.uid, identity)
         if replaced:
             # Deleted and created again while this SPU did not hear of it (it was away, or the SC
             # relisted its store): the records it holds are the old partition's, not this one's.
@@ -146,14 +146,14 @@ class SpuState:
         if replica is None:
             restored = self._restored.pop(name, None)
             if restored is not None:
-                replaced = replaced or _another(restored.create_revision, identity)
+                replaced = replaced or _another(restored.uid, identity)
             kept = Offsets(0, 0) if restored is None or replaced else restored
             replica = replica_module.Replica(name, self.spu_id, self.lag_time, kept.leo, kept.hw, kept.epochs, identity)
             self.replicas[name] = replica
             if restored is not None or replaced:
                 self.changes.logs.add(name)  # the journal holds this name's old log: it is this one now
-        elif identity is not None and replica.create_revision != identity:
-            replica.create_revision = identity  # told at last (an older SC, or a log saved without it)
+        elif identity is not None and replica.uid != identity:
+            replica.uid = identity  # told at last (an older SC, or a log saved without it)
             self.changes.logs.add(name)
         hw = replica.hw
         started = replica.assign(info.leader, info.replicas, now, info.leader_epoch, info.partition_epoch, info.isr)
@@ -233,12 +233,12 @@ class SpuState:
     def hosted(self) -> wire.Hosted:
         """Every replica this process holds, with the leader epoch it was told with its role."""
         entries = [
-            _identified(wire.HostedReplica(partition=name, leo=offsets.leo, leader_epoch=None), offsets.create_revision)
+            _identified(wire.HostedReplica(partition=name, leo=offsets.leo, leader_epoch=None), offsets.uid)
             for name, offsets in sorted(self._restored.items())
             if name not in self.replicas
         ]
         entries += [
-            _identified(wire.HostedReplica(partition=name, leo=replica.leo, leader_epoch=replica.told_epoch), replica.create_revision)
+            _identified(wire.HostedReplica(partition=name, leo=replica.leo, leader_epoch=replica.told_epoch), replica.uid)
             for name, replica in sorted(self.replicas.items())
         ]
         return wire.Hosted(partitions=entries)
@@ -248,7 +248,7 @@ class SpuState:
         led = [
             _identified(
                 wire.Leadership(partition=name, leader_epoch=replica.leader_epoch),  # type: ignore[typeddict-item]  # a leader has its epoch
-                replica.create_revision,
+                replica.uid,
             )
             for name, replica in sorted(self.replicas.items())
             if replica.role is Role.LEADER
@@ -282,7 +282,7 @@ class SpuState:
                     for spu, progress in sorted(replica.followers.items())
                 ],
             )
-            entries.append(_identified(entry, replica.create_revision))
+            entries.append(_identified(entry, replica.uid))
         return entries
 
     # ------------------------------------------------------------------ leading
@@ -315,7 +315,7 @@ class SpuState:
             if replica is None:
                 answers.append(fetch_wire.PartitionFetched(partition=name, offset=wanted.offset, error="not-leader"))
                 continue
-            if _another(replica.create_revision, wanted.create_revision):
+            if _another(replica.uid, wanted.uid):
                 # The same name and maybe epoch, but another partition: its log says nothing of this one.
                 answers.append(
                     fetch_wire.PartitionFetched(partition=name, offset=wanted.offset, error=replica_module.INCONSISTENT_PARTITION)
@@ -370,7 +370,7 @@ class SpuState:
                     hw=replica.hw,
                     leader_epoch=replica.leader_epoch,
                     last_fetched_epoch=replica.log.last_epoch,
-                    create_revision=replica.create_revision,
+                    uid=replica.uid,
                 )
             )
         if not partitions:
@@ -389,13 +389,13 @@ class SpuState:
         refusal or an inconsistent answer is returned, and the other partitions still apply.
         """
         problems: dict[str, str] = {}
-        asked = {} if request is None else {wanted.partition: wanted.create_revision for wanted in request.partitions}
+        asked = {} if request is None else {wanted.partition: wanted.uid for wanted in request.partitions}
         for answer in response.partitions:
             if answer.error is not None:
                 problems[answer.partition] = answer.error
                 continue
             replica = self.replicas.get(answer.partition)
-            if replica is None or _another(replica.create_revision, asked.get(answer.partition)):
+            if replica is None or _another(replica.uid, asked.get(answer.partition)):
                 continue
             taken: replica_module.Served | replica_module.Diverging
             if answer.diverging_epoch is not None and answer.diverging_end_offset is not None:
@@ -415,7 +415,7 @@ class SpuState:
     def logs(self, names: Iterable[str] | None = None) -> dict[str, Offsets]:
         """Replicas' logs (``names``, or all), for the checkpoint; restored ones not yet assigned are kept."""
         current = {
-            name: Offsets(replica.leo, replica.hw, tuple(replica.log.runs), replica.create_revision)
+            name: Offsets(replica.leo, replica.hw, tuple(replica.log.runs), replica.uid)
             for name, replica in self.replicas.items()
             if names is None or name in names
         }
@@ -451,9 +451,9 @@ def _another(held: int | None, told: int | None) -> bool:
 Identified = TypeVar("Identified", wire.HostedReplica, wire.Leadership, wire.PartitionOffsets)
 
 
-def _identified(entry: Identified, create_revision: int | None) -> Identified:
+def _identified(entry: Identified, uid: int | None) -> Identified:
     """``entry`` naming the partition it is about, when the SC told which (an SC older than the
     field, never told, would refuse the key)."""
-    if create_revision is not None:
-        entry["create_revision"] = create_revision
+    if uid is not None:
+        entry["uid"] = uid
     return entry

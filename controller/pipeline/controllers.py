@@ -287,7 +287,7 @@ class PartitionController:
             for name in partition_changes.deleted:
                 self._connections.forget_partition(name)
             if partition_changes.full:
-                # A relist names nothing deleted: a name created again is known by its create revision.
+                # A relist names nothing deleted but keys created again: a partition of another uid is another one too.
                 self._connections.forget_recreated(snapshot.entries("partitions"))
         self._hosting.update(snapshot, partition_changes)
         if spu_changes.full:

@@ -603,3 +603,60 @@ async def test_an_spu_back_from_away_does_not_take_its_old_log_for_a_partition_c
     finally:
         stop(process)
     assert process.returncode == 0
+
+
+async def test_an_spu_keeps_its_log_when_the_scs_store_was_copied_key_by_key(etcd_server: embedded_etcd.EmbeddedEtcd, tmp_path: Path) -> None:
+    """The SC's store is migrated as `etcdctl make-mirror` does it: every key written anew, with
+    the same content, into another store (here another key prefix), where each has a new create
+    revision. An SC on the copy, and SPU 0 restarted from its data directory, must go on with the
+    same partition: before, its identity was its key's create revision, so the copy was another
+    partition to the SPU, which started it empty (the committed records lost, the HW back to 0)."""
+    original = etcd_settings(etcd_server, spu_heartbeat_timeout=2.0, spu_offline_grace=5.0)
+    body = {"name": "moved", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0]}]}}
+    async with running(original) as sc:
+        first, second = embedded_etcd.free_ports(2)
+        await sc.register_spu(0, online=False, ports=(first, second))
+        process = spu_process_with_logs(sc, 0, tmp_path, append_records=1_000)
+        try:
+            await sc.eventually(lambda: spu_online(sc, "spu-0"), timeout=30)
+            status, answer = await sc.call("POST", "/v1/topics", body)
+            assert status == 201, answer
+            old_hw = await live_hw_at_least(sc, "moved-0", 5_000)
+        finally:
+            stop(process)
+        assert process.returncode == 0
+
+        async def written() -> int:
+            stored = (await partitions(sc))["moved-0"]
+            assert stored.status.leader is not None and stored.status.leader.hw >= old_hw, stored.status
+            return stored.status.leader.hw
+
+        # What the SPU last held is committed in the store before it is copied.
+        stored_hw = await eventually_value(sc, written, timeout=20)
+    copy = etcd_settings(etcd_server, spu_heartbeat_timeout=2.0, spu_offline_grace=5.0)
+    async with (
+        await etcd.EtcdStore.open(etcd_server.endpoints, original.key_prefix, 2.0) as source,
+        await etcd.EtcdStore.open(etcd_server.endpoints, copy.key_prefix, 2.0) as target,
+    ):
+        listed = await source.list("")
+        # As make-mirror copies a small store: what is there in one transaction, without the keys'
+        # leases (held by a process gone now).
+        await target.txn([], [kv.Put(item.key, item.value) for item in listed.items if not item.lease])
+        copied = await target.get(models.object_key("partitions", "moved-0"))
+        original_key = await source.get(models.object_key("partitions", "moved-0"))
+        assert copied is not None and original_key is not None and copied.create_revision != original_key.create_revision
+    async with running(copy) as sc:
+        process = spu_process_with_logs(sc, 0, tmp_path, append_records=0)
+        try:
+
+            async def led_by_0() -> None:
+                partition = (await partitions(sc)).get("moved-0")
+                assert partition is not None and partition.status.resolution is models.PartitionResolution.ONLINE, partition
+                assert partition.spec.leader == 0, partition
+
+            await sc.eventually(led_by_0, timeout=30)
+            # Its leader's report: the log it kept, every committed record in it.
+            assert await live_hw_at_least(sc, "moved-0", stored_hw) >= stored_hw
+        finally:
+            stop(process)
+        assert process.returncode == 0

@@ -555,14 +555,14 @@ async def test_a_leaders_frames_about_a_topic_deleted_and_created_again_count_fo
     the SC after it told the leader of the new one (sent before the leader read that update) named
     the partition by name and epoch alone, so the old leadership confirmed the new partition, and
     the old log's HW became the new one's, shown and written for good. Each names the partition's
-    create revision now: those about the old one are refused (`stale-partition`) or dropped."""
+    uid now: those about the old one are refused (`stale-partition`) or dropped."""
     settings = settings.model_copy(update={"spu_offsets_interval": 0.1})
     async with led_by_spu_0(settings) as (sc, spus):
         leader = spus[0]
         await leader.report(("t-0", 7, 7, {1: 7}))
         await sc.eventually(lambda: shows_hw(sc, 7))
         old = leader.replicas["t-0"]
-        assert old.create_revision is not None
+        assert old.uid is not None
         status, body = await sc.call("DELETE", "/v1/topics/t")
         assert status in (200, 202, 204), body
 
@@ -572,16 +572,16 @@ async def test_a_leaders_frames_about_a_topic_deleted_and_created_again_count_fo
         await sc.eventually(gone)
         status, body = await sc.call("POST", "/v1/topics", {"name": "t", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}]}})
         assert status == 201, body
-        await leader.wait_for(lambda: "t-0" in leader.replicas and leader.replicas["t-0"].create_revision != old.create_revision)
+        await leader.wait_for(lambda: "t-0" in leader.replicas and leader.replicas["t-0"].uid != old.uid)
         new = leader.replicas["t-0"]
-        assert (new.leader, new.leader_epoch, new.partition_epoch) == (0, 0, 0)  # as old was: only the create revision tells them apart
+        assert (new.leader, new.leader_epoch, new.partition_epoch) == (0, 0, 0)  # as old was: only the uid tells them apart
         # What the leader said of the old partition before it read that update.
-        identity = old.create_revision
-        leadership = wire.Leadership(partition="t-0", leader_epoch=0, create_revision=identity)
+        identity = old.uid
+        leadership = wire.Leadership(partition="t-0", leader_epoch=0, uid=identity)
         await leader.send(wire.Leading(partitions=[leadership]))
-        offsets = wire.PartitionOffsets(partition="t-0", leader_epoch=0, hw=1_000, leo=1_000, create_revision=identity)
+        offsets = wire.PartitionOffsets(partition="t-0", leader_epoch=0, hw=1_000, leo=1_000, uid=identity)
         await leader.send(wire.Offsets(partitions=[offsets]))
-        await leader.send(wire.AlterIsr(partition="t-0", leader_epoch=0, partition_epoch=1, isr=[0], hw=1_000, create_revision=identity))
+        await leader.send(wire.AlterIsr(partition="t-0", leader_epoch=0, partition_epoch=1, isr=[0], hw=1_000, uid=identity))
         await leader.wait_for(lambda: leader.results("t-0"))
         [refused] = leader.results("t-0")
         assert refused.error == "stale-partition", refused

@@ -29,6 +29,10 @@ def named(partition: models.Partition, name: str) -> models.Partition:
     return partition.model_copy(update={"name": name})
 
 
+def with_uid(partition: models.Partition, uid: int) -> models.Partition:
+    return partition.model_copy(update={"spec": partition.spec.model_copy(update={"uid": uid})})
+
+
 def no_changes() -> dict[str, local.Changes[Any]]:
     nothing: local.Changes[Any] = local.Changes(full=False, updated=[], deleted=[], epoch=0)
     return {"partitions": nothing, "spus": nothing}
@@ -278,7 +282,7 @@ async def test_a_leaders_frames_about_a_partition_deleted_and_created_again_deci
     controller's pass came first, and forgot the old one's), and after. The new partition is
     not confirmed by them (it stays Offline until its leader confirms it), nor is its HW raised,
     nor is anything committed: before, the pass after them wrote it Online at HW 1000, for good."""
-    old = named(part(0, [0, 1, 2], leader_epoch=0, partition_epoch=1, hw=7), "t-0")
+    old = with_uid(named(part(0, [0, 1, 2], leader_epoch=0, partition_epoch=1, hw=7), "t-0"), 1_001)
     passes = Passes(partitions=(old,), states=(ONLINE, ONLINE, ONLINE), pushing=True)
     connections = passes.connections
     assert connections is not None
@@ -288,7 +292,7 @@ async def test_a_leaders_frames_about_a_partition_deleted_and_created_again_deci
     session.ready = True
     connections.sessions[0] = session
     connections._send_sync(session)
-    told = session.hosted["t-0"].create_revision
+    told = session.hosted["t-0"].uid
     table = passes.local_store["partitions"]
     pushed, seen = table.listener(), table.listener()
     spus_pushed = passes.local_store["spus"].listener(local.Part.SPEC)
@@ -296,20 +300,20 @@ async def test_a_leaders_frames_about_a_partition_deleted_and_created_again_deci
         listener.changes()
     assert passes.decide() == []
     table.delete("t-0", 40)
-    table.apply(named(fresh([0, 1, 2]), "t-0"), 41)
+    table.apply(with_uid(named(fresh([0, 1, 2]), "t-0"), 1_041), 41)
     assert passes.controller.decide(passes.local_store.snapshot(), {"partitions": seen.changes(), "spus": no_changes()["spus"]}) == []
     for frame in about("t-0", None) + about("t-0", told):
         connections._take_frame(session, wire.encode(frame))
     assert passes.decide() == []
     connections.push(spus_pushed.changes(), pushed.changes())
-    assert session.hosted["t-0"].create_revision == 41
+    assert session.hosted["t-0"].uid == 1_041
     for frame in about("t-0", told):
         connections._take_frame(session, wire.encode(frame))
     assert passes.decide() == []
     assert (connections.confirmed, connections.live.max_hw("t-0"), connections.proposals) == ({}, lrs.UNKNOWN_OFFSET, {})
     assert connections.stats.stale_entries == 9
     # Its leader's confirmation of the new one counts.
-    connections._take_frame(session, wire.encode(about("t-0", 41, hw=0)[0]))
+    connections._take_frame(session, wire.encode(about("t-0", 1_041, hw=0)[0]))
     [write] = passes.controller.decide(passes.local_store.snapshot(), no_changes())
     stored = models.decode("partitions", builders.written(write.writes[0]))
     assert isinstance(stored, models.Partition) and stored.status.resolution is models.PartitionResolution.ONLINE

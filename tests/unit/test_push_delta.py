@@ -97,16 +97,17 @@ async def test_the_delta_sorted_by_spu_tells_each_spu_what_looking_at_every_chan
 @hypothesis.given(
     replicas=st.lists(st.integers(min_value=0, max_value=2**40), min_size=1, max_size=4, unique=True),
     isr=st.lists(st.integers(min_value=0, max_value=2**40), max_size=4, unique=True),
+    uid=st.one_of(st.none(), st.integers(min_value=-(2**65), max_value=2**65), st.text(max_size=3), st.booleans(), st.floats()),
 )
-def test_every_partition_the_sc_can_read_can_be_told_to_its_spus(replicas: list[int], isr: list[int]) -> None:
+def test_every_partition_the_sc_can_read_can_be_told_to_its_spus(replicas: list[int], isr: list[int], uid: object) -> None:
     """A stored partition (anyone may have written it) that the model reads is one the push can
-    build for its SPUs: a state the wire refuses (an SPU id past 2**31 - 1) would make every push
+    build for its SPUs: a state the wire refuses (an SPU id past 2**31 - 1, a uid not from 1 to 2**63 - 1) would make every push
     fail, and no SPU hear of anything. The model refuses such a partition instead (it is then
     unreadable, which deletes nothing)."""
     try:
         partition = models.Partition.model_validate(
-            {"name": "t-0", "spec": {"leader": replicas[0], "replicas": replicas}, "status": {"partitionEpoch": 1, "isr": isr}}
+            {"name": "t-0", "spec": {"leader": replicas[0], "replicas": replicas, "uid": uid}, "status": {"partitionEpoch": 1, "isr": isr}}
         )
     except pydantic.ValidationError:
         return
-    server._build_replica_info(partition, partition.spec.leader, 1)
+    assert server._build_replica_info(partition, partition.spec.leader).uid == partition.spec.uid

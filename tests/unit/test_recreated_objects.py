@@ -33,7 +33,7 @@ async def test_a_partition_deleted_and_created_again_within_one_push_starts_from
     cm, spus, partitions = manager()
     store = cm.local_store
     store["spus"].apply(builders.spu(0), 1)
-    store["partitions"].apply(partition("t-0", [0], resolution="Online"), 2)
+    store["partitions"].apply(partition("t-0", [0], resolution="Online", uid=2_000), 2)
     session = connected(cm, 0, "spu-0", 1)
     cm.push(spus.changes(), partitions.changes())
     told = session.hosted["t-0"]
@@ -45,7 +45,7 @@ async def test_a_partition_deleted_and_created_again_within_one_push_starts_from
     session.send = sent.append  # type: ignore[method-assign, assignment]  # what it is told, unencoded
 
     store["partitions"].delete("t-0", 3)
-    store["partitions"].apply(partition("t-0", [0]), 4)  # the same name, replicas and epochs
+    store["partitions"].apply(partition("t-0", [0], uid=4_000), 4)  # the same name, replicas and epochs
     cm.push(spus.changes(), partitions.changes())
 
     assert "t-0" not in cm.confirmed
@@ -54,8 +54,8 @@ async def test_a_partition_deleted_and_created_again_within_one_push_starts_from
     # Told that the replica it held is gone and a new one of the name assigned, in one Update.
     assert len(sent) == 1 and isinstance(sent[0], wire.Update)
     assert sent[0].deleted_replicas == ["t-0"] and [info.partition for info in sent[0].replicas] == ["t-0"]
-    # The same state but for which partition of the name it is: its create revision.
-    assert (told.create_revision, session.hosted["t-0"]) == (2, told.model_copy(update={"create_revision": 4}))
+    # The same state but for which partition of the name it is: its uid.
+    assert (told.uid, session.hosted["t-0"]) == (2_000, told.model_copy(update={"uid": 4_000}))
 
 
 async def test_a_partition_deleted_and_created_again_while_the_watch_was_down_starts_from_nothing() -> None:

@@ -5,16 +5,20 @@ refused frame is answered with a short error, logged once per kind, and changes 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 
 import aiohttp
 import pytest
 import structlog.testing
 
-from connection_manager import health, lrs, ratelimit, server, wire
+from connection_manager import health, lrs, ratelimit, reports, server, wire
 from store import local, models
 from tests.builders import partition
+
+
+def uid_created_at(revision: int) -> int:
+    """The uid the tests give a partition created at ``revision`` (another number: a uid is no revision)."""
+    return 1_000 + revision
 
 
 def manager_with(*names: str) -> tuple[server.ConnectionManager, server.Session, list[set[str]]]:
@@ -22,7 +26,7 @@ def manager_with(*names: str) -> tuple[server.ConnectionManager, server.Session,
     2, Online at leader epoch 0), and the partition sets the controllers were told of (on_news)."""
     store = local.LocalStore()
     for revision, name in enumerate(names, start=1):
-        store["partitions"].apply(partition(name, [0, 1, 2], resolution="Online"), revision)
+        store["partitions"].apply(partition(name, [0, 1, 2], resolution="Online", uid=uid_created_at(revision)), revision)
     news: list[set[str]] = []
     cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas(), on_news=news.append)
     session = server.Session(0, "spu-0", 1, None)  # type: ignore[arg-type]  # frames only go to its outbox
@@ -337,32 +341,32 @@ async def test_an_spus_frames_are_paced_by_their_bytes_only_past_two_of_the_larg
 
 def recreate(cm: server.ConnectionManager, session: server.Session, name: str, revision: int, told: bool = True) -> int:
     """``name`` deleted and created again at ``revision`` as the topic controller creates it (same
-    replicas, leader 0, Offline at epochs 0: deterministic placement gives the same), its create
-    revision returned; with ``told`` the SC pushed it to ``session`` (deletion first, as push does)."""
+    replicas, leader 0, Offline at epochs 0: deterministic placement gives the same; a uid of its
+    own), its uid returned; with ``told`` the SC pushed it to ``session`` (deletion first, as push does)."""
     table = cm.local_store["partitions"]
     listener = table.listener()
     listener.changes()
     table.delete(name, revision - 1)
-    table.apply(partition(name, [0, 1, 2]), revision)
+    table.apply(partition(name, [0, 1, 2], uid=uid_created_at(revision)), revision)
     changes = listener.changes()
     if told:
         server._replica_delta(session, changes, table.view)
     entry = table.view[name]
-    assert entry.create_revision == revision
-    return entry.create_revision
+    assert entry.create_revision == revision and entry.obj.spec.uid is not None
+    return entry.obj.spec.uid
 
 
-def about(name: str, create_revision: int | None, hw: int = 1_000) -> list[wire.Message]:
-    """What a leader of ``name`` at leader epoch 0 says of the partition of ``create_revision``
+def about(name: str, uid: int | None, hw: int = 1_000) -> list[wire.Message]:
+    """What a leader of ``name`` at leader epoch 0 says of the partition of uid ``uid``
     (None: an SPU older than the field, which names none)."""
     leadership = wire.Leadership(partition=name, leader_epoch=0)
     offsets = wire.PartitionOffsets(partition=name, leader_epoch=0, hw=hw, leo=hw)
-    if create_revision is not None:
-        leadership["create_revision"] = offsets["create_revision"] = create_revision
+    if uid is not None:
+        leadership["uid"] = offsets["uid"] = uid
     return [
         wire.Leading(partitions=[leadership]),
         wire.Offsets(partitions=[offsets]),
-        wire.AlterIsr(partition=name, leader_epoch=0, partition_epoch=1, isr=[0, 1], hw=hw, create_revision=create_revision),
+        wire.AlterIsr(partition=name, leader_epoch=0, partition_epoch=1, isr=[0, 1], hw=hw, uid=uid),
     ]
 
 
@@ -372,12 +376,12 @@ async def test_frames_about_a_partition_deleted_and_created_again_count_for_noth
     again), came in after the SC had told it the new one. They named it by name alone, so the old
     log's HW counted as the new partition's (shown, and written with its next status write, for
     good), the old leadership confirmed the new partition, and the old proposal was held for it.
-    Each names the create revision of the partition it is about: another than the one the SPU was
+    Each names the uid of the partition it is about: another than the one the SPU was
     told is stale, dropped or answered `stale-partition` with the state the SPU was told."""
     cm, session, news = manager_with("orders-0")
-    old = session.hosted["orders-0"].create_revision
+    old = session.hosted["orders-0"].uid
     new = recreate(cm, session, "orders-0", 3)
-    assert (old, session.hosted["orders-0"].create_revision) == (1, new)
+    assert (old, session.hosted["orders-0"].uid) == (uid_created_at(1), new)
     for frame in about("orders-0", old):
         cm._take_frame(session, wire.encode(frame))
     assert (cm.live.max_hw("orders-0"), cm.live.get("orders-0"), cm.confirmed, cm.proposals, news) == (-1, None, {}, {}, [])
@@ -385,8 +389,8 @@ async def test_frames_about_a_partition_deleted_and_created_again_count_for_noth
     leading, proposal = sent(session)
     assert isinstance(leading, wire.Error) and (leading.code, leading.partition) == ("stale-partition", "orders-0"), leading
     assert leading.message == (
-        f"SPU 0 named partition 'orders-0' of create revision {old}: that partition was deleted; "
-        f"the current one has create revision {new}"
+        f"SPU 0 named partition 'orders-0' of uid {old}: that partition was deleted; "
+        f"the current one has uid {new}"
     )
     assert isinstance(proposal, wire.AlterIsrResult) and proposal.error == "stale-partition", proposal
     assert (proposal.leader_epoch, proposal.partition_epoch, proposal.isr) == (0, 0, [0, 1, 2])
@@ -403,7 +407,7 @@ async def test_frames_about_a_partition_the_sc_created_again_before_telling_the_
     told, the old one, whether they name it or not (an SPU older than the field): the SC takes
     in none of them, though they match what it told that SPU. One taken in was forgotten only
     at the push, after a pass of the partition controller may have decided on it."""
-    for identity in (1, None):
+    for identity in (uid_created_at(1), None):
         cm, session, news = manager_with("orders-0")
         recreate(cm, session, "orders-0", 3, told=False)
         for frame in about("orders-0", identity):
@@ -419,15 +423,15 @@ async def test_a_process_holding_another_partition_of_the_name_does_not_hold_the
     """An SPU away while its partition was deleted and created again (same name, leader, epochs)
     came back saying it holds the name at the leader epoch it was told, with the old log's end:
     the SC took it for the same process in the same role (not restarted), holding the new
-    partition's records. Its `hosted` entry names the create revision it holds: another one is
+    partition's records. Its `hosted` entry names the uid of the partition it holds: another one is
     another partition's log, so the role it has in the current one is one it was not told of."""
     cm, _, _ = manager_with("orders-0")
     recreate(cm, cm.sessions[0], "orders-0", 3)
-    cm.local_store["partitions"].apply(partition("orders-0", [0, 1, 2], resolution="Online"), 4)  # its leader confirmed
-    for identity, restarted in ((1, {"orders-0": 0}), (3, {}), (None, {})):
+    cm.local_store["partitions"].apply(partition("orders-0", [0, 1, 2], resolution="Online", uid=uid_created_at(3)), 4)  # its leader confirmed
+    for identity, restarted in ((uid_created_at(1), {"orders-0": 0}), (uid_created_at(3), {}), (None, {})):
         held = wire.HostedReplica(partition="orders-0", leo=1_000, leader_epoch=0)
         if identity is not None:
-            held["create_revision"] = identity
+            held["uid"] = identity
         session = server.Session(0, "spu-0", 2, FirstFrame(wire.encode(wire.Hosted(partitions=[held]))))  # type: ignore[arg-type]  # a recording stand-in for the WebSocket
         cm.sessions[0] = session
         assert await cm._read_hosted(session), session.closing
@@ -435,26 +439,53 @@ async def test_a_process_holding_another_partition_of_the_name_does_not_hold_the
         assert session.incarnation.leo("orders-0") == (None if restarted else 1_000), identity
 
 
-async def test_a_relist_showing_a_partition_created_again_tells_its_spus_and_forgets_what_the_old_one_said() -> None:
-    """A relist of the store (the SC's watch was broken meanwhile) names a partition deleted and
-    created again as deleted, but only to a listener whose tombstones it still holds (one too far
-    behind gets the full set naming nothing deleted). Before, the re-created partition was then
-    taken for an update of the old one: its SPUs were told the new state as the old partition's,
-    and the old one's confirmation and HW stayed the SC's for the new one. Its create revision
-    tells them apart: the SPUs are told the old one is gone and the new one assigned, and what the
-    old one's leader said is forgotten."""
+@pytest.mark.parametrize("listed_create_revision", [8, 0])
+async def test_a_relist_showing_a_partition_created_again_tells_its_spus_and_forgets_what_the_old_one_said(
+    listed_create_revision: int,
+) -> None:
+    """A relist of the store (the SC's watch was broken meanwhile) names nothing deleted: a
+    partition deleted and created again under its name was taken for an update of the old one.
+    Its SPUs were told the new state as the old partition's, and the old one's confirmation and HW
+    stayed the SC's for the new one. The mirror names it deleted when the listing shows its key's
+    new create revision (8), and its uid tells them apart even when it does not (0: unknown): the
+    SPUs are told the old one is gone and the new one assigned, and what the old one's leader
+    said is forgotten."""
     cm, session, _ = manager_with("orders-0")
-    for frame in about("orders-0", 1)[:2]:
+    for frame in about("orders-0", uid_created_at(1))[:2]:
         cm._take_frame(session, wire.encode(frame))
     assert (cm.confirmed, cm.live.max_hw("orders-0")) == ({"orders-0": (0, 0)}, 1_000)
     table = cm.local_store["partitions"]
     listener = table.listener()
     listener.changes()
-    table.resync([(partition("orders-0", [0, 1, 2]), 8, 8)], revision=8)
+    table.resync([(partition("orders-0", [0, 1, 2], uid=uid_created_at(8)), 8, listed_create_revision)], revision=8)
     changes = listener.changes()
-    assert changes.full and changes.deleted == ["orders-0"]
-    changes = dataclasses.replace(changes, deleted=[])  # as a listener past the tombstones sees it
+    assert changes.full and changes.deleted == (["orders-0"] if listed_create_revision else [])
     changed, deleted = server._replica_delta(session, changes, table.view)
-    assert (deleted, [(info.partition, info.create_revision) for info in changed]) == (["orders-0"], [("orders-0", 8)])
+    assert (deleted, [(info.partition, info.uid) for info in changed]) == (["orders-0"], [("orders-0", uid_created_at(8))])
     cm.forget_recreated(table.view)
     assert (cm.confirmed, cm.live.max_hw("orders-0"), cm.identities) == ({}, -1, {})
+
+
+async def test_a_partition_without_a_uid_is_told_none_and_its_frames_are_checked_for_no_identity() -> None:
+    """A partition created before SCs gave partitions a uid has no identity: its SPUs are told none
+    (they keep the log they have of the name), and what its leader says is taken by name, as
+    before, whatever uid it names (one it kept from an earlier partition of the name)."""
+    for named in (None, 7):
+        store = local.LocalStore()
+        store["partitions"].apply(partition("orders-0", [0, 1, 2], resolution="Online"), 1)
+        news: list[set[str]] = []
+        cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas(), on_news=news.append)
+        session = server.Session(0, "spu-0", 1, None)  # type: ignore[arg-type]  # frames only go to its outbox
+        session.hosted = {entry.name: server._replica_info(entry, session.incarnation) for entry in cm.replicas_of(0)}
+        session.ready = True
+        cm.sessions[0] = session
+        assert session.hosted["orders-0"].uid is None
+        assert b"uid" not in wire.encode(wire.Sync(epoch=1, spus=[], replicas=list(session.hosted.values())))
+        for frame in about("orders-0", named, hw=5):
+            cm._take_frame(session, wire.encode(frame))
+        assert (cm.live.max_hw("orders-0"), cm.confirmed, list(cm.proposals)) == (5, {"orders-0": (0, 0)}, ["orders-0"]), named
+        assert sent(session) == [] and cm.stats.stale_entries == 0 and cm.identities == {}
+        held = wire.HostedReplica(partition="orders-0", leo=1_000, leader_epoch=0)
+        if named is not None:
+            held["uid"] = named
+        assert reports.hosted_map([held], {}) == {"orders-0": (1_000, 0)}

@@ -62,12 +62,12 @@ def test_a_replica_is_told_as_committed() -> None:
     online = models.Partition.model_validate(
         {
             "name": "orders-3",
-            "spec": {"leader": 2, "replicas": [2, 0, 1]},
+            "spec": {"leader": 2, "replicas": [2, 0, 1], "uid": 77},
             "status": {"resolution": "Online", "leaderEpoch": 4, "partitionEpoch": 7, "isr": [2, 1]},
         }
     )
-    fresh = partition("orders-4", [1, 2])  # partition epoch 0: every replica is in sync
-    leaderless = partition("orders-5", [0, 1], resolution="LeaderOffline")
+    fresh = partition("orders-4", [1, 2], uid=77)  # partition epoch 0: every replica is in sync
+    leaderless = partition("orders-5", [0, 1], resolution="LeaderOffline", uid=77)
     incarnation = reports.Incarnation(0, 1)
     stored = {obj.name: local.Entry(obj, 9, 1, 1, create_revision=5) for obj in (online, fresh, leaderless)}
     for told in stored.values():
@@ -75,7 +75,7 @@ def test_a_replica_is_told_as_committed() -> None:
         validated = wire.ReplicaInfo.model_validate(built.model_dump())
         assert built == validated
         assert wire.encode(built) == wire.encode(validated)
-        assert built.create_revision == 5  # which partition of the name: its key's create revision
+        assert built.uid == 77  # which partition of the name: its uid, not its key's create revision
     assert server._replica_info(stored["orders-3"], incarnation).isr == [2, 1]
     assert server._replica_info(stored["orders-4"], incarnation).isr == [1, 2]
     assert server._replica_info(stored["orders-5"], incarnation).leader is None

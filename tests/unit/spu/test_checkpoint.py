@@ -3,6 +3,7 @@ and unusable files named with the reason."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,7 @@ def test_a_journal_line_broken_in_the_middle_is_refused(tmp_path: Path) -> None:
         checkpoint.replay({}, b'{"partition"\n{"partition":"a-0","leo":1,"hw":0,"epochs":[[0,0]]}\n', "J")
 
 
-def test_a_log_is_saved_with_the_create_revision_of_its_partition(tmp_path: Path) -> None:
+def test_a_log_is_saved_with_the_uid_of_its_partition(tmp_path: Path) -> None:
     """So that a restarted process knows which partition of the name each log is of (one deleted
     and created again meanwhile is another). A file without it (written before) is read as before."""
     path = checkpoint.path_for(tmp_path, 0)
@@ -94,6 +95,21 @@ def test_a_log_is_saved_with_the_create_revision_of_its_partition(tmp_path: Path
     journal.write({"a-0": Offsets(0, 0, (), 9)})  # created again: another log
     journal.close()
     assert checkpoint.load(path) == {"a-0": Offsets(0, 0, (), 9), "b-0": Offsets(3, 3, ((0, 0),))}
-    assert b'"createRevision": 5' in path.read_bytes() and b"createRevision" not in path.read_bytes().split(b'"b-0"')[1]
-    with pytest.raises(checkpoint.CheckpointError, match=r"^checkpoint F: partition 't-0' has createRevision -1; expected a whole number"):
-        checkpoint.decode(b'{"version": 2, "partitions": {"t-0": {"leo": 0, "hw": 0, "epochs": [], "createRevision": -1}}}', "F")
+    assert b'"uid": 5' in path.read_bytes() and b"uid" not in path.read_bytes().split(b'"b-0"')[1]
+    for odd in ("-1", "0", str(2**63), '"5"', "true"):
+        with pytest.raises(
+            checkpoint.CheckpointError,
+            match=rf"^checkpoint F: partition 't-0' has uid {re.escape(odd.replace('true', 'True').replace(chr(34), chr(39)))}; "
+            rf"expected a whole number from 1 to {2**63 - 1}",
+        ):
+            checkpoint.decode(b'{"version": 2, "partitions": {"t-0": {"leo": 0, "hw": 0, "epochs": [], "uid": %s}}}' % odd.encode(), "F")
+
+
+def test_a_log_saved_with_the_create_revision_of_its_partitions_key_keeps_its_records(tmp_path: Path) -> None:
+    """A file of the version before partitions had a uid names their key's create revision
+    ("createRevision"), which is no uid: read as a log of no known identity, which keeps its records
+    and takes the uid the SC tells next (a copied store gives every key another create revision)."""
+    old = b'{"version": 2, "partitions": {"a-0": {"leo": 10, "hw": 10, "epochs": [[1, 0]], "createRevision": 5}}}'
+    assert checkpoint.decode(old, "F") == {"a-0": Offsets(10, 10, ((1, 0),))}
+    journal = b'{"partition":"a-0","leo":12,"hw":11,"epochs":[[1,0]],"createRevision":5}\n'
+    assert checkpoint.replay({}, journal, "J") == {"a-0": Offsets(12, 11, ((1, 0),))}

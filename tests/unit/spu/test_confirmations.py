@@ -61,8 +61,8 @@ async def test_a_partition_removed_and_assigned_again_at_the_same_epoch_is_confi
     assert confirmed(outbox) == [("t-0", 0)]
 
 
-async def test_a_leadership_names_the_create_revision_of_its_partition_and_a_new_one_is_said_again() -> None:
-    """Told t-0 under another create revision (deleted and created again while the SPU did not hear
+async def test_a_leadership_names_the_uid_of_its_partition_and_a_new_one_is_said_again() -> None:
+    """Told t-0 under another uid (deleted and created again while the SPU did not hear
     of it, no deletion in between), the leader confirms the new partition at the same epoch, naming it."""
     state = SpuState(0, 2.0)
     session, outbox = connected_session(state)
@@ -76,10 +76,10 @@ async def test_a_leadership_names_the_create_revision_of_its_partition_and_a_new
         return entries
 
     for epoch, identity in ((1, 5), (2, 5), (3, 9)):
-        info = hosted("t-0", 0, [0], epoch=0).model_copy(update={"create_revision": identity})
+        info = hosted("t-0", 0, [0], epoch=0).model_copy(update={"uid": identity})
         if state.synced:
             state.apply_update(wire.Update(epoch=epoch, replicas=[info]), now=float(epoch))
         else:
             state.apply_sync(wire.Sync(epoch=epoch, spus=[spu_info(0)], replicas=[info]), now=float(epoch))
         session.tell(state.drain())
-        assert said() == ([] if epoch == 2 else [{"partition": "t-0", "leader_epoch": 0, "create_revision": identity}])
+        assert said() == ([] if epoch == 2 else [{"partition": "t-0", "leader_epoch": 0, "uid": identity}])

@@ -117,10 +117,10 @@ def test_an_answer_with_an_unknown_error_code_is_refused() -> None:
     )
 
 
-def test_a_fetch_names_the_create_revision_only_when_the_follower_was_told_one() -> None:
+def test_a_fetch_names_the_uid_only_when_the_follower_was_told_one() -> None:
     """A leader older than the field refuses a key it does not know: a follower told none sends none."""
-    told = fetch_wire.PartitionFetch(partition="t-0", offset=3, hw=3, leader_epoch=0, last_fetched_epoch=0, create_revision=9)
-    request = fetch_wire.FetchRequest(spu=1, incarnation=4, max_records=10, partitions=[told, told.model_copy(update={"create_revision": None})])
+    told = fetch_wire.PartitionFetch(partition="t-0", offset=3, hw=3, leader_epoch=0, last_fetched_epoch=0, uid=9)
+    request = fetch_wire.FetchRequest(spu=1, incarnation=4, max_records=10, partitions=[told, told.model_copy(update={"uid": None})])
     body = fetch_wire.encode(request)[fetch_wire.HEADER_BYTES :]
-    assert body.count(b'"createRevision":9') == 1 and body.count(b"createRevision") == 1
+    assert body.count(b'"uid":9') == 1 and body.count(b"uid") == 1
     assert fetch_wire.parse_request(body) == request

@@ -303,15 +303,15 @@ def test_the_partitions_followed_from_each_leader_stay_those_of_the_whole_pictur
         assert state.followed_leaders() == reference(state), step
 
 
-def identified(info: wire.ReplicaInfo, create_revision: int) -> wire.ReplicaInfo:
-    return info.model_copy(update={"create_revision": create_revision})
+def identified(info: wire.ReplicaInfo, uid: int) -> wire.ReplicaInfo:
+    return info.model_copy(update={"uid": uid})
 
 
-def test_a_replica_told_under_another_create_revision_is_another_partition_whose_log_starts_empty() -> None:
+def test_a_replica_told_under_another_uid_is_another_partition_whose_log_starts_empty() -> None:
     """An SPU away while its partition was deleted and created again (same name, leader and epochs:
     a topic created again places the same) was told the new one in its next Sync (or an SC that
     relisted its store told it in an Update, with no deletion) and kept the old log for it: it led
-    the new partition with the old one's records and HW. The create revision the SC sends says
+    the new partition with the old one's records and HW. The uid the SC sends says
     which partition of the name it is: another one is a new replica (its leadership said again)."""
     state = SpuState(0, LAG)
     state.incarnation = 40
@@ -328,25 +328,25 @@ def test_a_replica_told_under_another_create_revision_is_another_partition_whose
     ):
         state.replicas["a-0"].append(100, now=2.0)
         state.drain()
-        identity = state.replicas["a-0"].create_revision + 1  # type: ignore[operator]  # told one above
+        identity = state.replicas["a-0"].uid + 1  # type: ignore[operator]  # told one above
         apply(identified(hosted("a-0", 0, [0, 1]), identity))
         assert roles(state) == {"a-0": (Role.LEADER, 0, 0, 0)}
         changes = state.drain()
         assert (changes.removed, changes.leaderships, changes.logs) == ({"a-0"}, {"a-0": 1}, {"a-0"})
-        assert state.hosted().partitions == [{"partition": "a-0", "leo": 0, "leader_epoch": 1, "create_revision": identity}]
+        assert state.hosted().partitions == [{"partition": "a-0", "leo": 0, "leader_epoch": 1, "uid": identity}]
         assert state.logs() == {"a-0": Offsets(0, 0, (), identity)}
 
 
 def test_a_restored_log_goes_only_to_the_partition_it_is_of() -> None:
     """A process restarted from its data directory holds logs of the partitions its previous
-    process was told, by name and create revision; one the SC now describes under another create
+    process was told, by name and uid; one the SC now describes under another create
     revision is another partition's (deleted and created again meanwhile), and starts empty. A log
     saved without one (an SC older than the field told it) is taken as before."""
     state = SpuState(0, LAG)
     state.restore({"a-0": Offsets(500, 400, ((1, 0),), 5), "a-1": Offsets(300, 300, ((1, 0),), 6), "a-2": Offsets(200, 200, ((1, 0),))})
     assert state.hosted().partitions == [
-        {"partition": "a-0", "leo": 500, "leader_epoch": None, "create_revision": 5},
-        {"partition": "a-1", "leo": 300, "leader_epoch": None, "create_revision": 6},
+        {"partition": "a-0", "leo": 500, "leader_epoch": None, "uid": 5},
+        {"partition": "a-1", "leo": 300, "leader_epoch": None, "uid": 6},
         {"partition": "a-2", "leo": 200, "leader_epoch": None},
     ]
     replicas = [identified(hosted("a-0", 1, [1, 0]), 5), identified(hosted("a-1", 1, [1, 0]), 9), identified(hosted("a-2", 1, [1, 0]), 7)]
@@ -358,7 +358,7 @@ def test_a_restored_log_goes_only_to_the_partition_it_is_of() -> None:
     assert state.drain().logs == {"a-0", "a-1", "a-2"}  # journaled with the partition each log is of
 
 
-def test_what_an_spu_says_of_a_partition_names_the_create_revision_it_was_told() -> None:
+def test_what_an_spu_says_of_a_partition_names_the_uid_it_was_told() -> None:
     """Every entry about a partition (hosted, leading, offsets, a proposal) names the partition it
     is about, when the SC said which: the SC drops what is about another one. Told none (an SC
     older than the field, which would refuse the key), it names none."""
@@ -368,17 +368,17 @@ def test_what_an_spu_says_of_a_partition_names_the_create_revision_it_was_told()
     state.apply_sync(wire.Sync(epoch=1, spus=[spu_info(0), spu_info(1)], replicas=replicas), now=0.0)
     state.append(10, now=0.0)
     assert state.hosted().partitions == [
-        {"partition": "a-0", "leo": 10, "leader_epoch": 1, "create_revision": 5},
+        {"partition": "a-0", "leo": 10, "leader_epoch": 1, "uid": 5},
         {"partition": "b-0", "leo": 10, "leader_epoch": 1},
     ]
     leading = state.leaderships()
     assert leading is not None and leading.partitions == [
-        {"partition": "a-0", "leader_epoch": 1, "create_revision": 5}, {"partition": "b-0", "leader_epoch": 1},
+        {"partition": "a-0", "leader_epoch": 1, "uid": 5}, {"partition": "b-0", "leader_epoch": 1},
     ]
-    assert [entry.get("create_revision") for entry in state.offsets(only_changed=False)] == [5, None]
+    assert [entry.get("uid") for entry in state.offsets(only_changed=False)] == [5, None]
     state.tick(now=LAG + 1)  # SPU 1 never fetched: each leader proposes it out
     proposals = dict(state.drain().proposals)
-    assert (proposals["a-0"].create_revision, proposals["b-0"].create_revision) == (5, None)
+    assert (proposals["a-0"].uid, proposals["b-0"].uid) == (5, None)
     for frame in (state.hosted(), leading, wire.Offsets(partitions=state.offsets(only_changed=False))):
         assert wire.parse_spu_message(wire.encode(frame)) == frame
 
@@ -390,7 +390,7 @@ def test_a_fetch_between_two_partitions_of_one_name_is_refused_and_an_answer_for
     leader answered from its new log and recorded the follower as holding every record below its
     old log's end (which it would count for its HW, and propose into the in-sync set), the
     follower took the new partition's records into its old log, or an answer to its old replica's
-    fetch into its new one. A fetch names the partition's create revision: the leader refuses
+    fetch into its new one. A fetch names the partition's uid: the leader refuses
     another one (`inconsistent-partition`), and the follower drops an answer to a fetch it made
     for a replica it no longer holds."""
     leader = SpuState(0, LAG)
@@ -402,7 +402,7 @@ def test_a_fetch_between_two_partitions_of_one_name_is_refused_and_an_answer_for
     follower.apply_sync(wire.Sync(epoch=1, spus=[spu_info(0), spu_info(1)], replicas=[identified(hosted("a-0", 0, [0, 1], epoch=0), 5)]), now=0.0)
     follower.replicas["a-0"].log.append(0, 3)  # the old partition's records, at leader epoch 0
     request = follower.fetch_request(0, max_records=500)
-    assert request is not None and request.partitions[0].create_revision == 5
+    assert request is not None and request.partitions[0].uid == 5
     answer = leader.serve(request, now=1.0)
     assert answer.partitions == [fetch_wire.PartitionFetched(partition="a-0", offset=3, error="inconsistent-partition")]
     assert leader.replicas["a-0"].followers == {}
