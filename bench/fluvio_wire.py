@@ -45,7 +45,7 @@ def provisioned_topic(name: str, spu_id: int) -> list[models.AnyObject]:
         spec=models.TopicSpec(partitions=1, replication_factor=1),
         status=models.TopicStatus(resolution=models.TopicResolution.PROVISIONED, replica_map={0: [spu_id]}),
     )
-    partition = models.Partition(name=models.partition_name(name, 0), spec=models.PartitionSpec(leader=spu_id, replicas=[spu_id], uid=models.new_partition_uid()))
+    partition = models.Partition(name=models.partition_name(name, 0), uid=models.new_partition_uid(), spec=models.PartitionSpec(leader=spu_id, replicas=[spu_id]))
     return [topic, partition]
 
 

@@ -204,7 +204,7 @@ def placed(topics: int, partitions: int) -> list[models.AnyObject]:
             )
         )
         objects += [
-            models.Partition(name=models.partition_name(name, index), spec=models.PartitionSpec(leader=row[0], replicas=row, uid=models.new_partition_uid()))
+            models.Partition(name=models.partition_name(name, index), uid=models.new_partition_uid(), spec=models.PartitionSpec(leader=row[0], replicas=row))
             for index, row in replica_map.items()
         ]
     return objects

@@ -77,7 +77,7 @@ async def raw_txn_keys_per_second(endpoints: list[str], seconds: float, concurre
         assert client.kv is not None
         service = client.kv
         value = models.encode(
-            models.Partition(name="topic-name-0", spec=models.PartitionSpec(leader=1, replicas=[1, 2, 3], uid=models.new_partition_uid()))
+            models.Partition(name="topic-name-0", uid=models.new_partition_uid(), spec=models.PartitionSpec(leader=1, replicas=[1, 2, 3]))
         )
         loop = asyncio.get_running_loop()
         stop_at = loop.time() + seconds
@@ -362,7 +362,8 @@ async def startup_run(endpoints: list[str], workdir: Path, preloaded: int) -> di
                 models.Partition(
                     name=models.partition_name(f"topic-{topic_index}", index),
                     # A uid each, as the SC gives every partition it creates (its memory is measured too).
-                    spec=models.PartitionSpec(leader=replicas[0], replicas=replicas, uid=models.new_partition_uid()),
+                    uid=models.new_partition_uid(),
+                    spec=models.PartitionSpec(leader=replicas[0], replicas=replicas),
                 )
             )
     await seed(store, objects)

@@ -557,7 +557,7 @@ class ConnectionManager:
         session.last_frame_at = asyncio.get_running_loop().time()
         self.stats.count(self.stats.frames, "hosted")
         entries = self.replicas_of(session.spu_id)
-        hosted = reports.hosted_map(parsed.partitions, {entry.name: uid for entry in entries if (uid := entry.obj.spec.uid) is not None})
+        hosted = reports.hosted_map(parsed.partitions, {entry.name: uid for entry in entries if (uid := entry.obj.uid) is not None})
         partitions = [entry.obj for entry in entries]
         restarted = reports.roles_not_continued(session.spu_id, hosted, partitions)
         session.incarnation = reports.Incarnation(session.spu_id, session.number, hosted, restarted)
@@ -867,7 +867,7 @@ class ConnectionManager:
                 # Of the partition it was told, and that partition is still the current one.
                 current = partitions.get(entry["partition"])
                 if current is not None and _is_current(current.obj, entry.get("uid", told.uid)):
-                    accepted.append((entry, current.obj.spec.uid))
+                    accepted.append((entry, current.obj.uid))
                     continue
             stale += 1
         self.stats.stale_entries += stale
@@ -1051,8 +1051,8 @@ class ConnectionManager:
 
     def _keep_identity(self, partition: models.Partition) -> None:
         """What this SC keeps of ``partition`` from now on is about that one (if it has an identity)."""
-        if partition.spec.uid is not None:
-            self.identities[partition.name] = partition.spec.uid
+        if partition.uid is not None:
+            self.identities[partition.name] = partition.uid
 
     def pushed_through(self, epoch: int) -> bool:
         """Whether every connected SPU was told the partitions as of the partitions table's
@@ -1137,25 +1137,25 @@ def _not_leading(spu_id: int, name: str, epoch: int, told: wire.ReplicaInfo) -> 
 def _current_uid(partitions: Mapping[str, local.Entry[models.Partition]], name: str) -> int | None:
     """The uid of the partition of that name now (None: there is none, or it has no uid)."""
     current = partitions.get(name)
-    return None if current is None else current.obj.spec.uid
+    return None if current is None else current.obj.uid
 
 
 def _is_current(current: models.Partition, named: int | None) -> bool:
     """Whether what names partition uid ``named`` (or was told it) is about ``current``, the
     partition of that name now: it has that uid, or none (created before partitions had one:
     there is no identity to check, and what names its name is taken as about it, as before)."""
-    uid = current.spec.uid
+    uid = current.uid
     return uid is None or uid == named
 
 
 def _recreated(told: wire.ReplicaInfo, partitions: Mapping[str, local.Entry[models.Partition]]) -> bool:
     """The partition ``told`` describes is not the current one of its name (deleted, maybe created again)."""
     current = partitions.get(told.partition)
-    return current is None or current.obj.spec.uid != told.uid
+    return current is None or current.obj.uid != told.uid
 
 
 def _another_partition(spu_id: int, name: str, named: int | None, current: local.Entry[models.Partition] | None) -> str:
-    now = "; there is none of that name now" if current is None else f"; the current one has uid {current.obj.spec.uid}"
+    now = "; there is none of that name now" if current is None else f"; the current one has uid {current.obj.uid}"
     return f"SPU {spu_id} named partition {name!r} of uid {named}: that partition was deleted{now}"
 
 
@@ -1319,7 +1319,7 @@ def _build_replica_info(partition: models.Partition, leader: int | None) -> wire
     status = partition.status
     return wire.ReplicaInfo(
         partition=partition.name,
-        uid=partition.spec.uid,
+        uid=partition.uid,
         leader=leader,
         leader_epoch=status.leader_epoch,
         partition_epoch=status.partition_epoch,

@@ -483,10 +483,13 @@ class Reassignment(Model):
         return self.target == self.previous
 
 
-# A partition's identity (``spec.uid``): drawn at random by the SC that creates the partition, and
-# kept by every rewrite of it. Stored in the object, it survives any copy of the store (a snapshot
-# restored, or every key written anew into another store, as `etcdctl make-mirror` does), where a
-# key's create revision does not. 63 bits, at least 1: a positive 64-bit integer, as on 9004's wire.
+# A partition's identity (``Partition.uid``): drawn at random by the SC that creates the partition,
+# and kept by every rewrite of it. Stored in the object, it survives any copy of the store (a
+# snapshot restored, or every key written anew into another store, as `etcdctl make-mirror` does),
+# where a key's create revision does not. Object metadata (Kubernetes' ``metadata.uid``), beside
+# the name: not in the spec, which the local store shares between partitions of one replica list
+# (an identity there made every spec its own, 280 bytes a partition). 63 bits, at least 1: a
+# positive 64-bit integer, as on 9004's wire.
 MAX_PARTITION_UID = 2**63 - 1
 PartitionUid: TypeAlias = Annotated[int, Field(ge=1, le=MAX_PARTITION_UID, strict=True)]
 
@@ -501,14 +504,6 @@ class PartitionSpec(Model):
     # While a move is in progress: replicas is previous, then previous + the SPUs target adds (in
     # target's order), then target once the move ends (and this is gone).
     reassignment: Reassignment | None = None
-    uid: PartitionUid | None = Field(
-        None,
-        description=(
-            "the partition's identity, read-only: chosen at random by the SC when it creates the partition and kept "
-            "by every change of it, so a partition deleted and created again under its name is another one to its "
-            "SPUs. Absent from partitions created before SC versions that set it: those have no identity"
-        ),
-    )
 
     @model_validator(mode="after")
     def _leader_is_a_replica(self) -> Self:
@@ -573,7 +568,7 @@ def partition_name(topic: str, index: int) -> str:
 
 def new_partition(topic: Topic, index: int, replicas: list[int]) -> Partition:
     """Partition ``index`` of the stored ``topic``: leader = first replica, status Offline, and an
-    identity of its own (``spec.uid``, drawn here).
+    identity of its own (``uid``, drawn here).
 
     Equal to ``Partition(name=..., spec=PartitionSpec(...))`` but built without pydantic's
     validation, which is most of the cost of provisioning (one per partition). The topic's
@@ -585,12 +580,14 @@ def new_partition(topic: Topic, index: int, replicas: list[int]) -> Partition:
     plain = all(type(replica) is int and replica >= 0 for replica in replicas)
     if not replicas or not plain or len(set(replicas)) != len(replicas):
         # The validated path: raises with the model's own message (or coerces, as it would).
-        spec = PartitionSpec(leader=replicas[0] if replicas else 0, replicas=replicas, uid=uid)
-        return Partition(name=partition_name(topic.name, index), spec=spec)
+        spec = PartitionSpec(leader=replicas[0] if replicas else 0, replicas=replicas)
+        return Partition(name=partition_name(topic.name, index), uid=uid, spec=spec)
     if type(index) is not int or not 0 <= index <= MAX_PARTITION_ID:
         raise ValueError(f"partition index {index!r} is not an integer from 0 to {MAX_PARTITION_ID}")
-    spec = PartitionSpec.model_construct(leader=replicas[0], replicas=replicas, uid=uid)
-    return Partition.model_construct(name=partition_name(topic.name, index), spec=spec, status=_DEFAULT_PARTITION_STATUS)
+    spec = PartitionSpec.model_construct(leader=replicas[0], replicas=replicas)
+    return Partition.model_construct(
+        name=partition_name(topic.name, index), uid=uid, spec=spec, status=_DEFAULT_PARTITION_STATUS
+    )
 
 
 def split_partition_name(name: str) -> tuple[str, int]:
@@ -654,6 +651,14 @@ class Topic(ClusterObject[TopicSpec, TopicStatus]):
 
 class Partition(ClusterObject[PartitionSpec, PartitionStatus]):
     kind: ClassVar[str] = "partitions"
+    uid: PartitionUid | None = Field(
+        None,
+        description=(
+            "the partition's identity, read-only: chosen at random by the SC when it creates the partition and kept "
+            "by every change of it, so a partition deleted and created again under its name is another one to its "
+            "SPUs. Absent from partitions created before SC versions that set it: those have no identity"
+        ),
+    )
     # One shared default: statuses are immutable, and copying a default per object costs time and memory.
     status: PartitionStatus = Field(default_factory=lambda: _DEFAULT_PARTITION_STATUS)
 
@@ -810,6 +815,7 @@ class Interner:
             tuple[PartitionResolution, int, int, int, tuple[int, ...]], PartitionStatus
         ] = weakref.WeakValueDictionary()
         self._all_fields = {"name", "spec", "status"}
+        self._all_fields_with_uid = {"name", "uid", "spec", "status"}  # a partition with an identity
 
     def __len__(self) -> int:
         """The shared parts held, specs and statuses together."""
@@ -821,21 +827,14 @@ class Interner:
         fields = obj.__dict__  # frozen for users; the values put back here are equal
         spec = obj.spec
         if spec.reassignment is None:  # a move in progress is rare, and not shared
-            shared = self._specs.setdefault((spec.leader, tuple(spec.replicas)), spec)
-            if spec.uid is None:
-                fields["spec"] = shared
-            elif shared is not spec:
-                # A partition's identity is its own: the spec is not shared, its replica list is
-                # (the list, its few ints and the fields set are most of a spec's memory).
-                spec_fields = spec.__dict__
-                spec_fields["replicas"] = shared.replicas
-                if spec.__pydantic_fields_set__ == shared.__pydantic_fields_set__:
-                    object.__setattr__(spec, "__pydantic_fields_set__", shared.__pydantic_fields_set__)
+            fields["spec"] = self._specs.setdefault((spec.leader, tuple(spec.replicas)), spec)
         status = obj.status
         if status.leader is None and not status.replicas:
             key = (status.resolution, status.lrs, status.leader_epoch, status.partition_epoch, tuple(status.isr))
             fields["status"] = self._statuses.setdefault(key, status)
+        # pydantic copies this set before changing it (model_copy): sharing it is safe.
         if obj.__pydantic_fields_set__ == self._all_fields:
-            # pydantic copies this set before changing it (model_copy): sharing it is safe.
             object.__setattr__(obj, "__pydantic_fields_set__", self._all_fields)
+        elif obj.__pydantic_fields_set__ == self._all_fields_with_uid:
+            object.__setattr__(obj, "__pydantic_fields_set__", self._all_fields_with_uid)
         return obj

@@ -67,10 +67,11 @@ def partition(
 ) -> models.Partition:
     """The leader defaults to the first replica, as the topic controller assigns it. No ``uid``: a
     partition without an identity, as created before SCs gave partitions one."""
-    spec: dict[str, object] = {"leader": replicas[0] if leader is None else leader, "replicas": list(replicas)}
+    spec = {"leader": replicas[0] if leader is None else leader, "replicas": list(replicas)}
+    document: dict[str, object] = {"name": name, "spec": spec, "status": {"resolution": resolution}}
     if uid is not None:
-        spec["uid"] = uid
-    return models.Partition.model_validate({"name": name, "spec": spec, "status": {"resolution": resolution}})
+        document["uid"] = uid
+    return models.Partition.model_validate(document)
 
 
 def spu_group(

@@ -402,9 +402,7 @@ def _topic_action(
         moving = partition.spec.reassignment
         previous = moving.previous if moving is not None else partition.spec.replicas
         reassignment = models.Reassignment(previous=list(previous), target=list(target))
-        spec = models.PartitionSpec(
-            leader=partition.spec.leader, replicas=list(partition.spec.replicas), reassignment=reassignment, uid=partition.spec.uid
-        )
+        spec = models.PartitionSpec(leader=partition.spec.leader, replicas=list(partition.spec.replicas), reassignment=reassignment)
         updated = partition.model_copy(update={"spec": spec})
         writes.append(actions.Write(partition.key, models.encode(updated), entry.mod_revision))
         objects.append(updated)

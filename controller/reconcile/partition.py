@@ -340,7 +340,6 @@ def _write(entry: local.Entry[models.Partition], transition: partition_state.Tra
             leader=state.leader,
             replicas=list(transition.replicas if transition.replicas is not None else spec.replicas),
             reassignment=None if transition.ends_move else spec.reassignment,
-            uid=spec.uid,  # the partition's identity: the same partition, moved
         )
     status = _status(spec, partition, state, view.live.get(partition.name), hw)
     if state.leader == partition.spec.leader and not moved:
@@ -348,7 +347,7 @@ def _write(entry: local.Entry[models.Partition], transition: partition_state.Tra
             return actions.update_status(partition, status, entry.mod_revision, transition.reason, cause=transition.move_event)
         return actions.update_status(partition, status, entry.mod_revision, transition.reason)
     if state.leader != spec.leader:
-        spec = models.PartitionSpec(leader=state.leader, replicas=spec.replicas, reassignment=spec.reassignment, uid=spec.uid)
+        spec = models.PartitionSpec(leader=state.leader, replicas=spec.replicas, reassignment=spec.reassignment)
     updated = partition.model_copy(update={"spec": spec, "status": status})
     if state.leader == partition.spec.leader:
         # A move's change of the replica list: spec and status in one compare-and-swap, no election.

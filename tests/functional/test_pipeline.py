@@ -435,9 +435,9 @@ async def test_idle_restart_writes_nothing(kv_store: kv.KVStore) -> None:
     [
         b"written by hand",
         # A partition whose identity is none the SC gives: 0, a string, past 63 bits.
-        b'{"name":"t-0","spec":{"leader":0,"replicas":[0,1],"uid":0}}',
-        b'{"name":"t-0","spec":{"leader":0,"replicas":[0,1],"uid":"7"}}',
-        b'{"name":"t-0","spec":{"leader":0,"replicas":[0,1],"uid":9223372036854775808}}',
+        b'{"name":"t-0","uid":0,"spec":{"leader":0,"replicas":[0,1]}}',
+        b'{"name":"t-0","uid":"7","spec":{"leader":0,"replicas":[0,1]}}',
+        b'{"name":"t-0","uid":9223372036854775808,"spec":{"leader":0,"replicas":[0,1]}}',
     ],
 )
 async def test_a_value_the_sc_cannot_read_is_not_written_against(memory_store: kv.KVStore, value: bytes) -> None:

@@ -175,7 +175,7 @@ def test_pending_topic_is_provisioned_with_partitions_and_chain_in_one_action() 
     follow_up = topic.decide(snapshot_of(*spus, (provisioned, 10), meta={topic.CHAIN_KEY: (b'{"nextStartIndex": 3}', 10)}), topic.Inputs())
     found = summary(follow_up)
     # Each partition gets an identity of its own, drawn at random: compared apart.
-    uids = [value["spec"].pop("uid") for _, value, _ in found[0][3]]
+    uids = [value.pop("uid") for _, value, _ in found[0][3]]
     assert len(set(uids)) == 2 and all(1 <= uid < 2**63 for uid in uids), uids
     assert found == [
         (

@@ -449,21 +449,21 @@ def test_the_hosting_index_forgets_deleted_partitions_and_those_moved_away() -> 
 
 
 def test_an_election_and_a_move_keep_the_partitions_identity() -> None:
-    """spec.uid is the partition's identity for its SPUs: every rewrite of the spec keeps it. One
+    """The uid is the partition's identity for its SPUs: every rewrite of the partition keeps it. One
     that dropped it would make the partition one without identity (or, drawn again, another one
     whose SPUs start empty)."""
 
     def with_uid(p: models.Partition) -> models.Partition:
-        return p.model_copy(update={"spec": p.spec.model_copy(update={"uid": 2**62 + 7})})
+        return p.model_copy(update={"uid": 2**62 + 7})
 
     # An election (the leader gone): spec.leader changes.
     view = partition.ClusterView(health(s0=OFFLINE, s1=ONLINE, s2=ONLINE), live(0, 1, 20, 25, s1=21, s2=24), max_hw={"orders-0": 20})
     [(verb, _, elected)] = decide(with_uid(part(0, [0, 1, 2], hw=10)), view)
-    assert (verb, elected["spec"]) == ("elect", {"leader": 1, "replicas": [0, 1, 2], "uid": 2**62 + 7})
+    assert (verb, elected["spec"], elected["uid"]) == ("elect", {"leader": 1, "replicas": [0, 1, 2]}, 2**62 + 7)
     # A move's step (a reordering: it ends at once): spec.replicas and reassignment change.
     stored = part(0, [0, 1, 2])
     moving = stored.model_copy(
         update={"spec": stored.spec.model_copy(update={"reassignment": models.Reassignment(previous=[0, 1, 2], target=[1, 0, 2])})}
     )
     [(verb, _, moved)] = decide(with_uid(moving), partition.ClusterView(ALL_ONLINE, live(0, 1, 10, 10, s1=10, s2=10)))
-    assert (verb, moved["spec"]) == ("update-spec", {"leader": 0, "replicas": [1, 0, 2], "uid": 2**62 + 7})
+    assert (verb, moved["spec"], moved["uid"]) == ("update-spec", {"leader": 0, "replicas": [1, 0, 2]}, 2**62 + 7)

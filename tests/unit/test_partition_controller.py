@@ -30,7 +30,7 @@ def named(partition: models.Partition, name: str) -> models.Partition:
 
 
 def with_uid(partition: models.Partition, uid: int) -> models.Partition:
-    return partition.model_copy(update={"spec": partition.spec.model_copy(update={"uid": uid})})
+    return partition.model_copy(update={"uid": uid})
 
 
 def no_changes() -> dict[str, local.Changes[Any]]:

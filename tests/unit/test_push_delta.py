@@ -106,8 +106,8 @@ def test_every_partition_the_sc_can_read_can_be_told_to_its_spus(replicas: list[
     unreadable, which deletes nothing)."""
     try:
         partition = models.Partition.model_validate(
-            {"name": "t-0", "spec": {"leader": replicas[0], "replicas": replicas, "uid": uid}, "status": {"partitionEpoch": 1, "isr": isr}}
+            {"name": "t-0", "uid": uid, "spec": {"leader": replicas[0], "replicas": replicas}, "status": {"partitionEpoch": 1, "isr": isr}}
         )
     except pydantic.ValidationError:
         return
-    assert server._build_replica_info(partition, partition.spec.leader).uid == partition.spec.uid
+    assert server._build_replica_info(partition, partition.spec.leader).uid == partition.uid

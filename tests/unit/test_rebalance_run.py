@@ -227,12 +227,12 @@ def test_the_run_is_decoded_again_only_when_its_value_changed() -> None:
 
 
 def test_a_move_started_keeps_the_partitions_identity() -> None:
-    """The reassignment is written into the spec: its uid (the partition's identity for its SPUs) stays."""
+    """The reassignment is written into the spec: the partition's uid (its identity for its SPUs) stays."""
     stored = stored_partition("t-0", [0, 1])
-    stored = stored.model_copy(update={"spec": stored.spec.model_copy(update={"uid": 12345})})
+    stored = stored.model_copy(update={"uid": 12345})
     snapshot = store_of(stored, run=run_of(("t-0", (0, 1), (2, 1))).encode()).snapshot()
     decided = moves.decide(snapshot, moves.Inputs())
     assert targets(decided) == [("t-0", [0, 1], [2, 1])]
     [written] = [obj for obj in decided[0].objects if isinstance(obj, models.Partition)]
-    assert written.spec.uid == 12345
-    assert json.loads(decided[0].writes[0].value or b"")["spec"]["uid"] == 12345
+    assert written.uid == 12345
+    assert json.loads(decided[0].writes[0].value or b"")["uid"] == 12345

@@ -352,8 +352,8 @@ def recreate(cm: server.ConnectionManager, session: server.Session, name: str, r
     if told:
         server._replica_delta(session, changes, table.view)
     entry = table.view[name]
-    assert entry.create_revision == revision and entry.obj.spec.uid is not None
-    return entry.obj.spec.uid
+    assert entry.create_revision == revision and entry.obj.uid is not None
+    return entry.obj.uid
 
 
 def about(name: str, uid: int | None, hw: int = 1_000) -> list[wire.Message]:

@@ -62,7 +62,8 @@ def test_a_replica_is_told_as_committed() -> None:
     online = models.Partition.model_validate(
         {
             "name": "orders-3",
-            "spec": {"leader": 2, "replicas": [2, 0, 1], "uid": 77},
+            "uid": 77,
+            "spec": {"leader": 2, "replicas": [2, 0, 1]},
             "status": {"resolution": "Online", "leaderEpoch": 4, "partitionEpoch": 7, "isr": [2, 1]},
         }
     )
