@@ -1041,6 +1041,15 @@ class ConnectionManager:
         self.proposals.pop(name, None)
         self.identities.pop(name, None)
 
+    def forget_deleted(self, name: str, partitions: Mapping[str, local.Entry[models.Partition]]) -> None:
+        """A pass read ``name`` deleted (maybe created again since: ``partitions`` holds the current
+        ones): forget what this SC keeps of it, unless that is about the current partition of the
+        name, by its uid. The pusher may have told the SPUs the new one, and its leader confirmed
+        it, before the pass read the delete: a leader confirms a leadership once."""
+        kept = self.identities.get(name)
+        if kept is None or kept != _current_uid(partitions, name):
+            self.forget_partition(name)
+
     def forget_recreated(self, partitions: Mapping[str, local.Entry[models.Partition]]) -> None:
         """Forget what this SC keeps of partitions that ``partitions`` (the current ones) no longer
         hold under the uid it was kept for: deleted, or created again. A full listing (a relist of

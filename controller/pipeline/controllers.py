@@ -283,9 +283,11 @@ class PartitionController:
         partition_changes, spu_changes = changes["partitions"], changes["spus"]
         if self._connections is not None:
             # The pusher forgets them too, but this pass may come first: a partition deleted and
-            # created again must not be decided on its predecessor's confirmation or offsets.
+            # created again must not be decided on its predecessor's confirmation or offsets (nor
+            # lose its own, which may have come already: the pusher may have come first).
+            partitions = snapshot.entries("partitions")
             for name in partition_changes.deleted:
-                self._connections.forget_partition(name)
+                self._connections.forget_deleted(name, partitions)
             if partition_changes.full:
                 # A relist names nothing deleted but keys created again: a partition of another uid is another one too.
                 self._connections.forget_recreated(snapshot.entries("partitions"))

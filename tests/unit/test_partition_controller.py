@@ -321,6 +321,41 @@ async def test_a_leaders_frames_about_a_partition_deleted_and_created_again_deci
 
 
 @pytest.mark.looptime
+async def test_a_confirmation_of_the_new_partition_that_came_before_the_pass_read_the_delete_stays() -> None:
+    """The pusher told the SPU the partition created again, and its leader confirmed the new one,
+    before the partition controller's pass read the delete (a busy loop: its passes can lag the
+    pusher by more than a round trip). Before, the pass forgot every name it read deleted, the new
+    partition's confirmation with it, and the leader confirms a leadership once: the partition
+    stayed Offline until its leader reconnected. What the SC keeps is about the current partition
+    (its uid) and stays; the old one's would still go."""
+    old = with_uid(named(part(0, [0, 1, 2], leader_epoch=0, partition_epoch=1, hw=7), "t-0"), 1_001)
+    passes = Passes(partitions=(old,), states=(ONLINE, ONLINE, ONLINE), pushing=True)
+    connections = passes.connections
+    assert connections is not None
+    connections.on_news = passes.controller.on_news
+    registration = passes.local_store["spus"].view["spu-0"].create_revision
+    session = cm_server.Session(0, "spu-0", 1, None, registration)  # type: ignore[arg-type]  # frames only go to its outbox
+    session.ready = True
+    connections.sessions[0] = session
+    connections._send_sync(session)
+    table = passes.local_store["partitions"]
+    pushed, seen = table.listener(), table.listener()
+    spus_pushed = passes.local_store["spus"].listener(local.Part.SPEC)
+    for listener in (pushed, seen, spus_pushed):
+        listener.changes()
+    assert passes.decide() == []
+    table.delete("t-0", 40)
+    table.apply(with_uid(named(fresh([0, 1, 2]), "t-0"), 1_041), 41)
+    connections.push(spus_pushed.changes(), pushed.changes())  # the pusher first
+    connections._take_frame(session, wire.encode(about("t-0", 1_041, hw=0)[0]))  # the new one confirmed
+    assert connections.confirmed == {"t-0": (0, 0)}
+    [write] = passes.controller.decide(passes.local_store.snapshot(), {"partitions": seen.changes(), "spus": no_changes()["spus"]})
+    assert connections.confirmed == {"t-0": (0, 0)}
+    stored = models.decode("partitions", builders.written(write.writes[0]))
+    assert isinstance(stored, models.Partition) and stored.status.resolution is models.PartitionResolution.ONLINE
+
+
+@pytest.mark.looptime
 async def test_an_spu_name_registered_again_under_another_id_concerns_the_partitions_of_both_ids() -> None:
     """The partitions of the id it gave up are looked at too (they lost a replica's SPU): the
     controller's name -> id record takes the delete first. Before, the delete was not seen, or the
