@@ -16,6 +16,7 @@ import contextlib
 import pydantic
 import structlog
 
+from connection_manager import transport
 from controller import metrics as metrics_module
 from store import history as history_module
 from store import kv, local, models
@@ -64,10 +65,15 @@ class Reader:
                     listed.revision + 1 if self.history is None else self._history_start(listed, objects, compacted, lost)
                 )
                 compacted, lost, forked = False, None, False
+                # The listing (every key and value of the store: 30 MB at 100,000 partitions) is
+                # not kept while the watch runs, and the allocator gives back what it freed.
+                listed_revision = listed.revision
+                del listed, objects
+                transport.give_memory_back()
                 self.synced.set()
                 async with contextlib.aclosing(self.kv_store.watch("", start)) as events:
                     async for event in events:
-                        if event.revision > listed.revision:
+                        if event.revision > listed_revision:
                             self._apply(event)
                         else:
                             self._record(event, history_module.REPLAY)
