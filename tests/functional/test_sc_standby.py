@@ -365,7 +365,11 @@ async def test_a_leader_killed_amid_200_topic_creates_loses_none_and_spu_failove
                 assert stored is not None and json.loads(stored.value)["spec"]["leader"] != 0, name
 
         await builders.eventually(moved, timeout=30)
-        assert await scs.role(new_leader) == "leader"
+        # One SC leads: the new leader, or, on a starved machine whose etcd went silent past the
+        # 2 s TTL, the standby that took over from it when it stepped down, as it must (seen in a
+        # stress run at five workers on two cores: the assertion that the new leader still led failed).
+        roles = [await scs.role(sc) for sc in standbys]
+        assert roles.count("leader") == 1 and new_leader in standbys, roles
     finally:
         await asyncio.to_thread(processes.stop_all, list(spus.values()))
 
