@@ -44,9 +44,15 @@ Offset = Annotated[int, Field(ge=0, le=2**63 - 1)]
 # Epochs only grow by one per change, but a frame may carry anything: bounded like offsets.
 Epoch = Annotated[int, Field(ge=0, le=2**63 - 1)]
 SpuId = Annotated[int, Field(ge=0, le=2**31 - 1)]
-# A partition's identity: its spec's uid (store/models.py), drawn at random by the SC that created
-# it, stored in the partition, the same for every SC of the store and for any copy of the store.
+# A partition's identity: its uid (store/models.py), drawn at random by the SC that created it,
+# stored in the partition, the same for every SC of the store and for any copy of the store.
 Uid = Annotated[int, Field(ge=1, le=2**63 - 1)]
+
+
+def absent_when_none(value: object) -> bool:
+    """For ``Field(exclude_if=...)``: a field added to a frame is left out while unset, so a peer
+    older than the field (which refuses extra fields) still reads the frame."""
+    return value is None
 # An SPU connection's number (Accepted): positive, and within the wire's integer limit. An SC
 # numbers its connections from a random base below 2**53 (connection_manager/server.py), so that
 # two SC processes of one store hardly ever give out the same number.
@@ -92,7 +98,7 @@ class ReplicaInfo(Message):
     v: Literal[2] = Field(default=PROTOCOL_VERSION, exclude=True)
     partition: PartitionName
     # Left out when None, so an SPU older than the field reads what the SC says of such partitions.
-    uid: Uid | None = Field(None, exclude_if=lambda uid: uid is None)
+    uid: Uid | None = Field(None, exclude_if=absent_when_none)
     leader: SpuId | None  # None while the partition has no leader the SPU may follow (LeaderOffline)
     leader_epoch: Epoch = 0
     partition_epoch: Epoch = 0
@@ -171,17 +177,7 @@ class Register(Message):
     type: Literal["register"] = "register"
     spu_id: SpuId
     token: str | None = None
-    unreachable_leader: str | None = Field(default=None, max_length=300)
-
-    @pydantic.model_serializer(mode="wrap")
-    def _without_unset_leader(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, object]:
-        # A serializer, written before the project asked for pydantic 2.12 and Field(exclude_if=...),
-        # which ReplicaInfo's uid uses (it is encoded by the thousand: no Python call per entry).
-        data: dict[str, object] = handler(self)
-        if self.unreachable_leader is None:
-            data.pop("unreachableLeader", None)
-            data.pop("unreachable_leader", None)
-        return data
+    unreachable_leader: str | None = Field(default=None, max_length=300, exclude_if=absent_when_none)
 
 
 class Hosted(Message):
@@ -224,14 +220,7 @@ class AlterIsr(Message):
     isr: Annotated[Entries[SpuId], Field(max_length=MAX_PARTITION_SPUS)]
     hw: Offset | None = None
     incarnations: Annotated[Entries[MemberIncarnation], Field(max_length=MAX_PARTITION_SPUS)] = []
-    uid: Uid | None = None
-
-    @pydantic.model_serializer(mode="wrap")
-    def _without_unset_uid(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, object]:
-        data: dict[str, object] = handler(self)
-        if self.uid is None:
-            data.pop("uid", None)
-        return data
+    uid: Uid | None = Field(None, exclude_if=absent_when_none)
 
 
 class Offsets(Message):

@@ -30,14 +30,7 @@ class PartitionFetch(wire.Message):
     last_fetched_epoch: Annotated[int, Field(ge=-1)]  # the epoch of its record at offset - 1; -1: empty log
     # Which partition of the name, as the SC told the follower: the leader refuses another one. Left
     # out when None (told none), so a leader older than the field reads the frame.
-    uid: wire.Uid | None = None
-
-    @pydantic.model_serializer(mode="wrap")
-    def _without_unset_uid(self, handler: pydantic.SerializerFunctionWrapHandler) -> dict[str, object]:
-        data: dict[str, object] = handler(self)
-        if self.uid is None:
-            data.pop("uid", None)
-        return data
+    uid: wire.Uid | None = Field(None, exclude_if=wire.absent_when_none)
 
 
 class FetchRequest(wire.Message):
