@@ -22,6 +22,7 @@ import structlog
 from connection_manager import health as health_module
 from controller.api.fluvio import client as fluvio_client, messages, objects
 from store import embedded_etcd, etcd, kv, models
+from tests.fixtures import etcd as etcd_fixtures
 from tests.fixtures.daemon import Running, etcd_settings, running
 from tests.fixtures.sc_run import ScRun
 
@@ -33,12 +34,7 @@ QUOTA = 16 * MiB
 
 
 def small_etcd(tmp_path: Path, *flags: str) -> Iterator[embedded_etcd.EmbeddedEtcd]:
-    server = embedded_etcd.EmbeddedEtcd(tmp_path / "etcd", *embedded_etcd.free_port_pair(), extra_args=("--unsafe-no-fsync", *flags))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from etcd_fixtures.own_etcd(tmp_path / "etcd", "--unsafe-no-fsync", *flags)
 
 
 @pytest.fixture
