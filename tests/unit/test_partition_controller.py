@@ -274,6 +274,29 @@ async def test_a_partition_deleted_and_created_again_is_not_decided_on_its_prede
     assert "t-0" not in connections.confirmed and connections.live.max_hw("t-0") == lrs.UNKNOWN_OFFSET
 
 
+class Led:
+    """t-0 (uid 1001) led by SPU 0 at leader epoch 0, SPU 0 connected and told it; listeners of the
+    pusher (``pushed``, ``spus_pushed``) and of a pass (``seen``) that have read everything so far."""
+
+    def __init__(self) -> None:
+        old = with_uid(named(part(0, [0, 1, 2], leader_epoch=0, partition_epoch=1, hw=7), "t-0"), 1_001)
+        self.passes = Passes(partitions=(old,), states=(ONLINE, ONLINE, ONLINE), pushing=True)
+        connections = self.passes.connections
+        assert connections is not None
+        self.connections = connections
+        connections.on_news = self.passes.controller.on_news
+        registration = self.passes.local_store["spus"].view["spu-0"].create_revision
+        self.session = cm_server.Session(0, "spu-0", 1, None, registration)  # type: ignore[arg-type]  # frames only go to its outbox
+        self.session.ready = True
+        connections.sessions[0] = self.session
+        connections._send_sync(self.session)
+        self.table = self.passes.local_store["partitions"]
+        self.pushed, self.seen = self.table.listener(), self.table.listener()
+        self.spus_pushed = self.passes.local_store["spus"].listener(local.Part.SPEC)
+        for listener in (self.pushed, self.seen, self.spus_pushed):
+            listener.changes()
+
+
 @pytest.mark.looptime
 async def test_a_leaders_frames_about_a_partition_deleted_and_created_again_decide_nothing_for_the_new_one() -> None:
     """The leader of t-0 (leader epoch 0, the epoch a partition created again starts at, on the
@@ -282,22 +305,10 @@ async def test_a_leaders_frames_about_a_partition_deleted_and_created_again_deci
     controller's pass came first, and forgot the old one's), and after. The new partition is
     not confirmed by them (it stays Offline until its leader confirms it), nor is its HW raised,
     nor is anything committed: before, the pass after them wrote it Online at HW 1000, for good."""
-    old = with_uid(named(part(0, [0, 1, 2], leader_epoch=0, partition_epoch=1, hw=7), "t-0"), 1_001)
-    passes = Passes(partitions=(old,), states=(ONLINE, ONLINE, ONLINE), pushing=True)
-    connections = passes.connections
-    assert connections is not None
-    connections.on_news = passes.controller.on_news
-    registration = passes.local_store["spus"].view["spu-0"].create_revision
-    session = cm_server.Session(0, "spu-0", 1, None, registration)  # type: ignore[arg-type]  # frames only go to its outbox
-    session.ready = True
-    connections.sessions[0] = session
-    connections._send_sync(session)
+    led = Led()
+    passes, connections, session, table = led.passes, led.connections, led.session, led.table
+    pushed, seen, spus_pushed = led.pushed, led.seen, led.spus_pushed
     told = session.hosted["t-0"].uid
-    table = passes.local_store["partitions"]
-    pushed, seen = table.listener(), table.listener()
-    spus_pushed = passes.local_store["spus"].listener(local.Part.SPEC)
-    for listener in (pushed, seen, spus_pushed):
-        listener.changes()
     assert passes.decide() == []
     table.delete("t-0", 40)
     table.apply(with_uid(named(fresh([0, 1, 2]), "t-0"), 1_041), 41)
@@ -328,21 +339,9 @@ async def test_a_confirmation_of_the_new_partition_that_came_before_the_pass_rea
     partition's confirmation with it, and the leader confirms a leadership once: the partition
     stayed Offline until its leader reconnected. What the SC keeps is about the current partition
     (its uid) and stays; the old one's would still go."""
-    old = with_uid(named(part(0, [0, 1, 2], leader_epoch=0, partition_epoch=1, hw=7), "t-0"), 1_001)
-    passes = Passes(partitions=(old,), states=(ONLINE, ONLINE, ONLINE), pushing=True)
-    connections = passes.connections
-    assert connections is not None
-    connections.on_news = passes.controller.on_news
-    registration = passes.local_store["spus"].view["spu-0"].create_revision
-    session = cm_server.Session(0, "spu-0", 1, None, registration)  # type: ignore[arg-type]  # frames only go to its outbox
-    session.ready = True
-    connections.sessions[0] = session
-    connections._send_sync(session)
-    table = passes.local_store["partitions"]
-    pushed, seen = table.listener(), table.listener()
-    spus_pushed = passes.local_store["spus"].listener(local.Part.SPEC)
-    for listener in (pushed, seen, spus_pushed):
-        listener.changes()
+    led = Led()
+    passes, connections, session, table = led.passes, led.connections, led.session, led.table
+    pushed, seen, spus_pushed = led.pushed, led.seen, led.spus_pushed
     assert passes.decide() == []
     table.delete("t-0", 40)
     table.apply(with_uid(named(fresh([0, 1, 2]), "t-0"), 1_041), 41)
