@@ -50,12 +50,17 @@ def etcdctl(server: embedded_etcd.EmbeddedEtcd, *args: str) -> str:
     return done.stdout
 
 
-async def fill(filler: etcd.EtcdStore) -> kv.NoSpace:
-    """Write 1 MiB at a time until etcd refuses for space; the refusal."""
+async def fill(filler: etcd.EtcdStore, server: embedded_etcd.EmbeddedEtcd) -> kv.NoSpace:
+    """Write 1 MiB at a time until etcd refuses for space; the refusal, once the NOSPACE alarm is
+    raised. etcd refuses a request that would pass its quota at once, but raises the alarm through
+    its log: until it is applied, smaller writes still go through (a CI run's create did)."""
     for batch in range(2 * QUOTA // MiB):
         try:
             await filler.txn([], [kv.Put(f"fill/{batch}-{index}", os.urandom(MiB // 8)) for index in range(8)])
         except kv.NoSpace as refused:
+            async with asyncio.timeout(30):
+                while "NOSPACE" not in await asyncio.to_thread(etcdctl, server, "alarm", "list"):
+                    await asyncio.sleep(0.05)
             return refused
     raise AssertionError(f"etcd took {2 * QUOTA} bytes under a quota of {QUOTA}")
 
@@ -91,7 +96,7 @@ async def test_a_full_etcd_refuses_writes_with_what_to_do_and_the_sc_catches_up_
 
         filler = await etcd.EtcdStore.open(quota_etcd.endpoints, "/filler/", request_timeout=5.0)
         try:
-            refused = await fill(filler)
+            refused = await fill(filler, quota_etcd)
             for needed in ("--quota-backend-bytes", "etcdctl compact", "etcdctl defrag", "etcdctl alarm disarm"):
                 assert needed in str(refused), refused
 
