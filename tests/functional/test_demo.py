@@ -8,9 +8,11 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -76,7 +78,10 @@ class Demo:
 
     def __init__(self, *arguments: str) -> None:
         self.mark = uuid.uuid4().hex
-        environment = {**os.environ, MARK: self.mark}
+        # The demo's work dir (tempfile.mkdtemp) goes in here, removed at cleanup: a demo killed
+        # outright cannot remove its own, and left 62 MB in the system's temp dir at every run.
+        self.temp_dir = tempfile.mkdtemp(prefix="sc-demo-test-")
+        environment = {**os.environ, MARK: self.mark, "TMPDIR": self.temp_dir}
         environment.pop("SC_ADDR", None)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "controller.cli", "demo", *arguments],
@@ -142,6 +147,7 @@ class Demo:
             self.process.stdin.close()
         for line in marked(self.mark):
             os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def assert_nothing_left(self) -> None:
         with pytest.raises(ProcessLookupError):
