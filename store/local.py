@@ -92,6 +92,7 @@ class KindStore(Generic[O]):
         self.kind = kind
         # Partitions by topic, so deleting a topic or checking its partitions is not a full scan.
         self._groups: dict[str, set[str]] | None = {} if kind == "partitions" else None
+        self._identities = kind == "partitions"  # its objects have a uid (Partition.uid)
         # Values computed from the whole table, kept while the table's epoch does not move.
         self._derived: dict[str, tuple[int, object]] = {}
         # Named subsets kept up to date on every change (see ``index``): name -> (predicate,
@@ -189,7 +190,7 @@ class KindStore(Generic[O]):
                 self.unreadable.discard(obj.name)
             changed = _ALL
         else:
-            changed = (_SPEC if current.obj.spec != obj.spec else 0) | (
+            changed = (_SPEC if current.obj.spec != obj.spec or self._identity_changed(current.obj, obj) else 0) | (
                 _STATUS if current.obj.status != obj.status else 0
             )
         if not changed:
@@ -216,6 +217,18 @@ class KindStore(Generic[O]):
         # delete gets the name in both lists, so it does not take the new object for the old one.
         self._notify(changed)
         return _PARTS[changed]
+
+    def _identity_changed(self, before: O, after: O) -> bool:
+        """A partition's uid written over in place (the SC never changes one: a hand edit, or another
+        partition's value put on the key): a change of the spec's kind, since the SPUs are told it
+        with the spec. Taken for the same value written again, it woke nobody, and the SPUs heard of
+        it at the partition's next change, whatever that was, and dropped their logs then."""
+        return (
+            self._identities
+            and isinstance(before, models.Partition)
+            and isinstance(after, models.Partition)
+            and before.uid != after.uid
+        )
 
     def mark_unreadable(self, name: str, revision: int) -> None:
         """The store holds ``name`` at ``revision`` in a value this SC cannot read. A readable

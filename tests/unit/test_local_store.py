@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from store import local, models
-from tests.builders import topic
+from tests.builders import partition, topic
 
 
 def epochs(table: local.KindStore) -> dict[str, tuple[int, int]]:
@@ -45,6 +45,22 @@ def test_same_content_with_a_new_revision_keeps_epochs_but_records_the_revision(
     assert table.apply(topic("a"), 17) is None
     entry = table.get("a")
     assert entry is not None and (entry.mod_revision, entry.spec_epoch, entry.status_epoch) == (17, 1, 1)
+
+
+def test_a_partition_whose_uid_alone_was_written_over_is_changed_for_its_listeners() -> None:
+    """The SC never changes a uid: one written over in place (a hand edit, with the same spec and
+    status) makes the partition another one to its SPUs. Before, the mirror took it for the same
+    value written again and woke nobody: the SPUs heard of the new uid at the partition's next
+    change, whatever that was, and dropped their logs then, with nothing to show why."""
+    table: local.KindStore[models.Partition] = local.KindStore("partitions")
+    table.apply(partition("t-0", [0, 1], resolution="Online", uid=5), 10)
+    spec_listener = table.listener(local.Part.SPEC)
+    spec_listener.changes()
+    for uid in (6, None, 7):
+        assert table.apply(partition("t-0", [0, 1], resolution="Online", uid=uid), 11) == local.Part.SPEC
+        assert [entry.obj.uid for entry in spec_listener.changes().updated] == [uid]
+    entry = table.get("t-0")
+    assert entry is not None and entry.create_revision == 10  # the same key: not created again
 
 
 def test_apply_of_the_wrong_kind_is_refused() -> None:
