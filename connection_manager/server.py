@@ -1077,6 +1077,7 @@ class ConnectionManager:
         concerned = Concerned(partition_changes)
         # A partition's replicas are told the same state: built once per push, not per SPU.
         built: BuiltStates = {}
+        lost: dict[str, Lost] = {}
         interval = self.offsets_interval_now()
         for session in list(self.sessions.values()):
             holder = held.get(session.spu_id)
@@ -1094,7 +1095,7 @@ class ConnectionManager:
             if not session.ready:
                 continue  # its Sync, once it said what it holds, will have everything
             changed_spus, deleted_spus = _spu_delta(session, spu_changes, held)
-            changed, deleted = _replica_delta(session, partition_changes, partitions, concerned, built)
+            changed, deleted = _replica_delta(session, partition_changes, partitions, concerned, built, lost)
             # A new interval only when it moved by a quarter: not an Update per partition created.
             new_interval = interval if abs(interval - session.offsets_interval) > session.offsets_interval / 4 else None
             if changed_spus or deleted_spus or changed or deleted or new_interval is not None:
@@ -1125,8 +1126,27 @@ class ConnectionManager:
                 del self.confirmed[name]
         for name in partition_changes.deleted:
             self.forget_partition(name)
+        if lost:
+            self._report_lost(lost)
         self.pushed_epoch = partitions_table.epoch
         self.on_pushed()
+
+    def _report_lost(self, lost: dict[str, Lost]) -> None:
+        """Partitions whose SPUs were just told to drop the log their committed state counts on:
+        said once each (nothing of the SC's own does this: an operator's hand did), and decided
+        again by the partition controller, now that those SPUs hold none of their records."""
+        for name, noted in lost.items():
+            if noted.in_place:
+                cause = f"its uid was written over in place, from {noted.before} to {noted.now} (the SC never changes one)"
+            else:
+                cause = "it was deleted and written back with its committed state"
+            log.error(
+                f"partition {name!r} is another partition to its SPUs: {cause}; SPUs {sorted(noted.spus)}, which its "
+                "committed state counts on, drop their log of it and are taken for replicas that lost its records (it "
+                "may be left with no leader: only an unclean election then gives it one)",
+                partition=name,
+            )
+        self.on_news(set(lost))
 
 
 def _worth_holding(standby: tuple[str, str | None], register: wire.Register) -> bool:
@@ -1245,29 +1265,36 @@ def _replica_delta(
     partitions: Mapping[str, local.Entry[models.Partition]],
     concerned: Concerned | None = None,
     built: BuiltStates | None = None,
+    lost: dict[str, Lost] | None = None,
 ) -> tuple[list[wire.ReplicaInfo], list[str]]:
     """What ``session`` is told of ``changes``: the partitions it hosts whose state it was not
     told yet, and those it no longer hosts. ``concerned``: the changes sorted by SPU (else every
-    change is looked at); ``built``: the states built for the other SPUs of this push, to share."""
+    change is looked at); ``built``: the states built for the other SPUs of this push, to share;
+    ``lost``: where the partitions whose committed state counts on a log the SPU drops are noted."""
     if changes.empty:
         return [], []
     if changes.full:
         entries: Iterable[local.Entry[models.Partition]] = partitions.values()
     else:
         entries = (concerned or Concerned(changes)).of(session)
-    changed, deleted = [], []
+    changed: list[wire.ReplicaInfo] = []
+    deleted: list[str] = []
     # Deletions first: a partition also changed was deleted and created again, and the SPU is told
     # both in one Update (it applies the deletions first): the new one starts from nothing there.
     # A full set names only those a relist found under a new create revision of their key; what
     # else is gone it leaves out, and a partition the SPU was told of under another uid than the
     # current one's was deleted too (and created again).
-    gone = changes.deleted
+    for name in changes.deleted:
+        _replica_gone(session, name, partitions, deleted, lost, in_place=False)
     if changes.full:
-        gone = [*gone, *(name for name, told in session.hosted.items() if _recreated(told, partitions))]
-    for name in gone:
-        if session.hosted.pop(name, None) is not None:
-            deleted.append(name)
-        session.incarnation.forget(name)
+        rewritten = [name for name, told in session.hosted.items() if _recreated(told, partitions)]
+    else:
+        # A uid written over in place (the SC never changes one: a hand edit) is another partition
+        # to the SPU too, which drops its log: it is told so as of one deleted and created again.
+        entries = list(entries)
+        rewritten = [entry.name for entry in entries if _uid_replaced(session.hosted.get(entry.name), entry.obj)]
+    for name in rewritten:
+        _replica_gone(session, name, partitions, deleted, lost, in_place=True)
     restarted = session.incarnation.restarted
     for entry in entries:
         partition: models.Partition = entry.obj
@@ -1284,6 +1311,55 @@ def _replica_delta(
             del session.hosted[name]
             deleted.append(name)
     return changed, deleted
+
+
+@dataclass
+class Lost:
+    """A partition told to SPUs as another one than the log they held (deleted and written back
+    with its committed state, or its uid written over in place) while that state counts on them."""
+
+    before: int | None  # the uid they were told before (None: none)
+    now: int | None  # the partition's uid now
+    in_place: bool  # its key was not deleted: its uid was written over
+    spus: list[int] = field(default_factory=list)
+
+
+def _uid_replaced(told: wire.ReplicaInfo | None, partition: models.Partition) -> bool:
+    """The SPU was told ``partition``'s name under another uid than the one it has now, though its
+    key was not deleted: the uid was written over in place."""
+    return told is not None and told.uid is not None and partition.uid is not None and told.uid != partition.uid
+
+
+def _replica_gone(
+    session: Session,
+    name: str,
+    partitions: Mapping[str, local.Entry[models.Partition]],
+    deleted: list[str],
+    lost: dict[str, Lost] | None,
+    in_place: bool,
+) -> None:
+    """``session``'s SPU is told its replica of ``name`` is gone (a partition of the name told
+    later is a new one, which it starts empty): its process holds nothing of the partition of that
+    name now. A new partition counts on no record yet (partition epoch 0), but one that comes back
+    with a committed state (deleted and written back as it was, or its uid written over in place)
+    does: where that state gives the SPU a role, the SPU is taken for a process that restarted
+    without the records (the rules then take it out of the in-sync set, or leave the partition
+    without a leader), not for a member that holds them, as before, when it was merely forgotten."""
+    told = session.hosted.pop(name, None)
+    if told is not None:
+        deleted.append(name)
+    incarnation = session.incarnation
+    incarnation.forget(name)
+    current = partitions.get(name)
+    if current is None:
+        return
+    partition = current.obj
+    epoch = partition.status.partition_epoch
+    if epoch > 0 and session.spu_id in partition.spec.replicas and reports.has_role(partition, session.spu_id):
+        incarnation.restarted[name] = epoch
+        if lost is not None:
+            noted = lost.setdefault(name, Lost(None if told is None else told.uid, partition.uid, in_place))
+            noted.spus.append(session.spu_id)
 
 
 def _spu_info(spu: models.Spu) -> wire.SpuInfo:

@@ -483,6 +483,47 @@ async def test_a_topic_deleted_and_created_again_while_the_scs_watch_was_down_is
     assert [process.returncode for _, process in sorted(processes.items())] == [0, 0]
 
 
+async def test_a_partition_whose_uid_is_changed_in_place_is_not_left_online_on_replicas_that_dropped_its_log(sc: Running) -> None:
+    """The stored partition of a topic replicated on SPUs 0 and 1 is written again by hand (same
+    key, same create revision) with another uid and nothing else changed. Its SPUs take it for
+    another partition, as the protocol asks, and drop their logs: no replica holds the committed
+    records any more. Before, the SC's mirror took a change of the uid alone for the same value
+    written again and woke nobody, so the SPUs were told the new uid only at the partition's next
+    change, whatever it was; and once told, the SC kept the partition Online, its leader at its
+    epoch and both SPUs in the in-sync set, though both had started the log empty. Now the SPUs are
+    told at once, and the SC takes them for replicas that came back without the records: the
+    partition has no leader, and its in-sync set is emptied (only an unclean election, which
+    records the loss, gives it one)."""
+    processes = {spu_id: fast_spu_process(sc, spu_id) for spu_id in (0, 1)}
+    body = {"name": "edited", "spec": {"replicaAssignment": [{"id": 0, "replicas": [0, 1]}]}}
+    key = models.object_key("partitions", "edited-0")
+    try:
+        await sc.eventually(lambda: spus_online(sc, 2), timeout=30)
+        status, answer = await sc.call("POST", "/v1/topics", body)
+        assert status == 201, answer
+        await sc.eventually(lambda: all_online_in_sync(sc, lrs=1), timeout=20)
+        await live_hw_at_least(sc, "edited-0", 20_000)
+        stored = await sc.kv_store.get(key)
+        assert stored is not None
+        before = models.decode("partitions", stored.value)
+        assert before.uid is not None
+        edited = before.model_copy(update={"uid": before.uid % models.MAX_PARTITION_UID + 1})
+        await sc.kv_store.txn([kv.Compare(key, stored.mod_revision)], [kv.Put(key, models.encode(edited))])
+
+        async def leaderless_with_nobody_in_sync() -> None:
+            partition = (await partitions(sc))["edited-0"]
+            assert partition.uid == edited.uid, partition
+            assert partition.status.resolution is models.PartitionResolution.LEADER_OFFLINE, partition
+            assert partition.status.isr == [], partition
+            assert partition.status.leader_epoch > before.status.leader_epoch, partition
+
+        await sc.eventually(leaderless_with_nobody_in_sync, timeout=20)
+    finally:
+        for process in processes.values():
+            stop(process)
+    assert [process.returncode for _, process in sorted(processes.items())] == [0, 0]
+
+
 async def live_hw_at_least(sc: Running, name: str, hw: int) -> int:
     """Once the API shows ``name``'s leader at ``hw`` or beyond: the HW it shows."""
 

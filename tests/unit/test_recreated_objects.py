@@ -145,3 +145,54 @@ async def test_what_a_process_held_of_a_partition_deleted_since_says_nothing_of_
     store["partitions"].apply(partition("t-0", [0]), 4)  # the same name, replicas and epochs
     cm.push(spus.changes(), partitions.changes())
     assert not session.incarnation.restarted_at("t-0", 0) and session.incarnation.leo("t-0") is None
+
+
+def committed(uid: int) -> models.Partition:
+    """t-0 on SPUs 0 and 1, led by 0 at leader epoch 2, both in its committed in-sync set."""
+    return models.Partition.model_validate({
+        "name": "t-0", "uid": uid, "spec": {"leader": 0, "replicas": [0, 1]},
+        "status": {"resolution": "Online", "leaderEpoch": 2, "partitionEpoch": 3, "isr": [0, 1]},
+    })  # fmt: skip
+
+
+async def test_a_partition_back_with_its_committed_state_counts_on_no_log_its_spus_dropped() -> None:
+    """t-0 is deleted and written back as it was (its committed state: Online, both SPUs in its
+    in-sync set), or its uid is written over in place: either way its SPUs are told to drop the
+    log they held of it (told it is gone, and a new one of the name assigned). Before, the SC
+    merely forgot what their processes held of it: its leader was still taken for a member holding
+    every committed record, told it leads at the same epoch, and the partition controller kept it
+    and its in-sync set though no replica held a record any more. Now each SPU the committed state
+    counts on is taken for a process that restarted without them (its leadership withheld, the
+    partition decided again), and the SC says why."""
+    for rewrite in ("deleted and written back", "uid written over"):
+        cm, spus, partitions = manager()
+        news: list[set[str]] = []
+        cm.on_news = news.append
+        store = cm.local_store
+        for spu_id in (0, 1):
+            store["spus"].apply(builders.spu(spu_id), 1 + spu_id)
+        store["partitions"].apply(committed(uid=2_000), 3)
+        sessions = [connected(cm, spu_id, f"spu-{spu_id}", 1 + spu_id) for spu_id in (0, 1)]
+        for session in sessions:
+            session.incarnation = reports.Incarnation(session.spu_id, 1, {"t-0": (1_000, 2)})
+        cm.push(spus.changes(), partitions.changes())
+        assert sessions[0].hosted["t-0"].leader == 0 and not news
+        sent: list[wire.Message] = []
+        sessions[0].send = sent.append  # type: ignore[method-assign, assignment]  # what it is told, unencoded
+
+        if rewrite == "deleted and written back":
+            store["partitions"].delete("t-0", 4)
+            store["partitions"].apply(committed(uid=2_000), 5)
+        else:
+            store["partitions"].apply(committed(uid=4_000), 4)
+        with mock.patch.object(server.log, "error") as logged:
+            cm.push(spus.changes(), partitions.changes())
+
+        assert len(sent) == 1 and isinstance(sent[0], wire.Update), rewrite
+        assert sent[0].deleted_replicas == ["t-0"] and [info.leader for info in sent[0].replicas] == [None], rewrite
+        for session in sessions:
+            assert session.incarnation.restarted_at("t-0", 3) and session.incarnation.leo("t-0") is None, rewrite
+        assert news == [{"t-0"}], rewrite
+        (message,), fields = logged.call_args
+        assert "SPUs [0, 1]" in message and fields == {"partition": "t-0"}, message
+        assert ("from 2000 to 4000" in message) is (rewrite == "uid written over"), message
