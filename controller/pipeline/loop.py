@@ -32,6 +32,8 @@ FAILURE_BACKOFF_INITIAL = 0.5
 FAILURE_BACKOFF_MAX = 60.0
 # Action keys whose last lost compare is remembered (see ControllerLoop._lost_to).
 LOST_TO_LIMIT = 10_000
+# Objects whose refused write is remembered (see ControllerLoop._refused).
+REFUSED_LIMIT = 10_000
 # Objects whose last fault is remembered, so that one failing again the same way is not logged
 # at every pass (it is still counted).
 FAULTS_REMEMBERED = 1_024
@@ -85,6 +87,11 @@ class ControllerLoop:
         # (for the next backoff, and so the controller writes them alone) until a write to them
         # is applied or someone else changes them.
         self._failures: dict[str, _Failure] = {}
+        # Object key (``topics/orders``) -> the store's refusal of the last write about that object
+        # alone (a write of several objects', such as a provision of several topics, is about
+        # none of them), until a write about it is applied or the object changes: the controller
+        # records it in the object's status, where an operator looks for why nothing happens.
+        self._refused: dict[str, str] = {}
         # Action key -> the revision its last write lost to. Lost twice to the same revision,
         # the decision did not see that value (a value the Reader cannot decode never reaches
         # the local store): deciding again at once would lose again, so it backs off instead.
@@ -117,6 +124,11 @@ class ControllerLoop:
         so that if it fails again it takes nothing down with it."""
         return key in self._failures
 
+    def refusal(self, key: str) -> str:
+        """The store's refusal of the last write about the object at ``key`` (a failed write's
+        detail), or "" if none was refused since a write about it was applied."""
+        return self._refused.get(key, "")
+
     def kick(self) -> None:
         """Recompute on the next turn (an outside change the listeners cannot see)."""
         self._kick.set()
@@ -141,7 +153,7 @@ class ControllerLoop:
         self._forget_caught_up()
         loop = asyncio.get_running_loop()
         started = self._now = loop.time()
-        if self._failures:
+        if self._failures or self._refused:
             self._forget_changed_failures(changes)
         snapshot = self.local_store.snapshot()
         if self.resyncing and (self._expected or self._open_at_resync):
@@ -245,6 +257,8 @@ class ControllerLoop:
         if result.outcome is not dispatcher_module.Outcome.CONFLICT and self._lost_to:
             self._lost_to.pop(action.key, None)
         if result.outcome is dispatcher_module.Outcome.APPLIED:
+            if self._refused:
+                self._refused.pop(models.object_key(action.kind, action.name), None)
             for key in action.write_keys:
                 self._expect(key, result.revision)
                 if self._failures:
@@ -266,6 +280,10 @@ class ControllerLoop:
         elif result.outcome is dispatcher_module.Outcome.FAILED:
             delay = self._back_off(action)
             log.warning("failed action decided again after a backoff", controller=self.name, key=action.key, backoff=delay)
+            if _about_one(action):
+                if len(self._refused) >= REFUSED_LIMIT:
+                    self._refused.clear()  # forgotten, a refusal is said again at its write's next try
+                self._refused[models.object_key(action.kind, action.name)] = result.detail
             self._defer(action)  # decided again once its backoff ends
         self.kick()
 
@@ -285,15 +303,20 @@ class ControllerLoop:
         return delay
 
     def _forget_changed_failures(self, changes: local.ChangesByKind) -> None:
-        """Someone else changed (or deleted) an object whose write failed: decide it afresh."""
+        """Someone else changed (or deleted) an object whose write failed: decide it afresh (and
+        forget what the store refused about it: what it says may no longer hold)."""
         for kind, change in changes.items():
             # A relist says nothing about one object, except that those it names deleted were
             # deleted and created again.
             if not change.full:
                 for entry in change.updated:
-                    self._failures.pop(models.object_key(kind, entry.name), None)
+                    key = models.object_key(kind, entry.name)
+                    self._failures.pop(key, None)
+                    self._refused.pop(key, None)
             for name in change.deleted:
-                self._failures.pop(models.object_key(kind, name), None)
+                key = models.object_key(kind, name)
+                self._failures.pop(key, None)
+                self._refused.pop(key, None)
 
     def _expect(self, key: str, revision: int) -> None:
         if self.local_store.forks != self._forks:
@@ -350,3 +373,9 @@ class ControllerLoop:
             del expected[key]
         self._expecting = [(at, key) for at, key in self._expecting if expected.get(key) == at]
         heapq.heapify(self._expecting)
+
+
+def _about_one(action: actions.Action) -> bool:
+    """Whether ``action`` is about the one object its kind and name say: not a provision of several
+    topics (named by their names joined), whose refusal may be any one of theirs."""
+    return sum(1 for obj in action.objects if obj.kind == action.kind) <= 1

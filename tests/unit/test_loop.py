@@ -238,3 +238,37 @@ async def test_a_failed_write_is_decided_afresh_once_its_object_was_deleted_and_
     controller.run_pass()
     assert controller.failed(failing.key)
     await store.close()
+
+
+async def test_the_refusal_of_a_write_about_one_object_is_kept_until_a_write_about_it_goes_through_or_it_changes() -> None:
+    """What the topic controller says in a topic's reason: the store's last refusal of a write about
+    that topic alone (its provisioning, some of its partitions); a provision of several topics is
+    about none of them (any one may be the one refused). Forgotten once a write about the topic is
+    applied, or someone else changes it."""
+    store = memory.MemoryStore()
+    local_store = local.LocalStore()
+    a, b = topic_of_size("a", 1), topic_of_size("b", 1)
+    local_store["topics"].apply(a, 1)
+    local_store["topics"].apply(b, 2)
+    _, controller = controller_on(store, local_store)
+    controller.listeners = {"topics": local_store.tables["topics"].listener()}  # what run() starts with
+    controller.run_pass()
+
+    def answered(action: actions.Action, outcome: dispatcher_module.Outcome, detail: str = "") -> None:
+        controller._submitted.add(action.key)
+        controller._on_result(dispatcher_module.Result(action, outcome, 7 if outcome is dispatcher_module.Outcome.APPLIED else 0, detail))
+
+    chain = "meta/placement-start-index"
+    both = actions.provision(chain, b"{}", 0, [actions.TopicProvision(a, 1, (), "placed"), actions.TopicProvision(b, 2, (), "placed")])
+    answered(both, dispatcher_module.Outcome.FAILED, "too large")
+    assert controller.refusal("topics/a") == controller.refusal("topics/b") == ""
+    answered(actions.provision(chain, b"{}", 0, [actions.TopicProvision(a, 1, (), "placed")]), dispatcher_module.Outcome.FAILED, "too large")
+    answered(actions.create_partitions("b", [models.new_partition(b, 0, [0, 1])], "partition 0"), dispatcher_module.Outcome.FAILED, "too many operations")
+    assert (controller.refusal("topics/a"), controller.refusal("topics/b")) == ("too large", "too many operations")
+
+    answered(actions.update_status(a, a.status, 1, "said"), dispatcher_module.Outcome.APPLIED)
+    assert controller.refusal("topics/a") == ""
+    local_store["topics"].apply(topic_of_size("b", 2), 8)  # someone else's write
+    controller.run_pass()
+    assert controller.refusal("topics/b") == ""
+    await store.close()
