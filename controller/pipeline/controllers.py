@@ -104,6 +104,7 @@ class TopicController:
             retry_unplaced=self._retry_unplaced,
             request_size=self._request_size,
             alone=loop.failed,
+            refused=loop.refusal,
             placers=self._placers,
             faults=loop.faults,
         )

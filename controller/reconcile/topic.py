@@ -35,6 +35,11 @@ HAS_PARTITIONS = (PROVISIONED, INSUFFICIENT, INVALID, PENDING)
 PROVISION_WRITES = kv.MAX_TXN_WRITES
 # The store's request size when none is given: etcd's default limit, the default key prefix.
 DEFAULT_REQUEST_SIZE = kv.RequestSize(kv.DEFAULT_PREFIX, kv.DEFAULT_MAX_REQUEST_BYTES)
+# A topic's reason while the store refuses a write it needs (an etcd whose limits were lowered
+# under the SC: docs/limitations.md), followed by the store's words. The write is retried with a
+# backoff; once it goes through, the reason goes.
+REFUSED_PROVISION = "the store refused to provision it (retried with a backoff): "
+REFUSED_PARTITIONS = "the store refused to create "  # "partitions 0..39 (retried with a backoff): "
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +246,10 @@ def _idle(key: str) -> bool:
     return False
 
 
+def _not_refused(key: str) -> str:
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class Inputs:
     """What the topic controller needs beyond the snapshot.
@@ -253,6 +262,9 @@ class Inputs:
     ``request_size``: the store's request limit, which sizes topics and provision transactions.
     ``alone(key)``: a write to that topic failed before: it is provisioned in a transaction of
     its own, so that if it fails again it takes no other topic down with it.
+    ``refused(key)``: the store's refusal of the last write about that topic alone (its
+    provisioning, or some of its partitions), "" if none since one went through: said in the
+    topic's reason.
     ``placers``: the configured placement plug-ins.
     ``faults``: where a topic or partition whose decision raised goes (faults.py).
     """
@@ -262,6 +274,7 @@ class Inputs:
     retry_unplaced: bool = True
     request_size: kv.RequestSize = DEFAULT_REQUEST_SIZE
     alone: Callable[[str], bool] = _idle
+    refused: Callable[[str], str] = _not_refused
     placers: placement.Placers = field(default_factory=dict)
     faults: faults_module.Faults = faults_module.RAISE
 
@@ -287,7 +300,7 @@ def decide(snapshot: local.Snapshot, inputs: Inputs) -> list[actions.Action]:
     provision = placed.action()
     if provision is not None:
         decided.append(provision)
-    decided += _reconcile_partitions(snapshot, inputs, scope, placed.topics)
+    decided += _reconcile_partitions(snapshot, inputs, scope, placed.topics | placed.noted, spus)
     return decided
 
 
@@ -340,6 +353,9 @@ class _Provision:
         self.room_bytes = request_size.budget - request_size.writes_bound(1, len(CHAIN_KEY), topic_size.CHAIN_VALUE_MAX)
         self.provisions: list[actions.TopicProvision] = []
         self.topics: set[str] = set()  # placed by this pass
+        # Topics whose reason this pass sets to the store's refusal of their provisioning (placed
+        # again at the next pass, from the status written).
+        self.noted: set[str] = set()
         # Topic statuses refused on the way (unplaceable, too large), in topic order.
         self.statuses: list[actions.Action] = []
 
@@ -391,6 +407,12 @@ def _place(snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, spus: Sequen
         try:
             topic: models.Topic = entry.obj
             if not _due(topic, inputs, scope, provision):
+                continue
+            refusal = inputs.refused(topic.key)
+            noted = _with_reason(entry, REFUSED_PROVISION + refusal) if refusal else []
+            if noted:
+                provision.statuses += noted
+                provision.noted.add(topic.name)
                 continue
             problem = too_large(topic, spus, inputs.request_size, widest=False)
             if problem is not None:
@@ -543,18 +565,25 @@ def _provisioned(
 
 
 def _reconcile_partitions(
-    snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, placed_now: set[str]
+    snapshot: local.Snapshot, inputs: Inputs, scope: _Scope, placed_now: set[str], spus: Sequence[placement.SpuInfo]
 ) -> list[actions.Action]:
     """Every partition on a full pass; else those that changed and those of the topics that did."""
     topics: Mapping[str, local.Entry[models.Topic]] = snapshot.entries("topics")
     if scope.full:
         every = snapshot.entries("partitions").keys()
-        return _partition_actions(snapshot, topics, every, topics.keys(), placed_now, inputs.busy, inputs.faults)
+        return _partition_actions(snapshot, topics, every, topics.keys(), placed_now, inputs, spus)
     partition_changes = inputs.changes.get("partitions") if inputs.changes is not None else None
     changed_partitions = [entry.name for entry in partition_changes.updated] if partition_changes is not None else []
     # A partition deleted behind the SC's back: its topic is checked for missing partitions.
     gone = {name.rpartition("-")[0] for name in partition_changes.deleted} if partition_changes is not None else set()
-    return _partition_actions(snapshot, topics, changed_partitions, scope.touched | gone, placed_now, inputs.busy, inputs.faults)
+    # A topic whose reason says the store refused its partitions: checked until they are all there.
+    refused = {entry.name for entry in snapshot.indexed("topics", "partitions-refused", _partitions_refused)}
+    return _partition_actions(snapshot, topics, changed_partitions, scope.touched | gone | refused, placed_now, inputs, spus)
+
+
+def _partitions_refused(topic: models.Topic) -> bool:
+    """Its reason says the store refuses its partitions (said until they are all there)."""
+    return topic.status.reason.startswith(REFUSED_PARTITIONS)
 
 
 def _unvalidated(topic: models.Topic) -> bool:
@@ -660,15 +689,17 @@ def _partition_actions(
     partition_names: Iterable[str],
     topic_names: Iterable[str],
     placed_now: set[str],
-    busy: Callable[[str], bool],
-    faults: faults_module.Faults = faults_module.RAISE,
+    inputs: Inputs,
+    spus: Sequence[placement.SpuInfo],
 ) -> list[actions.Action]:
-    """Create the missing partitions of every replica map; delete partitions no topic maps.
+    """Create the missing partitions of every replica map; delete partitions no topic maps; say
+    in a Provisioned topic's reason that the store refuses its partitions, until they are there.
 
     Looks at ``partition_names`` and at every partition of ``topic_names`` (all of them on a full
     pass). Sound because the snapshot is a consistent cut: a topic status and the partitions
     written in the same transaction are always seen together.
     """
+    busy, faults = inputs.busy, inputs.faults
     partitions: Mapping[str, local.Entry[models.Partition]] = snapshot.entries("partitions")
     # In the store, but in values this SC cannot read: neither deleted nor missing.
     unreadable_topics, unreadable_partitions = snapshot.unreadable("topics"), snapshot.unreadable("partitions")
@@ -706,6 +737,8 @@ def _partition_actions(
                 and name not in unreadable_partitions
                 and not busy(models.object_key("partitions", name))
             ]
+            if topic.status.resolution is PROVISIONED:
+                decided += _partitions_reason(topic_entry, partitions, unreadable_partitions, inputs.refused(topic.key), spus)
         except Exception as error:  # this topic only (faults.py)
             faults.record("topics", topic_name, error)
             continue
@@ -715,6 +748,46 @@ def _partition_actions(
                 actions.create_partitions(topic.name, chunk, f"{_describe_indexes(chunk)} of topic {topic.name}")
             )
     return decided
+
+
+def _partitions_reason(
+    entry: local.Entry[models.Topic],
+    partitions: Mapping[str, local.Entry[models.Partition]],
+    unreadable: AbstractSet[str],
+    refusal: str,
+    spus: Sequence[placement.SpuInfo],
+) -> list[actions.Action]:
+    """A Provisioned topic's reason while the store refuses to create its partitions (``refusal``:
+    its last words about them), naming those not there; back to what placing it said once they
+    all are. Only a topic with such a reason, or a refusal, costs a look at each of its partitions."""
+    topic = entry.obj
+    refused_before = _partitions_refused(topic)
+    if not refusal and not refused_before:
+        return []
+    count = topic.spec.partition_count()
+    absent = [
+        index
+        for index in sorted(topic.status.replica_map)
+        if index < count
+        and (name := models.partition_name(topic.name, index)) not in partitions
+        and name not in unreadable
+    ]
+    if absent and refusal:
+        return _with_reason(entry, f"{REFUSED_PARTITIONS}{_describe(absent, limit=10)} (retried with a backoff): {refusal}")
+    if absent or not refused_before:
+        return []  # still refused (said already), or refused no more and all there
+    return _with_reason(entry, placed_note(topic, current_map(topic), spus), "the store took its partitions")
+
+
+def _with_reason(entry: local.Entry[models.Topic], reason: str, said: str = "") -> list[actions.Action]:
+    """The topic's status as it stands, with ``reason`` (none if it has that reason already);
+    ``said``: the action's reason, if not the topic's."""
+    topic: models.Topic = entry.obj
+    reason = topic_size.bounded_reason(reason)  # room for it is kept in every topic's size
+    if topic.status.reason == reason:
+        return []
+    status = models.TopicStatus(resolution=topic.status.resolution, replica_map=topic.status.replica_map, reason=reason)
+    return [actions.update_status(topic, status, entry.mod_revision, f"{status.resolution.value}: {said or reason}")]
 
 
 def _describe_indexes(partitions: list[models.Partition]) -> str:

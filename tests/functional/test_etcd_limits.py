@@ -15,6 +15,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 import structlog
@@ -160,6 +161,100 @@ async def test_a_full_etcd_refuses_writes_with_what_to_do_and_the_sc_catches_up_
 
         await sc.eventually(after_placed)
         assert sc.daemon.context is not None and not sc.daemon.context.supervisor.failing()
+
+
+
+# ---------------------------------------------------------------------- limits lowered while the SC runs
+
+
+async def restart(server: embedded_etcd.EmbeddedEtcd, max_request_bytes: int = kv.DEFAULT_MAX_REQUEST_BYTES, *flags: str) -> None:
+    """etcd stopped and started again on its data and ports with these limits, as an operator
+    changing its flags does: the running SC reconnects by itself."""
+    await asyncio.to_thread(server.stop)
+    server.max_request_bytes = max_request_bytes
+    server.extra_args = ("--unsafe-no-fsync", *flags)
+    await asyncio.to_thread(server.start)
+
+
+async def topic_status(sc: Running, name: str) -> dict[str, Any]:
+    """The topic's status as an operator reads it (GET /v1/topics/<name>, which `sc topic list` shows)."""
+    status, body = await sc.call("GET", f"/v1/topics/{name}")
+    assert status == 200, body
+    return cast(dict[str, Any], body["status"])
+
+
+async def test_a_topic_whose_provisioning_etcd_refuses_as_too_large_says_so_until_etcd_takes_it(tmp_path: Path) -> None:
+    """etcd restarted with a --max-request-bytes of 32 KiB under an SC told 1.5 MiB: a topic of
+    3,000 partitions is created (its spec is small), but its replica map is not, each try refused
+    and retried with a backoff. It stayed Pending with no reason; now its reason names the refusal,
+    the request's size and what to change. Once etcd takes 1.5 MiB again, the topic is provisioned
+    by itself and the reason is gone."""
+    for server in small_etcd(tmp_path):
+        async with running(etcd_settings(server)) as sc:
+            for spu_id in range(1, 4):
+                await sc.register_spu(spu_id)
+            await restart(server, 32 * 1024)
+            status, body = await sc.call("POST", "/v1/topics?timeout=0", {"name": "wide", "spec": {"partitions": 3000, "replicationFactor": 2}})
+            assert status in (201, 202), body
+
+            async def refusal_said() -> None:
+                status = await topic_status(sc, "wide")
+                assert status["resolution"] == "Pending" and status["replicaMap"] == {}, status
+                reason = status["reason"]
+                assert reason.startswith("the store refused to provision it (retried with a backoff): etcd refused a request of "), status
+                assert "--max-request-bytes" in reason and "set etcd_max_request_bytes to" in reason, status
+
+            await sc.eventually(refusal_said, timeout=30)
+            assert await sc.partitions_of("wide") == {}
+
+            await restart(server)
+
+            async def provisioned() -> None:
+                status = await topic_status(sc, "wide")
+                assert status["resolution"] == "Provisioned" and status["reason"] == "", status
+                assert len(await sc.partitions_of("wide")) == 3000
+
+            await sc.eventually(provisioned, timeout=60)
+
+
+async def test_a_topic_whose_partitions_etcd_refuses_as_too_many_operations_says_so_until_etcd_takes_them(tmp_path: Path) -> None:
+    """etcd restarted with --max-txn-ops=16: a topic of 40 partitions is placed (two writes), but its
+    partitions, created 41 operations at a time, are refused and retried with a backoff. It read
+    Provisioned, with no partition and no reason; now its reason names the partitions, the
+    refusal, the count and the flag. Once etcd takes 128 operations again, the partitions are
+    created by themselves and the reason is gone."""
+    for server in small_etcd(tmp_path):
+        async with running(etcd_settings(server)) as sc:
+            for spu_id in range(1, 4):
+                await sc.register_spu(spu_id)
+            await restart(server, kv.DEFAULT_MAX_REQUEST_BYTES, "--max-txn-ops=16")
+            status, body = await sc.call("POST", "/v1/topics?timeout=0", {"name": "wide", "spec": {"partitions": 40, "replicationFactor": 2}})
+            assert status in (201, 202), body
+
+            async def refusal_said() -> None:
+                status = await topic_status(sc, "wide")
+                assert status["resolution"] == "Provisioned" and len(status["replicaMap"]) == 40, status
+                assert status["reason"] == (
+                    "the store refused to create partitions 0..39 (retried with a backoff): "
+                    f"etcd at {server.endpoints[0]} refused a transaction of 41 operations as too many: its --max-txn-ops "
+                    f"is below that, and the SC sends up to {kv.MAX_TXN_OPS} (etcd's default): start etcd with "
+                    f"--max-txn-ops={kv.MAX_TXN_OPS} or more"
+                ), status
+
+            await sc.eventually(refusal_said, timeout=30)
+            assert await sc.partitions_of("wide") == {}
+            registry = sc.daemon.context.metrics.registry  # type: ignore[union-attr]  # started: it has a context
+            failed = registry.get_sample_value("sc_actions_total", {"kind": "topics", "outcome": "failed", "verb": "create-partitions"})
+            assert failed is not None and failed >= 1
+
+            await restart(server)
+
+            async def created() -> None:
+                assert len(await sc.partitions_of("wide")) == 40
+                status = await topic_status(sc, "wide")
+                assert status["resolution"] == "Provisioned" and status["reason"] == "", status
+
+            await sc.eventually(created, timeout=60)
 
 
 # ---------------------------------------------------------------------- limits the SC cannot work with

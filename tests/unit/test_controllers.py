@@ -271,6 +271,56 @@ def test_a_topic_with_more_partitions_than_a_transaction_holds_creates_them_in_c
     assert sorted(created) == sorted(f"partitions/big-{index}" for index in range(300) if index != 5)
 
 
+def test_a_topic_whose_provisioning_the_store_refuses_says_so_then_is_placed_again() -> None:
+    """The store refused the topic's provisioning (an etcd whose --max-request-bytes was lowered
+    under the SC): the next pass says so in its reason, keeping it Pending, rather than placing
+    it again; with that said, it is placed again (the provision overwrites the reason)."""
+    spus = [(make_spu(spu_id), spu_id + 1) for spu_id in range(3)]
+    refusal = "etcd refused a request of 38416 bytes as too large"
+
+    def refused(key: str) -> str:
+        return refusal if key == "topics/t" else ""
+
+    pending = make_topic("t", {"resolution": "Pending"}, partitions=2, replicationFactor=2)
+    decided = topic.decide(snapshot_of(*spus, (pending, 9)), topic.Inputs(refused=refused))
+    reason = f"the store refused to provision it (retried with a backoff): {refusal}"
+    assert summary(decided) == [
+        ("update-status", "topics", "t", [("topics/t", {**json.loads(models.encode(pending)), "status": {"resolution": "Pending", "replicaMap": {}, "reason": reason}}, 9)])
+    ]
+    said = models.decode("topics", builders.written(decided[0].writes[0]))
+    again = topic.decide(snapshot_of(*spus, (said, 10)), topic.Inputs(refused=refused))
+    assert [(action.verb.value, action.name) for action in again] == [("provision", "t")]
+    assert json.loads(builders.written(again[0].writes[1]))["status"]["reason"] == ""
+
+
+def test_a_provisioned_topic_whose_partitions_the_store_refuses_says_so_until_they_are_all_there() -> None:
+    """The store refused some of a topic's partitions (an etcd whose --max-txn-ops was lowered
+    under the SC), which wait out their backoff: the topic's reason names the partitions not there
+    and the refusal. Refused no more, it stays while some are missing; once all are there, the
+    reason is what placing the topic said (here: nothing), on an incremental pass too."""
+    spus = [(make_spu(0), 1), (make_spu(1), 2)]
+    provisioned = make_topic("t", {"resolution": "Provisioned", "replicaMap": {"0": [0, 1], "1": [1, 0], "2": [0, 1]}}, partitions=3, replicationFactor=2)
+    existing = models.new_partition(provisioned, 1, [1, 0])
+    refusal = "etcd at etcd-0:2379 refused a transaction of 3 operations as too many"
+    waiting = topic.Inputs(refused=lambda key: refusal if key == "topics/t" else "", busy=lambda key: key.startswith("partitions/"))
+    decided = topic.decide(snapshot_of(*spus, (provisioned, 3), (existing, 4)), waiting)
+    reason = f"the store refused to create partitions 0, 2 (retried with a backoff): {refusal}"
+    assert [(action.verb.value, action.name, action.reason) for action in decided] == [("update-status", "t", f"Provisioned: {reason}")]
+    said = models.decode("topics", builders.written(decided[0].writes[0]))
+    assert said.status.model_dump() == {**provisioned.status.model_dump(), "reason": reason}
+
+    nothing: local.Changes[Any] = local.Changes(full=False, updated=[], deleted=[], epoch=0)
+    quiet = {"topics": nothing, "spus": nothing, "partitions": nothing}
+    still_missing = snapshot_of(*spus, (said, 5), (existing, 4))
+    assert topic.decide(still_missing, topic.Inputs(changes=quiet, busy=lambda key: key.startswith("partitions/"))) == []
+    created = [(models.new_partition(provisioned, index, [0, 1]), 6 + index) for index in (0, 2)]
+    decided = topic.decide(snapshot_of(*spus, (said, 5), (existing, 4), *created), topic.Inputs(changes=quiet))
+    assert [(action.verb.value, action.name, action.reason) for action in decided] == [
+        ("update-status", "t", "Provisioned: the store took its partitions")
+    ]
+    assert models.decode("topics", builders.written(decided[0].writes[0])).status == provisioned.status
+
+
 def test_an_incremental_pass_validates_changed_topics_and_places_every_waiting_one() -> None:
     """Pending topics wait for the chain key, not for a change of their own: once it is free they
     are placed though no listener reports them. Init topics are validated when they change."""
