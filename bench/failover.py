@@ -53,6 +53,14 @@ from store import embedded_etcd, etcd  # noqa: E402
 TARGET_SECONDS = 1.0
 
 
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` now (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -362,11 +370,18 @@ async def main() -> int:
                 await settle(store)
                 # Idle: nothing changes; the SPUs heartbeat. What does the SC spend?
                 frames_before = await metric(api, 'sc_spu_frames_total{type="offsets"}')
+                rss_before = rss_bytes(process.pid)
                 cpu_before, idle_started = cpu_seconds(process.pid), time.perf_counter()
                 await asyncio.sleep(args.idle_seconds)
                 idle_cpu = (cpu_seconds(process.pid) - cpu_before) / (time.perf_counter() - idle_started)
+                # Memory that grows while nothing changes is a leak a long-running SC cannot afford
+                # (run with a long --idle-seconds to see it).
+                idle_rss_growth = rss_bytes(process.pid) - rss_before
                 idle_offsets = await metric(api, 'sc_spu_frames_total{type="offsets"}') - frames_before
-                print(f"idle: SC CPU {idle_cpu * 100:.2f}% of a core over {args.idle_seconds:g} s, offsets frames {idle_offsets:.0f}")
+                print(
+                    f"idle: SC CPU {idle_cpu * 100:.2f}% of a core over {args.idle_seconds:g} s, offsets frames {idle_offsets:.0f}, "
+                    f"RSS {rss_before / 2**20:.1f} MiB, then {(rss_before + idle_rss_growth) / 2**20:.1f} MiB"
+                )
 
                 etcd_seconds: list[float] = []
                 applied_seconds: list[float] = []
@@ -474,6 +489,7 @@ async def main() -> int:
     rows = [
         (f"idle: SC CPU, {args.partitions} partitions hosted (% of a core)", f"{idle_cpu * 100:.2f}", "< 5", "ok" if idle_cpu < 0.05 else "MISSED"),
         ("idle: offsets frames the SC took in", f"{idle_offsets:.0f}", "0", "ok" if idle_offsets == 0 else "MISSED"),
+        ("idle: SC RSS growth over the idle window (MiB)", f"{idle_rss_growth / 2**20:.1f}", "", ""),
         (f"leaderships moved per round (RF 3, {args.partitions} partitions / {args.spus} SPUs)", f"~{args.partitions // args.spus}", "", ""),
         ("close -> last new leader written, p50 (ms)", f"{statistics.median(applied_seconds) * 1000:.0f}", "", ""),
         ("close -> last new leader written, p99 (ms)", f"{percentile(applied_seconds, 0.99) * 1000:.0f}", "", ""),
