@@ -108,8 +108,10 @@ def report_pending(kind: str, status: int, obj: dict[str, Any]) -> None:
             f"are online (or delete it: sc {command} delete {name})",
             code=resolution,
         )
+    # The reason, when the SC gave one (etcd refusing its writes, say), is what the operator needs.
+    because = f": {reason}" if reason else ""
     raise CliError(
-        f"{kind} {name!r} was written but the SC has not finished with it yet (resolution {resolution}); "
+        f"{kind} {name!r} was written but the SC has not finished with it yet (resolution {resolution}{because}); "
         f"check it with `sc {command} list`",
         code="Pending",
     )

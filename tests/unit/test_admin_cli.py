@@ -94,6 +94,21 @@ async def test_topic_create_waiting_for_spus_is_a_failure_that_keeps_the_topic(s
     assert await server.read("topics", "orders") is not None
 
 
+async def test_topic_create_left_pending_names_the_reason_the_sc_gave(server: api_server.ApiServer, sc: Sc) -> None:
+    """A topic the SC has not finished with, though it says why (etcd refusing its writes): the
+    failure names that reason, not only the resolution (before, the operator had to list the
+    topics to learn it)."""
+    reason = "the store refused to provision it (retried with a backoff): etcd takes at most 128 operations"
+    deciding = server.decide_later("topics", "orders", {"resolution": "Pending", "reason": reason})
+    code, _, err = await sc("topic", "create", "orders", "-p", "3", "-r", "1")
+    await deciding
+    assert code == 1
+    assert err == (
+        f"error: topic 'orders' was written but the SC has not finished with it yet (resolution Pending: {reason}); "
+        "check it with `sc topic list`\n"
+    )
+
+
 async def test_topic_create_errors_exit_1(server: api_server.ApiServer, sc: Sc) -> None:
     await server.put(topic("orders"))
     assert await sc("topic", "create", "orders", "-p", "1", "-r", "1") == (
