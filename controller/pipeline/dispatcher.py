@@ -19,7 +19,7 @@ import structlog
 
 from controller import metrics as metrics_module
 from controller.reconcile import actions
-from store import kv, local
+from store import kv, local, models
 
 log = structlog.get_logger(__name__)
 
@@ -265,7 +265,10 @@ class ActionDispatcher:
             else:
                 detail = f"{type(error).__name__}: {error}" if unexpected else str(error)
                 results = [Result(batch[0], Outcome.FAILED, 0, detail)]
-                log.error("action failed", key=batch[0].key, verb=batch[0].verb.value, error=detail, exc_info=unexpected)
+                log.error(
+                    "action failed", key=batch[0].key, verb=batch[0].verb.value, error=detail, exc_info=unexpected,
+                    **_object_of(batch[0]),
+                )
                 self._back_off(batch[0].key)
         finally:
             for action in batch:
@@ -337,3 +340,11 @@ class ActionDispatcher:
                 # A bug in one listener's bookkeeping must not cost the others their result, nor
                 # this batch its slot (taken for good, all of them stall every write).
                 log.exception("action result hook failed", key=action.key, hook=getattr(hook, "__qualname__", repr(hook)))
+
+
+def _object_of(action: actions.Action) -> dict[str, str]:
+    """The object an action is about, for its log line, when its queue key does not say it (a
+    topic's provisioning is queued under the placement chain's key); a provision of several topics
+    names them joined, so the field is cut to 200 characters."""
+    key = models.object_key(action.kind, action.name)
+    return {} if key == action.key else {"object": key[:200]}

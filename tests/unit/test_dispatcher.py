@@ -254,6 +254,26 @@ async def test_an_unexpected_error_fails_its_action_alone_and_says_so() -> None:
     await store.close()
 
 
+async def test_a_failed_action_queued_under_another_key_names_its_object_in_the_log() -> None:
+    """A topic's provisioning is queued under the placement chain's key: its "action failed" line
+    named only that key (``meta/...``), so an operator could not tell which topic etcd refused."""
+    store = memory.MemoryStore()
+    instance_metrics = metrics.Metrics()
+    dispatcher = dispatcher_module.ActionDispatcher(FaultyUpdater(store, instance_metrics), instance_metrics)
+    write = actions.Write("partitions/bad-0", models.encode(partition("bad-0")), 0)
+    dispatcher.submit(actions.Action("partitions", "bad-0", actions.Verb.CREATE, "test", (write,), queue_key="meta/chain"))
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        with structlog.testing.capture_logs() as logged:
+            await asyncio.wait_for(dispatcher.drained(), 5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    failures = [(entry["key"], entry.get("object")) for entry in logged if entry["event"] == "action failed"]
+    assert failures == [("meta/chain", "partitions/bad-0")]
+    await store.close()
+
+
 class _Refusing(memory.MemoryStore):
     """Every write refused as unavailable, as a deposed SC's guard refuses them."""
 
