@@ -83,7 +83,10 @@ def replay(push: Push, topics: int, spus: int) -> tuple[float, list[list[Delta]]
         topic = models.Topic(name=f"topic-{index}", spec=models.TopicSpec(partitions=PARTITIONS, replication_factor=3))
         for partition in range(PARTITIONS):
             revision += 1
-            table.apply(models.new_partition(topic, partition, rng.sample(range(spus), 3)), revision)
+            created = models.new_partition(topic, partition, rng.sample(range(spus), 3))
+            # Its uid from the bench's seed, not the SC's random draw: both replays must build the
+            # same partitions for their deltas to be compared.
+            table.apply(created.model_copy(update={"uid": rng.randrange(1, models.MAX_PARTITION_UID)}), revision)
         one_push()
     names = list(table.view)
     for start in range(0, len(names), CONFIRMED_PER_PUSH):
