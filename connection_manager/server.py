@@ -358,6 +358,14 @@ class ConnectionManager:
                 port=self.port,
             )
 
+    def set_token(self, token: str) -> None:
+        """A new SPU token (its file changed): asked of every Register from now on. The SPUs
+        connected keep their connections: they proved the token of their time, and a rotation must
+        not take every SPU offline at once (Kafka and etcd keep established sessions too); one that
+        reconnects needs the new token."""
+        self.token = token
+        self._token_digest = hashlib.sha256(token.encode()).digest()
+
     def role_changed(self) -> None:
         """This SC's role changed (it leads now, or stopped leading): the registrations held
         look at ``standby_refusal`` again at once."""

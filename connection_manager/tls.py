@@ -1,6 +1,8 @@
 """TLS for both SC ports and for their clients: server contexts built from certificate and key files
 (TLS 1.2 at least), rebuilt when the files change or on demand (SIGHUP), and the names a peer's
 certificate carries. It never reads a connection: the accept loop asks it for the current context.
+The other secret files (the public port's credentials, the SPU token) are read again the same way
+(Reloadable).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import asyncio
 import os
 import ssl
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ import structlog
 log = structlog.get_logger(__name__)
 
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
-# Seconds between two looks at the certificate files' modification times.
+# Seconds between two looks at the secret files' modification times.
 WATCH_INTERVAL = 2.0
 
 
@@ -71,7 +74,72 @@ def client_context(ca: Path | None, cert: Path | None = None, key: Path | None =
     return context
 
 
-class Contexts:
+class Reloadable:
+    """What the SC builds from files and builds again when they change (``watch``) or on demand
+    (SIGHUP): ``load`` reads the files and puts what it built in place, or raises ValueError (a
+    message naming the file, the line and what to do, never a secret) and changes nothing. Files
+    that do not load leave what was loaded before in place: an error in the log, a count in
+    ``failures`` (``/metrics``), and the SC goes on."""
+
+    def __init__(self, name: str, what: str, paths: tuple[Path, ...], secrets: tuple[tuple[Path, str], ...], kept: str) -> None:
+        self.name = name  # the metrics' label: tls, auth_tokens, spu_token
+        self.what = what  # for the log: "TLS files", "credentials file (auth_tokens)"
+        self.paths = paths
+        self.secrets = secrets  # (file, what it is): warned about at each load when others may read it
+        self.kept = kept  # what stays when the files do not load, for the log
+        self.reloads = 0
+        self.failures = 0
+        self._seen = self._signature()
+
+    def load(self) -> None:
+        raise NotImplementedError
+
+    def reload(self) -> bool:
+        """Read the files again; False (an error logged, counted) if they do not load."""
+        self._seen = self._signature()
+        for path, secret in self.secrets:
+            warn_if_readable_by_others(path, secret)
+        try:
+            self.load()
+        except ValueError as error:
+            self.failures += 1
+            log.error(f"{self.what} not reloaded: {self.kept}", error=str(error), failures=self.failures)
+            return False
+        self.reloads += 1
+        log.info(f"{self.what} reloaded", file=str(self.paths[0]), reloads=self.reloads)
+        return True
+
+    def changed(self) -> bool:
+        """Whether a file's inode, size or modification time differs from the last load."""
+        return self._signature() != self._seen
+
+    def reload_if_changed(self) -> bool:
+        return self.changed() and self.reload()
+
+    def _signature(self) -> tuple[tuple[int, int, int] | None, ...]:
+        signature: list[tuple[int, int, int] | None] = []
+        for path in self.paths:
+            try:
+                info = path.stat()
+            except OSError:
+                signature.append(None)
+            else:
+                signature.append((info.st_ino, info.st_size, info.st_mtime_ns))
+        return tuple(signature)
+
+
+async def watch(reloadables: Sequence[Reloadable], interval: float = WATCH_INTERVAL) -> None:
+    """Reload each on every change of its files, looking every ``interval`` seconds (forever). The
+    looks are in a thread (a slow disk holds no connection); the loads on the loop, where what
+    holds a credential is told at once (they are rare, and take milliseconds)."""
+    while True:
+        await asyncio.sleep(interval)
+        for reloadable in reloadables:
+            if await asyncio.to_thread(reloadable.changed):
+                reloadable.reload()
+
+
+class Contexts(Reloadable):
     """The current server contexts of both ports. ``reload`` builds new ones from the files; a new
     handshake takes the newest, a connection already open keeps the one it was made with. Files that
     do not load leave the contexts as they were (and say why in the log)."""
@@ -80,43 +148,14 @@ class Contexts:
         self.files = files
         self.public = server_context(files, require_client_cert=False)
         self.private = server_context(files, require_client_cert=True)
-        self.reloads = 0
-        self._seen = self._signature()
+        super().__init__(
+            "tls", "TLS files", files.paths(), ((files.key, "TLS private key"),), "the connections keep the previous certificate"
+        )
 
-    def reload(self) -> bool:
-        """Build both contexts again from the files; False (and an error logged) if they do not load."""
-        self._seen = self._signature()
-        try:
-            public = server_context(self.files, require_client_cert=False)
-            private = server_context(self.files, require_client_cert=True)
-        except TlsError as error:
-            log.error("TLS files not reloaded: the connections keep the previous certificate", error=str(error))
-            return False
+    def load(self) -> None:
+        public = server_context(self.files, require_client_cert=False)
+        private = server_context(self.files, require_client_cert=True)
         self.public, self.private = public, private
-        self.reloads += 1
-        log.info("TLS certificate reloaded", cert=str(self.files.cert), reloads=self.reloads)
-        return True
-
-    def reload_if_changed(self) -> bool:
-        """Reload when a file's inode, size or modification time differs from the last load."""
-        return self._signature() != self._seen and self.reload()
-
-    async def watch(self, interval: float = WATCH_INTERVAL) -> None:
-        """Reload on every change of the files, looking every ``interval`` seconds (forever)."""
-        while True:
-            await asyncio.sleep(interval)
-            await asyncio.to_thread(self.reload_if_changed)
-
-    def _signature(self) -> tuple[tuple[int, int, int] | None, ...]:
-        signature: list[tuple[int, int, int] | None] = []
-        for path in self.files.paths():
-            try:
-                info = path.stat()
-            except OSError:
-                signature.append(None)
-            else:
-                signature.append((info.st_ino, info.st_size, info.st_mtime_ns))
-        return tuple(signature)
 
 
 def peer_names(peercert: dict[str, Any] | None) -> tuple[str | None, tuple[str, ...]]:

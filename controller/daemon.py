@@ -64,7 +64,10 @@ class Daemon:
         self._term = 0  # the ActiveSc term this SC's controllers run for (0: none, a standby)
         # Both ports' TLS contexts (None: plaintext), reloaded on SIGHUP and when the files change.
         self.tls: tls.Contexts | None = None
-        self._tls_watch: asyncio.Task[None] | None = None
+        # The secret files read again on SIGHUP and when they change: the TLS files, the
+        # credentials, the SPU token (those configured).
+        self.reloadables: list[tls.Reloadable] = []
+        self._file_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         try:
@@ -96,6 +99,7 @@ class Daemon:
                 authenticator=authenticator,
             )
             self.context.metrics.watch_local_store(self.context.local_store)
+            self.context.metrics.watch_reloads(self.reloadables)
             # Who leads, as the mirror sees it, in the decision feed (the live page's SC panel).
             self.roles = cluster_roles.RoleFeed(self.context)
             self.context.metrics.watch_tasks(self.context.supervisor)
@@ -121,6 +125,8 @@ class Daemon:
                 certificate_identity=self.settings.tls_client_ca is not None,
             )
             self.context.connections = self.connections
+            if self.settings.spu_token_file is not None:
+                self.reloadables.append(SpuTokenFile(self.settings.spu_token_file, self.connections))
             self.context.metrics.watch_connections(self.connections)
             self.pipeline = pipeline.Pipeline(self.context, health, self.connections)
             # The API answers /healthz with 503 until the pipeline has synced.
@@ -157,8 +163,8 @@ class Daemon:
             # The mirror first: a leader's controllers start on it, a standby serves reads from it.
             await self.pipeline.start_reader()
             self._role = self.supervisor.spawn("sc-role", self._follow_role)
-            if contexts is not None:
-                self._tls_watch = self.supervisor.spawn("tls-reload", contexts.watch)
+            if self.reloadables:
+                self._file_watch = self.supervisor.spawn("file-reload", lambda: tls.watch(self.reloadables))
             # A single SC leads at once (after a crashed predecessor's claim expired: its TTL at
             # most); ready once it leads, or once another SC is known to be ahead of it, or after
             # that TTL and one more second as a standby (a claim no candidate holds stays until deleted).
@@ -273,10 +279,13 @@ class Daemon:
         tls.warn_if_readable_by_others(settings.spu_token_file, "SPU token file")
         if settings.tls_cert is not None and settings.tls_key is not None:
             self.tls = tls.Contexts(tls.Files(settings.tls_cert, settings.tls_key, settings.tls_client_ca))
+            self.reloadables.append(self.tls)
         credentials = auth.load(settings.auth_tokens) if settings.auth_tokens is not None else None
-        if credentials is not None:
+        authenticator = auth.Authenticator(credentials, client_certificates=settings.tls_client_ca is not None)
+        if credentials is not None and settings.auth_tokens is not None:
             log.info("public port credentials loaded", tokens=len(credentials.tokens), certificates=len(credentials.certificates))
-        return auth.Authenticator(credentials, client_certificates=settings.tls_client_ca is not None)
+            self.reloadables.append(auth.CredentialsFile(settings.auth_tokens, authenticator))
+        return authenticator
 
     async def _open_store(self) -> kv.KVStore:
         settings = self.settings
@@ -351,10 +360,10 @@ class Daemon:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._tls_watch is not None:
-            self._tls_watch.cancel()
-            await asyncio.gather(self._tls_watch, return_exceptions=True)
-            self._tls_watch = None
+        if self._file_watch is not None:
+            self._file_watch.cancel()
+            await asyncio.gather(self._file_watch, return_exceptions=True)
+            self._file_watch = None
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
@@ -369,17 +378,19 @@ class Daemon:
             await asyncio.to_thread(self.etcd_server.stop)
             self.etcd_server = None
 
-    def reload_tls(self) -> None:
-        if self.tls is not None:
-            self.tls.reload()
+    def reload_files(self) -> None:
+        """What SIGHUP does: read every secret file again now."""
+        for reloadable in self.reloadables:
+            reloadable.reload()
 
     async def run_until_signalled(self) -> None:
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stopping.set)
-        # SIGHUP: load the TLS files again now (they are also looked at every few seconds).
-        loop.add_signal_handler(signal.SIGHUP, self.reload_tls)
+        # SIGHUP: load the TLS, credentials and SPU token files again now (they are also looked at
+        # every few seconds).
+        loop.add_signal_handler(signal.SIGHUP, self.reload_files)
         # Process-wide settings, so only here (the `sc run` process), not in start().
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         transport.raise_file_limit()
@@ -392,6 +403,21 @@ class Daemon:
         finally:
             await self.stop()
             log.info("stopped")
+
+
+class SpuTokenFile(tls.Reloadable):
+    """The SPU token file, read again when it changes and on SIGHUP: the new token is asked of the
+    SPUs that register from then on (ConnectionManager.set_token)."""
+
+    def __init__(self, path: Path, connections: cm_server.ConnectionManager) -> None:
+        self.connections = connections
+        what = "SPU token file"
+        super().__init__("spu_token", what, (path,), ((path, what),), "SPUs register with the previous token")
+
+    def load(self) -> None:
+        token = config.read_token(self.paths[0])
+        assert token is not None  # read_token gives None for no file only
+        self.connections.set_token(token)
 
 
 def _ports(settings: config.Settings) -> tuple[transport.Port, transport.Port]:

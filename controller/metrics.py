@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from connection_manager import server as cm_server
-from connection_manager import transport
+from connection_manager import tls, transport
 from controller.reconcile import actions, partition, spu_ids
 from store import active_sc, history, kv, local, models, supervisor as supervisor_module
 
@@ -128,6 +128,9 @@ class Metrics:
 
     def watch_ports(self, *ports: transport.Port) -> None:
         self.registry.register(_PortsCollector(ports))
+
+    def watch_reloads(self, reloadables: list[tls.Reloadable]) -> None:
+        self.registry.register(_ReloadsCollector(reloadables))
 
     def watch(self, collector: Collector) -> None:
         """Another part's gauges and counters, read at scrape time (the API's reads: api/read_metrics.py)."""
@@ -354,6 +357,27 @@ class _TasksCollector(Collector):
         for task in sorted(self.supervisor.restarts):
             failing.add_metric([task], 1.0 if task in failing_now else 0.0)
         yield failing
+
+
+class _ReloadsCollector(Collector):
+    """The secret files read again (TLS, credentials, SPU token), read at scrape time; the list
+    grows as the daemon starts its parts."""
+
+    def __init__(self, reloadables: list[tls.Reloadable]) -> None:
+        self.reloadables = reloadables
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        reloads = CounterMetricFamily("sc_file_reloads", "Secret files loaded again since the start, by file", labels=["file"])
+        failures = CounterMetricFamily(
+            "sc_file_reload_failures",
+            "Secret files that changed but did not load (the previous ones stay in place), by file",
+            labels=["file"],
+        )
+        for reloadable in self.reloadables:
+            reloads.add_metric([reloadable.name], reloadable.reloads)
+            failures.add_metric([reloadable.name], reloadable.failures)
+        yield reloads
+        yield failures
 
 
 class _PortsCollector(Collector):

@@ -12,7 +12,7 @@ import functools
 import math
 import re
 import secrets
-from collections.abc import Awaitable, Callable, Hashable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,8 +61,9 @@ ERROR_MESSAGE_TAIL_CHARS = 1024
 CONTEXT = web.AppKey("context", context_module.Context)
 STOPPING = web.AppKey("stopping", asyncio.Event)
 FEEDS = web.AppKey("feeds", fanout.Feeds)
-# The principal of the request being handled (set by auth_middleware).
+# The principal of the request being handled, and the credential it presented (set by auth_middleware).
 PRINCIPAL = web.RequestKey("principal", auth.Principal)
+PRESENTED = web.RequestKey("presented", auth.Presented)
 
 # pydantic error types that mean "the JSON value has the wrong type" (400) rather than
 # "the value is of the right type but not acceptable" (422).
@@ -197,6 +198,7 @@ async def auth_middleware(
     except auth.Forbidden as error:
         return error_response(403, "Forbidden", str(error))
     request[PRINCIPAL] = principal
+    request[PRESENTED] = auth.Presented(authorization, common_name, request.remote)
     with attribution.acting(attribution.Actor(principal.name, request.remote)):
         return await handler(request)
 
@@ -1087,7 +1089,7 @@ async def _serve_watch(
                 response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
                 await response.prepare(request)
                 sink = _LinesSink(request, response)
-            await _stream(subscriber, sink, request.app[STOPPING], context.settings.client_stall_seconds)
+            await _stream(subscriber, sink, request.app[STOPPING], context.settings.client_stall_seconds, _revoked(request, kind))
         finally:
             subscriber.close()
         if subscriber.dropped is None:
@@ -1097,15 +1099,32 @@ async def _serve_watch(
     return sink.response
 
 
+async def _revoked(request: web.Request, kind: str) -> None:
+    """Returns once the credential a watch was opened with no longer reads: a watch outlasts its
+    request, and credentials replaced meanwhile (their file changed) may have revoked it. Never
+    returns without credentials configured."""
+    presented = request.get(PRESENTED)
+    if presented is None:
+        await asyncio.Event().wait()
+        return
+    reason = await request.app[CONTEXT].authenticator.until_refused(presented, auth.Right(auth.READ))
+    log.info("ending a watch stream: its credential was revoked", peer=request.remote, kind=kind, reason=reason)
+
+
 def _of_topic(topic_name: str, obj: models.AnyObject) -> bool:
     return isinstance(obj, models.Partition) and obj.topic == topic_name
 
 
 async def _stream(
-    subscriber: fanout.Subscriber, sink: _LinesSink | _WebSocketSink, stopping: asyncio.Event, stall: float
+    subscriber: fanout.Subscriber,
+    sink: _LinesSink | _WebSocketSink,
+    stopping: asyncio.Event,
+    stall: float,
+    revoked: Coroutine[Any, Any, None],
 ) -> None:
-    """The subscriber's snapshot, then its batches as they come, until the client or the SC leaves or
-    the subscriber is dropped; a write the client takes nothing of for ``stall`` seconds drops it."""
+    """The subscriber's snapshot, then its batches as they come, until the client or the SC leaves,
+    the credential is ``revoked`` or the subscriber is dropped; a write the client takes nothing of
+    for ``stall`` seconds drops it."""
 
     async def sent(write: Awaitable[None]) -> bool:
         try:
@@ -1120,9 +1139,10 @@ async def _stream(
 
     stopped = asyncio.ensure_future(stopping.wait())
     gone = asyncio.ensure_future(sink.until_gone())
-    # Either ends the subscriber's wait: one await per batch, not a wait on three futures.
-    stopped.add_done_callback(lambda _: subscriber.end())
-    gone.add_done_callback(lambda _: subscriber.end())
+    refused = asyncio.ensure_future(revoked)
+    # Any ends the subscriber's wait: one await per batch, not a wait on four futures.
+    for end in (stopped, gone, refused):
+        end.add_done_callback(lambda _: subscriber.end())
     try:
         for lines in subscriber.snapshot_batches():
             if subscriber.ended or not await sent(sink.send_lines(lines)):
@@ -1132,7 +1152,7 @@ async def _stream(
                 if not await sent(sink.send_batch(batch)):
                     return
     finally:
-        await supervisor_module.cancel_and_wait(stopped, gone)
+        await supervisor_module.cancel_and_wait(stopped, gone, refused)
 
 
 # ---------------------------------------------------------------------------- the application

@@ -3,11 +3,14 @@ table-driven."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from controller import config
 from controller.api import auth
@@ -233,3 +236,55 @@ def test_a_malformed_origin_or_host_is_refused_not_an_error(value: str) -> None:
     assert auth.cross_site_refusal("POST", False, value, None, "127.0.0.1:9003") is not None
     refusal = auth.anonymous_host_refusal(value)
     assert refusal is not None and len(refusal) < 500
+
+
+# ---------------------------------------------------------------------------- the file read again
+
+
+async def test_replaced_credentials_refuse_what_they_dropped_and_tell_what_holds_a_principal(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(f"alice admin {TOKEN}\nops admin cert:ops-host\n")
+    authenticator = auth.Authenticator(auth.load(path), client_certificates=True)
+    credentials_file = auth.CredentialsFile(path, authenticator)
+    alice, ops = auth.Presented(f"Bearer {TOKEN}", None, "10.0.0.1"), auth.Presented(None, "ops-host", "10.0.0.2")
+    alice_refused = asyncio.ensure_future(authenticator.until_refused(alice, auth.Right(auth.READ)))
+    ops_refused = asyncio.ensure_future(authenticator.until_refused(ops, auth.Right(auth.ADMIN)))
+    assert not credentials_file.changed()
+
+    path.write_text(f"alice read {TOKEN}\n")  # ops removed, alice lowered to read
+    assert credentials_file.reload_if_changed() and credentials_file.reloads == 1
+    assert await ops_refused == (
+        "client certificate CN='ops-host' has no role: map it in the SC's --auth-tokens file (a line NAME ROLE cert:ops-host)"
+    )
+    await asyncio.sleep(0)
+    assert not alice_refused.done()  # read is all a watch needs
+    assert authenticator.authenticate(alice.authorization, None, None).grant == auth.Grant(auth.READ)
+
+    path.write_text(f"bob read {TOKEN}-bob\n")
+    credentials_file.reload()
+    assert await alice_refused == "the bearer token is not valid: use a token from the SC's --auth-tokens file"
+
+
+def test_a_file_that_does_not_parse_on_reload_keeps_the_credentials_and_names_the_line_not_the_token(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(f"alice admin {TOKEN}\n")
+    path.chmod(0o600)
+    authenticator = auth.Authenticator(auth.load(path), client_certificates=False)
+    credentials_file = auth.CredentialsFile(path, authenticator)
+    path.write_text(f"alice admin {TOKEN}\nbob read short-secret\n")
+    path.chmod(0o644)
+    with structlog.testing.capture_logs() as logged:
+        assert not credentials_file.reload()
+    assert (credentials_file.reloads, credentials_file.failures) == (0, 1)
+    assert authenticator.authenticate(f"Bearer {TOKEN}", None, None).name == "alice"
+    assert [(entry["log_level"], entry["event"]) for entry in logged] == [
+        ("warning", "the credentials file (auth_tokens) is readable by other users: make it readable by the SC's user only (chmod 600)"),
+        ("error", "credentials file (auth_tokens) not reloaded: the public port keeps the previous credentials"),
+    ]
+    assert logged[1]["error"] == (
+        f"{str(path)!r} line 2: the token (field 3) has 12 characters, fewer than 16; "
+        "make one with `python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+    )
+    assert "short-secret" not in repr(logged)
+    os.remove(path)  # a file gone is a change that does not load either
+    assert not credentials_file.reload_if_changed() and credentials_file.failures == 2

@@ -221,11 +221,9 @@ class Session:
         self.address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
         # Fluvio's protocol carries no token: a client certificate (under mutual TLS) is the credential.
         common_name, _ = tls.peer_names(writer.get_extra_info("peercert"))
-        self.principal: auth.Principal | auth.Unauthenticated
-        try:
-            self.principal = server.context.authenticator.authenticate(None, common_name, self.address)
-        except auth.Unauthenticated as refused:
-            self.principal = refused
+        self.presented = auth.Presented(None, common_name, self.address)
+        self._principal = self._authenticate()
+        self._credentials = server.context.authenticator.credentials  # what _principal was found in
         # (frame header, body, what gives back the gate slot its writing holds, if any)
         self._replies: collections.deque[tuple[bytes, bytes, Callable[[], None] | None]] = collections.deque()
         # Watches with a frame to build, in the order they asked (an ordered set).
@@ -239,13 +237,37 @@ class Session:
         # The admitted watch streams of this connection (counted against max_watchers).
         self.watchers: set[admission.Watcher] = set()
 
+    def _authenticate(self) -> auth.Principal | auth.Unauthenticated:
+        try:
+            return self.server.context.authenticator.authenticate(None, self.presented.certificate_cn, self.address)
+        except auth.Unauthenticated as refused:
+            return refused
+
+    @property
+    def principal(self) -> auth.Principal | auth.Unauthenticated:
+        """Who this connection is, from the current credentials: a connection lasts, and credentials
+        replaced since (their file changed) apply to its next request (a role lowered, say)."""
+        credentials = self.server.context.authenticator.credentials
+        if credentials is not self._credentials:
+            self._principal, self._credentials = self._authenticate(), credentials
+        return self._principal
+
+    async def _until_revoked(self) -> None:
+        """Returns once replaced credentials take the principal this connection had: its watches
+        answer with no error field (nothing else could tell the client), so it is closed."""
+        if isinstance(self.principal, auth.Unauthenticated):
+            await asyncio.Event().wait()  # it never had one: its Lists and Watches close it already
+        reason = await self.server.context.authenticator.until_refused(self.presented, auth.Right(auth.READ))
+        self.server.log.warning("fluvio:revoked", "closing Fluvio connections whose credential was revoked", peer=self.peer, reason=reason)
+
     async def run(self) -> None:
         reading = asyncio.create_task(self._read_loop(), name="fluvio-read")
         writing = asyncio.create_task(self._write_loop(), name="fluvio-write")
+        revoked = asyncio.create_task(self._until_revoked(), name="fluvio-credential")
         try:
-            await asyncio.wait((reading, writing), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((reading, writing, revoked), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            tasks = [reading, writing, *self._tasks]
+            tasks = [reading, writing, revoked, *self._tasks]
             for task in tasks:
                 task.cancel()
             try:

@@ -1,0 +1,254 @@
+"""The credentials of both ports read again without a restart: the public port's tokens and
+certificate mappings (auth_tokens) and the SPU token, when their file changes and on SIGHUP, as the
+TLS files are. A revoked credential is refused from the next request on and loses what it holds open
+(HTTP watches, Fluvio connections); a lowered role applies to the next write; a file that does not
+load keeps the credentials loaded before. Against a real `sc run` where a signal or the file
+watcher is what is tested, in-process where certificates and SPUs are."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from connection_manager.spu.simulator import SimulatedSpu
+from controller.api.fluvio import client as fluvio_client, messages, objects as fluvio_objects
+from store import embedded_etcd
+from tests.fixtures import sc_run
+from tests.fixtures.certs import Authority
+from tests.fixtures.daemon import running
+from tests.functional.test_security import (
+    ADMIN_TOKEN, FAST, READER_TOKEN, call, client_tls, eventually, settings_for, tokens_file,
+)  # fmt: skip
+
+NEW_READER_TOKEN = "new-reader-token-0123456"
+NEW_ADMIN_TOKEN = "new-admin-token-01234567"
+# Twice what a reload takes at the longest (the watcher looks every 2 s): a bound so that a defect
+# fails the test instead of hanging it, not a measure of speed.
+BOUND_SECONDS = 30.0
+
+
+def rewrite(path: Path, *lines: str) -> None:
+    """Replace ``path`` as an editor or a configuration tool does: a new file moved over it."""
+    new = path.with_suffix(".new")
+    new.write_text("\n".join(lines) + "\n")
+    new.chmod(0o600)
+    new.replace(path)
+
+
+def rewrite_in_place_unseen(path: Path, old: str, new: str) -> None:
+    """Replace ``old`` by ``new`` (of the same length) in ``path``, keeping its inode, size and
+    modification time: nothing the file watcher looks at changes, so only SIGHUP reloads it."""
+    assert len(old) == len(new)
+    before = path.stat()
+    text = path.read_text()
+    assert old in text
+    with path.open("r+") as file:
+        file.write(text.replace(old, new))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (path.stat().st_ino, path.stat().st_size, path.stat().st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+
+
+async def status_of(url: str, method: str, path: str, token: str) -> int:
+    async with aiohttp.ClientSession() as session, session.request(
+        method, f"{url}{path}", headers={"Authorization": f"Bearer {token}"}
+    ) as response:
+        await response.read()
+        return response.status
+
+
+async def reload_failures(url: str, token: str, file: str) -> float:
+    async with aiohttp.ClientSession() as session, session.get(
+        f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}
+    ) as response:
+        text = await response.text()
+    found = re.search(rf'^sc_file_reload_failures_total\{{file="{file}"\}} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+@pytest.fixture
+def sc_with_tokens(tmp_path: Path) -> sc_run.ScRun:
+    tokens = tokens_file(tmp_path)
+    return sc_run.ScRun(tmp_path / "sc", None, "--store", "memory", "--auth-tokens", str(tokens))
+
+
+async def test_a_rewritten_tokens_file_revokes_ends_watches_lowers_roles_and_a_bad_one_changes_nothing(
+    tmp_path: Path, sc_with_tokens: sc_run.ScRun
+) -> None:
+    sc = sc_with_tokens
+    tokens = tmp_path / "tokens"
+    sc.start(logs_to_file=True)
+    try:
+        await sc.wait_healthy()
+        assert await status_of(sc.url, "GET", "/v1/topics", READER_TOKEN) == 200
+        async with aiohttp.ClientSession() as session:
+            revoked_watch = await session.get(f"{sc.url}/v1/watch/topics", headers={"Authorization": f"Bearer {READER_TOKEN}"})
+            lowered_watch = await session.get(f"{sc.url}/v1/watch/topics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+            assert (revoked_watch.status, lowered_watch.status) == (200, 200)
+
+            # The reader's token leaked: it goes, a new one comes; alice keeps reading only.
+            rewrite(tokens, f"reader read {NEW_READER_TOKEN}", f"alice read {ADMIN_TOKEN}", f"ops admin {NEW_ADMIN_TOKEN}")
+
+            async def revoked() -> None:
+                assert await status_of(sc.url, "GET", "/v1/topics", READER_TOKEN) == 401
+
+            await eventually(revoked, BOUND_SECONDS)
+            assert await status_of(sc.url, "GET", "/v1/topics", NEW_READER_TOKEN) == 200
+            assert await status_of(sc.url, "DELETE", "/v1/topics/anything", ADMIN_TOKEN) == 403
+            # The watch opened with the revoked token ends; alice's (a read, which her role keeps) goes on.
+            async with asyncio.timeout(BOUND_SECONDS):
+                await revoked_watch.content.read()
+            assert revoked_watch.content.at_eof()
+            topic = {"name": "after-revocation", "spec": {"partitions": 1, "replicationFactor": 1}}
+            async with session.post(
+                f"{sc.url}/v1/topics?timeout=0", json=topic, headers={"Authorization": f"Bearer {NEW_ADMIN_TOKEN}"}
+            ) as created:
+                assert created.status in (201, 202), await created.text()
+            async with asyncio.timeout(BOUND_SECONDS):
+                while b"after-revocation" not in await lowered_watch.content.readline():
+                    pass
+            revoked_watch.close()
+            lowered_watch.close()
+
+        # A line that does not parse: the previous credentials stay, the error names the line, not the token.
+        short = "short-token"
+        rewrite(tokens, f"reader read {NEW_READER_TOKEN}", "# a comment", f"intruder admin {short}")
+
+        async def counted() -> None:
+            assert await reload_failures(sc.url, NEW_READER_TOKEN, "auth_tokens") == 1
+
+        await eventually(counted, BOUND_SECONDS)
+        assert await status_of(sc.url, "GET", "/v1/topics", NEW_READER_TOKEN) == 200
+        assert await status_of(sc.url, "DELETE", "/v1/topics/after-revocation", NEW_ADMIN_TOKEN) == 200
+        assert await status_of(sc.url, "GET", "/v1/topics", short) == 401
+        log = sc.log_path.read_text()
+        errors = [json.loads(line) for line in log.splitlines() if line.startswith("{") and '"credentials file' in line]
+        assert any("line 3: the token (field 3) has 11 characters" in entry.get("error", "") for entry in errors), errors
+        assert short not in log and NEW_READER_TOKEN not in log
+        assert sc.process is not None and sc.process.poll() is None
+    finally:
+        sc.stop()
+
+
+async def test_sighup_reloads_a_tokens_file_the_watcher_could_not_see_change(
+    tmp_path: Path, sc_with_tokens: sc_run.ScRun
+) -> None:
+    sc = sc_with_tokens
+    tokens = tmp_path / "tokens"
+    tokens.chmod(0o644)  # the reload warns, as the start does
+    sc.start(logs_to_file=True)
+    try:
+        await sc.wait_healthy()
+        assert await status_of(sc.url, "GET", "/v1/topics", READER_TOKEN) == 200
+        replacement = "rotated-token-012345678"
+        rewrite_in_place_unseen(tokens, READER_TOKEN, replacement)
+        assert sc.process is not None
+        sc.process.send_signal(signal.SIGHUP)
+
+        async def rotated() -> None:
+            assert await status_of(sc.url, "GET", "/v1/topics", READER_TOKEN) == 401
+            assert await status_of(sc.url, "GET", "/v1/topics", replacement) == 200
+
+        await eventually(rotated, BOUND_SECONDS)
+        warnings = [line for line in sc.log_path.read_text().splitlines() if "credentials file (auth_tokens) is readable" in line]
+        assert len(warnings) == 2, warnings  # at start and at the reload
+        assert sc.process.poll() is None
+    finally:
+        sc.stop()
+
+
+async def test_a_certificate_whose_mapping_is_lowered_then_removed_loses_its_rights_on_both_protocols(
+    ca: Authority, tmp_path: Path
+) -> None:
+    server, ops = ca.server(), ca.issue("ops-user")
+    tokens = tokens_file(tmp_path, "ops admin cert:ops-user")
+    settings = settings_for(tls_cert=server.cert, tls_key=server.key, tls_client_ca=ca.path, auth_tokens=tokens)
+    async with running(settings) as sc:
+        context = client_tls(ca, ops)
+        fluvio = await fluvio_client.Client.connect("127.0.0.1", sc.daemon.public_port or 0, tls=client_tls(ca, ops))
+        try:
+            watch = fluvio.watch(fluvio_objects.TOPIC)
+            async with asyncio.timeout(BOUND_SECONDS):
+                await watch.get()  # the snapshot
+            delete = messages.DeleteRequest(fluvio_objects.TOPIC, "ops-topic")
+            assert (await fluvio.status(messages.DELETE, delete)).error_code.code != messages.Error.PERMISSION_DENIED
+
+            rewrite(tokens, f"reader read {READER_TOKEN}", "ops read cert:ops-user")
+            sc.daemon.reload_files()  # what SIGHUP does
+            # The same connection, its next write: the lowered role.
+            refused = await fluvio.status(messages.DELETE, delete)
+            assert refused.error_code.code == messages.Error.PERMISSION_DENIED, refused
+            assert refused.error_message is not None and "CN=ops-user has role read" in refused.error_message, refused
+            assert (await call(sc, "GET", "/v1/topics", context=context))[0] == 200
+            assert (await call(sc, "DELETE", "/v1/topics/ops-topic", context=context))[0] == 403
+
+            rewrite(tokens, f"reader read {READER_TOKEN}")
+            sc.daemon.reload_files()
+            # Its watch has no error field: the connection is closed.
+            async with asyncio.timeout(BOUND_SECONDS):
+                await fluvio.closed.wait()
+            assert (await call(sc, "GET", "/v1/topics", context=context))[0] == 401
+        finally:
+            await fluvio.close()
+
+
+async def test_a_new_spu_token_applies_to_new_registrations_and_keeps_the_spus_connected(tmp_path: Path) -> None:
+    token_file = tmp_path / "spu-token"
+    token_file.write_text("old-spu-token-0123456789\n")
+    token_file.chmod(0o600)
+    settings = settings_for(auth_tokens=tokens_file(tmp_path), spu_token_file=token_file)
+    async with running(settings) as sc:
+        ports = embedded_etcd.free_ports(6)
+        for spu_id in (1, 2, 3):
+            spec = {"id": spu_id, "publicEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id - 2]},
+                    "privateEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id - 1]}}  # fmt: skip
+            assert (await call(sc, "POST", "/v1/spus", token=ADMIN_TOKEN, body={"name": f"spu-{spu_id}", "spec": spec}))[0] == 201
+        address = ("127.0.0.1", sc.daemon.private_port or 0)
+        connected = SimulatedSpu(1, address, "old-spu-token-0123456789", settings=FAST)
+        late = SimulatedSpu(2, address, "old-spu-token-0123456789", settings=FAST)
+        rotated = SimulatedSpu(3, address, "new-spu-token-0123456789", settings=FAST)
+        spus = [connected]
+        try:
+            await connected.start()
+
+            async def first_connected() -> None:
+                assert connected.connected
+
+            await eventually(first_connected)
+            sessions = sc.daemon.connections
+            assert sessions is not None
+            session = sessions.sessions[1]
+
+            # An empty file is no token: the old one stays.
+            rewrite(token_file, "")
+            sc.daemon.reload_files()
+            rewrite(token_file, "new-spu-token-0123456789")
+            sc.daemon.reload_files()
+            spus += [late, rotated]
+            await late.start()
+            await rotated.start()
+
+            async def new_token_only_for_new_registrations() -> None:
+                rejection = late.session.last_rejection
+                assert rejection is not None and rejection.code == "unauthorized", rejection
+                assert rotated.connected
+
+            await eventually(new_token_only_for_new_registrations)
+            # The SPU connected under the old token keeps its connection.
+            assert connected.connected and sessions.sessions.get(1) is session and session.closing is None
+            assert sc.daemon.reloadables is not None
+            assert {item.name: item.failures for item in sc.daemon.reloadables} == {"auth_tokens": 0, "spu_token": 1}
+        finally:
+            for spu in spus:
+                await spu.stop()
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> Authority:
+    return Authority(tmp_path / "ca")
