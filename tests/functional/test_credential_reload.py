@@ -8,6 +8,7 @@ watcher is what is tested, in-process where certificates and SPUs are."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import re
@@ -161,6 +162,21 @@ async def test_sighup_reloads_a_tokens_file_the_watcher_could_not_see_change(
         assert sc.process.poll() is None
     finally:
         sc.stop()
+
+
+async def test_the_live_page_s_websocket_watch_ends_when_its_token_is_revoked(tmp_path: Path) -> None:
+    tokens = tokens_file(tmp_path)
+    async with running(settings_for(auth_tokens=tokens)) as sc:
+        offered = "bearer." + base64.urlsafe_b64encode(READER_TOKEN.encode()).decode().rstrip("=")
+        async with sc.session.ws_connect("/v1/watch/topics", protocols=("sc.v1", offered)) as websocket:
+            assert websocket.protocol == "sc.v1"
+            rewrite(tokens, f"alice admin {ADMIN_TOKEN}")
+            sc.daemon.reload_files()  # what SIGHUP does
+            async with asyncio.timeout(BOUND_SECONDS):
+                async for _ in websocket:
+                    pass  # until the SC closes it
+            assert websocket.closed
+        assert (await call(sc, "GET", "/v1/topics", token=READER_TOKEN))[0] == 401
 
 
 async def test_a_certificate_whose_mapping_is_lowered_then_removed_loses_its_rights_on_both_protocols(
