@@ -19,7 +19,7 @@ from connection_manager import lrs
 from connection_manager import server as cm_server
 from connection_manager import tls, transport
 from controller import config, context as context_module, metrics, placement_plugins
-from controller.api import auth, cluster as cluster_roles, routes as api
+from controller.api import auth, cluster as cluster_roles, credentials as credentials_file, routes as api
 from controller.pipeline import pipeline
 from controller.api.fluvio import listener as fluvio_listener, server as fluvio_server
 from store import active_sc, attribution, embedded_etcd, etcd, history, kv, local, memory
@@ -284,7 +284,7 @@ class Daemon:
         authenticator = auth.Authenticator(credentials, client_certificates=settings.tls_client_ca is not None)
         if credentials is not None and settings.auth_tokens is not None:
             log.info("public port credentials loaded", tokens=len(credentials.tokens), certificates=len(credentials.certificates))
-            self.reloadables.append(auth.CredentialsFile(settings.auth_tokens, authenticator))
+            self.reloadables.append(credentials_file.CredentialsFile(settings.auth_tokens, authenticator))
         return authenticator
 
     async def _open_store(self) -> kv.KVStore:

@@ -1,27 +1,20 @@
 """Who is calling the public port and what they may do: the credentials file (bearer tokens and
-client-certificate names, each with a role), read at start and again when it changes, the principal
-of a request, and the right a request needs. Purely computational, no I/O but reading the
-credentials file; it never logs a token.
+client-certificate names, each with a role), the principal of a request, and the right a request
+needs. Purely computational, no I/O but reading the credentials file; it never logs a token. Its
+reading again when the file changes, and what waits for that, are in credentials.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import hashlib
 import hmac
 import ipaddress
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-
-import structlog
-
-from connection_manager import tls
-
-log = structlog.get_logger(__name__)
 
 READ = "read"
 ADMIN = "admin"
@@ -168,21 +161,6 @@ def load(path: Path) -> Credentials:
     return parse(text, repr(str(path)))
 
 
-class CredentialsFile(tls.Reloadable):
-    """The credentials file, read again when it changes and on SIGHUP (as the TLS files are): a file
-    that parses replaces the authenticator's credentials at once; one that does not leaves them."""
-
-    def __init__(self, path: Path, authenticator: Authenticator) -> None:
-        self.authenticator = authenticator
-        what = "credentials file (auth_tokens)"
-        super().__init__("auth_tokens", what, (path,), ((path, what),), "the public port keeps the previous credentials")
-
-    def load(self) -> None:
-        credentials = load(self.paths[0])
-        self.authenticator.replace(credentials)
-        log.info("public port credentials loaded", tokens=len(credentials.tokens), certificates=len(credentials.certificates))
-
-
 def is_loopback(address: str | None) -> bool:
     if address is None:
         return False
@@ -202,26 +180,29 @@ class Authenticator:
     def __init__(self, credentials: Credentials | None, client_certificates: bool) -> None:
         self.credentials = credentials or Credentials()
         self.enabled = credentials is not None or client_certificates
-        # Set (and replaced) at each replace(): what holds a principal for long (a watch, a Fluvio
-        # connection) authenticates what it presented again.
-        self.replaced = asyncio.Event()
+        # Called at each replace(): what holds a principal for long (a watch, a Fluvio connection)
+        # authenticates what it presented again (credentials.until_refused).
+        self._listeners: set[Callable[[], None]] = set()
 
     def replace(self, credentials: Credentials) -> None:
         """New credentials, from the next request on; what holds a principal for long is told."""
         self.credentials = credentials
-        self.replaced.set()
-        self.replaced = asyncio.Event()
+        for listener in list(self._listeners):
+            listener()
 
-    async def until_refused(self, presented: Presented, right: Right) -> str:
-        """Returns, with why, once the credentials no longer give what was ``presented`` the
-        ``right``: a credential removed, or a role lowered below it. Checked at once too: they
-        may have been replaced since it was presented."""
-        while True:
-            try:
-                check(self.authenticate(presented.authorization, presented.certificate_cn, presented.address), right)
-            except (Unauthenticated, Forbidden) as refused:
-                return str(refused)
-            await self.replaced.wait()
+    def listen(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call ``listener`` at each replace() from now on; returns what stops it."""
+        self._listeners.add(listener)
+        return lambda: self._listeners.discard(listener)
+
+    def refusal(self, presented: Presented, right: Right) -> str | None:
+        """Why the current credentials do not give what was ``presented`` the ``right`` (a
+        credential removed, or a role lowered below it), or None if they do."""
+        try:
+            check(self.authenticate(presented.authorization, presented.certificate_cn, presented.address), right)
+        except (Unauthenticated, Forbidden) as refused:
+            return str(refused)
+        return None
 
     def authenticate(self, authorization: str | None, certificate_cn: str | None, address: str | None) -> Principal:
         if not self.enabled:

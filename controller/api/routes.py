@@ -24,7 +24,7 @@ from prometheus_client import exposition as prometheus_exposition
 
 from connection_manager import ratelimit, tls, transport
 from controller import context as context_module
-from controller.api import admin_ops, admission, auth, cluster, fanout, json_input, listing, openapi, placement_answer, rebalance_ops
+from controller.api import admin_ops, admission, auth, cluster, credentials, fanout, json_input, listing, openapi, placement_answer, rebalance_ops
 from controller.reconcile import partition, topic as topic_controller
 from store import active_sc, attribution, kv, models
 from store import supervisor as supervisor_module
@@ -1107,7 +1107,7 @@ async def _revoked(request: web.Request, kind: str) -> None:
     if presented is None:
         await asyncio.Event().wait()
         return
-    reason = await request.app[CONTEXT].authenticator.until_refused(presented, auth.Right(auth.READ))
+    reason = await credentials.until_refused(request.app[CONTEXT].authenticator, presented, auth.Right(auth.READ))
     log.info("ending a watch stream: its credential was revoked", peer=request.remote, kind=kind, reason=reason)
 
 

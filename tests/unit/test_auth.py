@@ -13,7 +13,7 @@ import pytest
 import structlog
 
 from controller import config
-from controller.api import auth
+from controller.api import auth, credentials
 
 TOKEN = "a-token-of-24-characters"
 
@@ -245,10 +245,10 @@ async def test_replaced_credentials_refuse_what_they_dropped_and_tell_what_holds
     path = tmp_path / "tokens"
     path.write_text(f"alice admin {TOKEN}\nops admin cert:ops-host\n")
     authenticator = auth.Authenticator(auth.load(path), client_certificates=True)
-    credentials_file = auth.CredentialsFile(path, authenticator)
+    credentials_file = credentials.CredentialsFile(path, authenticator)
     alice, ops = auth.Presented(f"Bearer {TOKEN}", None, "10.0.0.1"), auth.Presented(None, "ops-host", "10.0.0.2")
-    alice_refused = asyncio.ensure_future(authenticator.until_refused(alice, auth.Right(auth.READ)))
-    ops_refused = asyncio.ensure_future(authenticator.until_refused(ops, auth.Right(auth.ADMIN)))
+    alice_refused = asyncio.ensure_future(credentials.until_refused(authenticator, alice, auth.Right(auth.READ)))
+    ops_refused = asyncio.ensure_future(credentials.until_refused(authenticator, ops, auth.Right(auth.ADMIN)))
     assert not credentials_file.changed()
 
     path.write_text(f"alice read {TOKEN}\n")  # ops removed, alice lowered to read
@@ -270,7 +270,7 @@ def test_a_file_that_does_not_parse_on_reload_keeps_the_credentials_and_names_th
     path.write_text(f"alice admin {TOKEN}\n")
     path.chmod(0o600)
     authenticator = auth.Authenticator(auth.load(path), client_certificates=False)
-    credentials_file = auth.CredentialsFile(path, authenticator)
+    credentials_file = credentials.CredentialsFile(path, authenticator)
     path.write_text(f"alice admin {TOKEN}\nbob read short-secret\n")
     path.chmod(0o644)
     with structlog.testing.capture_logs() as logged:

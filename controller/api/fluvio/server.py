@@ -19,7 +19,7 @@ import structlog
 
 from connection_manager import ratelimit, tls, transport
 from controller import context as context_module
-from controller.api import admin_ops, admission, auth, listing
+from controller.api import admin_ops, admission, auth, credentials, listing
 from controller.api.fluvio import admin as admin_module, mapping, messages, objects as fluvio_objects, primitives
 from store import local, models
 
@@ -257,7 +257,7 @@ class Session:
         answer with no error field (nothing else could tell the client), so it is closed."""
         if isinstance(self.principal, auth.Unauthenticated):
             await asyncio.Event().wait()  # it never had one: its Lists and Watches close it already
-        reason = await self.server.context.authenticator.until_refused(self.presented, auth.Right(auth.READ))
+        reason = await credentials.until_refused(self.server.context.authenticator, self.presented, auth.Right(auth.READ))
         self.server.log.warning("fluvio:revoked", "closing Fluvio connections whose credential was revoked", peer=self.peer, reason=reason)
 
     async def run(self) -> None:
