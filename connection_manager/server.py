@@ -19,7 +19,7 @@ import hmac
 import ipaddress
 import math
 import secrets
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -230,6 +230,10 @@ def spu_identity(spu_id: int) -> str:
     return f"spu-{spu_id}"
 
 
+def _digests(tokens: Sequence[str]) -> tuple[bytes, ...]:
+    return tuple(hashlib.sha256(token.encode()).digest() for token in tokens)
+
+
 def is_loopback(peer: str | None) -> bool:
     """A peer address on this host (127.0.0.0/8, ::1, or IPv4 loopback mapped into IPv6)."""
     if peer is None:
@@ -249,7 +253,7 @@ class ConnectionManager:
         health: health_module.HealthView,
         live: lrs.LiveReplicas,
         *,
-        token: str | None = None,
+        tokens: Sequence[str] | None = None,
         allow_remote_without_token: bool = False,
         heartbeat_timeout: float = 10.0,
         offsets_interval: float = DEFAULT_OFFSETS_INTERVAL,
@@ -265,14 +269,15 @@ class ConnectionManager:
         self.local_store = local_store
         self.health = health
         self.live = live
-        self.token = token
+        # The SPU tokens accepted (during a rotation the new one and the old), or None: no token.
+        self.tokens = None if tokens is None else tuple(tokens)
         # What a presented token is compared with: digests are of equal lengths, so the comparison
-        # takes as long whatever the length of the token presented (it tells nothing of the token's).
-        self._token_digest = None if token is None else hashlib.sha256(token.encode()).digest()
+        # takes as long whatever the length of the token presented (it tells nothing of the tokens').
+        self._token_digests = () if tokens is None else _digests(tokens)
         # Under mutual TLS each SPU's client certificate names it (CN or DNS SAN spu-<id>).
         self.certificate_identity = certificate_identity
         # Without a token or certificates, anyone who reaches the port could be any SPU: only this host may.
-        self.allow_remote = token is not None or certificate_identity or allow_remote_without_token
+        self.allow_remote = tokens is not None or certificate_identity or allow_remote_without_token
         self.heartbeat_timeout = heartbeat_timeout
         self.offsets_interval = offsets_interval
         self.offsets_entries_per_second = offsets_entries_per_second
@@ -344,27 +349,29 @@ class ConnectionManager:
         log.info("connection manager listening", host=host, port=self.port)
         if self.certificate_identity:
             log.info("SPUs prove who they are with client certificates naming spu-<id>", port=self.port)
-        elif self.token is None and not self.allow_remote:
+        elif self.tokens is None and not self.allow_remote:
             log.warning(
                 "no SPU token is configured: the private port accepts SPUs from this host (loopback) only; "
                 "to accept SPUs from other hosts, give every SPU a shared token (spu_token_file, "
                 "`sc spu run --token-file`)",
                 port=self.port,
             )
-        elif self.token is None:
+        elif self.tokens is None:
             log.warning(
                 "no SPU token is configured and spu_allow_remote_without_token is set: anyone who reaches "
                 "the private port can connect as any registered SPU; configure spu_token_file",
                 port=self.port,
             )
 
-    def set_token(self, token: str) -> None:
-        """A new SPU token (its file changed): asked of every Register from now on. The SPUs
-        connected keep their connections: they proved the token of their time, and a rotation must
-        not take every SPU offline at once (Kafka and etcd keep established sessions too); one that
-        reconnects needs the new token."""
-        self.token = token
-        self._token_digest = hashlib.sha256(token.encode()).digest()
+    def set_tokens(self, tokens: Sequence[str]) -> None:
+        """New SPU tokens (their file changed): one of them is asked of every Register from now on.
+        The SPUs connected keep their connections: they proved a token of their time, and a
+        rotation must not take every SPU offline at once (Kafka and etcd keep established sessions
+        too); one that reconnects needs a token listed now. Listing the new token with the old
+        lets SPUs move over one at a time, a reconnection meanwhile refused to none."""
+        self.tokens = tuple(tokens)
+        self._token_digests = _digests(tokens)
+        log.info("SPU tokens set: a registration presents one of them", tokens=len(self.tokens))
 
     def role_changed(self) -> None:
         """This SC's role changed (it leads now, or stopped leading): the registrations held
@@ -624,8 +631,15 @@ class ConnectionManager:
         Checked before anything about the id is looked up, and before a standby answers: a
         client without it gets the same answer whatever the id and whatever this SC's role, so
         it can neither map the registered ids nor find the leader."""
+        if self.tokens is None:
+            return None
         presented = hashlib.sha256((register.token or "").encode()).digest()
-        if self._token_digest is not None and not hmac.compare_digest(presented, self._token_digest):
+        # Compared with every token, the first match no reason to stop: how long the check takes
+        # tells nothing of which token matched.
+        matched = False
+        for digest in self._token_digests:
+            matched |= hmac.compare_digest(presented, digest)
+        if not matched:
             return "unauthorized", f"SPU id {register.spu_id} presented a missing or wrong token"
         return None
 
@@ -641,7 +655,7 @@ class ConnectionManager:
                 "(`sc spu register` or an SPU group)"
             )
         current = self.sessions.get(spu_id)
-        proven = self.token is not None or self.certificate_identity
+        proven = self.tokens is not None or self.certificate_identity
         if not proven and current is not None and current.healthy(asyncio.get_running_loop().time(), self.heartbeat_timeout):
             return "already-connected", (
                 f"SPU {spu_id} is connected and healthy on another connection; a new connection may take over "

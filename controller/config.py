@@ -318,17 +318,51 @@ def _is_loopback_host(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")
 
 
-def read_token(path: Path | None) -> str | None:
-    """The shared SPU token from ``--spu-token-file`` (surrounding whitespace ignored)."""
+# The SPU token file lists the tokens an SPU may present: one, or during a rotation the new one and
+# the old. A bound, so that a file pasted into by mistake (a whole secrets store) is refused, not
+# compared in full at every registration.
+MAX_SPU_TOKENS = 16
+
+
+def read_tokens(path: Path | None, what: str = "SPU token file") -> tuple[str, ...] | None:
+    """The shared SPU tokens from ``--spu-token-file``, in the file's order: one a line, surrounding
+    whitespace ignored, blank lines and lines starting with ``#`` skipped. A file of one token
+    reads as it always did. An error names the file and the line, never a token."""
     if path is None:
         return None
     try:
-        token = path.read_text().strip()
+        text = path.read_text()
     except OSError as error:
-        raise ValueError(f"cannot read the SPU token file {str(path)!r}: {error.strerror}") from None
-    if not token:
-        raise ValueError(f"the SPU token file {str(path)!r} is empty")
-    return token
+        raise ValueError(f"cannot read the {what} {str(path)!r}: {error.strerror}") from None
+    if not text.strip():
+        raise ValueError(f"the {what} {str(path)!r} is empty")
+    # Only a newline ends a line: a token written before several were allowed holds any other character.
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    tokens: dict[str, int] = {}  # token -> its line
+    for number, line in enumerate(lines, 1):
+        token = line.strip()
+        if not token or token.startswith("#"):
+            continue
+        if token in tokens:
+            raise ValueError(
+                f"the {what} {str(path)!r} line {number}: the token ({len(token)} characters, not shown) is "
+                f"line {tokens[token]}'s too; list each token once (the new one, and the old one until every "
+                "SPU has the new)"
+            )
+        tokens[token] = number
+    if not tokens:
+        raise ValueError(
+            f"the {what} {str(path)!r} holds no token: each of its {len(lines)} lines is blank or a comment (#); "
+            "write the token on a line of its own"
+        )
+    if len(tokens) > MAX_SPU_TOKENS:
+        raise ValueError(
+            f"the {what} {str(path)!r} holds {len(tokens)} tokens, more than {MAX_SPU_TOKENS}: keep the new token "
+            "and the ones SPUs still present (a rotation needs two)"
+        )
+    return tuple(tokens)
 
 
 class ConfigError(ValueError):

@@ -113,7 +113,7 @@ class Daemon:
                 self.context.local_store,
                 health,
                 lrs.LiveReplicas(),
-                token=config.read_token(self.settings.spu_token_file),
+                tokens=config.read_tokens(self.settings.spu_token_file),
                 allow_remote_without_token=self.settings.spu_allow_remote_without_token,
                 heartbeat_timeout=self.settings.spu_heartbeat_timeout,
                 offsets_interval=self.settings.spu_offsets_interval,
@@ -406,8 +406,8 @@ class Daemon:
 
 
 class SpuTokenFile(tls.Reloadable):
-    """The SPU token file, read again when it changes and on SIGHUP: the new token is asked of the
-    SPUs that register from then on (ConnectionManager.set_token)."""
+    """The SPU token file, read again when it changes and on SIGHUP: one of the tokens it lists now
+    is asked of the SPUs that register from then on (ConnectionManager.set_tokens)."""
 
     def __init__(self, path: Path, connections: cm_server.ConnectionManager) -> None:
         self.connections = connections
@@ -415,9 +415,9 @@ class SpuTokenFile(tls.Reloadable):
         super().__init__("spu_token", what, (path,), ((path, what),), "SPUs register with the previous token")
 
     def load(self) -> None:
-        token = config.read_token(self.paths[0])
-        assert token is not None  # read_token gives None for no file only
-        self.connections.set_token(token)
+        tokens = config.read_tokens(self.paths[0])
+        assert tokens is not None  # read_tokens gives None for no file only
+        self.connections.set_tokens(tokens)
 
 
 def _ports(settings: config.Settings) -> tuple[transport.Port, transport.Port]:

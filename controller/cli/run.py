@@ -93,7 +93,7 @@ def handle_run(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name) for name in config.Settings.model_fields}
     try:
         settings = config.load(args.config, args.flags, **overrides)
-        config.read_token(settings.spu_token_file)  # fail now, with the file's name, not at the first SPU
+        config.read_tokens(settings.spu_token_file)  # fail now, with the file's name, not at the first SPU
         logs.configure(settings.log_format, settings.log_level)
     except ValueError as error:
         for problem in error.problems if isinstance(error, config.ConfigError) else [str(error)]:

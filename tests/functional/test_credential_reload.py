@@ -73,6 +73,15 @@ async def reload_failures(url: str, token: str, file: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+async def reloads(url: str, token: str, file: str) -> float:
+    async with aiohttp.ClientSession() as session, session.get(
+        f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}
+    ) as response:
+        text = await response.text()
+    found = re.search(rf'^sc_file_reloads_total\{{file="{file}"\}} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
 @pytest.fixture
 def sc_with_tokens(tmp_path: Path) -> sc_run.ScRun:
     tokens = tokens_file(tmp_path)
@@ -263,6 +272,93 @@ async def test_a_new_spu_token_applies_to_new_registrations_and_keeps_the_spus_c
         finally:
             for spu in spus:
                 await spu.stop()
+
+
+OLD_SPU_TOKEN = "old-spu-token-0123456789"
+NEW_SPU_TOKEN = "new-spu-token-0123456789"
+
+
+async def test_an_spu_token_rotation_listing_the_new_token_with_the_old_takes_no_spu_offline(tmp_path: Path) -> None:
+    """A shared secret's rotation: list the new token with the old, move the SPUs over one at a
+    time, then remove the old. Meanwhile an SPU not moved yet that reconnects with the old token
+    is taken, and an SPU that keeps its connection keeps it. Against a real `sc run`, whose file
+    watcher reads the file as it is rewritten."""
+    token_file = tmp_path / "spu-token"
+    token_file.write_text(f"{OLD_SPU_TOKEN}\n")
+    token_file.chmod(0o600)
+    sc = sc_run.ScRun(
+        tmp_path / "sc", None, "--store", "memory",
+        "--auth-tokens", str(tokens_file(tmp_path)), "--spu-token-file", str(token_file),
+    )  # fmt: skip
+    sc.start(logs_to_file=True)
+    address = ("127.0.0.1", sc.private_port)
+    spus: list[SimulatedSpu] = []
+
+    def spu(spu_id: int, token: str) -> SimulatedSpu:
+        spus.append(SimulatedSpu(spu_id, address, token, settings=FAST))
+        return spus[-1]
+
+    async def rotate(*lines: str) -> None:
+        before = await reloads(sc.url, ADMIN_TOKEN, "spu_token")
+        rewrite(token_file, *lines)
+
+        async def reloaded() -> None:
+            assert await reloads(sc.url, ADMIN_TOKEN, "spu_token") > before
+
+        await eventually(reloaded, BOUND_SECONDS)
+
+    async def all_connected(*group: SimulatedSpu) -> None:
+        async def connected() -> None:
+            assert all(each.connected for each in group), [(each.spu_id, each.session.last_rejection) for each in group]
+
+        await eventually(connected, BOUND_SECONDS)
+
+    try:
+        await sc.wait_healthy()
+        ports = embedded_etcd.free_ports(8)
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
+            for spu_id in (1, 2, 3, 4):
+                spec = {"id": spu_id, "publicEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id - 2]},
+                        "privateEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id - 1]}}  # fmt: skip
+                async with http.post(f"{sc.url}/v1/spus", json={"name": f"spu-{spu_id}", "spec": spec}) as answer:
+                    assert answer.status == 201, await answer.text()
+        moved, reconnecting, untouched = spu(1, OLD_SPU_TOKEN), spu(2, OLD_SPU_TOKEN), spu(3, OLD_SPU_TOKEN)
+        for each in (moved, reconnecting, untouched):
+            await each.start()
+        await all_connected(moved, reconnecting, untouched)
+
+        # The new token first, the old one still listed: no SPU is refused while it moves over.
+        await rotate(NEW_SPU_TOKEN, OLD_SPU_TOKEN)
+        await moved.stop()
+        moved = spu(1, NEW_SPU_TOKEN)
+        await moved.start()
+        await reconnecting.stop()
+        reconnecting = spu(2, OLD_SPU_TOKEN)  # not moved yet: its connection broke, it comes back
+        await reconnecting.start()
+        await all_connected(moved, reconnecting, untouched)
+        await reconnecting.stop()
+        reconnecting = spu(2, NEW_SPU_TOKEN)  # moved over in its turn
+        await reconnecting.start()
+        await all_connected(moved, reconnecting, untouched)
+
+        # Every SPU has the new token: the old one goes, and is refused from then on.
+        await rotate(NEW_SPU_TOKEN)
+        stale = spu(4, OLD_SPU_TOKEN)
+        await stale.start()
+
+        async def refused() -> None:
+            rejection = stale.session.last_rejection
+            assert rejection is not None and rejection.code == "unauthorized", rejection
+
+        await eventually(refused, BOUND_SECONDS)
+        assert not stale.connected
+        # The SPU left alone kept its one connection throughout; the others came back once each.
+        assert [(each.connected, each.session.connections) for each in (untouched, moved, reconnecting)] == [(True, 1)] * 3
+        assert await reload_failures(sc.url, ADMIN_TOKEN, "spu_token") == 0
+    finally:
+        for each in spus:
+            await each.stop()
+        sc.stop()
 
 
 @pytest.fixture

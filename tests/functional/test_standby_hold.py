@@ -126,7 +126,7 @@ async def test_a_standby_checks_the_spu_token_before_it_names_the_leader_or_hold
     checked before anything else)."""
     store = local.LocalStore()
     store["spus"].apply(spu(0), 1)
-    cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas(), token="the-right-token-of-32-characters")
+    cm = server.ConnectionManager(store, health.HealthView(0.0), lrs.LiveReplicas(), tokens=("the-right-token-of-32-characters",))
     role = Role()
     role.refusal = ("this SC is a standby: the leader is elsewhere", DEAD)
     cm.standby_refusal = role

@@ -32,13 +32,60 @@ def test_precedence_flags_then_environment_then_file(monkeypatch: pytest.MonkeyP
 def test_the_spu_token_file_is_read_and_must_hold_a_token(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("  s3cret\n")
-    assert config.read_token(token) == "s3cret"
-    assert config.read_token(None) is None
+    assert config.read_tokens(token) == ("s3cret",)
+    assert config.read_tokens(None) is None
+    # One token, written as before (no newline, or a Windows one): read as before.
+    token.write_text("s3cret with inner spaces\r\n")
+    assert config.read_tokens(token) == ("s3cret with inner spaces",)
     token.write_text("\n")
     with pytest.raises(ValueError, match=f"the SPU token file '{token}' is empty"):
-        config.read_token(token)
+        config.read_tokens(token)
     with pytest.raises(ValueError, match="cannot read the SPU token file '/nonexistent/token'"):
-        config.read_token(Path("/nonexistent/token"))
+        config.read_tokens(Path("/nonexistent/token"))
+
+
+def test_the_spu_token_file_may_list_several_tokens_one_a_line_for_a_rotation(tmp_path: Path) -> None:
+    """During a rotation the file holds the new token and the old one: both are accepted."""
+    token = tmp_path / "token"
+    token.write_text("# the new one, since 2026-11-29\n  new-token-0123456789\n\n# the old one, until every SPU has the new\nold-token-0123456789 \n")
+    assert config.read_tokens(token) == ("new-token-0123456789", "old-token-0123456789")
+
+
+def test_a_spu_token_file_of_comments_only_holds_no_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("# old-token-0123456789\n\n")
+    with pytest.raises(ValueError) as raised:
+        config.read_tokens(token)
+    assert str(raised.value) == (
+        f"the SPU token file '{token}' holds no token: each of its 2 lines is blank or a comment (#); "
+        "write the token on a line of its own"
+    )
+    assert "old-token" not in str(raised.value)
+
+
+def test_a_spu_token_listed_twice_is_refused_naming_both_lines_never_the_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("new-token-0123456789\n# rotated\nnew-token-0123456789\n")
+    with pytest.raises(ValueError) as raised:
+        config.read_tokens(token)
+    assert str(raised.value) == (
+        f"the SPU token file '{token}' line 3: the token (20 characters, not shown) is line 1's too; "
+        "list each token once (the new one, and the old one until every SPU has the new)"
+    )
+
+
+def test_the_spu_token_file_holds_at_most_16_tokens(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("".join(f"token-{index:02}-0123456789\n" for index in range(config.MAX_SPU_TOKENS)))
+    assert len(config.read_tokens(token) or ()) == config.MAX_SPU_TOKENS
+    token.write_text("".join(f"token-{index:02}-0123456789\n" for index in range(17)))
+    with pytest.raises(ValueError) as raised:
+        config.read_tokens(token)
+    assert str(raised.value) == (
+        f"the SPU token file '{token}' holds 17 tokens, more than 16: keep the new token and the ones "
+        "SPUs still present (a rotation needs two)"
+    )
+    assert "0123456789" not in str(raised.value)
 
 
 @pytest.mark.parametrize("host", ["sc-0.sc-peers", "sc-1", "SC-A.example.com", "10.0.0.5", "fd00::1"])

@@ -63,7 +63,44 @@ def test_a_wrong_spu_token_is_refused_comparing_equal_lengths_whatever_its_lengt
         return real_compare(a, b)
 
     monkeypatch.setattr(server.hmac, "compare_digest", recording)
-    manager = server.ConnectionManager(local.LocalStore(), health.HealthView(0.0), lrs.LiveReplicas(), token="k" * 32)
+    manager = server.ConnectionManager(local.LocalStore(), health.HealthView(0.0), lrs.LiveReplicas(), tokens=("k" * 32,))
     refusal = manager._token_refusal(wire.Register(spu_id=1, token=presented))
     assert refusal is not None and refusal[0] == "unauthorized"
     assert compared and all(first == second for first, second in compared)
+
+
+NEW_TOKEN, OLD_TOKEN = "new-token-0123456789", "old-token-0123456789"
+
+
+@pytest.mark.parametrize("presented", [NEW_TOKEN, OLD_TOKEN, "wrong-token-0123456", None])
+def test_any_listed_spu_token_is_accepted_each_compared_whichever_matches(
+    presented: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """During a rotation two tokens are listed: every one is compared, so how long the check takes
+    does not tell which one matched (nor that the first did)."""
+    compared: list[bytes] = []
+    real_compare = server.hmac.compare_digest
+
+    def recording(a: bytes, b: bytes) -> bool:
+        compared.append(b)
+        return real_compare(a, b)
+
+    monkeypatch.setattr(server.hmac, "compare_digest", recording)
+    manager = server.ConnectionManager(
+        local.LocalStore(), health.HealthView(0.0), lrs.LiveReplicas(), tokens=(NEW_TOKEN, OLD_TOKEN)
+    )
+    refusal = manager._token_refusal(wire.Register(spu_id=1, token=presented))
+    assert (refusal is None) is (presented in (NEW_TOKEN, OLD_TOKEN)), refusal
+    assert refusal is None or refusal[0] == "unauthorized"
+    assert len(compared) == 2 and len(set(compared)) == 2
+
+
+def test_new_spu_tokens_apply_to_the_next_registration() -> None:
+    manager = server.ConnectionManager(local.LocalStore(), health.HealthView(0.0), lrs.LiveReplicas(), tokens=(OLD_TOKEN,))
+    manager.set_tokens((NEW_TOKEN, OLD_TOKEN))
+    assert manager._token_refusal(wire.Register(spu_id=1, token=OLD_TOKEN)) is None
+    assert manager._token_refusal(wire.Register(spu_id=1, token=NEW_TOKEN)) is None
+    manager.set_tokens((NEW_TOKEN,))
+    refusal = manager._token_refusal(wire.Register(spu_id=1, token=OLD_TOKEN))
+    assert refusal is not None and refusal[0] == "unauthorized"
+    assert manager._token_refusal(wire.Register(spu_id=1, token=NEW_TOKEN)) is None
