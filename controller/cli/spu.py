@@ -358,12 +358,9 @@ def _tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 
 def _read_token(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as error:
-        raise ValueError(f"cannot read the token file {str(path)!r}: {error.strerror}") from None
-    if not token:
-        raise ValueError(f"the token file {str(path)!r} is empty")
-    return token
+    """The token the SPUs present: the file's first (in a rotation the SC's file lists the new
+    token first and the old one after it, and may be given to SPUs as it is)."""
+    from controller import config
+
+    tokens = config.read_tokens(path, "token file")
+    return None if tokens is None else tokens[0]

@@ -697,6 +697,23 @@ def test_sc_spu_run_refuses_bad_flags_with_the_reason(
     assert (code, capsys.readouterr().err.splitlines()[-1].endswith(message.replace("{tmp}", str(tmp_path)))) == (2, True)
 
 
+
+def test_sc_spu_run_presents_the_first_token_of_a_token_file_that_lists_several(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SC's token file in a rotation (the new token, then the old one) given to an SPU as it
+    is: the SPU presents the new one."""
+    token_file = tmp_path / "spu-token"
+    token_file.write_text("# rotated on 2026-11-29\nnew-token-0123456789\nold-token-0123456789\n")
+    presented: list[str | None] = []
+
+    async def record(spus: list[SimulatedSpu]) -> None:
+        presented.extend(spu.token for spu in spus)
+
+    monkeypatch.setattr(simulator, "run_until_signalled", record)
+    assert cli.main(["spu", "run", "--first-id", "1", "--count", "2", "--token-file", str(token_file)]) == 0
+    assert presented == ["new-token-0123456789", "new-token-0123456789"]
+
 def _follower_in_sync(entries: list[wire.PartitionOffsets], follower: int) -> bool:
     return any(f["spu"] == follower and f["leo"] >= entry["hw"] > 0 for entry in entries for f in entry.get("followers", ()))
 
