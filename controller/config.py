@@ -108,7 +108,7 @@ class Settings(BaseSettings):
         1024 * 1024,
         description="bytes per second of an SPU's frames the SC reads, beyond a burst of twice spu_max_frame_bytes",
     )
-    spu_token_file: Path | None = Field(None, description="file holding a shared token every SPU must present")
+    spu_token_file: Path | None = Field(None, description="file holding the shared token every SPU must present (in a rotation, the new and the old: one a line)")
     # Without a token the private port accepts SPUs from loopback only, unless this says otherwise.
     spu_allow_remote_without_token: bool = Field(
         False, description="without a token, accept SPUs from other hosts too (anyone reaching the port can then be any SPU)"

@@ -79,7 +79,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="the SC's private port (default 127.0.0.1:9004); several SCs of one store (a leader and its "
         "standbys) separated by commas: the SPU finds the leader among them",
     )
-    run.add_argument("--token-file", type=Path, metavar="FILE", help="file holding the token the SC requires of SPUs")
+    run.add_argument("--token-file", type=Path, metavar="FILE", help="file holding the token the SC requires of SPUs (of several, one a line, the first)")
     run.add_argument("--tls-ca", type=Path, metavar="FILE", help="PEM CA that signed the SC's certificate: connect over TLS")
     run.add_argument("--tls-cert", type=Path, metavar="FILE", help="this SPU's PEM client certificate (CN or a DNS SAN spu-<id>), with --tls-ca")
     run.add_argument("--tls-key", type=Path, metavar="FILE", help="the PEM private key of --tls-cert")
