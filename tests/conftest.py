@@ -1,13 +1,15 @@
-"""Shared fixtures: the KV backends the contract suite runs against, and a task-leak guard."""
+"""Shared fixtures: the KV backends the contract suite runs against, a task-leak guard, and a guard
+against a test configuring logging for the tests after it."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 from hypothesis import settings as hypothesis_settings
 
 from store import kv, memory
@@ -54,6 +56,20 @@ async def memory_store() -> AsyncIterator[kv.KVStore]:
 def kv_store(request: pytest.FixtureRequest) -> kv.KVStore:
     """The same contract runs against the memory backend and a real etcd."""
     return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(autouse=True)
+def no_logging_configured_for_later_tests() -> Iterator[None]:
+    """A CLI command run in-process (`cli.main(["spu", "run", ...])`) configures logging for the
+    whole process (controller.logs.configure: JSON on stderr, loggers cached on first use), so a
+    later test in the same worker that reads the SC's log on stdout failed, or not, by the order
+    xdist gave the tests. Such a test must patch ``controller.logs.configure``; this says which."""
+    before = structlog.get_config()["logger_factory"]
+    yield
+    assert structlog.get_config()["logger_factory"] is before, (
+        "this test configured logging for the whole process (controller.logs.configure, as `sc run` and "
+        "`sc spu run` do in-process): patch controller.logs.configure in it, or later tests log elsewhere"
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -27,6 +27,7 @@ from connection_manager.spu.replica import Role
 from connection_manager.spu.settings import SpuSettings
 from connection_manager.spu.simulator import SimulatedSpu
 from connection_manager.spu.state import Offsets
+from controller import logs
 from controller.cli import main as cli
 from tests.builders import eventually
 
@@ -697,7 +698,6 @@ def test_sc_spu_run_refuses_bad_flags_with_the_reason(
     assert (code, capsys.readouterr().err.splitlines()[-1].endswith(message.replace("{tmp}", str(tmp_path)))) == (2, True)
 
 
-
 def test_sc_spu_run_presents_the_first_token_of_a_token_file_that_lists_several(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -711,8 +711,11 @@ def test_sc_spu_run_presents_the_first_token_of_a_token_file_that_lists_several(
         presented.extend(spu.token for spu in spus)
 
     monkeypatch.setattr(simulator, "run_until_signalled", record)
+    # In-process, `sc spu run` would configure logging for the tests after this one too.
+    monkeypatch.setattr(logs, "configure", lambda *_args, **_kwargs: None)
     assert cli.main(["spu", "run", "--first-id", "1", "--count", "2", "--token-file", str(token_file)]) == 0
     assert presented == ["new-token-0123456789", "new-token-0123456789"]
+
 
 def _follower_in_sync(entries: list[wire.PartitionOffsets], follower: int) -> bool:
     return any(f["spu"] == follower and f["leo"] >= entry["hw"] > 0 for entry in entries for f in entry.get("followers", ()))
