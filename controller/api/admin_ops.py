@@ -167,6 +167,10 @@ def topic_settled(written_revision: int) -> Callable[[local.Entry[models.AnyObje
         if status.resolution is models.TopicResolution.PROVISIONED:
             # Every row below the count, not as many rows: a map with a gap still has one to fill.
             return not topic_controller.short_of_rows(topic)
+        if status.resolution is models.TopicResolution.PENDING and status.reason.startswith(topic_controller.REFUSED_PROVISION):
+            # The store refuses it (an etcd limit lowered): a verdict until an operator acts, as
+            # InsufficientResources is, not a step on the way; the client learns why at once.
+            return True
         return status.resolution in (
             models.TopicResolution.INVALID_CONFIG,
             models.TopicResolution.INSUFFICIENT_RESOURCES,

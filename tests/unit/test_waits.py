@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from controller.api import admin_ops
+from controller.reconcile import topic as topic_controller
 from store import local, models
 from tests import builders
 from tests.builders import partition, topic
@@ -114,3 +115,17 @@ def test_a_provisioned_topic_whose_map_has_a_gap_is_not_settled_until_the_gap_is
     assert not settled(entry({0: [0]}))
     assert settled(entry({0: [0], 1: [1]}))
     assert settled(entry({0: [0], 1: [1], 5: [2]}))  # a row past the count is never made: not waited for
+
+
+def test_a_pending_topic_the_store_refuses_is_settled_with_its_reason() -> None:
+    """A topic whose provisioning etcd refuses (a limit lowered) says so in its reason: a verdict
+    until an operator acts, as InsufficientResources is. The create waited its whole timeout
+    (30 s by default) before answering 202, so the reason reached the client half a minute late."""
+    settled = admin_ops.topic_settled(5)
+
+    def entry(reason: str) -> local.Entry[models.AnyObject]:
+        status = models.TopicStatus(resolution=models.TopicResolution.PENDING, reason=reason)
+        return local.Entry(topic("orders").model_copy(update={"status": status}), 6, 1, 1)
+
+    assert settled(entry(topic_controller.REFUSED_PROVISION + "etcd takes at most 128 operations in a transaction"))
+    assert not settled(entry(""))  # placed at the next pass: not a verdict
