@@ -44,6 +44,7 @@ SCHEMA = pa.schema(
         pa.field("reason", pa.string()),
         pa.field("spu_id", pa.int32()),
         pa.field("rack", pa.string()),
+        pa.field("uid", pa.int64()),
         pa.field("leader", pa.int32()),
         pa.field("replicas", pa.list_(pa.int32())),
         pa.field("status_leader", pa.int32()),
@@ -228,6 +229,11 @@ OBJECT_FIELDS: dict[str, tuple[pa.Schema, pa.Schema]] = {
         pa.schema([("resolution", _STRING), ("leader", pa.struct([("spu", _INT32)]))]),
     ),
 }
+# What they take from the object itself, beside its name: a partition's identity (``Partition.uid``),
+# which is in neither its spec nor its status.
+OBJECT_OWN_FIELDS: dict[str, pa.Schema] = {
+    "spus": pa.schema([]), "spu-groups": pa.schema([]), "topics": pa.schema([]), "partitions": pa.schema([("uid", _INT64)]),
+}
 _TIME_RANGE = (micros(datetime.datetime(1, 1, 1, tzinfo=datetime.UTC)), micros(datetime.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=datetime.UTC)))
 # The head of a change record exactly as the recorder writes it (store/history.py's encode): the
 # object is then the last field, at the top level of the record.
@@ -236,8 +242,10 @@ _CHANGE_HEAD = re.compile(
     rb'\{"seq":-?\d+,"type":"change","kind":' + _JSON_STRING + rb',"name":' + _JSON_STRING + rb',"op":' + _JSON_STRING
     + rb',"revision":-?\d+,"source":' + _JSON_STRING + rb',"time":-?\d+,(?:"snapshotRevision":-?\d+,)?"object":'
 )
-# The SC's layout of an object (models.encode): its name, its spec, its status, in this order.
+# The SC's layout of an object (models.encode): its name, its spec, its status, in this order, then
+# a partition's uid (absent from partitions created before uids).
 _OBJECT_HEAD = re.compile(rb'\{"name":' + _JSON_STRING + rb',"spec":')
+_UID_TAIL = re.compile(rb',"uid":(-?(?:0|[1-9][0-9]*))\}\Z')  # a JSON integer: no leading zeros, as json reads them
 _KIND_HINT = re.compile(rb'"kind":"([a-z-]*)"')
 
 
@@ -292,9 +300,11 @@ def _kind_table(kind: str | None, batch: list[tuple[int, bytes]]) -> pa.Table:
     """The rows of records of one ``kind`` (None: the history's own records); raises if any record does
     not fit the fast path (the caller then looks at the records one by one)."""
     lines: list[bytes] = []
-    # Each change record's spec and status as text (None: not a change, or a delete).
+    # Each change record's spec and status as text (None: not a change, or a delete), and its
+    # object's own fields beside them (the uid) as a JSON object.
     specs: list[bytes | None] = []
     statuses: list[bytes | None] = []
+    owns: list[bytes | None] = []
     headed: list[bool] = []
     for _, payload in batch:
         head = _CHANGE_HEAD.match(payload) if kind is not None else None
@@ -302,12 +312,14 @@ def _kind_table(kind: str | None, batch: list[tuple[int, bytes]]) -> pa.Table:
             lines.append(payload)
             specs.append(None)
             statuses.append(None)
+            owns.append(None)
         else:
-            # The object is parsed as its spec and status below, not twice.
+            # The object is parsed as its spec, its status and its own fields below, not twice.
             lines.append(payload[: head.end()] + b"null}")
-            spec, status = _cut(payload[head.end() : -1])
+            spec, status, own = _cut(payload[head.end() : -1])
             specs.append(spec)
             statuses.append(status)
+            owns.append(own)
         headed.append(head is not None)
     parsed = _parse_lines(lines, _RECORD_FIELDS)
     column = parsed.column
@@ -331,6 +343,9 @@ def _kind_table(kind: str | None, batch: list[tuple[int, bytes]]) -> pa.Table:
             values = _parse_lines([text or b"{}" for text in texts], schema)
             for field in schema:
                 typed[f"{part}.{field.name}"] = values.column(field.name)
+        values = _parse_lines([text or b"{}" for text in owns], OBJECT_OWN_FIELDS[kind])
+        for field in OBJECT_OWN_FIELDS[kind]:
+            typed[field.name] = values.column(field.name)
     # Cast from bytes: the UTF-8 is checked in C++.
     spec_texts = pa.array(specs, pa.binary()).cast(_STRING)
     status_texts = pa.array(statuses, pa.binary()).cast(_STRING)
@@ -353,21 +368,26 @@ def _parse_lines(lines: list[bytes], schema: pa.Schema) -> pa.Table:
     return parsed
 
 
-def _cut(obj: bytes) -> tuple[bytes | None, bytes | None]:
+def _cut(obj: bytes) -> tuple[bytes | None, bytes | None, bytes | None]:
     """The spec and status, as text, of an object in the SC's layout (``{"name":..,"spec":{..},
-    "status":{..}}``); (None, None) for a delete. Raises for any other layout (read by ``_slow_row``
-    then). A wrong cut is never two JSON objects: the parse of the spec and the status proves it."""
+    "status":{..}}``, then ``"uid":<integer>`` if it has one), and its uid as ``{"uid":<integer>}``
+    (None without one); (None, None, None) for a delete. Raises for any other layout (read by
+    ``_slow_row`` then). A wrong cut is never two JSON objects: the parse of the spec and the status
+    proves it."""
     if obj == b"null":
-        return None, None
+        return None, None, None
     head = _OBJECT_HEAD.match(obj)
     status_at = obj.rfind(b',"status":')
     if head is None or status_at < head.end() or obj[-1:] != b"}":
         raise Malformed("not the SC's layout")
-    # The object is then exactly {"name":..,"spec":<spec>,"status":<status>}: valid iff both are.
-    spec, status = obj[head.end() : status_at], obj[status_at + 10 : -1]
+    # The object is then exactly {"name":..,"spec":<spec>,"status":<status>[,"uid":<integer>]}:
+    # valid iff both are.
+    uid = _UID_TAIL.search(obj, status_at)
+    end = uid.start() if uid else -1
+    spec, status = obj[head.end() : status_at], obj[status_at + 10 : end]
     if not (spec[:1] == status[:1] == b"{" and spec[-1:] == status[-1:] == b"}"):
         raise Malformed("not the SC's layout")
-    return spec, status
+    return spec, status, (b'{"uid":' + uid[1] + b"}" if uid else None)
 
 
 def _assemble(
@@ -399,6 +419,7 @@ def _assemble(
         "reason": pc.if_else(is_change, field("status.reason", _STRING), column("reason")),
         "spu_id": field("spec.id", _INT32),
         "rack": field("spec.rack", _STRING),
+        "uid": field("uid", _INT64),
         "leader": field("spec.leader", _INT32),
         "replicas": field("spec.replicas", pa.list_(_INT32)),
         "status_leader": pc.struct_field(field("status.leader", pa.struct([("spu", _INT32)])), "spu"),
@@ -462,7 +483,11 @@ def _slow_row(seq: int, payload: bytes) -> pa.Table:
         spec, status = obj.get("spec"), obj.get("status")
         for part, value, schema in zip(("spec", "status"), (spec, status), OBJECT_FIELDS[kind]):  # type: ignore[index]  # kind is one of OBJECT_KINDS: checked above
             _check(value, pa.struct(list(schema)), f"object.{part}")
+        for own_field in OBJECT_OWN_FIELDS[kind]:  # type: ignore[index]  # as above
+            _check(obj.get(own_field.name), own_field.type, f"object.{own_field.name}")
     spec_schema, status_schema = OBJECT_FIELDS[kind] if kind in OBJECT_KINDS else (pa.schema([]), pa.schema([]))
+    own_schema = OBJECT_OWN_FIELDS[kind] if kind in OBJECT_KINDS else pa.schema([])
+    own = obj if record_type == history.CHANGE else None  # checked above: an object, or null for a delete
 
     def typed(part: dict[str, Any] | None, schema: pa.Schema, name: str) -> Any:
         return part.get(name) if part is not None and name in schema.names else None
@@ -483,6 +508,7 @@ def _slow_row(seq: int, payload: bytes) -> pa.Table:
         "reason": typed(status, status_schema, "reason") if record_type == history.CHANGE else record.get("reason"),
         "spu_id": typed(spec, spec_schema, "id"),
         "rack": typed(spec, spec_schema, "rack"),
+        "uid": typed(own, own_schema, "uid"),
         "leader": typed(spec, spec_schema, "leader"),
         "replicas": typed(spec, spec_schema, "replicas"),
         "status_leader": (typed(status, status_schema, "leader") or {}).get("spu"),

@@ -167,6 +167,25 @@ async def test_an_object_stored_in_another_layout_still_gives_its_spec_and_statu
     assert (row["spu_id"], row["rack"], row["resolution"]) == (9, 'r,"status":', "Online")
 
 
+async def test_a_partitions_uid_reaches_its_rows_and_none_is_null(tmp_path: Path) -> None:
+    """The uid is beside the name, outside the spec and status kept as text: only its column keeps it."""
+    writer = synthetic.Writer(tmp_path / "history")
+    spec = {"leader": 1, "replicas": [1]}
+    writer.at(0).put(models.Partition.model_validate({"name": "t-0", "uid": 2**62 + 7, "spec": spec}))
+    writer.at(1).partition_state("t-0", "Online", 1)
+    writer.at(2).put(models.Partition.model_validate({"name": "t-1", "spec": spec}))  # created before uids
+    writer.at(3).delete("partitions", "t-0")
+    writer.at(4).put(writer.spu(1, "r1"))
+    await writer.close()
+    result = export.export(tmp_path / "history", tmp_path / "out")
+    assert (result.rows, result.malformed_records) == (6, 0)
+    changes = [row for row in read(tmp_path / "out") if row["type"] == "change"]
+    assert [(row["name"], row["op"], row["uid"]) for row in changes] == [
+        ("t-0", "create", 2**62 + 7), ("t-0", "update", 2**62 + 7), ("t-1", "create", None), ("t-0", "delete", None),
+        ("spu-1", "create", None),
+    ]
+
+
 # ---------------------------------------------------------------------------- every kind, and malformed records
 
 
@@ -233,6 +252,7 @@ def change_payload(seq: int, kind: str, name: str, value: bytes, time_us: int = 
 
 
 PARTITION = b'{"name":"t-0","spec":{"leader":1,"replicas":%s},"status":{"resolution":"Online"}}'
+PARTITION_WITH_UID = b'{"name":"t-0","spec":{"leader":1,"replicas":[1]},"status":{"resolution":"Online"},"uid":%s}'
 MALFORMED = [
     (b'{"seq":2,"type":"change", oops', "is not valid JSON: Expecting property name enclosed in double quotes: line 1 column 27 (char 26)"),
     (b"null", "is not a JSON object (got null)"),
@@ -250,6 +270,8 @@ MALFORMED = [
     (change_payload(15, "topics", "t", b'{"name":"t","spec":{},"status":{"resolution":["Init"]}}'), 'has object.status.resolution = ["Init"]: expected a string'),
     (change_payload(16, "spus", "s", b'{"name":"s","spec":{"id":1},"status":{}}', time_us=2**62), "has time 4611686018427387904: expected microseconds since 1970 from year 1 to year 9999"),
     (b'{"seq":17,"type":"change","kind":"spus","name":"s",\n"time":1,"object":7}', "has object = 7: expected an object or null"),
+    (change_payload(18, "partitions", "t-0", PARTITION_WITH_UID % b'"7"'), 'has object.uid = "7": expected a whole number from -9223372036854775808 to 9223372036854775807'),
+    (change_payload(19, "partitions", "t-0", PARTITION_WITH_UID % b"9223372036854775808"), "has object.uid = 9223372036854775808: expected a whole number from -9223372036854775808 to 9223372036854775807"),
 ]
 
 
@@ -257,20 +279,23 @@ async def test_malformed_records_are_counted_named_and_skipped_and_the_rest_is_e
     writer = synthetic.Writer(tmp_path / "history")
     writer.at(0).put(writer.spu(1, "r1"))
     await writer.close()
-    good_partition = change_payload(18, "partitions", "t-0", PARTITION % b"[1, 2]")
-    write_raw(tmp_path / "history", [payload for payload, _ in MALFORMED] + [good_partition])
+    good_partition = change_payload(20, "partitions", "t-0", PARTITION % b"[1, 2]")
+    with_uid = change_payload(21, "partitions", "t-0", PARTITION_WITH_UID % b"9223372036854775807")
+    write_raw(tmp_path / "history", [payload for payload, _ in MALFORMED] + [good_partition, with_uid])
     result = export.export(tmp_path / "history", tmp_path / "out")
     assert [(record.seq, record.reason) for record in result.malformed] == [
         (seq, reason) for seq, (_, reason) in enumerate(MALFORMED, start=2)
     ]
-    assert (result.rows, result.malformed_records, result.first_seq, result.last_seq) == (2, 16, 1, 18)
+    assert (result.rows, result.malformed_records, result.first_seq, result.last_seq) == (3, 18, 1, 21)
     rows = read(tmp_path / "out")
-    assert [(row["seq"], row["name"], row["replicas"]) for row in rows] == [(1, "spu-1", None), (18, "t-0", [1, 2])]
-    assert result.to_json()["malformedRecords"] == 16
+    assert [(row["seq"], row["name"], row["replicas"], row["uid"]) for row in rows] == [
+        (1, "spu-1", None, None), (20, "t-0", [1, 2], None), (21, "t-0", [1], 2**63 - 1),
+    ]
+    assert result.to_json()["malformedRecords"] == 18
     assert result.to_json()["malformed"][0] == {"seq": 2, "reason": MALFORMED[0][1]}
     # Exporting again reads none of them again: they were passed over for good.
     again = export.export(tmp_path / "history", tmp_path / "out")
-    assert (again.rows, again.malformed_records, again.last_seq) == (0, 0, 18)
+    assert (again.rows, again.malformed_records, again.last_seq) == (0, 0, 21)
 
 
 async def test_only_the_first_malformed_records_are_listed_all_are_counted(tmp_path: Path) -> None:
@@ -327,6 +352,8 @@ def recorded(draw: st.DrawFn, seq: int) -> bytes:
         obj = None
         if fields["op"] != "delete":
             obj = {"name": fields["name"], "spec": draw(SPECS[kind]), "status": draw(STATUSES[kind])}
+            if kind == "partitions" and draw(st.booleans()):
+                obj["uid"] = draw(st.integers(1, 2**63 - 1))  # last, where models.encode writes it
         return history.encode(fields, None if obj is None else json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode())
     if record_type == history.ACTION:
         fields = {
@@ -393,8 +420,13 @@ JSON_TYPES = {"int32": "integer", "int64": "integer", "string": "string", "bool"
 def test_the_typed_columns_read_fields_each_model_has_with_that_json_type(kind: str) -> None:
     """The dataset keeps every field as JSON text; the typed columns must still name real fields."""
     schema = models.KINDS[kind].model_json_schema(by_alias=True)
-    for part, fields in zip(("spec", "status"), export.OBJECT_FIELDS[kind]):
-        model = schema["$defs"][schema["properties"][part]["$ref"].rsplit("/", 1)[1]]
+    models_and_fields = [
+        (schema["$defs"][schema["properties"][part]["$ref"].rsplit("/", 1)[1]], fields, part)
+        for part, fields in zip(("spec", "status"), export.OBJECT_FIELDS[kind], strict=True)
+    ]
+    # The object's own fields, beside its name (a partition's uid).
+    models_and_fields.append((schema, export.OBJECT_OWN_FIELDS[kind], "object"))
+    for model, fields, part in models_and_fields:
         for field in fields:
             declared = model["properties"][field.name]
             options = [
