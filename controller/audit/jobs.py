@@ -1,8 +1,9 @@
 """The Spark audit jobs over the exported history; the only module of the project that imports pyspark.
 
 Leader changes with their cause, unavailability windows, provisioning latency, SPU intervals and
-flapping, placement balance at a chosen time, spec changes. Run by `sc audit report`, or on a real
-cluster: `spark-submit controller/audit/jobs.py --history DIR --out DIR` (the package on the driver).
+flapping, placement balance at a chosen time, spec changes, partition uids written over. Run by
+`sc audit report`, or on a real cluster: `spark-submit controller/audit/jobs.py --history DIR --out
+DIR` (the package on the driver).
 """
 
 from __future__ import annotations
@@ -230,6 +231,7 @@ def run(
         "leaders_over_time": (_leaders_over_time(changes, first_us, last_us), ("bucket_us", "spu")),
         "moves": (moves, ("at_us", "partition")),
         "moves_by_spu": (_moves_by_spu(moves), ("spu",)),
+        "identity_changes": (_identity_changes(changes), ("at_us", "partition", "revision")),
     }
     # Submitted together, the jobs share the executors instead of waiting on each other's latency.
     with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL_JOBS) as pool:
@@ -266,8 +268,8 @@ def enrich(frame: DataFrame) -> DataFrame:
         "kind", "name", "revision", F.col("by").alias("requested_by"), F.col("address").alias("requested_from")
     ).dropDuplicates(["kind", "name", "revision"])
     changes = frame.filter((F.col("type") == "change") & ~F.col("duplicate")).select(
-        "history", "seq", "order", "time", "kind", "name", "op", "revision", "source", "snapshot_revision", "resolution", "leader",
-        "replicas", "spu_id", "rack", "ignore_rack_assignment", F.xxhash64("spec").alias("spec_hash"),
+        "history", "seq", "order", "time", "kind", "name", "op", "revision", "source", "snapshot_revision", "resolution", "uid",
+        "leader", "replicas", "spu_id", "rack", "ignore_rack_assignment", F.xxhash64("spec").alias("spec_hash"),
     )
     joined = (
         changes.join(applied, ["kind", "name", "revision"], "left")
@@ -436,6 +438,26 @@ def _moves_by_spu(moves: DataFrame) -> DataFrame:
         F.coalesce("moves_out", F.lit(0)).alias("moves_out"),
         F.coalesce("records_in", F.lit(0)).alias("records_in"),
         F.coalesce("records_out", F.lit(0)).alias("records_out"),
+    )
+
+
+def _identity_changes(changes: DataFrame) -> DataFrame:
+    """A partition's uid written over in place: an update whose uid differs from the last uid of the
+    same life of the partition (from its create, or a listing's, to its delete), which the SC never
+    does. A uid removed, or given to a partition that had none, is not one (it makes no SPU drop a
+    log, and records exported before the uid column read as having none); a uid given after one was
+    removed is, from the removed one (the SPUs still hold it)."""
+    partitions = changes.filter(F.col("kind") == "partitions")
+    running = Window.partitionBy("name").orderBy("order").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    # A delete ends a life, as a create starts one: an update after a delete whose create the
+    # history lost (a queue-full gap) belongs to no earlier life.
+    lives = partitions.withColumn("life", F.sum(F.when(F.col("op").isin("create", "delete"), 1).otherwise(0)).over(running))
+    before = Window.partitionBy("name", "life").orderBy("order").rowsBetween(Window.unboundedPreceding, -1)
+    known = lives.withColumn("from_uid", F.last("uid", ignorenulls=True).over(before))
+    return known.filter(
+        (F.col("op") == "update") & F.col("uid").isNotNull() & F.col("from_uid").isNotNull() & (F.col("uid") != F.col("from_uid"))
+    ).select(
+        F.col("name").alias("partition"), "revision", F.unix_micros("time").alias("at_us"), "from_uid", F.col("uid").alias("to_uid")
     )
 
 

@@ -73,6 +73,10 @@ TABLES: dict[str, list[tuple[str, pa.DataType]]] = {
         ("spu", pa.int32()), ("moves_in", pa.int64()), ("moves_out", pa.int64()), ("records_in", pa.int64()),
         ("records_out", pa.int64()),
     ],
+    # A partition's uid written over in place (the SC never changes one): another partition to its SPUs.
+    "identity_changes": [
+        ("partition", pa.string()), ("revision", pa.int64()), ("at_us", _TIME), ("from_uid", pa.int64()), ("to_uid", pa.int64()),
+    ],
     # Each SC's terms as its store's leader: a takeover (cause: what became of the claim before it)
     # or a step-down (cause: why the term ended), as the SC that recorded the history saw them.
     "sc_terms": [
@@ -159,6 +163,10 @@ def to_json(results: options.Results) -> dict[str, Any]:
                 "recordsOut": row["records_out"],
             }
             for row in tables["moves_by_spu"]
+        ],
+        "identityChanges": [
+            {"partition": row["partition"], "revision": row["revision"], "at": iso(row["at_us"]), "from": row["from_uid"], "to": row["to_uid"]}
+            for row in tables["identity_changes"]
         ],
         "flappingSpus": [
             {"spu": row["spu"], "offlineCount": row["offline_count"], "maxInWindow": row["max_in_window"]}
@@ -281,6 +289,10 @@ def to_markdown(results: options.Results, charts: list[str]) -> str:
     lines += _markdown_table(tables["moves_by_spu"], ["spu", "moves_in", "moves_out", "records_in", "records_out"])
     lines += ["Each move (records: what each arriving replica copied; – unknown):", ""]
     lines += _markdown_table(tables["moves"], ["at_us", "partition", "outcome", "arrived", "left", "seconds", "records"])
+
+    lines += ["## Partition identity edits (a uid changed in place)", ""]
+    lines += ["Each is another partition to its SPUs, which drop their logs of it (the SC never changes a uid):", ""]
+    lines += _markdown_table(tables["identity_changes"], ["at_us", "partition", "from_uid", "to_uid", "revision"])
 
     lines += ["## Spec changes", ""]
     lines += _markdown_table(tables["spec_changes"], ["at_us", "kind", "name", "op", "by", "revision"])
