@@ -52,17 +52,26 @@ def etcdctl(server: embedded_etcd.EmbeddedEtcd, *args: str) -> str:
 
 
 async def fill(filler: etcd.EtcdStore, server: embedded_etcd.EmbeddedEtcd) -> kv.NoSpace:
-    """Write 1 MiB at a time until etcd refuses for space; the refusal, once the NOSPACE alarm is
-    raised. etcd refuses a request that would pass its quota at once, but raises the alarm through
-    its log: until it is applied, smaller writes still go through (a CI run's create did)."""
+    """Write 1 MiB at a time until etcd refuses for space; then, once the NOSPACE alarm is raised,
+    small writes until etcd refuses one too; that refusal. etcd refuses a request that would pass
+    its quota at once, but raises the alarm through its log: until it is applied, smaller writes
+    still go through (a CI run's create did); and a CI run's create went through once more after
+    the alarm was listed, so a small write refused is what says etcd takes no more."""
     for batch in range(2 * QUOTA // MiB):
         try:
             await filler.txn([], [kv.Put(f"fill/{batch}-{index}", os.urandom(MiB // 8)) for index in range(8)])
-        except kv.NoSpace as refused:
+        except kv.NoSpace:
             async with asyncio.timeout(30):
                 while "NOSPACE" not in await asyncio.to_thread(etcdctl, server, "alarm", "list"):
                     await asyncio.sleep(0.05)
-            return refused
+                probe = 0
+                while True:
+                    try:
+                        await filler.create(f"probe/{probe}", b"x")
+                    except kv.NoSpace as refused:
+                        return refused
+                    probe += 1
+                    await asyncio.sleep(0.05)
     raise AssertionError(f"etcd took {2 * QUOTA} bytes under a quota of {QUOTA}")
 
 
