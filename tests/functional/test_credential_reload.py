@@ -64,22 +64,23 @@ async def status_of(url: str, method: str, path: str, token: str) -> int:
         return response.status
 
 
-async def reload_failures(url: str, token: str, file: str) -> float:
+async def file_counter(url: str, token: str, counter: str, file: str) -> float:
+    """``counter`` (``sc_file_reloads_total``, ``sc_file_reload_failures_total``) for ``file``, as
+    /metrics serves it (0 when the series is not there)."""
     async with aiohttp.ClientSession() as session, session.get(
         f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}
     ) as response:
         text = await response.text()
-    found = re.search(rf'^sc_file_reload_failures_total\{{file="{file}"\}} (\S+)$', text, re.MULTILINE)
+    found = re.search(rf'^{counter}\{{file="{file}"\}} (\S+)$', text, re.MULTILINE)
     return float(found.group(1)) if found else 0.0
+
+
+async def reload_failures(url: str, token: str, file: str) -> float:
+    return await file_counter(url, token, "sc_file_reload_failures_total", file)
 
 
 async def reloads(url: str, token: str, file: str) -> float:
-    async with aiohttp.ClientSession() as session, session.get(
-        f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}
-    ) as response:
-        text = await response.text()
-    found = re.search(rf'^sc_file_reloads_total\{{file="{file}"\}} (\S+)$', text, re.MULTILINE)
-    return float(found.group(1)) if found else 0.0
+    return await file_counter(url, token, "sc_file_reloads_total", file)
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, MutableMapping, Sequence
+from typing import Any
 
 import pytest
 
@@ -223,6 +224,18 @@ class FaultyUpdater(dispatcher_module.KvUpdater):
         return await super().apply(batch)
 
 
+async def drained_logging(dispatcher: dispatcher_module.ActionDispatcher) -> list[MutableMapping[str, Any]]:
+    """Run ``dispatcher`` until its queue is drained; what it logged meanwhile."""
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        with structlog.testing.capture_logs() as logged:
+            await asyncio.wait_for(dispatcher.drained(), 5)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return logged
+
+
 async def test_an_unexpected_error_fails_its_action_alone_and_says_so() -> None:
     """An exception other than a store error out of a write used to drop its whole batch without a
     result (no controller heard of it, nothing was retried, nothing logged but an unretrieved task
@@ -235,13 +248,7 @@ async def test_an_unexpected_error_fails_its_action_alone_and_says_so() -> None:
     dispatcher.on_result(results.append)
     for name in ("t-0", "bad-0", "t-1"):
         dispatcher.submit(actions.create(partition(name), "test"))
-    task = asyncio.create_task(dispatcher.run())
-    try:
-        with structlog.testing.capture_logs() as logged:
-            await asyncio.wait_for(dispatcher.drained(), 5)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    logged = await drained_logging(dispatcher)
     outcomes = sorted((result.action.name, result.outcome, result.detail) for result in results)
     assert outcomes == [
         ("bad-0", Outcome.FAILED, "RuntimeError: injected fault"),
@@ -262,13 +269,7 @@ async def test_a_failed_action_queued_under_another_key_names_its_object_in_the_
     dispatcher = dispatcher_module.ActionDispatcher(FaultyUpdater(store, instance_metrics), instance_metrics)
     write = actions.Write("partitions/bad-0", models.encode(partition("bad-0")), 0)
     dispatcher.submit(actions.Action("partitions", "bad-0", actions.Verb.CREATE, "test", (write,), queue_key="meta/chain"))
-    task = asyncio.create_task(dispatcher.run())
-    try:
-        with structlog.testing.capture_logs() as logged:
-            await asyncio.wait_for(dispatcher.drained(), 5)
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+    logged = await drained_logging(dispatcher)
     failures = [(entry["key"], entry.get("object")) for entry in logged if entry["event"] == "action failed"]
     assert failures == [("meta/chain", "partitions/bad-0")]
     await store.close()
