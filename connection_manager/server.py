@@ -145,6 +145,10 @@ class Session:
         self.incarnation = reports.Incarnation(spu_id, incarnation)
         self.websocket = websocket
         self.hosted: dict[str, wire.ReplicaInfo] = {}  # partition -> what it was last told of it
+        # Partition -> the uid of the log its process keeps for that name while it is told none (a
+        # uid removed by hand, or none when it connected holding a log of one): told another uid
+        # later, it drops that log.
+        self.kept_uids: dict[str, int] = {}
         self.told_spus: dict[int, wire.SpuInfo] = {}
         self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
         self.queued_bytes = 0  # in the outbox, with FRAME_OVERHEAD_BYTES a frame
@@ -572,7 +576,12 @@ class ConnectionManager:
         session.last_frame_at = asyncio.get_running_loop().time()
         self.stats.count(self.stats.frames, "hosted")
         entries = self.replicas_of(session.spu_id)
-        hosted = reports.hosted_map(parsed.partitions, {entry.name: uid for entry in entries if (uid := entry.obj.uid) is not None})
+        uids = {entry.name: uid for entry in entries if (uid := entry.obj.uid) is not None}
+        hosted = reports.hosted_map(parsed.partitions, uids)
+        session.kept_uids = {
+            name: entry["uid"] for entry in parsed.partitions
+            if "uid" in entry and (name := entry["partition"]) in hosted and name not in uids
+        }  # fmt: skip
         partitions = [entry.obj for entry in entries]
         restarted = reports.roles_not_continued(session.spu_id, hosted, partitions)
         session.incarnation = reports.Incarnation(session.spu_id, session.number, hosted, restarted)
@@ -1016,8 +1025,17 @@ class ConnectionManager:
 
     # ------------------------------------------------------------------ pushing specs
 
-    def _send_sync(self, session: Session) -> None:
+    def _send_sync(self, session: Session, lost: dict[str, Lost] | None = None) -> None:
+        """Tell ``session``'s SPU everything it hosts. ``lost``: given when the pusher starts again,
+        where what it was told before is compared with the store as it is now: a uid written over
+        meanwhile makes the SPU drop its log, which the committed state may count on."""
         spus = [_spu_info(entry.obj) for entry in self._holders().values()]
+        if lost is not None and session.hosted:
+            partitions = self.local_store["partitions"].view
+            for name, told in list(session.hosted.items()):
+                current = partitions.get(name)
+                if current is not None and _uid_replaced(session, told, current.obj):
+                    _replica_gone(session, name, partitions, [], lost, in_place=True)
         incarnation = session.incarnation
         hosted = {entry.name: _replica_info(entry, incarnation) for entry in self.replicas_of(session.spu_id)}
         session.hosted = hosted
@@ -1032,9 +1050,12 @@ class ConnectionManager:
         # Everything current is in each session's Sync: start from now.
         spu_listener.changes()
         partition_listener.changes()
+        lost: dict[str, Lost] = {}
         for session in list(self.sessions.values()):
             if session.closing is None and session.ready:
-                self._send_sync(session)
+                self._send_sync(session, lost)
+        if lost:
+            self._report_lost(lost)
         self.pushed_epoch = self.local_store["partitions"].epoch
         self._pushing = True
         try:
@@ -1199,10 +1220,15 @@ def _is_current(current: models.Partition, named: int | None) -> bool:
     return uid is None or uid == named
 
 
-def _recreated(told: wire.ReplicaInfo, partitions: Mapping[str, local.Entry[models.Partition]]) -> bool:
-    """The partition ``told`` describes is not the current one of its name (deleted, maybe created again)."""
+def _recreated(session: Session, told: wire.ReplicaInfo, partitions: Mapping[str, local.Entry[models.Partition]]) -> bool:
+    """The partition ``told`` describes (the one of the log ``session``'s SPU holds) is not the
+    current one of its name (deleted, maybe created again). One without a uid now is taken for
+    the one held, as when it is told none."""
     current = partitions.get(told.partition)
-    return current is None or current.obj.uid != told.uid
+    if current is None:
+        return True
+    uid = current.obj.uid
+    return uid is not None and uid != _held_uid(session, told)
 
 
 def _another_partition(spu_id: int, name: str, named: int | None, current: local.Entry[models.Partition] | None) -> str:
@@ -1309,12 +1335,12 @@ def _replica_delta(
     for name in changes.deleted:
         _replica_gone(session, name, partitions, deleted, lost, in_place=False)
     if changes.full:
-        rewritten = [name for name, told in session.hosted.items() if _recreated(told, partitions)]
+        rewritten = [name for name, told in session.hosted.items() if _recreated(session, told, partitions)]
     else:
         # A uid written over in place (the SC never changes one: a hand edit) is another partition
         # to the SPU too, which drops its log: it is told so as of one deleted and created again.
         entries = list(entries)
-        rewritten = [entry.name for entry in entries if _uid_replaced(session.hosted.get(entry.name), entry.obj)]
+        rewritten = [entry.name for entry in entries if _uid_replaced(session, session.hosted.get(entry.name), entry.obj)]
     for name in rewritten:
         _replica_gone(session, name, partitions, deleted, lost, in_place=True)
     restarted = session.incarnation.restarted
@@ -1327,6 +1353,11 @@ def _replica_delta(
         if session.spu_id in partition.spec.replicas:
             info = _replica_info(entry, session.incarnation, built)
             if told != info:
+                if info.uid is None:
+                    if told is not None and told.uid is not None:
+                        session.kept_uids[name] = told.uid  # told none, it keeps the log it holds
+                elif session.kept_uids:
+                    session.kept_uids.pop(name, None)
                 session.hosted[name] = info
                 changed.append(info)
         elif told is not None:
@@ -1346,10 +1377,19 @@ class Lost:
     spus: list[int] = field(default_factory=list)
 
 
-def _uid_replaced(told: wire.ReplicaInfo | None, partition: models.Partition) -> bool:
-    """The SPU was told ``partition``'s name under another uid than the one it has now, though its
-    key was not deleted: the uid was written over in place."""
-    return told is not None and told.uid is not None and partition.uid is not None and told.uid != partition.uid
+def _held_uid(session: Session, told: wire.ReplicaInfo) -> int | None:
+    """The uid of the log ``session``'s SPU holds of the partition ``told`` describes (None: none)."""
+    return told.uid if told.uid is not None else session.kept_uids.get(told.partition)
+
+
+def _uid_replaced(session: Session, told: wire.ReplicaInfo | None, partition: models.Partition) -> bool:
+    """The SPU was told ``partition``'s name under another uid than the one it has now (or told
+    none since, keeping the log of the one it held), though its key was not deleted: the uid was
+    written over in place."""
+    if told is None or partition.uid is None:
+        return False
+    held = _held_uid(session, told)
+    return held is not None and held != partition.uid
 
 
 def _replica_gone(
@@ -1368,6 +1408,7 @@ def _replica_gone(
     without the records (the rules then take it out of the in-sync set, or leave the partition
     without a leader), not for a member that holds them, as before, when it was merely forgotten."""
     told = session.hosted.pop(name, None)
+    kept = session.kept_uids.pop(name, None)
     if told is not None:
         deleted.append(name)
     incarnation = session.incarnation
@@ -1380,7 +1421,8 @@ def _replica_gone(
     if epoch > 0 and session.spu_id in partition.spec.replicas and reports.has_role(partition, session.spu_id):
         incarnation.restarted[name] = epoch
         if lost is not None:
-            noted = lost.setdefault(name, Lost(None if told is None else told.uid, partition.uid, in_place))
+            before = kept if told is None or told.uid is None else told.uid
+            noted = lost.setdefault(name, Lost(before, partition.uid, in_place))
             noted.spus.append(session.spu_id)
 
 

@@ -7,6 +7,7 @@ again is a new SPU", docs/replication.md)."""
 
 from __future__ import annotations
 
+import asyncio
 from unittest import mock
 
 from connection_manager import health, lrs, reports, server, wire
@@ -147,7 +148,7 @@ async def test_what_a_process_held_of_a_partition_deleted_since_says_nothing_of_
     assert not session.incarnation.restarted_at("t-0", 0) and session.incarnation.leo("t-0") is None
 
 
-def committed(uid: int) -> models.Partition:
+def committed(uid: int | None) -> models.Partition:
     """t-0 on SPUs 0 and 1, led by 0 at leader epoch 2, both in its committed in-sync set."""
     return models.Partition.model_validate({
         "name": "t-0", "uid": uid, "spec": {"leader": 0, "replicas": [0, 1]},
@@ -163,8 +164,10 @@ async def test_a_partition_back_with_its_committed_state_counts_on_no_log_its_sp
     every committed record, told it leads at the same epoch, and the partition controller kept it
     and its in-sync set though no replica held a record any more. Now each SPU the committed state
     counts on is taken for a process that restarted without them (its leadership withheld, the
-    partition decided again), and the SC says why; also when it learns of it by relisting."""
-    for rewrite in ("deleted and written back", "uid written over", "uid written over, relisted"):
+    partition decided again), and the SC says why; also when it learns of it by relisting, and
+    when the uid was removed first (told none, the SPUs keep the log of the uid they hold)."""
+    rewrites = ("deleted and written back", "uid written over", "uid written over, relisted", "uid removed, then another")
+    for rewrite in rewrites:
         cm, spus, partitions = manager()
         news: list[set[str]] = []
         cm.on_news = news.append
@@ -177,6 +180,12 @@ async def test_a_partition_back_with_its_committed_state_counts_on_no_log_its_sp
             session.incarnation = reports.Incarnation(session.spu_id, 1, {"t-0": (1_000, 2)})
         cm.push(spus.changes(), partitions.changes())
         assert sessions[0].hosted["t-0"].leader == 0 and not news
+        if rewrite == "uid removed, then another":
+            store["partitions"].apply(committed(uid=None), 4)
+            cm.push(spus.changes(), partitions.changes())
+            # Told none, each SPU keeps its log (of uid 2000): nothing is lost yet.
+            assert sessions[0].hosted["t-0"].uid is None and not news, rewrite
+            assert not sessions[0].incarnation.restarted_at("t-0", 3), rewrite
         sent: list[wire.Message] = []
         sessions[0].send = sent.append  # type: ignore[method-assign, assignment]  # what it is told, unencoded
 
@@ -185,6 +194,8 @@ async def test_a_partition_back_with_its_committed_state_counts_on_no_log_its_sp
             store["partitions"].apply(committed(uid=2_000), 5)
         elif rewrite == "uid written over":
             store["partitions"].apply(committed(uid=4_000), 4)
+        elif rewrite == "uid removed, then another":
+            store["partitions"].apply(committed(uid=4_000), 5)
         else:
             store["partitions"].resync([(committed(uid=4_000), 4, 3)], revision=4)  # the key created at 3 still
         with mock.patch.object(server.log, "error") as logged:
@@ -197,4 +208,69 @@ async def test_a_partition_back_with_its_committed_state_counts_on_no_log_its_sp
         assert news == [{"t-0"}], rewrite
         (message,), fields = logged.call_args
         assert "SPUs [0, 1]" in message and fields == {"partition": "t-0"}, message
-        assert ("from 2000 to 4000" in message) is rewrite.startswith("uid written over"), message
+        assert ("from 2000 to 4000" in message) is rewrite.startswith("uid "), message
+
+
+async def test_a_uid_written_over_while_the_pusher_restarts_counts_on_no_log_its_spus_dropped() -> None:
+    """The pusher (restarted by its supervisor after a crash) starts with a Sync to every SPU,
+    from the store as it is then: a uid written over meanwhile reaches the SPUs there, and they
+    drop their log of the partition. Before, the Sync replaced what they had been told without a
+    look, so the committed state still counted on those logs (leader kept, in-sync set kept)."""
+    cm, spus, partitions = manager()
+    news: list[set[str]] = []
+    cm.on_news = news.append
+    store = cm.local_store
+    for spu_id in (0, 1):
+        store["spus"].apply(builders.spu(spu_id), 1 + spu_id)
+    store["partitions"].apply(committed(uid=2_000), 3)
+    sessions = [connected(cm, spu_id, f"spu-{spu_id}", 1 + spu_id) for spu_id in (0, 1)]
+    for session in sessions:
+        session.incarnation = reports.Incarnation(session.spu_id, 1, {"t-0": (1_000, 2)})
+    cm.push(spus.changes(), partitions.changes())
+    sent: list[wire.Message] = []
+    sessions[0].send = sent.append  # type: ignore[method-assign, assignment]  # what it is told, unencoded
+
+    store["partitions"].apply(committed(uid=4_000), 4)  # while no pusher runs
+    with mock.patch.object(server.log, "error") as logged:
+        pusher = asyncio.ensure_future(cm._push_changes())
+        await asyncio.sleep(0)
+        pusher.cancel()
+        await asyncio.gather(pusher, return_exceptions=True)
+
+    assert len(sent) == 1 and isinstance(sent[0], wire.Sync)
+    assert [(info.uid, info.leader) for info in sent[0].replicas] == [(4_000, None)]
+    for session in sessions:
+        assert session.incarnation.restarted_at("t-0", 3), session.spu_id
+    assert news == [{"t-0"}]
+    (message,), _ = logged.call_args
+    assert "from 2000 to 4000" in message and "SPUs [0, 1]" in message, message
+
+
+async def test_a_uid_removed_is_the_same_partition_to_its_spus_whether_seen_live_or_relisted() -> None:
+    """A uid removed by hand leaves a partition the SC cannot tell from the one its SPUs hold:
+    told none, they keep their log (docs/replication.md), so the committed state still holds.
+    Seen by a relist, it was taken for a partition deleted and created again before: the SPUs
+    were told to drop the log they held of it, for nothing, and the partition lost its leader."""
+    for seen in ("live", "relisted"):
+        cm, spus, partitions = manager()
+        news: list[set[str]] = []
+        cm.on_news = news.append
+        store = cm.local_store
+        store["spus"].apply(builders.spu(0), 1)
+        store["spus"].apply(builders.spu(1), 2)
+        store["partitions"].apply(committed(uid=2_000), 3)
+        session = connected(cm, 0, "spu-0", 1)
+        cm.push(spus.changes(), partitions.changes())
+        sent: list[wire.Message] = []
+        session.send = sent.append  # type: ignore[method-assign, assignment]  # what it is told, unencoded
+
+        if seen == "live":
+            store["partitions"].apply(committed(uid=None), 4)
+        else:
+            store["partitions"].resync([(committed(uid=None), 4, 3)], revision=4)  # the key created at 3 still
+        cm.push(spus.changes(), partitions.changes())
+
+        assert len(sent) == 1 and isinstance(sent[0], wire.Update), seen
+        assert sent[0].deleted_replicas == [], seen
+        assert [(info.uid, info.leader) for info in sent[0].replicas] == [(None, 0)], seen
+        assert not session.incarnation.restarted_at("t-0", 3) and not news, seen
