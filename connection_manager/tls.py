@@ -14,7 +14,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import structlog
 
@@ -23,6 +23,11 @@ log = structlog.get_logger(__name__)
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
 # Seconds between two looks at the secret files' modification times.
 WATCH_INTERVAL = 2.0
+
+# What a Reloadable builds from its files (the TLS contexts, the credentials, the SPU tokens).
+Built = TypeVar("Built")
+# Each file's inode, size and modification time (None: it cannot be looked at).
+Signature = tuple[tuple[int, int, int] | None, ...]
 
 
 class TlsError(ValueError):
@@ -74,12 +79,16 @@ def client_context(ca: Path | None, cert: Path | None = None, key: Path | None =
     return context
 
 
-class Reloadable:
+class Reloadable(Generic[Built]):
     """What the SC builds from files and builds again when they change (``watch``) or on demand
-    (SIGHUP): ``load`` reads the files and puts what it built in place, or raises ValueError (a
-    message naming the file, the line and what to do, never a secret) and changes nothing. Files
-    that do not load leave what was loaded before in place: an error in the log, a count in
-    ``failures`` (``/metrics``), and the SC goes on."""
+    (SIGHUP), in two parts. ``read`` reads the files and builds what they hold, or raises ValueError
+    (a message naming the file, the line and what to do, never a secret); it runs in a worker
+    thread, so that a large file or a slow disk holds no request, heartbeat or controller pass, and
+    therefore touches nothing shared. ``put`` then puts what was built in place and tells what holds
+    a credential, on the event loop. Files that do not load leave what was loaded before in place:
+    an error in the log, a count in ``failures`` (``/metrics``), and the SC goes on. One reload of
+    a file at a time: a watcher's and a SIGHUP's at once take turns, so an older read is never put
+    in place over a newer one."""
 
     def __init__(self, name: str, what: str, paths: tuple[Path, ...], secrets: tuple[tuple[Path, str], ...], kept: str) -> None:
         self.name = name  # the metrics' label: tls, auth_tokens, spu_token
@@ -90,33 +99,56 @@ class Reloadable:
         self.reloads = 0
         self.failures = 0
         self._seen = self._signature()
+        self._turn = asyncio.Lock()
 
-    def load(self) -> None:
+    def read(self) -> Built:
+        """What the files hold now, built (in a worker thread: it changes nothing)."""
         raise NotImplementedError
 
-    def reload(self) -> bool:
+    def put(self, built: Built) -> None:
+        """Put what ``read`` built in place, and tell who must know (on the event loop)."""
+        raise NotImplementedError
+
+    async def reload(self) -> bool:
         """Read the files again; False (an error logged, counted) if they do not load."""
-        self._seen = self._signature()
-        for path, secret in self.secrets:
-            warn_if_readable_by_others(path, secret)
-        try:
-            self.load()
-        except ValueError as error:
-            self.failures += 1
-            log.error(f"{self.what} not reloaded: {self.kept}", error=str(error), failures=self.failures)
-            return False
-        self.reloads += 1
-        log.info(f"{self.what} reloaded", file=str(self.paths[0]), reloads=self.reloads)
-        return True
+        async with self._turn:
+            return await self._reload()
+
+    async def reload_if_changed(self) -> bool:
+        """Reload if a file changed since the last load (looked at in a worker thread too)."""
+        async with self._turn:
+            return await asyncio.to_thread(self.changed) and await self._reload()
 
     def changed(self) -> bool:
         """Whether a file's inode, size or modification time differs from the last load."""
         return self._signature() != self._seen
 
-    def reload_if_changed(self) -> bool:
-        return self.changed() and self.reload()
+    async def _reload(self) -> bool:
+        # Cancelled while the thread reads (the SC stops): nothing is put, the thread's result is dropped.
+        seen, built = await asyncio.to_thread(self._read)
+        self._seen = seen
+        if isinstance(built, ValueError):
+            self.failures += 1
+            log.error(f"{self.what} not reloaded: {self.kept}", error=str(built), failures=self.failures)
+            return False
+        self.put(built)
+        self.reloads += 1
+        log.info(f"{self.what} reloaded", file=str(self.paths[0]), reloads=self.reloads)
+        return True
 
-    def _signature(self) -> tuple[tuple[int, int, int] | None, ...]:
+    def _read(self) -> tuple[Signature, Built | ValueError]:
+        """In the worker thread: the files' signature before they are read (a change while they are
+        is seen at the next look), the secrets' permissions warned about, and what ``read`` built
+        or why it could not."""
+        seen = self._signature()
+        for path, secret in self.secrets:
+            warn_if_readable_by_others(path, secret)
+        try:
+            return seen, self.read()
+        except ValueError as error:
+            return seen, error
+
+    def _signature(self) -> Signature:
         signature: list[tuple[int, int, int] | None] = []
         for path in self.paths:
             try:
@@ -128,34 +160,34 @@ class Reloadable:
         return tuple(signature)
 
 
-async def watch(reloadables: Sequence[Reloadable], interval: float = WATCH_INTERVAL) -> None:
+async def watch(reloadables: Sequence[Reloadable[Any]], interval: float = WATCH_INTERVAL) -> None:
     """Reload each on every change of its files, looking every ``interval`` seconds (forever). The
-    looks are in a thread (a slow disk holds no connection); the loads on the loop, where what
-    holds a credential is told at once (they are rare, and take milliseconds)."""
+    looks and the reads are in a worker thread (a slow disk holds no connection); what was read is
+    put in place on the loop, where what holds a credential is told at once."""
     while True:
         await asyncio.sleep(interval)
         for reloadable in reloadables:
-            if await asyncio.to_thread(reloadable.changed):
-                reloadable.reload()
+            await reloadable.reload_if_changed()
 
 
-class Contexts(Reloadable):
-    """The current server contexts of both ports. ``reload`` builds new ones from the files; a new
-    handshake takes the newest, a connection already open keeps the one it was made with. Files that
-    do not load leave the contexts as they were (and say why in the log)."""
+class Contexts(Reloadable[tuple[ssl.SSLContext, ssl.SSLContext]]):
+    """The current server contexts of both ports. A reload builds new ones from the files (loading
+    the certificate and the key in a worker thread); a new handshake takes the newest, a connection
+    already open keeps the one it was made with. Files that do not load leave the contexts as they
+    were (and say why in the log)."""
 
     def __init__(self, files: Files) -> None:
         self.files = files
-        self.public = server_context(files, require_client_cert=False)
-        self.private = server_context(files, require_client_cert=True)
+        self.public, self.private = self.read()
         super().__init__(
             "tls", "TLS files", files.paths(), ((files.key, "TLS private key"),), "the connections keep the previous certificate"
         )
 
-    def load(self) -> None:
-        public = server_context(self.files, require_client_cert=False)
-        private = server_context(self.files, require_client_cert=True)
-        self.public, self.private = public, private
+    def read(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+        return server_context(self.files, require_client_cert=False), server_context(self.files, require_client_cert=True)
+
+    def put(self, built: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+        self.public, self.private = built
 
 
 def peer_names(peercert: dict[str, Any] | None) -> tuple[str | None, tuple[str, ...]]:

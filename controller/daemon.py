@@ -10,6 +10,7 @@ import gc
 import signal
 import socket
 from pathlib import Path
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -66,8 +67,12 @@ class Daemon:
         self.tls: tls.Contexts | None = None
         # The secret files read again on SIGHUP and when they change: the TLS files, the
         # credentials, the SPU token (those configured).
-        self.reloadables: list[tls.Reloadable] = []
+        self.reloadables: list[tls.Reloadable[Any]] = []
         self._file_watch: asyncio.Task[None] | None = None
+        # The reloads SIGHUP started and that have not ended (stop() cancels them), and whether
+        # the SC is stopping (a SIGHUP then starts none).
+        self._signalled_reloads: set[asyncio.Task[None]] = set()
+        self._stopping = False
 
     async def start(self) -> None:
         try:
@@ -341,6 +346,7 @@ class Daemon:
         log.info("recording the metadata history", directory=str(directory), resume_revision=self.history.resume_revision)
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._role is not None:
             self._role.cancel()
             await asyncio.gather(self._role, return_exceptions=True)
@@ -360,10 +366,13 @@ class Daemon:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        # A reload still reading in its thread is dropped (its thread ends on its own, and the
+        # process waits for it before it exits); nothing it read is put in place.
         if self._file_watch is not None:
             self._file_watch.cancel()
             await asyncio.gather(self._file_watch, return_exceptions=True)
             self._file_watch = None
+        await supervisor_module.cancel_and_wait(*self._signalled_reloads)
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
@@ -378,10 +387,26 @@ class Daemon:
             await asyncio.to_thread(self.etcd_server.stop)
             self.etcd_server = None
 
-    def reload_files(self) -> None:
-        """What SIGHUP does: read every secret file again now."""
+    async def reload_files(self) -> None:
+        """What SIGHUP does: read every secret file again now, one after the other (each in a
+        worker thread, put in place on the loop)."""
         for reloadable in self.reloadables:
-            reloadable.reload()
+            await reloadable.reload()
+
+    def _reload_on_signal(self) -> None:
+        """SIGHUP's handler: the reload runs as a task of its own (a handler must not wait), and
+        none starts once the SC is stopping."""
+        if self._stopping:
+            log.info("SIGHUP while stopping: the files are not read again")
+            return
+        reload = asyncio.get_running_loop().create_task(self.reload_files(), name="sighup-reload")
+        self._signalled_reloads.add(reload)
+        reload.add_done_callback(self._signalled_reload_ended)
+
+    def _signalled_reload_ended(self, reload: asyncio.Task[None]) -> None:
+        self._signalled_reloads.discard(reload)
+        if not reload.cancelled() and (error := reload.exception()) is not None:
+            log.error("SIGHUP's reload failed", error=repr(error))
 
     async def run_until_signalled(self) -> None:
         loop = asyncio.get_running_loop()
@@ -389,8 +414,8 @@ class Daemon:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stopping.set)
         # SIGHUP: load the TLS, credentials and SPU token files again now (they are also looked at
-        # every few seconds).
-        loop.add_signal_handler(signal.SIGHUP, self.reload_files)
+        # every few seconds), in worker threads.
+        loop.add_signal_handler(signal.SIGHUP, self._reload_on_signal)
         # Process-wide settings, so only here (the `sc run` process), not in start().
         gc.set_threshold(GC_GEN0_THRESHOLD, *gc.get_threshold()[1:])
         transport.raise_file_limit()
@@ -405,19 +430,22 @@ class Daemon:
             log.info("stopped")
 
 
-class SpuTokenFile(tls.Reloadable):
-    """The SPU token file, read again when it changes and on SIGHUP: one of the tokens it lists now
-    is asked of the SPUs that register from then on (ConnectionManager.set_tokens)."""
+class SpuTokenFile(tls.Reloadable[tuple[str, ...]]):
+    """The SPU token file, read again (in a worker thread) when it changes and on SIGHUP: one of the
+    tokens it lists now is asked of the SPUs that register from then on (ConnectionManager.set_tokens)."""
 
     def __init__(self, path: Path, connections: cm_server.ConnectionManager) -> None:
         self.connections = connections
         what = "SPU token file"
         super().__init__("spu_token", what, (path,), ((path, what),), "SPUs register with the previous token")
 
-    def load(self) -> None:
+    def read(self) -> tuple[str, ...]:
         tokens = config.read_tokens(self.paths[0])
         assert tokens is not None  # read_tokens gives None for no file only
-        self.connections.set_tokens(tokens)
+        return tokens
+
+    def put(self, built: tuple[str, ...]) -> None:
+        self.connections.set_tokens(built)
 
 
 def _ports(settings: config.Settings) -> tuple[transport.Port, transport.Port]:

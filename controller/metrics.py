@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 from collections import Counter as Tally
 from collections.abc import Iterator
+from typing import Any
 
 import prometheus_client
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -129,7 +130,7 @@ class Metrics:
     def watch_ports(self, *ports: transport.Port) -> None:
         self.registry.register(_PortsCollector(ports))
 
-    def watch_reloads(self, reloadables: list[tls.Reloadable]) -> None:
+    def watch_reloads(self, reloadables: list[tls.Reloadable[Any]]) -> None:
         self.registry.register(_ReloadsCollector(reloadables))
 
     def watch(self, collector: Collector) -> None:
@@ -363,7 +364,7 @@ class _ReloadsCollector(Collector):
     """The secret files read again (TLS, credentials, SPU token), read at scrape time; the list
     grows as the daemon starts its parts."""
 
-    def __init__(self, reloadables: list[tls.Reloadable]) -> None:
+    def __init__(self, reloadables: list[tls.Reloadable[Any]]) -> None:
         self.reloadables = reloadables
 
     def collect(self) -> Iterator[CounterMetricFamily]:

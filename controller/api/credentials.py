@@ -16,19 +16,22 @@ from controller.api import auth
 log = structlog.get_logger(__name__)
 
 
-class CredentialsFile(tls.Reloadable):
-    """The credentials file, read again when it changes and on SIGHUP (as the TLS files are): a file
-    that parses replaces the authenticator's credentials at once; one that does not leaves them."""
+class CredentialsFile(tls.Reloadable[auth.Credentials]):
+    """The credentials file, read again when it changes and on SIGHUP (as the TLS files are): read
+    and parsed in a worker thread; a file that parses replaces the authenticator's credentials at
+    once, on the event loop (what holds a principal is told there); one that does not leaves them."""
 
     def __init__(self, path: Path, authenticator: auth.Authenticator) -> None:
         self.authenticator = authenticator
         what = "credentials file (auth_tokens)"
         super().__init__("auth_tokens", what, (path,), ((path, what),), "the public port keeps the previous credentials")
 
-    def load(self) -> None:
-        credentials = auth.load(self.paths[0])
-        self.authenticator.replace(credentials)
-        log.info("public port credentials loaded", tokens=len(credentials.tokens), certificates=len(credentials.certificates))
+    def read(self) -> auth.Credentials:
+        return auth.load(self.paths[0])
+
+    def put(self, built: auth.Credentials) -> None:
+        self.authenticator.replace(built)
+        log.info("public port credentials loaded", tokens=len(built.tokens), certificates=len(built.certificates))
 
 
 async def until_refused(authenticator: auth.Authenticator, presented: auth.Presented, right: auth.Right) -> str:

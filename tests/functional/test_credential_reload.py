@@ -11,19 +11,26 @@ import asyncio
 import base64
 import json
 import os
+import gc
 import re
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
+from connection_manager import tls
 from connection_manager.spu.simulator import SimulatedSpu
+from controller import config, daemon as daemon_module
+from controller.api import auth
 from controller.api.fluvio import client as fluvio_client, messages, objects as fluvio_objects
-from store import embedded_etcd
+from store import embedded_etcd, supervisor
 from tests.fixtures import sc_run
 from tests.fixtures.certs import Authority
 from tests.fixtures.daemon import running
+from tests.fixtures.threads import on_the_loop
 from tests.functional.test_security import (
     ADMIN_TOKEN, FAST, READER_TOKEN, call, client_tls, eventually, settings_for, tokens_file,
 )  # fmt: skip
@@ -181,7 +188,7 @@ async def test_the_live_page_s_websocket_watch_ends_when_its_token_is_revoked(tm
         async with sc.session.ws_connect("/v1/watch/topics", protocols=("sc.v1", offered)) as websocket:
             assert websocket.protocol == "sc.v1"
             rewrite(tokens, f"alice admin {ADMIN_TOKEN}")
-            sc.daemon.reload_files()  # what SIGHUP does
+            await sc.daemon.reload_files()  # what SIGHUP does
             async with asyncio.timeout(BOUND_SECONDS):
                 async for _ in websocket:
                     pass  # until the SC closes it
@@ -206,7 +213,7 @@ async def test_a_certificate_whose_mapping_is_lowered_then_removed_loses_its_rig
             assert (await fluvio.status(messages.DELETE, delete)).error_code.code != messages.Error.PERMISSION_DENIED
 
             rewrite(tokens, f"reader read {READER_TOKEN}", "ops read cert:ops-user")
-            sc.daemon.reload_files()  # what SIGHUP does
+            await sc.daemon.reload_files()  # what SIGHUP does
             # The same connection, its next write: the lowered role.
             refused = await fluvio.status(messages.DELETE, delete)
             assert refused.error_code.code == messages.Error.PERMISSION_DENIED, refused
@@ -215,7 +222,7 @@ async def test_a_certificate_whose_mapping_is_lowered_then_removed_loses_its_rig
             assert (await call(sc, "DELETE", "/v1/topics/ops-topic", context=context))[0] == 403
 
             rewrite(tokens, f"reader read {READER_TOKEN}")
-            sc.daemon.reload_files()
+            await sc.daemon.reload_files()
             # Its watch has no error field: the connection is closed.
             async with asyncio.timeout(BOUND_SECONDS):
                 await fluvio.closed.wait()
@@ -253,9 +260,9 @@ async def test_a_new_spu_token_applies_to_new_registrations_and_keeps_the_spus_c
 
             # An empty file is no token: the old one stays.
             rewrite(token_file, "")
-            sc.daemon.reload_files()
+            await sc.daemon.reload_files()
             rewrite(token_file, "new-spu-token-0123456789")
-            sc.daemon.reload_files()
+            await sc.daemon.reload_files()
             spus += [late, rotated]
             await late.start()
             await rotated.start()
@@ -360,6 +367,75 @@ async def test_an_spu_token_rotation_listing_the_new_token_with_the_old_takes_no
         for each in spus:
             await each.stop()
         sc.stop()
+
+
+async def test_sighup_reads_every_file_off_the_event_loop_and_puts_what_it_built_in_place_on_it(
+    ca: Authority, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGHUP through the handler `sc run` installs (Daemon.run_until_signalled, in this process):
+    the TLS files, the credentials and the SPU token are read, parsed and built in a thread (a large
+    file or a slow disk holds no request, heartbeat or controller pass), and the new credentials put
+    in place on the loop, where what holds a principal is told."""
+    server = ca.server()
+    token_file = tmp_path / "spu-token"
+    token_file.write_text("spu-token-0123456789\n")
+    token_file.chmod(0o600)
+    settings = settings_for(
+        tls_cert=server.cert, tls_key=server.key, auth_tokens=tokens_file(tmp_path), spu_token_file=token_file
+    )
+    daemon = daemon_module.Daemon(settings)
+    # run_until_signalled sets these for the whole process: they are given back at the end.
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    threshold = gc.get_threshold()
+    running_sc = asyncio.create_task(daemon.run_until_signalled())
+    try:
+
+        async def ready() -> None:
+            assert daemon.public_port is not None and not running_sc.done()
+            async with aiohttp.ClientSession() as session, session.get(
+                f"https://127.0.0.1:{daemon.public_port}/healthz", ssl=client_tls(ca)
+            ) as response:
+                assert response.status == 200
+
+        await eventually(ready, BOUND_SECONDS)
+        built_on_the_loop: dict[str, list[bool]] = {"tls": [], "auth_tokens": [], "spu_token": []}
+        told_on_the_loop: list[bool] = []
+
+        def recording(name: str, build: Callable[..., Any]) -> Callable[..., Any]:
+            def recorded(*args: Any, **kwargs: Any) -> Any:
+                built_on_the_loop[name].append(on_the_loop())
+                return build(*args, **kwargs)
+
+            return recorded
+
+        monkeypatch.setattr(tls, "server_context", recording("tls", tls.server_context))
+        monkeypatch.setattr(auth, "parse", recording("auth_tokens", auth.parse))
+        monkeypatch.setattr(config, "read_tokens", recording("spu_token", config.read_tokens))
+        assert daemon.context is not None
+        daemon.context.authenticator.listen(lambda: told_on_the_loop.append(on_the_loop()))
+
+        os.kill(os.getpid(), signal.SIGHUP)  # no file changed: the watcher reads none of them
+
+        async def reloaded() -> None:
+            assert {reloadable.name: (reloadable.reloads, reloadable.failures) for reloadable in daemon.reloadables} == {
+                "tls": (1, 0), "auth_tokens": (1, 0), "spu_token": (1, 0)
+            }
+
+        await eventually(reloaded, BOUND_SECONDS)
+        # Two contexts (the public port's, the private port's), a parse, a read: none on the loop.
+        assert built_on_the_loop == {"tls": [False, False], "auth_tokens": [False], "spu_token": [False]}
+        assert told_on_the_loop == [True]
+        os.kill(os.getpid(), signal.SIGTERM)
+        async with asyncio.timeout(BOUND_SECONDS):
+            await running_sc
+    finally:
+        await supervisor.cancel_and_wait(running_sc)
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+        loop = asyncio.get_running_loop()
+        for signum, handler in handlers.items():
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, handler)
 
 
 @pytest.fixture

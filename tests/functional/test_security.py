@@ -133,11 +133,11 @@ async def test_a_new_certificate_serves_new_handshakes_after_sighup_and_after_a_
         # A key that does not match its certificate is not taken: the old certificate keeps serving.
         ca.issue("unrelated", file_name="unrelated")
         first.key.write_bytes((tmp_path / "ca" / "unrelated.key").read_bytes())
-        sc.daemon.reload_files()
+        await sc.daemon.reload_files()
         assert await server_serial(port, context) == serial_of(first.cert.read_bytes())
 
         second = ca.server()  # the same files, a new certificate and key
-        sc.daemon.reload_files()  # what SIGHUP does
+        await sc.daemon.reload_files()  # what SIGHUP does
         assert await server_serial(port, context) == serial_of(second.cert.read_bytes())
 
         third = ca.server()  # noticed by the file watcher, no signal

@@ -12,8 +12,11 @@ from typing import Any
 import pytest
 import structlog
 
+from connection_manager import tls
 from controller import config
 from controller.api import auth, credentials
+from store import supervisor
+from tests.fixtures.threads import on_the_loop
 
 TOKEN = "a-token-of-24-characters"
 
@@ -252,7 +255,7 @@ async def test_replaced_credentials_refuse_what_they_dropped_and_tell_what_holds
     assert not credentials_file.changed()
 
     path.write_text(f"alice read {TOKEN}\n")  # ops removed, alice lowered to read
-    assert credentials_file.reload_if_changed() and credentials_file.reloads == 1
+    assert await credentials_file.reload_if_changed() and credentials_file.reloads == 1
     assert await ops_refused == (
         "client certificate CN='ops-host' has no role: map it in the SC's --auth-tokens file (a line NAME ROLE cert:ops-host)"
     )
@@ -261,11 +264,11 @@ async def test_replaced_credentials_refuse_what_they_dropped_and_tell_what_holds
     assert authenticator.authenticate(alice.authorization, None, None).grant == auth.Grant(auth.READ)
 
     path.write_text(f"bob read {TOKEN}-bob\n")
-    credentials_file.reload()
+    await credentials_file.reload()
     assert await alice_refused == "the bearer token is not valid: use a token from the SC's --auth-tokens file"
 
 
-def test_a_file_that_does_not_parse_on_reload_keeps_the_credentials_and_names_the_line_not_the_token(tmp_path: Path) -> None:
+async def test_a_file_that_does_not_parse_on_reload_keeps_the_credentials_and_names_the_line_not_the_token(tmp_path: Path) -> None:
     path = tmp_path / "tokens"
     path.write_text(f"alice admin {TOKEN}\n")
     path.chmod(0o600)
@@ -274,7 +277,7 @@ def test_a_file_that_does_not_parse_on_reload_keeps_the_credentials_and_names_th
     path.write_text(f"alice admin {TOKEN}\nbob read short-secret\n")
     path.chmod(0o644)
     with structlog.testing.capture_logs() as logged:
-        assert not credentials_file.reload()
+        assert not await credentials_file.reload()
     assert (credentials_file.reloads, credentials_file.failures) == (0, 1)
     assert authenticator.authenticate(f"Bearer {TOKEN}", None, None).name == "alice"
     assert [(entry["log_level"], entry["event"]) for entry in logged] == [
@@ -287,4 +290,45 @@ def test_a_file_that_does_not_parse_on_reload_keeps_the_credentials_and_names_th
     )
     assert "short-secret" not in repr(logged)
     os.remove(path)  # a file gone is a change that does not load either
-    assert not credentials_file.reload_if_changed() and credentials_file.failures == 2
+    assert not await credentials_file.reload_if_changed() and credentials_file.failures == 2
+
+
+async def test_the_watcher_parses_a_changed_file_off_the_event_loop_and_puts_the_credentials_in_place_on_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large credentials file or a slow disk must not hold the event loop (every request, SPU
+    heartbeat and controller pass waits for it): the file is read and parsed in a thread, and only
+    the new credentials are put in place on the loop, where what holds a principal is told."""
+    path = tmp_path / "tokens"
+    path.write_text(f"alice admin {TOKEN}\n")
+    path.chmod(0o600)
+    authenticator = auth.Authenticator(auth.load(path), client_certificates=False)
+    credentials_file = credentials.CredentialsFile(path, authenticator)
+    parsed_on_the_loop: list[bool] = []
+    told_on_the_loop: list[bool] = []
+    told = asyncio.Event()
+    parse = auth.parse
+
+    def recording_parse(text: str, where: str) -> auth.Credentials:
+        parsed_on_the_loop.append(on_the_loop())
+        return parse(text, where)
+
+    def replaced() -> None:
+        told_on_the_loop.append(on_the_loop())
+        told.set()
+
+    monkeypatch.setattr(auth, "parse", recording_parse)
+    authenticator.listen(replaced)
+    watching = asyncio.create_task(tls.watch([credentials_file], interval=0.01))
+    try:
+        new = tmp_path / "tokens.new"
+        new.write_text(f"bob read {TOKEN}-bob\n")
+        new.chmod(0o600)
+        new.replace(path)
+        async with asyncio.timeout(30):  # a bound so that a defect fails the test, not a measure of speed
+            await told.wait()
+    finally:
+        await supervisor.cancel_and_wait(watching)
+    assert (parsed_on_the_loop, told_on_the_loop) == ([False], [True])
+    assert authenticator.authenticate(f"Bearer {TOKEN}-bob", None, None).name == "bob"
+    assert (credentials_file.reloads, credentials_file.failures) == (1, 0)

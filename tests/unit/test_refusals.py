@@ -109,15 +109,15 @@ def test_new_spu_tokens_apply_to_the_next_registration() -> None:
     assert manager._token_refusal(wire.Register(spu_id=1, token=NEW_TOKEN)) is None
 
 
-def test_a_spu_token_file_that_does_not_load_again_keeps_the_tokens_loaded_before(tmp_path: Path) -> None:
+async def test_a_spu_token_file_that_does_not_load_again_keeps_the_tokens_loaded_before(tmp_path: Path) -> None:
     token_file = tmp_path / "spu-token"
     token_file.write_text(f"{NEW_TOKEN}\n{OLD_TOKEN}\n")
     manager = server.ConnectionManager(local.LocalStore(), health.HealthView(0.0), lrs.LiveReplicas(), tokens=(OLD_TOKEN,))
     reloadable = daemon.SpuTokenFile(token_file, manager)
-    assert reloadable.reload() and manager.tokens == (NEW_TOKEN, OLD_TOKEN)
+    assert await reloadable.reload() and manager.tokens == (NEW_TOKEN, OLD_TOKEN)
     # Seventeen tokens (a file pasted into by mistake): refused, the two before stay.
     token_file.write_text("".join(f"token-{index:02}-0123456789\n" for index in range(17)))
-    assert not reloadable.reload() and reloadable.failures == 1
+    assert not await reloadable.reload() and reloadable.failures == 1
     assert manager.tokens == (NEW_TOKEN, OLD_TOKEN)
     assert manager._token_refusal(wire.Register(spu_id=1, token=OLD_TOKEN)) is None
     refusal = manager._token_refusal(wire.Register(spu_id=1, token="token-00-0123456789"))
