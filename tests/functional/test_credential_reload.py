@@ -11,10 +11,12 @@ import asyncio
 import base64
 import json
 import os
+import contextlib
 import gc
 import re
 import signal
-from collections.abc import Callable
+import threading
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ import pytest
 from connection_manager import tls
 from connection_manager.spu.simulator import SimulatedSpu
 from controller import config, daemon as daemon_module
-from controller.api import auth
+from controller.api import auth, credentials
 from controller.api.fluvio import client as fluvio_client, messages, objects as fluvio_objects
 from store import embedded_etcd, supervisor
 from tests.fixtures import sc_run
@@ -369,22 +371,19 @@ async def test_an_spu_token_rotation_listing_the_new_token_with_the_old_takes_no
         sc.stop()
 
 
-async def test_sighup_reads_every_file_off_the_event_loop_and_puts_what_it_built_in_place_on_it(
-    ca: Authority, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SIGHUP through the handler `sc run` installs (Daemon.run_until_signalled, in this process):
-    the TLS files, the credentials and the SPU token are read, parsed and built in a thread (a large
-    file or a slow disk holds no request, heartbeat or controller pass), and the new credentials put
-    in place on the loop, where what holds a principal is told."""
+@contextlib.asynccontextmanager
+async def signalled_sc(ca: Authority, tmp_path: Path) -> AsyncIterator[tuple[daemon_module.Daemon, asyncio.Task[None]]]:
+    """An SC with TLS, credentials and an SPU token file run as `sc run` runs it
+    (Daemon.run_until_signalled), in this process: a SIGHUP or a SIGTERM sent to this process is
+    what it handles. Ready (its /healthz answers 200) when it is given; stopped at the end, and
+    what run_until_signalled sets for the whole process (signal handlers, the collector's
+    threshold, a frozen heap) given back."""
     server = ca.server()
     token_file = tmp_path / "spu-token"
     token_file.write_text("spu-token-0123456789\n")
     token_file.chmod(0o600)
-    settings = settings_for(
-        tls_cert=server.cert, tls_key=server.key, auth_tokens=tokens_file(tmp_path), spu_token_file=token_file
-    )
+    settings = settings_for(tls_cert=server.cert, tls_key=server.key, auth_tokens=tokens_file(tmp_path), spu_token_file=token_file)
     daemon = daemon_module.Daemon(settings)
-    # run_until_signalled sets these for the whole process: they are given back at the end.
     handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     threshold = gc.get_threshold()
     running_sc = asyncio.create_task(daemon.run_until_signalled())
@@ -398,6 +397,25 @@ async def test_sighup_reads_every_file_off_the_event_loop_and_puts_what_it_built
                 assert response.status == 200
 
         await eventually(ready, BOUND_SECONDS)
+        yield daemon, running_sc
+    finally:
+        await supervisor.cancel_and_wait(running_sc)
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+        loop = asyncio.get_running_loop()
+        for signum, handler in handlers.items():
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, handler)
+
+
+async def test_sighup_reads_every_file_off_the_event_loop_and_puts_what_it_built_in_place_on_it(
+    ca: Authority, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGHUP through the handler `sc run` installs: the TLS files, the credentials and the SPU
+    token are read, parsed and built in a thread (a large file or a slow disk holds no request,
+    heartbeat or controller pass), and the new credentials put in place on the loop, where what
+    holds a principal is told."""
+    async with signalled_sc(ca, tmp_path) as (daemon, running_sc):
         built_on_the_loop: dict[str, list[bool]] = {"tls": [], "auth_tokens": [], "spu_token": []}
         told_on_the_loop: list[bool] = []
 
@@ -417,9 +435,8 @@ async def test_sighup_reads_every_file_off_the_event_loop_and_puts_what_it_built
         os.kill(os.getpid(), signal.SIGHUP)  # no file changed: the watcher reads none of them
 
         async def reloaded() -> None:
-            assert {reloadable.name: (reloadable.reloads, reloadable.failures) for reloadable in daemon.reloadables} == {
-                "tls": (1, 0), "auth_tokens": (1, 0), "spu_token": (1, 0)
-            }
+            counts = {reloadable.name: (reloadable.reloads, reloadable.failures) for reloadable in daemon.reloadables}
+            assert counts == {"tls": (1, 0), "auth_tokens": (1, 0), "spu_token": (1, 0)}
 
         await eventually(reloaded, BOUND_SECONDS)
         # Two contexts (the public port's, the private port's), a parse, a read: none on the loop.
@@ -428,14 +445,54 @@ async def test_sighup_reads_every_file_off_the_event_loop_and_puts_what_it_built
         os.kill(os.getpid(), signal.SIGTERM)
         async with asyncio.timeout(BOUND_SECONDS):
             await running_sc
-    finally:
-        await supervisor.cancel_and_wait(running_sc)
-        gc.unfreeze()
-        gc.set_threshold(*threshold)
-        loop = asyncio.get_running_loop()
-        for signum, handler in handlers.items():
-            loop.remove_signal_handler(signum)
-            signal.signal(signum, handler)
+
+
+class HeldCredentialsFile(credentials.CredentialsFile):
+    """A credentials file whose read, once it has read the file, waits until ``release`` is set:
+    a large file or a slow disk, for as long as a test needs."""
+
+    def __init__(self, path: Path, authenticator: auth.Authenticator) -> None:
+        super().__init__(path, authenticator)
+        self.reading = threading.Event()
+        self.release = threading.Event()
+        self.done = threading.Event()
+
+    def read(self) -> auth.Credentials:
+        try:
+            built = super().read()
+            self.reading.set()
+            self.release.wait(BOUND_SECONDS)
+            return built
+        finally:
+            self.done.set()
+
+
+async def test_an_sc_stops_cleanly_while_a_sighup_s_reload_is_still_reading_and_puts_nothing_in_place(
+    ca: Authority, tmp_path: Path
+) -> None:
+    """SIGTERM while a reload started by SIGHUP reads in its thread: the SC stops as it always does
+    (the reload is cancelled; its thread ends on its own), and what the thread read is put nowhere."""
+    async with signalled_sc(ca, tmp_path) as (daemon, running_sc):
+        path = tmp_path / "held-tokens"
+        path.write_text(f"alice admin {ADMIN_TOKEN}\n")
+        path.chmod(0o600)
+        authenticator = auth.Authenticator(auth.load(path), client_certificates=False)
+        held = HeldCredentialsFile(path, authenticator)
+        daemon.reloadables.append(held)
+        path.write_text(f"bob admin {NEW_ADMIN_TOKEN}\n")
+
+        os.kill(os.getpid(), signal.SIGHUP)
+        try:
+            assert await asyncio.to_thread(held.reading.wait, BOUND_SECONDS)
+            os.kill(os.getpid(), signal.SIGTERM)
+            async with asyncio.timeout(BOUND_SECONDS):
+                await running_sc  # raises if the stop did
+            assert not held.done.is_set()  # the SC stopped while the thread still read
+        finally:
+            held.release.set()
+        assert await asyncio.to_thread(held.done.wait, BOUND_SECONDS)
+        assert (held.reloads, held.failures) == (0, 0)
+        assert authenticator.authenticate(f"Bearer {ADMIN_TOKEN}", None, None).name == "alice"
 
 
 @pytest.fixture

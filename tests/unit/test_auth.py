@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -332,3 +333,65 @@ async def test_the_watcher_parses_a_changed_file_off_the_event_loop_and_puts_the
     assert (parsed_on_the_loop, told_on_the_loop) == ([False], [True])
     assert authenticator.authenticate(f"Bearer {TOKEN}-bob", None, None).name == "bob"
     assert (credentials_file.reloads, credentials_file.failures) == (1, 0)
+
+
+class FirstReadHeld(credentials.CredentialsFile):
+    """A credentials file whose first read, once it has read the file, waits until ``release`` is
+    set (a slow disk); ``overlapped`` says whether another read began while one was going on."""
+
+    def __init__(self, path: Path, authenticator: auth.Authenticator) -> None:
+        super().__init__(path, authenticator)
+        self.holding = threading.Event()
+        self.release = threading.Event()
+        self.overlapped = False
+        self._reads = 0
+        self._reading = 0
+        self._count = threading.Lock()
+
+    def read(self) -> auth.Credentials:
+        with self._count:
+            self._reads += 1
+            first = self._reads == 1
+            self.overlapped = self.overlapped or self._reading > 0
+            self._reading += 1
+        try:
+            built = super().read()
+            if first:
+                self.holding.set()
+                self.release.wait(30)
+            return built
+        finally:
+            with self._count:
+                self._reading -= 1
+
+
+async def test_a_sighup_s_reload_and_the_watcher_s_take_turns_so_the_newer_file_stays_in_place(tmp_path: Path) -> None:
+    """A SIGHUP's reload still reading (a slow disk) when the watcher sees the file changed again:
+    the watcher's waits for it, so the older read is not put in place over the newer one."""
+    path = tmp_path / "tokens"
+    path.write_text(f"alice admin {TOKEN}\n")
+    path.chmod(0o600)
+    authenticator = auth.Authenticator(auth.load(path), client_certificates=False)
+    credentials_file = FirstReadHeld(path, authenticator)
+    signalled = asyncio.create_task(credentials_file.reload())
+    watched: asyncio.Task[bool] | None = None
+    try:
+        assert await asyncio.to_thread(credentials_file.holding.wait, 30)  # it has read alice's file
+        new = tmp_path / "tokens.new"
+        new.write_text(f"bob admin {TOKEN}-bob\n")
+        new.chmod(0o600)
+        new.replace(path)
+        watched = asyncio.create_task(credentials_file.reload_if_changed())
+        # Whatever the watcher's reload can do before the first read ends, it has done: its look at
+        # the file and its read were handed to the worker threads before this no-op.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await asyncio.to_thread(lambda: None)
+    finally:
+        credentials_file.release.set()
+    assert watched is not None
+    async with asyncio.timeout(30):  # a bound so that a defect fails the test, not a measure of speed
+        assert await asyncio.gather(signalled, watched) == [True, True]
+    assert not credentials_file.overlapped
+    assert authenticator.authenticate(f"Bearer {TOKEN}-bob", None, None).name == "bob"
+    assert (credentials_file.reloads, credentials_file.failures) == (2, 0)
