@@ -377,7 +377,7 @@ async def signalled_sc(ca: Authority, tmp_path: Path) -> AsyncIterator[tuple[dae
     (Daemon.run_until_signalled), in this process: a SIGHUP or a SIGTERM sent to this process is
     what it handles. Ready (its /healthz answers 200) when it is given; stopped at the end, and
     what run_until_signalled sets for the whole process (signal handlers, the collector's
-    threshold, a frozen heap) given back."""
+    threshold, a frozen heap) given back; the open-file limit it raises stays raised."""
     server = ca.server()
     token_file = tmp_path / "spu-token"
     token_file.write_text("spu-token-0123456789\n")
