@@ -1030,14 +1030,25 @@ class ConnectionManager:
         where what it was told before is compared with the store as it is now: a uid written over
         meanwhile makes the SPU drop its log, which the committed state may count on."""
         spus = [_spu_info(entry.obj) for entry in self._holders().values()]
-        if lost is not None and session.hosted:
+        before = session.hosted
+        if lost is not None and before:
             partitions = self.local_store["partitions"].view
-            for name, told in list(session.hosted.items()):
+            for name, replica in list(before.items()):
                 current = partitions.get(name)
-                if current is not None and _uid_replaced(session, told, current.obj):
+                if current is not None and _uid_replaced(session, replica, current.obj):
                     _replica_gone(session, name, partitions, [], lost, in_place=True)
         incarnation = session.incarnation
         hosted = {entry.name: _replica_info(entry, incarnation) for entry in self.replicas_of(session.spu_id)}
+        # Told none, the SPU keeps the log it holds: of the uid it was told before, or kept (or
+        # named when it connected). Only for the partitions it still hosts.
+        kept: dict[str, int] = {}
+        for name, info in hosted.items():
+            if info.uid is None:
+                previous = before.get(name)
+                held = session.kept_uids.get(name) if previous is None or previous.uid is None else previous.uid
+                if held is not None:
+                    kept[name] = held
+        session.kept_uids = kept
         session.hosted = hosted
         session.told_spus = {info.id: info for info in spus}
         session.send(wire.Sync(epoch=self.local_store.revision, spus=spus, replicas=list(hosted.values())))
@@ -1362,6 +1373,8 @@ def _replica_delta(
                 changed.append(info)
         elif told is not None:
             del session.hosted[name]
+            if session.kept_uids:
+                session.kept_uids.pop(name, None)
             deleted.append(name)
     return changed, deleted
 

@@ -215,35 +215,43 @@ async def test_a_uid_written_over_while_the_pusher_restarts_counts_on_no_log_its
     """The pusher (restarted by its supervisor after a crash) starts with a Sync to every SPU,
     from the store as it is then: a uid written over meanwhile reaches the SPUs there, and they
     drop their log of the partition. Before, the Sync replaced what they had been told without a
-    look, so the committed state still counted on those logs (leader kept, in-sync set kept)."""
-    cm, spus, partitions = manager()
-    news: list[set[str]] = []
-    cm.on_news = news.append
-    store = cm.local_store
-    for spu_id in (0, 1):
-        store["spus"].apply(builders.spu(spu_id), 1 + spu_id)
-    store["partitions"].apply(committed(uid=2_000), 3)
-    sessions = [connected(cm, spu_id, f"spu-{spu_id}", 1 + spu_id) for spu_id in (0, 1)]
-    for session in sessions:
-        session.incarnation = reports.Incarnation(session.spu_id, 1, {"t-0": (1_000, 2)})
-    cm.push(spus.changes(), partitions.changes())
-    sent: list[wire.Message] = []
-    sessions[0].send = sent.append  # type: ignore[method-assign, assignment]  # what it is told, unencoded
+    look, so the committed state still counted on those logs (leader kept, in-sync set kept). The
+    same for a uid removed meanwhile (told none, the SPUs keep their log) and another given later."""
+    for rewrite in ("written over", "removed, then another"):
+        cm, spus, partitions = manager()
+        news: list[set[str]] = []
+        cm.on_news = news.append
+        store = cm.local_store
+        for spu_id in (0, 1):
+            store["spus"].apply(builders.spu(spu_id), 1 + spu_id)
+        store["partitions"].apply(committed(uid=2_000), 3)
+        sessions = [connected(cm, spu_id, f"spu-{spu_id}", 1 + spu_id) for spu_id in (0, 1)]
+        for session in sessions:
+            session.incarnation = reports.Incarnation(session.spu_id, 1, {"t-0": (1_000, 2)})
+        cm.push(spus.changes(), partitions.changes())
+        sent: list[wire.Message] = []
+        sessions[0].send = sent.append  # type: ignore[method-assign, assignment]  # what it is told, unencoded
 
-    store["partitions"].apply(committed(uid=4_000), 4)  # while no pusher runs
-    with mock.patch.object(server.log, "error") as logged:
-        pusher = asyncio.ensure_future(cm._push_changes())
-        await asyncio.sleep(0)
-        pusher.cancel()
-        await asyncio.gather(pusher, return_exceptions=True)
+        # While no pusher runs: the uid written over, or removed.
+        store["partitions"].apply(committed(uid=4_000 if rewrite == "written over" else None), 4)
+        with mock.patch.object(server.log, "error") as logged:
+            pusher = asyncio.ensure_future(cm._push_changes())
+            await asyncio.sleep(0)
+            if rewrite == "removed, then another":
+                assert isinstance(sent[0], wire.Sync) and [info.uid for info in sent[0].replicas] == [None], rewrite
+                assert not news, rewrite  # told none, the SPUs keep their logs
+                store["partitions"].apply(committed(uid=4_000), 5)
+                await asyncio.sleep(cm.push_linger + 0.05)
+            pusher.cancel()
+            await asyncio.gather(pusher, return_exceptions=True)
 
-    assert len(sent) == 1 and isinstance(sent[0], wire.Sync)
-    assert [(info.uid, info.leader) for info in sent[0].replicas] == [(4_000, None)]
-    for session in sessions:
-        assert session.incarnation.restarted_at("t-0", 3), session.spu_id
-    assert news == [{"t-0"}]
-    (message,), _ = logged.call_args
-    assert "from 2000 to 4000" in message and "SPUs [0, 1]" in message, message
+        assert isinstance(sent[-1], wire.Sync | wire.Update), rewrite
+        assert [(info.uid, info.leader) for info in sent[-1].replicas] == [(4_000, None)], rewrite
+        for session in sessions:
+            assert session.incarnation.restarted_at("t-0", 3), (rewrite, session.spu_id)
+        assert news == [{"t-0"}], rewrite
+        (message,), _ = logged.call_args
+        assert "from 2000 to 4000" in message and "SPUs [0, 1]" in message, message
 
 
 async def test_a_uid_removed_is_the_same_partition_to_its_spus_whether_seen_live_or_relisted() -> None:
@@ -274,3 +282,10 @@ async def test_a_uid_removed_is_the_same_partition_to_its_spus_whether_seen_live
         assert sent[0].deleted_replicas == [], seen
         assert [(info.uid, info.leader) for info in sent[0].replicas] == [(None, 0)], seen
         assert not session.incarnation.restarted_at("t-0", 3) and not news, seen
+        assert session.kept_uids == {"t-0": 2_000}, seen
+        # Taken away from the SPU, the partition is forgotten there: its kept uid too.
+        moved = committed(uid=None).model_copy(update={"spec": models.PartitionSpec(leader=1, replicas=[1])})
+        store["partitions"].apply(moved, 5)
+        cm.push(spus.changes(), partitions.changes())
+        assert isinstance(sent[-1], wire.Update) and sent[-1].deleted_replicas == ["t-0"], seen
+        assert session.kept_uids == {}, seen
