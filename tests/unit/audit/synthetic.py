@@ -6,7 +6,9 @@ action record of each SC write, with its cause); a user's write has no action re
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,8 @@ class Writer:
         self.recorder = history.Recorder.open(directory, clock=self.clock)
         self.revision = first_revision
         self.objects: dict[str, models.AnyObject] = {}
+        self.revisions: dict[str, int] = {}  # each object's last write (its mod revision)
+        self.losing = False
 
     def at(self, seconds: float) -> Writer:
         """Records from now on are at T0 + ``seconds``."""
@@ -40,6 +44,11 @@ class Writer:
     def put(self, *objects: models.AnyObject, by_sc: str | None = None, cause: str = "", verb: str = "update-status") -> int:
         """Write ``objects`` in one transaction; ``by_sc``: the reason of the SC action that did it."""
         self.revision += 1
+        if self.losing:
+            for obj in objects:
+                self.objects[obj.key] = obj
+                self.revisions[obj.key] = self.revision
+            return self.revision
         if by_sc is not None:
             name = objects[0].name
             keys = [obj.key for obj in objects]
@@ -47,6 +56,7 @@ class Writer:
         for obj in objects:
             op = history.UPDATE if obj.key in self.objects else history.CREATE
             self.objects[obj.key] = obj
+            self.revisions[obj.key] = self.revision
             self.recorder.record_change(obj.kind, obj.name, op, self.revision, models.encode(obj))
         return self.revision
 
@@ -54,12 +64,41 @@ class Writer:
         """``requested_by``: the principal and address of the API request that deleted it."""
         self.revision += 1
         key = models.object_key(kind, name)
+        del self.revisions[key]
+        if self.losing:
+            del self.objects[key]
+            return self.revision
         if requested_by is not None:
             self.recorder.record_request(kind, name, self.revision, *requested_by)
         if by_sc is not None:
             self.recorder.record_action(kind, name, "delete", by_sc, "", self.revision - 1, "applied", self.revision, [key])
         del self.objects[key]
         self.recorder.record_change(kind, name, history.DELETE, self.revision, None)
+        return self.revision
+
+    @contextlib.contextmanager
+    def lost(self) -> Iterator[None]:
+        """The writes made within reach the store, but the history loses them (its queue was full):
+        a gap record covers their revisions."""
+        first = self.revision + 1
+        self.losing = True
+        try:
+            yield
+        finally:
+            self.losing = False
+        self.recorder.record_gap(first, self.revision, "queue-full", dropped=self.revision - first + 1)
+
+    def relist(self) -> int:
+        """The SC away while etcd compacts (one revision of something else): a gap, then the snapshot
+        the Reader lists, each object at its last write (as created before: an update)."""
+        self.revision += 1
+        self.recorder.record_gap(self.revision, self.revision, "compacted")
+        for key, obj in sorted(self.objects.items()):
+            self.recorder.record_change(
+                obj.kind, obj.name, history.UPDATE, self.revisions[key], models.encode(obj), source=history.LIST,
+                snapshot=self.revision,
+            )
+        self.recorder.record_sync(self.revision, snapshot=True)
         return self.revision
 
     def get(self, kind: str, name: str) -> Any:
@@ -125,6 +164,37 @@ class Writer:
     async def close(self) -> None:
         await self.recorder.start()
         await self.recorder.close()
+
+
+def move_step(
+    w: Writer,
+    name: str,
+    replicas: list[int],
+    cause: str,
+    reassignment: tuple[list[int], list[int]] | None,
+    leader: int | None = None,
+    hw: int | None = None,
+) -> int:
+    """The partition controller's write of one move step; ``hw``: the committed offset its status
+    records (the status is kept otherwise)."""
+    partition = w.get("partitions", name)
+    move = None if reassignment is None else models.Reassignment(previous=reassignment[0], target=reassignment[1])
+    leader = partition.spec.leader if leader is None else leader
+    spec = models.PartitionSpec(leader=leader, replicas=replicas, reassignment=move)
+    status = partition.status
+    if hw is not None:
+        status = status.model_copy(update={"leader": models.ReplicaStatus(spu=leader, hw=hw, leo=hw + 5)})
+    return w.put(partition.model_copy(update={"spec": spec, "status": status}), by_sc="move step", cause=cause, verb="update-spec")
+
+
+def caught_up(w: Writer, name: str, isr: list[int], hw: int) -> int:
+    """The write that commits the last arriving replica into the in-sync set (a status write)."""
+    partition = w.get("partitions", name)
+    leader = partition.spec.leader
+    status = models.PartitionStatus(
+        resolution="Online", leader_epoch=1, partition_epoch=3, isr=isr, leader=models.ReplicaStatus(spu=leader, hw=hw, leo=hw + 5),
+    )
+    return w.put(partition.model_copy(update={"status": status}), by_sc="in-sync set grows", cause="move-caught-up")
 
 
 def iso(seconds: float) -> str:

@@ -11,41 +11,9 @@ from typing import Any
 import pytest
 
 from controller.audit import export, jobs, options, report
-from store import models
-from tests.unit.audit.synthetic import Writer, iso
+from tests.unit.audit.synthetic import Writer, caught_up, iso, move_step
 
 pytestmark = pytest.mark.spark
-
-
-def step(
-    w: Writer,
-    name: str,
-    replicas: list[int],
-    cause: str,
-    reassignment: tuple[list[int], list[int]] | None,
-    leader: int | None = None,
-    hw: int | None = None,
-) -> int:
-    """The partition controller's write of one move step; ``hw``: the committed offset its status
-    records (the status is kept otherwise)."""
-    partition = w.get("partitions", name)
-    move = None if reassignment is None else models.Reassignment(previous=reassignment[0], target=reassignment[1])
-    leader = partition.spec.leader if leader is None else leader
-    spec = models.PartitionSpec(leader=leader, replicas=replicas, reassignment=move)
-    status = partition.status
-    if hw is not None:
-        status = status.model_copy(update={"leader": models.ReplicaStatus(spu=leader, hw=hw, leo=hw + 5)})
-    return w.put(partition.model_copy(update={"spec": spec, "status": status}), by_sc="move step", cause=cause, verb="update-spec")
-
-
-def caught_up(w: Writer, name: str, isr: list[int], hw: int) -> int:
-    """The write that commits the last arriving replica into the in-sync set (a status write)."""
-    partition = w.get("partitions", name)
-    leader = partition.spec.leader
-    status = models.PartitionStatus(
-        resolution="Online", leader_epoch=1, partition_epoch=3, isr=isr, leader=models.ReplicaStatus(spu=leader, hw=hw, leo=hw + 5),
-    )
-    return w.put(partition.model_copy(update={"status": status}), by_sc="in-sync set grows", cause="move-caught-up")
 
 
 async def write_story(directory: Path) -> None:
@@ -57,32 +25,32 @@ async def write_story(directory: Path) -> None:
     w.at(1).provision("t", {0: [0, 1], 1: [1, 2], 2: [2, 3]})
     # t-0 moves from [0, 1] to [3, 1]: 3 arrives, 0 leaves, in 4 s; SPU 3 joined the in-sync set
     # with the 120 records committed then (those written later are replication, not the move's).
-    step(w.at(10), "t-0", [0, 1], "move-started", ([0, 1], [3, 1]), hw=30)
-    step(w.at(11), "t-0", [0, 1, 3], "move-adding", ([0, 1], [3, 1]), hw=40)
+    move_step(w.at(10), "t-0", [0, 1], "move-started", ([0, 1], [3, 1]), hw=30)
+    move_step(w.at(11), "t-0", [0, 1, 3], "move-adding", ([0, 1], [3, 1]), hw=40)
     caught_up(w.at(12), "t-0", [0, 1, 3], hw=120)
-    step(w.at(13), "t-0", [0, 1, 3], "reassignment", ([0, 1], [3, 1]), leader=3, hw=150)
-    step(w.at(15), "t-0", [3, 1], "move-completed", None, hw=170)
+    move_step(w.at(13), "t-0", [0, 1, 3], "reassignment", ([0, 1], [3, 1]), leader=3, hw=150)
+    move_step(w.at(15), "t-0", [3, 1], "move-completed", None, hw=170)
     # t-1 starts moving to [1, 3], then is cancelled: back on [1, 2], nothing moved.
-    step(w.at(20), "t-1", [1, 2], "move-started", ([1, 2], [1, 3]))
-    step(w.at(21), "t-1", [1, 2, 3], "move-adding", ([1, 2], [1, 3]), hw=10)
+    move_step(w.at(20), "t-1", [1, 2], "move-started", ([1, 2], [1, 3]))
+    move_step(w.at(21), "t-1", [1, 2, 3], "move-adding", ([1, 2], [1, 3]), hw=10)
     caught_up(w.at(21.5), "t-1", [1, 2, 3], hw=12)
-    step(w.at(22), "t-1", [1, 2, 3], "move-cancelled", ([1, 2], [1, 2]))
-    step(w.at(23.5), "t-1", [1, 2], "move-reverted", None)
+    move_step(w.at(22), "t-1", [1, 2, 3], "move-cancelled", ([1, 2], [1, 2]))
+    move_step(w.at(23.5), "t-1", [1, 2], "move-reverted", None)
     # t-2 moves twice. First [2, 3] to [0, 1]: both arrive (7 records each), both leave...
-    step(w.at(30), "t-2", [2, 3], "move-started", ([2, 3], [0, 1]))
-    step(w.at(31), "t-2", [2, 3, 0, 1], "move-adding", ([2, 3], [0, 1]), hw=5)
+    move_step(w.at(30), "t-2", [2, 3], "move-started", ([2, 3], [0, 1]))
+    move_step(w.at(31), "t-2", [2, 3, 0, 1], "move-adding", ([2, 3], [0, 1]), hw=5)
     caught_up(w.at(32), "t-2", [2, 3, 0, 1], hw=7)
-    step(w.at(33), "t-2", [2, 3, 0, 1], "reassignment", ([2, 3], [0, 1]), leader=0)
-    step(w.at(34), "t-2", [0, 1], "move-completed", None, hw=9)
+    move_step(w.at(33), "t-2", [2, 3, 0, 1], "reassignment", ([2, 3], [0, 1]), leader=0)
+    move_step(w.at(34), "t-2", [0, 1], "move-completed", None, hw=9)
     # ... then to [0, 2], whose catching up the history does not hold (a gap): records unknown,
     # never the previous move's.
-    step(w.at(40), "t-2", [0, 1], "move-started", ([0, 1], [0, 2]))
-    step(w.at(41), "t-2", [0, 1, 2], "move-adding", ([0, 1], [0, 2]), hw=11)
-    step(w.at(43), "t-2", [0, 2], "move-completed", None, hw=20)
+    move_step(w.at(40), "t-2", [0, 1], "move-started", ([0, 1], [0, 2]))
+    move_step(w.at(41), "t-2", [0, 1, 2], "move-adding", ([0, 1], [0, 2]), hw=11)
+    move_step(w.at(43), "t-2", [0, 2], "move-completed", None, hw=20)
     # A move that only reorders t-0's replicas (a decommission's leader balance): no replica
     # arrives or leaves, nothing is copied, nothing of t-0's earlier move is carried over.
-    step(w.at(50), "t-0", [3, 1], "move-started", ([3, 1], [1, 3]))
-    step(w.at(50.5), "t-0", [1, 3], "move-completed", None, hw=200)
+    move_step(w.at(50), "t-0", [3, 1], "move-started", ([3, 1], [1, 3]))
+    move_step(w.at(50.5), "t-0", [1, 3], "move-completed", None, hw=200)
     await w.close()
 
 
