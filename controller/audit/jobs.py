@@ -367,16 +367,26 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
     ``move-completed`` write: what the replicas lost), from start (the ``move-adding`` write; the
     ``move-started`` one for a move that adds no replica, such as a reordering) to end; a cancelled
     move ends ``reverted`` and moved nothing. A move's writes are those from its ``move-started``
-    write (or, where the history lacks it, its ``move-adding`` one) to the next move's.
+    write (or, where the history lacks it, its ``move-adding`` one) to the next move's; a snapshot's
+    copy of a write the history holds is not one of them again.
 
     ``records``: what each arriving replica copied, the committed offset (``status.leader.hw``)
     its ``move-caught-up`` write recorded (the write that committed the last arriving replica into
     the in-sync set: a replica joins holding every record committed then, and logs start at 0); the
     records appended after that are replication, not the move's. 0 when no replica arrived; None
     when the history holds no such write for the move (a gap)."""
-    steps = changes.filter(
-        (F.col("kind") == "partitions")
-        & F.col("action_cause").isin(MOVE_STARTED, MOVE_ADDING, MOVE_CAUGHT_UP, MOVE_COMPLETED, MOVE_REVERTED)
+    # A snapshot after a gap lists each partition at its last write, which carries that write's
+    # action: a listed copy of a write the history holds is not that step again (one of a write
+    # the gap lost is the step).
+    copies = Window.partitionBy("name", "revision").orderBy("order")
+    steps = (
+        changes.filter(
+            (F.col("kind") == "partitions")
+            & F.col("action_cause").isin(MOVE_STARTED, MOVE_ADDING, MOVE_CAUGHT_UP, MOVE_COMPLETED, MOVE_REVERTED)
+        )
+        .withColumn("copy", F.row_number().over(copies))
+        .filter(F.col("copy") == 1)
+        .drop("copy")
     )
     caught_up = F.col("action_cause") == MOVE_CAUGHT_UP
     # The committed offset of the few caught-up writes, from their status (JSON, not in ``changes``).
