@@ -374,7 +374,10 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
     its ``move-caught-up`` write recorded (the write that committed the last arriving replica into
     the in-sync set: a replica joins holding every record committed then, and logs start at 0); the
     records appended after that are replication, not the move's. 0 when no replica arrived; None
-    when the history holds no such write for the move (a gap)."""
+    when the history holds no such write for the move (a gap).
+
+    A completed move none of whose starting writes the history holds has no start, and its
+    ``arrived`` is None (unknown)."""
     # A snapshot after a gap lists each partition at its last write, which carries that write's
     # action: a listed copy of a write the history holds is not that step again (one of a write
     # the gap lost is the step).
@@ -417,7 +420,11 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
     )
     ended = carried.filter(F.col("action_cause").isin(MOVE_COMPLETED, MOVE_REVERTED))
     completed = F.col("action_cause") == MOVE_COMPLETED
-    arrived = F.when(completed, F.array_intersect("replicas", F.coalesce("added", F.array()))).otherwise(F.array())
+    # A completed move none of whose starting writes the history holds (a gap): what arrived is
+    # unknown (null), not nothing; a reverted one moved nothing.
+    arrived = F.when(~completed, F.array()).when(
+        F.col("started").isNotNull(), F.array_intersect("replicas", F.coalesce("added", F.array()))
+    )
     return ended.select(
         F.col("name").alias("partition"),
         "topic",
@@ -427,7 +434,8 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
         F.unix_micros("started").alias("started_us"),
         F.unix_micros("time").alias("at_us"),
         ((F.unix_micros("time") - F.unix_micros("started")) / F.lit(1_000_000.0)).alias("seconds"),
-        # -1: the SC knew of no committed offset then (unknown, as no write).
+        # -1: the SC knew of no committed offset then (unknown, as no write). Arrivals unknown: the
+        # committed offset, if the history holds the caught-up write (the size of none is not 0).
         F.when(F.size(arrived) == 0, F.lit(0)).when(F.col("copied") >= 0, F.col("copied")).alias("records"),
     )
 

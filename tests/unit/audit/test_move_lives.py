@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from controller.audit import export, jobs, options
+from controller.audit import export, jobs, options, report
 from store import models
-from tests.unit.audit.synthetic import Writer, caught_up, move_step
+from tests.unit.audit.synthetic import Writer, caught_up, iso, move_step
 
 pytestmark = pytest.mark.spark
 
@@ -107,4 +107,16 @@ def test_a_snapshot_after_a_gap_repeats_no_move_step(results: options.Results) -
         ("t-2", "completed", [0], [3], 30.0, 70),
         ("t-3", "completed", [1], [0], 30.0, 80),
     ]
+
+
+def test_a_move_whose_start_the_history_lost_has_unknown_arrivals_and_records(results: options.Results, tmp_path: Path) -> None:
+    # Not "nothing arrived, nothing copied": the history cannot say (nor when it started).
+    assert moves_of(results, "t-5") == [("t-5", "completed", None, [3], None, None)]
+    document = report.to_json(results)
+    assert [move for move in document["moves"] if move["partition"] == "t-5"] == [
+        {"partition": "t-5", "outcome": "completed", "arrived": None, "left": [3], "started": None, "at": iso(19),
+         "seconds": None, "records": None},
+    ]
+    report.write(results, tmp_path)
+    assert f"| {iso(19)} | t-5 | completed | – | 3 | – | – |" in (tmp_path / "report.md").read_text()
 
