@@ -367,8 +367,8 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
     ``move-completed`` write: what the replicas lost), from start (the ``move-adding`` write; the
     ``move-started`` one for a move that adds no replica, such as a reordering) to end; a cancelled
     move ends ``reverted`` and moved nothing. A move's writes are those from its ``move-started``
-    write (or, where the history lacks it, its ``move-adding`` one) to the next move's; a snapshot's
-    copy of a write the history holds is not one of them again.
+    write (or, where the history lacks it, its ``move-adding`` one) to its end, or to the next
+    move's start; a snapshot's copy of a write the history holds is not one of them again.
 
     ``records``: what each arriving replica copied, the committed offset (``status.leader.hw``)
     its ``move-caught-up`` write recorded (the write that committed the last arriving replica into
@@ -402,7 +402,10 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
     ordered = Window.partitionBy("name").orderBy("order")
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     after_start = F.coalesce(F.col("previous_cause") == MOVE_STARTED, F.lit(False))
-    opens = started | (adding & ~after_start)
+    # A move ends with its completed or reverted write: the step after one is of another move, even
+    # where the history lost that move's start (a gap).
+    after_end = F.coalesce(F.col("previous_cause").isin(MOVE_COMPLETED, MOVE_REVERTED), F.lit(False))
+    opens = started | (adding & ~after_start) | after_end
     numbered = (
         steps.join(committed, ["order"], "left")
         .withColumn("previous_cause", F.lag("action_cause").over(ordered))

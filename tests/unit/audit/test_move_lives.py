@@ -120,3 +120,10 @@ def test_a_move_whose_start_the_history_lost_has_unknown_arrivals_and_records(re
     report.write(results, tmp_path)
     assert f"| {iso(19)} | t-5 | completed | – | 3 | – | – |" in (tmp_path / "report.md").read_text()
 
+
+def test_a_move_whose_start_was_lost_takes_nothing_from_the_move_before(results: options.Results) -> None:
+    assert moves_of(results, "t-4") == [
+        ("t-4", "completed", [3], [2], 2.0, 90),
+        ("t-4", "completed", None, [3], None, None),
+    ]
+
