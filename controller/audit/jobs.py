@@ -368,7 +368,8 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
     ``move-started`` one for a move that adds no replica, such as a reordering) to end; a cancelled
     move ends ``reverted`` and moved nothing. A move's writes are those from its ``move-started``
     write (or, where the history lacks it, its ``move-adding`` one) to its end, or to the next
-    move's start; a snapshot's copy of a write the history holds is not one of them again.
+    move's start, within one life of the partition (``_partition_lives``); a snapshot's copy of a
+    write the history holds is not one of them again.
 
     ``records``: what each arriving replica copied, the committed offset (``status.leader.hw``)
     its ``move-caught-up`` write recorded (the write that committed the last arriving replica into
@@ -377,16 +378,15 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
     when the history holds no such write for the move (a gap).
 
     A completed move none of whose starting writes the history holds has no start, and its
-    ``arrived`` is None (unknown)."""
+    ``arrived`` is None (unknown); so is its ``left`` when its end is the first write of its life
+    the history holds."""
     # A snapshot after a gap lists each partition at its last write, which carries that write's
     # action: a listed copy of a write the history holds is not that step again (one of a write
     # the gap lost is the step).
     copies = Window.partitionBy("name", "revision").orderBy("order")
     steps = (
-        changes.filter(
-            (F.col("kind") == "partitions")
-            & F.col("action_cause").isin(MOVE_STARTED, MOVE_ADDING, MOVE_CAUGHT_UP, MOVE_COMPLETED, MOVE_REVERTED)
-        )
+        _partition_lives(changes.filter(F.col("kind") == "partitions"))
+        .filter(F.col("action_cause").isin(MOVE_STARTED, MOVE_ADDING, MOVE_CAUGHT_UP, MOVE_COMPLETED, MOVE_REVERTED))
         .withColumn("copy", F.row_number().over(copies))
         .filter(F.col("copy") == 1)
         .drop("copy")
@@ -399,7 +399,7 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
         .select("order", F.get_json_object("status", "$.leader.hw").cast("long").alias("committed_hw"))
     )
     started, adding = F.col("action_cause") == MOVE_STARTED, F.col("action_cause") == MOVE_ADDING
-    ordered = Window.partitionBy("name").orderBy("order")
+    ordered = Window.partitionBy("name", "life").orderBy("order")
     running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     after_start = F.coalesce(F.col("previous_cause") == MOVE_STARTED, F.lit(False))
     # A move ends with its completed or reverted write: the step after one is of another move, even
@@ -411,7 +411,7 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
         .withColumn("previous_cause", F.lag("action_cause").over(ordered))
         .withColumn("move", F.sum(F.when(opens, 1).otherwise(0)).over(running))
     )
-    of_move = Window.partitionBy("name", "move").orderBy("order").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    of_move = Window.partitionBy("name", "life", "move").orderBy("order").rowsBetween(Window.unboundedPreceding, Window.currentRow)
     carried = numbered.select(
         "*",
         F.last(F.when(adding, F.array_except("replicas", "prev_replicas")), ignorenulls=True).over(of_move).alias("added"),
@@ -441,6 +441,26 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
         # committed offset, if the history holds the caught-up write (the size of none is not 0).
         F.when(F.size(arrived) == 0, F.lit(0)).when(F.col("copied") >= 0, F.col("copied")).alias("records"),
     )
+
+
+def _partition_lives(partitions: DataFrame) -> DataFrame:
+    """The partition change records with ``life``, a number that changes where another partition of
+    the name begins: at a create (a listing's too: one of an object the history knew was created
+    in its gap) or a delete, and at a uid other than the last one known since (a delete and a
+    create the history lost, or an identity edit, which makes it another partition to its SPUs).
+    A uid removed, or given to a partition that had none, begins none (as identity changes count
+    them: no SPU drops a log, and records exported before the uid column read as having none), so
+    partitions without uids are told apart by creates and deletes alone. ``prev_replicas`` is kept
+    only from a record of the same life."""
+    ordered = Window.partitionBy("kind", "name").orderBy("order")
+    running = ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    made_or_deleted = F.col("op").isin("create", "delete")
+    spans = partitions.withColumn("span", F.sum(F.when(made_or_deleted, 1).otherwise(0)).over(running))
+    before = Window.partitionBy("kind", "name", "span").orderBy("order").rowsBetween(Window.unboundedPreceding, -1)
+    other_uid = F.coalesce(F.col("uid") != F.last("uid", ignorenulls=True).over(before), F.lit(False))
+    lives = spans.withColumn("life", F.sum(F.when(made_or_deleted | other_uid, 1).otherwise(0)).over(running))
+    same_life = F.coalesce(F.lag("life").over(ordered) == F.col("life"), F.lit(False))
+    return lives.withColumn("prev_replicas", F.when(same_life, F.col("prev_replicas"))).drop("span")
 
 
 def _moves_by_spu(moves: DataFrame) -> DataFrame:

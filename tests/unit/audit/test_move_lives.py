@@ -28,6 +28,7 @@ async def write_story(directory: Path) -> None:
         w.put(w.spu(spu_id, None, "Online"))
     w.put(partition("t-0", 11, [0, 1]), partition("t-1", 33, [1, 2]), partition("t-2", None, [2, 3]))
     w.put(partition("t-3", 99, [3, 0]), partition("t-4", 55, [0, 2]), partition("t-5", 66, [1, 3]))
+    w.put(partition("t-6", None, [0, 3]), partition("t-7", None, [1, 2]))
 
     # t-0 and t-1 start moving, and are deleted and created again (another uid) before either ends.
     move_step(w.at(10), "t-0", [0, 1], "move-started", ([0, 1], [0, 2]))
@@ -36,11 +37,21 @@ async def write_story(directory: Path) -> None:
     move_step(w.at(10), "t-1", [1, 2], "move-started", ([1, 2], [1, 3]))
     move_step(w.at(11), "t-1", [1, 2, 3], "move-adding", ([1, 2], [1, 3]))
     caught_up(w.at(12), "t-1", [1, 2, 3], hw=50)
+    move_step(w.at(10), "t-6", [0, 3], "move-started", ([0, 3], [0, 1]))
+    move_step(w.at(11), "t-6", [0, 3, 1], "move-adding", ([0, 3], [0, 1]))
+    caught_up(w.at(12), "t-6", [0, 3, 1], hw=30)
     # t-2 (created before uids) and t-3 move across a snapshot after a gap.
     move_step(w.at(10), "t-2", [2, 3], "move-started", ([2, 3], [2, 0]))
     move_step(w.at(11), "t-2", [2, 3, 0], "move-adding", ([2, 3], [2, 0]))
     move_step(w.at(10), "t-3", [3, 0], "move-started", ([3, 0], [3, 1]))
     move_step(w.at(11), "t-3", [3, 0, 1], "move-adding", ([3, 0], [3, 1]))
+
+    # t-7 is given a uid by hand while it moves: the same partition to its SPUs, the same move.
+    move_step(w.at(10), "t-7", [1, 2], "move-started", ([1, 2], [1, 0]))
+    move_step(w.at(11), "t-7", [1, 2, 0], "move-adding", ([1, 2], [1, 0]))
+    w.at(12).put(w.get("partitions", "t-7").model_copy(update={"uid": 77}))
+    caught_up(w.at(13), "t-7", [1, 2, 0], hw=15)
+    move_step(w.at(14), "t-7", [1, 0], "move-completed", None)
 
     # t-4 moves twice; the history loses the start of the second move (its queue was full).
     move_step(w.at(13), "t-4", [0, 2], "move-started", ([0, 2], [0, 3]))
@@ -72,8 +83,16 @@ async def write_story(directory: Path) -> None:
         move_step(w, "t-1", [2, 0], "move-started", ([2, 0], [2, 3]))
         move_step(w, "t-1", [2, 0, 3], "move-adding", ([2, 0], [2, 3]))
         caught_up(w, "t-1", [2, 0, 3], hw=6)
+    # t-6 has no uid (created before uids), as neither has its new life: its delete tells them apart.
+    w.at(20).delete("partitions", "t-6")
+    with w.at(22).lost():
+        w.put(partition("t-6", None, [3, 2]))
+        move_step(w, "t-6", [3, 2], "move-started", ([3, 2], [3, 1]))
+        move_step(w, "t-6", [3, 2, 1], "move-adding", ([3, 2], [3, 1]))
+        caught_up(w, "t-6", [3, 2, 1], hw=4)
     move_step(w.at(30), "t-0", [1, 2], "move-completed", None)
     move_step(w.at(31), "t-1", [2, 3], "move-completed", None)
+    move_step(w.at(32), "t-6", [3, 1], "move-completed", None)
 
     # The SC away, etcd compacted: the snapshot lists every object at its last write, which the
     # history holds (partitions whose last write was a move step among them).
@@ -127,3 +146,16 @@ def test_a_move_whose_start_was_lost_takes_nothing_from_the_move_before(results:
         ("t-4", "completed", None, [3], None, None),
     ]
 
+
+def test_a_move_pairs_only_within_one_life_of_its_partition(results: options.Results) -> None:
+    # No new life's move started, arrived or copied what the old life's move did; the end of t-1's
+    # and of t-6's is the first write of its life the history holds: what left is unknown too.
+    assert moves_of(results, "t-0", "t-1", "t-6") == [
+        ("t-0", "completed", None, [0], None, None),
+        ("t-1", "completed", None, None, None, None),
+        ("t-6", "completed", None, None, None, None),
+    ]
+    # A uid given to a partition that had none begins no life, nor is it an identity change (t-1's
+    # other uid, its delete and create lost, is one to that audit).
+    assert moves_of(results, "t-7") == [("t-7", "completed", [0], [2], 3.0, 15)]
+    assert [change["partition"] for change in results.tables["identity_changes"]] == ["t-1"]
