@@ -438,16 +438,16 @@ def _moves(changes: DataFrame, frame: DataFrame) -> DataFrame:
         F.unix_micros("time").alias("at_us"),
         ((F.unix_micros("time") - F.unix_micros("started")) / F.lit(1_000_000.0)).alias("seconds"),
         # -1: the SC knew of no committed offset then (unknown, as no write). Arrivals unknown: the
-        # committed offset, if the history holds the caught-up write (the size of none is not 0).
+        # committed offset, if the history holds the caught-up write (an unknown list's size is not 0).
         F.when(F.size(arrived) == 0, F.lit(0)).when(F.col("copied") >= 0, F.col("copied")).alias("records"),
     )
 
 
 def _partition_lives(partitions: DataFrame) -> DataFrame:
     """The partition change records with ``life``, a number that changes where another partition of
-    the name begins: at a create (a listing's too: one of an object the history knew was created
-    in its gap) or a delete, and at a uid other than the last one known since (a delete and a
-    create the history lost, or an identity edit, which makes it another partition to its SPUs).
+    the name begins: at a create (a listing's too: a snapshot after a gap lists as created what was
+    created in the gap) or a delete, and at a uid other than the last one known since (a delete and
+    a create the history lost, or an identity edit, which makes it another partition to its SPUs).
     A uid removed, or given to a partition that had none, begins none (as identity changes count
     them: no SPU drops a log, and records exported before the uid column read as having none), so
     partitions without uids are told apart by creates and deletes alone. ``prev_replicas`` is kept
