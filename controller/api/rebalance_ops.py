@@ -70,8 +70,8 @@ async def _plan(context: context_module.Context, decommissioning: tuple[int, ...
     runs (Busy beyond the slots and the queue)."""
     async with context.gate.slot(admission.REBALANCE):
         snapshot = context.local_store.snapshot()
-        request = moves.plan_request(snapshot, _online(context, snapshot), decommissioning)
         try:
+            request = moves.plan_request(snapshot, _online(context, snapshot), decommissioning)
             return await context.gate.offload(planner.plan, request)
         except placement_model.PlacementError as error:
             raise ApiError(422, "CannotPlan", f"no rebalance plan: {error}") from None

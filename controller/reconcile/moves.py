@@ -278,7 +278,13 @@ def plan_request(
     partition's replicas, and the decommissioned SPUs (those of the snapshot and ``decommissioning``).
     A partition being moved counts where its move ends (its target; a cancelled move's is where it
     was): its replicas meanwhile are the old ones plus the ones being added, which no plan keeps
-    (a dry run is answered while moves are in flight)."""
+    (a dry run is answered while moves are in flight).
+
+    An id that partitions name but no SPU holds (unregistered with its replicas, or scaled away
+    with its group) counts as a decommissioned SPU that is down: the plan moves its replicas to
+    registered SPUs. Left out, it made the planner refuse every plan (a replica "not in spus"):
+    nothing could be rebalanced nor decommissioned until an SPU took the id again. While an SPU
+    record cannot be read, such an id may be that SPU's: InvalidConfig names it instead."""
     spus: dict[int, placement_model.SpuInfo] = {}
     for entry in snapshot.entries("spus").values():
         spu: models.Spu = entry.obj
@@ -287,7 +293,16 @@ def plan_request(
         rebalance.PartitionReplicas(entry.name, tuple(_ending(entry.obj)))
         for entry in snapshot.entries("partitions").values()
     ]
-    leaving = sorted(set(decommissioning_spus(snapshot)) | set(decommissioning))
+    gone = sorted({spu for partition in partitions for spu in partition.replicas if spu not in spus})
+    if gone and snapshot.unreadable("spus"):
+        unreadable = sorted(snapshot.unreadable("spus"))
+        raise placement_model.InvalidConfig(
+            f"partitions have replicas on SPU id(s) {gone[:10]}, which no SPU this SC can read holds, and the "
+            f"SPU record(s) {unreadable[:5]} cannot be read (one may hold them): fix or delete those records first"
+        )
+    for spu_id in gone:
+        spus[spu_id] = placement_model.SpuInfo(spu_id, None, False)
+    leaving = sorted(set(decommissioning_spus(snapshot)) | set(decommissioning) | set(gone))
     return rebalance.RebalanceRequest(spus=list(spus.values()), partitions=partitions, decommissioning=leaving)
 
 

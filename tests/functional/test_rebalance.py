@@ -627,3 +627,40 @@ async def test_a_cancelled_move_of_a_partition_nobody_can_lead_ends_and_a_new_pl
         await sc.eventually(reverted, timeout=20)
         status, body = await sc.call("POST", "/v1/cluster/rebalance")
         assert status == 202, body
+
+
+async def test_replicas_left_on_an_unregistered_spu_move_off_it_when_an_operator_rebalances(sc: Running, tmp_path: Path) -> None:
+    """SPU 3 dies for good and is unregistered with replicas still on it (allowed, with warnings):
+    they stay assigned to its id, out of the in-sync sets. A rebalance then moves them to the
+    SPUs left, every partition back at its replication factor, nothing acknowledged lost. Before,
+    the planner refused every plan ("partition t-0 has a replica on SPU 3, which is not in spus"),
+    a decommission of any other SPU too, until an SPU took id 3 again."""
+    disk = Disk(tmp_path)
+    async with simulated(sc, 0, 3, disk) as three:
+        async with simulated(sc, 3, 1, disk) as doomed:
+            await sc.eventually(lambda: online(sc, 4), timeout=30)
+            status, body = await sc.call("POST", "/v1/topics", {"name": "t", "spec": {"partitions": 8, "replicationFactor": 2}})
+            assert status == 201, body
+            await sc.eventually(lambda: all_in_sync(sc, 8), timeout=30)
+            on_3 = sorted(name for name, partition in (await sc.read_all("partitions")).items() if 3 in partition.spec.replicas)
+            assert on_3
+            doomed.kill()
+            await doomed.wait()
+        status, body = await sc.call("DELETE", "/v1/spus/spu-3")
+        assert status == 200, body
+        assert any("still holds replicas" in warning for warning in body["warnings"]), body
+
+        async def out_of_the_in_sync_sets() -> None:
+            found = await sc.read_all("partitions")
+            assert all(3 not in p.status.isr and p.status.resolution is models.PartitionResolution.ONLINE for p in found.values())
+
+        await sc.eventually(out_of_the_in_sync_sets, timeout=30)
+        status, plan = await sc.call("POST", "/v1/cluster/rebalance")
+        assert status == 202, plan
+        assert sorted(move["partition"] for move in plan["moves"] if 3 in move["from"]) == on_3, plan
+        assert all(3 not in move["to"] for move in plan["moves"]) and plan["after"]["replicasPerSpu"].get("3", 0) == 0, plan
+        await sc.eventually(lambda: run_state(sc, "done"), timeout=60)
+        await sc.eventually(lambda: all_in_sync(sc, 8), timeout=30)
+        found = await all_in_sync(sc, 8)
+        assert all(3 not in p.spec.replicas and len(p.spec.replicas) == 2 for p in found.values()), found
+        await no_acknowledged_record_lost(sc, disk, range(3), three, partitions=8)

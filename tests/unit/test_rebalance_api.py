@@ -4,6 +4,7 @@ the limit, a stored value that is not a run, and the admin role for the writes."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import threading
@@ -261,3 +262,39 @@ async def test_each_planned_move_and_the_cancel_are_in_the_history(server: ApiSe
         ("partitions", "t-3", "plan", "move-planned", "rebalance planned: [0, 1] -> [0, 3]"),
         ("meta", "rebalance", "cancel", "rebalance-run", "rebalance of 2 moves cancelled: moves in flight go back"),
     ]
+
+
+async def test_replicas_on_an_spu_deleted_with_them_move_off_it_when_an_operator_plans(server: ApiServer) -> None:
+    """SPU 2 died and was unregistered while t-1 and t-2 still had replicas on it (allowed, with a
+    warning: they stay assigned to its id). Every plan was refused then, a rebalance and any SPU's
+    decommission alike ("partition t-1 has a replica on SPU 2, which is not in spus"): the cluster
+    could not be rebalanced nor shrunk until an SPU took id 2 again. A plan takes those replicas
+    off the id now, as off a decommissioned SPU that is down."""
+    rows = {0: [0, 1], 1: [1, 2], 2: [2, 0], 3: [0, 1]}
+    await server.put(
+        *(spu(i) for i in (0, 1, 3)),
+        topic("t", 4, 2, "Provisioned", replica_map=rows),
+        *(partition(f"t-{index}", replicas) for index, replicas in rows.items()),
+    )
+    for path in ("/v1/cluster/rebalance?dryRun=true", "/v1/spus/spu-3/decommission?dryRun=true"):
+        status, plan = await server.call("POST", path)
+        assert status == 200, plan
+        assert plan["after"]["replicasPerSpu"].get("2", 0) == 0, plan
+        assert {move["partition"] for move in plan["moves"] if 2 in move["from"]} == {"t-1", "t-2"}, plan
+        assert all(2 not in move["to"] for move in plan["moves"]), plan
+    status, plan = await server.call("POST", "/v1/cluster/rebalance")
+    assert status == 202, plan
+    run = await stored_run(server)
+    assert (run.kind, run.decommissioning) == ("rebalance", ())
+    assert {move.partition: move.after for move in run.moves if 2 in move.before}.keys() == {"t-1", "t-2"}
+    # While an SPU record cannot be read, id 2 may be that SPU's: the plan is refused, naming both.
+    await server.kv_store.create(models.object_key("spus", "spu-9"), b'{"spec": "unreadable"}')
+    for _ in range(1000):
+        if server.context.local_store.snapshot().unreadable("spus"):
+            break
+        await asyncio.sleep(0.002)
+    assert server.context.local_store.snapshot().unreadable("spus") == {"spu-9"}
+    status, refused = await server.call("POST", "/v1/spus/spu-3/decommission?dryRun=true")
+    assert (status, refused["error"]["code"]) == (422, "CannotPlan"), refused
+    message = refused["error"]["message"]
+    assert "SPU id(s) [2], which no SPU this SC can read holds" in message and "['spu-9']" in message, message
