@@ -602,6 +602,6 @@ def _hosting_warnings(context: context_module.Context, spus: list[models.Spu], d
         who = f"{doing} SPU {spu_id} ({spu.name!r}), which still holds" if doing else f"SPU {spu_id} ({spu.name!r}) still holds"
         warnings.append(
             f"{who} replicas of {len(names)} partition{'s' if len(names) != 1 else ''}: {shown}; they stay assigned "
-            f"to id {spu_id} until an SPU with that id is registered again"
+            f"to id {spu_id} until an SPU with that id is registered again or a rebalance moves them"
         )
     return warnings

@@ -280,7 +280,7 @@ async def test_spu_register_list_unregister(server: api_server.ApiServer, sc: Sc
         0,
         "SPU 'spu-5' deleted\n",
         "warning: SPU 5 ('spu-5') still holds replicas of 1 partition: t-0; they stay assigned to id 5 until an SPU "
-        "with that id is registered again\n",
+        "with that id is registered again or a rebalance moves them\n",
     )
     assert await sc("spu", "unregister", "spu-1") == (0, "SPU 'spu-1' deleted\n", "")
     assert await sc("spu", "unregister", "--id", "5") == (1, "", "error: no SPU has id 5\n")
@@ -334,7 +334,7 @@ async def test_spu_group_create_list_delete(server: api_server.ApiServer, sc: Sc
         0,
         "NAME  REPLICAS  MIN-ID  RACK  RESOLUTION  REASON\nmain  4         100     r1    Reserved    -\n",
         "warning: scaling SPU group 'main' down to 4 deletes SPU 104 ('main-4'), which still holds replicas of 1 "
-        "partition: t-0; they stay assigned to id 104 until an SPU with that id is registered again\n",
+        "partition: t-0; they stay assigned to id 104 until an SPU with that id is registered again or a rebalance moves them\n",
     )
     code, out, _ = await sc("spu-group", "scale", "main", "--replicas", "5", "-o", "json")
     assert (code, json.loads(out)["spec"]["replicas"], json.loads(out)["warnings"]) == (0, 5, [])

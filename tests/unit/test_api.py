@@ -368,9 +368,9 @@ async def test_scaling_a_group_down_or_deleting_it_names_the_spus_it_deletes_tha
             **stored.to_json_dict(),
             "warnings": [
                 "scaling SPU group 'g' down to 1 deletes SPU 11 ('g-1'), which still holds replicas of 2 partitions: "
-                "t-1, u-0; they stay assigned to id 11 until an SPU with that id is registered again",
+                "t-1, u-0; they stay assigned to id 11 until an SPU with that id is registered again or a rebalance moves them",
                 "scaling SPU group 'g' down to 1 deletes SPU 12 ('g-2'), which still holds replicas of 3 partitions: "
-                "t-0, t-1, t-10; they stay assigned to id 12 until an SPU with that id is registered again",
+                "t-0, t-1, t-10; they stay assigned to id 12 until an SPU with that id is registered again or a rebalance moves them",
             ],
         },
     )
@@ -382,11 +382,11 @@ async def test_scaling_a_group_down_or_deleting_it_names_the_spus_it_deletes_tha
         200,
         [
             "deleting SPU group 'g' deletes SPU 10 ('g-0'), which still holds replicas of 1 partition: t-0; they stay "
-            "assigned to id 10 until an SPU with that id is registered again",
+            "assigned to id 10 until an SPU with that id is registered again or a rebalance moves them",
             "deleting SPU group 'g' deletes SPU 11 ('g-1'), which still holds replicas of 2 partitions: t-1, u-0; they "
-            "stay assigned to id 11 until an SPU with that id is registered again",
+            "stay assigned to id 11 until an SPU with that id is registered again or a rebalance moves them",
             "deleting SPU group 'g' deletes SPU 12 ('g-2'), which still holds replicas of 3 partitions: t-0, t-1, t-10; "
-            "they stay assigned to id 12 until an SPU with that id is registered again",
+            "they stay assigned to id 12 until an SPU with that id is registered again or a rebalance moves them",
         ],
     )
 
@@ -865,7 +865,7 @@ async def test_delete_spu_still_used_is_allowed_with_a_warning(server: api_serve
         200,
         [
             "SPU 3 ('s3') still holds replicas of 12 partitions: t-0, t-1, t-2, t-3, t-4, t-5, t-6, t-7, t-8, t-9 "
-            "and 2 more; they stay assigned to id 3 until an SPU with that id is registered again"
+            "and 2 more; they stay assigned to id 3 until an SPU with that id is registered again or a rebalance moves them"
         ],
     )
     assert await server.read("spus", "s3") is None
