@@ -200,6 +200,9 @@ class RebalanceController:
 _PARTITIONS = "partitions/"
 # The longest the in-sync changes wait for the elections in flight (their writes may be slow).
 HOLD_SECONDS = 1.0
+# While this SC may not write (its claim unconfirmed), the proposals decided are looked at again
+# this often: answered once it may write again, dropped with their connections if it steps down.
+ANSWERS_HELD_RETRY_SECONDS = 0.2
 # Partitions whose due change cannot be written, remembered so that each is logged once per reason
 # (forgotten all at once past this many: each is then logged once more).
 _REFUSED_REMEMBERED = 10_000
@@ -219,6 +222,7 @@ class PartitionController:
         connections: cm_server.ConnectionManager | None = None,
     ) -> None:
         self._settings = context.settings
+        self._active = context.active
         self._health = health
         self._live = live
         self._spus = spus
@@ -240,6 +244,7 @@ class PartitionController:
         self._held: set[str] = set()
         self._holding_since: float | None = None
         self._hold_ends: asyncio.TimerHandle | None = None  # wakes the loop when a hold times out
+        self._answers_held: asyncio.TimerHandle | None = None  # wakes the loop to answer held proposals
         # Partitions left out of a pass because a write to them was in flight: looked at again
         # once it is back (or failed), without deciding them twice meanwhile.
         self._set_aside: set[str] = set()
@@ -324,9 +329,8 @@ class PartitionController:
         )
         self._urgent_first = not decided.split or hold
         self._electing.update(action.name for action in decided.actions if action.verb is actions.Verb.ELECT)
-        if self._connections is not None:
-            for proposal, answer, state in decided.answers:
-                self._connections.answer(proposal, _alter_isr_result(proposal, answer, state))
+        if self._connections is not None and decided.answers:
+            self._answer(decided.answers)
         for name, why in decided.refused.items():
             if self._refused.get(name) != why:  # once per partition and reason, not every pass
                 if len(self._refused) >= _REFUSED_REMEMBERED:
@@ -348,6 +352,26 @@ class PartitionController:
             # Looked at again once these moves' writes come back (their echo wakes the loop).
             self._due |= decided.preferred_waiting
         return decided.actions
+
+    def _answer(self, answers: list[tuple[reports.Proposal, partition_state.Answer, partition_state.State]]) -> None:
+        """Send the answers of a pass, unless this SC may not write now: its claim may have ended
+        unseen (paused or cut off past its lease), and the answers come from its mirror, which
+        then lags the store another SC writes. Their proposals stay pending and are decided again
+        shortly: answered once the claim is renewed, dropped with the SPUs' connections when this
+        SC learns it lost it and steps down."""
+        assert self._connections is not None
+        if self._active is not None and self._active.problem() is not None:
+            if self._due is not None:
+                self._due |= {proposal.partition for proposal, _, _ in answers}
+            if self._answers_held is None:
+                self._answers_held = asyncio.get_running_loop().call_later(ANSWERS_HELD_RETRY_SECONDS, self._answer_held)
+            return
+        for proposal, answer, state in answers:
+            self._connections.answer(proposal, _alter_isr_result(proposal, answer, state))
+
+    def _answer_held(self) -> None:
+        self._answers_held = None
+        self.loop.kick()
 
     def _hold(self, full: bool, epoch: int) -> bool:
         """Whether this pass decides only leaderless partitions: while elections it submitted are

@@ -587,6 +587,45 @@ async def test_a_leaders_proposal_is_committed_written_and_answered(cluster: Clu
     assert (await cluster.partition("orders-0")).status.isr == [0, 1]
 
 
+async def test_a_proposal_decided_while_the_sc_may_not_write_is_held_then_answered(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While this SC may not write (its lease's validity ran out before a renewal came back, as
+    after a pause), its mirror may lag a store another SC writes: it answers no proposal from it.
+    The proposal waits, and is answered once the claim is renewed."""
+    spus = await online_topic(cluster, "orders", 3, (10, 10, {1: 10, 2: 10}))
+    leader = spus[0]
+    stored = await cluster.wait_partition("orders-0", resolution="Online", leader=0, lrs=2)
+    daemon = cluster.sc.daemon
+    active, pipeline = daemon.active, daemon.pipeline
+    assert active is not None and pipeline is not None
+    # The renewal as late as can be: the lease's validity ends here and nothing renews it meanwhile.
+    valid_until = active._valid_until
+    renew = active._renew
+    monkeypatch.setattr(active, "_renew", _no_renewal)
+    monkeypatch.setattr(active, "_valid_until", 0.0)
+    assert active.problem() is not None
+    # The committed set again: a pass answers it without a write.
+    await leader.propose("orders-0", list(stored.status.isr))
+    controller = pipeline.partitions
+
+    async def decided() -> None:
+        assert leader.results("orders-0") or getattr(controller, "_answers_held", None) is not None
+
+    await cluster.sc.eventually(decided)
+    assert leader.results("orders-0") == []  # held, not answered
+    # Renewed: the proposal held is decided again and answered.
+    monkeypatch.setattr(active, "_renew", renew)
+    monkeypatch.setattr(active, "_valid_until", valid_until)
+    await leader.wait_for(lambda: leader.results("orders-0"))
+    [result] = leader.results("orders-0")
+    assert (result.error, result.message, result.isr) == (None, "committed", list(stored.status.isr))
+
+
+async def _no_renewal() -> None:
+    return None
+
+
 async def test_a_proposal_made_before_the_follower_reconnected_does_not_add_it(cluster: Cluster) -> None:
     """KIP-903: leader 0 saw SPU 2 catch up, then SPU 2's machine crashed (its unflushed tail
     lost) and its new process connected under a new incarnation before the leader's proposal

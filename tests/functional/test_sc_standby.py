@@ -23,6 +23,7 @@ from store import active_sc, embedded_etcd, etcd, kv
 from tests import builders
 from tests.fixtures import processes
 from tests.fixtures.sc_run import ScRun
+from tests.fixtures.scripted_spu import ScriptedSpu
 from tests.functional import test_fluvio_client
 
 pytestmark = pytest.mark.etcd
@@ -198,6 +199,78 @@ async def test_a_paused_leader_is_replaced_then_steps_down_without_exiting_and_w
     assert (metrics["sc_leader"], metrics["sc_claim_losses_total"]) == (0.0, 1.0)
     log = [json.loads(line) for line in leader.log_path.read_text().splitlines() if line.startswith("{")]
     assert any(line.get("event", "").startswith("this SC stepped down to a standby") for line in log)
+
+
+async def test_a_paused_leader_answers_no_in_sync_proposal_from_its_mirror_once_it_wakes(scs: Scs) -> None:
+    """A leader paused past its lease wakes with SPUs still connected to it and their frames
+    waiting: the store moved on meanwhile (the new leader deleted the topic), its mirror has not
+    yet. It may not write, so it answers no proposal either: an answer (the set "committed") from
+    that mirror would tell the SPU of a state the store no longer has. It steps down and closes
+    the SPUs' connections instead (not-leader); the new leader answers them."""
+    leader, standbys = await scs.settled()
+    assert leader.process is not None
+    ports = embedded_etcd.free_ports(4)
+    for spu_id in range(2):
+        body = {
+            "name": f"spu-{spu_id}",
+            "spec": {
+                "id": spu_id,
+                "publicEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id]},
+                "privateEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id + 1]},
+            },
+        }
+        async with scs.session.post(f"{leader.url}/v1/spus", json=body) as response:
+            assert response.status == 201, await response.text()
+    spus = [ScriptedSpu(scs.session, leader.private_port, spu_id) for spu_id in range(2)]
+    for spu in spus:
+        assert isinstance(await spu.connect(), wire.Accepted)
+    async with scs.session.post(f"{leader.url}/v1/topics", json={"name": "t", "spec": {"partitions": 1, "replicationFactor": 2}}) as response:
+        assert response.status == 201, await response.text()
+    for spu in spus:
+        await spu.wait_for(lambda spu=spu: "t-0" in spu.replicas, timeout=30)
+    leader_id = spus[0].replicas["t-0"].leader
+    assert leader_id is not None
+    partition_leader = spus[leader_id]
+    await partition_leader.lead("t-0")
+
+    async def online() -> list[int]:
+        stored = await scs.store.get("partitions/t-0")
+        assert stored is not None
+        status = json.loads(stored.value)["status"]
+        assert status["resolution"] == "Online", status
+        return list(status["isr"])
+
+    committed_isr = await builders.eventually(online, timeout=30)
+    heard = len(partition_leader.received)
+    leader.process.send_signal(signal.SIGSTOP)
+
+    async def replaced() -> ScRun:
+        for sc in standbys:
+            if await scs.role(sc) == "leader":
+                return sc
+        raise AssertionError("no standby leads yet")
+
+    new_leader = await builders.eventually(replaced, timeout=30)
+    async with scs.session.delete(f"{new_leader.url}/v1/topics/t") as response:
+        assert response.status == 200, await response.text()
+
+    async def partition_gone() -> None:
+        assert await scs.store.get("partitions/t-0") is None
+
+    await builders.eventually(partition_gone, timeout=30)
+    # Waiting at the paused SC: the leader's proposal of the set the paused SC committed.
+    await partition_leader.propose("t-0", committed_isr)
+    leader.process.send_signal(signal.SIGCONT)
+
+    async def closed() -> None:
+        assert partition_leader.websocket is not None and partition_leader.websocket.closed
+
+    await builders.eventually(closed, timeout=30)
+    after = partition_leader.received[heard:]
+    assert not [message for message in after if isinstance(message, wire.AlterIsrResult)], after
+    assert [message.code for message in after if isinstance(message, wire.Rejected)] == ["not-leader"], after
+    metrics = await scs.metrics(leader)
+    assert (metrics["sc_claim_losses_total"], metrics["sc_task_restarts_total{task=controller-partition}"]) == (1.0, 0.0)
 
 
 async def test_writes_sent_to_a_standby_by_http_and_by_the_cli_reach_the_leader(scs: Scs, tmp_path: Path) -> None:
