@@ -248,7 +248,14 @@ class Daemon:
         """Why an SPU is refused now (None while this SC leads), and the leader's private
         HOST:PORT when known (the SPU goes there)."""
         if self._term:
-            return None
+            assert self.active is not None
+            problem = self.active.problem()
+            if problem is None:
+                return None
+            # Leading as far as it knows, but not sure of it (paused or cut off past its lease):
+            # another SC may lead, and the Sync would come from a mirror that lags its writes. Held
+            # as by a standby that knows no leader: taken once the claim is renewed, else refused.
+            return f"this SC cannot tell whether it still leads its store ({problem}): try again shortly", None
         leader = self._other_leader()
         if leader is None:
             return "this SC is a standby and no other SC leads the store right now: try again shortly", None

@@ -323,7 +323,7 @@ class _ConnectionsCollector(Collector):
         yield frames_paced
         held = CounterMetricFamily(
             "sc_spu_registrations_held",
-            "SPU registrations a standby held before answering (no leader to name, or the SPU could not reach it)",
+            "SPU registrations held before answering (by a standby: no leader to name, or the SPU could not reach it; by a leader that could not renew its claim)",
         )
         held.add_metric([], stats.held)
         yield held

@@ -273,6 +273,67 @@ async def test_a_paused_leader_answers_no_in_sync_proposal_from_its_mirror_once_
     assert (metrics["sc_claim_losses_total"], metrics["sc_task_restarts_total{task=controller-partition}"]) == (1.0, 0.0)
 
 
+async def test_a_paused_leader_accepts_no_spu_from_its_mirror_once_it_wakes(scs: Scs) -> None:
+    """An SPU that connects to a leader paused past its lease is answered when it wakes, before it
+    learned it lost the claim: it may not write, so it does not take the SPU in either (its Sync,
+    from a mirror that lags the store, would hand the SPU a partition the new leader deleted). It
+    holds the registration as a standby that knows no leader would, and refuses it once it stepped
+    down (not-leader)."""
+    leader, standbys = await scs.settled()
+    assert leader.process is not None
+    ports = embedded_etcd.free_ports(4)
+    for spu_id in range(2):
+        body = {
+            "name": f"spu-{spu_id}",
+            "spec": {
+                "id": spu_id,
+                "publicEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id]},
+                "privateEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id + 1]},
+            },
+        }
+        async with scs.session.post(f"{leader.url}/v1/spus", json=body) as response:
+            assert response.status == 201, await response.text()
+    spus = [ScriptedSpu(scs.session, leader.private_port, spu_id) for spu_id in range(2)]
+    for spu in spus:
+        assert isinstance(await spu.connect(), wire.Accepted)
+    async with scs.session.post(f"{leader.url}/v1/topics", json={"name": "t", "spec": {"partitions": 1, "replicationFactor": 2}}) as response:
+        assert response.status == 201, await response.text()
+    for spu in spus:
+        await spu.wait_for(lambda spu=spu: "t-0" in spu.replicas, timeout=30)
+    # SPU 1 goes away, and the leader records it gone: its next connection is a new one.
+    await spus[1].close()
+
+    async def offline() -> None:
+        stored = await scs.store.get("spus/spu-1")
+        assert stored is not None and json.loads(stored.value)["status"]["resolution"] == "Offline"
+
+    await builders.eventually(offline, timeout=30)
+    leader.process.send_signal(signal.SIGSTOP)
+    # It connects again meanwhile: its registration waits at the paused SC.
+    late = ScriptedSpu(scs.session, leader.private_port, 1)
+    connecting = asyncio.create_task(late.connect())
+
+    async def replaced() -> ScRun:
+        for sc in standbys:
+            if await scs.role(sc) == "leader":
+                return sc
+        raise AssertionError("no standby leads yet")
+
+    new_leader = await builders.eventually(replaced, timeout=30)
+    async with scs.session.delete(f"{new_leader.url}/v1/topics/t") as response:
+        assert response.status == 200, await response.text()
+
+    async def partition_gone() -> None:
+        assert await scs.store.get("partitions/t-0") is None
+
+    await builders.eventually(partition_gone, timeout=30)
+    leader.process.send_signal(signal.SIGCONT)
+    answer = await connecting
+    assert isinstance(answer, wire.Rejected) and answer.code == "not-leader", answer
+    assert not [message for message in late.received if isinstance(message, wire.Sync)], late.received
+    assert (await scs.metrics(leader))["sc_claim_losses_total"] == 1.0
+
+
 async def test_writes_sent_to_a_standby_by_http_and_by_the_cli_reach_the_leader(scs: Scs, tmp_path: Path) -> None:
     leader, standbys = await scs.settled()
     standby = standbys[0]
