@@ -390,6 +390,8 @@ async def test_a_topic_deleted_and_created_again_through_the_api_is_a_new_topic(
             assert status == 201, answer
             await sc.eventually(lambda: all_online_in_sync(sc, lrs=1), timeout=20)
             old_hw = await live_hw_at_least(sc, "again-0", 20_000)
+            old_uid = (await partitions(sc))["again-0"].uid
+            since = (await sc.kv_store.list("partitions/")).revision + 1
             status, answer = await sc.call("DELETE", "/v1/topics/again")
             assert status in (200, 202), answer
             if not at_once:
@@ -408,8 +410,11 @@ async def test_a_topic_deleted_and_created_again_through_the_api_is_a_new_topic(
                 assert partition is not None and partition.status.resolution is models.PartitionResolution.ONLINE, partition
                 return partition
 
-            online = await eventually_value(sc, confirmed_anew, timeout=20)
-            # Written Online with what the new partition's leader reported, not the old one's HW.
+            await eventually_value(sc, confirmed_anew, timeout=20)
+            # Written Online with what the new partition's leader reported, not the old one's HW: its
+            # first Online write (a later write may carry a HW the new log reached since, on a loaded
+            # machine even above the old one's).
+            online = await first_online_write(sc, "again-0", since, other_than=old_uid)
             assert online.status.leader is not None and online.status.leader.hw < old_hw, (online, old_hw)
             await sc.eventually(lambda: all_online_in_sync(sc, lrs=1), timeout=20)
             status, answer = await sc.call("DELETE", "/v1/topics/again")
@@ -522,6 +527,22 @@ async def test_a_partition_whose_uid_is_changed_in_place_is_not_left_online_on_r
         for process in processes.values():
             stop(process)
     assert [process.returncode for _, process in sorted(processes.items())] == [0, 0]
+
+
+async def first_online_write(sc: Running, name: str, since: int, other_than: int | None) -> models.Partition:
+    """The first write since revision ``since`` that made partition ``name`` (of another uid than
+    ``other_than``) Online, as the store holds it (one was seen, so the watch does not wait)."""
+    events = sc.kv_store.watch(f"partitions/{name}", since)
+    try:
+        async for event in events:
+            if event.key != f"partitions/{name}" or event.value is None:
+                continue
+            partition = models.decode("partitions", event.value)
+            if partition.uid != other_than and partition.status.resolution is models.PartitionResolution.ONLINE:
+                return partition
+    finally:
+        await events.aclose()
+    raise AssertionError(f"no Online write of {name!r} since revision {since}")
 
 
 async def live_hw_at_least(sc: Running, name: str, hw: int) -> int:
