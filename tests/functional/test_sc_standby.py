@@ -201,14 +201,9 @@ async def test_a_paused_leader_is_replaced_then_steps_down_without_exiting_and_w
     assert any(line.get("event", "").startswith("this SC stepped down to a standby") for line in log)
 
 
-async def test_a_paused_leader_answers_no_in_sync_proposal_from_its_mirror_once_it_wakes(scs: Scs) -> None:
-    """A leader paused past its lease wakes with SPUs still connected to it and their frames
-    waiting: the store moved on meanwhile (the new leader deleted the topic), its mirror has not
-    yet. It may not write, so it answers no proposal either: an answer (the set "committed") from
-    that mirror would tell the SPU of a state the store no longer has. It steps down and closes
-    the SPUs' connections instead (not-leader); the new leader answers them."""
-    leader, standbys = await scs.settled()
-    assert leader.process is not None
+async def two_spus_hosting_t(scs: Scs, leader: ScRun) -> list[ScriptedSpu]:
+    """SPUs 0 and 1 registered at ``leader`` and connected to it as scripted SPUs, told of topic
+    ``t`` (1 partition, RF 2) created there."""
     ports = embedded_etcd.free_ports(4)
     for spu_id in range(2):
         body = {
@@ -228,21 +223,12 @@ async def test_a_paused_leader_answers_no_in_sync_proposal_from_its_mirror_once_
         assert response.status == 201, await response.text()
     for spu in spus:
         await spu.wait_for(lambda spu=spu: "t-0" in spu.replicas, timeout=30)
-    leader_id = spus[0].replicas["t-0"].leader
-    assert leader_id is not None
-    partition_leader = spus[leader_id]
-    await partition_leader.lead("t-0")
+    return spus
 
-    async def online() -> list[int]:
-        stored = await scs.store.get("partitions/t-0")
-        assert stored is not None
-        status = json.loads(stored.value)["status"]
-        assert status["resolution"] == "Online", status
-        return list(status["isr"])
 
-    committed_isr = await builders.eventually(online, timeout=30)
-    heard = len(partition_leader.received)
-    leader.process.send_signal(signal.SIGSTOP)
+async def a_standby_leads_and_deletes_t(scs: Scs, standbys: list[ScRun]) -> None:
+    """Once one of ``standbys`` leads (the leader is paused past its lease), topic ``t`` is
+    deleted through it, until its partition is gone from the store."""
 
     async def replaced() -> ScRun:
         for sc in standbys:
@@ -258,6 +244,33 @@ async def test_a_paused_leader_answers_no_in_sync_proposal_from_its_mirror_once_
         assert await scs.store.get("partitions/t-0") is None
 
     await builders.eventually(partition_gone, timeout=30)
+
+
+async def test_a_paused_leader_answers_no_in_sync_proposal_from_its_mirror_once_it_wakes(scs: Scs) -> None:
+    """A leader paused past its lease wakes with SPUs still connected to it and their frames
+    waiting: the store moved on meanwhile (the new leader deleted the topic), its mirror has not
+    yet. It may not write, so it answers no proposal either: an answer (the set "committed") from
+    that mirror would tell the SPU of a state the store no longer has. It steps down and closes
+    the SPUs' connections instead (not-leader); the new leader answers them."""
+    leader, standbys = await scs.settled()
+    assert leader.process is not None
+    spus = await two_spus_hosting_t(scs, leader)
+    leader_id = spus[0].replicas["t-0"].leader
+    assert leader_id is not None
+    partition_leader = spus[leader_id]
+    await partition_leader.lead("t-0")
+
+    async def online() -> list[int]:
+        stored = await scs.store.get("partitions/t-0")
+        assert stored is not None
+        status = json.loads(stored.value)["status"]
+        assert status["resolution"] == "Online", status
+        return list(status["isr"])
+
+    committed_isr = await builders.eventually(online, timeout=30)
+    heard = len(partition_leader.received)
+    leader.process.send_signal(signal.SIGSTOP)
+    await a_standby_leads_and_deletes_t(scs, standbys)
     # Waiting at the paused SC: the leader's proposal of the set the paused SC committed.
     await partition_leader.propose("t-0", committed_isr)
     leader.process.send_signal(signal.SIGCONT)
@@ -281,25 +294,7 @@ async def test_a_paused_leader_accepts_no_spu_from_its_mirror_once_it_wakes(scs:
     down (not-leader)."""
     leader, standbys = await scs.settled()
     assert leader.process is not None
-    ports = embedded_etcd.free_ports(4)
-    for spu_id in range(2):
-        body = {
-            "name": f"spu-{spu_id}",
-            "spec": {
-                "id": spu_id,
-                "publicEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id]},
-                "privateEndpoint": {"host": "127.0.0.1", "port": ports[2 * spu_id + 1]},
-            },
-        }
-        async with scs.session.post(f"{leader.url}/v1/spus", json=body) as response:
-            assert response.status == 201, await response.text()
-    spus = [ScriptedSpu(scs.session, leader.private_port, spu_id) for spu_id in range(2)]
-    for spu in spus:
-        assert isinstance(await spu.connect(), wire.Accepted)
-    async with scs.session.post(f"{leader.url}/v1/topics", json={"name": "t", "spec": {"partitions": 1, "replicationFactor": 2}}) as response:
-        assert response.status == 201, await response.text()
-    for spu in spus:
-        await spu.wait_for(lambda spu=spu: "t-0" in spu.replicas, timeout=30)
+    spus = await two_spus_hosting_t(scs, leader)
     # SPU 1 goes away, and the leader records it gone: its next connection is a new one.
     await spus[1].close()
 
@@ -312,21 +307,7 @@ async def test_a_paused_leader_accepts_no_spu_from_its_mirror_once_it_wakes(scs:
     # It connects again meanwhile: its registration waits at the paused SC.
     late = ScriptedSpu(scs.session, leader.private_port, 1)
     connecting = asyncio.create_task(late.connect())
-
-    async def replaced() -> ScRun:
-        for sc in standbys:
-            if await scs.role(sc) == "leader":
-                return sc
-        raise AssertionError("no standby leads yet")
-
-    new_leader = await builders.eventually(replaced, timeout=30)
-    async with scs.session.delete(f"{new_leader.url}/v1/topics/t") as response:
-        assert response.status == 200, await response.text()
-
-    async def partition_gone() -> None:
-        assert await scs.store.get("partitions/t-0") is None
-
-    await builders.eventually(partition_gone, timeout=30)
+    await a_standby_leads_and_deletes_t(scs, standbys)
     leader.process.send_signal(signal.SIGCONT)
     answer = await connecting
     assert isinstance(answer, wire.Rejected) and answer.code == "not-leader", answer

@@ -156,6 +156,25 @@ def committed(uid: int | None) -> models.Partition:
     })  # fmt: skip
 
 
+def told_on_two_spus() -> tuple[
+    server.ConnectionManager, local.Listener[models.Spu], local.Listener[models.Partition], list[server.Session], list[set[str]]
+]:
+    """``committed(uid=2_000)`` told to the connected SPUs 0 and 1, whose processes hold its log:
+    the manager, its listeners, the two sessions, and the news the manager gives (none yet)."""
+    cm, spus, partitions = manager()
+    news: list[set[str]] = []
+    cm.on_news = news.append
+    store = cm.local_store
+    for spu_id in (0, 1):
+        store["spus"].apply(builders.spu(spu_id), 1 + spu_id)
+    store["partitions"].apply(committed(uid=2_000), 3)
+    sessions = [connected(cm, spu_id, f"spu-{spu_id}", 1 + spu_id) for spu_id in (0, 1)]
+    for session in sessions:
+        session.incarnation = reports.Incarnation(session.spu_id, 1, {"t-0": (1_000, 2)})
+    cm.push(spus.changes(), partitions.changes())
+    return cm, spus, partitions, sessions, news
+
+
 async def test_a_partition_back_with_its_committed_state_counts_on_no_log_its_spus_dropped() -> None:
     """t-0 is deleted and written back as it was (its committed state: Online, both SPUs in its
     in-sync set), or its uid is written over in place: either way its SPUs are told to drop the
@@ -168,17 +187,8 @@ async def test_a_partition_back_with_its_committed_state_counts_on_no_log_its_sp
     when the uid was removed first (told none, the SPUs keep the log of the uid they hold)."""
     rewrites = ("deleted and written back", "uid written over", "uid written over, relisted", "uid removed, then another")
     for rewrite in rewrites:
-        cm, spus, partitions = manager()
-        news: list[set[str]] = []
-        cm.on_news = news.append
+        cm, spus, partitions, sessions, news = told_on_two_spus()
         store = cm.local_store
-        for spu_id in (0, 1):
-            store["spus"].apply(builders.spu(spu_id), 1 + spu_id)
-        store["partitions"].apply(committed(uid=2_000), 3)
-        sessions = [connected(cm, spu_id, f"spu-{spu_id}", 1 + spu_id) for spu_id in (0, 1)]
-        for session in sessions:
-            session.incarnation = reports.Incarnation(session.spu_id, 1, {"t-0": (1_000, 2)})
-        cm.push(spus.changes(), partitions.changes())
         assert sessions[0].hosted["t-0"].leader == 0 and not news
         if rewrite == "uid removed, then another":
             store["partitions"].apply(committed(uid=None), 4)
@@ -218,17 +228,8 @@ async def test_a_uid_written_over_while_the_pusher_restarts_counts_on_no_log_its
     look, so the committed state still counted on those logs (leader kept, in-sync set kept). The
     same for a uid removed meanwhile (told none, the SPUs keep their log) and another given later."""
     for rewrite in ("written over", "removed, then another"):
-        cm, spus, partitions = manager()
-        news: list[set[str]] = []
-        cm.on_news = news.append
+        cm, spus, partitions, sessions, news = told_on_two_spus()
         store = cm.local_store
-        for spu_id in (0, 1):
-            store["spus"].apply(builders.spu(spu_id), 1 + spu_id)
-        store["partitions"].apply(committed(uid=2_000), 3)
-        sessions = [connected(cm, spu_id, f"spu-{spu_id}", 1 + spu_id) for spu_id in (0, 1)]
-        for session in sessions:
-            session.incarnation = reports.Incarnation(session.spu_id, 1, {"t-0": (1_000, 2)})
-        cm.push(spus.changes(), partitions.changes())
         sent: list[wire.Message] = []
         sessions[0].send = sent.append  # type: ignore[method-assign, assignment]  # what it is told, unencoded
 
